@@ -1,0 +1,31 @@
+# queuectl: everything a user or CI runs. `make help` lists the targets.
+PYTHON ?= python3
+PREFIX ?= $(HOME)/.local
+DEMO_DB ?= /tmp/queuectl-demo.db
+
+.PHONY: help demo test smoke install
+
+help:  ## list the targets
+	@grep -E '^[a-z]+:.*## ' Makefile | sed 's/:.*## /\t/'
+
+demo:  ## enqueue a few jobs (one failing), drain them with a burst worker, show status and the DLQ
+	@rm -f $(DEMO_DB) $(DEMO_DB)-wal $(DEMO_DB)-shm
+	$(PYTHON) queuectl.py --db $(DEMO_DB) config set backoff-base 1
+	$(PYTHON) queuectl.py --db $(DEMO_DB) enqueue '{"id": "hello", "command": "echo hello from queuectl"}'
+	$(PYTHON) queuectl.py --db $(DEMO_DB) enqueue '{"id": "date", "command": "date -u"}'
+	$(PYTHON) queuectl.py --db $(DEMO_DB) enqueue '{"id": "broken", "command": "echo about to fail; exit 3", "max_retries": 2}'
+	$(PYTHON) queuectl.py --db $(DEMO_DB) worker start --burst --count 2
+	$(PYTHON) queuectl.py --db $(DEMO_DB) status
+	$(PYTHON) queuectl.py --db $(DEMO_DB) dlq list
+	$(PYTHON) queuectl.py --db $(DEMO_DB) logs hello
+
+test:  ## the whole test suite (unit, CLI, end to end) and the smoke test
+	$(PYTHON) -m pytest -q test_queuectl.py
+	$(PYTHON) smoke_test.py
+
+smoke:  ## end-to-end smoke test with real worker processes
+	$(PYTHON) smoke_test.py
+
+install:  ## copy queuectl.py to $(PREFIX)/bin/queuectl
+	install -d $(PREFIX)/bin
+	install -m 0755 queuectl.py $(PREFIX)/bin/queuectl
