@@ -16,6 +16,7 @@ commands:
 # Heavy modules (subprocess, threading, signal, select) are imported only by the worker code
 # that needs them: every command pays for what it imports, and `enqueue` should start fast.
 import argparse
+import contextlib
 import json
 import logging
 import math
@@ -64,7 +65,7 @@ def _parse_number(text: str, *, integer: bool = False) -> float | int:
         raise UsageError(f"not {'an integer' if integer else 'a number'}: {text!r}") from None
     if not math.isfinite(value) or abs(value) > MAX_SECONDS * 10:
         raise UsageError(f"number out of range: {text!r}")
-    return value
+    return int(value) if value == int(value) else value
 
 
 def _check(value: float, ok: bool, rule: str) -> float:
@@ -289,6 +290,19 @@ class WorkerRow:
     stop_requested: int
 
 
+def _create_private(path: str) -> None:
+    """Create the database file 0600 before SQLite does (it gives -wal and -shm the same mode).
+
+    Only when it is missing: closing *any* descriptor of an open SQLite file drops every POSIX
+    lock this process holds on it, so reopening an existing file here would silently unlock the
+    other connections of a worker process and let two of them write at once.
+    """
+    if os.path.exists(path):
+        return
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
+
+
 class Store:
     """The one place that talks SQL: every read and write of the queue goes through here."""
 
@@ -306,9 +320,7 @@ class Store:
     @staticmethod
     def _connect(path: str) -> sqlite3.Connection:
         try:
-            # Create the file ourselves so it is 0600 from the first byte (SQLite gives -wal and
-            # -shm the same mode as the database). O_CREAT without O_EXCL is safe to race.
-            os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+            _create_private(path)
             return sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
         except (OSError, sqlite3.Error) as e:
             raise BadDatabase(f"cannot open database {path}: {getattr(e, 'strerror', None) or e}") from None
@@ -650,8 +662,8 @@ def _valid_id(value: object) -> str:
     job_id = _valid_text(value, "id")
     if not job_id or len(job_id) > MAX_ID_CHARS:
         raise UsageError(f"field 'id' must be 1 to {MAX_ID_CHARS} characters")
-    if any(ord(c) < 32 or 127 <= ord(c) < 160 for c in job_id):
-        raise UsageError("field 'id' must not contain control characters")
+    if any(ord(c) < 32 or 127 <= ord(c) < 160 or c in "\u2028\u2029" for c in job_id):
+        raise UsageError("field 'id' must not contain control characters or line separators")
     return job_id
 
 
@@ -854,18 +866,18 @@ def kill_run_orphans(token: str) -> int:
     """
     import signal
     needle = f"QUEUECTL_RUN={token}\0".encode()
-    killed = 0
+    killed: set[int] = set()
     for _ in range(20):
-        found = [pid for pid in _pids() if needle in (_environ(pid) or b"")]
+        # A process already sent SIGKILL may linger a moment (or as an unreaped zombie): only
+        # new matches, such as a child forked during the last pass, need another pass.
+        found = [pid for pid in _pids() if pid not in killed and needle in (_environ(pid) or b"")]
         for pid in found:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-                killed += 1
-            except ProcessLookupError:
-                pass
+        killed.update(found)
         if not found:
             break
-    return killed
+    return len(killed)
 
 
 def _pids() -> list[int]:
@@ -1305,7 +1317,7 @@ def cmd_show(args, store: Store) -> None:
     if args.json:
         return emit_json({**job.to_dict(), "output": output})
     for key, value in job.to_dict().items():
-        print(f"{key + ':':<13} {json.dumps(value, ensure_ascii=False) if key == 'env' else value}")
+        print(f"{key + ':':<13} {value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)}")
     print("output:" + ("" if output else " (none)"))
     if output:
         print(output, end="" if output.endswith("\n") else "\n")
@@ -1331,7 +1343,10 @@ def cmd_dlq_retry(args, store: Store) -> None:
 
 def cmd_config_set(args, store: Store) -> None:
     key = config_key(args.key)
-    value = CONFIG[key][1](args.value)
+    try:
+        value = CONFIG[key][1](args.value)
+    except UsageError as e:
+        raise UsageError(f"config {args.key}: {e}") from None
     store.config_set(key, value)
 
 
@@ -1367,6 +1382,10 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except sqlite3.DatabaseError as e:
         return _fail(QueueError(f"database error: {e}"))
+    except BrokenPipeError:  # `queuectl list | head`: the reader left; not an error worth a line
+        with contextlib.suppress(OSError):
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keeps the interpreter's final flush quiet
+        return EXIT_OK
     except OSError as e:
         return _fail(QueueError(f"{e.strerror or e}: {e.filename or ''}".rstrip(": ")))
     finally:
