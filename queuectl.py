@@ -743,6 +743,8 @@ def run_command(job: Job, env_extra: dict, abort) -> Outcome:
         return Outcome(None, error, "", time.monotonic() - started)
     with proc:
         tail, reason = _collect(proc, job.timeout, started, abort)
+    if reason:  # the group is dead; also catch children that left it with setsid
+        kill_run_orphans(env_extra.get("QUEUECTL_RUN", ""))
     duration = time.monotonic() - started
     return _outcome(proc.returncode, reason, bytes(tail).decode("utf-8", "replace"), duration, job.timeout)
 
@@ -865,6 +867,8 @@ def kill_run_orphans(token: str) -> int:
     escapes this: a documented limit.)
     """
     import signal
+    if not token:
+        return 0
     needle = f"QUEUECTL_RUN={token}\0".encode()
     killed: set[int] = set()
     for _ in range(20):

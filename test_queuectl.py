@@ -355,6 +355,29 @@ def test_concurrent_first_opens_do_not_race(tmp_path):
     s.close()
 
 
+def test_opening_another_store_keeps_this_process_locks(tmp_path):
+    # Regression: closing any descriptor of an SQLite file drops the process's POSIX locks, so
+    # opening a second Store while the first holds the write lock must not release that lock.
+    path = str(tmp_path / "locks.db")
+    holder = queuectl.Store(path)
+    holder.conn.execute("BEGIN IMMEDIATE")
+    queuectl.Store(path).close()
+    probe = "import sqlite3, sys; c = sqlite3.connect(sys.argv[1], timeout=0); c.execute('BEGIN IMMEDIATE')"
+    result = subprocess.run([sys.executable, "-c", probe, path], capture_output=True, text=True)
+    holder.conn.execute("ROLLBACK")
+    holder.close()
+    assert result.returncode != 0 and "locked" in result.stderr
+
+
+def test_timeout_also_kills_children_that_left_the_group(tmp_path):
+    marker = tmp_path / "escaped.pid"
+    out = run(f"setsid sleep 300 & echo $! > {marker}; wait", timeout=0.5)
+    assert "timed out" in out.error
+    wait_for(lambda: marker.exists() and marker.read_text().strip(), "the setsid child's pid")
+    escaped = int(marker.read_text())
+    wait_for(lambda: queuectl.proc_start_time(escaped) is None, "the setsid child to be killed")
+
+
 def test_newer_schema_is_refused_and_left_untouched(tmp_path):
     path = tmp_path / "future.db"
     queuectl.Store(str(path)).close()
@@ -590,7 +613,8 @@ def test_validate_job_fills_defaults_and_names_unknown_fields():
 # ==== Execution ====
 
 def run(command, timeout=0.0, abort=lambda: None, cwd="/", env=None):
-    return queuectl.run_command(make_job(command=command, timeout=timeout, cwd=cwd, env=env or {}), {}, abort)
+    job = make_job(command=command, timeout=timeout, cwd=cwd, env=env or {})
+    return queuectl.run_command(job, {"QUEUECTL_RUN": f"test/{os.getpid()}/{time.monotonic()}"}, abort)
 
 
 def test_run_command_captures_interleaved_output_and_exit_code():
