@@ -3,10 +3,10 @@ PYTHON ?= python3
 PREFIX ?= $(HOME)/.local
 DEMO_DB ?= /tmp/queuectl-demo.db
 
-.PHONY: help demo test smoke install
+.PHONY: help demo test smoke install bench bench-tiny
 
 help:  ## list the targets
-	@grep -E '^[a-z]+:.*## ' Makefile | sed 's/:.*## /\t/'
+	@grep -E '^[a-z-]+:.*## ' Makefile | sed 's/:.*## /\t/'
 
 demo:  ## enqueue a few jobs (one failing), drain them with a burst worker, show status and the DLQ
 	@rm -f $(DEMO_DB) $(DEMO_DB)-wal $(DEMO_DB)-shm
@@ -25,6 +25,12 @@ test:  ## the whole test suite (unit, CLI, end to end) and the smoke test
 
 smoke:  ## end-to-end smoke test with real worker processes
 	$(PYTHON) smoke_test.py
+
+bench:  ## run the performance benchmark (several minutes; prints a table, see bench/bench.py --help)
+	$(PYTHON) bench/bench.py
+
+bench-tiny:  ## the benchmark with a few jobs each (seconds), so it cannot rot; part of `make test`
+	$(PYTHON) bench/bench.py --tiny
 
 install:  ## copy queuectl.py to $(PREFIX)/bin/queuectl
 	install -d $(PREFIX)/bin

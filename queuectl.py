@@ -21,6 +21,7 @@ import json
 import logging
 import math
 import os
+import re
 import socket
 import sqlite3
 import sys
@@ -49,6 +50,15 @@ MAX_ID_CHARS = 200
 MAX_RETRIES_LIMIT = 1_000_000
 MAX_SECONDS = 10 * 365 * 86400  # caps timeouts and delays: keeps every number finite and storable
 OUTPUT_TAIL_BYTES = 64 * 1024
+MAX_PRIORITY = 1_000_000
+MAX_DEPS = 1000
+MAX_EPOCH = 253_402_300_799  # 9999-12-31T23:59:59Z
+DEFAULT_QUEUE = "default"
+QUEUE_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
+DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)")
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+RETENTION_INTERVAL_S = 30.0  # how often workers delete completed jobs older than `retention`
+OUTPUT_FLUSH_S = 1.0  # a running job's output reaches the database at most this often (logs --follow)
 LOST_WORKER_CAP = 3  # a job whose worker is lost this many times goes to the DLQ
 BURST_HORIZON_S = 60.0  # --burst waits for jobs due within this many seconds
 POLL_INTERVAL_S = 0.05  # how often an idle worker process checks for due jobs
@@ -82,6 +92,7 @@ CONFIG = {
     "backoff_max": (3600, lambda s: _check(v := _parse_number(s), 0 <= v <= MAX_SECONDS, "seconds >= 0")),
     "stale_timeout": (10, lambda s: _check(v := _parse_number(s), 0 < v <= 86400, "seconds > 0, at most 86400")),
     "job_timeout": (0, lambda s: _check(v := _parse_number(s), 0 <= v <= MAX_SECONDS, "seconds >= 0 (0 = none)")),
+    "retention": (7 * 86400, lambda s: parse_duration(s)),  # completed jobs kept this long; 0 = forever
 }
 
 
@@ -141,9 +152,12 @@ class Job:
     worker_id: str | None
     run_count: int
     lost_count: int
+    priority: int
+    queue: str
+    waiting_on: int  # dependencies not completed yet; the job is not due while this is > 0
 
     COLUMNS = ("id, command, state, attempts, max_retries, timeout_s, cwd, env, created_at, updated_at, "
-               "next_run_at, last_error, exit_code, worker_id, run_count, lost_count")
+               "next_run_at, last_error, exit_code, worker_id, run_count, lost_count, priority, queue, waiting_on")
 
     @classmethod
     def from_row(cls, row: tuple) -> "Job":
@@ -165,16 +179,27 @@ class Outcome:
     """What one run of a job's command came to."""
     exit_code: int | None
     error: str | None
-    output: str
+    output: bytes | None  # the tail; None keeps what was flushed while it ran (a lost run)
     duration_s: float
-    interrupted: bool = False  # the worker stopped it (hard stop, lost claim): not the job's failure
+    interrupted: str | None = None  # why the worker cut the run short ("worker hard stop", "canceled")
+    output_bytes: int = 0  # everything the run printed, of which `output` is the tail
+
+    def __post_init__(self):
+        if isinstance(self.output, str):
+            self.output = self.output.encode()
+        self.output_bytes = max(self.output_bytes, len(self.output or b""))
+
+
+def text(output: bytes | None) -> str | None:
+    """Captured output as text (invalid UTF-8 shown as U+FFFD)."""
+    return None if output is None else output.decode("utf-8", "replace")
 
 
 # ==== Storage ====================================================================================
 
 MIGRATIONS = [
-    # 1: jobs, their runs, workers, config. `seq` gives enqueue order; the partial index serves the
-    # claim and the poller exactly (WHERE state IN (...) ORDER BY next_run_at, seq LIMIT 1).
+    # 1: jobs, their dependencies and runs, workers, paused queues, config. `seq` gives enqueue
+    # order. jobs_claim serves the claim exactly (its WHERE and ORDER BY), jobs_due the poller.
     """
     CREATE TABLE jobs (
         seq INTEGER PRIMARY KEY,
@@ -193,22 +218,39 @@ MIGRATIONS = [
         exit_code INTEGER,
         worker_id TEXT,
         run_count INTEGER NOT NULL DEFAULT 0,
-        lost_count INTEGER NOT NULL DEFAULT 0
+        lost_count INTEGER NOT NULL DEFAULT 0,
+        priority INTEGER NOT NULL DEFAULT 0,
+        queue TEXT NOT NULL DEFAULT 'default',
+        waiting_on INTEGER NOT NULL DEFAULT 0,
+        cancel_requested INTEGER NOT NULL DEFAULT 0
     );
-    CREATE INDEX jobs_due ON jobs (next_run_at, seq) WHERE state IN ('pending', 'failed');
+    CREATE INDEX jobs_claim ON jobs (priority DESC, next_run_at, seq)
+        WHERE state IN ('pending', 'failed') AND waiting_on = 0;
+    CREATE INDEX jobs_due ON jobs (next_run_at) WHERE state IN ('pending', 'failed') AND waiting_on = 0;
     CREATE INDEX jobs_state ON jobs (state, seq);
     CREATE INDEX jobs_worker ON jobs (worker_id) WHERE state = 'processing';
+    CREATE INDEX jobs_finished ON jobs (state, updated_at) WHERE state IN ('completed', 'dead');
+    CREATE TABLE deps (
+        job_id TEXT NOT NULL,
+        dep_id TEXT NOT NULL,
+        PRIMARY KEY (job_id, dep_id)
+    );
+    CREATE INDEX deps_dep ON deps (dep_id);
     CREATE TABLE runs (
         job_id TEXT NOT NULL,
         run_no INTEGER NOT NULL,
         worker_id TEXT NOT NULL,
         started_at REAL NOT NULL,
+        due_at REAL NOT NULL,
         ended_at REAL,
+        outcome TEXT,
         exit_code INTEGER,
         error TEXT,
-        output TEXT,
+        output BLOB,
+        output_bytes INTEGER NOT NULL DEFAULT 0,
         PRIMARY KEY (job_id, run_no)
     );
+    CREATE INDEX runs_ended ON runs (ended_at);
     CREATE TABLE workers (
         id TEXT PRIMARY KEY,
         host TEXT NOT NULL,
@@ -222,44 +264,86 @@ MIGRATIONS = [
         beat INTEGER NOT NULL DEFAULT 0,
         stop_requested INTEGER NOT NULL DEFAULT 0
     );
+    CREATE TABLE paused (queue TEXT PRIMARY KEY);
     CREATE TABLE config (key TEXT PRIMARY KEY, value TEXT NOT NULL);
     """,
 ]
 
 SQL_INSERT_JOB = (
-    "INSERT INTO jobs (id, command, state, max_retries, timeout_s, cwd, env, created_at, updated_at, next_run_at) "
-    "VALUES (?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?)")
+    "INSERT INTO jobs (id, command, state, max_retries, timeout_s, cwd, env, created_at, updated_at, next_run_at, "
+    "priority, queue, waiting_on, last_error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+SQL_INSERT_DEP = "INSERT OR IGNORE INTO deps (job_id, dep_id) VALUES (?, ?)"
 SQL_GET_JOB = f"SELECT {Job.COLUMNS} FROM jobs WHERE id = ?"
+SQL_JOB_STATE = "SELECT state FROM jobs WHERE id = ?"
 SQL_LIST_JOBS = f"SELECT {Job.COLUMNS} FROM (SELECT * FROM jobs {{where}} ORDER BY seq DESC LIMIT ?) ORDER BY seq"
-SQL_COUNTS = "SELECT state, count(*) FROM jobs GROUP BY state"
-# The claim: one statement, atomic inside BEGIN IMMEDIATE. The subquery walks the jobs_due index.
-SQL_DUE = "SELECT id FROM jobs WHERE state IN ('pending', 'failed') AND next_run_at <= ? ORDER BY next_run_at, seq LIMIT 1"
+SQL_COUNTS = "SELECT state, count(*) FROM jobs {where} GROUP BY state"
+SQL_DEPS_OF = "SELECT dep_id FROM deps WHERE job_id = ? ORDER BY rowid"
+# What a worker may claim: due, not waiting on a dependency, in its queues, not paused. {queues}
+# is "" or "AND queue IN (?, …)" for `worker start --queue`.
+SQL_ELIGIBLE = ("state IN ('pending', 'failed') AND waiting_on = 0 {queues} "
+                "AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*'))")
+# The claim: one statement, atomic inside BEGIN IMMEDIATE; the subquery walks jobs_claim in order.
+# INDEXED BY pins the plan: without statistics SQLite may prefer jobs_state and sort every
+# eligible row on each claim (SQLite-only syntax; a PostgreSQL class would drop it).
+SQL_DUE = (f"SELECT id FROM jobs INDEXED BY jobs_claim WHERE {SQL_ELIGIBLE} AND next_run_at <= ? "
+           "ORDER BY priority DESC, next_run_at, seq LIMIT 1")
 # A worker whose registration was removed (presumed dead) cannot claim: its jobs would be orphans.
 SQL_REGISTERED = "SELECT 1 FROM workers WHERE id = ?"
-SQL_CLAIM = (
-    "UPDATE jobs SET state = 'processing', worker_id = ?, run_count = run_count + 1, updated_at = ? "
-    f"WHERE id = ({SQL_DUE}) AND EXISTS ({SQL_REGISTERED}) RETURNING {Job.COLUMNS}")
-SQL_CLAIM_ID = ("UPDATE jobs SET state = 'processing', worker_id = ?, run_count = run_count + 1, updated_at = ? "
-                "WHERE id = ? AND state IN ('pending', 'failed')")
-SQL_NEXT_DUE = "SELECT min(next_run_at) FROM jobs WHERE state IN ('pending', 'failed')"
-SQL_ANY_PROCESSING = "SELECT 1 FROM jobs WHERE state = 'processing' LIMIT 1"
-SQL_INSERT_RUN = "INSERT INTO runs (job_id, run_no, worker_id, started_at) VALUES (?, ?, ?, ?)"
+SQL_CLAIM_SET = ("UPDATE jobs SET state = 'processing', worker_id = ?, run_count = run_count + 1, "
+                 "cancel_requested = 0, updated_at = ? ")
+SQL_CLAIM = SQL_CLAIM_SET + f"WHERE id = ({SQL_DUE}) AND EXISTS ({SQL_REGISTERED}) RETURNING {Job.COLUMNS}"
+SQL_CLAIM_ID = SQL_CLAIM_SET + "WHERE id = ? AND state IN ('pending', 'failed')"
+SQL_NEXT_DUE = f"SELECT next_run_at FROM jobs INDEXED BY jobs_due WHERE {SQL_ELIGIBLE} ORDER BY next_run_at LIMIT 1"
+SQL_ANY_PROCESSING = "SELECT 1 FROM jobs WHERE state = 'processing' {queues} LIMIT 1"
+SQL_INSERT_RUN = "INSERT INTO runs (job_id, run_no, worker_id, started_at, due_at) VALUES (?, ?, ?, ?, ?)"
+SQL_FLUSH_OUTPUT = "UPDATE runs SET output = ?, output_bytes = ? WHERE job_id = ? AND run_no = ? AND ended_at IS NULL"
 # Every write after the claim is guarded by the owner and run number, so a worker that lost the
 # job (declared dead, then came back) can never overwrite what happened since.
-SQL_FINISH_JOB = (
-    "UPDATE jobs SET state = ?, attempts = ?, next_run_at = ?, last_error = ?, exit_code = ?, "
-    "worker_id = NULL, updated_at = ? WHERE id = ? AND state = 'processing' AND worker_id = ? AND run_count = ?")
-SQL_FINISH_RUN = "UPDATE runs SET ended_at = ?, exit_code = ?, error = ?, output = ? WHERE job_id = ? AND run_no = ?"
-SQL_REQUEUE = (
-    "UPDATE jobs SET state = ?, lost_count = lost_count + ?, last_error = coalesce(?, last_error), "
-    "next_run_at = ?, worker_id = NULL, updated_at = ? "
-    "WHERE id = ? AND state = 'processing' AND worker_id = ? AND run_count = ?")
+SQL_OWNED = "id = ? AND state = 'processing' AND worker_id = ? AND run_count = ?"
+SQL_FINISH_JOB = ("UPDATE jobs SET state = ?, attempts = ?, next_run_at = ?, last_error = ?, exit_code = ?, "
+                  f"worker_id = NULL, updated_at = ? WHERE {SQL_OWNED}")
+SQL_CANCEL_FLAG = f"SELECT cancel_requested FROM jobs WHERE {SQL_OWNED}"
+SQL_REQUEUE = ("UPDATE jobs SET state = ?, lost_count = lost_count + ?, last_error = coalesce(?, last_error), "
+               f"next_run_at = ?, worker_id = NULL, updated_at = ? WHERE {SQL_OWNED}")
+SQL_FINISH_RUN = ("UPDATE runs SET ended_at = ?, outcome = ?, exit_code = ?, error = ?, output = coalesce(?, output), "
+                  "output_bytes = max(output_bytes, ?) WHERE job_id = ? AND run_no = ?")
+SQL_RELEASE_DEPENDENTS = ("UPDATE jobs SET waiting_on = waiting_on - 1, next_run_at = max(next_run_at, ?), "
+                          "updated_at = ? WHERE id IN (SELECT job_id FROM deps WHERE dep_id = ?) AND waiting_on > 0")
+# A dead job takes every unfinished job below it in the dependency graph with it.
+SQL_KILL_DEPENDENTS = """
+    WITH RECURSIVE down(id, cause) AS (
+        SELECT job_id, dep_id FROM deps WHERE dep_id = ?
+        UNION SELECT deps.job_id, deps.dep_id FROM deps JOIN down ON deps.dep_id = down.id)
+    UPDATE jobs SET state = 'dead', updated_at = ?,
+        last_error = 'dependency ' || (SELECT cause FROM down WHERE down.id = jobs.id LIMIT 1) || ' is dead'
+    WHERE id IN (SELECT id FROM down) AND state IN ('pending', 'failed')"""
 SQL_JOBS_OF_WORKER = "SELECT id, run_count, lost_count FROM jobs WHERE state = 'processing' AND worker_id = ?"
+SQL_PROCESSING_BY_WORKER = "SELECT worker_id, id FROM jobs WHERE state = 'processing'"
+SQL_CANCEL_REQUESTS = "SELECT id FROM jobs WHERE state = 'processing' AND worker_id = ? AND cancel_requested = 1"
 SQL_ORPHAN_JOBS = ("SELECT id, run_count, lost_count, worker_id FROM jobs WHERE state = 'processing' "
                    "AND worker_id NOT IN (SELECT id FROM workers)")
-SQL_LAST_RUN = "SELECT output FROM runs WHERE job_id = ? ORDER BY run_no DESC LIMIT 1"
-SQL_RETRY = ("UPDATE jobs SET state = 'pending', attempts = 0, lost_count = 0, next_run_at = ?, "
-             "last_error = NULL, exit_code = NULL, updated_at = ? WHERE id = ? AND state = 'dead'")
+SQL_RUNS = ("SELECT run_no, worker_id, started_at, due_at, ended_at, outcome, exit_code, error, output, output_bytes "
+            "FROM runs WHERE job_id = ? ORDER BY run_no")
+SQL_RUN = ("SELECT run_no, output, output_bytes, ended_at FROM runs WHERE job_id = ? AND (run_no = ? OR ? IS NULL) "
+           "ORDER BY run_no DESC LIMIT 1")
+SQL_RETRY = ("UPDATE jobs SET state = 'pending', attempts = 0, lost_count = 0, next_run_at = ?, last_error = NULL, "
+             "exit_code = NULL, updated_at = ?, "
+             "waiting_on = (SELECT count(*) FROM deps JOIN jobs d ON d.id = deps.dep_id "
+             "WHERE deps.job_id = jobs.id AND d.state <> 'completed') WHERE id = ? AND state = 'dead'")
+SQL_DEAD_DEPS = ("SELECT deps.dep_id FROM deps JOIN jobs d ON d.id = deps.dep_id "
+                 "WHERE deps.job_id = ? AND d.state = 'dead'")
+SQL_CANCEL_WAITING = ("UPDATE jobs SET state = 'dead', last_error = 'canceled', updated_at = ? "
+                      "WHERE id = ? AND state IN ('pending', 'failed')")
+SQL_CANCEL_RUNNING = "UPDATE jobs SET cancel_requested = 1 WHERE id = ? AND state = 'processing'"
+SQL_UNFINISHED_DEPENDENTS = ("SELECT deps.job_id FROM deps JOIN jobs j ON j.id = deps.job_id "
+                             "WHERE deps.dep_id = ? AND j.state NOT IN ('completed', 'dead')")
+SQL_DELETE_JOB = ["DELETE FROM runs WHERE job_id = ?", "DELETE FROM deps WHERE job_id = ?",
+                  "DELETE FROM jobs WHERE id = ?"]
+SQL_PURGE_IDS = "SELECT id FROM jobs WHERE state = ? AND updated_at < ? LIMIT ?"
+SQL_PAUSE = "INSERT OR IGNORE INTO paused (queue) VALUES (?)"
+SQL_RESUME = "DELETE FROM paused WHERE queue = ?"
+SQL_RESUME_ALL = "DELETE FROM paused"
+SQL_PAUSED = "SELECT queue FROM paused ORDER BY queue"
 SQL_REGISTER = ("INSERT INTO workers (id, host, pid, proc_start, boot_id, pid_ns, threads, started_at, heartbeat_at) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
 SQL_HEARTBEAT = "UPDATE workers SET heartbeat_at = ?, beat = beat + 1 WHERE id = ?"
@@ -267,8 +351,17 @@ SQL_STOP_REQUESTED = "SELECT stop_requested FROM workers WHERE id = ?"
 SQL_DEREGISTER = "DELETE FROM workers WHERE id = ?"
 SQL_DROP_DEAD_WORKER = ("DELETE FROM workers WHERE id = ? AND NOT EXISTS "
                         "(SELECT 1 FROM jobs WHERE state = 'processing' AND worker_id = ?)")
-SQL_WORKERS = "SELECT id, host, pid, proc_start, boot_id, pid_ns, heartbeat_at, beat, stop_requested FROM workers"
+SQL_WORKERS = ("SELECT id, host, pid, proc_start, boot_id, pid_ns, heartbeat_at, beat, stop_requested, threads, "
+               "started_at FROM workers ORDER BY started_at")
 SQL_REQUEST_STOP = "UPDATE workers SET stop_requested = 1"
+# Stats over the run history, all in SQL; runs_ended limits each query to the window.
+SQL_STATS_OUTCOMES = "SELECT outcome, count(*) FROM runs WHERE ended_at >= ? GROUP BY outcome"
+SQL_STATS_PERCENTILES = """
+    SELECT max(v), min(CASE WHEN rn >= n * 0.5 THEN v END), min(CASE WHEN rn >= n * 0.95 THEN v END)
+    FROM (SELECT v, row_number() OVER (ORDER BY v) AS rn, count(*) OVER () AS n
+          FROM (SELECT {expr} AS v FROM runs WHERE ended_at >= ? AND outcome IN ('completed', 'failed', 'dead')))"""
+SQL_OLDEST_ELIGIBLE = (f"SELECT min(next_run_at) FROM jobs INDEXED BY jobs_due WHERE {SQL_ELIGIBLE.format(queues='')} "
+                       "AND next_run_at <= ?")
 SQL_CONFIG_GET = "SELECT value FROM config WHERE key = ?"
 SQL_CONFIG_SET = "INSERT INTO config (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
 SQL_CONFIG_ALL = "SELECT key, value FROM config"
@@ -288,6 +381,19 @@ class WorkerRow:
     heartbeat_at: float
     beat: int
     stop_requested: int
+    threads: int = 1
+    started_at: float = 0.0
+
+
+def _in_queues(queues: tuple) -> str:
+    """The queue filter for SQL_ELIGIBLE: nothing, or `AND queue IN (?, …)`."""
+    return f"AND queue IN ({', '.join('?' * len(queues))})" if queues else ""
+
+
+def _where(**equal) -> tuple[str, tuple]:
+    """A WHERE clause of column = ? terms for the given non-None values."""
+    terms = {k: v for k, v in equal.items() if v is not None}
+    return ("WHERE " + " AND ".join(f"{k} = ?" for k in terms) if terms else ""), tuple(terms.values())
 
 
 def _create_private(path: str) -> None:
@@ -402,16 +508,48 @@ class Store:
 
     # -- jobs -----------------------------------------------------------------------------------
 
-    def enqueue(self, spec: dict, now: float) -> Job:
-        """Insert a validated job spec; Conflict if the id is taken."""
+    def enqueue(self, specs: list[dict], now: float) -> list[str]:
+        """Insert validated job specs in one transaction, all or nothing; returns their ids."""
         def insert(cur):
-            try:
-                cur.execute(SQL_INSERT_JOB, (spec["id"], spec["command"], spec["max_retries"], spec["timeout"],
-                                             spec["cwd"], json.dumps(spec["env"]), now, now, now))
-            except sqlite3.IntegrityError:
-                raise Conflict(f"job {spec['id']!r} already exists") from None
-            return Job.from_row(cur.execute(SQL_GET_JOB, (spec["id"],)).fetchone())
+            plain: list[tuple] = []
+            for spec in specs:
+                if spec["depends_on"]:
+                    self._insert_rows(cur, plain)
+                    self._insert_with_deps(cur, spec, now)
+                else:
+                    plain.append(self._row(spec, PENDING, 0, None, now))
+            self._insert_rows(cur, plain)
+            return [spec["id"] for spec in specs]
         return self.write(insert)
+
+    @staticmethod
+    def _row(spec: dict, state: str, waiting_on: int, error: str | None, now: float) -> tuple:
+        return (spec["id"], spec["command"], state, spec["max_retries"], spec["timeout"], spec["cwd"],
+                json.dumps(spec["env"]), now, now, spec["run_at"] or now, spec["priority"], spec["queue"],
+                waiting_on, error)
+
+    @staticmethod
+    def _insert_rows(cur: sqlite3.Cursor, rows: list[tuple]) -> None:
+        """executemany the buffered rows (the fast path of a batch); Conflict names a taken id."""
+        try:
+            cur.executemany(SQL_INSERT_JOB, rows)
+        except sqlite3.IntegrityError:
+            taken = next(r[0] for r in rows if cur.execute(SQL_JOB_STATE, (r[0],)).fetchone())
+            raise Conflict(f"job {taken!r} already exists") from None
+        rows.clear()
+
+    def _insert_with_deps(self, cur: sqlite3.Cursor, spec: dict, now: float) -> None:
+        states = {}
+        for dep in spec["depends_on"]:
+            row = cur.execute(SQL_JOB_STATE, (dep,)).fetchone()
+            if row is None:
+                raise NotFound(f"job {spec['id']!r} depends on {dep!r}, which does not exist")
+            states[dep] = row[0]
+        dead = next((d for d, s in states.items() if s == DEAD), None)
+        waiting = sum(1 for s in states.values() if s != COMPLETED)
+        error = f"dependency {dead} is dead" if dead else None
+        self._insert_rows(cur, [self._row(spec, DEAD if dead else PENDING, waiting, error, now)])
+        cur.executemany(SQL_INSERT_DEP, [(spec["id"], dep) for dep in spec["depends_on"]])
 
     def get(self, job_id: str) -> Job:
         """One job; NotFound if absent."""
@@ -420,56 +558,74 @@ class Store:
             raise NotFound(f"no job with id {job_id!r}")
         return Job.from_row(rows[0])
 
-    def list_jobs(self, state: str | None = None, limit: int = -1) -> list[Job]:
+    def depends_on(self, job_id: str) -> list[str]:
+        """Ids the job depends on, in the order given."""
+        return [r[0] for r in self.read(SQL_DEPS_OF, (job_id,))]
+
+    def list_jobs(self, state: str | None = None, limit: int = -1, queue: str | None = None) -> list[Job]:
         """Jobs oldest first; with a limit, the newest `limit` of them."""
-        where, params = ("WHERE state = ?", (state,)) if state else ("", ())
+        where, params = _where(state=state, queue=queue)
         return [Job.from_row(r) for r in self.read(SQL_LIST_JOBS.format(where=where), params + (limit,))]
 
-    def counts(self) -> dict[str, int]:
+    def counts(self, queue: str | None = None) -> dict[str, int]:
         """Number of jobs in each state (all five keys)."""
+        where, params = _where(queue=queue)
         counts = dict.fromkeys(STATES, 0)
-        counts.update(self.read(SQL_COUNTS))
+        counts.update(self.read(SQL_COUNTS.format(where=where), params))
         return counts
 
-    def last_output(self, job_id: str) -> str | None:
-        """Output tail of the job's latest run, or None if it never ran."""
+    def runs(self, job_id: str) -> list[dict]:
+        """Every run of a job, oldest first."""
+        keys = ("run", "worker_id", "started_at", "due_at", "ended_at", "outcome", "exit_code", "error", "output",
+                "output_bytes")
+        return [dict(zip(keys, r)) for r in self.read(SQL_RUNS, (job_id,))]
+
+    def run_output(self, job_id: str, run_no: int | None = None) -> tuple | None:
+        """(run_no, output tail, total bytes so far, ended_at) of run N or the latest; None if none."""
         self.get(job_id)
-        rows = self.read(SQL_LAST_RUN, (job_id,))
+        rows = self.read(SQL_RUN, (job_id, run_no, run_no))
+        return rows[0] if rows else None
+
+    def next_due_at(self, queues: tuple = ()) -> float | None:
+        """When the earliest claimable job becomes due (cheap: one walk of the jobs_due index)."""
+        rows = self.read(SQL_NEXT_DUE.format(queues=_in_queues(queues)), queues)
         return rows[0][0] if rows else None
 
-    def next_due_at(self) -> float | None:
-        """When the earliest pending or failed job becomes due (cheap: one index probe)."""
-        return self.read(SQL_NEXT_DUE)[0][0]
+    def burst_done(self, now: float, queues: tuple = ()) -> bool:
+        """True when nothing is processing (in these queues) and nothing is due within the burst horizon."""
+        due = self.next_due_at(queues)
+        busy = self.read(SQL_ANY_PROCESSING.format(queues=_in_queues(queues)), queues)
+        return not busy and (due is None or due > now + BURST_HORIZON_S)
 
-    def burst_done(self, now: float) -> bool:
-        """True when nothing is processing anywhere and nothing is due within the burst horizon."""
-        due = self.next_due_at()
-        return not self.read(SQL_ANY_PROCESSING) and (due is None or due > now + BURST_HORIZON_S)
-
-    def claim(self, worker_id: str, now: float) -> Job | None:
-        """Atomically take the earliest due job for this worker and open its run record."""
+    def claim(self, worker_id: str, now: float, queues: tuple = ()) -> Job | None:
+        """Atomically take the best due job for this worker and open its run record."""
         def take(cur):
             if HAS_RETURNING:
-                row = cur.execute(SQL_CLAIM, (worker_id, now, now, worker_id)).fetchone()
+                sql = SQL_CLAIM.format(queues=_in_queues(queues))
+                row = cur.execute(sql, (worker_id, now, *queues, now, worker_id)).fetchone()
             else:
-                row = self._claim_without_returning(cur, worker_id, now)
+                row = self._claim_without_returning(cur, worker_id, now, queues)
             if row is None:
                 return None
             job = Job.from_row(row)
-            cur.execute(SQL_INSERT_RUN, (job.id, job.run_count, worker_id, now))
+            cur.execute(SQL_INSERT_RUN, (job.id, job.run_count, worker_id, now, job.next_run_at))
             return job
         return self.write(take)
 
     @staticmethod
-    def _claim_without_returning(cur: sqlite3.Cursor, worker_id: str, now: float) -> tuple | None:
+    def _claim_without_returning(cur: sqlite3.Cursor, worker_id: str, now: float, queues: tuple) -> tuple | None:
         # SQLite < 3.35: select then update, still one BEGIN IMMEDIATE transaction, so no other
         # writer can slip in between; the state guard makes the update a no-op if it somehow did.
         if cur.execute(SQL_REGISTERED, (worker_id,)).fetchone() is None:
             return None
-        found = cur.execute(SQL_DUE, (now,)).fetchone()
+        found = cur.execute(SQL_DUE.format(queues=_in_queues(queues)), (*queues, now)).fetchone()
         if found is None or cur.execute(SQL_CLAIM_ID, (worker_id, now, found[0])).rowcount != 1:
             return None
         return cur.execute(SQL_GET_JOB, (found[0],)).fetchone()
+
+    def flush_output(self, job: Job, tail: bytes, total: int) -> None:
+        """Store a running job's output so far (for `logs --follow`)."""
+        self.write(lambda cur: cur.execute(SQL_FLUSH_OUTPUT, (tail, total, job.id, job.run_count)))
 
     def finish(self, job: Job, worker_id: str, outcome: Outcome, settings: dict, now: float) -> Job | None:
         """Record a run's outcome; None if this worker no longer owns the job (nothing written)."""
@@ -479,35 +635,125 @@ class Store:
                                          job.id, worker_id, job.run_count))
             if cur.rowcount != 1:
                 return None
-            cur.execute(SQL_FINISH_RUN, (now, outcome.exit_code, outcome.error, outcome.output, job.id, job.run_count))
-            return self._get_in(cur, job.id)
+            self._close_run(cur, job, state, outcome, now)
+            self._settle_dependents(cur, job.id, state, now)
+            return Job.from_row(cur.execute(SQL_GET_JOB, (job.id,)).fetchone())
         return self.write(record)
 
-    def release(self, job: Job, worker_id: str, outcome: Outcome, now: float) -> bool:
-        """Give an interrupted job back as pending, attempts unchanged (the worker was stopped)."""
-        def put_back(cur):
-            cur.execute(SQL_REQUEUE, (PENDING, 0, None, now, now, job.id, worker_id, job.run_count))
-            if cur.rowcount != 1:
-                return False
-            cur.execute(SQL_FINISH_RUN, (now, outcome.exit_code, outcome.error, outcome.output, job.id, job.run_count))
-            return True
-        return self.write(put_back)
+    @staticmethod
+    def _close_run(cur: sqlite3.Cursor, job: Job, label: str, outcome: Outcome, now: float) -> None:
+        cur.execute(SQL_FINISH_RUN, (now, label, outcome.exit_code, outcome.error, outcome.output,
+                                     outcome.output_bytes, job.id, job.run_count))
 
     @staticmethod
-    def _get_in(cur: sqlite3.Cursor, job_id: str) -> Job:
-        return Job.from_row(cur.execute(SQL_GET_JOB, (job_id,)).fetchone())
+    def _settle_dependents(cur: sqlite3.Cursor, job_id: str, state: str, now: float) -> None:
+        """A completed job may make dependents due; a dead one takes them to the DLQ."""
+        if state == COMPLETED:
+            cur.execute(SQL_RELEASE_DEPENDENTS, (now, now, job_id))
+        elif state == DEAD:
+            cur.execute(SQL_KILL_DEPENDENTS, (job_id, now))
+
+    def interrupt(self, job: Job, worker_id: str, outcome: Outcome, lost: bool, now: float) -> str | None:
+        """End a run the worker cut short (stop, lost worker, cancel); returns the job's new state.
+
+        Not an attempt: a stopped or lost run goes back to pending (a lost one counts toward the
+        poison cap), unless a cancel was asked for, which sends it to the DLQ.
+        """
+        def requeue(cur):
+            flag = cur.execute(SQL_CANCEL_FLAG, (job.id, worker_id, job.run_count)).fetchone()
+            if flag is None:
+                return None
+            state, error = interrupt_rule(job.lost_count + lost, lost, bool(flag[0]))
+            cur.execute(SQL_REQUEUE, (state, int(lost), error, now, now, job.id, worker_id, job.run_count))
+            self._close_run(cur, job, "canceled" if flag[0] else "lost" if lost else "stopped", outcome, now)
+            self._settle_dependents(cur, job.id, state, now)
+            return state
+        return self.write(requeue)
 
     def retry_dead(self, job_ids: list[str], now: float) -> None:
-        """Move dead jobs back to pending; all or nothing."""
+        """Move dead jobs back to pending, all or nothing; a dead dependency must be retried with them."""
         def revive(cur):
             for job_id in job_ids:
-                row = cur.execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchone()
+                row = cur.execute(SQL_JOB_STATE, (job_id,)).fetchone()
                 if row is None:
                     raise NotFound(f"no job with id {job_id!r}")
                 if row[0] != DEAD:
                     raise Conflict(f"job {job_id!r} is {row[0]}, not dead")
+                blocker = next((d for (d,) in cur.execute(SQL_DEAD_DEPS, (job_id,)) if d not in job_ids), None)
+                if blocker:
+                    raise Conflict(f"job {job_id!r} depends on dead job {blocker!r}: retry both together")
+            for job_id in job_ids:  # in the order given; a dependency listed later still counts as unfinished
                 cur.execute(SQL_RETRY, (now, now, job_id))
         self.write(revive)
+
+    def cancel(self, job_ids: list[str], now: float) -> None:
+        """Cancel jobs, all or nothing: waiting ones go to the DLQ now, running ones when their worker kills them."""
+        def cancel(cur):
+            for job_id in job_ids:
+                state = self._state_in(cur, job_id)
+                if state in (COMPLETED, DEAD):
+                    raise Conflict(f"job {job_id!r} is already {state}")
+            for job_id in job_ids:
+                if cur.execute(SQL_CANCEL_WAITING, (now, job_id)).rowcount:
+                    cur.execute(SQL_KILL_DEPENDENTS, (job_id, now))
+                else:
+                    cur.execute(SQL_CANCEL_RUNNING, (job_id,))
+        self.write(cancel)
+
+    @staticmethod
+    def _state_in(cur: sqlite3.Cursor, job_id: str) -> str:
+        row = cur.execute(SQL_JOB_STATE, (job_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"no job with id {job_id!r}")
+        return row[0]
+
+    def delete(self, job_ids: list[str]) -> None:
+        """Remove jobs and their runs, all or nothing; never a processing job or one still needed."""
+        def delete(cur):
+            for job_id in job_ids:
+                if self._state_in(cur, job_id) == PROCESSING:
+                    raise Conflict(f"job {job_id!r} is processing; cancel it first")
+                needed = [d for (d,) in cur.execute(SQL_UNFINISHED_DEPENDENTS, (job_id,)) if d not in job_ids]
+                if needed:
+                    raise Conflict(f"job {job_id!r} is needed by unfinished job(s): {', '.join(needed)}")
+            for job_id in job_ids:
+                for sql in SQL_DELETE_JOB:
+                    cur.execute(sql, (job_id,))
+        self.write(delete)
+
+    def purge(self, state: str, before: float, limit: int = -1) -> int:
+        """Remove finished jobs in `state` last updated before `before`, with their runs; returns how many."""
+        def purge(cur):
+            ids = [r[0] for r in cur.execute(SQL_PURGE_IDS, (state, before, limit))]
+            for job_id in ids:
+                for sql in SQL_DELETE_JOB:
+                    cur.execute(sql, (job_id,))
+            return len(ids)
+        return self.write(purge)
+
+    def pause(self, queues: list[str]) -> None:
+        """Stop claims from these queues ('*' = all)."""
+        self.write(lambda cur: cur.executemany(SQL_PAUSE, [(q,) for q in queues]))
+
+    def resume(self, queues: list[str]) -> None:
+        """Undo pause for these queues, or for everything when none are named."""
+        if queues:
+            self.write(lambda cur: cur.executemany(SQL_RESUME, [(q,) for q in queues]))
+        else:
+            self.write(lambda cur: cur.execute(SQL_RESUME_ALL))
+
+    def paused(self) -> list[str]:
+        """Paused queue names ('*' = everything)."""
+        return [r[0] for r in self.read(SQL_PAUSED)]
+
+    def stats(self, since: float, now: float) -> dict:
+        """Outcome counts, duration and wait percentiles over runs that ended since `since`."""
+        outcomes = dict(self.read(SQL_STATS_OUTCOMES, (since,)))
+        duration = self.read(SQL_STATS_PERCENTILES.format(expr="ended_at - started_at"), (since,))[0]
+        wait = self.read(SQL_STATS_PERCENTILES.format(expr="max(0, started_at - due_at)"), (since,))[0]
+        oldest = self.read(SQL_OLDEST_ELIGIBLE, (now,))[0][0]
+        return {"outcomes": outcomes, "duration": duration, "wait": wait,
+                "oldest_eligible_age_s": None if oldest is None else max(0.0, now - oldest)}
 
     # -- workers --------------------------------------------------------------------------------
 
@@ -533,6 +779,17 @@ class Store:
         """Every registered worker."""
         return [WorkerRow(*r) for r in self.read(SQL_WORKERS)]
 
+    def processing_by_worker(self) -> dict[str, list[str]]:
+        """Worker id -> ids of the jobs it is running."""
+        held: dict[str, list[str]] = {}
+        for worker_id, job_id in self.read(SQL_PROCESSING_BY_WORKER):
+            held.setdefault(worker_id, []).append(job_id)
+        return held
+
+    def cancel_requests(self, worker_id: str) -> set[str]:
+        """Ids of this worker's running jobs that a user asked to cancel."""
+        return {r[0] for r in self.read(SQL_CANCEL_REQUESTS, (worker_id,))}
+
     def request_stop(self) -> int:
         """Ask every registered worker to stop; returns how many were asked."""
         return self.write(lambda cur: cur.execute(SQL_REQUEST_STOP).rowcount)
@@ -544,17 +801,6 @@ class Store:
     def orphan_jobs(self) -> list[tuple]:
         """(id, run_count, lost_count, worker_id) of processing jobs whose worker is not registered."""
         return self.read(SQL_ORPHAN_JOBS)
-
-    def recover(self, job_id: str, worker_id: str, run_no: int, lost_count: int, now: float) -> str | None:
-        """Requeue a job whose worker died (not an attempt); dead after LOST_WORKER_CAP losses."""
-        state, error = recovery_rule(lost_count + 1)
-        def requeue(cur):
-            cur.execute(SQL_REQUEUE, (state, 1, error, now, now, job_id, worker_id, run_no))
-            if cur.rowcount != 1:
-                return None
-            cur.execute(SQL_FINISH_RUN, (now, None, "worker lost", None, job_id, run_no))
-            return state
-        return self.write(requeue)
 
     def drop_worker(self, worker_id: str) -> None:
         """Forget a dead worker once it holds no job."""
@@ -602,10 +848,12 @@ def failure_rule(job: Job, outcome: Outcome, settings: dict, now: float) -> tupl
     return FAILED, attempts, now + delay
 
 
-def recovery_rule(lost_count: int) -> tuple[str, str | None]:
-    """State for a job whose worker was lost for the `lost_count`-th time."""
-    if lost_count >= LOST_WORKER_CAP:
-        return DEAD, f"worker lost {lost_count} times (the job may be killing its worker)"
+def interrupt_rule(lost_total: int, lost: bool, canceled: bool) -> tuple[str, str | None]:
+    """(state, last_error) for a run cut short: canceled -> DLQ; lost too often -> DLQ; else pending."""
+    if canceled:
+        return DEAD, "canceled"
+    if lost and lost_total >= LOST_WORKER_CAP:
+        return DEAD, f"worker lost {lost_total} times (the job may be killing its worker)"
     return PENDING, None
 
 
@@ -618,23 +866,74 @@ def lease_expired(last_change_mono: float, now_mono: float, stale_timeout_s: flo
     return now_mono - last_change_mono > stale_timeout_s
 
 
-def validate_job(obj: object, defaults: dict, cwd: str) -> dict:
+JOB_FIELDS = ("command", "id", "max_retries", "timeout", "cwd", "env", "priority", "queue", "run_at", "delay",
+              "depends_on")
+
+
+def validate_job(obj: object, defaults: dict, cwd: str, now: float) -> dict:
     """Check an enqueue JSON object field by field; returns a complete spec or raises UsageError."""
     if not isinstance(obj, dict):
         raise UsageError("job must be a JSON object")
-    unknown = sorted(set(obj) - {"id", "command", "max_retries", "timeout", "cwd", "env"})
+    unknown = sorted(set(obj) - set(JOB_FIELDS))
     if unknown:
-        raise UsageError(f"unknown field {unknown[0]!r} (fields: command, id, max_retries, timeout, cwd, env)")
+        raise UsageError(f"unknown field {unknown[0]!r} (fields: {', '.join(JOB_FIELDS)})")
     if "command" not in obj:
         raise UsageError("field 'command' is required")
+    if "run_at" in obj and "delay" in obj:
+        raise UsageError("fields 'run_at' and 'delay' cannot be used together")
     return {
         "command": _valid_command(obj["command"]),
         "id": _valid_id(obj["id"]) if "id" in obj else os.urandom(8).hex(),
-        "max_retries": _valid_int(obj.get("max_retries", defaults["max_retries"]), "max_retries"),
+        "max_retries": _valid_int(obj.get("max_retries", defaults["max_retries"]), "max_retries", 0, MAX_RETRIES_LIMIT),
         "timeout": _valid_seconds(obj.get("timeout", defaults["job_timeout"]), "timeout"),
         "cwd": _valid_cwd(obj.get("cwd", cwd)),
         "env": _valid_env(obj.get("env", {})),
+        "priority": _valid_int(obj.get("priority", 0), "priority", -MAX_PRIORITY, MAX_PRIORITY),
+        "queue": valid_queue(obj.get("queue", DEFAULT_QUEUE), "field 'queue'"),
+        "run_at": _valid_run_at(obj, now),
+        "depends_on": _valid_deps(obj.get("depends_on", [])),
     }
+
+
+def _valid_run_at(obj: dict, now: float) -> float | None:
+    """Epoch seconds the job becomes due, from `run_at` (ISO-8601 or epoch) or `delay`; None = now."""
+    if "delay" in obj:
+        return now + _valid_seconds(obj["delay"], "delay")
+    if "run_at" not in obj:
+        return None
+    value = obj["run_at"]
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value).timestamp()  # no offset: local time
+        except (ValueError, OverflowError, OSError):
+            raise UsageError(f"field 'run_at' is not an ISO-8601 time: {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_EPOCH:
+        raise UsageError("field 'run_at' must be an ISO-8601 string or a Unix time in seconds")
+    return float(value)
+
+
+def _valid_deps(value: object) -> list[str]:
+    if not isinstance(value, list) or len(value) > MAX_DEPS:
+        raise UsageError(f"field 'depends_on' must be a list of at most {MAX_DEPS} job ids")
+    return list(dict.fromkeys(_valid_id(v, "depends_on") for v in value))
+
+
+def valid_queue(value: object, what: str) -> str:
+    """A queue name: letters, digits, '-', '_', '.', 1 to 64 characters."""
+    if not isinstance(value, str) or not QUEUE_NAME.fullmatch(value):
+        raise UsageError(f"{what} must be 1-64 letters, digits, '-', '_' or '.': {value!r}")
+    return value
+
+
+def parse_duration(text: str) -> float:
+    """'30s', '15m', '12h', '7d' or plain seconds -> seconds."""
+    match = DURATION.fullmatch(text.strip())
+    if not match:
+        raise UsageError(f"not a duration: {text!r} (use e.g. 30s, 15m, 12h, 7d)")
+    seconds = float(match[1]) * DURATION_UNITS[match[2] or "s"]
+    if seconds > MAX_SECONDS:
+        raise UsageError(f"duration too long: {text!r}")
+    return int(seconds) if seconds == int(seconds) else seconds
 
 
 def _valid_text(value: object, field: str) -> str:
@@ -658,18 +957,18 @@ def _valid_command(value: object) -> str:
     return command
 
 
-def _valid_id(value: object) -> str:
-    job_id = _valid_text(value, "id")
+def _valid_id(value: object, field: str = "id") -> str:
+    job_id = _valid_text(value, field)
     if not job_id or len(job_id) > MAX_ID_CHARS:
-        raise UsageError(f"field 'id' must be 1 to {MAX_ID_CHARS} characters")
+        raise UsageError(f"field {field!r}: an id must be 1 to {MAX_ID_CHARS} characters")
     if any(ord(c) < 32 or 127 <= ord(c) < 160 or c in "\u2028\u2029" for c in job_id):
-        raise UsageError("field 'id' must not contain control characters or line separators")
+        raise UsageError(f"field {field!r}: an id must not contain control characters or line separators")
     return job_id
 
 
-def _valid_int(value: object, field: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_RETRIES_LIMIT:
-        raise UsageError(f"field {field!r} must be an integer from 0 to {MAX_RETRIES_LIMIT}")
+def _valid_int(value: object, field: str, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise UsageError(f"field {field!r} must be an integer from {low} to {high}")
     return value
 
 
@@ -724,11 +1023,12 @@ def parse_json(text: str) -> object:
 
 # ==== Execution ==================================================================================
 
-def run_command(job: Job, env_extra: dict, abort) -> Outcome:
+def run_command(job: Job, env_extra: dict, abort, on_output=None) -> Outcome:
     """Run a job's command in its own session; keep the last OUTPUT_TAIL_BYTES of its output.
 
     `abort()` is polled while the command runs; when it returns a reason the process group is
-    killed and the outcome is marked interrupted.
+    killed and the outcome is marked interrupted. `on_output(tail, total)` is called at most every
+    OUTPUT_FLUSH_S while a long job prints, so its output can be followed live.
     """
     import subprocess
     started = time.monotonic()
@@ -740,46 +1040,62 @@ def run_command(job: Job, env_extra: dict, abort) -> Outcome:
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     except OSError as e:
         error = f"cannot start: {e.strerror}: {job.cwd}" if isinstance(e, FileNotFoundError) else f"cannot start: {e}"
-        return Outcome(None, error, "", time.monotonic() - started)
+        return Outcome(None, error, b"", time.monotonic() - started)
     with proc:
-        tail, reason = _collect(proc, job.timeout, started, abort)
+        capture = _Capture(proc, started, on_output)
+        reason = capture.collect(job.timeout, abort)
     if reason:  # the group is dead; also catch children that left it with setsid
         kill_run_orphans(env_extra.get("QUEUECTL_RUN", ""))
-    duration = time.monotonic() - started
-    return _outcome(proc.returncode, reason, bytes(tail).decode("utf-8", "replace"), duration, job.timeout)
+    outcome = _outcome(proc.returncode, reason, bytes(capture.tail), time.monotonic() - started, job.timeout)
+    outcome.output_bytes = capture.total
+    return outcome
 
 
-def _collect(proc, timeout_s: float, started: float, abort) -> tuple[bytearray, str | None]:
-    """Read output until EOF and exit, a timeout or an abort; returns (tail, reason it was cut)."""
-    import select
-    poller = select.poll()
-    fd = proc.stdout.fileno()
-    poller.register(fd, select.POLLIN | select.POLLHUP)
-    tail, eof = bytearray(), False
-    while True:
-        reason = "timeout" if timeout_s and time.monotonic() - started > timeout_s else abort()
-        if reason:
-            _kill_group(proc.pid)
-            proc.wait()
-            return tail, reason
-        if proc.poll() is not None:
-            # The shell exited. Take what is buffered, but do not wait for EOF: a background
-            # child (`cmd &`) may hold the pipe open for as long as it likes.
-            while not eof and poller.poll(0) and len(tail) < 64 * OUTPUT_TAIL_BYTES:
-                eof = not _read_into(fd, tail)
-            return tail, None
-        if eof:
-            _wait_a_little(proc)  # output closed, shell still running
-        elif poller.poll(250):
-            eof = not _read_into(fd, tail)
+class _Capture:
+    """Reads a running job's output pipe into a bounded tail."""
 
+    def __init__(self, proc, started: float, on_output):
+        import select
+        self.proc, self.started, self.on_output = proc, started, on_output
+        self.fd = proc.stdout.fileno()
+        self.poller = select.poll()
+        self.poller.register(self.fd, select.POLLIN | select.POLLHUP)
+        self.tail, self.total, self.eof = bytearray(), 0, False
+        self.flushed_at, self.flushed_total = started, 0
 
-def _read_into(fd: int, tail: bytearray) -> int:
-    """Append one read to the tail, keeping only its last OUTPUT_TAIL_BYTES; returns bytes read."""
-    chunk = os.read(fd, 65536)
-    tail += chunk
-    del tail[:-OUTPUT_TAIL_BYTES]
-    return len(chunk)
+    def collect(self, timeout_s: float, abort) -> str | None:
+        """Read until the shell exits, a timeout or an abort; returns why it was cut short, if it was."""
+        while True:
+            reason = "timeout" if timeout_s and time.monotonic() - self.started > timeout_s else abort()
+            if reason:
+                _kill_group(self.proc.pid)
+                self.proc.wait()
+                return reason
+            if self.proc.poll() is not None:
+                # The shell exited. Take what is buffered, but do not wait for EOF: a background
+                # child (`cmd &`) may hold the pipe open for as long as it likes.
+                while not self.eof and self.poller.poll(0) and self.total < 64 * OUTPUT_TAIL_BYTES:
+                    self._read()
+                return None
+            if self.eof:
+                _wait_a_little(self.proc)  # output closed, shell still running
+            elif self.poller.poll(250):
+                self._read()
+            self._maybe_flush()
+
+    def _read(self) -> None:
+        chunk = os.read(self.fd, 65536)
+        self.eof = not chunk
+        self.total += len(chunk)
+        self.tail += chunk
+        del self.tail[:-OUTPUT_TAIL_BYTES]
+
+    def _maybe_flush(self) -> None:
+        # Short jobs never get here often enough to flush: they pay nothing for --follow.
+        now = time.monotonic()
+        if self.on_output and self.total != self.flushed_total and now - self.flushed_at >= OUTPUT_FLUSH_S:
+            self.flushed_at, self.flushed_total = now, self.total
+            self.on_output(bytes(self.tail), self.total)
 
 
 def _wait_a_little(proc) -> None:
@@ -799,13 +1115,13 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
-def _outcome(code: int, reason: str | None, output: str, duration: float, timeout_s: float) -> Outcome:
+def _outcome(code: int, reason: str | None, output: bytes, duration: float, timeout_s: float) -> Outcome:
     """Turn a return code and an interruption reason into an Outcome with a clear error."""
     import signal
     if reason == "timeout":
         return Outcome(None, f"timed out after {timeout_s:g}s", output, duration)
     if reason:
-        return Outcome(None, f"interrupted: {reason}", output, duration, interrupted=True)
+        return Outcome(None, reason, output, duration, interrupted=reason)
     if code < 0:
         name = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
         return Outcome(128 - code, f"killed by signal {name}", output, duration)
@@ -909,16 +1225,17 @@ def run_token(job: Job, worker_id: str) -> str:
 class Worker:
     """One runner thread's logic: claim a due job, run it, record what happened."""
 
-    def __init__(self, store: Store, worker_id: str, abort):
+    def __init__(self, store: Store, worker_id: str, abort, queues: tuple = ()):
         self.store = store
         self.worker_id = worker_id
-        self.abort = abort  # callable -> reason to kill the running job, or None
+        self.abort = abort  # abort(job_id) -> reason to kill the running job, or None
+        self.queues = queues
         self.runner = run_command  # injectable for tests and simulation
         self.current: Job | None = None
 
     def run_once(self, now: float | None = None) -> bool:
         """Claim and run at most one job; True if one was run."""
-        job = self.store.claim(self.worker_id, time.time() if now is None else now)
+        job = self.store.claim(self.worker_id, time.time() if now is None else now, self.queues)
         if job is None:
             return False
         self.current = job
@@ -932,22 +1249,29 @@ class Worker:
         log.info("job %s claimed (attempt %d): %s", job.id, job.attempts + 1, _short(job.command))
         env = {"QUEUECTL_JOB_ID": job.id, "QUEUECTL_ATTEMPT": str(job.attempts + 1),
                "QUEUECTL_RUN": run_token(job, self.worker_id)}
-        outcome = self.runner(job, env, self.abort)
+        outcome = self.runner(job, env, lambda: self.abort(job.id), lambda tail, total: self._flush(job, tail, total))
         self._record(job, outcome, now)
+
+    def _flush(self, job: Job, tail: bytes, total: int) -> None:
+        """Best effort: a busy database must not stall the job's output pipe."""
+        try:
+            self.store.flush_output(job, tail, total)
+        except (QueueError, sqlite3.Error) as e:
+            log.debug("job %s: output not flushed (%s)", job.id, e)
 
     def _record(self, job: Job, outcome: Outcome, now: float | None) -> None:
         """Write the outcome, retrying until the database takes it: a finished run is never dropped."""
         while True:
             try:
                 return self._write_outcome(job, outcome, time.time() if now is None else now)
-            except (Busy, sqlite3.OperationalError) as e:
+            except (QueueError, sqlite3.OperationalError) as e:
                 log.warning("job %s: cannot record result yet (%s); retrying", job.id, e)
                 time.sleep(0.5)
 
     def _write_outcome(self, job: Job, outcome: Outcome, now: float) -> None:
         if outcome.interrupted:
-            put_back = self.store.release(job, self.worker_id, outcome, now)
-            log.info("job %s %s (%s)", job.id, "put back to pending" if put_back else "no longer ours", outcome.error)
+            state = self.store.interrupt(job, self.worker_id, outcome, False, now)
+            log.info("job %s %s (%s)", job.id, f"-> {state}" if state else "no longer ours", outcome.error)
             return
         settings = self.store.config_all()
         _log_result(job, self.store.finish(job, self.worker_id, outcome, settings, now), outcome)
@@ -987,8 +1311,8 @@ class Sweeper:
         for row in self.store.workers():
             if row.id != self.worker_id and self.is_dead(row, now_mono, stale_s):
                 recovered += self._recover_worker(row, now)
-        for job_id, run_no, lost, owner in self.store.orphan_jobs():
-            recovered += self._recover_job(job_id, owner, run_no, lost, now, None)
+        for job_id, run_no, _, owner in self.store.orphan_jobs():
+            recovered += self._recover_job(job_id, owner, run_no, now, None)
         return recovered
 
     def is_dead(self, row: WorkerRow, now_mono: float, stale_s: float) -> bool:
@@ -1003,17 +1327,21 @@ class Sweeper:
 
     def _recover_worker(self, row: WorkerRow, now: float) -> int:
         local = same_namespace(row, self.me)
-        count = sum(self._recover_job(job_id, row.id, run_no, lost, now, local)
-                    for job_id, run_no, lost in self.store.jobs_of(row.id))
+        count = sum(self._recover_job(job_id, row.id, run_no, now, local)
+                    for job_id, run_no, _ in self.store.jobs_of(row.id))
         self.store.drop_worker(row.id)
         self.seen.pop(row.id, None)
         return count
 
-    def _recover_job(self, job_id: str, owner: str, run_no: int, lost: int, now: float, local: bool | None) -> int:
+    def _recover_job(self, job_id: str, owner: str, run_no: int, now: float, local: bool | None) -> int:
         # Kill the orphan first, then requeue: the other order would let a new run overlap the old.
         if local is not False:
             kill_run_orphans(f"{owner}/{run_no}/{job_id}")
-        state = self.store.recover(job_id, owner, run_no, lost, now)
+        job = self.store.get(job_id)
+        if job.run_count != run_no:
+            return 0
+        lost = Outcome(None, "worker lost", None, 0.0, interrupted="worker lost")
+        state = self.store.interrupt(job, owner, lost, True, now)
         if state:
             log.warning("job %s recovered from lost worker %s -> %s", job_id, owner, state)
         return 1 if state else 0
@@ -1024,11 +1352,9 @@ class Sweeper:
 class Supervisor:
     """One worker process: registers, runs N Worker threads, heartbeats, sweeps, polls, stops."""
 
-    def __init__(self, path: str, count: int, burst: bool):
+    def __init__(self, path: str, count: int, burst: bool, queues: tuple = ()):
         import threading
-        self.path = path
-        self.count = count
-        self.burst = burst
+        self.path, self.count, self.burst, self.queues = path, count, burst, queues
         self.store = Store(path, durable=False, busy_deadline_s=30.0)
         self.me = host_identity()
         self.worker_id = f"{self.me['host']}:{self.me['pid']}:{os.urandom(3).hex()}"
@@ -1039,6 +1365,7 @@ class Supervisor:
         self.signals = 0
         self.signalled = threading.Event()
         self.workers: list[Worker] = []
+        self.canceled: set[str] = set()  # running job ids a user asked to cancel
 
     # -- signals: handlers only count and set an event; the loop does the rest ------------------
 
@@ -1052,13 +1379,13 @@ class Supervisor:
         self.signals += 1
         self.signalled.set()
 
-    def abort_reason(self) -> str | None:
+    def abort_reason(self, job_id: str) -> str | None:
         """Why a running job must be killed now, if it must."""
         if self.hard.is_set():
             return "worker hard stop"
         if self.lost.is_set():
             return "worker lost its registration"
-        return None
+        return "canceled" if job_id in self.canceled else None
 
     # -- main loop -------------------------------------------------------------------------------
 
@@ -1069,7 +1396,7 @@ class Supervisor:
         log.info("worker started: %s, %d thread(s), db %s", self.worker_id, self.count, self.path)
         self.sweeper = Sweeper(self.store, self.me, self.worker_id)
         self.sweeper.sweep(time.time())  # recover what a previous crash or boot left, before claiming
-        threads = [threading.Thread(target=self._thread_main, args=(i,), daemon=True) for i in range(self.count)]
+        threads = [threading.Thread(target=self._thread_main, daemon=True) for _ in range(self.count)]
         for t in threads:
             t.start()
         self._loop(threads)
@@ -1081,20 +1408,35 @@ class Supervisor:
         return code
 
     def _loop(self, threads: list) -> None:
-        next_beat = next_sweep = 0.0
+        due = dict.fromkeys(("beat", "sweep", "cancels", "retention"), 0.0)  # monotonic time of the next run
         while any(t.is_alive() for t in threads):
             self.signalled.wait(POLL_INTERVAL_S)
             self._handle_signals()
-            mono = time.monotonic()
             try:
-                if mono >= next_beat:
-                    next_beat = mono + self._heartbeat()
-                if mono >= next_sweep:
-                    next_sweep = mono + SWEEP_INTERVAL_S
-                    self.sweeper.sweep(time.time())
-                self._poll()
+                self._housekeeping(due, time.monotonic())
             except (QueueError, sqlite3.Error) as e:  # a busy or full database must not kill the worker
                 log.warning("housekeeping failed: %s; retrying", e)
+
+    def _housekeeping(self, due: dict, mono: float) -> None:
+        if mono >= due["beat"]:
+            due["beat"] = mono + self._heartbeat()
+        if mono >= due["sweep"]:
+            due["sweep"] = mono + SWEEP_INTERVAL_S
+            self.sweeper.sweep(time.time())
+        if mono >= due["cancels"] and any(w.current for w in self.workers):
+            due["cancels"] = mono + 0.5
+            self.canceled = self.store.cancel_requests(self.worker_id)
+        if mono >= due["retention"]:
+            due["retention"] = mono + RETENTION_INTERVAL_S
+            self._apply_retention()
+        self._poll()
+
+    def _apply_retention(self) -> None:
+        """Delete completed jobs older than `retention`, in slices so no write lock is held long."""
+        keep_s = self.store.config_get("retention")
+        for _ in range(20):  # at most 100,000 rows a round
+            if not keep_s or self.store.purge(COMPLETED, time.time() - keep_s, limit=5000) < 5000:
+                break
 
     def _handle_signals(self) -> None:
         if not self.signalled.is_set():
@@ -1130,26 +1472,26 @@ class Supervisor:
         log.error("this worker was presumed dead by another; killing its running jobs and re-registering")
         self.lost.set()
         while any(w.current for w in self.workers):
-            time.sleep(0.05)
+            self.signalled.wait(0.05)
         self.lost.clear()
         self.store.register(self.worker_id, self.me, self.count, time.time())
 
     def _poll(self) -> None:
         """Wake idle threads when a job is due; in burst mode, stop when the queue is drained."""
         now = time.time()
-        due = self.store.next_due_at()
+        due = self.store.next_due_at(self.queues)
         if due is not None and due <= now:
             with self.wake:
                 self.wake.notify_all()
         elif self.burst and not self.stopping.is_set() and not any(w.current for w in self.workers) \
-                and self.store.burst_done(now):
+                and self.store.burst_done(now, self.queues):
             self._stop("burst: queue drained")
 
     # -- runner threads --------------------------------------------------------------------------
 
-    def _thread_main(self, index: int) -> None:
+    def _thread_main(self) -> None:
         store = Store(self.path, durable=False, busy_deadline_s=30.0)
-        worker = Worker(store, self.worker_id, self.abort_reason)
+        worker = Worker(store, self.worker_id, self.abort_reason, self.queues)
         self.workers.append(worker)
         while not self.stopping.is_set():
             try:
@@ -1178,61 +1520,102 @@ def build_parser() -> Parser:
     p.add_argument("--version", action="version", version=f"queuectl {__version__}")
     p.add_argument("--db", help="database file (default: $QUEUECTL_DB or ./queuectl.db)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_job_commands(sub)
+    _add_view_commands(sub)
+    _add_operating_commands(sub)
+    _add_worker_commands(sub.add_parser("worker", help="start, stop or list workers").add_subparsers(
+        dest="action", required=True, metavar="ACTION"))
+    _add_dlq_and_config(sub)
+    return p
 
-    e = sub.add_parser("enqueue", help="add a job")
-    e.add_argument("job", metavar="JSON", help='job object, e.g. \'{"command": "echo hi"}\'')
-    e.add_argument("--json", action="store_true", help="print the job object")
-    e.set_defaults(func=cmd_enqueue)
 
-    w = sub.add_parser("worker", help="start or stop workers").add_subparsers(dest="action", required=True)
-    ws = w.add_parser("start", help="run a worker in the foreground")
+def _command(sub, name: str, func, help: str, *, json_flag: bool = False, ids: str | None = None):
+    """Add a subcommand bound to `func`, with the common --json flag and ID arguments."""
+    cmd = sub.add_parser(name, help=help, description=help)
+    if ids:
+        cmd.add_argument("ids" if ids == "+" else "id", nargs=ids if ids == "+" else None, metavar="ID")
+    if json_flag:
+        cmd.add_argument("--json", action="store_true", help="print JSON only")
+    cmd.set_defaults(func=func)
+    return cmd
+
+
+def _add_job_commands(sub) -> None:
+    e = _command(sub, "enqueue", cmd_enqueue, "add a job, or with '-' a batch from stdin", json_flag=True)
+    e.add_argument("job", metavar="JSON", help="a job object, or - to read JSON Lines or a JSON array from stdin")
+    _command(sub, "cancel", cmd_cancel, "cancel jobs: waiting ones go to the DLQ, running ones are killed", ids="+")
+    _command(sub, "delete", cmd_delete, "remove jobs that are not processing, with their runs", ids="+")
+    pg = _command(sub, "purge", cmd_purge, "remove finished jobs and their runs")
+    pg.add_argument("--state", choices=(COMPLETED, DEAD), default=COMPLETED)
+    pg.add_argument("--older-than", type=_duration_arg, default=0, metavar="DURATION", help="e.g. 30s, 15m, 12h, 7d")
+    wt = _command(sub, "wait", cmd_wait, "block until the jobs are completed or dead", ids="+")
+    wt.add_argument("--timeout", type=_seconds_arg, default=None, help="give up after S seconds (exit 1)")
+
+
+def _add_view_commands(sub) -> None:
+    s = _command(sub, "status", cmd_status, "job counts, live workers, paused queues", json_flag=True)
+    s.add_argument("--queue", type=_queue_arg)
+    s.add_argument("--watch", action="store_true", help="redraw every second until Ctrl+C")
+    ls = _command(sub, "list", cmd_list, "list jobs, oldest first", json_flag=True)
+    ls.add_argument("--state", help=f"one of {', '.join(STATES)}")
+    ls.add_argument("--queue", type=_queue_arg)
+    ls.add_argument("--limit", type=int, default=None, help="only the N most recently created")
+    _command(sub, "show", cmd_show, "one job in full, with its runs", json_flag=True, ids="1")
+    lg = _command(sub, "logs", cmd_logs, "output of the job's latest run (or run N)", ids="1")
+    lg.add_argument("--run", type=int, default=None, metavar="N")
+    lg.add_argument("--follow", "-f", action="store_true", help="stream a running job's output until it ends")
+    st = _command(sub, "stats", cmd_stats, "throughput, durations and waits over a window", json_flag=True)
+    st.add_argument("--since", type=_duration_arg, default=3600, metavar="DURATION", help="window (default 1h)")
+
+
+def _add_operating_commands(sub) -> None:
+    for name, func, verb in (("pause", cmd_pause, "stop claiming from"), ("resume", cmd_resume, "claim again from")):
+        cmd = _command(sub, name, func, f"workers {verb} these queues (all, if none named)")
+        cmd.add_argument("--queue", type=_queue_arg, action="append", default=[])
+
+
+def _add_worker_commands(w) -> None:
+    ws = _command(w, "start", cmd_worker_start, "run a worker in the foreground")
     ws.add_argument("--count", type=int, default=1, help="threads, each running one job at a time")
     ws.add_argument("--burst", action="store_true", help="exit once the due work is drained")
-    ws.set_defaults(func=cmd_worker_start)
-    wt = w.add_parser("stop", help="ask every running worker to stop gracefully")
+    ws.add_argument("--queue", type=_queue_arg, action="append", default=[], help="claim only from this queue")
+    wt = _command(w, "stop", cmd_worker_stop, "ask every running worker to stop gracefully")
     wt.add_argument("--wait", action="store_true", help="return once they have exited")
-    wt.add_argument("--timeout", type=float, default=None, help="with --wait: give up after S seconds")
-    wt.set_defaults(func=cmd_worker_stop)
+    wt.add_argument("--timeout", type=_seconds_arg, default=None, help="with --wait: give up after S seconds")
+    _command(w, "list", cmd_worker_list, "registered workers and what they run", json_flag=True)
 
-    s = sub.add_parser("status", help="job counts and live workers")
-    s.add_argument("--json", action="store_true")
-    s.set_defaults(func=cmd_status)
 
-    ls = sub.add_parser("list", help="list jobs, oldest first")
-    ls.add_argument("--state", help=f"one of {', '.join(STATES)}")
-    ls.add_argument("--limit", type=int, default=None, help="only the N most recently created")
-    ls.add_argument("--json", action="store_true")
-    ls.set_defaults(func=cmd_list)
-
-    sh = sub.add_parser("show", help="one job in full")
-    sh.add_argument("id")
-    sh.add_argument("--json", action="store_true")
-    sh.set_defaults(func=cmd_show)
-
-    lg = sub.add_parser("logs", help="output of the job's latest run")
-    lg.add_argument("id")
-    lg.set_defaults(func=cmd_logs)
-
+def _add_dlq_and_config(sub) -> None:
     d = sub.add_parser("dlq", help="the dead-letter queue").add_subparsers(dest="action", required=True)
-    dl = d.add_parser("list", help="dead jobs")
-    dl.add_argument("--json", action="store_true")
-    dl.set_defaults(func=cmd_dlq_list)
-    dr = d.add_parser("retry", help="move dead jobs back to pending")
-    dr.add_argument("ids", nargs="+", metavar="ID")
-    dr.set_defaults(func=cmd_dlq_retry)
-
+    _command(d, "list", cmd_dlq_list, "dead jobs", json_flag=True)
+    _command(d, "retry", cmd_dlq_retry, "move dead jobs back to pending", ids="+")
     c = sub.add_parser("config", help="settings").add_subparsers(dest="action", required=True)
-    cs = c.add_parser("set")
+    cs = _command(c, "set", cmd_config_set, "set a value")
     cs.add_argument("key")
     cs.add_argument("value")
-    cs.set_defaults(func=cmd_config_set)
-    cg = c.add_parser("get")
-    cg.add_argument("key")
-    cg.set_defaults(func=cmd_config_get)
-    cl = c.add_parser("list")
-    cl.add_argument("--json", action="store_true")
-    cl.set_defaults(func=cmd_config_list)
-    return p
+    _command(c, "get", cmd_config_get, "print a value").add_argument("key")
+    _command(c, "list", cmd_config_list, "every value", json_flag=True)
+
+
+def _duration_arg(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except UsageError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _seconds_arg(text: str) -> float:
+    try:
+        return _valid_seconds(_parse_number(text), "--timeout")
+    except UsageError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _queue_arg(text: str) -> str:
+    try:
+        return valid_queue(text, "a queue name")
+    except UsageError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def open_store(args) -> Store:
@@ -1254,17 +1637,263 @@ def emit_json(value) -> None:
     print(json.dumps(value, indent=2, ensure_ascii=False))
 
 
+def checked_ids(ids: list[str]) -> list[str]:
+    """Command-line job ids, validated, duplicates dropped, order kept."""
+    return list(dict.fromkeys(_valid_id(i, "ID") for i in ids))
+
+
+# -- jobs ----------------------------------------------------------------------------------------
+
 def cmd_enqueue(args, store: Store) -> None:
-    spec = validate_job(parse_json(args.job), store.config_all(), os.getcwd())
-    job = store.enqueue(spec, time.time())
-    emit_json(job.to_dict()) if args.json else print(job.id)
+    now, defaults, cwd = time.time(), store.config_all(), os.getcwd()
+    if args.job != "-":
+        specs = [validate_job(parse_json(args.job), defaults, cwd, now)]
+    else:
+        specs = [_numbered(where, lambda: validate_job(parse_json(item) if isinstance(item, str) else item,
+                                                       defaults, cwd, now))
+                 for where, item in read_batch(sys.stdin.buffer.read())]
+        check_batch(specs)
+    ids = store.enqueue(specs, now)
+    if args.json:
+        jobs = [store.get(i).to_dict() for i in ids]
+        return emit_json(jobs[0] if args.job != "-" else jobs)
+    sys.stdout.write("".join(f"{i}\n" for i in ids))
+
+
+def read_batch(data: bytes) -> list[tuple[str, object]]:
+    """Split stdin into (where, item): a JSON array's items, or JSON Lines' non-blank lines."""
+    try:
+        body = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise UsageError(f"line {line}: stdin is not valid UTF-8") from None
+    if body.lstrip().startswith("["):
+        items = parse_json(body)
+        if not isinstance(items, list):
+            raise UsageError("stdin: expected one JSON array or JSON Lines")
+        return [(f"item {n}", item) for n, item in enumerate(items, start=1)]
+    return [(f"line {n}", line) for n, line in enumerate(body.splitlines(), start=1) if line.strip()]
+
+
+def _numbered(where: str, fn):
+    try:
+        return fn()
+    except UsageError as e:
+        raise UsageError(f"{where}: {e}") from None
+
+
+def check_batch(specs: list[dict]) -> None:
+    """Ids unique within the batch; a dependency inside the batch must come earlier (so no cycles)."""
+    seen: set[str] = set()
+    for n, spec in enumerate(specs, start=1):
+        if spec["id"] in seen:
+            raise UsageError(f"job {n}: id {spec['id']!r} appears twice in the batch")
+        seen.add(spec["id"])
+        if spec["id"] in spec["depends_on"]:
+            raise UsageError(f"job {n}: {spec['id']!r} cannot depend on itself")
+
+
+def cmd_cancel(args, store: Store) -> None:
+    ids = checked_ids(args.ids)
+    store.cancel(ids, time.time())
+    sys.stdout.write("".join(f"{i}\n" for i in ids))
+
+
+def cmd_delete(args, store: Store) -> None:
+    ids = checked_ids(args.ids)
+    store.delete(ids)
+    sys.stdout.write("".join(f"{i}\n" for i in ids))
+
+
+def cmd_purge(args, store: Store) -> None:
+    removed = store.purge(args.state, time.time() - args.older_than)
+    print(f"purged {removed} {args.state} job{'s' if removed != 1 else ''}")
+
+
+def cmd_wait(args, store: Store) -> int:
+    ids = checked_ids(args.ids)
+    deadline = None if args.timeout is None else time.monotonic() + args.timeout
+    while True:
+        states = {i: store.get(i).state for i in ids}
+        dead = [i for i, s in states.items() if s == DEAD]
+        if dead:
+            raise QueueError(f"job {dead[0]!r} is dead: {store.get(dead[0]).last_error}")
+        if all(s == COMPLETED for s in states.values()):
+            return EXIT_OK
+        if deadline is not None and time.monotonic() > deadline:
+            waiting = [i for i, s in states.items() if s != COMPLETED]
+            raise QueueError(f"timed out waiting for {', '.join(waiting)}")
+        time.sleep(0.2)
+
+
+# -- views ---------------------------------------------------------------------------------------
+
+def cmd_status(args, store: Store) -> None:
+    if not args.watch:
+        return print_status(store, args.queue, args.json)
+    try:
+        while True:
+            sys.stdout.write("\x1b[H" + _status_text(store, args.queue).replace("\n", "\x1b[K\n") + "\x1b[J")
+            sys.stdout.flush()
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        print()
+
+
+def print_status(store: Store, queue: str | None, as_json: bool) -> None:
+    if as_json:
+        return emit_json({"jobs": store.counts(queue), "active_workers": len(live_workers(store)),
+                          "paused": store.paused()})
+    sys.stdout.write(_status_text(store, queue))
+
+
+def _status_text(store: Store, queue: str | None) -> str:
+    counts = store.counts(queue)
+    lines = [f"{state:<12}{counts[state]:>8}" for state in STATES]
+    lines.append(f"{'workers':<12}{len(live_workers(store)):>8}")
+    paused = store.paused()
+    if paused:
+        lines.append("paused: " + ("all queues" if "*" in paused else ", ".join(paused)))
+    return "\n".join(lines) + "\n"
+
+
+def live_workers(store: Store) -> list[WorkerRow]:
+    """Workers that look alive: same namespace by PID, others by a recent heartbeat (wall clock, display only)."""
+    me, now, stale = host_identity(), time.time(), store.config_get("stale_timeout")
+    return [w for w in store.workers()
+            if (not process_gone(w.pid, w.proc_start) if same_namespace(w, me) else now - w.heartbeat_at <= stale)]
+
+
+def print_jobs(jobs: list[Job], as_json: bool) -> None:
+    if as_json:
+        return emit_json([j.to_dict() for j in jobs])
+    print(f"{'ID':<20} {'STATE':<11} {'ATTEMPTS':>8}  {'QUEUE':<10} {'UPDATED':<24} COMMAND")
+    for j in jobs:
+        print(f"{j.id:<20} {j.state:<11} {j.attempts:>4}/{j.max_retries:<3}  {j.queue:<10} {iso(j.updated_at):<24} "
+              f"{_short(j.command)}")
+
+
+def cmd_list(args, store: Store) -> None:
+    if args.state is not None and args.state not in STATES:
+        raise UsageError(f"unknown state {args.state!r} (valid: {', '.join(STATES)})")
+    if args.limit is not None and args.limit < 0:
+        raise UsageError("--limit must be >= 0")
+    print_jobs(store.list_jobs(args.state, -1 if args.limit is None else args.limit, args.queue), args.json)
+
+
+def run_dict(run: dict) -> dict:
+    """One run as users see it in --json output."""
+    ended = run["ended_at"]
+    return {**run, "output": text(run["output"]), "started_at": iso(run["started_at"]), "due_at": iso(run["due_at"]),
+            "ended_at": iso(ended), "duration_s": None if ended is None else round(ended - run["started_at"], 6)}
+
+
+def cmd_show(args, store: Store) -> None:
+    job, runs = store.get(args.id), [run_dict(r) for r in store.runs(args.id)]
+    details = {**job.to_dict(), "depends_on": store.depends_on(args.id)}
+    if args.json:
+        return emit_json({**details, "output": runs[-1]["output"] if runs else None, "runs": runs})
+    for key, value in details.items():
+        print(f"{key + ':':<13} {value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)}")
+    print(f"runs:         {len(runs)}")
+    for r in runs:
+        took = "running" if r["duration_s"] is None else f"{r['duration_s']:.2f}s"
+        print(f"  #{r['run']:<3} {r['started_at']}  {took:>9}  {r['outcome'] or 'running':<10} "
+              f"exit={r['exit_code']}  {r['error'] or ''}".rstrip())
+    output = runs[-1]["output"] if runs else None
+    print("output:" + ("" if output else " (none)"))
+    if output:
+        print(output, end="" if output.endswith("\n") else "\n")
+
+
+def cmd_logs(args, store: Store) -> None:
+    run = store.run_output(args.id, args.run)
+    if run is None and args.run is not None:
+        raise NotFound(f"job {args.id!r} has no run {args.run}")
+    if not args.follow:
+        return write_bytes(run[1] if run else None)
+    follow_output(store, args.id, run)
+
+
+def follow_output(store: Store, job_id: str, run: tuple | None) -> None:
+    """Print a run's output as it grows, until it ends (waiting for a first run if there is none)."""
+    printed = 0
+    while True:
+        if run is not None:
+            run_no, output, total, ended = run
+            printed = _print_new(output or b"", total, printed)
+            if ended is not None:
+                return
+        elif store.get(job_id).state in (COMPLETED, DEAD):
+            return
+        time.sleep(0.25)
+        run = store.run_output(job_id, None if run is None else run[0])
+
+
+def _print_new(output: bytes, total: int, printed: int) -> int:
+    """Write the part of a tail not printed yet; returns the new printed count."""
+    new = total - printed
+    if new > len(output):
+        sys.stdout.write(f"[... {new - len(output)} bytes not kept ...]\n")
+    if new > 0:
+        write_bytes(output[-min(new, len(output)):])
+        sys.stdout.flush()
+    return max(total, printed)
+
+
+def write_bytes(data: bytes | None) -> None:
+    """Job output as captured, bytes and all (decoded only when stdout has no byte layer)."""
+    if not data:
+        return
+    if hasattr(sys.stdout, "buffer"):
+        sys.stdout.flush()
+        sys.stdout.buffer.write(data)
+    else:
+        sys.stdout.write(text(data))
+
+
+def cmd_stats(args, store: Store) -> None:
+    now = time.time()
+    raw = store.stats(now - args.since, now)
+    finished = sum(raw["outcomes"].get(k, 0) for k in (COMPLETED, FAILED, DEAD))
+    report = {
+        "window_s": args.since,
+        "runs": {k: raw["outcomes"].get(k, 0) for k in (COMPLETED, FAILED, DEAD)},
+        "throughput_per_min": round(finished / (args.since / 60), 3) if args.since else 0.0,
+        "duration_s": dict(zip(("max", "p50", "p95"), raw["duration"])),
+        "wait_s": dict(zip(("p50", "p95"), raw["wait"][1:])),
+        "oldest_eligible_age_s": raw["oldest_eligible_age_s"],
+    }
+    if args.json:
+        return emit_json(report)
+    print(f"window: {args.since:g}s   throughput: {report['throughput_per_min']}/min")
+    print("runs:     " + "  ".join(f"{k} {v}" for k, v in report["runs"].items()))
+    print("duration: " + "  ".join(f"{k} {_secs(v)}" for k, v in report["duration_s"].items()))
+    print("wait:     " + "  ".join(f"{k} {_secs(v)}" for k, v in report["wait_s"].items()))
+    print(f"oldest eligible job waiting: {_secs(report['oldest_eligible_age_s'])}")
+
+
+def _secs(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}s"
+
+
+# -- operating -----------------------------------------------------------------------------------
+
+def cmd_pause(args, store: Store) -> None:
+    store.pause(args.queue or ["*"])
+    print("paused " + (", ".join(args.queue) if args.queue else "all queues"))
+
+
+def cmd_resume(args, store: Store) -> None:
+    store.resume(args.queue)
+    print("resumed " + (", ".join(args.queue) if args.queue else "all queues"))
 
 
 def cmd_worker_start(args, store: Store) -> int:
     if not 1 <= args.count <= 256:
         raise UsageError("--count must be from 1 to 256")
     store.close()
-    supervisor = Supervisor(store.path, args.count, args.burst)
+    supervisor = Supervisor(store.path, args.count, args.burst, tuple(dict.fromkeys(args.queue)))
     supervisor.install_signals()
     return supervisor.run()
 
@@ -1283,54 +1912,19 @@ def cmd_worker_stop(args, store: Store) -> int:
     return EXIT_OK
 
 
-def live_workers(store: Store) -> list[WorkerRow]:
-    """Workers that look alive: same namespace by PID, others by a recent heartbeat (wall clock, display only)."""
-    me, now, stale = host_identity(), time.time(), store.config_get("stale_timeout")
-    return [w for w in store.workers()
-            if (not process_gone(w.pid, w.proc_start) if same_namespace(w, me) else now - w.heartbeat_at <= stale)]
-
-
-def cmd_status(args, store: Store) -> None:
-    counts, active = store.counts(), len(live_workers(store))
+def cmd_worker_list(args, store: Store) -> None:
+    now, live, held = time.time(), {w.id for w in live_workers(store)}, store.processing_by_worker()
+    rows = [{"id": w.id, "host": w.host, "pid": w.pid, "started_at": iso(w.started_at),
+             "heartbeat_at": iso(w.heartbeat_at), "heartbeat_age_s": round(max(0.0, now - w.heartbeat_at), 3),
+             "threads": w.threads, "alive": w.id in live, "stopping": bool(w.stop_requested),
+             "jobs": held.get(w.id, [])} for w in store.workers()]
     if args.json:
-        return emit_json({"jobs": counts, "active_workers": active})
-    for state in STATES:
-        print(f"{state:<12}{counts[state]:>8}")
-    print(f"{'workers':<12}{active:>8}")
-
-
-def print_jobs(jobs: list[Job], as_json: bool) -> None:
-    if as_json:
-        return emit_json([j.to_dict() for j in jobs])
-    print(f"{'ID':<20} {'STATE':<11} {'ATTEMPTS':>8}  {'UPDATED':<24} COMMAND")
-    for j in jobs:
-        print(f"{j.id:<20} {j.state:<11} {j.attempts:>4}/{j.max_retries:<3}  {iso(j.updated_at):<24} {_short(j.command)}")
-
-
-def cmd_list(args, store: Store) -> None:
-    if args.state is not None and args.state not in STATES:
-        raise UsageError(f"unknown state {args.state!r} (valid: {', '.join(STATES)})")
-    if args.limit is not None and args.limit < 0:
-        raise UsageError("--limit must be >= 0")
-    print_jobs(store.list_jobs(args.state, -1 if args.limit is None else args.limit), args.json)
-
-
-def cmd_show(args, store: Store) -> None:
-    job = store.get(args.id)
-    output = store.last_output(args.id)
-    if args.json:
-        return emit_json({**job.to_dict(), "output": output})
-    for key, value in job.to_dict().items():
-        print(f"{key + ':':<13} {value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)}")
-    print("output:" + ("" if output else " (none)"))
-    if output:
-        print(output, end="" if output.endswith("\n") else "\n")
-
-
-def cmd_logs(args, store: Store) -> None:
-    output = store.last_output(args.id)
-    if output:
-        sys.stdout.write(output)
+        return emit_json(rows)
+    print(f"{'ID':<32} {'PID':>7} {'THREADS':>7} {'BEAT':>6}  JOBS")
+    for r in rows:
+        state = "" if r["alive"] else " (dead?)"
+        print(f"{r['id']:<32} {r['pid']:>7} {r['threads']:>7} {r['heartbeat_age_s']:>5.1f}s  "
+              f"{', '.join(r['jobs']) or '-'}{state}")
 
 
 def cmd_dlq_list(args, store: Store) -> None:
@@ -1338,11 +1932,9 @@ def cmd_dlq_list(args, store: Store) -> None:
 
 
 def cmd_dlq_retry(args, store: Store) -> None:
-    for job_id in args.ids:
-        _valid_text(job_id, "id")
-    store.retry_dead(list(dict.fromkeys(args.ids)), time.time())
-    for job_id in dict.fromkeys(args.ids):
-        print(job_id)
+    ids = checked_ids(args.ids)
+    store.retry_dead(ids, time.time())
+    sys.stdout.write("".join(f"{i}\n" for i in ids))
 
 
 def cmd_config_set(args, store: Store) -> None:

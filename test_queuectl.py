@@ -30,9 +30,9 @@ QUEUECTL = os.path.join(HERE, "queuectl.py")
 # ==== Helpers ======================================================================================
 
 STATES = ("pending", "processing", "completed", "failed", "dead")
-CONFIG_KEYS = ("max-retries", "backoff-base", "backoff-max", "stale-timeout", "job-timeout")
+CONFIG_KEYS = ("max-retries", "backoff-base", "backoff-max", "stale-timeout", "job-timeout", "retention")
 CONFIG_DEFAULTS = {"max-retries": 3, "backoff-base": 2, "backoff-max": 3600,
-                   "stale-timeout": 10, "job-timeout": 0}
+                   "stale-timeout": 10, "job-timeout": 0, "retention": 604800}
 JOB_KEYS = {"id", "command", "state", "attempts", "max_retries", "timeout", "cwd", "env",
             "created_at", "updated_at", "next_run_at", "last_error", "exit_code", "worker_id",
             "run_count"}
@@ -306,7 +306,8 @@ def test_iso_is_utc_with_z():
 # ==== Storage ====
 
 def spec(job_id="j1", command="true", **kw):
-    base = {"id": job_id, "command": command, "max_retries": 3, "timeout": 0.0, "cwd": "/", "env": {}}
+    base = {"id": job_id, "command": command, "max_retries": 3, "timeout": 0.0, "cwd": "/", "env": {},
+            "priority": 0, "queue": "default", "run_at": None, "depends_on": []}
     base.update(kw)
     return base
 
@@ -391,10 +392,11 @@ def test_newer_schema_is_refused_and_left_untouched(tmp_path):
 
 
 def test_enqueue_get_and_duplicate(store):
-    job = store.enqueue(spec(), T0)
+    assert store.enqueue([spec()], T0) == ["j1"]
+    job = store.get("j1")
     assert (job.state, job.attempts, job.next_run_at, job.created_at) == ("pending", 0, T0, T0)
     with pytest.raises(queuectl.Conflict):
-        store.enqueue(spec(command="false"), T0 + 1)
+        store.enqueue([spec(command="false")], T0 + 1)
     assert store.get("j1").command == "true"
     with pytest.raises(queuectl.NotFound):
         store.get("nope")
@@ -402,7 +404,7 @@ def test_enqueue_get_and_duplicate(store):
 
 def test_list_jobs_limit_keeps_newest_oldest_first(store):
     for i in range(5):
-        store.enqueue(spec(f"j{i}"), T0 + i)
+        store.enqueue([spec(f"j{i}")], T0 + i)
     assert [j.id for j in store.list_jobs()] == ["j0", "j1", "j2", "j3", "j4"]
     assert [j.id for j in store.list_jobs(limit=2)] == ["j3", "j4"]
     assert store.list_jobs("dead") == []
@@ -410,9 +412,9 @@ def test_list_jobs_limit_keeps_newest_oldest_first(store):
 
 def test_claim_is_exclusive_and_in_due_order(store):
     register(store)
-    store.enqueue(spec("late"), T0 + 10)  # due later
-    store.enqueue(spec("a"), T0)
-    store.enqueue(spec("b"), T0)
+    store.enqueue([spec("late")], T0 + 10)  # due later
+    store.enqueue([spec("a")], T0)
+    store.enqueue([spec("b")], T0)
     first = store.claim("w1", T0 + 1)
     second = store.claim("w1", T0 + 1)
     assert (first.id, second.id) == ("a", "b")
@@ -424,14 +426,14 @@ def test_claim_is_exclusive_and_in_due_order(store):
 def test_claim_without_returning_fallback(store, monkeypatch):
     monkeypatch.setattr(queuectl, "HAS_RETURNING", False)
     register(store)
-    store.enqueue(spec("a"), T0)
+    store.enqueue([spec("a")], T0)
     job = store.claim("w1", T0)
     assert (job.id, job.state, job.worker_id) == ("a", "processing", "w1")
     assert store.claim("w1", T0) is None
 
 
 def test_unregistered_worker_cannot_claim(store):
-    store.enqueue(spec("a"), T0)
+    store.enqueue([spec("a")], T0)
     assert store.claim("ghost", T0) is None
     assert store.get("a").state == "pending"
 
@@ -441,7 +443,7 @@ def test_claim_from_many_threads_never_duplicates(tmp_path):
     s = queuectl.Store(path)
     register(s)
     for i in range(200):
-        s.enqueue(spec(f"j{i}"), T0)
+        s.enqueue([spec(f"j{i}")], T0)
     claimed, lock = [], threading.Lock()
 
     def grab():
@@ -463,21 +465,24 @@ def outcome(code=0, error=None, output="out"):
     return queuectl.Outcome(code, error, output, 0.01)
 
 
+LOST = queuectl.Outcome(None, "worker lost", None, 0.0, interrupted="worker lost")
+
+
 SETTINGS = {"backoff_base": 2, "backoff_max": 3600}
 
 
 def test_finish_success_records_run(store):
     register(store)
-    store.enqueue(spec(), T0)
+    store.enqueue([spec()], T0)
     job = store.claim("w1", T0)
     after = store.finish(job, "w1", outcome(), SETTINGS, T0 + 1)
     assert (after.state, after.exit_code, after.worker_id) == ("completed", 0, None)
-    assert store.last_output("j1") == "out"
+    assert store.run_output("j1")[1] == b"out"
 
 
 def test_failures_back_off_then_die(store):
     register(store)
-    store.enqueue(spec(max_retries=3), T0)
+    store.enqueue([spec(max_retries=3)], T0)
     now, delays = T0, []
     for _ in range(3):
         job = store.claim("w1", now)
@@ -491,12 +496,12 @@ def test_failures_back_off_then_die(store):
 def test_finish_by_a_worker_that_lost_the_job_writes_nothing(store):
     register(store, "w1")
     register(store, "w2")
-    store.enqueue(spec(), T0)
+    store.enqueue([spec()], T0)
     job = store.claim("w1", T0)
-    assert store.recover("j1", "w1", job.run_count, 0, T0 + 1) == "pending"
+    assert store.interrupt(job, "w1", LOST, True, T0 + 1) == "pending"
     again = store.claim("w2", T0 + 1)
     assert store.finish(job, "w1", outcome(1, "boom"), SETTINGS, T0 + 2) is None
-    assert store.release(job, "w1", outcome(), T0 + 2) is False
+    assert store.interrupt(job, "w1", LOST, False, T0 + 2) is None
     current = store.get("j1")
     assert (current.state, current.worker_id, current.attempts) == ("processing", "w2", 0)
     assert store.finish(again, "w2", outcome(), SETTINGS, T0 + 3).state == "completed"
@@ -504,10 +509,10 @@ def test_finish_by_a_worker_that_lost_the_job_writes_nothing(store):
 
 def test_recovery_is_not_an_attempt_but_is_capped(store):
     register(store)
-    store.enqueue(spec(), T0)
-    for lost in range(queuectl.LOST_WORKER_CAP):
+    store.enqueue([spec()], T0)
+    for _ in range(queuectl.LOST_WORKER_CAP):
         job = store.claim("w1", T0)
-        state = store.recover("j1", "w1", job.run_count, lost, T0)
+        state = store.interrupt(job, "w1", LOST, True, T0)
     job = store.get("j1")
     assert state == "dead" and job.attempts == 0 and job.lost_count == queuectl.LOST_WORKER_CAP
     assert "worker lost 3 times" in job.last_error
@@ -515,17 +520,17 @@ def test_recovery_is_not_an_attempt_but_is_capped(store):
 
 def test_release_puts_back_pending_without_attempt(store):
     register(store)
-    store.enqueue(spec(), T0)
+    store.enqueue([spec()], T0)
     job = store.claim("w1", T0)
-    assert store.release(job, "w1", queuectl.Outcome(None, "interrupted", "", 0, True), T0 + 5)
+    assert store.interrupt(job, "w1", queuectl.Outcome(None, "stop", b"", 0, "stop"), False, T0 + 5) == "pending"
     after = store.get("j1")
     assert (after.state, after.attempts, after.next_run_at) == ("pending", 0, T0 + 5)
 
 
 def test_retry_dead_is_all_or_nothing(store):
     register(store)
-    store.enqueue(spec("d", max_retries=0), T0)
-    store.enqueue(spec("p"), T0 + 1)
+    store.enqueue([spec("d", max_retries=0)], T0)
+    store.enqueue([spec("p")], T0 + 1)
     store.finish(store.claim("w1", T0), "w1", outcome(1, "x"), SETTINGS, T0)
     with pytest.raises(queuectl.Conflict):
         store.retry_dead(["d", "p"], T0 + 2)
@@ -548,7 +553,7 @@ def test_heartbeat_reports_stop_and_lost_registration(store):
 
 def test_burst_done(store):
     assert store.burst_done(T0)
-    store.enqueue(spec("soon"), T0 + 30)
+    store.enqueue([spec("soon")], T0 + 30)
     assert not store.burst_done(T0)
     assert store.burst_done(T0 - 100)
 
@@ -570,7 +575,7 @@ def test_backoff_delay(attempts, base, cap, expected):
 def make_job(**kw):
     fields = dict(id="j", command="true", state="processing", attempts=0, max_retries=3, timeout=0.0, cwd="/",
                   env={}, created_at=T0, updated_at=T0, next_run_at=T0, last_error=None, exit_code=None,
-                  worker_id="w", run_count=1, lost_count=0)
+                  worker_id="w", run_count=1, lost_count=0, priority=0, queue="default", waiting_on=0)
     fields.update(kw)
     return queuectl.Job(**fields)
 
@@ -586,8 +591,10 @@ def test_failure_rule_counts_runs():
 
 
 def test_recovery_rule_and_lease():
-    assert queuectl.recovery_rule(1) == ("pending", None)
-    assert queuectl.recovery_rule(3)[0] == "dead"
+    assert queuectl.interrupt_rule(1, True, False) == ("pending", None)
+    assert queuectl.interrupt_rule(3, True, False)[0] == "dead"
+    assert queuectl.interrupt_rule(5, False, False) == ("pending", None)  # a stop is never capped
+    assert queuectl.interrupt_rule(0, False, True) == ("dead", "canceled")
     assert not queuectl.lease_expired(100.0, 110.0, 10)
     assert queuectl.lease_expired(100.0, 110.5, 10)
 
@@ -601,13 +608,13 @@ def test_parse_json_rejects_hostile_input():
 
 def test_validate_job_fills_defaults_and_names_unknown_fields():
     defaults = {"max_retries": 5, "job_timeout": 7}
-    job = queuectl.validate_job({"command": "ls"}, defaults, "/tmp")
+    job = queuectl.validate_job({"command": "ls"}, defaults, "/tmp", T0)
     assert (job["max_retries"], job["timeout"], job["cwd"], job["env"]) == (5, 7.0, "/tmp", {})
     assert len(job["id"]) == 16
     with pytest.raises(queuectl.UsageError, match="max_retry"):
-        queuectl.validate_job({"command": "ls", "max_retry": 1}, defaults, "/tmp")
+        queuectl.validate_job({"command": "ls", "max_retry": 1}, defaults, "/tmp", T0)
     with pytest.raises(queuectl.UsageError, match="surrogate"):
-        queuectl.validate_job({"command": "echo \udcff"}, defaults, "/tmp")
+        queuectl.validate_job({"command": "echo \udcff"}, defaults, "/tmp", T0)
 
 
 # ==== Execution ====
@@ -619,13 +626,14 @@ def run(command, timeout=0.0, abort=lambda: None, cwd="/", env=None):
 
 def test_run_command_captures_interleaved_output_and_exit_code():
     out = run("echo one; echo two >&2; exit 4")
-    assert (out.exit_code, out.error, out.output) == (4, "exit code 4", "one\ntwo\n")
+    assert (out.exit_code, out.error, out.output) == (4, "exit code 4", b"one\ntwo\n")
 
 
 def test_run_command_keeps_only_the_tail():
     out = run("head -c 300000 /dev/zero | tr '\\0' a; echo END")
     assert out.exit_code == 0
-    assert len(out.output.encode()) == queuectl.OUTPUT_TAIL_BYTES and out.output.endswith("aEND\n")
+    assert len(out.output) == queuectl.OUTPUT_TAIL_BYTES and out.output.endswith(b"aEND\n")
+    assert out.output_bytes == 300000 + 4
 
 
 def test_run_command_timeout_kills_the_group(tmp_path):
@@ -650,9 +658,9 @@ def test_run_command_missing_cwd_and_signal():
 
 def test_run_command_does_not_wait_for_background_children():
     out = run("sleep 30 >/dev/null 2>&1 & echo started")
-    assert out.exit_code == 0 and out.output == "started\n"
+    assert out.exit_code == 0 and out.output == b"started\n"
     out = run("(sleep 30 &) ; echo held")  # the background child keeps the pipe open
-    assert out.exit_code == 0 and out.output == "held\n"
+    assert out.exit_code == 0 and out.output == b"held\n"
 
 
 # ==== Process identity ====
@@ -684,11 +692,11 @@ def test_kill_run_orphans_finds_processes_by_token():
 
 def test_worker_run_once_with_injected_runner(store):
     register(store)
-    store.enqueue(spec("a"), T0)
-    worker = queuectl.Worker(store, "w1", lambda: None)
+    store.enqueue([spec("a")], T0)
+    worker = queuectl.Worker(store, "w1", lambda job_id: None)
     seen = {}
 
-    def fake_runner(job, env, abort):
+    def fake_runner(job, env, abort, on_output):
         seen.update(env)
         return outcome(1, "exit code 1", "boom")
     worker.runner = fake_runner
@@ -706,7 +714,7 @@ def test_sweeper_recovers_dead_local_worker_at_once(store):
     dead.wait()
     store.register("dead", {**me, "pid": dead.pid, "proc_start": "1"}, 1, T0)
     store.register("me", me, 1, T0)
-    store.enqueue(spec("a"), T0)
+    store.enqueue([spec("a")], T0)
     store.claim("dead", T0)
     sweeper = queuectl.Sweeper(store, me, "me")
     assert sweeper.sweep(T0 + 1) == 1
@@ -718,7 +726,7 @@ def test_sweeper_recovers_dead_local_worker_at_once(store):
 def test_sweeper_keeps_live_local_worker(store):
     me = queuectl.host_identity()
     store.register("alive", me, 1, T0)
-    store.enqueue(spec("a"), T0)
+    store.enqueue([spec("a")], T0)
     store.claim("alive", T0)
     assert queuectl.Sweeper(store, me, "other").sweep(T0 + 10**6) == 0
     assert store.get("a").state == "processing"
@@ -727,7 +735,7 @@ def test_sweeper_keeps_live_local_worker(store):
 def test_sweeper_uses_lease_on_its_own_clock_for_remote_workers(store):
     me = queuectl.host_identity()
     store.register("remote", {**me, "boot_id": "other-boot"}, 1, T0)
-    store.enqueue(spec("a"), T0)
+    store.enqueue([spec("a")], T0)
     store.claim("remote", T0)
     sweeper = queuectl.Sweeper(store, me, "me")
     # The remote heartbeat's wall-clock time is never compared with ours, only whether it moves.
@@ -741,7 +749,7 @@ def test_sweeper_uses_lease_on_its_own_clock_for_remote_workers(store):
 
 def test_sweeper_requeues_jobs_of_unregistered_owner(store):
     register(store, "gone")
-    store.enqueue(spec("a"), T0)
+    store.enqueue([spec("a")], T0)
     store.claim("gone", T0)
     store.write(lambda cur: cur.execute("DELETE FROM workers"))
     assert queuectl.Sweeper(store, queuectl.host_identity(), "me").sweep(T0) == 1
@@ -774,7 +782,7 @@ def test_enqueue_json_prints_the_job_object(db):
         parse_iso(job[key])
     assert job["next_run_at"] is None or ISO_UTC.match(job["next_run_at"])
     shown = get_job(db, "j1")
-    assert {k: v for k, v in shown.items() if k != "output"} == job
+    assert {k: v for k, v in shown.items() if k not in ("output", "runs", "depends_on")} == job
     assert shown["output"] is None
 
 
@@ -945,7 +953,7 @@ def test_list_unknown_state_lists_the_valid_ones(ran_db):
 def test_status_json_shape(ran_db):
     data = json.loads(ok(ran_db, "status", "--json"))
     assert data == {"jobs": {"pending": 1, "processing": 0, "completed": 1, "failed": 0, "dead": 1},
-                    "active_workers": 0}
+                    "active_workers": 0, "paused": []}
     text = ok(ran_db, "status")
     for state in STATES:
         assert state in text
@@ -954,7 +962,7 @@ def test_status_json_shape(ran_db):
 
 def test_status_of_an_empty_db(db):
     data = json.loads(ok(db, "status", "--json"))
-    assert data == {"jobs": {state: 0 for state in STATES}, "active_workers": 0}
+    assert data == {"jobs": {state: 0 for state in STATES}, "active_workers": 0, "paused": []}
 
 
 # ---- show / logs
@@ -1036,11 +1044,13 @@ def test_config_accepts_hyphens_and_underscores(db, set_key, get_key):
 
 def test_config_set_every_key(db):
     values = {"max-retries": "0", "backoff-base": "1.5", "backoff-max": "0", "stale-timeout": "0.5",
-              "job-timeout": "30"}
+              "job-timeout": "30", "retention": "2"}
     for key, value in values.items():
         ok(db, "config", "set", key, value)
     stored = json.loads(ok(db, "config", "list", "--json"))
     assert stored == {key: float(value) for key, value in values.items()}
+    ok(db, "config", "set", "retention", "12h")
+    assert ok(db, "config", "get", "retention") == "43200\n"
     assert isinstance(stored["max-retries"], int)
     assert float(ok(db, "config", "get", "backoff_base")) == 1.5
     assert "backoff-base = 1.5" in ok(db, "config", "list")

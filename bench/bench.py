@@ -1,0 +1,812 @@
+#!/usr/bin/env python3
+"""queuectl benchmark: the figures and targets of the performance issue, measured in one run.
+
+Every queuectl command runs as users run it, `python3 queuectl.py --db TMP ...`, against databases
+in a temporary folder that is removed afterwards. Sections:
+
+  drain    N `true` jobs drained by `worker start --burst --count 2`, against a plain stdlib loop
+           running the same N `sh -c true` from 2 threads with the same process settings
+  enqueue  one job per process, against `python3 -c "import sqlite3, argparse, json"`
+  batch    many jobs through `enqueue -` (JSON Lines on stdin)
+  pickup   enqueue returning -> the job's command starting, with an idle worker
+  idle     CPU used by `worker start --count 4` with nothing to do
+  scale    drain, pickup and the read commands again with a million finished jobs in the table
+  memory   peak RSS of `worker start --count 8 --burst` while draining
+
+Prints a Markdown table (or, with --json, only JSON on stdout); progress goes to stderr.
+Exit code 0 when the benchmark ran, whatever the figures; with --check, 1 if a target was missed.
+`--tiny` runs a few jobs of each, well under 30 s, so `make test` keeps this script working.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import select
+import shlex
+import shutil
+import signal
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+QUEUECTL = os.path.join(ROOT, "queuectl.py")
+PY = sys.executable
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+SECTIONS = ("drain", "enqueue", "batch", "pickup", "idle", "scale", "memory")
+
+FULL = dict(jobs=2000, repeats=3, enqueue_runs=15, batch=100_000, pickup_jobs=20, idle_seconds=10.0,
+            settle_seconds=1.0, scale_rows=1_000_000, scale_days=25, memory_jobs=500, query_runs=3, list_pending=100)
+TINY = dict(jobs=20, repeats=1, enqueue_runs=3, batch=1000, pickup_jobs=3, idle_seconds=2.0,
+            settle_seconds=0.5, scale_rows=10_000, scale_days=25, memory_jobs=20, query_runs=1, list_pending=10)
+
+# key -> (comparison, bound, text): the targets of the issue
+TARGETS = {
+    "drain_ratio": (">=", 0.75, "≥ 0.75"),
+    "enqueue_ratio": ("<=", 1.5, "≤ 1.5"),
+    "batch_rate": (">=", 50_000, "≥ 50,000 jobs/s"),
+    "pickup_p50": ("<=", 50, "≤ 50 ms"),
+    "pickup_p95": ("<=", 150, "≤ 150 ms"),
+    "idle_pct": ("<=", 1.0, "≤ 1 %"),
+    "scale_drain_ratio": (">=", 0.9, "≥ 0.9"),
+    "scale_pickup_p50_ratio": (">=", 0.9, "≥ 0.9"),
+    "scale_pickup_p95_ratio": (">=", 0.9, "≥ 0.9"),
+    "scale_status": ("<=", 0.3, "< 0.3 s"),
+    "scale_list": ("<=", 0.3, "< 0.3 s"),
+    "scale_stats": ("<=", 0.3, "< 0.3 s"),
+    "scale_stats_30d": ("<=", 3.0, "< 3 s"),
+    "memory_rss": ("<=", 40, "≤ 40 MB"),
+}
+
+UNITS = {"jobs/s": "{:,.0f} jobs/s", "ms": "{:.1f} ms", "s": "{:.3f} s", "x": "{:.2f}", "%": "{:.2f} %",
+         "MB": "{:.1f} MB"}
+
+
+class BenchError(Exception):
+    """Something the benchmark needed did not work (a command failed, a wait timed out)."""
+
+
+T0 = time.monotonic()
+
+
+def say(msg: str) -> None:
+    print(f"[{time.monotonic() - T0:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+
+# ==== Processes ==================================================================================
+
+def proc_sample(pid: int) -> dict | None:
+    """CPU (seconds, own and reaped children) and memory (MB) of a live process, from /proc."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        with open(f"/proc/{pid}/status") as f:
+            status = dict(line.split(":", 1) for line in f if ":" in line)
+    except (OSError, IndexError):
+        return None
+    if fields[0] in ("Z", "X"):
+        return None
+    kb = lambda key: int(status.get(key, "0 kB").split()[0])  # noqa: E731
+    return {"cpu_s": (int(fields[11]) + int(fields[12])) / CLK_TCK,
+            "children_cpu_s": (int(fields[13]) + int(fields[14])) / CLK_TCK,
+            "hwm_mb": kb("VmHWM") / 1024, "rss_mb": kb("VmRSS") / 1024, "threads": int(fields[17])}
+
+
+def percentile(values: list[float], p: float) -> float:
+    """Nearest-rank percentile (p in 0..100) of a non-empty list."""
+    ordered = sorted(values)
+    return ordered[max(0, min(len(ordered) - 1, round(p / 100 * len(ordered) + 0.5) - 1))]
+
+
+class Bench:
+    """One benchmark run: a temporary folder, the processes it started, and the results."""
+
+    def __init__(self, params: dict, tmp: str):
+        self.p = params
+        self.tmp = tmp
+        self.procs: list[subprocess.Popen] = []
+        self.results: list[dict] = []
+        self.raw: dict = {}
+        self.notes: list[str] = []
+        self.rng = random.Random(params["seed"])
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("QUEUECTL_")}
+        self.batch_ok = False
+
+    # -- running queuectl ------------------------------------------------------------------------
+
+    def argv(self, db: str, *args: str) -> list[str]:
+        return [PY, QUEUECTL, "--db", db, *args]
+
+    def qc(self, db: str, *args: str, stdin: str | None = None, check: bool = True,
+           timeout: float = 600) -> subprocess.CompletedProcess:
+        """Run one queuectl command to completion, as a user would."""
+        r = subprocess.run(self.argv(db, *args), input=stdin, capture_output=True, text=True, cwd=self.tmp,
+                           env=self.env, timeout=timeout, stdin=None if stdin is not None else subprocess.DEVNULL)
+        if check and r.returncode != 0:
+            raise BenchError(f"`queuectl {shlex.join(args)}` exited {r.returncode}: {r.stderr.strip()[-600:]}")
+        return r
+
+    def timed(self, argv: list[str], stdin: str | None = None) -> tuple[float, subprocess.CompletedProcess]:
+        t = time.perf_counter()
+        r = subprocess.run(argv, input=stdin, capture_output=True, text=True, cwd=self.tmp, env=self.env,
+                           stdin=None if stdin is not None else subprocess.DEVNULL, timeout=600)
+        return time.perf_counter() - t, r
+
+    def new_db(self, name: str) -> str:
+        """A fresh database, created by queuectl itself (so creation is not part of any timing)."""
+        db = os.path.join(self.tmp, name + ".db")
+        self.qc(db, "status")
+        return db
+
+    def counts(self, db: str) -> dict:
+        return json.loads(self.qc(db, "status", "--json").stdout)["jobs"]
+
+    def spawn(self, db: str, *args: str, log: str) -> subprocess.Popen:
+        """Start a long-running queuectl command (a worker) with its output in a log file."""
+        with open(os.path.join(self.tmp, log), "ab") as out:
+            p = subprocess.Popen(self.argv(db, *args), stdin=subprocess.DEVNULL, stdout=out,
+                                 stderr=subprocess.STDOUT, cwd=self.tmp, env=self.env)
+        self.procs.append(p)
+        return p
+
+    @staticmethod
+    def poll_exit(p: subprocess.Popen):
+        """Reap p if it exited (os.wait4, so we get its resource usage); returns the rusage or None."""
+        if p.returncode is not None:
+            return getattr(p, "rusage", None)
+        try:
+            pid, status, usage = os.wait4(p.pid, os.WNOHANG)
+        except ChildProcessError:
+            p.returncode = -1
+            return None
+        if pid == 0:
+            return None
+        p.returncode = os.waitstatus_to_exitcode(status)
+        p.rusage = usage
+        return usage
+
+    def reap(self, p: subprocess.Popen, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while p.returncode is None and time.monotonic() < deadline:
+            self.poll_exit(p)
+            time.sleep(0.01)
+        return p.returncode is not None
+
+    def kill(self, p: subprocess.Popen) -> None:
+        """SIGTERM (a graceful stop), then SIGKILL: only processes this run started, by pid."""
+        for sig, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+            self.poll_exit(p)
+            if p.returncode is not None:
+                return
+            try:
+                os.kill(p.pid, sig)
+            except ProcessLookupError:
+                pass
+            self.reap(p, wait_s)
+
+    def cleanup(self) -> None:
+        for p in self.procs:
+            self.kill(p)
+
+    def log_tail(self, log: str, lines: int = 15) -> str:
+        try:
+            with open(os.path.join(self.tmp, log), errors="replace") as f:
+                return "".join(f.readlines()[-lines:])
+        except OSError:
+            return ""
+
+    def wait_log(self, p: subprocess.Popen, log: str, text: str, timeout_s: float = 20.0) -> None:
+        """Poll the worker's log until `text` appears; fail if it exits or the deadline passes."""
+        path = os.path.join(self.tmp, log)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with open(path, errors="replace") as f:
+                if text in f.read():
+                    return
+            if self.poll_exit(p) is not None or p.returncode is not None:
+                raise BenchError(f"worker exited ({p.returncode}) before logging {text!r}:\n{self.log_tail(log)}")
+            time.sleep(0.02)
+        raise BenchError(f"worker did not log {text!r} within {timeout_s:g}s:\n{self.log_tail(log)}")
+
+    def run_to_exit(self, db: str, *args: str, log: str, timeout_s: float) -> dict:
+        """Run a command that exits by itself (a burst worker), timing it and sampling /proc."""
+        t0 = time.perf_counter()
+        p = self.spawn(db, *args, log=log)
+        deadline, next_sample, last = t0 + timeout_s, 0.0, None
+        while True:
+            usage = self.poll_exit(p)
+            now = time.perf_counter()
+            if p.returncode is not None:
+                break
+            if now >= next_sample:
+                sample = proc_sample(p.pid)
+                if sample:
+                    sample["max_threads"] = max(sample["threads"], (last or {}).get("max_threads", 0))
+                    last = sample
+                next_sample = now + 0.02
+            if now > deadline:
+                self.kill(p)
+                raise BenchError(f"`queuectl {shlex.join(args)}` still running after {timeout_s:g}s:\n"
+                                 f"{self.log_tail(log)}")
+            time.sleep(0.005)
+        wall = now - t0
+        if p.returncode != 0:
+            raise BenchError(f"`queuectl {shlex.join(args)}` exited {p.returncode}:\n{self.log_tail(log)}")
+        total_cpu = (usage.ru_utime + usage.ru_stime) if usage else None
+        return {"wall_s": wall, "last": last or {}, "total_cpu_s": total_cpu}
+
+    def stop_worker(self, db: str, p: subprocess.Popen, log: str) -> None:
+        """`worker stop --wait`, then make sure the process is gone."""
+        r = self.qc(db, "worker", "stop", "--wait", "--timeout", "30", check=False, timeout=60)
+        if not self.reap(p, 15):
+            self.kill(p)
+            raise BenchError(f"worker did not exit after `worker stop --wait` ({r.stderr.strip()}):\n"
+                             f"{self.log_tail(log)}")
+        if r.returncode != 0 or p.returncode != 0:
+            raise BenchError(f"worker stop exited {r.returncode}, worker {p.returncode}: {r.stderr.strip()}\n"
+                             f"{self.log_tail(log)}")
+
+    # -- enqueueing --------------------------------------------------------------------------------
+
+    def probe_batch(self) -> None:
+        """Does this queuectl have `enqueue -` (JSON Lines on stdin, one id a line)?"""
+        db = os.path.join(self.tmp, "probe.db")
+        r = self.qc(db, "enqueue", "-", stdin='{"command": "true", "id": "p1"}\n{"command": "true", "id": "p2"}\n',
+                    check=False)
+        self.batch_ok = r.returncode == 0 and r.stdout.split() == ["p1", "p2"]
+        if not self.batch_ok:
+            self.notes.append("`enqueue -` is not available in this queuectl: jobs were enqueued by a loop of "
+                              "`enqueue JSON` processes (slow), and the batch figure is n/a")
+            say("note: `enqueue -` not available; falling back to one process per job")
+
+    def enqueue_many(self, db: str, jobs: list[dict]) -> None:
+        """Enqueue jobs the fastest way this queuectl offers."""
+        if self.batch_ok:
+            r = self.qc(db, "enqueue", "-", stdin="".join(json.dumps(j) + "\n" for j in jobs))
+            if len(r.stdout.splitlines()) != len(jobs):
+                raise BenchError(f"enqueue - printed {len(r.stdout.splitlines())} ids for {len(jobs)} jobs")
+            return
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+            list(pool.map(lambda j: self.qc(db, "enqueue", json.dumps(j)), jobs))
+
+    # -- results -----------------------------------------------------------------------------------
+
+    def add(self, key: str, label: str, value: float | None, unit: str, detail: str = "") -> None:
+        """Record one figure; judged against its target if it has one."""
+        target, ok = "", None
+        if key in TARGETS:
+            op, bound, target = TARGETS[key]
+            if value is not None:
+                ok = value >= bound if op == ">=" else value <= bound
+        self.results.append({"key": key, "label": label, "value": value, "unit": unit, "target": target,
+                             "pass": ok, "detail": detail})
+        shown = "n/a" if value is None else UNITS[unit].format(value)
+        say(f"  {label}: {shown} {target} {'' if ok is None else ('pass' if ok else 'FAIL')}")
+
+
+# ==== Measurements =================================================================================
+
+def drain_once(b: Bench, db: str, n: int, tag: str) -> dict:
+    """Enqueue n `true` jobs, time a burst worker with 2 threads draining them, check they completed."""
+    before = b.counts(db)
+    b.enqueue_many(db, [{"command": "true"}] * n)
+    run = b.run_to_exit(db, "worker", "start", "--burst", "--count", "2", log=f"drain-{tag}.log",
+                        timeout_s=120 + n / 20)
+    after = b.counts(db)
+    left = {s: after[s] for s in ("pending", "processing", "failed", "dead") if after[s] != before[s]}
+    if after["completed"] - before["completed"] != n or left:
+        raise BenchError(f"drain {tag}: {after['completed'] - before['completed']} of {n} completed; {left}")
+    self_cpu = run["last"].get("cpu_s")
+    return {"rate": n / run["wall_s"], "wall_s": run["wall_s"], "self_cpu_s": self_cpu,
+            "total_cpu_s": run["total_cpu_s"]}
+
+
+def plain_loop(n: int, threads: int = 2) -> float:
+    """The same n commands with the same process settings from a plain stdlib loop; jobs/s."""
+    lock, todo = threading.Lock(), [n]
+
+    def runner():
+        while True:
+            with lock:
+                if todo[0] == 0:
+                    return
+                todo[0] -= 1
+            p = subprocess.Popen(["/bin/sh", "-c", "true"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+            p.stdout.read()
+            p.stdout.close()
+            p.wait()
+
+    t = time.perf_counter()
+    pool = [threading.Thread(target=runner) for _ in range(threads)]
+    for th in pool:
+        th.start()
+    for th in pool:
+        th.join()
+    return n / (time.perf_counter() - t)
+
+
+def drain_figures(runs: list[dict], n: int) -> str:
+    med = statistics.median
+    walls = med(r["wall_s"] for r in runs)
+    parts = [f"{n} jobs in {walls:.2f} s (median of {len(runs)})"]
+    selfs = [r["self_cpu_s"] for r in runs if r["self_cpu_s"] is not None]
+    totals = [r["total_cpu_s"] for r in runs if r["total_cpu_s"] is not None]
+    if selfs and totals:
+        parts.append(f"worker CPU {med(selfs) / n * 1000:.2f} ms/job, its `sh` children "
+                     f"{(med(totals) - med(selfs)) / n * 1000:.2f} ms/job")
+    return "; ".join(parts)
+
+
+def bench_drain(b: Bench) -> None:
+    n, reps = b.p["jobs"], b.p["repeats"]
+    say(f"drain: {n} jobs x {reps}, queuectl and the plain loop interleaved")
+    loops, drains = [], []
+    for i in range(reps):
+        loops.append(plain_loop(n))
+        drains.append(drain_once(b, b.new_db(f"drain{i}"), n, f"empty{i}"))
+        say(f"  run {i + 1}: loop {loops[-1]:,.0f} jobs/s, queuectl {drains[-1]['rate']:,.0f} jobs/s")
+    ratio = statistics.median(d["rate"] / l for d, l in zip(drains, loops))
+    b.raw["drain"] = {"loop_rates": loops, "queuectl": drains}
+    b.raw["drain_rate"] = statistics.median(d["rate"] for d in drains)
+    b.add("drain_rate", "1. drain: queuectl `worker start --burst --count 2`", b.raw["drain_rate"], "jobs/s",
+          drain_figures(drains, n))
+    b.add("loop_rate", "1. drain: plain stdlib loop, 2 threads", statistics.median(loops), "jobs/s",
+          "Popen(['/bin/sh','-c','true'], new session, output captured)")
+    b.add("drain_ratio", "1. drain: queuectl / plain loop", ratio, "x", f"median of {reps} paired runs")
+
+
+def bench_enqueue(b: Bench) -> None:
+    runs = b.p["enqueue_runs"]
+    say(f"enqueue: one job per process, {runs} runs each, interleaved")
+    db = b.new_db("enqueue")
+    mine = b.argv(db, "enqueue", '{"command": "true"}')
+    base = [PY, "-c", "import sqlite3, argparse, json"]
+    for argv in (mine, base):  # warm the page cache
+        b.timed(argv)
+    t_mine, t_base = [], []
+    for _ in range(runs):
+        wall, r = b.timed(mine)
+        if r.returncode != 0:
+            raise BenchError(f"enqueue exited {r.returncode}: {r.stderr.strip()}")
+        t_mine.append(wall * 1000)
+        t_base.append(b.timed(base)[0] * 1000)
+    m, bs = statistics.median(t_mine), statistics.median(t_base)
+    b.raw["enqueue_ms"], b.raw["python_import_ms"] = t_mine, t_base
+    b.add("enqueue_ms", "2. enqueue one job (median wall)", m, "ms", f"{runs} runs")
+    b.add("import_ms", '2. python3 -c "import sqlite3, argparse, json"', bs, "ms", f"{runs} runs")
+    b.add("enqueue_ratio", "2. enqueue / python import", m / bs, "x")
+
+
+def bench_batch(b: Bench) -> None:
+    n = b.p["batch"]
+    if not b.batch_ok:
+        b.add("batch_rate", f"3. batch enqueue of {n:,} jobs (`enqueue -`)", None, "jobs/s", "`enqueue -` missing")
+        return
+    say(f"batch: {n:,} jobs through `enqueue -`")
+    db = b.new_db("batch")
+    lines = "".join(json.dumps({"command": "true"}) + "\n" for _ in range(n))
+    wall, r = b.timed(b.argv(db, "enqueue", "-"), stdin=lines)
+    if r.returncode != 0 or len(r.stdout.splitlines()) != n:
+        raise BenchError(f"enqueue - of {n} jobs: exit {r.returncode}, {len(r.stdout.splitlines())} ids; "
+                         f"{r.stderr.strip()[-400:]}")
+    if b.counts(db)["pending"] != n:
+        raise BenchError("batch enqueue: pending count does not match")
+    b.raw["batch_wall_s"] = wall
+    b.add("batch_rate", f"3. batch enqueue of {n:,} jobs (`enqueue -`)", n / wall, "jobs/s",
+          f"{wall:.2f} s for the whole command, start-up included")
+
+
+def pickup(b: Bench, db: str, tag: str) -> dict:
+    """Latencies (ms) to the job's command starting, with an idle worker, measured from three moments
+    of each `enqueue`: its process exiting ("returned", the figure of the issue), its id printed
+    (commit acknowledged: the process then still tears down, so the job may start before it exits),
+    and its process being started (end to end, always positive: the scale ratio uses this one)."""
+    n = b.p["pickup_jobs"]
+    marks = os.path.join(b.tmp, f"marks-{tag}")
+    os.mkdir(marks)
+    log = f"pickup-{tag}.log"
+    w = b.spawn(db, "worker", "start", log=log)
+    moments = {}
+    try:
+        b.wait_log(w, log, "worker started")
+        time.sleep(b.p["settle_seconds"])
+        for i in range(n):
+            time.sleep(b.rng.uniform(0.05, 0.3))
+            job_id = f"{tag}-{i}"
+            # The command records its own start: `date` is exec'd by the job's shell, no Python start-up.
+            cmd = f"echo $(date +%s%N) > {shlex.quote(marks)}/$QUEUECTL_JOB_ID"
+            moments[job_id] = enqueue_moments(b, db, {"id": job_id, "command": cmd})
+        started = wait_marks(marks, moments, timeout_s=30)
+    finally:
+        b.stop_worker(db, w, log)
+    return {key: [(started[j] - moments[j][key]) / 1e6 for j in moments] for key in ("returned", "acked", "spawned")}
+
+
+def enqueue_moments(b: Bench, db: str, job: dict) -> dict:
+    """Run one `enqueue`, noting (time_ns) when it was started, printed its id, and exited."""
+    spawned = time.time_ns()
+    p = subprocess.Popen(b.argv(db, "enqueue", json.dumps(job)), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, cwd=b.tmp, env=b.env)
+    # stdout is a pipe, so the id arrives when queuectl flushes it: after the commit, at the latest as the
+    # interpreter starts to shut down. select() keeps a hung enqueue from hanging the benchmark.
+    line = p.stdout.readline() if select.select([p.stdout], [], [], 60)[0] else b""
+    acked = time.time_ns()
+    _, err = p.communicate(timeout=60)
+    returned = time.time_ns()
+    if p.returncode != 0 or line.decode().strip() != job["id"]:
+        raise BenchError(f"enqueue exited {p.returncode}: {err.decode(errors='replace').strip()[-400:]}")
+    return {"spawned": spawned, "acked": acked, "returned": returned}
+
+
+def wait_marks(folder: str, ids: dict, timeout_s: float) -> dict:
+    deadline, found = time.monotonic() + timeout_s, {}
+    while time.monotonic() < deadline:
+        for job_id in ids:
+            if job_id not in found:
+                try:
+                    with open(os.path.join(folder, job_id)) as f:
+                        text = f.read()
+                except FileNotFoundError:
+                    continue
+                if text.endswith("\n"):
+                    found[job_id] = int(text)
+        if len(found) == len(ids):
+            return found
+        time.sleep(0.02)
+    raise BenchError(f"pickup: only {len(found)} of {len(ids)} jobs started within {timeout_s:g}s")
+
+
+def latency_detail(lat: dict) -> str:
+    ret, ack, e2e = lat["returned"], lat["acked"], lat["spawned"]
+    return (f"{len(ret)} jobs 50–300 ms apart; from exit: min {min(ret):.1f}, max {max(ret):.1f} ms; "
+            f"p50 from id printed {percentile(ack, 50):.1f} ms, from enqueue start {percentile(e2e, 50):.1f} ms")
+
+
+def bench_pickup(b: Bench) -> None:
+    say(f"pickup: {b.p['pickup_jobs']} jobs, one at a time, idle `worker start`")
+    lat = pickup(b, b.new_db("pickup"), "empty")
+    b.raw["pickup_ms"] = lat
+    b.add("pickup_p50", "4. pickup latency p50 (from enqueue exit)", percentile(lat["returned"], 50), "ms",
+          latency_detail(lat))
+    b.add("pickup_p95", "4. pickup latency p95 (from enqueue exit)", percentile(lat["returned"], 95), "ms")
+
+
+def bench_idle(b: Bench) -> None:
+    secs = b.p["idle_seconds"]
+    say(f"idle: `worker start --count 4` with nothing to do for {secs:g} s")
+    db = b.new_db("idle")
+    log = "idle.log"
+    w = b.spawn(db, "worker", "start", "--count", "4", log=log)
+    try:
+        b.wait_log(w, log, "worker started")
+        time.sleep(b.p["settle_seconds"])
+        s0, t0 = proc_sample(w.pid), time.monotonic()
+        time.sleep(secs)
+        s1, t1 = proc_sample(w.pid), time.monotonic()
+    finally:
+        b.stop_worker(db, w, log)
+    if not s0 or not s1:
+        raise BenchError("idle: the worker vanished while measured")
+    cpu = s1["cpu_s"] - s0["cpu_s"]
+    b.raw["idle"] = {"cpu_s": cpu, "wall_s": t1 - t0, "threads": s1["threads"]}
+    b.add("idle_pct", "5. idle cost, 4 threads (% of one core)", cpu / (t1 - t0) * 100, "%",
+          f"{cpu:.2f} CPU s in {t1 - t0:.1f} s; {s1['threads']} OS threads")
+
+
+# ---- scale -------------------------------------------------------------------------------------
+
+def fill_history(b: Bench, db: str, rows: int, span_s: float) -> None:
+    """Insert `rows` completed jobs, one run each, straight into queuectl's schema.
+
+    The schema is not assumed: one real job is enqueued and run by queuectl, and its rows in every
+    table that mentions it serve as templates, so each column (known or not) gets a value queuectl
+    itself wrote. Ids are new and random; every numeric `*_at` column is shifted so the jobs spread
+    evenly over `span_s` seconds before the last hour, in whatever unit queuectl stores.
+    """
+    b.qc(db, "enqueue", json.dumps({"id": "scale-template", "command": "true"}))
+    b.run_to_exit(db, "worker", "start", "--burst", log="scale-template.log", timeout_s=120)
+    con = sqlite3.connect(db, isolation_level=None)
+    con.row_factory = sqlite3.Row
+    try:
+        _insert_history(b, con, rows, span_s)
+        con.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # as a long-lived database would be
+    finally:
+        con.close()
+
+
+def _columns(con, table: str) -> tuple[list[str], str | None]:
+    """(column names, the rowid alias column if the table has one)."""
+    info = con.execute(f"PRAGMA table_info({table})").fetchall()
+    pks = [c for c in info if c["pk"]]
+    alias = pks[0]["name"] if len(pks) == 1 and pks[0]["type"].upper() == "INTEGER" else None
+    return [c["name"] for c in info], alias
+
+
+def _insert_history(b: Bench, con, rows: int, span: float) -> None:
+    job_cols, job_alias = _columns(con, "jobs")
+    tjob = dict(con.execute("SELECT * FROM jobs WHERE id = 'scale-template'").fetchone())
+    tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table' "
+                                        "AND name NOT IN ('jobs', 'workers', 'config') AND name NOT LIKE 'sqlite_%'")]
+    children = {}  # other tables: their rows that belong to the template job
+    for table in tables:
+        cols, alias = _columns(con, table)
+        trows = [dict(r) for r in con.execute(f"SELECT * FROM {table}")
+                 if tjob["id"] in tuple(r)]
+        if trows:
+            children[table] = (cols, alias, trows)
+    b.notes.append(f"scale rows copy the template job's rows in: jobs, {', '.join(children) or '(no other table)'}"
+                   f"; schema tables: {', '.join(['jobs'] + tables + ['workers', 'config'])}")
+    created = tjob["created_at"]
+    unit = 1e6 if created > 1e14 else 1e3 if created > 1e11 else 1.0
+    newest = time.time() - 3600 - 300
+    base_seq = (con.execute(f"SELECT max({job_alias}) FROM jobs").fetchone()[0] or 0) + 1 if job_alias else None
+    rng = random.Random(b.p["seed"])
+
+    def shifted(col: str, value, shift: float):
+        if col.endswith("_at") and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return type(value)(value + shift)
+        return value
+
+    def row_values(i: int):
+        new_id = f"{rng.getrandbits(64):016x}"
+        shift = (newest - span + span * i / rows - created / unit) * unit
+        seq = base_seq + i if job_alias else None
+        job = [seq if c == job_alias else new_id if c == "id" else shifted(c, tjob[c], shift) for c in job_cols]
+        kids = {}
+        for table, (cols, alias, trows) in children.items():
+            kids[table] = [[None if c == alias else new_id if r[c] == tjob["id"]
+                            else seq if job_alias and c != alias and r[c] == tjob[job_alias] and "job" in c
+                            else shifted(c, r[c], shift) for c in cols] for r in trows]
+        return job, kids
+
+    con.execute("PRAGMA synchronous = OFF")
+    con.execute("PRAGMA cache_size = -400000")
+    t = time.perf_counter()
+    chunk = 50_000
+    con.execute("BEGIN")
+    for start in range(0, rows, chunk):
+        jobs, kids = [], {table: [] for table in children}
+        for i in range(start, min(rows, start + chunk)):
+            job, k = row_values(i)
+            jobs.append(job)
+            for table, rws in k.items():
+                kids[table].extend(rws)
+        con.executemany(f"INSERT INTO jobs ({', '.join(job_cols)}) VALUES ({', '.join('?' * len(job_cols))})", jobs)
+        for table, rws in kids.items():
+            cols = children[table][0]
+            con.executemany(f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})", rws)
+    con.execute("COMMIT")
+    b.raw["scale_insert_s"] = time.perf_counter() - t
+    say(f"  inserted {rows:,} jobs (+ {', '.join(children)}) in {b.raw['scale_insert_s']:.1f} s")
+
+
+def history_span(b: Bench, db: str) -> float:
+    """Seconds the old jobs spread over: --scale-days, but inside the retention window if queuectl has one,
+    since workers delete completed jobs older than it (a million older rows is not a steady state)."""
+    span = b.p["scale_days"] * 86400
+    r = b.qc(db, "config", "get", "retention", check=False)
+    try:
+        retention = float(r.stdout) if r.returncode == 0 else 0.0
+    except ValueError:
+        retention = 0.0
+    if retention and span > retention - 7200:
+        span = retention - 7200
+        b.notes.append(f"scale: the old jobs spread over {span / 86400:.1f} days, not {b.p['scale_days']:g}: "
+                       f"the default retention ({retention / 86400:g} days) would delete older ones")
+    b.raw["scale_span_days"] = span / 86400
+    return span
+
+
+def time_command(b: Bench, db: str, args: list[str], runs: int) -> tuple[float | None, str]:
+    """Median wall time of a read command; (None, why) if it failed (e.g. not implemented yet)."""
+    walls = []
+    for _ in range(runs):
+        wall, r = b.timed(b.argv(db, *args))
+        if r.returncode != 0:
+            lines = r.stderr.strip().splitlines()
+            why = lines[-1].removeprefix("queuectl: error: ") if lines else ""
+            return None, f"exit {r.returncode}: {why[:70]}"
+        walls.append(wall)
+    return statistics.median(walls), ""
+
+
+QUERIES = [("scale_status", "status", ["status"]),
+           ("scale_list", "list --state pending --limit 50", ["list", "--state", "pending", "--limit", "50"]),
+           ("scale_stats", "stats (default window)", ["stats"]),
+           ("scale_stats_30d", "stats --since 30d", ["stats", "--since", "30d"])]
+
+
+def bench_scale(b: Bench) -> None:
+    rows, n = b.p["scale_rows"], b.p["jobs"]
+    say(f"scale: {rows:,} finished jobs with their runs, then drain, pickup and read commands")
+    db = b.new_db("scale")
+    fill_history(b, db, rows, history_span(b, db))
+    seen = b.counts(db)["completed"]
+    if seen < rows:
+        b.notes.append(f"status counts {seen} completed jobs after inserting {rows}: the direct inserts may miss "
+                       "a table queuectl maintains itself")
+    drains = [drain_once(b, db, n, f"scale{i}") for i in range(b.p["repeats"])]
+    rate = statistics.median(d["rate"] for d in drains)
+    b.raw["scale"] = {"drain": drains}
+    b.add("scale_drain_rate", f"6. drain with {rows:,} old jobs", rate, "jobs/s", drain_figures(drains, n))
+    if "drain_rate" in b.raw:
+        b.add("scale_drain_ratio", "6. drain: scale / empty", rate / b.raw["drain_rate"], "x")
+    lat = pickup(b, db, "scale")
+    b.raw["scale"]["pickup_ms"] = lat
+    p50, p95 = percentile(lat["returned"], 50), percentile(lat["returned"], 95)
+    b.add("scale_pickup_p50", "6. pickup p50 with old jobs (from enqueue exit)", p50, "ms", latency_detail(lat))
+    b.add("scale_pickup_p95", "6. pickup p95 with old jobs (from enqueue exit)", p95, "ms")
+    if "pickup_ms" in b.raw:
+        # Latencies from the enqueue's exit can be near zero or negative, so their ratio means nothing;
+        # the ratio compares enqueue start -> job start, which also covers the enqueue into a big table.
+        base, e2e = b.raw["pickup_ms"]["spawned"], lat["spawned"]
+        for pct in (50, 95):
+            empty, full = percentile(base, pct), percentile(e2e, pct)
+            b.add(f"scale_pickup_p{pct}_ratio", f"6. pickup p{pct}, enqueue start → job start: empty / scale",
+                  empty / full, "x", f"{empty:.1f} ms empty, {full:.1f} ms at scale")
+    b.enqueue_many(db, [{"command": "true"}] * b.p["list_pending"])  # something for `list --state pending`
+    small = b.new_db("small")
+    b.enqueue_many(small, [{"command": "true"}] * b.p["list_pending"])
+    for key, label, args in QUERIES:
+        wall, why = time_command(b, db, args, b.p["query_runs"])
+        empty, _ = time_command(b, small, args, b.p["query_runs"])
+        detail = why or (f"same command on a small db: {empty:.3f} s" if empty is not None else "")
+        b.add(key, f"6. `{label}` with {rows:,} old jobs", wall, "s", detail)
+
+
+def bench_memory(b: Bench) -> None:
+    n = b.p["memory_jobs"]
+    say(f"memory: `worker start --count 8 --burst` draining {n} jobs")
+    db = b.new_db("memory")
+    b.enqueue_many(db, [{"command": "true"}] * n)
+    run = b.run_to_exit(db, "worker", "start", "--count", "8", "--burst", log="memory.log", timeout_s=120 + n / 20)
+    peak = run["last"].get("hwm_mb")
+    b.raw["memory"] = run["last"]
+    b.add("memory_rss", "7. worker peak RSS, --count 8 (VmHWM)", peak, "MB",
+          f"draining {n} jobs; up to {run['last'].get('max_threads', '?')} OS threads")
+
+
+# ==== Report =======================================================================================
+
+def machine() -> dict:
+    """What the figures were measured on."""
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    return {"cores": os.cpu_count(), "usable_cores": len(os.sched_getaffinity(0)), "cpu": model,
+            "python": sys.version.split()[0], "sqlite": sqlite3.sqlite_version}
+
+
+def disk(path: str) -> str:
+    try:
+        out = subprocess.run(["df", "-hT", path], capture_output=True, text=True, timeout=10).stdout.splitlines()
+        dev, fstype, size, _used, avail, _pct, mount = out[-1].split()[:7]
+        return f"{fstype} on {dev} at {mount} ({size}, {avail} free)"
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def version() -> str:
+    r = subprocess.run([PY, QUEUECTL, "--version"], capture_output=True, text=True, timeout=30)
+    text = (r.stdout or r.stderr).strip()
+    with open(QUEUECTL, "rb") as f:
+        text += f", sha256 {hashlib.sha256(f.read()).hexdigest()[:12]}"
+    try:
+        rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--", "queuectl.py"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        if QUEUECTL != os.path.join(ROOT, "queuectl.py"):
+            text += f" ({QUEUECTL})"
+        elif rev:
+            text += f" (git {rev}{', queuectl.py modified' if dirty else ''})"
+    except OSError:
+        pass
+    return text
+
+
+def render(meta: dict, results: list[dict], notes: list[str]) -> str:
+    lines = [f"queuectl benchmark, {meta['date']} — {meta['queuectl']}",
+             f"machine: {meta['cores']} cores ({meta['cpu'] or 'unknown cpu'}), disk: {meta['disk']}, "
+             f"Python {meta['python']}, SQLite {meta['sqlite']}",
+             f"mode: {meta['mode']}: " + ", ".join(f"{k}={v}" for k, v in meta["params"].items()), ""]
+    head = ("figure", "value", "target", "result", "detail")
+    rows = [(r["label"], "n/a" if r["value"] is None else UNITS[r["unit"]].format(r["value"]), r["target"],
+             "n/a" if r["target"] and r["pass"] is None else "" if r["pass"] is None else
+             "pass" if r["pass"] else "**FAIL**", r["detail"]) for r in results]
+    widths = [max(len(x[i]) for x in [head, *rows]) for i in range(len(head))]
+    fmt = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
+    lines += [fmt(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(fmt, rows)]
+    judged = [r for r in results if r["target"]]
+    passed = sum(1 for r in judged if r["pass"])
+    lines += ["", f"targets met: {passed} of {len(judged)}"]
+    lines += [f"note: {n}" for n in notes]
+    return "\n".join(lines)
+
+
+# ==== Main =========================================================================================
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tiny", action="store_true", help="a few jobs each; for `make test` (finishes in seconds)")
+    p.add_argument("--json", action="store_true", help="print only JSON on stdout")
+    p.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
+    p.add_argument("--only", help=f"comma-separated sections to run (of {', '.join(SECTIONS)})")
+    p.add_argument("--jobs", type=int, help="drain: jobs per run (default 2000)")
+    p.add_argument("--repeats", type=int, help="drain: paired runs, the median is reported (default 3)")
+    p.add_argument("--batch", type=int, help="batch enqueue: jobs (default 100000)")
+    p.add_argument("--scale-rows", type=int, help="scale: finished jobs in the table (default 1000000)")
+    p.add_argument("--scale-days", type=float, help="scale: days the old jobs spread over (default 25)")
+    p.add_argument("--pickup-jobs", type=int, help="pickup: jobs (default 20)")
+    p.add_argument("--idle-seconds", type=float, help="idle: seconds measured (default 10)")
+    p.add_argument("--memory-jobs", type=int, help="memory: jobs drained (default 500)")
+    p.add_argument("--enqueue-runs", type=int, help="one-job enqueue: runs of each command (default 15)")
+    p.add_argument("--seed", type=int, default=1, help="random seed (pickup intervals, ids)")
+    p.add_argument("--tmpdir", help="where the temporary folder goes (default: $TMPDIR or /tmp)")
+    p.add_argument("--keep", action="store_true", help="keep the temporary folder (databases and worker logs)")
+    p.add_argument("--queuectl", help="the queuectl.py to measure (default: the one in this repository)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    global QUEUECTL
+    args = parse_args(argv)
+    if args.queuectl:
+        QUEUECTL = os.path.abspath(args.queuectl)
+    params = dict(TINY if args.tiny else FULL)
+    for key in params:
+        if getattr(args, key, None) is not None:
+            params[key] = getattr(args, key)
+    params["seed"] = args.seed
+    sections = SECTIONS if not args.only else tuple(s.strip() for s in args.only.split(","))
+    unknown = set(sections) - set(SECTIONS)
+    if unknown:
+        print(f"bench: error: unknown section(s) {', '.join(sorted(unknown))}", file=sys.stderr)
+        return 2
+    tmp = os.path.realpath(tempfile.mkdtemp(prefix="queuectl-bench-", dir=args.tmpdir))
+    meta = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "queuectl": version(),
+            **machine(), "disk": disk(tmp), "mode": "tiny" if args.tiny else "full",
+            "params": {k: v for k, v in params.items() if k != "seed"}, "sections": list(sections)}
+    b = Bench(params, tmp)
+    code = 0
+    try:
+        b.probe_batch()
+        for name in SECTIONS:
+            if name in sections:
+                globals()[f"bench_{name}"](b)
+    except BenchError as e:
+        print(f"bench: error: {e}", file=sys.stderr)
+        code = 1
+    except KeyboardInterrupt:
+        print("bench: interrupted", file=sys.stderr)
+        code = 130
+    finally:
+        b.cleanup()
+        if args.keep:
+            say(f"kept {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    if args.json:
+        print(json.dumps({"meta": meta, "results": b.results, "notes": b.notes, "raw": b.raw,
+                          "error": code != 0}, indent=2))
+    else:
+        print(render(meta, b.results, b.notes))
+    if code == 0 and args.check and any(r["pass"] is False for r in b.results):
+        return 1
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
