@@ -349,11 +349,12 @@ SQL_REGISTER = ("INSERT INTO workers (id, host, pid, proc_start, boot_id, pid_ns
 SQL_HEARTBEAT = "UPDATE workers SET heartbeat_at = ?, beat = beat + 1 WHERE id = ?"
 SQL_STOP_REQUESTED = "SELECT stop_requested FROM workers WHERE id = ?"
 SQL_DEREGISTER = "DELETE FROM workers WHERE id = ?"
-SQL_DROP_DEAD_WORKER = ("DELETE FROM workers WHERE id = ? AND NOT EXISTS "
-                        "(SELECT 1 FROM jobs WHERE state = 'processing' AND worker_id = ?)")
+# Deleting on the beat we judged makes "dead" a decision no heartbeat can race: a worker that
+# beat meanwhile is not deleted, and one that is deleted can no longer beat or claim.
+SQL_DROP_DEAD_WORKER = "DELETE FROM workers WHERE id = ? AND beat = ?"
 SQL_WORKERS = ("SELECT id, host, pid, proc_start, boot_id, pid_ns, heartbeat_at, beat, stop_requested, threads, "
                "started_at FROM workers ORDER BY started_at")
-SQL_REQUEST_STOP = "UPDATE workers SET stop_requested = 1"
+SQL_REQUEST_STOP = "UPDATE workers SET stop_requested = 1 WHERE id = ?"
 # Stats over the run history, all in SQL; runs_ended limits each query to the window.
 SQL_STATS_OUTCOMES = "SELECT outcome, count(*) FROM runs WHERE ended_at >= ? GROUP BY outcome"
 SQL_STATS_PERCENTILES = """
@@ -362,6 +363,8 @@ SQL_STATS_PERCENTILES = """
           FROM (SELECT {expr} AS v FROM runs WHERE ended_at >= ? AND outcome IN ('completed', 'failed', 'dead')))"""
 SQL_OLDEST_ELIGIBLE = (f"SELECT min(next_run_at) FROM jobs INDEXED BY jobs_due WHERE {SQL_ELIGIBLE.format(queues='')} "
                        "AND next_run_at <= ?")
+SQL_IDENTITY = ("SELECT (SELECT application_id FROM pragma_application_id()), (SELECT count(*) FROM sqlite_master), "
+                "(SELECT user_version FROM pragma_user_version())")
 SQL_CONFIG_GET = "SELECT value FROM config WHERE key = ?"
 SQL_CONFIG_SET = "INSERT INTO config (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
 SQL_CONFIG_ALL = "SELECT key, value FROM config"
@@ -418,7 +421,7 @@ class Store:
         self.conn = self._connect(path)
         # FULL syncs the WAL on every commit: an enqueue that printed its id survives a power cut.
         # Workers use NORMAL: a lost worker write only means a job runs again (at-least-once).
-        self.conn.execute(f"PRAGMA synchronous = {'FULL' if durable else 'NORMAL'}")
+        self._retry(lambda: self.conn.execute(f"PRAGMA synchronous = {'FULL' if durable else 'NORMAL'}"))
         self._migrate()
 
     # -- opening --------------------------------------------------------------------------------
@@ -443,11 +446,9 @@ class Store:
         return self._retry(lambda: self.conn.execute("PRAGMA user_version").fetchone()[0])
 
     def _check_identity(self) -> None:
-        def read():
-            app, = self.conn.execute("PRAGMA application_id").fetchone()
-            tables, = self.conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
-            return app, tables, self.conn.execute("PRAGMA user_version").fetchone()[0]
-        app, tables, version = self._retry(read)
+        # One statement, so one snapshot: read piecemeal, a migration committing in between
+        # would show tables without our application id and look like someone else's file.
+        app, tables, version = self.read(SQL_IDENTITY)[0]
         if app != APPLICATION_ID and (app != 0 or tables or version):
             raise BadDatabase(f"{self.path} is not a queuectl database")
         if version > SCHEMA_VERSION:
@@ -790,9 +791,9 @@ class Store:
         """Ids of this worker's running jobs that a user asked to cancel."""
         return {r[0] for r in self.read(SQL_CANCEL_REQUESTS, (worker_id,))}
 
-    def request_stop(self) -> int:
-        """Ask every registered worker to stop; returns how many were asked."""
-        return self.write(lambda cur: cur.execute(SQL_REQUEST_STOP).rowcount)
+    def request_stop(self, worker_ids: list[str]) -> int:
+        """Ask these workers to stop; returns how many were asked."""
+        return self.write(lambda cur: sum(cur.execute(SQL_REQUEST_STOP, (w,)).rowcount for w in worker_ids))
 
     def jobs_of(self, worker_id: str) -> list[tuple]:
         """(id, run_count, lost_count) of the jobs a worker holds."""
@@ -802,9 +803,9 @@ class Store:
         """(id, run_count, lost_count, worker_id) of processing jobs whose worker is not registered."""
         return self.read(SQL_ORPHAN_JOBS)
 
-    def drop_worker(self, worker_id: str) -> None:
-        """Forget a dead worker once it holds no job."""
-        self.write(lambda cur: cur.execute(SQL_DROP_DEAD_WORKER, (worker_id, worker_id)))
+    def drop_worker(self, worker_id: str, beat: int) -> bool:
+        """Deregister a worker judged dead at heartbeat `beat`; False if it beat since (or is gone)."""
+        return self.write(lambda cur: cur.execute(SQL_DROP_DEAD_WORKER, (worker_id, beat)).rowcount == 1)
 
     # -- config ---------------------------------------------------------------------------------
 
@@ -979,6 +980,8 @@ def _valid_seconds(value: object, field: str) -> float:
 
 
 def _valid_cwd(value: object) -> str:
+    if value == "":
+        raise UsageError("the current folder no longer exists; give the job a 'cwd'")
     cwd = _valid_text(value, "cwd")
     if not os.path.isabs(cwd):
         raise UsageError("field 'cwd' must be an absolute path")
@@ -1074,7 +1077,8 @@ class _Capture:
             if self.proc.poll() is not None:
                 # The shell exited. Take what is buffered, but do not wait for EOF: a background
                 # child (`cmd &`) may hold the pipe open for as long as it likes.
-                while not self.eof and self.poller.poll(0) and self.total < 64 * OUTPUT_TAIL_BYTES:
+                drained = self.total
+                while not self.eof and self.poller.poll(0) and self.total - drained < 64 * OUTPUT_TAIL_BYTES:
                     self._read()
                 return None
             if self.eof:
@@ -1109,10 +1113,8 @@ def _wait_a_little(proc) -> None:
 
 def _kill_group(pgid: int) -> None:
     import signal
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # gone, or a setuid leader
         os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def _outcome(code: int, reason: str | None, output: bytes, duration: float, timeout_s: float) -> Outcome:
@@ -1225,32 +1227,38 @@ def run_token(job: Job, worker_id: str) -> str:
 class Worker:
     """One runner thread's logic: claim a due job, run it, record what happened."""
 
-    def __init__(self, store: Store, worker_id: str, abort, queues: tuple = ()):
+    def __init__(self, store: Store, worker_id: str, abort, queues: tuple = (), epoch=lambda: 0):
         self.store = store
         self.worker_id = worker_id
-        self.abort = abort  # abort(job_id) -> reason to kill the running job, or None
+        self.abort = abort  # abort(job_id, epoch) -> reason to kill the running job, or None
         self.queues = queues
+        self.epoch = epoch  # the registration the claim was made under
         self.runner = run_command  # injectable for tests and simulation
         self.current: Job | None = None
 
     def run_once(self, now: float | None = None) -> bool:
         """Claim and run at most one job; True if one was run."""
+        epoch = self.epoch()
         job = self.store.claim(self.worker_id, time.time() if now is None else now, self.queues)
         if job is None:
             return False
         self.current = job
         try:
-            self._run(job, now)
+            self._record(job, self._run(job, epoch), now)
         finally:
             self.current = None
         return True
 
-    def _run(self, job: Job, now: float | None) -> None:
+    def _run(self, job: Job, epoch: int) -> Outcome:
         log.info("job %s claimed (attempt %d): %s", job.id, job.attempts + 1, _short(job.command))
         env = {"QUEUECTL_JOB_ID": job.id, "QUEUECTL_ATTEMPT": str(job.attempts + 1),
                "QUEUECTL_RUN": run_token(job, self.worker_id)}
-        outcome = self.runner(job, env, lambda: self.abort(job.id), lambda tail, total: self._flush(job, tail, total))
-        self._record(job, outcome, now)
+        try:
+            return self.runner(job, env, lambda: self.abort(job.id, epoch),
+                               lambda tail, total: self._flush(job, tail, total))
+        except Exception as e:  # noqa: BLE001 - a claimed job must always get a recorded outcome
+            log.exception("job %s: internal error while running", job.id)
+            return Outcome(None, f"internal error: {e!r}", b"", 0.0)
 
     def _flush(self, job: Job, tail: bytes, total: int) -> None:
         """Best effort: a busy database must not stall the job's output pipe."""
@@ -1326,12 +1334,14 @@ class Sweeper:
         return lease_expired(since, now_mono, stale_s)
 
     def _recover_worker(self, row: WorkerRow, now: float) -> int:
-        local = same_namespace(row, self.me)
-        count = sum(self._recover_job(job_id, row.id, run_no, now, local)
-                    for job_id, run_no, _ in self.store.jobs_of(row.id))
-        self.store.drop_worker(row.id)
+        # Deregister first: from then on it cannot claim or beat, so its job list is final. If we
+        # die right after, its jobs are orphans without a worker row, which the next sweep takes.
         self.seen.pop(row.id, None)
-        return count
+        if not self.store.drop_worker(row.id, row.beat):
+            return 0
+        local = same_namespace(row, self.me)
+        return sum(self._recover_job(job_id, row.id, run_no, now, local)
+                   for job_id, run_no, _ in self.store.jobs_of(row.id))
 
     def _recover_job(self, job_id: str, owner: str, run_no: int, now: float, local: bool | None) -> int:
         # Kill the orphan first, then requeue: the other order would let a new run overlap the old.
@@ -1360,10 +1370,11 @@ class Supervisor:
         self.worker_id = f"{self.me['host']}:{self.me['pid']}:{os.urandom(3).hex()}"
         self.stopping = threading.Event()  # claim nothing more
         self.hard = threading.Event()  # kill running jobs and put them back
-        self.lost = threading.Event()  # our registration vanished: another worker took our jobs
         self.wake = threading.Condition()
-        self.signals = 0
-        self.signalled = threading.Event()
+        self.signals = 0  # bumped by the handler; the loop compares it with what it has handled
+        self.handled = 0
+        self.tick = threading.Event()  # never set: the main loop's interruptible sleep
+        self.epoch = 0  # bumped at each re-registration; jobs claimed under an older one are killed
         self.workers: list[Worker] = []
         self.canceled: set[str] = set()  # running job ids a user asked to cancel
 
@@ -1376,14 +1387,15 @@ class Supervisor:
             signal.signal(sig, self._on_signal)
 
     def _on_signal(self, signum, frame) -> None:
+        # Only an integer bump: taking any lock here (even Event.set) can deadlock against the
+        # main thread, which may hold that very lock when the signal arrives.
         self.signals += 1
-        self.signalled.set()
 
-    def abort_reason(self, job_id: str) -> str | None:
+    def abort_reason(self, job_id: str, epoch: int) -> str | None:
         """Why a running job must be killed now, if it must."""
         if self.hard.is_set():
             return "worker hard stop"
-        if self.lost.is_set():
+        if epoch != self.epoch:
             return "worker lost its registration"
         return "canceled" if job_id in self.canceled else None
 
@@ -1410,7 +1422,7 @@ class Supervisor:
     def _loop(self, threads: list) -> None:
         due = dict.fromkeys(("beat", "sweep", "cancels", "retention"), 0.0)  # monotonic time of the next run
         while any(t.is_alive() for t in threads):
-            self.signalled.wait(POLL_INTERVAL_S)
+            self.tick.wait(POLL_INTERVAL_S)
             self._handle_signals()
             try:
                 self._housekeeping(due, time.monotonic())
@@ -1439,9 +1451,9 @@ class Supervisor:
                 break
 
     def _handle_signals(self) -> None:
-        if not self.signalled.is_set():
+        if self.signals == self.handled:
             return
-        self.signalled.clear()
+        self.handled = self.signals
         if self.signals >= 2 and not self.hard.is_set():
             log.warning("second signal: killing running jobs and putting them back")
             self.hard.set()
@@ -1467,13 +1479,11 @@ class Supervisor:
         return max(0.2, min(2.0, self.store.config_get("stale_timeout") / 5))
 
     def _on_lost_registration(self) -> None:
-        # Another worker declared us dead (we were paused past the lease) and requeued our jobs:
-        # kill our runs at once so they cannot overlap the new ones, then register again.
+        # Another worker declared us dead (we were paused past the lease) and requeued our jobs.
+        # A new epoch makes every run claimed under the old registration abort within 250 ms (so
+        # it cannot overlap its rerun), including one whose claim is still being returned.
         log.error("this worker was presumed dead by another; killing its running jobs and re-registering")
-        self.lost.set()
-        while any(w.current for w in self.workers):
-            self.signalled.wait(0.05)
-        self.lost.clear()
+        self.epoch += 1
         self.store.register(self.worker_id, self.me, self.count, time.time())
 
     def _poll(self) -> None:
@@ -1490,11 +1500,10 @@ class Supervisor:
     # -- runner threads --------------------------------------------------------------------------
 
     def _thread_main(self) -> None:
-        store = Store(self.path, durable=False, busy_deadline_s=30.0)
-        worker = Worker(store, self.worker_id, self.abort_reason, self.queues)
-        self.workers.append(worker)
+        worker = None
         while not self.stopping.is_set():
             try:
+                worker = worker or self._new_worker()
                 ran = worker.run_once()
             except (QueueError, sqlite3.Error) as e:  # busy or disk full: wait and try again
                 log.warning("claim failed: %s", e)
@@ -1502,7 +1511,14 @@ class Supervisor:
             if not ran:
                 with self.wake:
                     self.wake.wait(1.0)
-        store.close()
+        if worker:
+            worker.store.close()
+
+    def _new_worker(self) -> Worker:
+        store = Store(self.path, durable=False, busy_deadline_s=30.0)
+        worker = Worker(store, self.worker_id, self.abort_reason, self.queues, lambda: self.epoch)
+        self.workers.append(worker)
+        return worker
 
 
 # ==== CLI ========================================================================================
@@ -1620,8 +1636,9 @@ def _queue_arg(text: str) -> str:
 
 def open_store(args) -> Store:
     """The Store named by --db, $QUEUECTL_DB or ./queuectl.db."""
-    path = args.db or os.environ.get("QUEUECTL_DB") or "queuectl.db"
-    _valid_text(path, "--db")
+    path = args.db if args.db is not None else os.environ.get("QUEUECTL_DB", "queuectl.db")
+    if not _valid_text(path, "--db"):
+        raise UsageError("the database path (--db or $QUEUECTL_DB) is empty")
     return Store(path)
 
 
@@ -1645,7 +1662,7 @@ def checked_ids(ids: list[str]) -> list[str]:
 # -- jobs ----------------------------------------------------------------------------------------
 
 def cmd_enqueue(args, store: Store) -> None:
-    now, defaults, cwd = time.time(), store.config_all(), os.getcwd()
+    now, defaults, cwd = time.time(), store.config_all(), current_dir()
     if args.job != "-":
         specs = [validate_job(parse_json(args.job), defaults, cwd, now)]
     else:
@@ -1658,6 +1675,14 @@ def cmd_enqueue(args, store: Store) -> None:
         jobs = [store.get(i).to_dict() for i in ids]
         return emit_json(jobs[0] if args.job != "-" else jobs)
     sys.stdout.write("".join(f"{i}\n" for i in ids))
+
+
+def current_dir() -> str:
+    """The default `cwd` of a job; a folder deleted under the shell gives a clear error."""
+    try:
+        return os.getcwd()
+    except FileNotFoundError:
+        return ""  # validate_job rejects it only for a job that does not name its own cwd
 
 
 def read_batch(data: bytes) -> list[tuple[str, object]]:
@@ -1776,8 +1801,8 @@ def print_jobs(jobs: list[Job], as_json: bool) -> None:
 def cmd_list(args, store: Store) -> None:
     if args.state is not None and args.state not in STATES:
         raise UsageError(f"unknown state {args.state!r} (valid: {', '.join(STATES)})")
-    if args.limit is not None and args.limit < 0:
-        raise UsageError("--limit must be >= 0")
+    if args.limit is not None and not 0 <= args.limit <= 2**62:
+        raise UsageError("--limit must be from 0 to 2**62")
     print_jobs(store.list_jobs(args.state, -1 if args.limit is None else args.limit, args.queue), args.json)
 
 
@@ -1789,6 +1814,7 @@ def run_dict(run: dict) -> dict:
 
 
 def cmd_show(args, store: Store) -> None:
+    checked_ids([args.id])
     job, runs = store.get(args.id), [run_dict(r) for r in store.runs(args.id)]
     details = {**job.to_dict(), "depends_on": store.depends_on(args.id)}
     if args.json:
@@ -1807,6 +1833,9 @@ def cmd_show(args, store: Store) -> None:
 
 
 def cmd_logs(args, store: Store) -> None:
+    checked_ids([args.id])
+    if args.run is not None and not 1 <= args.run <= 2**62:
+        raise UsageError("--run must be a run number from 1")
     run = store.run_output(args.id, args.run)
     if run is None and args.run is not None:
         raise NotFound(f"job {args.id!r} has no run {args.run}")
@@ -1899,8 +1928,8 @@ def cmd_worker_start(args, store: Store) -> int:
 
 
 def cmd_worker_stop(args, store: Store) -> int:
-    asked = {w.id for w in store.workers()}
-    n = store.request_stop()
+    asked = {w.id for w in live_workers(store)}  # a dead worker's row would only inflate the count
+    n = store.request_stop(sorted(asked))
     print(f"asked {n} worker{'s' if n != 1 else ''} to stop")
     if not args.wait:
         return EXIT_OK
@@ -1962,6 +1991,9 @@ def main(argv: list[str] | None = None) -> int:
     """Parse, run one command, map errors to `queuectl: error: …` and an exit code."""
     logging.basicConfig(format="%(asctime)s queuectl[%(process)d]: %(message)s", level=logging.INFO,
                         stream=sys.stderr)
+    for stream in (sys.stdout, sys.stderr):  # a job's text must not crash a non-UTF-8 terminal
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as e:  # --help, --version
