@@ -18,20 +18,26 @@ commands:
 import argparse
 import contextlib
 import json
-import logging
 import math
 import os
 import re
-import socket
 import sqlite3
 import sys
 import time
-from dataclasses import dataclass
 from datetime import datetime, timezone
 
 __version__ = "1.0.0"
 
-log = logging.getLogger("queuectl")
+class _Log:
+    """logging.getLogger("queuectl"), imported on first use: only workers log, and the import
+    costs every other command start-up time."""
+
+    def __getattr__(self, name: str):
+        import logging
+        return getattr(logging.getLogger("queuectl"), name)
+
+
+log = _Log()
 
 
 # ==== Constants ==================================================================================
@@ -133,31 +139,26 @@ def iso(t: float | None) -> str | None:
     return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-@dataclass
-class Job:
-    """One job row."""
-    id: str
-    command: str
-    state: str
-    attempts: int
-    max_retries: int
-    timeout: float
-    cwd: str
-    env: dict
-    created_at: float
-    updated_at: float
-    next_run_at: float
-    last_error: str | None
-    exit_code: int | None
-    worker_id: str | None
-    run_count: int
-    lost_count: int
-    priority: int
-    queue: str
-    waiting_on: int  # dependencies not completed yet; the job is not due while this is > 0
+class Record:
+    """A row with named fields: a tiny dataclass (importing dataclasses costs every command ~5 ms)."""
+    FIELDS: tuple[str, ...] = ()
 
-    COLUMNS = ("id, command, state, attempts, max_retries, timeout_s, cwd, env, created_at, updated_at, "
-               "next_run_at, last_error, exit_code, worker_id, run_count, lost_count, priority, queue, waiting_on")
+    def __init__(self, *values, **named):
+        self.__dict__.update(zip(self.FIELDS, values), **named)
+
+    def __eq__(self, other) -> bool:
+        return type(self) is type(other) and self.__dict__ == other.__dict__
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.__dict__.items())})"
+
+
+class Job(Record):
+    """One job row; `waiting_on` counts dependencies not completed yet (not due while > 0)."""
+    FIELDS = ("id", "command", "state", "attempts", "max_retries", "timeout", "cwd", "env", "created_at",
+              "updated_at", "next_run_at", "last_error", "exit_code", "worker_id", "run_count", "lost_count",
+              "priority", "queue", "waiting_on")
+    COLUMNS = ", ".join(FIELDS).replace("timeout", "timeout_s")
 
     @classmethod
     def from_row(cls, row: tuple) -> "Job":
@@ -174,20 +175,18 @@ class Job:
         return d
 
 
-@dataclass
 class Outcome:
     """What one run of a job's command came to."""
-    exit_code: int | None
-    error: str | None
-    output: bytes | None  # the tail; None keeps what was flushed while it ran (a lost run)
-    duration_s: float
-    interrupted: str | None = None  # why the worker cut the run short ("worker hard stop", "canceled")
-    output_bytes: int = 0  # everything the run printed, of which `output` is the tail
 
-    def __post_init__(self):
-        if isinstance(self.output, str):
-            self.output = self.output.encode()
-        self.output_bytes = max(self.output_bytes, len(self.output or b""))
+    def __init__(self, exit_code: int | None, error: str | None, output: bytes | str | None, duration_s: float,
+                 interrupted: str | None = None):
+        self.exit_code = exit_code
+        self.error = error
+        # the tail of the output; None keeps what was flushed while it ran (a lost run)
+        self.output = output.encode() if isinstance(output, str) else output
+        self.duration_s = duration_s
+        self.interrupted = interrupted  # why the worker cut the run short ("worker hard stop", "canceled")
+        self.output_bytes = len(self.output or b"")  # all the run printed, of which `output` is the tail
 
 
 def text(output: bytes | None) -> str | None:
@@ -372,20 +371,10 @@ SQL_CONFIG_ALL = "SELECT key, value FROM config"
 HAS_RETURNING = sqlite3.sqlite_version_info >= (3, 35, 0)
 
 
-@dataclass
-class WorkerRow:
+class WorkerRow(Record):
     """A registered worker process as stored."""
-    id: str
-    host: str
-    pid: int
-    proc_start: str | None
-    boot_id: str | None
-    pid_ns: str | None
-    heartbeat_at: float
-    beat: int
-    stop_requested: int
-    threads: int = 1
-    started_at: float = 0.0
+    FIELDS = ("id", "host", "pid", "proc_start", "boot_id", "pid_ns", "heartbeat_at", "beat", "stop_requested",
+              "threads", "started_at")
 
 
 def _in_queues(queues: tuple) -> str:
@@ -1161,7 +1150,7 @@ def host_identity() -> dict:
         ns = os.readlink("/proc/self/ns/pid")
     except OSError:
         pass
-    return {"host": socket.gethostname(), "pid": os.getpid(), "proc_start": proc_start_time(os.getpid()),
+    return {"host": os.uname().nodename, "pid": os.getpid(), "proc_start": proc_start_time(os.getpid()),
             "boot_id": _read("/proc/sys/kernel/random/boot_id"), "pid_ns": ns}
 
 
@@ -1989,13 +1978,13 @@ def cmd_config_list(args, store: Store) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse, run one command, map errors to `queuectl: error: …` and an exit code."""
-    logging.basicConfig(format="%(asctime)s queuectl[%(process)d]: %(message)s", level=logging.INFO,
-                        stream=sys.stderr)
     for stream in (sys.stdout, sys.stderr):  # a job's text must not crash a non-UTF-8 terminal
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
     try:
         args = build_parser().parse_args(argv)
+        if args.command == "worker":
+            configure_logging()
     except SystemExit as e:  # --help, --version
         return e.code if isinstance(e.code, int) else EXIT_OK
     except QueueError as e:
@@ -2019,6 +2008,13 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if store is not None:
             store.close()
+
+
+def configure_logging() -> None:
+    """Worker log lines on stderr, one per job event."""
+    import logging
+    logging.basicConfig(format="%(asctime)s queuectl[%(process)d]: %(message)s", level=logging.INFO,
+                        stream=sys.stderr)
 
 
 def _fail(error: QueueError) -> int:
