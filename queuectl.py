@@ -377,6 +377,11 @@ class WorkerRow(Record):
               "threads", "started_at")
 
 
+def _where_in_batch(spec: dict) -> str:
+    """'line 3: ' for a job read by `enqueue -`, '' for a single job."""
+    return f"{spec['where']}: " if spec.get("where") else ""
+
+
 def _in_queues(queues: tuple) -> str:
     """The queue filter for SQL_ELIGIBLE: nothing, or `AND queue IN (?, …)`."""
     return f"AND queue IN ({', '.join('?' * len(queues))})" if queues else ""
@@ -386,6 +391,15 @@ def _where(**equal) -> tuple[str, tuple]:
     """A WHERE clause of column = ? terms for the given non-None values."""
     terms = {k: v for k, v in equal.items() if v is not None}
     return ("WHERE " + " AND ".join(f"{k} = ?" for k in terms) if terms else ""), tuple(terms.values())
+
+
+_PROCESS_LOCKS: dict = {}
+
+
+def _process_lock(path: str):
+    """One lock per database file per process, shared by every Store (thread) that writes it."""
+    import threading
+    return _PROCESS_LOCKS.setdefault(os.path.realpath(path), threading.Lock())
 
 
 def _create_private(path: str) -> None:
@@ -407,6 +421,7 @@ class Store:
     def __init__(self, path: str, *, durable: bool = True, busy_deadline_s: float = CLI_BUSY_DEADLINE_S):
         self.path = path
         self.busy_deadline_s = busy_deadline_s
+        self.turn = _process_lock(path)
         self.conn = self._connect(path)
         # FULL syncs the WAL on every commit: an enqueue that printed its id survives a power cut.
         # Workers use NORMAL: a lost worker write only means a job runs again (at-least-once).
@@ -479,7 +494,16 @@ class Store:
                 time.sleep(random.uniform(0.005, 0.05))
 
     def write(self, fn):
-        """Run fn(cursor) inside BEGIN IMMEDIATE (the write lock up front, so no upgrade deadlock)."""
+        """Run fn(cursor) inside BEGIN IMMEDIATE (the write lock up front, so no upgrade deadlock).
+
+        Threads of one process take turns on a Python lock first: SQLite's busy handler would make
+        a thread that finds the database locked by its sibling sleep a millisecond or more, which
+        at hundreds of jobs a second costs more than the work itself.
+        """
+        with self.turn:
+            return self._write(fn)
+
+    def _write(self, fn):
         def attempt():
             cur = self.conn.cursor()
             cur.execute("BEGIN IMMEDIATE")
@@ -501,14 +525,14 @@ class Store:
     def enqueue(self, specs: list[dict], now: float) -> list[str]:
         """Insert validated job specs in one transaction, all or nothing; returns their ids."""
         def insert(cur):
-            plain: list[tuple] = []
+            plain: list[dict] = []
             for spec in specs:
                 if spec["depends_on"]:
-                    self._insert_rows(cur, plain)
+                    self._insert_plain(cur, plain, now)
                     self._insert_with_deps(cur, spec, now)
                 else:
-                    plain.append(self._row(spec, PENDING, 0, None, now))
-            self._insert_rows(cur, plain)
+                    plain.append(spec)
+            self._insert_plain(cur, plain, now)
             return [spec["id"] for spec in specs]
         return self.write(insert)
 
@@ -518,27 +542,33 @@ class Store:
                 json.dumps(spec["env"]), now, now, spec["run_at"] or now, spec["priority"], spec["queue"],
                 waiting_on, error)
 
-    @staticmethod
-    def _insert_rows(cur: sqlite3.Cursor, rows: list[tuple]) -> None:
-        """executemany the buffered rows (the fast path of a batch); Conflict names a taken id."""
+    def _insert_plain(self, cur: sqlite3.Cursor, specs: list[dict], now: float) -> None:
+        """executemany the buffered jobs without dependencies (the fast path of a batch)."""
+        cur.execute("SAVEPOINT batch")
         try:
-            cur.executemany(SQL_INSERT_JOB, rows)
+            cur.executemany(SQL_INSERT_JOB, [self._row(spec, PENDING, 0, None, now) for spec in specs])
         except sqlite3.IntegrityError:
-            taken = next(r[0] for r in rows if cur.execute(SQL_JOB_STATE, (r[0],)).fetchone())
-            raise Conflict(f"job {taken!r} already exists") from None
-        rows.clear()
+            # Undo the rows this call inserted, so the first id found taken is really someone else's.
+            cur.execute("ROLLBACK TO batch")
+            taken = next(spec for spec in specs if cur.execute(SQL_JOB_STATE, (spec["id"],)).fetchone())
+            raise Conflict(f"{_where_in_batch(taken)}job {taken['id']!r} already exists") from None
+        cur.execute("RELEASE batch")
+        specs.clear()
 
     def _insert_with_deps(self, cur: sqlite3.Cursor, spec: dict, now: float) -> None:
         states = {}
         for dep in spec["depends_on"]:
             row = cur.execute(SQL_JOB_STATE, (dep,)).fetchone()
             if row is None:
-                raise NotFound(f"job {spec['id']!r} depends on {dep!r}, which does not exist")
+                raise NotFound(f"{_where_in_batch(spec)}job {spec['id']!r} depends on {dep!r}, which does not exist")
             states[dep] = row[0]
         dead = next((d for d, s in states.items() if s == DEAD), None)
         waiting = sum(1 for s in states.values() if s != COMPLETED)
         error = f"dependency {dead} is dead" if dead else None
-        self._insert_rows(cur, [self._row(spec, DEAD if dead else PENDING, waiting, error, now)])
+        try:
+            cur.execute(SQL_INSERT_JOB, self._row(spec, DEAD if dead else PENDING, waiting, error, now))
+        except sqlite3.IntegrityError:
+            raise Conflict(f"{_where_in_batch(spec)}job {spec['id']!r} already exists") from None
         cur.executemany(SQL_INSERT_DEP, [(spec["id"], dep) for dep in spec["depends_on"]])
 
     def get(self, job_id: str) -> Job:
@@ -589,18 +619,19 @@ class Store:
 
     def claim(self, worker_id: str, now: float, queues: tuple = ()) -> Job | None:
         """Atomically take the best due job for this worker and open its run record."""
-        def take(cur):
-            if HAS_RETURNING:
-                sql = SQL_CLAIM.format(queues=_in_queues(queues))
-                row = cur.execute(sql, (worker_id, now, *queues, now, worker_id)).fetchone()
-            else:
-                row = self._claim_without_returning(cur, worker_id, now, queues)
-            if row is None:
-                return None
-            job = Job.from_row(row)
-            cur.execute(SQL_INSERT_RUN, (job.id, job.run_count, worker_id, now, job.next_run_at))
-            return job
-        return self.write(take)
+        return self.write(lambda cur: self._claim_in(cur, worker_id, now, queues))
+
+    def _claim_in(self, cur: sqlite3.Cursor, worker_id: str, now: float, queues: tuple) -> Job | None:
+        if HAS_RETURNING:
+            sql = SQL_CLAIM.format(queues=_in_queues(queues))
+            row = cur.execute(sql, (worker_id, now, *queues, now, worker_id)).fetchone()
+        else:
+            row = self._claim_without_returning(cur, worker_id, now, queues)
+        if row is None:
+            return None
+        job = Job.from_row(row)
+        cur.execute(SQL_INSERT_RUN, (job.id, job.run_count, worker_id, now, job.next_run_at))
+        return job
 
     @staticmethod
     def _claim_without_returning(cur: sqlite3.Cursor, worker_id: str, now: float, queues: tuple) -> tuple | None:
@@ -619,16 +650,28 @@ class Store:
 
     def finish(self, job: Job, worker_id: str, outcome: Outcome, settings: dict, now: float) -> Job | None:
         """Record a run's outcome; None if this worker no longer owns the job (nothing written)."""
+        return self.write(lambda cur: self._finish_in(cur, job, worker_id, outcome, settings, now))
+
+    def finish_and_claim(self, job: Job, worker_id: str, outcome: Outcome, settings: dict, now: float,
+                         queues: tuple) -> tuple[Job | None, Job | None]:
+        """finish() and claim() in one transaction: one commit per job instead of two."""
+        def both(cur):
+            return (self._finish_in(cur, job, worker_id, outcome, settings, now),
+                    self._claim_in(cur, worker_id, now, queues))
+        return self.write(both)
+
+    def _finish_in(self, cur: sqlite3.Cursor, job: Job, worker_id: str, outcome: Outcome, settings: dict,
+                   now: float) -> Job | None:
         state, attempts, next_run_at = failure_rule(job, outcome, settings, now)
-        def record(cur):
-            cur.execute(SQL_FINISH_JOB, (state, attempts, next_run_at, outcome.error, outcome.exit_code, now,
-                                         job.id, worker_id, job.run_count))
-            if cur.rowcount != 1:
-                return None
-            self._close_run(cur, job, state, outcome, now)
-            self._settle_dependents(cur, job.id, state, now)
-            return Job.from_row(cur.execute(SQL_GET_JOB, (job.id,)).fetchone())
-        return self.write(record)
+        cur.execute(SQL_FINISH_JOB, (state, attempts, next_run_at, outcome.error, outcome.exit_code, now,
+                                     job.id, worker_id, job.run_count))
+        if cur.rowcount != 1:
+            return None
+        self._close_run(cur, job, state, outcome, now)
+        self._settle_dependents(cur, job.id, state, now)
+        return Job(**{**job.__dict__, "state": state, "attempts": attempts, "next_run_at": next_run_at,
+                      "last_error": outcome.error, "exit_code": outcome.exit_code, "worker_id": None,
+                      "updated_at": now})
 
     @staticmethod
     def _close_run(cur: sqlite3.Cursor, job: Job, label: str, outcome: Outcome, now: float) -> None:
@@ -1024,7 +1067,7 @@ def run_command(job: Job, env_extra: dict, abort, on_output=None) -> Outcome:
     """
     import subprocess
     started = time.monotonic()
-    env = {**os.environ, **job.env, **env_extra}
+    env = {**_worker_env(), **{k.encode(): v.encode() for d in (job.env, env_extra) for k, v in d.items()}}
     try:
         # start_new_session: the job gets its own process group, so the terminal's Ctrl+C meant
         # for the worker never reaches it, and killpg() reaches all of its children.
@@ -1043,8 +1086,19 @@ def run_command(job: Job, env_extra: dict, abort, on_output=None) -> Outcome:
     return outcome
 
 
+_ENV: dict[bytes, bytes] = {}
+
+
+def _worker_env() -> dict[bytes, bytes]:
+    """The worker's own environment as bytes, copied once: re-encoding it for every job costs more
+    than the rest of the job's bookkeeping."""
+    if not _ENV:
+        _ENV.update(os.environb)
+    return _ENV
+
+
 class _Capture:
-    """Reads a running job's output pipe into a bounded tail."""
+    """Reads a running job's output pipe into a bounded tail, waking on output or on exit."""
 
     def __init__(self, proc, started: float, on_output):
         import select
@@ -1052,11 +1106,23 @@ class _Capture:
         self.fd = proc.stdout.fileno()
         self.poller = select.poll()
         self.poller.register(self.fd, select.POLLIN | select.POLLHUP)
+        # A pidfd becomes readable when the shell exits, so we learn of the exit at once instead
+        # of sleeping in short steps after EOF (Linux 5.3+; elsewhere we fall back to those steps).
+        self.pidfd = _pidfd(proc.pid)
+        if self.pidfd is not None:
+            self.poller.register(self.pidfd, select.POLLIN)
         self.tail, self.total, self.eof = bytearray(), 0, False
         self.flushed_at, self.flushed_total = started, 0
 
     def collect(self, timeout_s: float, abort) -> str | None:
         """Read until the shell exits, a timeout or an abort; returns why it was cut short, if it was."""
+        try:
+            return self._loop(timeout_s, abort)
+        finally:
+            if self.pidfd is not None:
+                os.close(self.pidfd)
+
+    def _loop(self, timeout_s: float, abort) -> str | None:
         while True:
             reason = "timeout" if timeout_s and time.monotonic() - self.started > timeout_s else abort()
             if reason:
@@ -1064,21 +1130,27 @@ class _Capture:
                 self.proc.wait()
                 return reason
             if self.proc.poll() is not None:
-                # The shell exited. Take what is buffered, but do not wait for EOF: a background
-                # child (`cmd &`) may hold the pipe open for as long as it likes.
-                drained = self.total
-                while not self.eof and self.poller.poll(0) and self.total - drained < 64 * OUTPUT_TAIL_BYTES:
-                    self._read()
+                self._drain()
                 return None
-            if self.eof:
+            if self.eof and self.pidfd is None:
                 _wait_a_little(self.proc)  # output closed, shell still running
-            elif self.poller.poll(250):
+            elif any(fd == self.fd for fd, _ in self.poller.poll(250)):
                 self._read()
             self._maybe_flush()
+
+    def _drain(self) -> None:
+        # The shell exited. Take what is buffered, but do not wait for EOF: a background child
+        # (`cmd &`) may hold the pipe open for as long as it likes.
+        drained = self.total
+        while not self.eof and self.total - drained < 64 * OUTPUT_TAIL_BYTES and \
+                any(fd == self.fd for fd, _ in self.poller.poll(0)):
+            self._read()
 
     def _read(self) -> None:
         chunk = os.read(self.fd, 65536)
         self.eof = not chunk
+        if self.eof:
+            self.poller.unregister(self.fd)  # a closed pipe would wake poll() forever
         self.total += len(chunk)
         self.tail += chunk
         del self.tail[:-OUTPUT_TAIL_BYTES]
@@ -1089,6 +1161,13 @@ class _Capture:
         if self.on_output and self.total != self.flushed_total and now - self.flushed_at >= OUTPUT_FLUSH_S:
             self.flushed_at, self.flushed_total = now, self.total
             self.on_output(bytes(self.tail), self.total)
+
+
+def _pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
 
 
 def _wait_a_little(proc) -> None:
@@ -1216,26 +1295,31 @@ def run_token(job: Job, worker_id: str) -> str:
 class Worker:
     """One runner thread's logic: claim a due job, run it, record what happened."""
 
-    def __init__(self, store: Store, worker_id: str, abort, queues: tuple = (), epoch=lambda: 0):
+    def __init__(self, store: Store, worker_id: str, abort, queues: tuple = (), epoch=lambda: 0,
+                 keep_claiming=lambda: False):
         self.store = store
         self.worker_id = worker_id
         self.abort = abort  # abort(job_id, epoch) -> reason to kill the running job, or None
         self.queues = queues
         self.epoch = epoch  # the registration the claim was made under
+        self.keep_claiming = keep_claiming  # claim the next job in the same commit as a result?
+        self.prefetched: tuple[Job, int] | None = None  # (job, epoch) claimed with the last result
         self.runner = run_command  # injectable for tests and simulation
         self.current: Job | None = None
+        self.settings, self.settings_at = {}, -math.inf
 
     def run_once(self, now: float | None = None) -> bool:
         """Claim and run at most one job; True if one was run."""
-        epoch = self.epoch()
-        job = self.store.claim(self.worker_id, time.time() if now is None else now, self.queues)
+        job, epoch = self.prefetched or (None, self.epoch())
+        self.prefetched = None
+        job = job or self.store.claim(self.worker_id, time.time() if now is None else now, self.queues)
         if job is None:
             return False
         self.current = job
         try:
             self._record(job, self._run(job, epoch), now)
         finally:
-            self.current = None
+            self.current = self.prefetched and self.prefetched[0]  # a prefetched job is already ours
         return True
 
     def _run(self, job: Job, epoch: int) -> Outcome:
@@ -1270,8 +1354,20 @@ class Worker:
             state = self.store.interrupt(job, self.worker_id, outcome, False, now)
             log.info("job %s %s (%s)", job.id, f"-> {state}" if state else "no longer ours", outcome.error)
             return
-        settings = self.store.config_all()
-        _log_result(job, self.store.finish(job, self.worker_id, outcome, settings, now), outcome)
+        if not self.keep_claiming():
+            return _log_result(job, self.store.finish(job, self.worker_id, outcome, self._settings(), now), outcome)
+        epoch = self.epoch()
+        after, following = self.store.finish_and_claim(job, self.worker_id, outcome, self._settings(), now,
+                                                        self.queues)
+        self.prefetched = following and (following, epoch)
+        _log_result(job, after, outcome)
+
+    def _settings(self) -> dict:
+        """Config, re-read at most once a second: not a query per job, yet a change applies quickly."""
+        mono = time.monotonic()
+        if mono - self.settings_at > 1.0:
+            self.settings, self.settings_at = self.store.config_all(), mono
+        return self.settings
 
 
 def _log_result(job: Job, after: Job | None, outcome: Outcome) -> None:
@@ -1490,7 +1586,8 @@ class Supervisor:
 
     def _thread_main(self) -> None:
         worker = None
-        while not self.stopping.is_set():
+        # A job claimed together with the last result is ours: run it even if a stop came since.
+        while not self.stopping.is_set() or (worker and worker.prefetched):
             try:
                 worker = worker or self._new_worker()
                 ran = worker.run_once()
@@ -1505,7 +1602,8 @@ class Supervisor:
 
     def _new_worker(self) -> Worker:
         store = Store(self.path, durable=False, busy_deadline_s=30.0)
-        worker = Worker(store, self.worker_id, self.abort_reason, self.queues, lambda: self.epoch)
+        worker = Worker(store, self.worker_id, self.abort_reason, self.queues, lambda: self.epoch,
+                        lambda: not self.stopping.is_set())
         self.workers.append(worker)
         return worker
 
@@ -1655,8 +1753,8 @@ def cmd_enqueue(args, store: Store) -> None:
     if args.job != "-":
         specs = [validate_job(parse_json(args.job), defaults, cwd, now)]
     else:
-        specs = [_numbered(where, lambda: validate_job(parse_json(item) if isinstance(item, str) else item,
-                                                       defaults, cwd, now))
+        specs = [{**_numbered(where, lambda: validate_job(parse_json(item) if isinstance(item, str) else item,
+                                                          defaults, cwd, now)), "where": where}
                  for where, item in read_batch(sys.stdin.buffer.read())]
         check_batch(specs)
     ids = store.enqueue(specs, now)
@@ -1698,13 +1796,15 @@ def _numbered(where: str, fn):
 
 def check_batch(specs: list[dict]) -> None:
     """Ids unique within the batch; a dependency inside the batch must come earlier (so no cycles)."""
+    ids = {spec["id"] for spec in specs}
     seen: set[str] = set()
-    for n, spec in enumerate(specs, start=1):
+    for spec in specs:
         if spec["id"] in seen:
-            raise UsageError(f"job {n}: id {spec['id']!r} appears twice in the batch")
+            raise UsageError(f"{spec['where']}: id {spec['id']!r} appears twice in the batch")
+        later = next((d for d in spec["depends_on"] if d in ids and d not in seen), None)
+        if later is not None:
+            raise UsageError(f"{spec['where']}: depends on {later!r}, which does not come earlier in the batch")
         seen.add(spec["id"])
-        if spec["id"] in spec["depends_on"]:
-            raise UsageError(f"job {n}: {spec['id']!r} cannot depend on itself")
 
 
 def cmd_cancel(args, store: Store) -> None:
