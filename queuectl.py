@@ -771,6 +771,8 @@ class Store:
     def resume(self, queues: list[str]) -> None:
         """Undo pause for these queues, or for everything when none are named."""
         if queues:
+            if "*" in self.paused():
+                raise Conflict("every queue is paused; 'resume' without --queue resumes them all")
             self.write(lambda cur: cur.executemany(SQL_RESUME, [(q,) for q in queues]))
         else:
             self.write(lambda cur: cur.execute(SQL_RESUME_ALL))

@@ -9,7 +9,9 @@ import io
 import json
 import os
 import re
+import shlex
 import signal
+import socket
 import sqlite3
 import stat
 import subprocess
@@ -56,11 +58,15 @@ def db(tmp_path, monkeypatch):
 
 
 def run_main(argv, stdin=None):
-    """Call queuectl.main(argv) in-process; return (exit code, stdout, stderr)."""
+    """Call queuectl.main(argv) in-process; return (exit code, stdout, stderr).
+
+    stdin (str or bytes) is given a byte layer like the real one: `enqueue -` reads sys.stdin.buffer.
+    """
     out, err = io.StringIO(), io.StringIO()
     saved_stdin = sys.stdin
     if stdin is not None:
-        sys.stdin = io.StringIO(stdin)
+        data = stdin.encode() if isinstance(stdin, str) else stdin
+        sys.stdin = io.TextIOWrapper(io.BytesIO(data), encoding="utf-8")
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = queuectl.main(list(argv))
@@ -121,8 +127,27 @@ def list_ids(db, *args):
 
 
 def snapshot(db):
-    """Everything the CLI can see of the db; compared before/after a rejected request."""
-    return ok(db, "list", "--json"), ok(db, "config", "list", "--json")
+    """Everything the CLI can see of the db (jobs with their runs and dependencies, config, paused
+    queues); compared before/after a rejected request."""
+    jobs = ok(db, "list", "--json")
+    shown = {job["id"]: ok(db, "show", job["id"], "--json") for job in json.loads(jobs)}
+    paused = json.loads(ok(db, "status", "--json"))["paused"]
+    return jobs, shown, ok(db, "config", "list", "--json"), paused
+
+
+def sql(db, statement, params=()):
+    """Run one statement on the db file directly (to age a row or count runs); returns the rows."""
+    conn = sqlite3.connect(db, timeout=30)
+    try:
+        with conn:
+            return conn.execute(statement, params).fetchall()
+    finally:
+        conn.close()
+
+
+def run_counts(db):
+    """job id -> number of rows in its run history, straight from the runs table."""
+    return dict(sql(db, "SELECT job_id, count(*) FROM runs GROUP BY job_id"))
 
 
 def parse_iso(text):
@@ -141,6 +166,38 @@ def wait_for(predicate, what, timeout=WAIT_S, interval=0.05):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(interval)
+
+
+def ok_when_free(db, *args):
+    """`ok` for a command run while workers write: retry while the db is reported busy."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        code, out, err = cli(db, *args)
+        if code == 0:
+            assert "Traceback" not in err
+            return out
+        assert code == 1 and "busy" in err and time.monotonic() < deadline, (args, code, out, err)
+        time.sleep(0.05)
+
+
+def state_of(db, job_id):
+    return get_job(db, job_id)["state"]
+
+
+class LineReader:
+    """Collects a pipe's lines in a background thread, so a test can wait for them with a deadline."""
+
+    def __init__(self, pipe):
+        self.pipe, self.lines = pipe, []
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        for line in iter(self.pipe.readline, b""):
+            self.lines.append(line.decode("utf-8", "replace"))
+
+    def text(self):
+        return "".join(self.lines)
 
 
 def pid_gone(pid):
@@ -164,6 +221,14 @@ def script(db, *args, timeout=WAIT_S):
     """Run the real script `python3 queuectl.py --db DB ARGS...`; return the CompletedProcess."""
     return subprocess.run([sys.executable, QUEUECTL, "--db", db, *args], stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=timeout, env=child_env())
+
+
+def script_stdin(db, data, *args, timeout=WAIT_S):
+    """Run the real script with `data` (bytes) on its stdin; stdout and stderr decoded as text."""
+    result = subprocess.run([sys.executable, QUEUECTL, "--db", db, *args], input=data,
+                            capture_output=True, timeout=timeout, env=child_env())
+    return subprocess.CompletedProcess(result.args, result.returncode, result.stdout.decode(),
+                                       result.stderr.decode())
 
 
 def tagged_pids(tag):
@@ -219,6 +284,18 @@ class Workers:
 
     def __init__(self, db, folder):
         self.db, self.folder, self.tag, self.procs = db, folder, uuid.uuid4().hex, []
+        self.others = []  # other queuectl commands started with spawn()
+
+    def spawn(self, *args, stdout=subprocess.PIPE):
+        """Start another real queuectl command (logs --follow, wait, status --watch) under this tag."""
+        # SIGINT back to its default, so Python turns it into KeyboardInterrupt as it does at a
+        # terminal, even when pytest itself was started with SIGINT ignored (a background job).
+        popen = subprocess.Popen([sys.executable, QUEUECTL, "--db", self.db, *args],
+                                 stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.PIPE,
+                                 env=child_env(**{TAG_VAR: self.tag}),
+                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        self.others.append(popen)
+        return popen
 
     def start(self, *args):
         n = len(self.procs)
@@ -241,10 +318,13 @@ class Workers:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             time.sleep(0.05)
-        for proc in self.procs:
-            if proc.popen.poll() is None:
-                proc.popen.kill()
-            proc.popen.wait()
+        for popen in [proc.popen for proc in self.procs] + self.others:
+            if popen.poll() is None:
+                popen.kill()
+            popen.wait()
+            for pipe in (popen.stdout, popen.stderr):
+                if pipe is not None:
+                    pipe.close()
 
 
 @pytest.fixture
@@ -255,6 +335,24 @@ def workers(db, tmp_path):
         yield pool
     finally:
         pool.cleanup()
+
+
+@pytest.fixture
+def local_tz():
+    """Set the process's local time zone (TZ) for one test; the original is restored after."""
+    saved = os.environ.get("TZ")
+
+    def set_tz(name):
+        os.environ["TZ"] = name
+        time.tzset()
+    try:
+        yield set_tz
+    finally:
+        if saved is None:
+            os.environ.pop("TZ", None)
+        else:
+            os.environ["TZ"] = saved
+        time.tzset()
 
 
 @pytest.fixture
@@ -545,7 +643,7 @@ def test_retry_dead_is_all_or_nothing(store):
 def test_heartbeat_reports_stop_and_lost_registration(store):
     register(store)
     assert store.heartbeat("w1", T0 + 1) is False
-    assert store.request_stop() == 1
+    assert store.request_stop(["w1"]) == 1
     assert store.heartbeat("w1", T0 + 2) is True
     store.deregister("w1")
     assert store.heartbeat("w1", T0 + 3) is None
@@ -562,6 +660,365 @@ def test_config_roundtrip_and_defaults(store):
     assert store.config_get("max_retries") == 3
     store.config_set("max_retries", 7)
     assert store.config_all()["max_retries"] == 7
+
+
+def finish_next(store, code=0, now=T0, output="out", ended=None, settings=SETTINGS, worker="w1"):
+    """Claim the best due job at `now` and finish it with exit `code` at `ended` (default: now)."""
+    job = store.claim(worker, now)
+    assert job is not None, "nothing due to claim"
+    error = None if code == 0 else f"exit code {code}"
+    return store.finish(job, worker, outcome(code, error, output), settings, now if ended is None else ended)
+
+
+@contextlib.contextmanager
+def opened(db):
+    """A Store on a CLI test's db file (to build states the CLI cannot reach quickly)."""
+    s = queuectl.Store(db)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def claim_ids(store, now, queues=()):
+    """Ids claimed one after another at `now` until nothing is claimable."""
+    ids = []
+    while (job := store.claim("w1", now, queues)) is not None:
+        ids.append(job.id)
+    return ids
+
+
+# ---- priority, run_at and queues
+
+def test_claim_order_is_priority_then_earliest_due_then_enqueue_order(store):
+    register(store)
+    store.enqueue([spec("low", priority=0, run_at=T0)], T0)
+    store.enqueue([spec("neg", priority=-5, run_at=T0 - 100)], T0)
+    store.enqueue([spec("high-late", priority=5, run_at=T0 + 5)], T0)
+    store.enqueue([spec("high-b", priority=5, run_at=T0 + 1)], T0)
+    store.enqueue([spec("high-a", priority=5, run_at=T0 + 1)], T0 + 1)  # same due, enqueued later
+    store.enqueue([spec("high-first", priority=5, run_at=T0 + 0.5)], T0 + 2)
+    store.enqueue([spec("top-not-due", priority=9, run_at=T0 + 100)], T0)
+    assert claim_ids(store, T0 + 2) == ["high-first", "high-b", "high-a", "low", "neg"]
+    assert claim_ids(store, T0 + 10) == ["high-late"]  # a high priority never makes a job due early
+    assert claim_ids(store, T0 + 100) == ["top-not-due"]
+
+
+def test_claim_with_queues_takes_only_those(store):
+    register(store)
+    for job_id, queue in (("d", "default"), ("a1", "alpha"), ("b1", "beta"), ("a2", "alpha")):
+        store.enqueue([spec(job_id, queue=queue)], T0)
+    assert claim_ids(store, T0, ("alpha",)) == ["a1", "a2"]
+    assert claim_ids(store, T0, ("nothing-here",)) == []
+    assert claim_ids(store, T0, ("beta", "default")) == ["d", "b1"]
+
+
+# ---- pause and resume
+
+def test_claim_skips_paused_queues_until_resumed(store):
+    register(store)
+    store.enqueue([spec("a", queue="alpha")], T0)
+    store.enqueue([spec("b", queue="beta")], T0)
+    store.pause(["alpha"])
+    assert store.paused() == ["alpha"]
+    assert store.claim("w1", T0, ("alpha",)) is None
+    assert claim_ids(store, T0) == ["b"]
+    assert store.next_due_at() is None  # a paused job is not due: --burst does not wait for it
+    store.resume(["alpha"])
+    assert store.paused() == []
+    assert claim_ids(store, T0) == ["a"]
+
+
+def test_pause_of_everything_stops_every_claim(store):
+    register(store)
+    store.enqueue([spec("a", queue="alpha")], T0)
+    store.enqueue([spec("d")], T0)
+    store.pause(["*"])
+    assert store.claim("w1", T0) is None
+    assert store.claim("w1", T0, ("alpha",)) is None
+    store.resume([])
+    assert store.paused() == []
+    assert claim_ids(store, T0) == ["a", "d"]
+
+
+# ---- dependencies
+
+def test_dependent_is_not_claimable_until_its_dependency_completed(store):
+    register(store)
+    store.enqueue([spec("a"), spec("b", priority=9, depends_on=["a"])], T0)
+    assert store.get("b").waiting_on == 1
+    first = store.claim("w1", T0)
+    assert first.id == "a"  # b's priority does not matter while it waits
+    assert store.claim("w1", T0 + 1) is None
+    store.finish(first, "w1", outcome(1, "exit code 1"), SETTINGS, T0 + 1)  # failed, will retry
+    assert store.get("b").waiting_on == 1
+    assert store.claim("w1", T0 + 2) is None  # a backs off until T0 + 3; b still waits
+    assert store.claim("w1", T0 + 3).id == "a"
+    store.finish(store.get("a"), "w1", outcome(), SETTINGS, T0 + 4)
+    assert store.get("b").waiting_on == 0
+    assert claim_ids(store, T0 + 4) == ["b"]
+
+
+def test_dependent_waits_for_every_dependency(store):
+    register(store)
+    store.enqueue([spec("a"), spec("b"), spec("c", depends_on=["a", "b"])], T0)
+    assert store.depends_on("c") == ["a", "b"]
+    finish_next(store, 0, T0)
+    assert store.claim("w1", T0 + 1).id == "b"  # c still waits for b
+    store.finish(store.get("b"), "w1", outcome(), SETTINGS, T0 + 1)
+    assert claim_ids(store, T0 + 1) == ["c"]
+
+
+def test_enqueue_on_a_completed_dependency_is_due_at_once(store):
+    register(store)
+    store.enqueue([spec("a")], T0)
+    finish_next(store, 0, T0)
+    store.enqueue([spec("b", depends_on=["a"])], T0 + 1)
+    assert store.get("b").waiting_on == 0
+    assert claim_ids(store, T0 + 1) == ["b"]
+
+
+def test_unknown_dependency_is_not_found_and_nothing_is_stored(store):
+    store.enqueue([spec("a")], T0)
+    with pytest.raises(queuectl.NotFound, match="nope"):
+        store.enqueue([spec("x"), spec("y", depends_on=["a", "nope"])], T0)
+    assert [j.id for j in store.list_jobs()] == ["a"]
+
+
+def test_a_dead_dependency_takes_the_chain_to_dead(store):
+    register(store)
+    store.enqueue([spec("a", max_retries=0), spec("b", depends_on=["a"]), spec("c", depends_on=["b"]),
+                   spec("free")], T0)
+    assert finish_next(store, 1, T0).state == "dead"
+    b, c = store.get("b"), store.get("c")
+    assert (b.state, c.state) == ("dead", "dead")
+    assert "a" in b.last_error and "dead" in b.last_error
+    assert "b" in c.last_error
+    assert (b.run_count, c.run_count) == (0, 0)
+    assert store.get("free").state == "pending"
+
+
+def test_enqueue_on_a_dead_dependency_is_dead_at_once(store):
+    register(store)
+    store.enqueue([spec("a", max_retries=0)], T0)
+    finish_next(store, 1, T0)
+    store.enqueue([spec("b", depends_on=["a"])], T0 + 1)
+    b = store.get("b")
+    assert b.state == "dead" and "a" in b.last_error
+
+
+def test_retry_of_a_dependent_alone_is_refused_while_its_dependency_is_dead(store):
+    register(store)
+    store.enqueue([spec("a", max_retries=0), spec("b", depends_on=["a"]), spec("c", depends_on=["b"])], T0)
+    finish_next(store, 1, T0)
+    for alone in (["b"], ["c"], ["b", "c"]):
+        with pytest.raises(queuectl.Conflict, match="'a'" if "b" in alone else "'b'"):
+            store.retry_dead(alone, T0 + 1)
+        assert [store.get(i).state for i in "abc"] == ["dead"] * 3
+    store.retry_dead(["c", "b", "a"], T0 + 2)  # dependents first: still counted as waiting
+    assert [(store.get(i).state, store.get(i).waiting_on) for i in "abc"] == \
+        [("pending", 0), ("pending", 1), ("pending", 1)]
+    order = []
+    for step in range(3):
+        order.append(finish_next(store, 0, T0 + 3 + step).id)
+    assert order == ["a", "b", "c"]
+
+
+def test_a_job_waiting_for_a_dependency_is_not_due(store):
+    register(store)
+    store.enqueue([spec("a", run_at=T0 + 7200), spec("b", depends_on=["a"])], T0)
+    assert store.next_due_at() == T0 + 7200  # b is not due at all, only a, in two hours
+    assert store.burst_done(T0)
+    store.enqueue([spec("x", queue="other"), spec("y", queue="mine", depends_on=["x"])], T0)
+    assert store.burst_done(T0, ("mine",))  # y waits for a job of another queue
+
+
+# ---- run history
+
+def test_runs_are_numbered_in_order_and_continue_after_retry(store):
+    register(store)
+    store.enqueue([spec(max_retries=2)], T0)
+    assert finish_next(store, 1, T0, "one", ended=T0 + 1).state == "failed"  # retry at T0 + 3
+    assert finish_next(store, 1, T0 + 3, "two", ended=T0 + 5).state == "dead"
+    store.retry_dead(["j1"], T0 + 10)
+    assert finish_next(store, 0, T0 + 10, "three", ended=T0 + 11.5).state == "completed"
+    runs = store.runs("j1")
+    assert [r["run"] for r in runs] == [1, 2, 3]
+    assert [r["outcome"] for r in runs] == ["failed", "dead", "completed"]
+    assert [r["output"] for r in runs] == [b"one", b"two", b"three"]
+    assert [r["exit_code"] for r in runs] == [1, 1, 0]
+    assert [(r["started_at"], r["ended_at"]) for r in runs] == [(T0, T0 + 1), (T0 + 3, T0 + 5), (T0 + 10, T0 + 11.5)]
+    assert {r["worker_id"] for r in runs} == {"w1"}
+    assert store.get("j1").run_count == 3
+    assert store.run_output("j1")[:2] == (3, b"three")
+    assert store.run_output("j1", 1)[:2] == (1, b"one")
+    assert store.run_output("j1", 4) is None
+
+
+def test_a_run_cut_short_by_a_lost_worker_is_recorded(store):
+    register(store)
+    store.enqueue([spec()], T0)
+    job = store.claim("w1", T0)
+    store.flush_output(job, b"partial\n", 8)
+    assert store.interrupt(job, "w1", LOST, True, T0 + 4) == "pending"
+    finish_next(store, 0, T0 + 5, "again\n")
+    runs = store.runs("j1")
+    assert [(r["run"], r["outcome"]) for r in runs] == [(1, "lost"), (2, "completed")]
+    assert runs[0]["ended_at"] == T0 + 4 and runs[0]["output"] == b"partial\n"  # what was flushed stays
+    assert "lost" in runs[0]["error"]
+
+
+# ---- cancel
+
+def test_cancel_sends_waiting_jobs_to_the_dlq_and_flags_running_ones(store):
+    register(store)
+    store.enqueue([spec("run")], T0)
+    running = store.claim("w1", T0)
+    store.enqueue([spec("fail")], T0)
+    finish_next(store, 1, T0)  # failed, retry at T0 + 2
+    store.enqueue([spec("wait"), spec("child", depends_on=["wait"])], T0 + 1)
+    store.cancel(["wait", "fail", "run"], T0 + 1)
+    for job_id in ("wait", "fail"):
+        job = store.get(job_id)
+        assert (job.state, job.last_error) == ("dead", "canceled"), job_id
+    child = store.get("child")
+    assert child.state == "dead" and "wait" in child.last_error
+    assert store.get("run").state == "processing"  # its worker kills it, then records it
+    assert store.cancel_requests("w1") == {"run"}
+    canceled = queuectl.Outcome(None, "canceled", b"", 0.1, interrupted="canceled")
+    assert store.interrupt(running, "w1", canceled, False, T0 + 2) == "dead"
+    assert store.get("run").last_error == "canceled"
+    assert store.runs("run")[-1]["outcome"] == "canceled"
+    store.retry_dead(["wait"], T0 + 3)  # a cancel is undone by dlq retry
+    assert (store.get("wait").state, store.get("wait").last_error) == ("pending", None)
+
+
+def test_cancel_is_all_or_nothing_and_refuses_finished_jobs(store):
+    register(store)
+    store.enqueue([spec("done")], T0)
+    finish_next(store, 0, T0)
+    store.enqueue([spec("gone", max_retries=0)], T0)
+    finish_next(store, 1, T0)
+    store.enqueue([spec("p")], T0 + 1)
+    for ids, error in ((["p", "done"], queuectl.Conflict), (["gone"], queuectl.Conflict),
+                       (["p", "missing"], queuectl.NotFound)):
+        with pytest.raises(error):
+            store.cancel(ids, T0 + 2)
+    assert [store.get(i).state for i in ("done", "gone", "p")] == ["completed", "dead", "pending"]
+
+
+# ---- delete
+
+def test_delete_removes_jobs_with_their_runs_and_dependencies(store):
+    register(store)
+    store.enqueue([spec("a")], T0)
+    finish_next(store, 0, T0)
+    store.enqueue([spec("b", depends_on=["a"])], T0)
+    store.delete(["b", "a"])
+    assert store.list_jobs() == []
+    assert store.runs("a") == [] and store.depends_on("b") == []
+    store.enqueue([spec("a")], T0 + 1)  # the id is free again, with an empty history
+    assert store.get("a").run_count == 0 and store.runs("a") == []
+
+
+def test_delete_refuses_processing_and_needed_jobs_all_or_nothing(store):
+    register(store)
+    store.enqueue([spec("run")], T0)
+    store.claim("w1", T0)
+    store.enqueue([spec("dep"), spec("user", depends_on=["dep"]), spec("free")], T0)
+    with pytest.raises(queuectl.Conflict, match="run"):
+        store.delete(["free", "run"])
+    with pytest.raises(queuectl.Conflict, match="user"):
+        store.delete(["free", "dep"])
+    with pytest.raises(queuectl.NotFound):
+        store.delete(["free", "missing"])
+    assert sorted(j.id for j in store.list_jobs()) == ["dep", "free", "run", "user"]
+    store.delete(["dep", "user"])  # together: nothing unfinished is left needing dep
+    assert sorted(j.id for j in store.list_jobs()) == ["free", "run"]
+
+
+# ---- purge and retention
+
+def _finished_at(store, job_id, code, when, **kw):
+    store.enqueue([spec(job_id, max_retries=0, **kw)], when)
+    return finish_next(store, code, when)
+
+
+def test_purge_removes_old_jobs_of_one_state_and_their_runs(store):
+    register(store)
+    _finished_at(store, "old-done", 0, T0)
+    _finished_at(store, "old-dead", 1, T0)
+    _finished_at(store, "new-done", 0, T0 + 100)
+    store.enqueue([spec("pending")], T0)
+    assert store.purge("completed", T0 + 50, limit=5000) == 1
+    assert sorted(j.id for j in store.list_jobs()) == ["new-done", "old-dead", "pending"]
+    assert store.runs("old-done") == [] and len(store.runs("old-dead")) == 1
+    assert store.purge("dead", T0 + 50) == 1
+    assert store.purge("completed", T0 + 1000) == 1
+    assert [j.id for j in store.list_jobs()] == ["pending"]
+
+
+def test_purge_limit_bounds_one_slice(store):
+    register(store)
+    for i in range(5):
+        _finished_at(store, f"d{i}", 0, T0)
+    assert store.purge("completed", T0 + 1, limit=2) == 2
+    assert store.purge("completed", T0 + 1, limit=2) == 2
+    assert store.purge("completed", T0 + 1, limit=2) == 1
+
+
+def test_retention_deletes_old_completed_jobs_only(tmp_path):
+    path = str(tmp_path / "ret.db")
+    now = time.time()
+    with opened(path) as s:
+        register(s, now=now - 3 * 86400)
+        _finished_at(s, "done-3d", 0, now - 3 * 86400)
+        _finished_at(s, "dead-3d", 1, now - 3 * 86400)
+        _finished_at(s, "done-1h", 0, now - 3600)
+    supervisor = queuectl.Supervisor(path, 1, False)
+    try:
+        supervisor._apply_retention()  # default 7d: all are younger
+        assert len(supervisor.store.list_jobs()) == 3
+        supervisor.store.config_set("retention", 0)  # 0 keeps forever
+        supervisor._apply_retention()
+        assert len(supervisor.store.list_jobs()) == 3
+        supervisor.store.config_set("retention", 86400)
+        supervisor._apply_retention()
+        assert [j.id for j in supervisor.store.list_jobs()] == ["dead-3d", "done-1h"]
+        assert supervisor.store.runs("done-3d") == []
+        assert len(supervisor.store.runs("dead-3d")) == 1  # dead jobs stay until purged
+    finally:
+        supervisor.store.close()
+
+
+# ---- stats
+
+def build_history(store, base):
+    """Known runs: completed in 1 s and 2 s (waits 5, 0), then f1 failed in 3 s and dead in 10 s
+    (waits 1, 4), all ending by base + 160; p1 pending since base + 170."""
+    register(store, now=base)
+    store.enqueue([spec("c1")], base)
+    finish_next(store, 0, base + 5, ended=base + 6)
+    store.enqueue([spec("c2")], base + 10)
+    finish_next(store, 0, base + 10, ended=base + 12)
+    store.enqueue([spec("f1", max_retries=2)], base + 140)
+    assert finish_next(store, 1, base + 141, ended=base + 144).state == "failed"  # due again at base + 146
+    assert finish_next(store, 1, base + 150, ended=base + 160).state == "dead"
+    store.enqueue([spec("p1")], base + 170)
+    store.deregister("w1")
+
+
+def test_stats_over_a_known_history(store):
+    build_history(store, T0)
+    stats = store.stats(T0, T0 + 180)
+    assert {k: stats["outcomes"].get(k, 0) for k in ("completed", "failed", "dead")} == \
+        {"completed": 2, "failed": 1, "dead": 1}
+    assert stats["duration"] == pytest.approx((10, 2, 10))  # max, p50, p95 of 1, 2, 3, 10
+    assert stats["wait"][1:] == pytest.approx((1, 5))  # p50, p95 of 0, 1, 4, 5
+    assert stats["oldest_eligible_age_s"] == pytest.approx(10)
+    recent = store.stats(T0 + 100, T0 + 180)
+    assert {k: recent["outcomes"].get(k, 0) for k in ("completed", "failed", "dead")} == \
+        {"completed": 0, "failed": 1, "dead": 1}
 
 
 # ==== Core rules ====
@@ -615,6 +1072,75 @@ def test_validate_job_fills_defaults_and_names_unknown_fields():
         queuectl.validate_job({"command": "ls", "max_retry": 1}, defaults, "/tmp", T0)
     with pytest.raises(queuectl.UsageError, match="surrogate"):
         queuectl.validate_job({"command": "echo \udcff"}, defaults, "/tmp", T0)
+
+
+# ---- scheduling fields: priority, run_at, delay, queue, depends_on
+
+DEFAULTS = {"max_retries": 3, "job_timeout": 0}
+Y2030 = 1893499200.0  # 2030-01-01T12:00:00Z
+
+
+def scheduled(**fields):
+    return queuectl.validate_job({"command": "ls", **fields}, DEFAULTS, "/tmp", T0)
+
+
+def test_validate_job_scheduling_defaults():
+    job = scheduled()
+    assert (job["priority"], job["queue"], job["run_at"], job["depends_on"]) == (0, "default", None, [])
+
+
+@pytest.mark.parametrize("run_at, expected", [
+    ("2030-01-01T12:00:00Z", Y2030),
+    ("2030-01-01T12:00:00.250Z", Y2030 + 0.25),
+    ("2030-01-01T12:00:00+02:00", Y2030 - 7200),
+    ("2030-01-01T12:00:00-01:30", Y2030 + 5400),
+    (Y2030, Y2030),
+    (int(Y2030), Y2030),
+    (0, 0.0),
+], ids=["Z", "Z-fraction", "plus-offset", "minus-offset", "epoch-float", "epoch-int", "epoch-0"])
+def test_validate_job_run_at_forms(run_at, expected):
+    assert scheduled(run_at=run_at)["run_at"] == expected
+
+
+def test_validate_job_run_at_without_offset_is_local_time(local_tz):
+    local_tz("EST5")  # UTC-5 all year
+    assert scheduled(run_at="2030-01-01T12:00:00")["run_at"] == Y2030 + 5 * 3600
+    local_tz("JST-9")  # UTC+9
+    assert scheduled(run_at="2030-01-01T12:00:00")["run_at"] == Y2030 - 9 * 3600
+    assert scheduled(run_at="2030-01-01T12:00:00Z")["run_at"] == Y2030  # an explicit Z is not local
+
+
+def test_validate_job_delay_is_relative_to_now():
+    assert scheduled(delay=30)["run_at"] == T0 + 30
+    assert scheduled(delay=0.5)["run_at"] == T0 + 0.5
+    assert scheduled(delay=0)["run_at"] == T0
+
+
+def test_validate_job_run_at_and_delay_together_is_an_error():
+    with pytest.raises(queuectl.UsageError, match="run_at.*delay|delay.*run_at"):
+        scheduled(run_at=Y2030, delay=5)
+
+
+def test_validate_job_queue_names_and_depends_on():
+    assert scheduled(queue="A-z_0.9")["queue"] == "A-z_0.9"
+    assert scheduled(queue="q" * 64)["queue"] == "q" * 64
+    for bad in ("q" * 65, "", "a b", "a/b", "é", 5):
+        with pytest.raises(queuectl.UsageError, match="queue"):
+            scheduled(queue=bad)
+    assert scheduled(depends_on=["a", "b", "a"])["depends_on"] == ["a", "b"]
+    assert scheduled(priority=-7)["priority"] == -7
+
+
+@pytest.mark.parametrize("text, seconds", [("30s", 30), ("15m", 900), ("12h", 43200), ("7d", 604800),
+                                           ("90", 90), ("1.5h", 5400), ("0", 0), (" 2m ", 120)])
+def test_parse_duration(text, seconds):
+    assert queuectl.parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "h", "1w", "-1h", "1 h", "1e3", "1.h", "99999d", "nan", "1h30m"])
+def test_parse_duration_rejects(text):
+    with pytest.raises(queuectl.UsageError):
+        queuectl.parse_duration(text)
 
 
 # ==== Execution ====
@@ -693,7 +1219,7 @@ def test_kill_run_orphans_finds_processes_by_token():
 def test_worker_run_once_with_injected_runner(store):
     register(store)
     store.enqueue([spec("a")], T0)
-    worker = queuectl.Worker(store, "w1", lambda job_id: None)
+    worker = queuectl.Worker(store, "w1", lambda job_id, epoch: None)
     seen = {}
 
     def fake_runner(job, env, abort, on_output):
@@ -1200,6 +1726,713 @@ def test_a_db_with_a_newer_schema_is_refused_untouched(db):
         assert f.read() == before
 
 
+# ---- enqueue: priority, run_at, delay, queue
+
+def test_enqueue_stores_the_scheduling_fields(db):
+    job = enqueue(db, id="s1", command="true", priority=5, queue="batch.nightly-1_x",
+                  run_at="2030-01-01T12:00:00Z")
+    assert (job["priority"], job["queue"], job["next_run_at"]) == (5, "batch.nightly-1_x", "2030-01-01T12:00:00.000Z")
+    shown = get_job(db, "s1")
+    assert (shown["priority"], shown["queue"], shown["next_run_at"]) == \
+        (5, "batch.nightly-1_x", "2030-01-01T12:00:00.000Z")
+    plain = enqueue(db, id="s2", command="true")
+    assert (plain["priority"], plain["queue"]) == (0, "default")
+
+
+@pytest.mark.parametrize("run_at, expected", [
+    ("2030-01-01T12:00:00Z", "2030-01-01T12:00:00.000Z"),
+    ("2030-01-01T12:00:00+02:00", "2030-01-01T10:00:00.000Z"),
+    ("2030-01-01T12:00:00.250-01:30", "2030-01-01T13:30:00.250Z"),
+    (1893499200, "2030-01-01T12:00:00.000Z"),
+    (1893499200.5, "2030-01-01T12:00:00.500Z"),
+], ids=["iso-Z", "iso-plus-offset", "iso-minus-offset-fraction", "epoch-int", "epoch-float"])
+def test_enqueue_run_at_forms(db, run_at, expected):
+    assert enqueue(db, command="true", run_at=run_at)["next_run_at"] == expected
+
+
+def test_enqueue_run_at_without_offset_is_local_time(db, local_tz):
+    local_tz("EST5")
+    assert enqueue(db, command="true", run_at="2030-01-01T12:00:00")["next_run_at"] == "2030-01-01T17:00:00.000Z"
+    local_tz("JST-9")
+    assert enqueue(db, command="true", run_at="2030-01-01T12:00:00")["next_run_at"] == "2030-01-01T03:00:00.000Z"
+
+
+def test_enqueue_delay_makes_the_job_due_later(db):
+    before = time.time()
+    job = enqueue(db, command="true", delay=3600)
+    after = time.time()
+    due = parse_iso(job["next_run_at"]).timestamp()
+    assert before + 3600 - 0.001 <= due <= after + 3600 + 0.001
+    assert parse_iso(enqueue(db, command="true", delay=0)["next_run_at"]).timestamp() <= time.time()
+
+
+BAD_SCHEDULING = [  # (test id, fields, fragment the error must name)
+    ("run-at-and-delay", {"run_at": 1893499200, "delay": 5}, "delay"),
+    ("run-at-words", {"run_at": "tomorrow"}, "run_at"),
+    ("run-at-empty", {"run_at": ""}, "run_at"),
+    ("run-at-month-13", {"run_at": "2030-13-01T00:00:00Z"}, "run_at"),
+    ("run-at-hour-25", {"run_at": "2030-01-01T25:00:00"}, "run_at"),
+    ("run-at-bad-offset", {"run_at": "2030-01-01T12:00:00+25:00"}, "run_at"),
+    ("run-at-before-1970", {"run_at": "1969-12-31T00:00:00Z"}, "run_at"),
+    ("run-at-negative", {"run_at": -1}, "run_at"),
+    ("run-at-huge", {"run_at": 1e13}, "run_at"),
+    ("run-at-bool", {"run_at": True}, "run_at"),
+    ("run-at-list", {"run_at": [2030]}, "run_at"),
+    ("delay-negative", {"delay": -1}, "delay"),
+    ("delay-string", {"delay": "10"}, "delay"),
+    ("delay-bool", {"delay": True}, "delay"),
+    ("delay-huge", {"delay": 1e10}, "delay"),
+    ("priority-string", {"priority": "1"}, "priority"),
+    ("priority-float", {"priority": 1.5}, "priority"),
+    ("priority-bool", {"priority": True}, "priority"),
+    ("priority-huge", {"priority": 10**7}, "priority"),
+    ("queue-65-chars", {"queue": "q" * 65}, "queue"),
+    ("queue-empty", {"queue": ""}, "queue"),
+    ("queue-space", {"queue": "a b"}, "queue"),
+    ("queue-slash", {"queue": "a/b"}, "queue"),
+    ("queue-unicode", {"queue": "é"}, "queue"),
+    ("queue-number", {"queue": 5}, "queue"),
+    ("depends-on-string", {"depends_on": "keep"}, "depends_on"),
+    ("depends-on-number", {"depends_on": [5]}, "depends_on"),
+    ("depends-on-empty-id", {"depends_on": [""]}, "depends_on"),
+    ("depends-on-newline", {"depends_on": ["a\nb"]}, "depends_on"),
+    ("depends-on-1001", {"depends_on": [f"j{i}" for i in range(1001)]}, "depends_on"),
+]
+
+
+@pytest.mark.parametrize("fields, fragment", [case[1:] for case in BAD_SCHEDULING],
+                         ids=[case[0] for case in BAD_SCHEDULING])
+def test_enqueue_rejects_bad_scheduling_fields(seeded_db, fields, fragment):
+    before = snapshot(seeded_db)
+    code, out, err = cli(seeded_db, "enqueue", json.dumps({"command": "true", **fields}))
+    assert (code, out) == (2, ""), err
+    assert_one_error(err, fragment)
+    assert snapshot(seeded_db) == before
+
+
+# ---- list and status by queue
+
+def test_list_and_status_by_queue(db):
+    for job_id, queue in (("a1", "alpha"), ("d1", "default"), ("a2", "alpha"), ("b1", "beta")):
+        enqueue(db, id=job_id, command="true", queue=queue)
+    assert list_ids(db, "--queue", "alpha") == ["a1", "a2"]
+    assert list_ids(db, "--queue", "default") == ["d1"]
+    assert list_ids(db, "--queue", "nobody") == []
+    assert list_ids(db, "--queue", "alpha", "--state", "pending", "--limit", "1") == ["a2"]
+    text = ok(db, "list", "--queue", "beta")
+    assert "b1" in text and "a1" not in text and "beta" in text
+    counts = json.loads(ok(db, "status", "--queue", "alpha", "--json"))["jobs"]
+    assert counts == {"pending": 2, "processing": 0, "completed": 0, "failed": 0, "dead": 0}
+    assert json.loads(ok(db, "status", "--json"))["jobs"]["pending"] == 4
+    assert re.search(r"pending\s+2\b", ok(db, "status", "--queue", "alpha"))
+
+
+@pytest.mark.parametrize("args", [("list", "--queue", "a b"), ("list", "--queue", ""),
+                                  ("status", "--queue", "q" * 65), ("status", "--queue", "a/b"),
+                                  ("worker", "start", "--queue", "bad name", "--burst"),
+                                  ("pause", "--queue", "é"), ("resume", "--queue", "a b")],
+                         ids=["list-space", "list-empty", "status-65", "status-slash", "worker-start",
+                              "pause", "resume"])
+def test_bad_queue_names_on_the_command_line_exit_2(seeded_db, args):
+    before = snapshot(seeded_db)
+    code, out, err = cli(seeded_db, *args)
+    assert_argparse_error(code, err)
+    assert out == ""
+    assert snapshot(seeded_db) == before
+
+
+# ---- depends_on
+
+def test_enqueue_with_dependencies(db):
+    enqueue(db, id="a", command="true")
+    enqueue(db, id="b", command="true")
+    job = enqueue(db, id="c", command="true", depends_on=["a", "b"])
+    assert job["waiting_on"] == 2
+    assert get_job(db, "c")["depends_on"] == ["a", "b"]
+    assert "a" in ok(db, "show", "c")
+
+
+def test_enqueue_with_an_unknown_dependency_exits_1_and_stores_nothing(seeded_db):
+    before = snapshot(seeded_db)
+    code, out, err = cli(seeded_db, "enqueue", _j(id="x", command="true", depends_on=["keep", "nope"]))
+    assert (code, out) == (1, "")
+    assert_one_error(err, "nope")
+    assert snapshot(seeded_db) == before
+
+
+def test_enqueue_depending_on_itself_exits_nonzero_and_stores_nothing(seeded_db):
+    before = snapshot(seeded_db)
+    code, out, err = cli(seeded_db, "enqueue", _j(id="me", command="true", depends_on=["me"]))
+    assert code in (1, 2) and out == ""
+    assert_one_error(err, "me")
+    assert snapshot(seeded_db) == before
+
+
+@pytest.fixture
+def chain_db(db):
+    """a (dead: exit 1, no retry) <- b <- c, all dead; built through a Store at the real time."""
+    now = time.time()
+    with opened(db) as s:
+        register(s, now=now)
+        s.enqueue([spec("a", "exit 1", max_retries=0), spec("b", depends_on=["a"]),
+                   spec("c", depends_on=["b"])], now)
+        finish_next(s, 1, now)
+        s.deregister("w1")
+    return db
+
+
+def test_a_dead_dependency_shows_on_its_dependents(chain_db):
+    b, c = get_job(chain_db, "b"), get_job(chain_db, "c")
+    assert (b["state"], c["state"]) == ("dead", "dead")
+    assert "a" in b["last_error"] and "b" in c["last_error"]
+    assert list_ids(chain_db, "--state", "dead") == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize("ids, named", [(["b"], "a"), (["c"], "b"), (["c", "b"], "a")])
+def test_dlq_retry_of_a_dependent_without_its_dead_dependency_exits_1(chain_db, ids, named):
+    before = snapshot(chain_db)
+    code, out, err = cli(chain_db, "dlq", "retry", *ids)
+    assert (code, out) == (1, "")
+    assert_one_error(err, named)
+    assert snapshot(chain_db) == before
+
+
+def test_dlq_retry_of_a_whole_chain_revives_it_waiting_in_order(chain_db):
+    assert ok(chain_db, "dlq", "retry", "c", "b", "a") == "c\nb\na\n"
+    jobs = {job["id"]: job for job in json.loads(ok(chain_db, "list", "--json"))}
+    assert {i: (j["state"], j["waiting_on"], j["last_error"]) for i, j in jobs.items()} == \
+        {"a": ("pending", 0, None), "b": ("pending", 1, None), "c": ("pending", 1, None)}
+
+
+# ---- batch enqueue (enqueue -)
+
+def jsonl(*objects):
+    return "".join(json.dumps(o) + "\n" for o in objects)
+
+
+def test_batch_of_json_lines_prints_ids_in_order(db):
+    data = jsonl({"id": "b1", "command": "echo 1"}, {"command": "echo 2", "priority": 3},
+                 {"id": "b3", "command": "echo 3", "queue": "q"})
+    code, out, err = cli(db, "enqueue", "-", stdin=data + "\n")  # a trailing blank line is fine
+    assert code == 0, err
+    ids = out.splitlines()
+    assert len(ids) == 3 and ids[0] == "b1" and ids[2] == "b3"
+    assert re.fullmatch(r"[0-9a-f]{16}", ids[1])
+    assert list_ids(db) == ids
+    assert get_job(db, ids[1])["priority"] == 3 and get_job(db, "b3")["queue"] == "q"
+
+
+def test_batch_as_one_json_array(db):
+    data = '  \n[{"id": "a1", "command": "true"},\n {"id": "a2", "command": "true", "delay": 60}]\n'
+    code, out, err = cli(db, "enqueue", "-", stdin=data)
+    assert (code, out) == (0, "a1\na2\n"), err
+    assert list_ids(db) == ["a1", "a2"]
+
+
+def test_batch_json_prints_the_job_objects(db):
+    code, out, err = cli(db, "enqueue", "-", "--json", stdin=jsonl({"id": "x", "command": "true"},
+                                                                  {"id": "y", "command": "true"}))
+    assert code == 0, err
+    jobs = json.loads(out)
+    assert [j["id"] for j in jobs] == ["x", "y"] and all(j["state"] == "pending" for j in jobs)
+
+
+def test_batch_dependency_on_an_earlier_job_of_the_same_batch(db):
+    data = jsonl({"id": "first", "command": "true"}, {"id": "second", "command": "true", "depends_on": ["first"]},
+                 {"id": "third", "command": "true", "depends_on": ["first", "second"]})
+    assert cli(db, "enqueue", "-", stdin=data)[:2] == (0, "first\nsecond\nthird\n")
+    assert get_job(db, "third")["waiting_on"] == 2 and get_job(db, "third")["depends_on"] == ["first", "second"]
+
+
+BAD_BATCH_LINE = [  # line 3 (after a good line and a blank one) is bad in each
+    ("invalid-json", '{"id": "z", "command": '),
+    ("unknown-field", _j(id="z", command="true", colour="red")),
+    ("run-at-and-delay", _j(id="z", command="true", run_at=1893499200, delay=1)),
+    ("not-an-object", '["true"]'),
+    ("missing-command", _j(id="z")),
+    ("bad-queue", _j(id="z", command="true", queue="a b")),
+]
+
+
+@pytest.mark.parametrize("bad", [case[1] for case in BAD_BATCH_LINE], ids=[case[0] for case in BAD_BATCH_LINE])
+def test_batch_with_an_invalid_line_stores_nothing_and_names_the_line(seeded_db, bad):
+    before = snapshot(seeded_db)
+    data = _j(id="good", command="true") + "\n\n" + bad + "\n" + _j(id="after", command="true") + "\n"
+    code, out, err = cli(seeded_db, "enqueue", "-", stdin=data)
+    assert (code, out) == (2, ""), err
+    assert_one_error(err, "line 3")
+    assert snapshot(seeded_db) == before
+
+
+def test_batch_array_with_an_invalid_item_names_it(seeded_db):
+    before = snapshot(seeded_db)
+    data = json.dumps([{"id": "good", "command": "true"}, {"id": "bad", "command": ""}])
+    code, out, err = cli(seeded_db, "enqueue", "-", stdin=data)
+    assert (code, out) == (2, "")
+    assert_one_error(err, "2")
+    assert snapshot(seeded_db) == before
+
+
+@pytest.mark.parametrize("data", [b'{"id": "a", "command": "true"}\n{"id": "b", "command": "echo \xff"}\n',
+                                  b'\xfe\xff[]', b'[{"id": "a", "command": "true"}]\xc3'],
+                         ids=["jsonl", "bom-like", "array-truncated-char"])
+def test_batch_that_is_not_utf8_exits_2(seeded_db, data):
+    before = snapshot(seeded_db)
+    code, out, err = cli(seeded_db, "enqueue", "-", stdin=data)
+    assert (code, out) == (2, "")
+    assert_one_error(err, "UTF-8")
+    assert snapshot(seeded_db) == before
+
+
+def test_batch_with_an_id_twice_exits_2_naming_the_line(seeded_db):
+    before = snapshot(seeded_db)
+    data = _j(id="dup", command="true") + "\n\n" + _j(id="other", command="true") + "\n" + \
+        _j(id="dup", command="false") + "\n"
+    code, out, err = cli(seeded_db, "enqueue", "-", stdin=data)
+    assert (code, out) == (2, "")
+    assert_one_error(err, "dup", "line 4")
+    assert snapshot(seeded_db) == before
+
+
+def test_batch_with_an_id_already_in_the_db_exits_1_storing_nothing(seeded_db):
+    before = snapshot(seeded_db)
+    data = jsonl({"id": "new1", "command": "true"}, {"id": "keep", "command": "true"},
+                 {"id": "new2", "command": "true"})
+    code, out, err = cli(seeded_db, "enqueue", "-", stdin=data)
+    assert (code, out) == (1, "")
+    assert_one_error(err, "'keep'")
+    assert "new1" not in err  # the error names the id that is taken, not one of the new ones
+    assert snapshot(seeded_db) == before
+
+
+def test_batch_with_an_id_already_in_the_db_after_a_dependency_exits_1(seeded_db):
+    before = snapshot(seeded_db)
+    data = jsonl({"id": "n1", "command": "true"}, {"id": "n2", "command": "true", "depends_on": ["n1"]},
+                 {"id": "keep", "command": "true"})
+    code, out, err = cli(seeded_db, "enqueue", "-", stdin=data)
+    assert (code, out) == (1, "")
+    assert_one_error(err, "keep")
+    assert snapshot(seeded_db) == before
+
+
+def test_batch_dependency_on_a_later_job_fails_naming_the_line(seeded_db):
+    before = snapshot(seeded_db)
+    data = jsonl({"id": "x", "command": "true"}, {"id": "y", "command": "true", "depends_on": ["z"]},
+                 {"id": "z", "command": "true"})
+    code, out, err = cli(seeded_db, "enqueue", "-", stdin=data)
+    assert code in (1, 2) and out == ""  # a forward reference could form a cycle: refused
+    assert_one_error(err, "'z'", "line 2")
+    assert snapshot(seeded_db) == before
+
+
+def test_batch_dependency_on_itself_exits_2(seeded_db):
+    before = snapshot(seeded_db)
+    code, out, err = cli(seeded_db, "enqueue", "-", stdin=jsonl({"id": "me", "command": "true",
+                                                                 "depends_on": ["me"]}))
+    assert (code, out) == (2, "")
+    assert_one_error(err, "me")
+    assert snapshot(seeded_db) == before
+
+
+def test_batch_that_is_json_but_not_an_array_or_lines_exits_2(seeded_db):
+    before = snapshot(seeded_db)
+    for data in ('[{"command": "true"}', '"just a string"', "[1, 2]"):
+        code, out, err = cli(seeded_db, "enqueue", "-", stdin=data)
+        assert (code, out) == (2, ""), data
+        assert_one_error(err)
+    assert snapshot(seeded_db) == before
+
+
+# ---- run history: show --json runs, logs --run
+
+@pytest.fixture
+def history_db(db):
+    """h1 ran three times at the real time: failed ('one'), dead ('two'), then after dlq retry completed ('three')."""
+    now = time.time() - 30
+    with opened(db) as s:
+        register(s, now=now)
+        s.enqueue([spec("h1", "echo", max_retries=2)], now)
+        finish_next(s, 1, now, "one\n", ended=now + 1)
+        finish_next(s, 1, now + 3, "two\n", ended=now + 4)
+        s.retry_dead(["h1"], now + 5)
+        finish_next(s, 0, now + 5, "three\n", ended=now + 7.5)
+        s.deregister("w1")
+    return db
+
+
+RUN_KEYS = {"run", "worker_id", "started_at", "ended_at", "outcome", "exit_code", "error", "output", "duration_s"}
+
+
+def test_show_json_has_the_runs_oldest_first(history_db):
+    job = get_job(history_db, "h1")
+    runs = job["runs"]
+    assert all(RUN_KEYS <= run.keys() for run in runs), runs[0].keys()
+    assert [r["run"] for r in runs] == [1, 2, 3]
+    assert [r["outcome"] for r in runs] == ["failed", "dead", "completed"]
+    assert [r["exit_code"] for r in runs] == [1, 1, 0]
+    assert [r["output"] for r in runs] == ["one\n", "two\n", "three\n"]
+    assert [r["duration_s"] for r in runs] == pytest.approx([1, 1, 2.5])
+    starts = [parse_iso(r["started_at"]) for r in runs]
+    assert starts == sorted(starts)
+    assert all(parse_iso(r["ended_at"]) >= parse_iso(r["started_at"]) for r in runs)
+    assert (job["state"], job["run_count"], job["output"]) == ("completed", 3, "three\n")
+
+
+def test_show_text_lists_the_runs(history_db):
+    text = ok(history_db, "show", "h1")
+    for fragment in ("#1", "#2", "#3", "failed", "dead", "completed", "three"):
+        assert fragment in text, fragment
+
+
+def test_logs_of_the_latest_run_or_of_run_n(history_db):
+    assert ok(history_db, "logs", "h1") == "three\n"
+    assert ok(history_db, "logs", "h1", "--run", "1") == "one\n"
+    assert ok(history_db, "logs", "h1", "--run", "2") == "two\n"
+    assert ok(history_db, "logs", "h1", "--run", "3") == "three\n"
+
+
+@pytest.mark.parametrize("job_id, run", [("h1", "4"), ("h1", "99"), ("missing", "1"), ("never", "1")])
+def test_logs_of_an_unknown_run_exits_1(history_db, job_id, run):
+    enqueue(history_db, id="never", command="true")
+    code, out, err = cli(history_db, "logs", job_id, "--run", run)
+    assert (code, out) == (1, "")
+    assert_one_error(err, job_id)
+
+
+@pytest.mark.parametrize("run", ["0", "-1", "x"])
+def test_logs_with_a_bad_run_number_exits_2(history_db, run):
+    code, out, err = cli(history_db, "logs", "h1", "--run", run)
+    assert code == 2 and out == "", err
+    assert "Traceback" not in err
+
+
+def test_logs_follow_of_a_finished_job_prints_its_output_and_returns(history_db):
+    assert cli(history_db, "logs", "h1", "--follow") == (0, "three\n", "")
+    assert ok(history_db, "logs", "h1", "--follow", "--run", "1") == "one\n"
+
+
+# ---- cancel
+
+@pytest.fixture
+def states_db(db):
+    """At the real time: done (completed), gone (dead, exit 4), fail (failed, retry in 1000 s),
+    wait (pending), all in the default queue; made with a Store, no worker process."""
+    now = time.time()
+    with opened(db) as s:
+        register(s, now=now)
+        s.enqueue([spec("done", "echo done")], now)
+        finish_next(s, 0, now, "done\n")
+        s.enqueue([spec("gone", "exit 4", max_retries=0)], now)
+        finish_next(s, 4, now, "oops\n")
+        s.enqueue([spec("fail", "exit 1", max_retries=3)], now)
+        finish_next(s, 1, now, settings={"backoff_base": 1000, "backoff_max": 3600})
+        s.enqueue([spec("wait", "true")], now)
+        s.deregister("w1")
+    return db
+
+
+def claim_for_a_fake_worker(db, job_id):
+    """Put a pending job into processing, held by a registered (fake) worker that never runs it."""
+    enqueue(db, id=job_id, command="true", priority=1000)
+    with opened(db) as s:
+        register(s, "fake", now=time.time())
+        assert s.claim("fake", time.time()).id == job_id
+
+
+def test_cancel_pending_job_goes_to_the_dlq_and_dlq_retry_undoes_it(states_db):
+    assert ok(states_db, "cancel", "wait") == "wait\n"
+    job = get_job(states_db, "wait")
+    assert (job["state"], job["last_error"]) == ("dead", "canceled")
+    assert "wait" in [j["id"] for j in json.loads(ok(states_db, "dlq", "list", "--json"))]
+    assert ok(states_db, "dlq", "retry", "wait") == "wait\n"
+    job = get_job(states_db, "wait")
+    assert (job["state"], job["last_error"], job["attempts"]) == ("pending", None, 0)
+
+
+def test_cancel_failed_job_goes_to_the_dlq(states_db):
+    assert ok(states_db, "cancel", "fail") == "fail\n"
+    job = get_job(states_db, "fail")
+    assert (job["state"], job["last_error"]) == ("dead", "canceled")
+
+
+def test_cancel_several_at_once(states_db):
+    assert ok(states_db, "cancel", "wait", "fail") == "wait\nfail\n"
+    assert list_ids(states_db, "--state", "dead") == ["gone", "fail", "wait"]
+
+
+def test_cancel_of_a_pending_dependency_takes_its_dependents(states_db):
+    enqueue(states_db, id="child", command="true", depends_on=["wait"])
+    ok(states_db, "cancel", "wait")
+    child = get_job(states_db, "child")
+    assert child["state"] == "dead" and "wait" in child["last_error"]
+
+
+def test_cancel_of_a_processing_job_returns_at_once_and_asks_its_worker(db):
+    claim_for_a_fake_worker(db, "run")
+    assert ok(db, "cancel", "run") == "run\n"
+    assert get_job(db, "run")["state"] == "processing"  # until its worker has killed it
+    with opened(db) as s:
+        assert s.cancel_requests("fake") == {"run"}
+
+
+@pytest.mark.parametrize("ids, named", [(["done"], "done"), (["gone"], "gone"), (["missing"], "missing"),
+                                        (["wait", "done"], "done"), (["gone", "wait"], "gone"),
+                                        (["wait", "missing"], "missing")],
+                         ids=["completed", "dead", "unknown", "pending+completed", "dead+pending", "pending+unknown"])
+def test_cancel_refuses_finished_or_unknown_jobs_changing_nothing(states_db, ids, named):
+    before = snapshot(states_db)
+    code, out, err = cli(states_db, "cancel", *ids)
+    assert (code, out) == (1, "")
+    assert_one_error(err, named)
+    assert snapshot(states_db) == before
+
+
+@pytest.mark.parametrize("command", [("cancel",), ("delete",), ("wait",), ("dlq", "retry")])
+@pytest.mark.parametrize("bad_id", ["a\x01b", "", "i" * 201], ids=["control", "empty", "201-chars"])
+def test_bad_ids_exit_2_changing_nothing(states_db, command, bad_id):
+    before = snapshot(states_db)
+    code, out, err = cli(states_db, *command, "wait", bad_id)
+    assert (code, out) == (2, ""), err
+    assert_one_error(err)
+    assert snapshot(states_db) == before
+
+
+# ---- delete
+
+def test_delete_removes_jobs_and_their_runs(states_db):
+    assert run_counts(states_db) == {"done": 1, "gone": 1, "fail": 1}
+    assert ok(states_db, "delete", "done", "gone", "wait") == "done\ngone\nwait\n"
+    assert list_ids(states_db) == ["fail"]
+    assert run_counts(states_db) == {"fail": 1}
+    for job_id in ("done", "gone", "wait"):
+        assert cli(states_db, "show", job_id)[0] == 1
+    enqueue(states_db, id="done", command="true")  # the id can be used again, with a fresh history
+    assert get_job(states_db, "done")["runs"] == []
+
+
+def test_delete_of_a_processing_job_exits_1(states_db):
+    claim_for_a_fake_worker(states_db, "run")
+    before = snapshot(states_db)
+    code, out, err = cli(states_db, "delete", "wait", "run")
+    assert (code, out) == (1, "")
+    assert_one_error(err, "run")
+    assert snapshot(states_db) == before
+
+
+def test_delete_of_a_job_unfinished_jobs_depend_on_exits_1_naming_them(states_db):
+    enqueue(states_db, id="child", command="true", depends_on=["wait"])
+    enqueue(states_db, id="grandchild", command="true", depends_on=["wait"])
+    before = snapshot(states_db)
+    code, out, err = cli(states_db, "delete", "wait")
+    assert (code, out) == (1, "")
+    assert_one_error(err, "wait", "child", "grandchild")
+    assert snapshot(states_db) == before
+    assert ok(states_db, "delete", "grandchild", "child", "wait") == "grandchild\nchild\nwait\n"
+    assert list_ids(states_db) == ["done", "gone", "fail"]
+
+
+@pytest.mark.parametrize("ids", [["done", "missing"], ["missing", "done"]])
+def test_delete_removes_nothing_when_any_id_fails(states_db, ids):
+    before = snapshot(states_db)
+    code, out, err = cli(states_db, "delete", *ids)
+    assert (code, out) == (1, "")
+    assert_one_error(err, "missing")
+    assert snapshot(states_db) == before
+
+
+# ---- purge
+
+def age(db, job_id, seconds):
+    """Make a job look last updated `seconds` ago."""
+    sql(db, "UPDATE jobs SET updated_at = ? WHERE id = ?", (time.time() - seconds, job_id))
+
+
+def test_purge_removes_completed_jobs_by_default(states_db):
+    assert cli(states_db, "purge") == (0, "purged 1 completed job\n", "")
+    assert list_ids(states_db) == ["gone", "fail", "wait"]
+    assert "done" not in run_counts(states_db)
+    assert ok(states_db, "purge") == "purged 0 completed jobs\n"
+
+
+def test_purge_state_dead(states_db):
+    assert ok(states_db, "purge", "--state", "dead") == "purged 1 dead job\n"
+    assert list_ids(states_db) == ["done", "fail", "wait"]
+    assert "gone" not in run_counts(states_db)
+
+
+def test_purge_older_than_keeps_recent_jobs(states_db):
+    enqueue(states_db, id="done2", command="true", priority=1000)
+    with opened(states_db) as s:
+        register(s, now=time.time())
+        assert finish_next(s, 0, time.time()).id == "done2"  # completed just now
+        s.deregister("w1")
+    age(states_db, "done", 2 * 3600)
+    age(states_db, "gone", 2 * 3600)
+    assert ok(states_db, "purge", "--older-than", "1h") == "purged 1 completed job\n"
+    assert list_ids(states_db, "--state", "completed") == ["done2"]
+    assert ok(states_db, "purge", "--older-than", "3h", "--state", "dead") == "purged 0 dead jobs\n"
+    assert ok(states_db, "purge", "--older-than", "90m", "--state", "dead") == "purged 1 dead job\n"
+    assert ok(states_db, "purge", "--older-than", "1d") == "purged 0 completed jobs\n"
+    assert list_ids(states_db) == ["fail", "wait", "done2"]
+
+
+@pytest.mark.parametrize("args", [("--older-than", "1w"), ("--older-than", "-1h"), ("--older-than", "abc"),
+                                  ("--older-than", ""), ("--older-than", "99999d"), ("--state", "pending"),
+                                  ("--state", "failed"), ("--state", "processing")])
+def test_purge_bad_arguments_exit_2(states_db, args):
+    before = snapshot(states_db)
+    code, out, err = cli(states_db, "purge", *args)
+    assert_argparse_error(code, err)
+    assert out == ""
+    assert snapshot(states_db) == before
+
+
+# ---- wait
+
+def test_wait_exits_0_when_every_job_completed(states_db):
+    enqueue(states_db, id="done2", command="true")
+    with opened(states_db) as s:
+        register(s, now=time.time())
+        assert finish_next(s, 0, time.time()).id in ("done2", "wait")
+        finish_next(s, 0, time.time())
+        s.deregister("w1")
+    assert cli(states_db, "wait", "done", "done2", "wait") == (0, "", "")
+
+
+@pytest.mark.parametrize("ids", [["gone"], ["done", "gone"], ["gone", "wait"]])
+def test_wait_exits_1_if_any_job_is_dead(states_db, ids):
+    code, out, err = cli(states_db, "wait", *ids)
+    assert (code, out) == (1, "")
+    assert_one_error(err, "gone")
+
+
+def test_wait_exits_1_on_timeout(states_db):
+    started = time.monotonic()
+    code, out, err = cli(states_db, "wait", "done", "wait", "--timeout", "0.3")
+    assert time.monotonic() - started >= 0.3
+    assert (code, out) == (1, "")
+    assert_one_error(err, "wait")
+    assert get_job(states_db, "wait")["state"] == "pending"
+
+
+def test_wait_for_an_unknown_job_exits_1(states_db):
+    code, out, err = cli(states_db, "wait", "done", "missing")
+    assert (code, out) == (1, "")
+    assert_one_error(err, "missing")
+
+
+@pytest.mark.parametrize("timeout", ["-1", "abc", "nan", "inf"])
+def test_wait_bad_timeout_exits_2(states_db, timeout):
+    code, out, err = cli(states_db, "wait", "done", "--timeout", timeout)
+    assert_argparse_error(code, err)
+
+
+# ---- pause and resume
+
+def test_pause_and_resume_show_in_status(db):
+    assert ok(db, "pause", "--queue", "alpha", "--queue", "beta") == "paused alpha, beta\n"
+    assert json.loads(ok(db, "status", "--json"))["paused"] == ["alpha", "beta"]
+    assert "alpha" in ok(db, "status") and "beta" in ok(db, "status")
+    assert ok(db, "resume", "--queue", "alpha") == "resumed alpha\n"
+    assert json.loads(ok(db, "status", "--json"))["paused"] == ["beta"]
+    ok(db, "pause")  # everything
+    paused = json.loads(ok(db, "status", "--json"))["paused"]
+    assert paused and set(paused) != {"beta"}
+    assert "all" in ok(db, "status")
+    assert ok(db, "resume") == "resumed all queues\n"
+    assert json.loads(ok(db, "status", "--json"))["paused"] == []
+    assert "paused" not in ok(db, "status")
+
+
+def test_pause_twice_and_resume_of_a_running_queue_are_harmless(db):
+    ok(db, "pause", "--queue", "alpha")
+    ok(db, "pause", "--queue", "alpha")
+    ok(db, "resume", "--queue", "never-paused")
+    assert json.loads(ok(db, "status", "--json"))["paused"] == ["alpha"]
+
+
+# ---- retention (config)
+
+@pytest.mark.parametrize("text, seconds", [("1s", 1), ("30s", 30), ("15m", 900), ("12h", 43200), ("7d", 604800),
+                                           ("0", 0), ("45", 45)])
+def test_config_retention_takes_durations(db, text, seconds):
+    ok(db, "config", "set", "retention", text)
+    assert json.loads(ok(db, "config", "list", "--json"))["retention"] == seconds
+
+
+@pytest.mark.parametrize("value", ["-1", "1w", "abc", "", "nan", "99999d"])
+def test_config_retention_rejects_bad_values(seeded_db, value):
+    before = snapshot(seeded_db)
+    code, out, err = cli(seeded_db, "config", "set", "retention", value)
+    assert (code, out) == (2, ""), err
+    assert_one_error(err)
+    assert snapshot(seeded_db) == before
+
+
+# ---- worker list
+
+def test_worker_list_without_workers(db):
+    assert json.loads(ok(db, "worker", "list", "--json")) == []
+    assert cli(db, "worker", "list")[0] == 0
+
+
+def test_worker_list_shows_a_registered_worker_and_its_jobs(db):
+    claim_for_a_fake_worker(db, "run")
+    rows = json.loads(ok(db, "worker", "list", "--json"))
+    assert len(rows) == 1
+    row = rows[0]
+    assert {"id", "host", "pid", "started_at", "heartbeat_at", "threads", "jobs"} <= row.keys()
+    assert (row["id"], row["host"], row["pid"], row["threads"], row["jobs"]) == ("fake", "h", 1, 1, ["run"])
+    parse_iso(row["started_at"])
+    parse_iso(row["heartbeat_at"])
+    text = ok(db, "worker", "list")
+    assert "fake" in text and "run" in text
+
+
+# ---- stats
+
+STATS_KEYS = {"window_s", "runs", "throughput_per_min", "duration_s", "wait_s", "oldest_eligible_age_s"}
+
+
+def test_stats_of_an_empty_db(db):
+    stats = json.loads(ok(db, "stats", "--json"))
+    assert STATS_KEYS <= stats.keys()
+    assert stats["window_s"] == 3600
+    assert stats["runs"] == {"completed": 0, "failed": 0, "dead": 0}
+    assert stats["throughput_per_min"] == 0
+    assert stats["oldest_eligible_age_s"] is None
+
+
+def test_stats_over_a_known_history_cli(db):
+    now = time.time()
+    with opened(db) as s:
+        build_history(s, now - 180)  # c1, c2 ended ~170 s ago; f1's two runs 36 and 20 s ago
+    stats = json.loads(ok(db, "stats", "--json"))
+    assert STATS_KEYS <= stats.keys()
+    assert stats["window_s"] == 3600
+    assert stats["runs"] == {"completed": 2, "failed": 1, "dead": 1}
+    assert stats["throughput_per_min"] == pytest.approx(4 / 60, abs=0.001)
+    assert {"p50", "p95", "max"} <= stats["duration_s"].keys() and {"p50", "p95"} <= stats["wait_s"].keys()
+    assert stats["duration_s"]["p50"] == pytest.approx(2) and stats["duration_s"]["max"] == pytest.approx(10)
+    assert stats["duration_s"]["p95"] == pytest.approx(10)
+    assert stats["wait_s"]["p50"] == pytest.approx(1) and stats["wait_s"]["p95"] == pytest.approx(5)
+    assert 10 <= stats["oldest_eligible_age_s"] <= 10 + WAIT_S
+    recent = json.loads(ok(db, "stats", "--since", "1m", "--json"))
+    assert recent["window_s"] == 60
+    assert recent["runs"] == {"completed": 0, "failed": 1, "dead": 1}
+    assert recent["duration_s"]["max"] == pytest.approx(10) and recent["duration_s"]["p50"] == pytest.approx(3)
+    text = ok(db, "stats")
+    for fragment in ("completed 2", "failed 1", "dead 1", "p50", "p95", "max"):
+        assert fragment in text, fragment
+
+
+@pytest.mark.parametrize("since", ["abc", "-1h", "1w", "", "99999d", "1h30m"])
+def test_stats_bad_since_exits_2(db, since):
+    code, out, err = cli(db, "stats", "--since", since, "--json")
+    assert_argparse_error(code, err)
+    assert out == ""
+
+
 # ==== End to end ===================================================================================
 
 def test_burst_worker_runs_a_job_and_captures_its_output(db, workers, tmp_path):
@@ -1389,3 +2622,315 @@ def test_burst_worker_exits_when_nothing_is_due_within_60_s(db, workers, tmp_pat
     job = get_job(db, "later")
     assert (job["state"], job["attempts"]) == ("failed", 1)
     assert parse_iso(job["next_run_at"]).timestamp() > time.time() + 60
+
+
+# ---- priority, run_at and queues
+
+def test_one_worker_thread_runs_due_jobs_by_priority(db, workers, tmp_path):
+    for job_id, priority in (("low", 0), ("high", 10), ("neg", -1), ("mid", 5)):
+        enqueue(db, id=job_id, command=f"echo {job_id} >> order", priority=priority, cwd=str(tmp_path))
+    worker = workers.start("--burst", "--count", "1")
+    assert worker.wait() == 0, worker.log()
+    assert (tmp_path / "order").read_text().split() == ["high", "mid", "low", "neg"]
+
+
+def test_a_delayed_job_does_not_start_before_it_is_due(db, workers, tmp_path):
+    job = enqueue(db, id="later", command="date +%s.%N > ran", delay=1.5, cwd=str(tmp_path))
+    worker = workers.start("--burst")  # burst waits for jobs due within its horizon
+    assert worker.wait() == 0, worker.log()
+    assert state_of(db, "later") == "completed"
+    assert float((tmp_path / "ran").read_text()) >= parse_iso(job["next_run_at"]).timestamp()
+
+
+def test_worker_with_queues_claims_and_drains_only_those(db, workers, tmp_path):
+    for job_id, queue in (("a", "alpha"), ("b", "beta"), ("d", "default")):
+        enqueue(db, id=job_id, command="true", queue=queue, cwd=str(tmp_path))
+    worker = workers.start("--burst", "--queue", "alpha", "--queue", "beta")
+    assert worker.wait() == 0, worker.log()
+    assert {i: state_of(db, i) for i in "abd"} == {"a": "completed", "b": "completed", "d": "pending"}
+    assert list_ids(db, "--queue", "default", "--state", "pending") == ["d"]
+
+
+# ---- pause and resume
+
+def test_a_paused_queue_is_not_claimed_until_resumed(db, workers, tmp_path):
+    enqueue(db, id="a", command="true", queue="alpha", cwd=str(tmp_path))
+    enqueue(db, id="b", command="true", queue="beta", cwd=str(tmp_path))
+    ok(db, "pause", "--queue", "alpha")
+    worker = workers.start("--burst")  # a paused job is not due: the burst does not wait for it
+    assert worker.wait() == 0, worker.log()
+    assert (state_of(db, "a"), state_of(db, "b")) == ("pending", "completed")
+    ok(db, "resume", "--queue", "alpha")
+    worker = workers.start("--burst")
+    assert worker.wait() == 0, worker.log()
+    assert state_of(db, "a") == "completed"
+
+
+def test_pause_lets_the_running_job_finish_and_claims_nothing_new(db, workers, tmp_path):
+    enqueue(db, id="long", command=BLOCKING_JOB, cwd=str(tmp_path))
+    worker = workers.start()
+    worker.wait_log("worker started")
+    _wait_started(tmp_path)
+    ok_when_free(db, "pause")
+    enqueue(db, id="next", command="true", cwd=str(tmp_path))
+    (tmp_path / "release").touch()
+    wait_for(lambda: state_of(db, "long") == "completed", "the running job to finish while paused")
+    deadline = time.monotonic() + 1.0  # the worker polls every 50 ms: a second is many chances
+    while time.monotonic() < deadline:
+        assert state_of(db, "next") == "pending"
+        time.sleep(0.1)
+    ok_when_free(db, "resume")
+    wait_for(lambda: state_of(db, "next") == "completed", "the job to run once resumed")
+
+
+# ---- dependencies
+
+def test_a_dependency_chain_dies_together_and_is_revived_in_order(db, workers, tmp_path):
+    enqueue(db, id="a", command="echo a >> order; [ -e fixed ]", max_retries=0, cwd=str(tmp_path))
+    enqueue(db, id="b", command="echo b >> order", depends_on=["a"], priority=10, cwd=str(tmp_path))
+    enqueue(db, id="c", command="echo c >> order", depends_on=["b"], priority=20, cwd=str(tmp_path))
+    worker = workers.start("--burst", "--count", "2")
+    assert worker.wait() == 0, worker.log()
+    jobs = {i: get_job(db, i) for i in "abc"}
+    assert [jobs[i]["state"] for i in "abc"] == ["dead"] * 3
+    assert "a" in jobs["b"]["last_error"] and "b" in jobs["c"]["last_error"]
+    assert (jobs["b"]["run_count"], jobs["c"]["run_count"]) == (0, 0)
+    assert (tmp_path / "order").read_text() == "a\n"
+
+    before = snapshot(db)
+    result = script(db, "dlq", "retry", "c")
+    assert (result.returncode, result.stdout) == (1, "")
+    assert_one_error(result.stderr, "b")
+    assert snapshot(db) == before
+
+    (tmp_path / "fixed").touch()
+    assert ok(db, "dlq", "retry", "c", "b", "a") == "c\nb\na\n"
+    worker = workers.start("--burst", "--count", "2")
+    assert worker.wait() == 0, worker.log()
+    assert [state_of(db, i) for i in "abc"] == ["completed"] * 3
+    assert (tmp_path / "order").read_text() == "a\na\nb\nc\n"
+
+
+def test_burst_does_not_wait_for_jobs_whose_dependency_is_not_due(db, workers, tmp_path):
+    enqueue(db, id="later", command="true", delay=3600, cwd=str(tmp_path))
+    enqueue(db, id="waiter", command="true", depends_on=["later"], cwd=str(tmp_path))
+    enqueue(db, id="x", command="true", queue="other", cwd=str(tmp_path))
+    enqueue(db, id="y", command="true", queue="mine", depends_on=["x"], cwd=str(tmp_path))
+    worker = workers.start("--burst", "--queue", "mine")  # y waits on x, which it does not drain
+    assert worker.wait() == 0, worker.log()
+    assert (state_of(db, "x"), state_of(db, "y")) == ("pending", "pending")
+    worker = workers.start("--burst")
+    assert worker.wait() == 0, worker.log()
+    assert {i: state_of(db, i) for i in ("later", "waiter", "x", "y")} == \
+        {"later": "pending", "waiter": "pending", "x": "completed", "y": "completed"}
+
+
+# ---- batch enqueue
+
+def test_batch_enqueue_through_a_pipe(db):
+    ids = [f"j{i:05d}" for i in range(5000)]
+    data = "".join(json.dumps({"id": i, "command": "true"}) + "\n" for i in ids).encode()
+    result = script_stdin(db, data, "enqueue", "-")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ids
+    array = json.dumps([{"id": "arr1", "command": "true"}, {"id": "arr2", "command": "true"}]).encode()
+    result = script_stdin(db, array, "enqueue", "-")
+    assert (result.returncode, result.stdout) == (0, "arr1\narr2\n"), result.stderr
+    bad = b'{"id": "u1", "command": "true"}\n{"id": "u2", "command": "echo \xff"}\n'
+    result = script_stdin(db, bad, "enqueue", "-")
+    assert (result.returncode, result.stdout) == (2, "")
+    assert_one_error(result.stderr)
+    assert json.loads(ok(db, "status", "--json"))["jobs"]["pending"] == 5002
+
+
+# ---- run history and logs
+
+def test_real_runs_are_recorded_and_numbered_across_dlq_retry(db, workers, tmp_path):
+    ok(db, "config", "set", "backoff-base", "1")
+    enqueue(db, id="h", command='echo "try $QUEUECTL_ATTEMPT"; [ -e fixed ]', max_retries=2, cwd=str(tmp_path))
+    worker = workers.start("--burst")
+    assert worker.wait() == 0, worker.log()
+    assert state_of(db, "h") == "dead"
+    (tmp_path / "fixed").touch()
+    ok(db, "dlq", "retry", "h")
+    worker = workers.start("--burst")
+    assert worker.wait() == 0, worker.log()
+
+    job = get_job(db, "h")
+    runs = job["runs"]
+    assert (job["state"], job["run_count"]) == ("completed", 3)
+    assert [r["run"] for r in runs] == [1, 2, 3]
+    assert [r["outcome"] for r in runs] == ["failed", "dead", "completed"]
+    assert [r["exit_code"] for r in runs] == [1, 1, 0]
+    assert [r["output"] for r in runs] == ["try 1\n", "try 2\n", "try 1\n"]
+    assert all(r["duration_s"] is not None and r["duration_s"] >= 0 for r in runs)
+    assert runs[0]["worker_id"] == runs[1]["worker_id"] != runs[2]["worker_id"]
+    assert parse_iso(runs[1]["started_at"]).timestamp() - parse_iso(runs[0]["started_at"]).timestamp() >= 0.9
+    assert ok(db, "logs", "h", "--run", "2") == "try 2\n"
+    assert ok(db, "logs", "h") == "try 1\n"
+
+    stats = json.loads(ok(db, "stats", "--json"))
+    assert stats["runs"] == {"completed": 1, "failed": 1, "dead": 1}
+    assert stats["duration_s"]["p50"] is not None and stats["duration_s"]["max"] is not None
+    assert stats["wait_s"]["p50"] is not None and stats["throughput_per_min"] > 0
+    assert stats["oldest_eligible_age_s"] is None
+
+
+def test_a_run_cut_short_by_a_killed_worker_is_recorded_as_lost(db, workers, tmp_path):
+    command = 'if [ -e first ]; then echo second run; else touch first; echo first run; sleep 60; fi'
+    enqueue(db, id="k1", command=command, cwd=str(tmp_path))
+    victim = workers.start()
+    wait_for(lambda: (tmp_path / "first").exists(), "the first run to start")
+    wait_for(lambda: ok_when_free(db, "logs", "k1") == "first run\n", "the running job's output in the db")
+    victim.signal(signal.SIGKILL)
+    assert victim.wait() == -signal.SIGKILL
+    rescuer = workers.start("--burst")
+    assert rescuer.wait(timeout=90) == 0, rescuer.log()
+    runs = get_job(db, "k1")["runs"]
+    assert [(r["run"], r["outcome"]) for r in runs] == [(1, "lost"), (2, "completed")]
+    assert runs[0]["ended_at"] is not None and runs[0]["exit_code"] is None
+    assert ok(db, "logs", "k1", "--run", "1") == "first run\n"
+    assert ok(db, "logs", "k1") == "second run\n"
+
+
+def test_logs_follow_streams_a_running_jobs_output_until_it_ends(db, workers, tmp_path):
+    command = ('for i in 1 2 3 4 5 6 7; do echo "line $i"; sleep 0.3; done; '
+               'i=0; while [ ! -e release ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done; echo end')
+    enqueue(db, id="f1", command=command, cwd=str(tmp_path))
+    follow = workers.spawn("logs", "f1", "--follow")  # before any worker: it waits for the first run
+    reader = LineReader(follow.stdout)
+    workers.start()
+    lines = [f"line {i}\n" for i in range(1, 8)]
+    wait_for(lambda: reader.lines == lines or len(reader.lines) > len(lines), "seven lines streamed")
+    assert reader.lines == lines
+    assert follow.poll() is None  # the job cannot end before `release` exists
+    assert state_of(db, "f1") == "processing"
+    (tmp_path / "release").touch()
+    assert follow.wait(timeout=WAIT_S) == 0
+    reader.thread.join(WAIT_S)
+    assert reader.text() == "".join(lines) + "end\n"
+    assert follow.stderr.read() == b""
+    assert state_of(db, "f1") == "completed"
+
+
+# ---- cancel
+
+def test_cancel_kills_a_running_job_and_sends_it_to_the_dlq(db, workers, tmp_path):
+    command = 'echo $$ > sh.pid; sleep 30 & echo $! > sleep.pid; wait'
+    enqueue(db, id="c1", command=command, max_retries=3, cwd=str(tmp_path))
+    worker = workers.start()
+    pids = {}
+    for name in ("sh.pid", "sleep.pid"):
+        path = tmp_path / name
+        wait_for(lambda: path.exists() and path.read_text().strip(), f"{name} to be written")
+        pids[name] = int(path.read_text())
+    result = script(db, "cancel", "c1")
+    assert (result.returncode, result.stdout) == (0, "c1\n"), result.stderr
+    wait_for(lambda: state_of(db, "c1") == "dead", "the canceled job to reach the DLQ", timeout=15)
+    job = get_job(db, "c1")
+    assert job["last_error"] == "canceled"
+    assert job["runs"][-1]["outcome"] == "canceled"
+    for name, pid in pids.items():
+        wait_for(lambda: pid_gone(pid), f"{name} {pid} to be killed", timeout=10)
+    assert worker.popen.poll() is None  # the worker goes on with other jobs
+    enqueue(db, id="after", command="true", cwd=str(tmp_path))
+    wait_for(lambda: state_of(db, "after") == "completed", "the next job to run")
+
+
+# ---- wait
+
+def test_wait_blocks_until_the_worker_finishes_the_jobs(db, workers, tmp_path):
+    enqueue(db, id="long", command=BLOCKING_JOB, cwd=str(tmp_path))
+    enqueue(db, id="quick", command="true", cwd=str(tmp_path))
+    waiter = workers.spawn("wait", "long", "quick")
+    workers.start("--count", "2")
+    _wait_started(tmp_path)
+    wait_for(lambda: state_of(db, "quick") == "completed", "the quick job")
+    deadline = time.monotonic() + 0.5
+    while time.monotonic() < deadline:
+        assert waiter.poll() is None, waiter.stderr.read()
+        time.sleep(0.05)
+    (tmp_path / "release").touch()
+    assert waiter.wait(timeout=WAIT_S) == 0, waiter.stderr.read()
+
+
+@pytest.mark.parametrize("job, expected", [({"command": "true"}, 0), ({"command": "exit 3", "max_retries": 0}, 1)],
+                         ids=["completes", "dies"])
+def test_enqueue_then_wait_in_a_shell_script(db, workers, tmp_path, job, expected):
+    workers.start()
+    q = f"{shlex.quote(sys.executable)} {shlex.quote(QUEUECTL)} --db {shlex.quote(db)}"
+    line = f"id=$({q} enqueue {shlex.quote(json.dumps({**job, 'cwd': str(tmp_path)}))}) && {q} wait \"$id\""
+    result = subprocess.run(["sh", "-c", line], capture_output=True, text=True, timeout=WAIT_S,
+                            env=child_env(**{TAG_VAR: workers.tag}))
+    assert result.returncode == expected, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+# ---- retention
+
+def test_a_worker_deletes_completed_jobs_older_than_retention(db, workers, tmp_path):
+    enqueue(db, id="old", command="echo old", cwd=str(tmp_path))
+    enqueue(db, id="bad", command="exit 1", max_retries=0, cwd=str(tmp_path))
+    worker = workers.start("--burst")
+    assert worker.wait() == 0, worker.log()
+    finished = parse_iso(get_job(db, "old")["updated_at"]).timestamp()
+    wait_for(lambda: time.time() > finished + 1.5, "the completed job to be over 1 s old")
+    ok(db, "config", "set", "retention", "0")  # 0 keeps forever
+    worker = workers.start("--burst")
+    assert worker.wait() == 0, worker.log()
+    assert list_ids(db) == ["old", "bad"]
+    ok(db, "config", "set", "retention", "1s")
+    worker = workers.start("--burst")  # checks retention as it starts
+    assert worker.wait() == 0, worker.log()
+    assert list_ids(db) == ["bad"]  # dead jobs stay until purged
+    assert "old" not in run_counts(db)
+
+
+# ---- worker list
+
+def test_worker_list_shows_a_running_worker_and_its_job(db, workers, tmp_path):
+    enqueue(db, id="long", command=BLOCKING_JOB, cwd=str(tmp_path))
+    worker = workers.start("--count", "2")
+    worker.wait_log("worker started")
+    _wait_started(tmp_path)
+    rows = json.loads(ok_when_free(db, "worker", "list", "--json"))
+    assert len(rows) == 1
+    row = rows[0]
+    assert {"id", "host", "pid", "started_at", "heartbeat_at", "threads", "jobs"} <= row.keys()
+    assert (row["pid"], row["host"], row["threads"], row["jobs"]) == \
+        (worker.popen.pid, socket.gethostname(), 2, ["long"])
+    assert row["id"] in worker.log()
+    assert parse_iso(row["started_at"]) <= parse_iso(row["heartbeat_at"])
+    assert abs(parse_iso(row["heartbeat_at"]).timestamp() - time.time()) < WAIT_S
+    text = ok_when_free(db, "worker", "list")
+    assert row["id"] in text and "long" in text and str(worker.popen.pid) in text
+    (tmp_path / "release").touch()
+    assert script(db, "worker", "stop").returncode == 0
+    assert worker.wait() == 0, worker.log()
+    assert json.loads(ok(db, "worker", "list", "--json")) == []
+
+
+# ---- status --watch
+
+def test_status_watch_redraws_until_ctrl_c(db, workers, tmp_path):
+    enqueue(db, id="w1", command="true")
+    enqueue(db, id="w2", command="true")
+    out_path = tmp_path / "watch.out"
+    with open(out_path, "wb") as out:
+        watch = workers.spawn("status", "--watch", stdout=out)
+    wait_for(lambda: out_path.read_bytes().count(b"pending") >= 2, "two redraws of the status")
+    watch.send_signal(signal.SIGINT)
+    assert watch.wait(timeout=WAIT_S) == 0
+    text = out_path.read_text()
+    assert re.search(r"pending\s+2\b", text) and re.search(r"completed\s+0\b", text), text
+    assert "\x1b[2J" not in text  # redrawn in place, not cleared (no flicker)
+    stderr = watch.stderr.read().decode()
+    assert "Traceback" not in stderr and "error" not in stderr, stderr
+
+
+def test_resume_one_queue_while_everything_is_paused_is_refused(db):
+    ok(db, "pause")
+    code, out, err = cli(db, "resume", "--queue", "x")
+    assert (code, out) == (1, "")
+    assert_one_error(err, "every queue is paused")
+    assert json.loads(ok(db, "status", "--json"))["paused"] == ["*"]

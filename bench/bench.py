@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import select
 import shlex
 import shutil
@@ -43,7 +44,7 @@ PY = sys.executable
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 SECTIONS = ("drain", "enqueue", "batch", "pickup", "idle", "scale", "memory")
 
-FULL = dict(jobs=2000, repeats=3, enqueue_runs=15, batch=100_000, pickup_jobs=20, idle_seconds=10.0,
+FULL = dict(jobs=2000, repeats=5, enqueue_runs=15, batch=100_000, pickup_jobs=20, idle_seconds=10.0,
             settle_seconds=1.0, scale_rows=1_000_000, scale_days=25, memory_jobs=500, query_runs=3, list_pending=100)
 TINY = dict(jobs=20, repeats=1, enqueue_runs=3, batch=1000, pickup_jobs=3, idle_seconds=2.0,
             settle_seconds=0.5, scale_rows=10_000, scale_days=25, memory_jobs=20, query_runs=1, list_pending=10)
@@ -298,15 +299,43 @@ def drain_once(b: Bench, db: str, n: int, tag: str) -> dict:
     """Enqueue n `true` jobs, time a burst worker with 2 threads draining them, check they completed."""
     before = b.counts(db)
     b.enqueue_many(db, [{"command": "true"}] * n)
+    spawned = time.time()
     run = b.run_to_exit(db, "worker", "start", "--burst", "--count", "2", log=f"drain-{tag}.log",
                         timeout_s=120 + n / 20)
+    exited = time.time()
     after = b.counts(db)
     left = {s: after[s] for s in ("pending", "processing", "failed", "dead") if after[s] != before[s]}
     if after["completed"] - before["completed"] != n or left:
         raise BenchError(f"drain {tag}: {after['completed'] - before['completed']} of {n} completed; {left}")
     self_cpu = run["last"].get("cpu_s")
+    first, last = log_span(os.path.join(b.tmp, f"drain-{tag}.log"))
+    phases = None if first is None else {"startup_s": first - spawned, "running_s": last - first,
+                                         "exit_s": exited - last}
     return {"rate": n / run["wall_s"], "wall_s": run["wall_s"], "self_cpu_s": self_cpu,
-            "total_cpu_s": run["total_cpu_s"]}
+            "total_cpu_s": run["total_cpu_s"], "phases": phases}
+
+
+LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ")
+
+
+def log_span(path: str) -> tuple[float | None, float | None]:
+    """Wall times of the first `claimed` and the last `completed` line of a worker log, if its lines
+    start with logging's default asctime; (None, None) otherwise (the breakdown is then left out)."""
+    first = last = None
+    try:
+        with open(path, errors="replace") as f:
+            for line in f:
+                m = LOG_TIME.match(line)
+                if not m:
+                    continue
+                t = time.mktime(time.strptime(m[1], "%Y-%m-%d %H:%M:%S")) + int(m[2]) / 1000
+                if first is None and " claimed" in line:
+                    first = t
+                if " completed" in line:
+                    last = t
+    except (OSError, ValueError, OverflowError):
+        return None, None
+    return (first, last) if first is not None and last is not None else (None, None)
 
 
 def plain_loop(n: int, threads: int = 2) -> float:
@@ -340,10 +369,16 @@ def drain_figures(runs: list[dict], n: int) -> str:
     parts = [f"{n} jobs in {walls:.2f} s (median of {len(runs)})"]
     selfs = [r["self_cpu_s"] for r in runs if r["self_cpu_s"] is not None]
     totals = [r["total_cpu_s"] for r in runs if r["total_cpu_s"] is not None]
+    phases = [r["phases"] for r in runs if r["phases"]]
+    if phases:
+        running = med(p["running_s"] for p in phases)
+        parts.append(f"start-up to first claim {med(p['startup_s'] for p in phases) * 1000:.0f} ms, "
+                     f"last completion to exit {med(p['exit_s'] for p in phases) * 1000:.0f} ms, "
+                     f"{n / running:,.0f} jobs/s in between" if running > 0 else "")
     if selfs and totals:
         parts.append(f"worker CPU {med(selfs) / n * 1000:.2f} ms/job, its `sh` children "
                      f"{(med(totals) - med(selfs)) / n * 1000:.2f} ms/job")
-    return "; ".join(parts)
+    return "; ".join(p for p in parts if p)
 
 
 def bench_drain(b: Bench) -> None:
@@ -351,8 +386,13 @@ def bench_drain(b: Bench) -> None:
     say(f"drain: {n} jobs x {reps}, queuectl and the plain loop interleaved")
     loops, drains = [], []
     for i in range(reps):
+        # Alternate which goes first: this machine's speed drifts over seconds, and a pair should share it.
+        db = b.new_db(f"drain{i}")
+        if i % 2:
+            drains.append(drain_once(b, db, n, f"empty{i}"))
         loops.append(plain_loop(n))
-        drains.append(drain_once(b, b.new_db(f"drain{i}"), n, f"empty{i}"))
+        if not i % 2:
+            drains.append(drain_once(b, db, n, f"empty{i}"))
         say(f"  run {i + 1}: loop {loops[-1]:,.0f} jobs/s, queuectl {drains[-1]['rate']:,.0f} jobs/s")
     ratio = statistics.median(d["rate"] / l for d, l in zip(drains, loops))
     b.raw["drain"] = {"loop_rates": loops, "queuectl": drains}
@@ -510,7 +550,8 @@ def fill_history(b: Bench, db: str, rows: int, span_s: float) -> None:
     The schema is not assumed: one real job is enqueued and run by queuectl, and its rows in every
     table that mentions it serve as templates, so each column (known or not) gets a value queuectl
     itself wrote. Ids are new and random; every numeric `*_at` column is shifted so the jobs spread
-    evenly over `span_s` seconds before the last hour, in whatever unit queuectl stores.
+    evenly over `span_s` seconds before the last hour, in whatever unit queuectl stores, and each run
+    gets a random wait (0-2 s) and duration (mean 1 s).
     """
     b.qc(db, "enqueue", json.dumps({"id": "scale-template", "command": "true"}))
     b.run_to_exit(db, "worker", "start", "--burst", log="scale-template.log", timeout_s=120)
@@ -551,21 +592,28 @@ def _insert_history(b: Bench, con, rows: int, span: float) -> None:
     base_seq = (con.execute(f"SELECT max({job_alias}) FROM jobs").fetchone()[0] or 0) + 1 if job_alias else None
     rng = random.Random(b.p["seed"])
 
-    def shifted(col: str, value, shift: float):
+    # Every copy would otherwise have the template's wait and duration: give each its own, so sorts
+    # and percentiles over the history see realistic, distinct values.
+    started_cols, ended_cols = {"started_at"}, {"ended_at", "updated_at", "finished_at"}
+
+    def shifted(col: str, value, shift: float, wait: float, took: float):
         if col.endswith("_at") and isinstance(value, (int, float)) and not isinstance(value, bool):
-            return type(value)(value + shift)
+            extra = wait if col in started_cols else wait + took if col in ended_cols else 0.0
+            return type(value)(value + shift + extra * unit)
         return value
 
     def row_values(i: int):
         new_id = f"{rng.getrandbits(64):016x}"
         shift = (newest - span + span * i / rows - created / unit) * unit
+        wait, took = rng.uniform(0, 2), rng.expovariate(1.0)
         seq = base_seq + i if job_alias else None
-        job = [seq if c == job_alias else new_id if c == "id" else shifted(c, tjob[c], shift) for c in job_cols]
+        job = [seq if c == job_alias else new_id if c == "id" else shifted(c, tjob[c], shift, wait, took)
+               for c in job_cols]
         kids = {}
         for table, (cols, alias, trows) in children.items():
             kids[table] = [[None if c == alias else new_id if r[c] == tjob["id"]
                             else seq if job_alias and c != alias and r[c] == tjob[job_alias] and "job" in c
-                            else shifted(c, r[c], shift) for c in cols] for r in trows]
+                            else shifted(c, r[c], shift, wait, took) for c in cols] for r in trows]
         return job, kids
 
     con.execute("PRAGMA synchronous = OFF")
@@ -745,7 +793,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
     p.add_argument("--only", help=f"comma-separated sections to run (of {', '.join(SECTIONS)})")
     p.add_argument("--jobs", type=int, help="drain: jobs per run (default 2000)")
-    p.add_argument("--repeats", type=int, help="drain: paired runs, the median is reported (default 3)")
+    p.add_argument("--repeats", type=int, help="drain: paired runs, the median is reported (default 5)")
     p.add_argument("--batch", type=int, help="batch enqueue: jobs (default 100000)")
     p.add_argument("--scale-rows", type=int, help="scale: finished jobs in the table (default 1000000)")
     p.add_argument("--scale-days", type=float, help="scale: days the old jobs spread over (default 25)")
@@ -758,6 +806,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--keep", action="store_true", help="keep the temporary folder (databases and worker logs)")
     p.add_argument("--queuectl", help="the queuectl.py to measure (default: the one in this repository)")
     return p.parse_args(argv)
+
+
+def _interrupted(signum, frame):
+    raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -781,6 +833,7 @@ def main(argv: list[str] | None = None) -> int:
             "params": {k: v for k, v in params.items() if k != "seed"}, "sections": list(sections)}
     b = Bench(params, tmp)
     code = 0
+    signal.signal(signal.SIGTERM, _interrupted)  # clean up the workers on `kill` too, not only on Ctrl+C
     try:
         b.probe_batch()
         for name in SECTIONS:

@@ -1,0 +1,696 @@
+#!/usr/bin/env python3
+"""Deterministic simulation of queuectl's claim / heartbeat / sweep / finish / recover protocol.
+
+The real `Store`, `Sweeper` and `Worker` run against a real SQLite file (on tmpfs when there is
+one), driven from one thread by a seeded random scheduler with a fake clock: a monotonic clock that
+the simulation advances, and a wall clock that follows it but sometimes steps (an NTP correction).
+Several simulated worker processes, each with its own connection, registration and `Sweeper`, live
+on different fake hosts, so every sweeper judges the others by their heartbeat lease, measured on
+the simulated monotonic clock. Each step is one of:
+
+  tick / jump / wall step   advance the clocks a little, past a lease, or step the wall clock only
+  beat                      a worker's heartbeat; if its registration is gone it aborts the runs it
+                            claimed under it and registers again (what `Supervisor` does)
+  sweep                     `Sweeper.sweep(now, now_mono)`; between any two of its transactions other
+                            steps may interleave, and the sweeping process may die there
+  claim / finish            `Store.claim`, then later `Store.finish` with a random outcome
+  run                       `Worker.run_once(now)` with a fake command runner, other steps
+                            interleaving while "the command runs", and the worker dying mid-run
+  cancel poll               a worker kills the runs a user canceled (`Store.interrupt`)
+  crash / come back         a worker stops (no steps, no beats); later it resumes: runs that ended
+                            meanwhile report their result with the claim they had, then it beats
+  restart / stop            a crashed process is replaced by a new one; a worker stops (hard)
+  enqueue / cancel / retry  what users do (jobs with random retries, priorities, dependencies)
+
+After every step (interleaved ones included) the invariants are checked:
+  - nothing lost or invented: the job rows are exactly the jobs enqueued; `Store.counts()` equals
+    the rows; attempts <= max(max_retries, 1); lost_count <= 3; a processing job has exactly one
+    open run, its own, and no other job has one;
+  - every claim the model holds and nobody revoked is the row's (worker, run) and vice versa;
+    no job is held by two live owners (a worker is live while not crashed and its registration is
+    current); a claim is taken away (requeued by a sweeper) only after the registration it was
+    made under was dropped; a worker is dropped only after its heartbeat has not moved for more
+    than stale-timeout of the monotonic clock;
+  - a write (finish or interrupt) is accepted exactly when its claim was not taken away;
+  - a claim returns the first eligible job in claim order, and a job whenever one is eligible;
+  - once crashes and user actions stop and time advances, every job becomes completed or dead.
+
+`run(seed, steps)` raises AssertionError naming the seed and step; `--seed N` reproduces it exactly
+(add --trace to print every step). Without arguments: many seeds (`--seeds`, `--steps`), and
+`--short` is the bounded run of `make test`.
+"""
+
+import argparse
+import logging
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+import queuectl as q  # noqa: E402
+
+STALE_S = 10.0  # stale-timeout, seconds of the (simulated) monotonic clock
+WALL_START = 1_700_000_000.0
+POOL = 8  # connections opened once and reused by the simulated worker processes of every seed
+DRAIN_STEPS = 30_000  # a seed whose jobs are not all terminal after this many drain steps fails
+TERMINAL = (q.COMPLETED, q.DEAD)
+SQL_ROWS = ("SELECT id, state, worker_id, run_count, attempts, max_retries, lost_count, waiting_on, "
+            "priority, next_run_at, seq, last_error FROM jobs")
+SQL_OPEN_RUNS = "SELECT job_id, run_no, worker_id FROM runs WHERE ended_at IS NULL"
+SQL_RUN_OUTCOME = "SELECT outcome, worker_id FROM runs WHERE job_id = ? AND run_no = ?"
+SQL_DEAD_DEP = ("SELECT 1 FROM deps JOIN jobs d ON d.id = deps.dep_id WHERE deps.job_id = ? AND d.state = 'dead' "
+                "LIMIT 1")
+RESET = ["DELETE FROM runs", "DELETE FROM deps", "DELETE FROM jobs", "DELETE FROM workers", "DELETE FROM paused",
+         "DELETE FROM config"]
+
+
+class SimCrash(BaseException):
+    """The simulated process dies here (BaseException: no `except Exception` in queuectl catches it)."""
+
+
+class Violation(AssertionError):
+    """An invariant did not hold."""
+
+
+class Claim:
+    """One run a worker believes it holds: the job as claimed, and the registration it was claimed under."""
+
+    def __init__(self, worker: "SimWorker", job: q.Job, reg: int):
+        self.worker, self.job, self.reg = worker, job, reg
+        self.revoked = False  # a sweeper requeued it (the write guard must now refuse this claim)
+        self.closed = False  # its run was recorded by its worker, or abandoned with the process
+
+    def __repr__(self) -> str:
+        return f"{self.job.id}#{self.job.run_count}@{self.worker.wid}/reg{self.reg}"
+
+
+class HookedStore:
+    """A worker's Store as its sweeper sees it: other steps may run before each call, or the process may die."""
+
+    def __init__(self, sim: "Simulation", worker: "SimWorker"):
+        self.sim, self.worker, self.store = sim, worker, worker.store
+
+    def __getattr__(self, name):
+        method = getattr(self.store, name)
+
+        def hooked(*args):
+            self.sim.before_sweeper_call(self.worker)
+            result = method(*args)
+            self.sim.after_sweeper_call(self.worker, name, args, result)
+            return result
+        return hooked
+
+
+class SimWorker:
+    """A simulated worker process: a registration, N runner slots, a heartbeat and a Sweeper."""
+
+    def __init__(self, sim: "Simulation", number: int, store: q.Store, slots: int):
+        self.sim, self.number, self.store = sim, number, store
+        self.wid = f"simhost{number}:{1000 + number}:sim"
+        self.me = {"host": f"simhost{number}", "pid": 1000 + number, "proc_start": "1", "boot_id": "sim-boot",
+                   "pid_ns": f"pid:[sim{number}]"}
+        self.sweeper = q.Sweeper(HookedStore(sim, self), self.me, self.wid)
+        self.slots: list[Claim | None] = [None] * slots
+        self.reg = 0  # registration number: bumped at each (re-)registration
+        self.registered = False  # the model's belief: our current registration row exists
+        self.last_beat = 0.0  # monotonic time of the last accepted beat or registration
+        self.crashed = False
+        self.exited = False
+        self.inline: Claim | None = None  # the run in progress inside Worker.run_once
+
+    def __repr__(self) -> str:
+        return self.wid
+
+    @property
+    def up(self) -> bool:
+        return not self.crashed and not self.exited
+
+    def register(self) -> None:
+        self.reg += 1
+        self.store.register(self.wid, self.me, len(self.slots), self.sim.wall)
+        self.registered, self.last_beat = True, self.sim.mono
+        self.sim.trace(f"{self} registers (reg {self.reg})")
+
+    def holds(self) -> list[Claim]:
+        return [c for c in self.slots if c is not None]
+
+
+class Simulation:
+    """One seed's run: the model, the scheduler and the invariant checks."""
+
+    def __init__(self, stores: list[q.Store], seed: int, steps: int, trace: bool = False):
+        self.stores, self.seed, self.steps = stores, seed, steps
+        self.rng = random.Random(seed)
+        self.user = stores[0]
+        self.mono, self.wall = 0.0, WALL_START
+        self.step_no, self.depth, self.active = 0, 0, True
+        self.busy_main: set = set()  # workers whose main loop is mid-operation (a sweep)
+        self.workers: list[SimWorker] = []
+        self.claims: dict[str, list[Claim]] = {}  # job id -> every claim made on it
+        self.jobs: set[str] = set()
+        self.next_job = 0
+        self.killed_tokens: set[str] = set()
+        self.snapshot: dict[str, tuple] = {}
+        self.log: list[str] = []
+        self.print_trace = trace
+        self.stats = dict.fromkeys(("claims", "finishes", "rejected", "revoked", "drops", "crashes", "comebacks",
+                                    "runs", "sweeps"), 0)
+
+    # -- plumbing -------------------------------------------------------------------------------
+
+    def trace(self, text: str) -> None:
+        line = f"[{self.step_no}{'.' * self.depth} t={self.mono:.2f}] {text}"
+        if self.print_trace:
+            print(line)
+        self.log.append(line)
+        del self.log[:-40]
+
+    def fail(self, message: str) -> None:
+        raise Violation(f"seed {self.seed}, step {self.step_no}: {message}\n  last steps:\n    "
+                        + "\n    ".join(self.log[-25:]))
+
+    def check(self, ok: bool, message: str) -> None:
+        if not ok:
+            self.fail(message)
+
+    def spawn(self) -> SimWorker:
+        number = len(self.workers)
+        w = SimWorker(self, number, self.stores[1 + number % (len(self.stores) - 1)], self.rng.randint(1, 3))
+        self.workers.append(w)
+        w.register()
+        return w
+
+    # -- the run ----------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        for key, value in (("stale_timeout", STALE_S), ("backoff_base", 2), ("backoff_max", 8)):
+            self.user.config_set(key, value)
+        for _ in range(self.rng.randint(2, 4)):
+            self.spawn()
+        self.enqueue(self.rng.randint(3, 8))
+        self.check_invariants()
+        for self.step_no in range(1, self.steps + 1):
+            self.step()
+            self.check_invariants()
+        self.drain()
+
+    def drain(self) -> None:
+        """Crashes, clock steps and users stop; time advances; every job must become terminal."""
+        self.active = False
+        self.trace("drain: crashes and user actions stop")
+        for n in range(DRAIN_STEPS):
+            if not any(w.up for w in self.workers):
+                self.spawn()
+            if n % 20 == 0 and self.all_terminal():
+                return
+            self.step_no += 1
+            self.step()
+            self.check_invariants()
+        left = {i: r[1] for i, r in self.snapshot.items() if r[1] not in TERMINAL}
+        self.fail(f"liveness: after {DRAIN_STEPS} drain steps these jobs are not terminal: {left}")
+
+    def all_terminal(self) -> bool:
+        return all(r[1] in TERMINAL for r in self.snapshot.values()) and not any(
+            w.holds() for w in self.workers if w.up)
+
+    def step(self) -> None:
+        choices = self.candidates()
+        total = sum(weight for weight, _ in choices)
+        pick = self.rng.random() * total
+        for weight, action in choices:
+            pick -= weight
+            if pick < 0:
+                break
+        action()
+
+    def candidates(self) -> list:
+        """(weight, action) of every step possible now; nested steps leave busy actors alone."""
+        up = [w for w in self.workers if w.up]
+        free = [w for w in self.workers if w.up and w not in self.busy_main]
+        c: list = [(10, lambda: self.tick(self.rng.expovariate(1 / 0.3)))]
+        if self.active:
+            c += [(1, lambda: self.tick(self.rng.uniform(STALE_S * 0.5, STALE_S * 2))),
+                  (0.5, self.wall_step), (4, lambda: self.enqueue(self.rng.randint(1, 4))),
+                  (1, self.user_cancel), (1, self.user_retry)]
+        for w in free:
+            c += [(4, lambda w=w: self.beat(w)), (2, lambda w=w: self.sweep(w)),
+                  (0.5, lambda w=w: self.cancel_poll(w))]
+            if self.active and not w.inline:
+                c += [(0.6, lambda w=w: self.crash(w)), (0.2, lambda w=w: self.hard_stop(w))]
+        for w in up:
+            for i, claim in enumerate(w.slots):
+                if claim is None:
+                    c.append((3, lambda w=w, i=i: self.claim(w, i)))
+                elif claim is not w.inline:  # the inline run ends inside run_once
+                    c.append((3, lambda w=w, i=i: self.finish(w, i)))
+            if not w.inline and None in w.slots and self.depth == 0:
+                c.append((1.5, lambda w=w: self.run_once(w)))
+        for w in self.workers:
+            if w.crashed and w not in self.busy_main:
+                c.append((1.5 if self.active else 0.5, lambda w=w: self.come_back(w)))
+                c.append((0.3, lambda w=w: self.restart(w)))
+        return c
+
+    # -- clocks -------------------------------------------------------------------------------------
+
+    def tick(self, dt: float) -> None:
+        self.mono += dt
+        self.wall += dt
+        self.trace(f"tick {dt:.2f}s")
+
+    def wall_step(self) -> None:
+        step = self.rng.choice((-1, 1)) * self.rng.uniform(1, 60)
+        self.wall += step
+        self.trace(f"wall clock steps {step:+.1f}s (monotonic unchanged)")
+
+    # -- users ----------------------------------------------------------------------------------------
+
+    def enqueue(self, n: int) -> None:
+        defaults = self.user.config_all()
+        specs = []
+        for _ in range(n):
+            job_id = f"j{self.next_job}"
+            self.next_job += 1
+            obj = {"id": job_id, "command": "true", "max_retries": self.rng.choice((0, 1, 2, 3, 4)),
+                   "priority": self.rng.choice((0, 0, 0, 1, -1))}
+            earlier = sorted(self.jobs) + [s["id"] for s in specs]
+            if earlier and self.rng.random() < 0.15:
+                obj["depends_on"] = [self.rng.choice(earlier)]
+            specs.append(q.validate_job(obj, defaults, "/", self.wall))
+        self.user.enqueue(specs, self.wall)
+        self.jobs.update(s["id"] for s in specs)
+        self.trace(f"enqueue {', '.join(s['id'] + ('<-' + s['depends_on'][0] if s['depends_on'] else '') for s in specs)}")
+
+    def user_cancel(self) -> None:
+        open_jobs = sorted(i for i, r in self.snapshot.items() if r[1] not in TERMINAL)
+        if open_jobs:
+            job_id = self.rng.choice(open_jobs)
+            self.user.cancel([job_id], self.wall)
+            self.trace(f"user cancels {job_id}")
+
+    def user_retry(self) -> None:
+        dead = sorted(i for i, r in self.snapshot.items() if r[1] == q.DEAD)
+        if not dead:
+            return
+        job_id = self.rng.choice(dead)
+        try:
+            self.user.retry_dead([job_id], self.wall)
+            self.trace(f"user retries {job_id}")
+        except q.Conflict as e:
+            self.check(bool(self.user.read(SQL_DEAD_DEP, (job_id,))), f"dlq retry {job_id} refused wrongly: {e}")
+            self.trace(f"user retry of {job_id} refused: {e}")
+
+    # -- worker main loop: heartbeat, sweep, cancel poll ---------------------------------------------
+
+    def beat(self, w: SimWorker) -> None:
+        result = w.store.heartbeat(w.wid, self.wall)
+        self.check((result is None) == (not w.registered),
+                   f"{w} heartbeat returned {result} but the model says registered={w.registered}")
+        if result is not None:
+            w.last_beat = self.mono
+            self.trace(f"{w} beats")
+            return
+        # As Supervisor._on_lost_registration: new epoch (runs claimed under the old one abort), register again.
+        self.trace(f"{w} finds its registration gone: aborts its runs, registers again")
+        for i, claim in enumerate(w.slots):
+            if claim is not None and claim is not w.inline:  # the inline run aborts itself (its epoch)
+                self.record(w, i, q.Outcome(None, "worker lost its registration", b"", 0.0,
+                                            interrupted="worker lost its registration"))
+        w.register()
+
+    def sweep(self, w: SimWorker) -> None:
+        self.stats["sweeps"] += 1
+        self.trace(f"{w} sweeps")
+        self.busy_main.add(w)
+        try:
+            n = w.sweeper.sweep(self.wall, now_mono=self.mono)
+            self.trace(f"{w} swept: {n} recovered")
+        except SimCrash:
+            self.trace(f"{w} dies in the middle of its sweep")
+            self.mark_crashed(w)
+        finally:
+            self.busy_main.discard(w)
+
+    def before_sweeper_call(self, w: SimWorker) -> None:
+        if self.depth or not self.active:
+            return
+        roll = self.rng.random()
+        if roll < 0.03:
+            raise SimCrash()
+        if roll < 0.3:
+            self.nested(self.rng.randint(1, 4))
+
+    def after_sweeper_call(self, w: SimWorker, name: str, args: tuple, result) -> None:
+        if name == "drop_worker" and result:
+            self.on_dropped(args[0], w)
+        elif name == "interrupt" and result is not None:
+            job, owner = args[0], args[1]
+            self.on_revoked(job.id, owner, job.run_count, w, result)
+
+    def on_dropped(self, wid: str, by: SimWorker) -> None:
+        victim = self.worker_by_id(wid)
+        self.stats["drops"] += 1
+        silent = self.mono - victim.last_beat
+        self.trace(f"{by} drops {victim} (no beat for {silent:.2f}s)")
+        self.check(victim.registered, f"{by} dropped {victim}, which the model says is not registered")
+        self.check(silent > STALE_S, f"{by} dropped {victim} whose last beat was only {silent:.2f}s ago "
+                                     f"(stale-timeout {STALE_S:g}s of the monotonic clock)")
+        victim.registered = False
+
+    def on_revoked(self, job_id: str, owner: str, run_no: int, by: SimWorker, state: str) -> None:
+        self.stats["revoked"] += 1
+        claim = self.find_claim(job_id, owner, run_no)
+        self.trace(f"{by} requeues {claim} -> {state}")
+        self.check(not claim.closed and not claim.revoked, f"{by} requeued {claim}, already closed/revoked")
+        w = claim.worker
+        self.check(not (w.registered and claim.reg == w.reg),
+                   f"{by} took {claim} away from {w}, whose registration {claim.reg} was never dropped "
+                   f"(the worker is live: last beat {self.mono - w.last_beat:.2f}s ago)")
+        if w.exited:  # a worker that never comes back: its token was killed first if it was local
+            pass
+        claim.revoked = True
+
+    def cancel_poll(self, w: SimWorker) -> None:
+        asked = w.store.cancel_requests(w.wid)
+        for i, claim in enumerate(w.slots):
+            if claim is not None and claim is not w.inline and claim.job.id in asked:
+                self.trace(f"{w} kills canceled {claim}")
+                self.record(w, i, q.Outcome(None, "canceled", b"", 0.1, interrupted="canceled"))
+
+    # -- worker threads: claim, finish, run_once ------------------------------------------------------
+
+    def claim(self, w: SimWorker, slot: int) -> None:
+        job = w.store.claim(w.wid, self.wall)
+        self.on_claimed(w, job)
+        if job is not None:
+            w.slots[slot] = self.claims[job.id][-1]
+
+    def on_claimed(self, w: SimWorker, job: q.Job | None) -> Claim | None:
+        eligible = sorted((r for r in self.snapshot.values() if r[1] in (q.PENDING, q.FAILED) and r[7] == 0
+                           and r[9] <= self.wall), key=lambda r: (-r[8], r[9], r[10]))
+        if not w.registered:
+            self.check(job is None, f"{w} claimed {job and job.id} without a registration")
+            self.trace(f"{w} claim refused (not registered)")
+            return None
+        first = eligible[0][0] if eligible else None
+        if job is None:
+            self.check(first is None, f"{w} claimed nothing although {first} is eligible")
+            return None
+        self.check(job.id == first, f"{w} claimed {job.id}; the first eligible job in claim order is {first}")
+        before = self.snapshot[job.id]
+        self.check(job.state == q.PROCESSING and job.worker_id == w.wid and job.run_count == before[3] + 1,
+                   f"claim returned {job!r}")
+        for other in self.claims.get(job.id, []):
+            self.check(other.closed or other.revoked, f"{w} claimed {job.id} while {other} still holds it")
+        claim = Claim(w, job, w.reg)
+        self.claims.setdefault(job.id, []).append(claim)
+        self.stats["claims"] += 1
+        self.trace(f"{w} claims {claim}")
+        return claim
+
+    def outcome(self) -> q.Outcome:
+        roll = self.rng.random()
+        if roll < 0.6:
+            return q.Outcome(0, None, b"ok\n", 0.2)
+        if roll < 0.85:
+            return q.Outcome(1, "exit code 1", b"boom\n", 0.2)
+        if roll < 0.95:
+            return q.Outcome(None, "timed out after 5s", b"", 5.0)
+        return q.Outcome(137, "killed by signal SIGKILL", b"", 0.1)
+
+    def finish(self, w: SimWorker, slot: int) -> None:
+        self.record(w, slot, self.outcome())
+
+    def record(self, w: SimWorker, slot: int, outcome: q.Outcome) -> None:
+        """What Worker._write_outcome does, with the acceptance checked against the model."""
+        claim = w.slots[slot]
+        w.slots[slot] = None
+        if outcome.interrupted:
+            after = w.store.interrupt(claim.job, w.wid, outcome, False, self.wall)
+        else:
+            after = w.store.finish(claim.job, w.wid, outcome, w.store.config_all(), self.wall)
+        self.on_recorded(claim, outcome, after)
+
+    def on_recorded(self, claim: Claim, outcome: q.Outcome, after) -> None:
+        self.stats["finishes"] += 1
+        accepted = after is not None
+        what = outcome.interrupted or outcome.error or "exit 0"
+        self.trace(f"{claim.worker} records {claim} ({what}): {'accepted' if accepted else 'rejected'}")
+        self.check(accepted != claim.revoked, f"{claim.worker}'s write for {claim} was "
+                                              f"{'accepted' if accepted else 'rejected'}, but the claim was "
+                                              f"{'revoked' if claim.revoked else 'still its own'}")
+        claim.closed = True
+        if not accepted:
+            self.stats["rejected"] += 1
+        elif not outcome.interrupted:
+            self.check_finish_rule(claim.job, outcome, after)
+
+    def check_finish_rule(self, job: q.Job, outcome: q.Outcome, after: q.Job) -> None:
+        """DECISIONS.md's retry rule, restated independently of failure_rule."""
+        if outcome.exit_code == 0 and outcome.error is None:
+            expected = (q.COMPLETED, job.attempts)
+        else:
+            attempts = job.attempts + 1
+            expected = (q.DEAD if attempts >= max(job.max_retries, 1) else q.FAILED, attempts)
+        self.check((after.state, after.attempts) == expected,
+                   f"{job.id} after {outcome.error or 'exit 0'}: {(after.state, after.attempts)}, expected {expected}")
+
+    def run_once(self, w: SimWorker) -> None:
+        """The real Worker.run_once(now) with a fake runner; other steps interleave while it "runs"."""
+        self.stats["runs"] += 1
+        worker = q.Worker(w.store, w.wid, lambda job_id, epoch: None if epoch == w.reg else
+                          "worker lost its registration", epoch=lambda: w.reg)
+        state = {}
+
+        def runner(job, env, abort, on_output):
+            claim = self.on_claimed(w, job)
+            state["claim"] = w.inline = w.slots[slot] = claim
+            self.check(env["QUEUECTL_RUN"] == f"{w.wid}/{job.run_count}/{job.id}", f"run token {env}")
+            on_output(b"partial", 7)
+            roll = self.rng.random()
+            if self.active and roll < 0.08:
+                self.trace(f"{w} dies while {claim} runs")
+                raise SimCrash()
+            if roll < 0.6:
+                self.nested(self.rng.randint(1, 5))
+            reason = abort()
+            if reason:
+                return q.Outcome(None, reason, b"", 0.1, interrupted=reason)
+            return self.outcome()
+
+        worker.runner = runner
+        slot = w.slots.index(None)  # the runner thread that does this run
+        self.trace(f"{w} run_once")
+        try:
+            ran = worker.run_once(now=self.wall)
+        except SimCrash:  # the claim stays in its slot, with the dead process
+            w.inline = None
+            self.mark_crashed(w)
+            return
+        w.inline = w.slots[slot] = None
+        claim = state.get("claim")
+        self.check(ran == (claim is not None), f"run_once returned {ran}, claim {claim}")
+        if claim is not None:
+            self.check_inline_result(claim)
+
+    def check_inline_result(self, claim: Claim) -> None:
+        """run_once does not say whether its write was accepted: the run row tells."""
+        outcome, owner = self.user.read(SQL_RUN_OUTCOME, (claim.job.id, claim.job.run_count))[0]
+        if claim.revoked:
+            self.check(outcome in ("lost", "canceled"), f"{claim}: revoked, yet its run was recorded as {outcome!r}")
+            self.stats["rejected"] += 1
+            self.trace(f"{claim.worker} run_once of {claim}: result discarded (run is 'lost')")
+        else:
+            self.check(outcome in ("completed", "failed", "dead", "stopped", "canceled"),
+                       f"{claim}: its own result was not recorded (run outcome {outcome!r})")
+            self.trace(f"{claim.worker} run_once of {claim}: recorded {outcome}")
+        claim.closed = True
+        self.stats["finishes"] += 1
+
+    # -- faults ---------------------------------------------------------------------------------------
+
+    def crash(self, w: SimWorker) -> None:
+        self.trace(f"{w} crashes (stops stepping and beating)")
+        self.mark_crashed(w)
+
+    def mark_crashed(self, w: SimWorker) -> None:
+        self.stats["crashes"] += 1
+        w.crashed = True
+
+    def come_back(self, w: SimWorker) -> None:
+        """A paused process resumes: runs that ended meanwhile report with their old claim, then it beats."""
+        self.stats["comebacks"] += 1
+        w.crashed = False
+        self.trace(f"{w} comes back")
+        for i, claim in enumerate(w.slots):
+            if claim is not None and self.rng.random() < 0.5:
+                self.finish(w, i)
+        self.beat(w)
+
+    def restart(self, w: SimWorker) -> None:
+        """The crashed process is gone for good (its runs died with it); a new worker process starts."""
+        self.trace(f"{w} is gone for good; a new worker process starts")
+        w.crashed, w.exited = False, True
+        self.spawn()
+
+    def hard_stop(self, w: SimWorker) -> None:
+        """Second signal: kill the runs, put them back, deregister."""
+        self.trace(f"{w} hard stop")
+        for i, claim in enumerate(w.slots):
+            if claim is not None:
+                self.record(w, i, q.Outcome(None, "worker hard stop", b"", 0.1, interrupted="worker hard stop"))
+        w.store.deregister(w.wid)
+        w.registered, w.exited = False, True
+        if not any(x.up for x in self.workers):
+            self.spawn()
+
+    def nested(self, n: int) -> None:
+        """Run n other steps now, in the middle of something (another process's transactions)."""
+        self.check_invariants()  # also a fresh snapshot: the interrupted process may have written
+        self.depth += 1
+        try:
+            for _ in range(n):
+                self.step()
+                self.check_invariants()
+        finally:
+            self.depth -= 1
+
+    # -- model lookups ----------------------------------------------------------------------------------
+
+    def worker_by_id(self, wid: str) -> SimWorker:
+        return next(w for w in self.workers if w.wid == wid)
+
+    def find_claim(self, job_id: str, wid: str, run_no: int) -> Claim:
+        for claim in self.claims.get(job_id, []):
+            if claim.worker.wid == wid and claim.job.run_count == run_no:
+                return claim
+        self.fail(f"a write was accepted for {job_id}#{run_no}@{wid}, a run nobody claimed")
+
+    # -- invariants -------------------------------------------------------------------------------------
+
+    def check_invariants(self) -> None:
+        rows = self.user.read(SQL_ROWS)
+        self.snapshot = {r[0]: r for r in rows}
+        self.check(set(self.snapshot) == self.jobs, f"jobs lost or invented: "
+                                                    f"{sorted(self.jobs ^ set(self.snapshot))}")
+        counts = dict.fromkeys(q.STATES, 0)
+        for r in rows:
+            counts[r[1]] += 1
+            self.check(r[4] <= max(r[5], 1), f"{r[0]}: attempts {r[4]} > max(max_retries {r[5]}, 1)")
+            self.check(r[6] <= q.LOST_WORKER_CAP, f"{r[0]}: lost_count {r[6]} over the cap")
+            self.check((r[1] == q.PROCESSING) == (r[2] is not None), f"{r[0]}: state {r[1]} with worker {r[2]}")
+            self.check(r[1] != q.DEAD or bool(r[11]), f"{r[0]}: dead without a reason")
+        self.check(self.user.counts() == counts, f"Store.counts() {self.user.counts()} != rows {counts}")
+        open_runs = {}
+        for job_id, run_no, wid in self.user.read(SQL_OPEN_RUNS):
+            self.check(job_id not in open_runs, f"{job_id} has two open runs")
+            open_runs[job_id] = (run_no, wid)
+        held = {i: (r[3], r[2]) for i, r in self.snapshot.items() if r[1] == q.PROCESSING}
+        self.check(open_runs == held, f"open runs {open_runs} != processing rows {held}")
+        self.check_claims(held)
+
+    def check_claims(self, held: dict) -> None:
+        owned = {}
+        for job_id, claims in self.claims.items():
+            live = [c for c in claims if not c.closed and c.worker.up and c.worker.registered
+                    and c.reg == c.worker.reg]
+            self.check(len(live) <= 1, f"{job_id} is held by two live owners: {live}")
+            current = [c for c in claims if not c.closed and not c.revoked]
+            self.check(len(current) <= 1, f"{job_id} has two unrevoked claims: {current}")
+            if current:
+                owned[job_id] = (current[0].job.run_count, current[0].worker.wid)
+        self.check(owned == held, f"unrevoked claims {owned} != processing rows {held}")
+
+
+# ==== driving many seeds =============================================================================
+
+class Bench:
+    """A temporary database and its pooled connections, reset between seeds (a fresh file behaves the same)."""
+
+    def __init__(self):
+        base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+        self.dir = tempfile.mkdtemp(prefix="queuectl-sim-", dir=base)
+        path = os.path.join(self.dir, "sim.db")
+        self.stores = [q.Store(path, durable=False, busy_deadline_s=5.0) for _ in range(POOL)]
+
+    def reset(self) -> None:
+        self.stores[0].write(lambda cur: [cur.execute(sql) for sql in RESET])
+
+    def close(self) -> None:
+        for s in self.stores:
+            s.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _quiet() -> None:
+    logging.getLogger("queuectl").setLevel(logging.CRITICAL + 1)  # discarded-result warnings are expected
+
+
+def run(seed: int, steps: int = 200, *, trace: bool = False, bench: Bench | None = None) -> dict:
+    """Simulate one seed; AssertionError (with the seed and step) on any violation; returns counters."""
+    _quiet()
+    own = bench is None
+    bench = bench or Bench()
+    original_kill = q.kill_run_orphans
+    sim = Simulation(bench.stores, seed, steps, trace)
+    q.kill_run_orphans = lambda token: sim.killed_tokens.add(token) or 0  # no real processes here
+    try:
+        bench.reset()
+        sim.run()
+    finally:
+        q.kill_run_orphans = original_kill
+        if own:
+            bench.close()
+    return sim.stats
+
+
+def run_many(seeds, steps: int = 200) -> dict:
+    """Run every seed on one reused database; raise on the first violation; returns summed counters."""
+    bench = Bench()
+    total: dict = {"seeds": 0}
+    try:
+        for seed in seeds:
+            for key, value in run(seed, steps, bench=bench).items():
+                total[key] = total.get(key, 0) + value
+            total["seeds"] += 1
+    finally:
+        bench.close()
+    return total
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seed", type=int, help="run this one seed (reproduces a failure exactly)")
+    p.add_argument("--seeds", type=int, default=3000, help="how many seeds (default 3000)")
+    p.add_argument("--first", type=int, default=0, help="first seed (default 0)")
+    p.add_argument("--steps", type=int, default=200, help="active steps per seed before the drain (default 200)")
+    p.add_argument("--short", action="store_true", help="the bounded run of `make test`")
+    p.add_argument("--trace", action="store_true", help="with --seed: print every step")
+    args = p.parse_args(argv)
+    if args.short:
+        args.seeds, args.steps = 600, 120
+    seeds = [args.seed] if args.seed is not None else range(args.first, args.first + args.seeds)
+    started = time.monotonic()
+    try:
+        if args.seed is not None:
+            stats = run(args.seed, args.steps, trace=args.trace)
+            stats["seeds"] = 1
+        else:
+            stats = run_many(seeds, args.steps)
+    except AssertionError as e:
+        print(f"simulate: FAILED: {e}", file=sys.stderr)
+        print(f"reproduce: python3 bench/simulate.py --seed {str(e).split(',')[0].split()[-1]} "
+              f"--steps {args.steps} --trace", file=sys.stderr)
+        return 1
+    took = time.monotonic() - started
+    print(f"simulate: {stats['seeds']} seeds passed ({args.steps} steps each + drain) in {took:.1f}s: "
+          + ", ".join(f"{k} {v}" for k, v in stats.items() if k != "seeds"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
