@@ -1235,6 +1235,15 @@ def host_identity() -> dict:
             "boot_id": _read("/proc/sys/kernel/random/boot_id"), "pid_ns": ns}
 
 
+def previous_boot(row: WorkerRow, me: dict) -> bool:
+    """True if the worker ran on this host before its last reboot: every process of it is gone.
+
+    The database lives on a local disk, so a row with our hostname and another boot id can only
+    come from an earlier boot of this machine.
+    """
+    return bool(me["boot_id"] and row.boot_id) and row.host == me["host"] and row.boot_id != me["boot_id"]
+
+
 def same_namespace(row: WorkerRow, me: dict) -> bool:
     """True if the worker ran on this boot in this PID namespace, so its PID means the same here."""
     return bool(me["boot_id"] and me["pid_ns"]) and (row.boot_id, row.pid_ns, row.host) == (
@@ -1411,9 +1420,12 @@ class Sweeper:
         return recovered
 
     def is_dead(self, row: WorkerRow, now_mono: float, stale_s: float) -> bool:
-        """Same namespace: its PID tells at once. Otherwise: its heartbeat stopped moving for stale_s."""
+        """Same namespace: its PID tells at once; an earlier boot: dead. Otherwise: its heartbeat
+        stopped moving for stale_s."""
         if same_namespace(row, self.me):
             return process_gone(row.pid, row.proc_start)
+        if previous_boot(row, self.me):
+            return True
         beat, since = self.seen.get(row.id, (None, now_mono))
         if beat != row.beat:
             self.seen[row.id] = (row.beat, now_mono)

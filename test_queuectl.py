@@ -1260,7 +1260,7 @@ def test_sweeper_keeps_live_local_worker(store):
 
 def test_sweeper_uses_lease_on_its_own_clock_for_remote_workers(store):
     me = queuectl.host_identity()
-    store.register("remote", {**me, "boot_id": "other-boot"}, 1, T0)
+    store.register("remote", {**me, "host": "elsewhere", "boot_id": "other-boot"}, 1, T0)
     store.enqueue([spec("a")], T0)
     store.claim("remote", T0)
     sweeper = queuectl.Sweeper(store, me, "me")
@@ -2351,6 +2351,14 @@ def test_pause_twice_and_resume_of_a_running_queue_are_harmless(db):
     assert json.loads(ok(db, "status", "--json"))["paused"] == ["alpha"]
 
 
+def test_resume_one_queue_while_everything_is_paused_is_refused(db):
+    ok(db, "pause")
+    code, out, err = cli(db, "resume", "--queue", "x")
+    assert (code, out) == (1, "")
+    assert_one_error(err, "every queue is paused")
+    assert json.loads(ok(db, "status", "--json"))["paused"] == ["*"]
+
+
 # ---- retention (config)
 
 @pytest.mark.parametrize("text, seconds", [("1s", 1), ("30s", 30), ("15m", 900), ("12h", 43200), ("7d", 604800),
@@ -2928,9 +2936,161 @@ def test_status_watch_redraws_until_ctrl_c(db, workers, tmp_path):
     assert "Traceback" not in stderr and "error" not in stderr, stderr
 
 
-def test_resume_one_queue_while_everything_is_paused_is_refused(db):
-    ok(db, "pause")
-    code, out, err = cli(db, "resume", "--queue", "x")
-    assert (code, out) == (1, "")
-    assert_one_error(err, "every queue is paused")
-    assert json.loads(ok(db, "status", "--json"))["paused"] == ["*"]
+# ==== Faults and security ==========================================================================
+
+def hold_write_lock(db, seconds):
+    """Another process that takes the database's write lock and keeps it for `seconds`."""
+    code = ("import sqlite3, sys, time; c = sqlite3.connect(sys.argv[1], isolation_level=None); "
+            "c.execute('BEGIN IMMEDIATE'); print('locked', flush=True); time.sleep(float(sys.argv[2]))")
+    holder = subprocess.Popen([sys.executable, "-c", code, db, str(seconds)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline() == "locked\n"
+    return holder
+
+
+def test_busy_database_fails_enqueue_but_not_the_running_worker(db, workers, tmp_path):
+    done = tmp_path / "done"
+    enqueue(db, id="slow", command=f"sleep 1; touch {done}")
+    worker = workers.start()
+    wait_for(lambda: state_of(db, "slow") == "processing", "the job to start")
+    holder = hold_write_lock(db, 8)
+    try:
+        result = script(db, "enqueue", '{"id": "blocked", "command": "true"}')
+        assert result.returncode == 1 and result.stdout == ""
+        assert_one_error(result.stderr, "database is busy")
+    finally:
+        holder.wait()
+        holder.stdout.close()
+    wait_for(lambda: state_of(db, "slow") == "completed", "the job to be recorded after the lock")
+    assert done.exists() and worker.popen.poll() is None
+    assert "Traceback" not in worker.log()
+    assert [j["id"] for j in json.loads(ok(db, "list", "--json"))] == ["slow"]  # nothing half-stored
+
+
+def limited_fsize(max_bytes):
+    """preexec_fn: the child may not grow any file past max_bytes (writes then fail with EFBIG)."""
+    import resource
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (max_bytes, max_bytes))
+
+
+def test_full_disk_on_enqueue_is_a_clear_error_and_stores_nothing(db):
+    ok(db, "enqueue", '{"id": "before", "command": "true"}')
+    ok(db, "status")  # last connection closed: the WAL is checkpointed away
+    size = os.path.getsize(db)
+    batch = "".join(json.dumps({"command": "echo " + "x" * 60000}) + "\n" for _ in range(40)).encode()
+    result = subprocess.run([sys.executable, QUEUECTL, "--db", db, "enqueue", "-"], input=batch,
+                            capture_output=True, env=child_env(), preexec_fn=limited_fsize(size + 64 * 1024))
+    assert result.returncode == 1 and result.stdout == b""
+    assert "Traceback" not in result.stderr.decode()
+    assert len(result.stderr.decode().strip().splitlines()) == 1
+    assert sql(db, "PRAGMA integrity_check") == [("ok",)]
+    assert list_ids(db) == ["before"]
+    ok(db, "enqueue", '{"id": "after", "command": "true"}')  # space is back: work resumes
+    assert list_ids(db) == ["before", "after"]
+
+
+def test_a_result_that_cannot_be_written_is_kept_and_retried(db, workers, tmp_path):
+    """The database refuses the worker's write after the command ran (file-size limit); once it
+    accepts writes again the worker records the result: the job is neither lost nor recorded wrong."""
+    import resource
+    ok(db, "status")
+    pool_env = child_env(**{TAG_VAR: workers.tag})
+    log_path = tmp_path / "limited.stderr"
+    with open(log_path, "wb") as err:
+        popen = subprocess.Popen([sys.executable, QUEUECTL, "--db", db, "worker", "start"], stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL, stderr=err, env=pool_env, start_new_session=True)
+    worker = WorkerProc(popen, log_path)
+    workers.procs.append(worker)
+    worker.wait_log("worker started")
+    # From now on the worker cannot grow any file: its result write must fail.
+    limit = max(os.path.getsize(db), os.path.getsize(db + "-wal")) + 4096
+    resource.prlimit(popen.pid, resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+    enqueue(db, id="big", command="head -c 200000 /dev/zero | tr '\\0' y; echo END")
+    worker.wait_log("cannot record result yet")
+    assert state_of(db, "big") == "processing"
+    resource.prlimit(popen.pid, resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    wait_for(lambda: state_of(db, "big") == "completed", "the kept result to be written")
+    job = get_job(db, "big")
+    assert job["attempts"] == 0 and job["run_count"] == 1 and job["output"].endswith("yEND\n")
+    assert sql(db, "PRAGMA integrity_check") == [("ok",)]
+
+
+def test_truncated_database_is_refused_and_left_untouched(tmp_path):
+    path = str(tmp_path / "cut.db")
+    for i in range(200):
+        ok(path, "enqueue", json.dumps({"id": f"j{i}", "command": "echo " + "z" * 500}))
+    ok(path, "status")
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2)
+    before = open(path, "rb").read()
+    for args in (("list",), ("status",), ("enqueue", '{"command": "true"}')):
+        code, out, err = cli(path, *args)
+        assert code == 1, (args, out, err)
+        assert_one_error(err, "database")
+    assert open(path, "rb").read() == before
+
+
+def test_a_worker_from_an_earlier_boot_of_this_host_is_dead_at_once(store):
+    me = queuectl.host_identity()
+    if not me["boot_id"]:
+        pytest.skip("no /proc/sys/kernel/random/boot_id on this system: only the lease applies")
+    store.register("old-boot", {**me, "boot_id": "a-previous-boot"}, 1, T0)
+    store.register("me", me, 1, T0)
+    store.enqueue([spec("left")], T0)
+    store.claim("old-boot", T0)
+    assert queuectl.Sweeper(store, me, "me").sweep(T0 + 1, now_mono=0.0) == 1
+    assert store.get("left").state == "pending"
+
+
+def test_a_recycled_pid_is_never_signalled(store, tmp_path):
+    """A worker row whose PID now belongs to an unrelated process: the sweeper declares the worker
+    dead (the start time differs) and recovers its job, but the unrelated process lives on."""
+    me = queuectl.host_identity()
+    bystander = subprocess.Popen(["sleep", "60"])
+    try:
+        store.register("ghost", {**me, "pid": bystander.pid, "proc_start": "1"}, 1, T0)
+        store.enqueue([spec("orphan")], T0)
+        store.claim("ghost", T0)
+        assert queuectl.Sweeper(store, me, "me").sweep(T0 + 1) == 1
+        assert store.get("orphan").state == "pending"
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_worker_stop_signals_nothing(db):
+    """`worker stop` writes a flag; even a live-looking row with a stranger's PID gets no signal."""
+    bystander = subprocess.Popen(["sleep", "60"])
+    try:
+        s = queuectl.Store(db)
+        me = queuectl.host_identity()
+        s.register("looks-alive", {**me, "pid": bystander.pid, "proc_start": queuectl.proc_start_time(bystander.pid)},
+                   1, time.time())
+        s.close()
+        assert ok(db, "worker", "stop") == "asked 1 worker to stop\n"
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_database_wal_and_shm_are_private_while_workers_run(db, workers):
+    worker = workers.start()
+    worker.wait_log("worker started")
+    wait_for(lambda: os.path.exists(db + "-wal") and os.path.exists(db + "-shm"), "the WAL files")
+    for path in (db, db + "-wal", db + "-shm"):
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600, path
+
+
+def test_no_shell_sees_ids_cwd_or_env_values(db, workers, tmp_path):
+    odd = tmp_path / "dir with $(touch pwned); and spaces"
+    odd.mkdir()
+    job_id = "$(touch pwned)"
+    payload = json.dumps({"id": job_id, "command": 'printf "%s|%s" "$QUEUECTL_JOB_ID" "$EVIL"; pwd',
+                          "cwd": str(odd), "env": {"EVIL": "`touch pwned`"}})
+    ok(db, "enqueue", payload)
+    assert workers.start("--burst").wait() == 0
+    for folder in (tmp_path, odd, os.getcwd()):
+        assert not os.path.exists(os.path.join(folder, "pwned")), folder
+    out = ok(db, "logs", job_id)
+    assert out == f"{job_id}|`touch pwned`{odd}\n"
