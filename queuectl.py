@@ -67,7 +67,8 @@ RETENTION_INTERVAL_S = 30.0  # how often workers delete completed jobs older tha
 OUTPUT_FLUSH_S = 1.0  # a running job's output reaches the database at most this often (logs --follow)
 LOST_WORKER_CAP = 3  # a job whose worker is lost this many times goes to the DLQ
 BURST_HORIZON_S = 60.0  # --burst waits for jobs due within this many seconds
-POLL_INTERVAL_S = 0.05  # how often an idle worker process checks for due jobs
+POLL_INTERVAL_S = 0.05  # how often an idle worker process checks for due jobs (one poller per process)
+IDLE_WAIT_S = 5.0  # an idle thread waits for the poller's wake-up; this is only a safety net
 SWEEP_INTERVAL_S = 1.0  # how often each worker process looks for dead workers
 BUSY_TIMEOUT_S = 1.0  # SQLite's own busy wait per attempt; we retry on top of it
 CLI_BUSY_DEADLINE_S = 5.0  # a CLI command gives up (exit 1) after retrying this long
@@ -1610,7 +1611,7 @@ class Supervisor:
                 ran = False
             if not ran:
                 with self.wake:
-                    self.wake.wait(1.0)
+                    self.wake.wait(IDLE_WAIT_S)
         if worker:
             worker.store.close()
 
