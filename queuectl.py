@@ -10,6 +10,7 @@ commands:
   worker start|stop       run workers in the foreground / ask every worker to stop
   status, list, show, logs
   dlq list|retry          the dead-letter queue
+  dashboard               a live web view of the queue and a JSON API (http://127.0.0.1:8321)
   config set|get|list     max-retries, backoff-base, backoff-max, stale-timeout, job-timeout
 """
 
@@ -369,6 +370,15 @@ SQL_CONFIG_GET = "SELECT value FROM config WHERE key = ?"
 SQL_CONFIG_SET = "INSERT INTO config (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
 SQL_CONFIG_ALL = "SELECT key, value FROM config"
 
+# The dashboard's job table: newest first, one page at a time.
+SQL_PAGE_JOBS = f"SELECT {Job.COLUMNS} FROM jobs {{where}} ORDER BY seq DESC LIMIT ? OFFSET ?"
+# Finished runs per minute since a start time, for the dashboard's chart (runs_ended serves the
+# range). ended_at - start is never negative here, so CAST truncates like floor() (a PostgreSQL
+# class would write floor(), as CAST rounds there).
+SQL_RUNS_PER_MINUTE = ("SELECT CAST((ended_at - ?) / 60 AS INTEGER) AS minute, outcome, count(*) FROM runs "
+                       "WHERE ended_at >= ? AND outcome IN ('completed', 'failed', 'dead') GROUP BY minute, outcome")
+SQL_QUERY_ONLY = "PRAGMA query_only = ON"
+
 HAS_RETURNING = sqlite3.sqlite_version_info >= (3, 35, 0)
 
 
@@ -472,6 +482,10 @@ class Store:
     def close(self) -> None:
         """Close the connection."""
         self.conn.close()
+
+    def query_only(self) -> None:
+        """Make this connection refuse every write (the dashboard's GET requests never write)."""
+        self.conn.execute(SQL_QUERY_ONLY)
 
     # -- transactions ---------------------------------------------------------------------------
 
@@ -587,6 +601,12 @@ class Store:
         """Jobs oldest first; with a limit, the newest `limit` of them."""
         where, params = _where(state=state, queue=queue)
         return [Job.from_row(r) for r in self.read(SQL_LIST_JOBS.format(where=where), params + (limit,))]
+
+    def page_jobs(self, state: str | None = None, queue: str | None = None, limit: int = 50,
+                  offset: int = 0) -> list[Job]:
+        """Jobs newest first: `limit` of them after skipping the `offset` newest."""
+        where, params = _where(state=state, queue=queue)
+        return [Job.from_row(r) for r in self.read(SQL_PAGE_JOBS.format(where=where), params + (limit, offset))]
 
     def counts(self, queue: str | None = None) -> dict[str, int]:
         """Number of jobs in each state (all five keys)."""
@@ -790,6 +810,10 @@ class Store:
         oldest = self.read(SQL_OLDEST_ELIGIBLE, (now,))[0][0]
         return {"outcomes": outcomes, "duration": duration, "wait": wait,
                 "oldest_eligible_age_s": None if oldest is None else max(0.0, now - oldest)}
+
+    def runs_per_minute(self, start: float) -> list[tuple]:
+        """(minute from `start`, outcome, count) of the runs that ended completed, failed or dead since `start`."""
+        return self.read(SQL_RUNS_PER_MINUTE, (start, start))
 
     # -- workers --------------------------------------------------------------------------------
 
@@ -1623,6 +1647,913 @@ class Supervisor:
         return worker
 
 
+# ==== Dashboard ==================================================================================
+#
+# `queuectl dashboard`: one self-contained page and the small JSON API it polls, served by
+# http.server. Every request opens its own Store: a sqlite3 connection must not be shared by the
+# server's threads, and a GET request's connection is query-only, so a GET never writes.
+# http.server is imported only when serving (it costs every other command ~20 ms of start-up).
+
+TOKEN_HEADER = "X-Queuectl-Token"  # POST needs it: another origin cannot set it without CORS, which we never grant
+MAX_PAGE_JOBS = 1000
+CHART_MINUTES = 60
+MAX_REQUEST_BODY = 64 * 1024
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
+# Status codes for the QueueError subclasses (they all share exit code 1, so the class decides).
+HTTP_STATUS_OF = ((NotFound, 404), (Conflict, 409), (UsageError, 400), (Busy, 503))
+COMMON_HEADERS = (("Cache-Control", "no-store"), ("X-Content-Type-Options", "nosniff"))
+PAGE_CSP = ("default-src 'none'; script-src 'nonce-{nonce}'; style-src 'nonce-{nonce}'; connect-src 'self'; "
+            "img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+
+
+# -- JSON shapes shared with the CLI's --json ---------------------------------------------------
+
+def status_dict(store: Store, queue: str | None = None) -> dict:
+    """`status --json`: jobs per state, live worker processes, paused queues."""
+    return {"jobs": store.counts(queue), "active_workers": len(live_workers(store)), "paused": store.paused()}
+
+
+def stats_dict(store: Store, since_s: float, now: float) -> dict:
+    """`stats --json`: the runs that ended in the last `since_s` seconds."""
+    raw = store.stats(now - since_s, now)
+    runs = {k: raw["outcomes"].get(k, 0) for k in (COMPLETED, FAILED, DEAD)}
+    return {
+        "window_s": since_s,
+        "runs": runs,
+        "throughput_per_min": round(sum(runs.values()) / (since_s / 60), 3) if since_s else 0.0,
+        "duration_s": dict(zip(("max", "p50", "p95"), raw["duration"])),
+        "wait_s": dict(zip(("p50", "p95"), raw["wait"][1:])),
+        "oldest_eligible_age_s": raw["oldest_eligible_age_s"],
+    }
+
+
+def worker_dicts(store: Store, now: float) -> list[dict]:
+    """`worker list --json`: every registered worker, whether it looks alive, and the jobs it runs."""
+    live, held = {w.id for w in live_workers(store)}, store.processing_by_worker()
+    return [{"id": w.id, "host": w.host, "pid": w.pid, "started_at": iso(w.started_at),
+             "heartbeat_at": iso(w.heartbeat_at), "heartbeat_age_s": round(max(0.0, now - w.heartbeat_at), 3),
+             "threads": w.threads, "alive": w.id in live, "stopping": bool(w.stop_requested),
+             "jobs": held.get(w.id, [])} for w in store.workers()]
+
+
+def show_dict(store: Store, job_id: str) -> dict:
+    """`show --json`: the job, its dependencies, its latest run's output and every run."""
+    job, runs = store.get(job_id), [run_dict(r) for r in store.runs(job_id)]
+    return {**job.to_dict(), "depends_on": store.depends_on(job_id),
+            "output": runs[-1]["output"] if runs else None, "runs": runs}
+
+
+def logs_dict(store: Store, job_id: str, run_no: int | None) -> dict:
+    """What `logs [--run N]` prints, as JSON with the run's number, total size and end (null while running)."""
+    run = store.run_output(job_id, run_no)
+    if run is None and run_no is not None:
+        raise NotFound(f"job {job_id!r} has no run {run_no}")
+    number, output, total, ended = run or (None, None, 0, None)
+    return {"id": job_id, "run": number, "output": text(output), "output_bytes": total, "ended_at": iso(ended)}
+
+
+# -- throughput per minute (the chart) ----------------------------------------------------------
+
+def chart_start(now: float, minutes: int) -> float:
+    """Start of a chart of `minutes` whole minutes whose last bar is the current minute."""
+    return (now // 60 - (minutes - 1)) * 60
+
+
+def minute_buckets(rows: list[tuple], start: float, minutes: int) -> list[dict]:
+    """Store.runs_per_minute rows as one {at, completed, failed, dead} per minute, empty minutes included."""
+    buckets = [{"at": iso(start + 60 * i), COMPLETED: 0, FAILED: 0, DEAD: 0} for i in range(minutes)]
+    for minute, outcome, count in rows:
+        if 0 <= minute < minutes:  # a run that ended "in the future" (a clock step) is left out
+            buckets[minute][outcome] = count
+    return buckets
+
+
+def throughput_dict(store: Store, minutes: int, now: float) -> dict:
+    """Finished runs per minute over the last `minutes` minutes, oldest minute first."""
+    start = chart_start(now, minutes)
+    return {"minutes": minutes, "start": iso(start),
+            "buckets": minute_buckets(store.runs_per_minute(start), start, minutes)}
+
+
+# -- requests: query parameters, paths, replies -------------------------------------------------
+
+class Query:
+    """A request's query parameters, each given at most once; readers check values (UsageError = 400)."""
+
+    def __init__(self, text: str):
+        from urllib.parse import parse_qsl
+        try:
+            pairs = parse_qsl(text, keep_blank_values=True, max_num_fields=20, errors="strict")
+        except ValueError as e:  # too many fields, or percent-escapes that are not UTF-8
+            raise UsageError(f"bad query string: {e}") from None
+        self.values: dict[str, str] = {}
+        for name, value in pairs:
+            if name in self.values:
+                raise UsageError(f"parameter {name!r} given twice")
+            self.values[name] = value
+
+    def only(self, allowed: tuple) -> None:
+        """UsageError for a parameter this endpoint does not take (`token` is always allowed)."""
+        unknown = sorted(set(self.values) - set(allowed) - {"token"})
+        if unknown:
+            raise UsageError(f"unknown parameter {unknown[0]!r} (valid: {', '.join(allowed) or 'none'})")
+
+    def text(self, name: str) -> str | None:
+        """The value; None when absent or blank (`?state=` means no filter)."""
+        return self.values.get(name) or None
+
+    def integer(self, name: str, default: int | None, low: int, high: int) -> int | None:
+        """A whole number from low to high (ASCII digits only), or the default when absent."""
+        value = self.text(name)
+        if value is None:
+            return default
+        if not (value.isascii() and value.isdigit() and len(value) <= 19 and low <= int(value) <= high):
+            raise UsageError(f"parameter {name!r} must be an integer from {low} to {high}")
+        return int(value)
+
+    def state(self) -> str | None:
+        """`state`: one of STATES, or None for all."""
+        state = self.text("state")
+        if state is not None and state not in STATES:
+            raise UsageError(f"unknown state {state!r} (valid: {', '.join(STATES)})")
+        return state
+
+    def queue(self) -> str | None:
+        """`queue`: a valid queue name, or None for all."""
+        queue = self.text("queue")
+        return None if queue is None else valid_queue(queue, "parameter 'queue'")
+
+    def duration(self, name: str, default: float) -> float:
+        """A duration such as 30s, 15m, 12h, 7d or plain seconds."""
+        value = self.text(name)
+        return default if value is None else parse_duration(value)
+
+
+def route_of(path: str) -> tuple[str, str | None]:
+    """'/api/jobs/a%2Fb/logs' -> ('/api/jobs/ID/logs', 'a/b'): a job id is one path segment, percent-decoded."""
+    from urllib.parse import unquote
+    parts = path.split("/")
+    if len(parts) < 4 or parts[1:3] != ["api", "jobs"]:
+        return path, None
+    try:
+        job_id = unquote(parts[3], errors="strict")
+    except UnicodeDecodeError:
+        raise UsageError("the job id in the path is not UTF-8") from None
+    return "/".join(parts[:3] + ["ID"] + parts[4:]), job_id
+
+
+def cookie_value(header: str | None, name: str) -> str | None:
+    """One cookie's value from a Cookie header."""
+    for part in (header or "").split(";"):
+        key, _, value = part.strip().partition("=")
+        if key == name:
+            return value
+    return None
+
+
+def same_secret(given: str | None, secret: str) -> bool:
+    """Constant-time comparison that also takes non-ASCII input (compare_digest refuses such str)."""
+    import secrets
+    return given is not None and secrets.compare_digest(given.encode("utf-8", "replace"), secret.encode())
+
+
+def loopback_host(host: str | None) -> bool:
+    """Whether a Host header names this machine; a loopback-bound server refuses other names, which
+    defeats DNS rebinding (a foreign name that resolves to 127.0.0.1)."""
+    import ipaddress
+    if host is None:  # HTTP/1.0 clients may omit it; a browser never does
+        return True
+    name = host[:host.index("]") + 1] if host.startswith("[") and "]" in host else host.rpartition(":")[0] or host
+    try:
+        return name.lower() in LOOPBACK_NAMES or ipaddress.ip_address(name.strip("[]")).is_loopback
+    except ValueError:  # a name, not an address: only "localhost" is known to be this machine
+        return False
+
+
+class Reply:
+    """An HTTP response: status, body bytes, content type, extra headers."""
+
+    def __init__(self, status: int, body: bytes, content_type: str, headers: list | None = None):
+        self.status, self.body, self.content_type, self.headers = status, body, content_type, headers or []
+
+
+def json_reply(value, status: int = 200, headers: list | None = None) -> Reply:
+    """A JSON reply (UTF-8, not ASCII-escaped)."""
+    body = json.dumps(value, ensure_ascii=False).encode("utf-8", "replace")
+    return Reply(status, body, "application/json; charset=utf-8", headers)
+
+
+def error_reply(error: Exception) -> Reply:
+    """A QueueError as JSON with the status its class stands for."""
+    status = next((code for cls, code in HTTP_STATUS_OF if isinstance(error, cls)), 500)
+    return json_reply({"error": str(error)}, status)
+
+
+# -- the API: (method, path) -> (handler(store, query, job_id), parameters) ---------------------
+
+def _api_status(store: Store, q: Query, _: None) -> dict:
+    return status_dict(store, q.queue())
+
+
+def _api_stats(store: Store, q: Query, _: None) -> dict:
+    return stats_dict(store, q.duration("since", 3600), time.time())
+
+
+def _api_throughput(store: Store, q: Query, _: None) -> dict:
+    return throughput_dict(store, q.integer("minutes", CHART_MINUTES, 1, 1440), time.time())
+
+
+def _api_workers(store: Store, q: Query, _: None) -> list[dict]:
+    return worker_dicts(store, time.time())
+
+
+def _api_job(store: Store, q: Query, job_id: str) -> dict:
+    return show_dict(store, job_id)
+
+
+def _api_logs(store: Store, q: Query, job_id: str) -> dict:
+    return logs_dict(store, job_id, q.integer("run", None, 1, 2**62))
+
+
+def _api_jobs(store: Store, q: Query, _: None) -> Reply:
+    """A page of jobs, newest first (each as in `list --json`); X-Total-Count is the filter's total."""
+    state, queue = q.state(), q.queue()
+    limit, offset = q.integer("limit", 50, 1, MAX_PAGE_JOBS), q.integer("offset", 0, 0, 2**62)
+    jobs = store.page_jobs(state, queue, limit, offset)
+    counts = store.counts(queue)
+    total = counts[state] if state else sum(counts.values())
+    return json_reply([j.to_dict() for j in jobs], headers=[("X-Total-Count", str(total))])
+
+
+def _api_retry(store: Store, _: Query, job_id: str) -> dict:
+    store.retry_dead([job_id], time.time())
+    return store.get(job_id).to_dict()
+
+
+def _api_cancel(store: Store, _: Query, job_id: str) -> dict:
+    store.cancel([job_id], time.time())
+    return store.get(job_id).to_dict()
+
+
+def _api_delete(store: Store, _: Query, job_id: str) -> dict:
+    store.delete([job_id])
+    return {"id": job_id, "deleted": True}
+
+
+API_ROUTES = {
+    ("GET", "/api/status"): (_api_status, ("queue",)),
+    ("GET", "/api/stats"): (_api_stats, ("since",)),
+    ("GET", "/api/throughput"): (_api_throughput, ("minutes",)),
+    ("GET", "/api/jobs"): (_api_jobs, ("state", "queue", "limit", "offset")),
+    ("GET", "/api/jobs/ID"): (_api_job, ()),
+    ("GET", "/api/jobs/ID/logs"): (_api_logs, ("run",)),
+    ("GET", "/api/workers"): (_api_workers, ()),
+    ("POST", "/api/jobs/ID/retry"): (_api_retry, ()),
+    ("POST", "/api/jobs/ID/cancel"): (_api_cancel, ()),
+    ("POST", "/api/jobs/ID/delete"): (_api_delete, ()),
+}
+
+
+# -- the server -----------------------------------------------------------------------------------
+
+class Dashboard:
+    """The dashboard's access rules and routes; serve() puts them behind a threaded HTTP server."""
+
+    def __init__(self, path: str, *, token: str | None, allow_actions: bool = False):
+        self.path, self.token, self.allow_actions = path, token, allow_actions
+        self.loopback = True  # set by serve(): a loopback server answers only to loopback host names
+        self.cookie = "queuectl_token"  # serve() adds the port: cookies are shared across ports
+
+    def serve(self, bind: str, port: int):
+        """Listen on bind:port and return the server; serve_forever() runs it, shutdown() stops it."""
+        import http.server
+        import ipaddress
+        import socket
+        server_class = type("DashboardServer", (DashboardServer, http.server.ThreadingHTTPServer),
+                            {"address_family": socket.AF_INET6 if ":" in bind else socket.AF_INET})
+        handler = type("Handler", (DashboardHandler, http.server.BaseHTTPRequestHandler), {"dashboard": self})
+        try:
+            server = server_class((bind, port), handler)
+        except OSError as e:  # address in use, unknown host name, no permission
+            raise QueueError(f"cannot listen on {bind} port {port}: {e.strerror or e}") from None
+        host, self.port = server.server_address[:2]
+        self.loopback = ipaddress.ip_address(host).is_loopback
+        self.cookie = f"queuectl_token_{self.port}"
+        return server
+
+    def url(self, server) -> str:
+        """The address to open, with the token."""
+        import ipaddress
+        import socket
+        host = server.server_address[0]
+        if ipaddress.ip_address(host).is_unspecified:
+            host = socket.gethostname()
+        elif ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}/" + (f"?token={self.token}" if self.token else "")
+
+    def respond(self, method: str, target: str, headers) -> Reply:
+        """Answer one request (headers: a mapping with .get); never raises, so no request can stop the server."""
+        try:
+            return self._respond(method, target, headers)
+        except QueueError as e:
+            return error_reply(e)
+        except sqlite3.Error as e:
+            return json_reply({"error": f"database error: {e}"}, 500)
+        except Exception:  # a bug: report it, keep serving
+            log.exception("dashboard: %s %s failed", method, target)
+            return json_reply({"error": "internal error (see the dashboard's stderr)"}, 500)
+
+    def _respond(self, method: str, target: str, headers) -> Reply:
+        path, _, query_text = target.partition("?")
+        query = Query(query_text)
+        denied = self._denied(method, query, headers)
+        if denied:
+            return json_reply({"error": denied}, 403)
+        reply = self._route(method, path, query)
+        if self.token and query.text("token"):  # a first visit by the printed URL: remember the token
+            reply.headers.append(("Set-Cookie", f"{self.cookie}={self.token}; Path=/; HttpOnly; SameSite=Strict"))
+        return reply
+
+    def _denied(self, method: str, query: Query, headers) -> str | None:
+        """Why this request is refused (403), or None."""
+        if self.loopback and not loopback_host(headers.get("Host")):
+            return "this dashboard answers only to localhost, 127.0.0.1 or [::1] (Host header)"
+        sent = query.text("token") or headers.get(TOKEN_HEADER) or cookie_value(headers.get("Cookie"), self.cookie)
+        if self.token and not same_secret(sent, self.token):
+            return "missing or wrong token: open the URL that `queuectl dashboard` printed"
+        return self._action_denied(headers) if method == "POST" else None
+
+    def _action_denied(self, headers) -> str | None:
+        # The header, not the cookie: a browser sends the cookie along with a form another site
+        # posts, but lets no other origin set a custom header (that needs CORS, never granted).
+        if not self.allow_actions:
+            return "actions are off: start the dashboard with --allow-actions"
+        header = headers.get(TOKEN_HEADER)
+        if header is None or (self.token and not same_secret(header, self.token)):
+            return f"actions need the token in the {TOKEN_HEADER} header"
+        origin = headers.get("Origin")
+        if origin and origin != f"http://{headers.get('Host')}":
+            return "cross-origin request refused"
+        return None
+
+    def _route(self, method: str, path: str, query: Query) -> Reply:
+        pattern, job_id = route_of(path)
+        if (method, pattern) not in API_ROUTES:
+            return self._page(query) if (method, path) == ("GET", "/") else self._no_route(method, pattern)
+        handler, params = API_ROUTES[method, pattern]
+        query.only(params)
+        if job_id is not None:
+            _valid_id(job_id, "job id")
+        with self._store(read_only=method == "GET") as store:
+            result = handler(store, query, job_id)
+        return result if isinstance(result, Reply) else json_reply(result)
+
+    @staticmethod
+    def _no_route(method: str, pattern: str) -> Reply:
+        """404 for an unknown path; 405, with Allow, for a known one asked with the wrong method."""
+        allowed = ["GET"] if pattern == "/" else [m for m, p in API_ROUTES if p == pattern]
+        if not allowed:
+            return json_reply({"error": f"no such endpoint: {pattern.replace('/ID', '/<id>')}"}, 404)
+        return json_reply({"error": f"{method} is not allowed here (use {', '.join(allowed)})"}, 405,
+                          [("Allow", ", ".join(allowed))])
+
+    @contextlib.contextmanager
+    def _store(self, read_only: bool):
+        """A Store for this request alone; query-only for reads."""
+        if not os.path.exists(self.path):  # Store() would create a new, empty database
+            raise BadDatabase(f"database {self.path} no longer exists")
+        store = Store(self.path)
+        try:
+            if read_only:
+                store.query_only()
+            yield store
+        finally:
+            store.close()
+
+    def _page(self, query: Query) -> Reply:
+        import html
+        query.only(())
+        import secrets
+        nonce = secrets.token_urlsafe(16)  # lets the page's own script and style run, and nothing else
+        page = (DASHBOARD_PAGE.replace("{{NONCE}}", nonce).replace("{{TOKEN}}", html.escape(self.token or ""))
+                .replace("{{ACTIONS}}", "1" if self.allow_actions else ""))
+        return Reply(200, page.encode(), "text/html; charset=utf-8", [
+            ("Content-Security-Policy", PAGE_CSP.format(nonce=nonce)), ("X-Frame-Options", "DENY"),
+            ("Referrer-Policy", "no-referrer")])
+
+
+class DashboardServer:
+    """Mixed into http.server.ThreadingHTTPServer by Dashboard.serve()."""
+    daemon_threads = True  # Ctrl+C does not wait for a browser's open connections
+    allow_reuse_address = True
+
+    def server_bind(self) -> None:
+        # HTTPServer.server_bind also calls socket.getfqdn(), a reverse DNS lookup that can hang
+        # for seconds on a machine without DNS; nothing here needs the name.
+        import socketserver
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = self.server_address[:2]
+
+    def handle_error(self, request, client_address) -> None:
+        log.exception("dashboard: request from %s failed", client_address[0])
+
+
+class DashboardHandler:
+    """The HTTP side, mixed into http.server.BaseHTTPRequestHandler by Dashboard.serve()."""
+    dashboard: Dashboard
+    server_version = f"queuectl/{__version__}"
+
+    def version_string(self) -> str:
+        """The Server header: queuectl's version only."""
+        return self.server_version
+
+    def do_GET(self) -> None:
+        self._send(self.dashboard.respond("GET", self.path, self.headers))
+
+    def do_POST(self) -> None:
+        length = self.headers.get("Content-Length") or "0"
+        if not length.isdigit() or int(length) > MAX_REQUEST_BODY:
+            return self.send_error(413 if length.isdigit() else 400, "request body too large or unreadable")
+        self.rfile.read(int(length))  # ignored: the path says it all, but unread bytes would reset the socket
+        self._send(self.dashboard.respond("POST", self.path, self.headers))
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """http.server's own errors (a bad request line, an unknown method) as JSON too."""
+        self.close_connection = True
+        self._send(json_reply({"error": message or f"HTTP {code}"}, code))
+
+    def _send(self, reply: Reply) -> None:
+        with contextlib.suppress(ConnectionError):  # the client left; there is no one to tell
+            self.send_response(reply.status)
+            for name, value in (*reply.headers, *COMMON_HEADERS):
+                self.send_header(name, value)
+            self.send_header("Content-Type", reply.content_type)
+            self.send_header("Content-Length", str(len(reply.body)))
+            self.end_headers()
+            self.wfile.write(reply.body)
+
+    def log_message(self, format: str, *args) -> None:
+        """No access log: the page polls several URLs every second or two."""
+
+
+# -- the page: one HTML string with inline CSS and JS, no external resources ---------------------
+# Every value from the database reaches the DOM as textContent (text nodes or SVG <title> text),
+# never as HTML: no innerHTML anywhere, and no database value in an attribute.
+
+DASHBOARD_PAGE = """<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="queuectl-token" content="{{TOKEN}}">
+<meta name="queuectl-actions" content="{{ACTIONS}}">
+<title>queuectl dashboard</title>
+<link rel="icon" href="data:,">
+<style nonce="{{NONCE}}">
+:root { --bg: #f4f5f8; --card: #fff; --fg: #1c2230; --muted: #6b7385; --line: #e2e5eb; --hover: #eef1fb;
+  --pending: #5468d4; --processing: #1b94c9; --completed: #2c9a58; --failed: #d9951a; --dead: #d23f3f;
+  --workers: #7650c2; --code: #10131a; --codefg: #d7dde8; }
+@media (prefers-color-scheme: dark) { :root { --bg: #12151b; --card: #1b1f27; --fg: #e4e7ec; --muted: #98a0af;
+  --line: #2a303a; --hover: #242a36; } }
+* { box-sizing: border-box; }
+body { margin: 0; font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif;
+  background: var(--bg); color: var(--fg); }
+header { display: flex; align-items: center; gap: 14px; padding: 10px 20px; background: var(--card);
+  border-bottom: 1px solid var(--line); }
+h1 { font-size: 18px; margin: 0; letter-spacing: .02em; }
+h2 { font-size: 13px; margin: 0 0 10px; text-transform: uppercase; letter-spacing: .06em; color: var(--muted); }
+h3 { font-size: 13px; margin: 14px 0 6px; color: var(--muted); }
+#paused { color: var(--failed); font-weight: 600; }
+#live { margin-left: auto; color: var(--muted); font-size: 12px; }
+#live::before { content: ""; display: inline-block; width: 8px; height: 8px; border-radius: 50%;
+  background: var(--completed); margin-right: 6px; }
+#live.down::before { background: var(--dead); }
+#banner { margin: 12px 20px 0; padding: 8px 12px; border-radius: 6px; background: #fde8e8; color: #8a1f1f;
+  border: 1px solid #f3b4b4; }
+main { padding: 16px 20px 24px; display: grid; gap: 16px; grid-template-columns: minmax(0, 3fr) minmax(0, 2fr); }
+.card { background: var(--card); border: 1px solid var(--line); border-radius: 8px; padding: 12px 14px; min-width: 0; }
+.wide { grid-column: 1 / -1; }
+@media (max-width: 900px) { main { grid-template-columns: minmax(0, 1fr); } }
+#counts { display: grid; grid-template-columns: repeat(6, minmax(0, 1fr)); gap: 12px; padding: 0;
+  background: none; border: 0; }
+.count { background: var(--card); border: 1px solid var(--line); border-top: 4px solid var(--c);
+  border-radius: 8px; padding: 10px 14px; }
+.count .n { font-size: 34px; font-weight: 650; line-height: 1.1; color: var(--c); font-variant-numeric: tabular-nums; }
+.count .label { color: var(--muted); font-size: 12px; text-transform: uppercase; letter-spacing: .06em; }
+.pending { --c: var(--pending); } .processing { --c: var(--processing); } .completed { --c: var(--completed); }
+.failed { --c: var(--failed); } .dead { --c: var(--dead); } .workers { --c: var(--workers); }
+#throughput { display: flex; gap: 20px; align-items: stretch; }
+#chart { flex: 1; min-width: 0; height: 180px; }
+#chart .grid { stroke: var(--line); } #chart text { fill: var(--muted); font-size: 11px; }
+#chart rect.completed { fill: var(--completed); } #chart rect.failed { fill: var(--failed); }
+#chart rect.dead { fill: var(--dead); } #chart g:hover rect { opacity: .75; }
+#stats { width: 290px; flex: none; font-size: 13px; white-space: nowrap; border-left: 1px solid var(--line);
+  padding-left: 16px; }
+#stats div { display: flex; justify-content: space-between; gap: 12px; padding: 2px 0; }
+#stats b { font-weight: 600; font-variant-numeric: tabular-nums; }
+.legend { display: flex; gap: 12px; font-size: 12px; color: var(--muted); margin-bottom: 6px; }
+.legend span::before { content: ""; display: inline-block; width: 10px; height: 10px; border-radius: 2px;
+  margin-right: 5px; background: var(--c); vertical-align: -1px; }
+.filters { display: flex; gap: 8px; align-items: center; margin-bottom: 8px; flex-wrap: wrap; }
+select, input, button { font: inherit; font-size: 13px; color: var(--fg); background: var(--card);
+  border: 1px solid var(--line); border-radius: 5px; padding: 4px 8px; }
+input.invalid { border-color: var(--dead); }
+button { cursor: pointer; } button:disabled { opacity: .45; cursor: default; }
+.pager { margin-left: auto; display: flex; gap: 6px; align-items: center; color: var(--muted); font-size: 12px; }
+table { width: 100%; border-collapse: collapse; font-size: 13px; table-layout: fixed; }
+th { text-align: left; font-weight: 600; color: var(--muted); font-size: 12px; padding: 4px 6px;
+  border-bottom: 1px solid var(--line); }
+td { padding: 5px 6px; border-bottom: 1px solid var(--line); white-space: nowrap; overflow: hidden;
+  text-overflow: ellipsis; vertical-align: top; }
+td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
+td.id, td.cmd, .mono { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 12px; }
+tr.job { cursor: pointer; } tr.job:hover { background: var(--hover); }
+tr.selected { background: var(--hover); box-shadow: inset 3px 0 var(--pending); }
+.badge { display: inline-block; padding: 0 8px; border-radius: 9px; font-size: 12px; line-height: 18px;
+  color: #fff; background: var(--c, var(--muted)); }
+.alive { --c: var(--completed); } .stopping { --c: var(--failed); } .gone { --c: var(--dead); }
+.running { --c: var(--processing); } .lost, .stopped, .canceled { --c: var(--muted); }
+.muted { color: var(--muted); }
+.empty { color: var(--muted); text-align: center; padding: 14px; }
+dl { display: grid; grid-template-columns: 110px minmax(0, 1fr); gap: 3px 10px; margin: 0; font-size: 13px; }
+dt { color: var(--muted); } dd { margin: 0; overflow-wrap: anywhere; }
+#jobtitle { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 15px;
+  overflow-wrap: anywhere; margin-bottom: 8px; }
+.actions { display: flex; gap: 8px; margin: 10px 0 0; }
+button.retry { border-color: var(--completed); color: var(--completed); }
+button.cancel, button.delete { border-color: var(--dead); color: var(--dead); }
+details { margin: 6px 0; } summary { cursor: pointer; font-size: 12px; color: var(--muted); }
+pre { margin: 4px 0 0; max-height: 260px; overflow: auto; background: var(--code); color: var(--codefg);
+  padding: 8px 10px; border-radius: 6px; font-size: 12px; white-space: pre-wrap; overflow-wrap: anywhere; }
+.w8 { width: 8%; } .w9 { width: 9%; } .w10 { width: 10%; } .w11 { width: 11%; } .w12 { width: 12%; }
+.w14 { width: 14%; } .w15 { width: 15%; } .w17 { width: 17%; } .w18 { width: 18%; } .w22 { width: 22%; }
+.w24 { width: 24%; }
+.link { border: 0; background: none; padding: 0; color: var(--pending); font-family: ui-monospace, monospace;
+  font-size: 12px; }
+</style>
+</head>
+<body>
+<header><h1>queuectl</h1><span id="paused"></span><span id="live">connecting…</span></header>
+<div id="banner" role="alert" hidden></div>
+<main>
+  <section id="counts" class="card wide" aria-label="jobs per state">
+    <div class="count pending"><div class="n" id="n-pending">–</div><div class="label">pending</div></div>
+    <div class="count processing"><div class="n" id="n-processing">–</div><div class="label">processing</div></div>
+    <div class="count completed"><div class="n" id="n-completed">–</div><div class="label">completed</div></div>
+    <div class="count failed"><div class="n" id="n-failed">–</div><div class="label">failed</div></div>
+    <div class="count dead"><div class="n" id="n-dead">–</div><div class="label">dead</div></div>
+    <div class="count workers"><div class="n" id="n-workers">–</div><div class="label">live workers</div></div>
+  </section>
+  <section class="card wide">
+    <h2>Throughput, last hour (runs finished per minute)</h2>
+    <div class="legend"><span class="completed">completed</span><span class="failed">failed</span>
+      <span class="dead">dead</span></div>
+    <div id="throughput">
+      <svg id="chart" viewBox="0 0 720 180" role="img" aria-label="runs per minute"></svg>
+      <div id="stats"></div>
+    </div>
+  </section>
+  <section class="card">
+    <h2>Jobs</h2>
+    <div class="filters">
+      <select id="state" aria-label="state">
+        <option value="">all states</option><option value="pending">pending</option>
+        <option value="processing">processing</option><option value="completed">completed</option>
+        <option value="failed">failed</option><option value="dead">dead</option>
+      </select>
+      <input id="queue" placeholder="queue (all)" aria-label="queue" size="14" spellcheck="false">
+      <div class="pager"><span id="range"></span><button id="prev">‹ newer</button>
+        <button id="next">older ›</button></div>
+    </div>
+    <table>
+      <colgroup><col class="w24"><col class="w14"><col class="w11"><col class="w10">
+        <col class="w12"><col></colgroup>
+      <thead><tr><th>id</th><th>state</th><th>queue</th><th class="num">attempts</th><th>updated</th>
+        <th>command</th></tr></thead>
+      <tbody id="jobs"><tr><td colspan="6" class="empty">loading…</td></tr></tbody>
+    </table>
+  </section>
+  <section class="card" id="jobview">
+    <h2>Job</h2>
+    <p id="jobhint" class="muted">Select a job in the table to see its fields, runs and output.</p>
+    <div id="jobdetail" hidden>
+      <div id="jobtitle"></div>
+      <dl id="fields"></dl>
+      <div id="actions" class="actions"></div>
+      <h3>Runs</h3>
+      <table>
+        <colgroup><col class="w8"><col class="w22"><col class="w15"><col class="w17">
+          <col class="w10"><col></colgroup>
+        <thead><tr><th>#</th><th>started</th><th class="num">duration</th><th>outcome</th><th class="num">exit</th>
+          <th>error</th></tr></thead>
+        <tbody id="runs"></tbody>
+      </table>
+      <div id="outputs"></div>
+    </div>
+  </section>
+  <section class="card wide">
+    <h2>Workers</h2>
+    <table>
+      <colgroup><col class="w18"><col class="w9"><col class="w9"><col class="w12">
+        <col class="w10"><col></colgroup>
+      <thead><tr><th>host</th><th class="num">pid</th><th class="num">threads</th><th class="num">heartbeat age</th>
+        <th>status</th><th>jobs</th></tr></thead>
+      <tbody id="workers"></tbody>
+    </table>
+  </section>
+</main>
+<script nonce="{{NONCE}}">
+"use strict";
+const $ = (selector) => document.querySelector(selector);
+const meta = (name) => document.querySelector(`meta[name="${name}"]`).content;
+const TOKEN = meta("queuectl-token"), ACTIONS = meta("queuectl-actions") === "1";
+const STATES = ["pending", "processing", "completed", "failed", "dead"], OUTCOMES = ["completed", "failed", "dead"];
+const PAGE = 25, REFRESH_MS = 1500, TAIL_CHARS = 16384, QUEUE_NAME = /^[A-Za-z0-9._-]{0,64}$/;
+const view = { state: "", queue: "", offset: 0, job: null, closed: new Set() };
+const drawn = {};  // the JSON each panel last drew: an unchanged panel is left alone
+
+history.replaceState(null, "", location.pathname + location.hash);  // the token stays out of the address bar
+
+// DOM builders. Children that are strings become text nodes: nothing from the API is parsed as HTML.
+function h(tag, props, ...children) {
+  const node = Object.assign(document.createElement(tag), props);
+  node.append(...children.filter((c) => c !== null && c !== undefined).map((c) => (c instanceof Node ? c : String(c))));
+  return node;
+}
+function svg(tag, attrs, ...children) {
+  const node = document.createElementNS("http://www.w3.org/2000/svg", tag);
+  for (const [name, value] of Object.entries(attrs)) node.setAttribute(name, value);
+  node.append(...children.map(String));
+  return node;
+}
+const badge = (word, cls) => h("span", { className: "badge " + (cls || word) }, word);
+function changed(key, value) {
+  const json = JSON.stringify(value);
+  if (drawn[key] === json) return false;
+  drawn[key] = json;
+  return true;
+}
+
+// Formatting
+const pad = (n) => String(n).padStart(2, "0");
+const hhmm = (iso) => { const d = new Date(iso); return `${pad(d.getHours())}:${pad(d.getMinutes())}`; };
+function when(iso) {
+  if (!iso) return "–";
+  const d = new Date(iso), time = `${hhmm(iso)}:${pad(d.getSeconds())}`;
+  return d.toDateString() === new Date().toDateString() ? time : `${d.toISOString().slice(0, 10)} ${time}`;
+}
+function secs(v) {
+  if (v === null || v === undefined) return "–";
+  return v < 1 ? `${Math.round(v * 1000)} ms` : v < 120 ? `${v.toFixed(2)} s` : `${(v / 60).toFixed(1)} min`;
+}
+const bytes = (n) => (n < 1024 ? `${n} B`
+  : n < 1048576 ? `${(n / 1024).toFixed(1)} KiB` : `${(n / 1048576).toFixed(1)} MiB`);
+const num = (n) => Number(n).toLocaleString("en-US");
+
+// The API
+async function api(path, method = "GET") {
+  const res = await fetch(path, { method, cache: "no-store", headers: { "X-Queuectl-Token": TOKEN } });
+  const body = await res.json().catch(() => ({}));
+  if (!res.ok) throw Object.assign(new Error(body.error || `HTTP ${res.status}`), { status: res.status });
+  return [body, res];
+}
+function setBanner(message) {
+  $("#banner").hidden = !message;
+  $("#banner").textContent = message || "";
+}
+const reloadJobs = () => loadJobs().catch((e) => setBanner(e.message));
+
+// Counts
+async function loadStatus() {
+  const [status] = await api("/api/status");
+  for (const state of STATES) $("#n-" + state).textContent = num(status.jobs[state]);
+  $("#n-workers").textContent = num(status.active_workers);
+  const paused = status.paused;
+  $("#paused").textContent = !paused.length ? ""
+    : "paused: " + (paused.includes("*") ? "all queues" : paused.join(", "));
+  for (const option of $("#state").options) {
+    option.textContent = option.value ? `${option.value} (${num(status.jobs[option.value])})` : "all states";
+  }
+}
+
+// Throughput chart and stats
+async function loadChart() {
+  const [[throughput], [stats]] = await Promise.all([api("/api/throughput"), api("/api/stats")]);
+  if (changed("chart", [throughput, $("#chart").getBoundingClientRect().width])) drawChart(throughput.buckets);
+  if (changed("stats", stats)) drawStats(stats);
+}
+function niceMax(v) {
+  const p = 10 ** Math.floor(Math.log10(Math.max(v, 2)));
+  return [2, 4, 6, 8, 10].map((m) => m * p).find((m) => m >= v);
+}
+function drawChart(buckets) {
+  const chart = $("#chart"), W = Math.max(320, Math.round(chart.getBoundingClientRect().width)), H = 180;
+  const left = 34, bottom = 20, top = 8;
+  chart.setAttribute("viewBox", `0 0 ${W} ${H}`);  // one unit a pixel: text is never stretched
+  const max = niceMax(Math.max(...buckets.map((b) => b.completed + b.failed + b.dead)));
+  const scale = (H - top - bottom) / max, width = (W - left) / buckets.length;
+  const nodes = [];
+  for (const value of [0, max / 2, max]) {
+    const y = H - bottom - value * scale;
+    nodes.push(svg("line", { x1: left, x2: W, y1: y, y2: y, class: "grid" }),
+               svg("text", { x: left - 5, y: y + 4, "text-anchor": "end" }, num(value)));
+  }
+  buckets.forEach((b, i) => {
+    const group = svg("g", {}, );
+    group.append(svg("title", {}, `${hhmm(b.at)}  ${b.completed} completed, ${b.failed} failed, ${b.dead} dead`));
+    group.append(svg("rect", { x: left + i * width, y: top, width, height: H - top - bottom, fill: "transparent" }));
+    let y = H - bottom;
+    for (const outcome of OUTCOMES) {
+      const height = b[outcome] * scale;
+      if (height <= 0) continue;
+      y -= height;
+      group.append(svg("rect", { x: left + i * width + 1, y, width: Math.max(1, width - 2), height, class: outcome }));
+    }
+    nodes.push(group);
+  });
+  for (const i of [0, 15, 30, 45]) {
+    if (i < buckets.length) nodes.push(svg("text", { x: left + i * width, y: H - 4 }, hhmm(buckets[i].at)));
+  }
+  nodes.push(svg("text", { x: W, y: H - 4, "text-anchor": "end" }, "now"));
+  $("#chart").replaceChildren(...nodes);
+}
+function drawStats(s) {
+  const line = (label, value) => h("div", {}, h("span", { className: "muted" }, label), h("b", {}, value));
+  $("#stats").replaceChildren(
+    line("throughput", `${s.throughput_per_min}/min`),
+    ...OUTCOMES.map((k) => line(k, num(s.runs[k]))),
+    line("duration p50 / p95", `${secs(s.duration_s.p50)} / ${secs(s.duration_s.p95)}`),
+    line("duration max", secs(s.duration_s.max)),
+    line("wait p50 / p95", `${secs(s.wait_s.p50)} / ${secs(s.wait_s.p95)}`),
+    line("oldest waiting", secs(s.oldest_eligible_age_s)));
+}
+
+// Job table
+async function loadJobs() {
+  const query = new URLSearchParams({ state: view.state, queue: view.queue, limit: PAGE, offset: view.offset });
+  const [jobs, res] = await api("/api/jobs?" + query);
+  const total = Number(res.headers.get("X-Total-Count"));
+  if (view.offset > 0 && view.offset >= total) {  // the page emptied (jobs deleted): show the last one
+    view.offset = Math.max(0, Math.ceil(total / PAGE) - 1) * PAGE;
+    return loadJobs();
+  }
+  $("#range").textContent = total ? `${num(view.offset + 1)}–${num(view.offset + jobs.length)} of ${num(total)}` : "";
+  $("#prev").disabled = view.offset === 0;
+  $("#next").disabled = view.offset + jobs.length >= total;
+  if (!changed("jobs", [jobs, view.job])) return;
+  const rows = jobs.map((j) => h("tr",
+    { className: "job" + (j.id === view.job ? " selected" : ""), onclick: () => selectJob(j.id) },
+    h("td", { className: "id" }, j.id), h("td", {}, badge(j.state)), h("td", {}, j.queue),
+    h("td", { className: "num" }, `${j.attempts}/${j.max_retries}`), h("td", {}, when(j.updated_at)),
+    h("td", { className: "cmd" }, j.command)));
+  $("#jobs").replaceChildren(...(rows.length ? rows
+    : [h("tr", {}, h("td", { colSpan: 6, className: "empty" }, "no jobs"))]));
+}
+
+// Job view
+function selectJob(id) {
+  view.job = id;
+  history.replaceState(null, "", "#job=" + encodeURIComponent(id));
+  drawn.job = null;
+  loadJob().catch((e) => setBanner(e.message));
+  reloadJobs();
+}
+async function loadJob() {
+  const id = view.job;
+  if (id === null) return;
+  let job = null;
+  try {
+    [job] = await api("/api/jobs/" + encodeURIComponent(id));
+  } catch (e) {
+    if (e.status !== 404) throw e;
+  }
+  if (id === view.job && changed("job", [id, job])) drawJob(id, job);
+}
+function drawJob(id, job) {
+  $("#jobhint").hidden = true;
+  $("#jobdetail").hidden = false;
+  $("#jobtitle").textContent = id;
+  if (!job) {
+    $("#fields").replaceChildren(h("dd", { className: "muted" }, "This job no longer exists."));
+    for (const part of ["#actions", "#runs", "#outputs"]) $(part).replaceChildren();
+    return;
+  }
+  $("#fields").replaceChildren(...jobFields(job).flatMap(([name, value]) => [h("dt", {}, name), h("dd", {}, value)]));
+  $("#actions").replaceChildren(...actionButtons(job));
+  $("#runs").replaceChildren(...(job.runs.length ? job.runs.slice().reverse().map(runRow)
+    : [h("tr", {}, h("td", { colSpan: 6, className: "empty" }, "not run yet"))]));
+  $("#outputs").replaceChildren(...job.runs.slice().reverse().map(runOutput));
+  for (const pre of document.querySelectorAll("#outputs pre")) pre.scrollTop = pre.scrollHeight;
+}
+function jobFields(j) {
+  const none = (v) => (v === null || v === undefined || v === "" ? "–" : v);
+  return [
+    ["state", badge(j.state)], ["queue", j.queue], ["priority", j.priority],
+    ["command", h("span", { className: "mono" }, j.command)],
+    ["attempts", `${j.attempts} of ${j.max_retries}`], ["timeout", j.timeout ? secs(j.timeout) : "none"],
+    ["cwd", h("span", { className: "mono" }, j.cwd)], ["env", h("span", { className: "mono" }, JSON.stringify(j.env))],
+    ["created", when(j.created_at)], ["updated", when(j.updated_at)], ["due", when(j.next_run_at)],
+    ["last error", none(j.last_error)], ["exit code", none(j.exit_code)], ["worker", none(j.worker_id)],
+    ["runs", j.run_count], ["lost", j.lost_count], ["depends on", none(j.depends_on.join(", "))],
+    ["waiting on", j.waiting_on],
+  ];
+}
+function runRow(r) {
+  const took = r.duration_s !== null ? secs(r.duration_s)
+    : secs(Math.max(0, (Date.now() - Date.parse(r.started_at)) / 1000));
+  return h("tr", {}, h("td", {}, r.run), h("td", {}, when(r.started_at)), h("td", { className: "num" }, took),
+    h("td", {}, r.outcome ? badge(r.outcome) : badge("running")), h("td", { className: "num" }, r.exit_code ?? "–"),
+    h("td", {}, r.error ?? ""));
+}
+function runOutput(r) {
+  const key = `${view.job}\\n${r.run}`;
+  const text = r.output === null || r.output === "" ? "(no output)"
+    : r.output.length > TAIL_CHARS ? "[… earlier output not shown …]\\n" + r.output.slice(-TAIL_CHARS) : r.output;
+  const details = h("details", { open: !view.closed.has(key) },
+    h("summary", {}, `run ${r.run} output, ${bytes(r.output_bytes)}${r.ended_at ? "" : " (running)"}`),
+    h("pre", {}, text));
+  details.addEventListener("toggle", () => (details.open ? view.closed.delete(key) : view.closed.add(key)));
+  return details;
+}
+function actionButtons(job) {
+  if (!ACTIONS) return [];
+  const buttons = [];
+  if (job.state === "dead") buttons.push(actionButton(job.id, "retry", "Retry"));
+  if (["pending", "failed", "processing"].includes(job.state)) buttons.push(actionButton(job.id, "cancel", "Cancel"));
+  if (["completed", "dead"].includes(job.state)) buttons.push(actionButton(job.id, "delete", "Delete"));
+  return buttons;
+}
+function actionButton(id, action, label) {
+  return h("button", { className: action, onclick: async () => {
+    if (action !== "retry" && !confirm(`${label} job ${id}?`)) return;
+    try {
+      await api(`/api/jobs/${encodeURIComponent(id)}/${action}`, "POST");
+      setBanner("");
+    } catch (e) {
+      setBanner(`${label} failed: ${e.message}`);
+    }
+    drawn.job = drawn.jobs = null;
+    update();
+  } }, label);
+}
+
+// Workers
+async function loadWorkers() {
+  const [workers] = await api("/api/workers");
+  if (!changed("workers", [workers, view.job])) return;
+  const rows = workers.map((w) => {
+    const jobs = h("td", {});
+    w.jobs.forEach((id, i) => jobs.append(i ? ", " : "",
+      h("button", { className: "link", onclick: () => selectJob(id) }, id)));
+    if (!w.jobs.length) jobs.append(h("span", { className: "muted" }, "idle"));
+    const status = !w.alive ? badge("dead?", "gone") : w.stopping ? badge("stopping") : badge("alive");
+    return h("tr", {}, h("td", {}, w.host), h("td", { className: "num" }, w.pid),
+      h("td", { className: "num" }, w.threads),
+      h("td", { className: "num" }, `${w.heartbeat_age_s.toFixed(1)} s`), h("td", {}, status), jobs);
+  });
+  $("#workers").replaceChildren(...(rows.length ? rows
+    : [h("tr", {}, h("td", { colSpan: 6, className: "empty" },
+                     "no workers registered (start one: queuectl worker start)"))]));
+}
+
+// Refresh loop: every panel every REFRESH_MS, with fetch; the page never reloads.
+async function update() {
+  const results = await Promise.allSettled([loadStatus(), loadChart(), loadJobs(), loadWorkers(), loadJob()]);
+  const failure = results.find((r) => r.status === "rejected");
+  setBanner(failure ? failure.reason.message : "");
+  $("#live").textContent = failure ? "not updating" : `live, updated ${when(new Date().toISOString())}`;
+  $("#live").classList.toggle("down", Boolean(failure));
+}
+async function loop() {
+  if (!document.hidden) await update();
+  setTimeout(loop, REFRESH_MS);
+}
+function jobFromHash() {
+  const match = /^#job=(.*)$/.exec(location.hash);
+  try { return match ? decodeURIComponent(match[1]) : null; } catch { return null; }
+}
+
+$("#state").onchange = (e) => { view.state = e.target.value; view.offset = 0; reloadJobs(); };
+$("#queue").oninput = (e) => {
+  const ok = QUEUE_NAME.test(e.target.value);
+  e.target.classList.toggle("invalid", !ok);
+  if (ok) { view.queue = e.target.value; view.offset = 0; reloadJobs(); }
+};
+$("#prev").onclick = () => { view.offset = Math.max(0, view.offset - PAGE); reloadJobs(); };
+$("#next").onclick = () => { view.offset += PAGE; reloadJobs(); };
+window.addEventListener("hashchange", () => {
+  const id = jobFromHash();
+  if (id !== null && id !== view.job) selectJob(id);
+});
+view.job = jobFromHash();
+loop();
+</script>
+</body>
+</html>
+"""
+
+
 # ==== CLI ========================================================================================
 
 class Parser(argparse.ArgumentParser):
@@ -1641,6 +2572,7 @@ def build_parser() -> Parser:
     _add_job_commands(sub)
     _add_view_commands(sub)
     _add_operating_commands(sub)
+    _add_dashboard_command(sub)
     _add_worker_commands(sub.add_parser("worker", help="start, stop or list workers").add_subparsers(
         dest="action", required=True, metavar="ACTION"))
     _add_dlq_and_config(sub)
@@ -1690,6 +2622,19 @@ def _add_operating_commands(sub) -> None:
     for name, func, verb in (("pause", cmd_pause, "stop claiming from"), ("resume", cmd_resume, "claim again from")):
         cmd = _command(sub, name, func, f"workers {verb} these queues (all, if none named)")
         cmd.add_argument("--queue", type=_queue_arg, action="append", default=[])
+
+
+def _add_dashboard_command(sub) -> None:
+    d = _command(sub, "dashboard", cmd_dashboard, "serve a live web view of the queue and its JSON API")
+    d.add_argument("--bind", default="127.0.0.1", metavar="ADDRESS", help="address to listen on (default 127.0.0.1)")
+    d.add_argument("--port", type=int, default=8321, help="port (default 8321; 0 = any free port)")
+    d.add_argument("--allow-actions", action="store_true", help="allow retry, cancel and delete from the page")
+    d.add_argument("--no-token", action="store_true", help="serve without the access token (trusted machines only)")
+
+
+# ---- ... and call it in build_parser(), right after `_add_operating_commands(sub)`:
+#
+#     _add_dashboard_command(sub)
 
 
 def _add_worker_commands(w) -> None:
@@ -1871,8 +2816,7 @@ def cmd_status(args, store: Store) -> None:
 
 def print_status(store: Store, queue: str | None, as_json: bool) -> None:
     if as_json:
-        return emit_json({"jobs": store.counts(queue), "active_workers": len(live_workers(store)),
-                          "paused": store.paused()})
+        return emit_json(status_dict(store, queue))
     sys.stdout.write(_status_text(store, queue))
 
 
@@ -1919,10 +2863,10 @@ def run_dict(run: dict) -> dict:
 
 def cmd_show(args, store: Store) -> None:
     checked_ids([args.id])
-    job, runs = store.get(args.id), [run_dict(r) for r in store.runs(args.id)]
-    details = {**job.to_dict(), "depends_on": store.depends_on(args.id)}
+    details = show_dict(store, args.id)
     if args.json:
-        return emit_json({**details, "output": runs[-1]["output"] if runs else None, "runs": runs})
+        return emit_json(details)
+    runs, output = details.pop("runs"), details.pop("output")
     for key, value in details.items():
         print(f"{key + ':':<13} {value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)}")
     print(f"runs:         {len(runs)}")
@@ -1930,7 +2874,6 @@ def cmd_show(args, store: Store) -> None:
         took = "running" if r["duration_s"] is None else f"{r['duration_s']:.2f}s"
         print(f"  #{r['run']:<3} {r['started_at']}  {took:>9}  {r['outcome'] or 'running':<10} "
               f"exit={r['exit_code']}  {r['error'] or ''}".rstrip())
-    output = runs[-1]["output"] if runs else None
     print("output:" + ("" if output else " (none)"))
     if output:
         print(output, end="" if output.endswith("\n") else "\n")
@@ -1986,17 +2929,7 @@ def write_bytes(data: bytes | None) -> None:
 
 
 def cmd_stats(args, store: Store) -> None:
-    now = time.time()
-    raw = store.stats(now - args.since, now)
-    finished = sum(raw["outcomes"].get(k, 0) for k in (COMPLETED, FAILED, DEAD))
-    report = {
-        "window_s": args.since,
-        "runs": {k: raw["outcomes"].get(k, 0) for k in (COMPLETED, FAILED, DEAD)},
-        "throughput_per_min": round(finished / (args.since / 60), 3) if args.since else 0.0,
-        "duration_s": dict(zip(("max", "p50", "p95"), raw["duration"])),
-        "wait_s": dict(zip(("p50", "p95"), raw["wait"][1:])),
-        "oldest_eligible_age_s": raw["oldest_eligible_age_s"],
-    }
+    report = stats_dict(store, args.since, time.time())
     if args.json:
         return emit_json(report)
     print(f"window: {args.since:g}s   throughput: {report['throughput_per_min']}/min")
@@ -2046,11 +2979,7 @@ def cmd_worker_stop(args, store: Store) -> int:
 
 
 def cmd_worker_list(args, store: Store) -> None:
-    now, live, held = time.time(), {w.id for w in live_workers(store)}, store.processing_by_worker()
-    rows = [{"id": w.id, "host": w.host, "pid": w.pid, "started_at": iso(w.started_at),
-             "heartbeat_at": iso(w.heartbeat_at), "heartbeat_age_s": round(max(0.0, now - w.heartbeat_at), 3),
-             "threads": w.threads, "alive": w.id in live, "stopping": bool(w.stop_requested),
-             "jobs": held.get(w.id, [])} for w in store.workers()]
+    rows = worker_dicts(store, time.time())
     if args.json:
         return emit_json(rows)
     print(f"{'ID':<32} {'PID':>7} {'THREADS':>7} {'BEAT':>6}  JOBS")
@@ -2058,6 +2987,38 @@ def cmd_worker_list(args, store: Store) -> None:
         state = "" if r["alive"] else " (dead?)"
         print(f"{r['id']:<32} {r['pid']:>7} {r['threads']:>7} {r['heartbeat_age_s']:>5.1f}s  "
               f"{', '.join(r['jobs']) or '-'}{state}")
+
+
+def cmd_dashboard(args, store: Store) -> int:
+    import secrets
+    import signal
+    if not 0 <= args.port <= 65535:
+        raise UsageError("--port must be from 0 to 65535 (0 = any free port)")
+    store.close()  # each request opens its own connection
+    dashboard = Dashboard(store.path, token=None if args.no_token else secrets.token_urlsafe(24),
+                          allow_actions=args.allow_actions)
+    server = dashboard.serve(args.bind, args.port)
+    for sig in (signal.SIGINT, signal.SIGTERM):  # Ctrl+C or `kill`: a clean stop, exit 0 (set before the URL
+        signal.signal(sig, signal.default_int_handler)  # is out; SIGINT starts ignored in a background job)
+    try:
+        _dashboard_notes(dashboard, args)  # before the URL: whoever waits for the URL has seen them
+        print(dashboard.url(server), flush=True)
+        server.serve_forever(poll_interval=0.5)
+    except KeyboardInterrupt:
+        print("queuectl: dashboard stopped", file=sys.stderr)
+    finally:
+        server.server_close()
+    return EXIT_OK
+
+
+def _dashboard_notes(dashboard: Dashboard, args) -> None:
+    """What the person who started the dashboard should know, on stderr."""
+    mode = "read-write (--allow-actions)" if args.allow_actions else "read-only"
+    print(f"queuectl: dashboard for {dashboard.path}, {mode}; open the URL below; Ctrl+C stops it", file=sys.stderr)
+    if not dashboard.loopback:
+        print(f"queuectl: warning: listening on {args.bind}, reachable from other machines over plain HTTP"
+              + ("; anyone who can reach it can read the queue (--no-token)" if args.no_token else ""),
+              file=sys.stderr)
 
 
 def cmd_dlq_list(args, store: Store) -> None:
@@ -2098,7 +3059,7 @@ def main(argv: list[str] | None = None) -> int:
             stream.reconfigure(errors="backslashreplace")
     try:
         args = build_parser().parse_args(argv)
-        if args.command == "worker":
+        if args.command in ("worker", "dashboard"):
             configure_logging()
     except SystemExit as e:  # --help, --version
         return e.code if isinstance(e.code, int) else EXIT_OK

@@ -1282,6 +1282,435 @@ def test_sweeper_requeues_jobs_of_unregistered_owner(store):
     assert store.get("a").state == "pending"
 
 
+# ==== Dashboard ====================================================================================
+
+DASH_TOKEN = "test-token-Zq9"
+SCRIPT_ID = "<script>alert(1)</script>"  # a job id that must always show as text
+CHROMIUM = os.environ.get("QUEUECTL_CHROMIUM", "/usr/bin/chromium")
+
+
+def seed_dashboard_queue(path):
+    """A queue with known contents; returns the Store (kept open, so tests can also read it).
+
+    done-1 completed (output with HTML), SCRIPT_ID dead (output with HTML), running-1 processing
+    on a live worker (this test process), img-1 and img-2 pending in queue `images`.
+    """
+    store = queuectl.Store(path)
+    now = time.time()
+    store.register("dash-worker", queuectl.host_identity(), 2, now)
+
+    def add(job_id, command="true", **fields):
+        spec = queuectl.validate_job({"id": job_id, "command": command, **fields}, store.config_all(), "/tmp", now)
+        store.enqueue([spec], now)
+
+    def run(code, output):
+        job = store.claim("dash-worker", now)
+        outcome = queuectl.Outcome(code, None if code == 0 else f"exit code {code}", output, 0.25)
+        store.finish(job, "dash-worker", outcome, store.config_all(), now + 0.25)
+
+    add("done-1", "echo hello")
+    run(0, "hello <b>world</b>\n")
+    add(SCRIPT_ID, "exit 3", max_retries=0)
+    run(3, "<img src=x onerror=alert(2)>\n")
+    add("running-1", "sleep 1000")
+    store.claim("dash-worker", now)
+    add("img-1", queue="images")
+    add("img-2", queue="images")
+    return store
+
+
+class DashboardUnderTest:
+    """A queuectl.Dashboard served on a free port by a background thread, with a small HTTP client."""
+
+    def __init__(self, path, token=DASH_TOKEN, allow_actions=False):
+        import threading
+        self.token = token
+        self.dashboard = queuectl.Dashboard(path, token=token, allow_actions=allow_actions)
+        self.server = self.dashboard.serve("127.0.0.1", 0)
+        self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread.start()
+
+    def request(self, path, *, auth="query", method="GET", headers=None):
+        """(status, headers, body: parsed JSON, or text) of one request; auth is query, header, cookie or None."""
+        import urllib.error
+        import urllib.request
+        headers = dict(headers or {})
+        if auth == "query":
+            path += ("&" if "?" in path else "?") + "token=" + self.token
+        elif auth == "header":
+            headers["X-Queuectl-Token"] = self.token
+        elif auth == "cookie":
+            headers["Cookie"] = f"{self.dashboard.cookie}={self.token}"
+        req = urllib.request.Request(self.base + path, method=method, headers=headers,
+                                     data=b"" if method == "POST" else None)
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via $http_proxy
+        try:
+            with opener.open(req, timeout=30) as res:
+                status, got, body = res.status, res.headers, res.read()
+        except urllib.error.HTTPError as e:
+            status, got, body = e.code, e.headers, e.read()
+        is_json = got.get("Content-Type", "").startswith("application/json")
+        return status, got, json.loads(body) if is_json else body.decode()
+
+    def get(self, path, **kw):
+        """The JSON of a GET that must answer 200."""
+        status, _, body = self.request(path, **kw)
+        assert status == 200, (path, status, body)
+        return body
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=10)
+
+
+@pytest.fixture
+def dashboard(tmp_path, monkeypatch):
+    """start(**options) -> a DashboardUnderTest on a seeded queue (`.path`, `.store`); all stopped at teardown."""
+    monkeypatch.delenv("QUEUECTL_DB", raising=False)
+    path = str(tmp_path / "dash.db")
+    store = seed_dashboard_queue(path)
+    started = []
+
+    def start(**options):
+        server = DashboardUnderTest(path, **options)
+        server.path, server.store = path, store
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.close()
+    store.close()
+
+
+def cli_json(capsys, path, *args):
+    """The JSON a CLI command prints with --json."""
+    capsys.readouterr()
+    assert queuectl.main(["--db", path, *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_dashboard_refuses_every_request_without_the_right_token(dashboard):
+    d = dashboard()
+    for path in ("/", "/api/status", "/api/jobs", "/api/jobs/done-1", "/nope"):
+        for auth, headers in ((None, {}), (None, {"X-Queuectl-Token": "wrong"}),
+                              (None, {"Cookie": f"{d.dashboard.cookie}=wrong"})):
+            status, _, body = d.request(path, auth=auth, headers=headers)
+            assert status == 403 and "token" in body["error"], (path, headers, status, body)
+        status, _, body = d.request(path + "?token=wrong", auth=None)
+        assert status == 403, (path, body)
+
+
+def test_dashboard_token_in_the_query_sets_a_strict_httponly_cookie_that_then_suffices(dashboard):
+    d = dashboard()
+    status, headers, _ = d.request("/api/status", auth="query")
+    assert status == 200
+    cookie = headers["Set-Cookie"]
+    assert cookie.startswith(f"{d.dashboard.cookie}={DASH_TOKEN};")
+    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Path=/" in cookie
+    for auth in ("cookie", "header"):
+        status, headers, _ = d.request("/api/status", auth=auth)
+        assert status == 200 and "Set-Cookie" not in headers
+
+
+def test_dashboard_without_a_token_serves_everyone_on_this_machine(dashboard):
+    d = dashboard(token=None)
+    assert d.get("/api/status", auth=None)["jobs"]["pending"] == 2
+
+
+def test_dashboard_answers_only_to_loopback_host_names(dashboard):
+    d = dashboard(token=None)  # DNS rebinding matters most without a token
+    for host in ("localhost:1", "127.0.0.1:1", "[::1]:1", "127.0.0.2"):
+        assert d.request("/api/status", auth=None, headers={"Host": host})[0] == 200, host
+    for host in ("evil.example:80", "127.evil.example", "localhost.evil.example"):
+        status, _, body = d.request("/api/status", auth=None, headers={"Host": host})
+        assert status == 403 and "Host" in body["error"], host
+
+
+def test_dashboard_api_shapes_equal_the_cli_json(dashboard, capsys):
+    d = dashboard()
+    assert d.get("/api/status") == cli_json(capsys, d.path, "status")
+    assert d.get("/api/status?queue=images") == cli_json(capsys, d.path, "status", "--queue", "images")
+    assert d.get("/api/jobs") == list(reversed(cli_json(capsys, d.path, "list")))
+    for job_id in ("done-1", SCRIPT_ID, "running-1", "img-1"):
+        assert d.get("/api/jobs/" + quote_id(job_id)) == cli_json(capsys, d.path, "show", job_id)
+    api_stats, cli_stats = d.get("/api/stats"), cli_json(capsys, d.path, "stats")
+    api_stats.pop("oldest_eligible_age_s"), cli_stats.pop("oldest_eligible_age_s")  # both read the clock
+    assert api_stats == cli_stats
+    assert api_stats["runs"] == {"completed": 1, "failed": 0, "dead": 1}
+    assert d.get("/api/stats?since=1d")["window_s"] == 86400
+    api_workers, cli_workers = d.get("/api/workers"), cli_json(capsys, d.path, "worker", "list")
+    for rows in (api_workers, cli_workers):
+        assert [r.pop("heartbeat_age_s") >= 0 for r in rows] == [True]
+    assert api_workers == cli_workers
+    assert api_workers[0]["jobs"] == ["running-1"] and api_workers[0]["alive"] is True
+
+
+def quote_id(job_id):
+    """A job id as one path segment (a '/' in it too)."""
+    from urllib.parse import quote
+    return quote(job_id, safe="")
+
+
+def test_dashboard_job_table_is_newest_first_filtered_and_paged(dashboard):
+    d = dashboard()
+
+    def ids(query):
+        status, headers, body = d.request("/api/jobs" + query)
+        assert status == 200, body
+        return [job["id"] for job in body], int(headers["X-Total-Count"])
+
+    assert ids("") == (["img-2", "img-1", "running-1", SCRIPT_ID, "done-1"], 5)
+    assert ids("?state=&queue=") == ids("")
+    assert ids("?state=pending") == (["img-2", "img-1"], 2)
+    assert ids("?queue=images&limit=1&offset=1") == (["img-1"], 2)
+    assert ids("?state=dead&queue=images") == ([], 0)
+    assert ids("?limit=2&offset=2") == (["running-1", SCRIPT_ID], 5)
+    assert ids("?offset=5") == ([], 5)
+
+
+def test_dashboard_logs_of_a_run(dashboard):
+    d = dashboard()
+    latest = d.get("/api/jobs/done-1/logs")
+    assert latest == {"id": "done-1", "run": 1, "output": "hello <b>world</b>\n", "output_bytes": 19,
+                      "ended_at": latest["ended_at"]}
+    assert d.get("/api/jobs/done-1/logs?run=1") == latest
+    assert d.get("/api/jobs/img-1/logs") == {"id": "img-1", "run": None, "output": None, "output_bytes": 0,
+                                             "ended_at": None}
+    assert d.get("/api/jobs/running-1/logs")["ended_at"] is None
+
+
+def test_dashboard_escapes_nothing_in_json_and_serves_json_as_json(dashboard):
+    d = dashboard()
+    status, headers, job = d.request("/api/jobs/" + quote_id(SCRIPT_ID))
+    assert status == 200 and job["id"] == SCRIPT_ID and job["output"] == "<img src=x onerror=alert(2)>\n"
+    assert headers["Content-Type"] == "application/json; charset=utf-8"
+    assert headers["X-Content-Type-Options"] == "nosniff" and headers["Cache-Control"] == "no-store"
+
+
+def test_dashboard_page_is_self_contained_and_carries_no_queue_data(dashboard):
+    d = dashboard()
+    status, headers, page = d.request("/")
+    assert status == 200 and headers["Content-Type"] == "text/html; charset=utf-8"
+    csp = headers["Content-Security-Policy"]
+    nonce = csp.split("'nonce-")[1].split("'")[0]
+    assert f'<script nonce="{nonce}">' in page and "default-src 'none'" in csp and "connect-src 'self'" in csp
+    assert headers["X-Frame-Options"] == "DENY"
+    assert page.count("<script") == 1 and "src=" not in page and "@import" not in page
+    assert "https://" not in page and page.replace("http://www.w3.org/2000/svg", "").count("http://") == 0
+    assert "innerHTML" not in page and "outerHTML" not in page and "insertAdjacentHTML" not in page
+    for job_id in ("done-1", "img-1", "img-2", "running-1", "alert(1)"):
+        assert job_id not in page
+
+
+def test_dashboard_bad_requests_get_json_errors_and_the_server_lives_on(dashboard):
+    d = dashboard(allow_actions=True)
+    cases = [
+        ("/nope", 404), ("/api", 404), ("/api/jobs/done-1/nope", 404), ("/api/jobs/missing", 404),
+        ("/api/jobs/missing/logs", 404), ("/api/jobs/done-1/logs?run=2", 404),
+        ("/api/jobs?state=bogus", 400), ("/api/jobs?limit=0", 400), ("/api/jobs?limit=abc", 400),
+        ("/api/jobs?limit=1001", 400), ("/api/jobs?offset=-1", 400), ("/api/jobs?limit=" + "9" * 5000, 400),
+        ("/api/jobs?state=dead&state=pending", 400), ("/api/jobs?colour=red", 400), ("/?x=1", 400),
+        ("/api/jobs?queue=bad%20name", 400), ("/api/status?queue=" + "q" * 65, 400),
+        ("/api/stats?since=forever", 400), ("/api/jobs/done-1/logs?run=x", 400),
+        ("/api/jobs/done-1/logs?run=0", 400), ("/api/throughput?minutes=0", 400), ("/api/jobs/%FF", 400),
+        ("/api/jobs/%01", 400), ("/api/jobs?state=%FF", 400),
+    ]
+    for path, expected in cases:
+        status, _, body = d.request(path)
+        assert (status, type(body)) == (expected, dict) and body["error"], (path, status, body)
+    for method, path, expected in (("POST", "/api/status", 405), ("POST", "/", 405),
+                                   ("PUT", "/api/status", 501), ("DELETE", "/api/jobs/done-1", 501)):
+        status, _, body = d.request(path, method=method, auth="header")
+        assert status == expected and body["error"], (method, path, status, body)
+    assert b'{"error": "Bad request' in raw_http(d, b"GARBAGE\r\n\r\n")
+    assert raw_http(d, b"GET /" + b"x" * 70000 + b" HTTP/1.0\r\n\r\n").startswith(b"HTTP/1.0 414")
+    assert raw_http(d, b"POST /api/jobs/img-1/cancel HTTP/1.0\r\nContent-Length: x\r\n\r\n").startswith(b"HTTP/1.0 400")
+    assert d.get("/api/status")["jobs"]["pending"] == 2  # still serving
+
+
+def raw_http(d, data):
+    """Send raw bytes to the dashboard; the start of its answer."""
+    import socket
+    with socket.create_connection(d.server.server_address[:2], timeout=30) as sock:
+        sock.sendall(data)
+        return sock.recv(200)
+
+
+def test_dashboard_get_never_writes(dashboard):
+    d = dashboard(allow_actions=True)
+    before = d.store.read("PRAGMA data_version")  # changes when another connection commits
+    for path in ("/", "/api/status", "/api/stats", "/api/throughput", "/api/jobs", "/api/workers",
+                 "/api/jobs/done-1", "/api/jobs/done-1/logs", "/api/jobs/img-1/retry", "/api/jobs/img-1/cancel"):
+        d.request(path)
+    assert d.store.read("PRAGMA data_version") == before
+    assert d.store.get("img-1").state == "pending"
+    d.request("/api/jobs/img-1/cancel", method="POST", auth="header")
+    assert d.store.read("PRAGMA data_version") != before  # the probe does see a write
+
+
+def test_dashboard_get_requests_use_query_only_connections(dashboard, monkeypatch):
+    d = dashboard(allow_actions=True)
+    monkeypatch.setitem(queuectl.API_ROUTES, ("GET", "/api/status"), (lambda store, q, _: store.pause(["x"]), ()))
+    status, _, body = d.request("/api/status")
+    assert status == 500 and "readonly" in body["error"]
+    assert d.store.paused() == []
+
+
+def test_dashboard_actions_are_refused_without_allow_actions(dashboard):
+    d = dashboard()
+    for action, job_id in (("retry", SCRIPT_ID), ("cancel", "img-1"), ("delete", "done-1")):
+        status, _, body = d.request(f"/api/jobs/{quote_id(job_id)}/{action}", method="POST", auth="header")
+        assert status == 403 and "--allow-actions" in body["error"], (action, body)
+    assert job_states(d) == {"done-1": "completed", SCRIPT_ID: "dead", "running-1": "processing",
+                             "img-1": "pending", "img-2": "pending"}
+
+
+def job_states(d):
+    """Job id -> state, read straight from the store."""
+    return {job.id: job.state for job in d.store.list_jobs()}
+
+
+def test_dashboard_actions_need_the_token_in_a_header(dashboard):
+    d = dashboard(allow_actions=True)
+    path = "/api/jobs/" + quote_id(SCRIPT_ID) + "/retry"
+    refused = [d.request(path, method="POST", auth="cookie"), d.request(path, method="POST", auth="query"),
+               d.request(path, method="POST", auth="cookie", headers={"X-Queuectl-Token": "wrong"}),
+               d.request(path, method="POST", auth="header", headers={"Origin": "http://evil.example"})]
+    assert [status for status, _, _ in refused] == [403] * 4
+    assert d.store.get(SCRIPT_ID).state == "dead"
+    status, _, job = d.request(path, method="POST", auth="header")
+    assert status == 200 and job["id"] == SCRIPT_ID and job["state"] == "pending"
+
+
+def test_dashboard_without_a_token_still_wants_the_header_for_actions(dashboard):
+    d = dashboard(token=None, allow_actions=True)
+    assert d.request("/api/jobs/img-1/cancel", method="POST", auth=None)[0] == 403
+    status, _, job = d.request("/api/jobs/img-1/cancel", method="POST", auth=None, headers={"X-Queuectl-Token": ""})
+    assert status == 200 and job["state"] == "dead"
+
+
+def test_dashboard_actions_retry_cancel_delete_and_their_errors(dashboard):
+    d = dashboard(allow_actions=True)
+
+    def post(job_id, action):
+        return d.request(f"/api/jobs/{quote_id(job_id)}/{action}", method="POST", auth="header")[:3:2]
+
+    assert post("img-1", "cancel") == (200, {**d.store.get("img-1").to_dict(), "state": "dead"})
+    assert post("done-1", "delete") == (200, {"id": "done-1", "deleted": True})
+    assert d.request("/api/jobs/done-1")[0] == 404
+    for job_id, action, expected in (("img-2", "retry", 409), ("running-1", "delete", 409), ("img-1", "cancel", 409),
+                                     ("missing", "retry", 404), ("missing", "cancel", 404)):
+        status, body = post(job_id, action)
+        assert status == expected and job_id in body["error"], (job_id, action, status, body)
+    assert post("running-1", "cancel")[0] == 200  # a running job: its worker is asked to kill it
+
+
+def test_minute_buckets_fill_every_minute_of_the_window():
+    start = queuectl.chart_start(7259.5, 3)  # now is in minute 120: the chart shows minutes 118-120
+    assert start == 118 * 60
+    buckets = queuectl.minute_buckets([(0, "completed", 4), (2, "dead", 1), (2, "failed", 2), (3, "completed", 9),
+                                       (-1, "completed", 9)], start, 3)
+    assert buckets == [{"at": queuectl.iso(7080), "completed": 4, "failed": 0, "dead": 0},
+                       {"at": queuectl.iso(7140), "completed": 0, "failed": 0, "dead": 0},
+                       {"at": queuectl.iso(7200), "completed": 0, "failed": 2, "dead": 1}]
+
+
+def test_runs_per_minute_counts_finished_runs_by_minute(tmp_path):
+    store = queuectl.Store(str(tmp_path / "q.db"))
+    store.register("w", queuectl.host_identity(), 1, 0)
+    settings = {**store.config_all(), "backoff_base": 1}
+    for n, (code, ended) in enumerate([(0, 6000), (0, 6059.9), (1, 6060), (0, 6150), (0, 5999)]):
+        spec = queuectl.validate_job({"id": f"j{n}", "command": "true", "max_retries": 2}, settings, "/tmp", 0)
+        store.enqueue([spec], 0)
+        job = store.claim("w", 1)
+        store.finish(job, "w", queuectl.Outcome(code, None, "", 0.1), settings, ended)
+    store.claim("w", 7000)  # j2's retry: running, not counted
+    assert sorted(store.runs_per_minute(6000)) == [(0, "completed", 2), (1, "failed", 1), (2, "completed", 1)]
+    store.close()
+
+
+def start_dashboard_process(tmp_path, *args):
+    """`queuectl dashboard --port 0 ARGS` as a process; returns it and the URL it printed."""
+    path = str(tmp_path / "cli.db")
+    proc = subprocess.Popen([sys.executable, queuectl.__file__, "--db", path, "dashboard", "--port", "0", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return proc, proc.stdout.readline().strip()
+
+
+def stop_dashboard_process(proc, sig):
+    """Send sig; the exit code and stderr once it has exited."""
+    proc.send_signal(sig)
+    try:
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    return proc.returncode, err
+
+
+def test_dashboard_command_prints_the_url_and_stops_cleanly_on_ctrl_c(tmp_path):
+    import signal
+    import urllib.request
+    proc, url = start_dashboard_process(tmp_path)
+    assert url.startswith("http://127.0.0.1:") and "/?token=" in url, url
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(url.replace("/?", "/api/status?"), timeout=30) as res:
+        assert json.loads(res.read())["jobs"]["pending"] == 0
+    code, err = stop_dashboard_process(proc, signal.SIGINT)
+    assert code == 0 and "Traceback" not in err and "stopped" in err and "warning" not in err, err
+
+
+def test_dashboard_command_warns_when_not_on_loopback_and_stops_on_sigterm(tmp_path):
+    import signal
+    proc, url = start_dashboard_process(tmp_path, "--bind", "0.0.0.0", "--no-token")
+    assert url.startswith("http://") and "token" not in url, url
+    code, err = stop_dashboard_process(proc, signal.SIGTERM)
+    assert code == 0 and "warning" in err and "0.0.0.0" in err and "Traceback" not in err, err
+
+
+def test_dashboard_command_rejects_a_bad_port_and_a_port_in_use(tmp_path, dashboard, capsys):
+    assert queuectl.main(["--db", str(tmp_path / "x.db"), "dashboard", "--port", "70000"]) == 2
+    assert "--port" in capsys.readouterr().err
+    busy = dashboard()
+    port = str(busy.server.server_address[1])
+    assert queuectl.main(["--db", str(tmp_path / "x.db"), "dashboard", "--port", port]) == 1
+    assert "cannot listen" in capsys.readouterr().err
+
+
+def chromium_dom(url, tmp_path):
+    """The DOM of url after the page's scripts ran (headless Chromium, virtual time)."""
+    if not os.path.exists(CHROMIUM):
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{CHROMIUM} is missing; CI must run the browser test (apt-get install chromium)")
+        pytest.skip(f"browser test skipped: {CHROMIUM} not found (apt-get install chromium, or set QUEUECTL_CHROMIUM)")
+    proc = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                           f"--user-data-dir={tmp_path / 'chromium-profile'}", "--virtual-time-budget=5000",
+                           "--dump-dom", url], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0 and "</html>" in proc.stdout, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_dashboard_in_a_real_browser_shows_the_queue_from_the_api(dashboard, tmp_path):
+    d = dashboard(allow_actions=True)
+    served = d.request("/")[2]
+    assert "img-2" not in served and "alert(" not in served
+    dom = chromium_dom(f"{d.base}/?token={DASH_TOKEN}#job={quote_id(SCRIPT_ID)}", tmp_path)
+    counts = {"pending": 2, "processing": 1, "completed": 1, "failed": 0, "dead": 1, "workers": 1}
+    for name, count in counts.items():
+        assert f'id="n-{name}">{count}<' in dom, (name, count)
+    assert ">img-2</td>" in dom  # a job row the served HTML did not have: drawn from /api/jobs
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;</td>" in dom  # the id as text in the job table ...
+    assert '<div id="jobtitle">&lt;script&gt;alert(1)&lt;/script&gt;</div>' in dom  # ... and in the job view
+    assert "&lt;img src=x onerror=alert(2)&gt;" in dom  # its output, as text
+    assert dom.count("<script") == served.count("<script") == 1 and "<img" not in dom
+    assert 'class="completed"></rect>' in dom and 'class="dead"></rect>' in dom  # the chart, from /api/throughput
+    assert "Retry</button>" in dom  # --allow-actions: the dead job can be retried
+    assert ">running-1</button>" in dom  # the worker's current job, in the workers table
+
+
 # ==== CLI ==========================================================================================
 
 # ---- enqueue

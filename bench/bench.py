@@ -737,6 +737,28 @@ def machine() -> dict:
             "python": sys.version.split()[0], "sqlite": sqlite3.sqlite_version}
 
 
+def cpu_ticks() -> tuple[int, int, int, float]:
+    """(busy, steal, total) clock ticks of the whole machine, and CPU seconds of this process and of its
+    reaped children (the workers, with the jobs they reaped): to tell how much else ran meanwhile."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return 0, 0, 0, 0.0
+    t = os.times()
+    total = sum(fields)
+    return total - fields[3] - fields[4], fields[7], total, t.user + t.system + t.children_user + t.children_system
+
+
+def other_load(start: tuple, end: tuple) -> str:
+    """Share of the machine's CPU that other processes (and the hypervisor's steal) took during the run."""
+    busy, steal, total, ours = (b - a for a, b in zip(start, end))
+    if total <= 0:
+        return "unknown"
+    other = max(0.0, busy - ours * CLK_TCK) / total * 100
+    return f"{other:.0f} % of all cores (steal {steal / total * 100:.0f} %)"
+
+
 def disk(path: str) -> str:
     try:
         out = subprocess.run(["df", "-hT", path], capture_output=True, text=True, timeout=10).stdout.splitlines()
@@ -769,6 +791,7 @@ def render(meta: dict, results: list[dict], notes: list[str]) -> str:
     lines = [f"queuectl benchmark, {meta['date']} — {meta['queuectl']}",
              f"machine: {meta['cores']} cores ({meta['cpu'] or 'unknown cpu'}), disk: {meta['disk']}, "
              f"Python {meta['python']}, SQLite {meta['sqlite']}",
+             f"other processes during the run: {meta['other_load']} — a busy machine skews every figure, ratios least",
              f"mode: {meta['mode']}: " + ", ".join(f"{k}={v}" for k, v in meta["params"].items()), ""]
     head = ("figure", "value", "target", "result", "detail")
     rows = [(r["label"], "n/a" if r["value"] is None else UNITS[r["unit"]].format(r["value"]), r["target"],
@@ -833,6 +856,7 @@ def main(argv: list[str] | None = None) -> int:
             "params": {k: v for k, v in params.items() if k != "seed"}, "sections": list(sections)}
     b = Bench(params, tmp)
     code = 0
+    ticks = cpu_ticks()
     signal.signal(signal.SIGTERM, _interrupted)  # clean up the workers on `kill` too, not only on Ctrl+C
     try:
         b.probe_batch()
@@ -851,6 +875,7 @@ def main(argv: list[str] | None = None) -> int:
             say(f"kept {tmp}")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
+    meta["other_load"] = other_load(ticks, cpu_ticks())
     if args.json:
         print(json.dumps({"meta": meta, "results": b.results, "notes": b.notes, "raw": b.raw,
                           "error": code != 0}, indent=2))

@@ -61,6 +61,14 @@ TERMINAL = (q.COMPLETED, q.DEAD)
 SQL_ROWS = ("SELECT id, state, worker_id, run_count, attempts, max_retries, lost_count, waiting_on, "
             "priority, next_run_at, seq, last_error FROM jobs")
 SQL_OPEN_RUNS = "SELECT job_id, run_no, worker_id FROM runs WHERE ended_at IS NULL"
+SQL_PROCESSING = "SELECT id, run_count, worker_id FROM jobs WHERE state = 'processing'"
+# One pass over the rows: the total, the count in each state (in q.STATES order) and the rows that
+# break a per-row rule; only when something is off are the rows read one by one to name the culprit.
+SQL_AUDIT = (
+    "SELECT count(*), " + ", ".join(f"coalesce(sum(state = '{s}'), 0)" for s in q.STATES) + ", "
+    f"coalesce(sum(attempts > max(max_retries, 1) OR lost_count > {q.LOST_WORKER_CAP} "
+    "OR (state = 'processing') <> (worker_id IS NOT NULL) OR (state = 'dead' AND last_error IS NULL) "
+    "OR waiting_on < 0 OR state NOT IN (" + ", ".join(f"'{s}'" for s in q.STATES) + ")), 0) FROM jobs")
 SQL_RUN_OUTCOME = "SELECT outcome, worker_id FROM runs WHERE job_id = ? AND run_no = ?"
 SQL_DEAD_DEP = ("SELECT 1 FROM deps JOIN jobs d ON d.id = deps.dep_id WHERE deps.job_id = ? AND d.state = 'dead' "
                 "LIMIT 1")
@@ -72,8 +80,9 @@ class SimCrash(BaseException):
     """The simulated process dies here (BaseException: no `except Exception` in queuectl catches it)."""
 
 
-class Violation(AssertionError):
-    """An invariant did not hold."""
+class Violation(BaseException):
+    """An invariant did not hold (BaseException, so that Worker._run's `except Exception` inside a
+    simulated run cannot swallow it; run() turns it into an AssertionError)."""
 
 
 class Claim:
@@ -83,6 +92,7 @@ class Claim:
         self.worker, self.job, self.reg = worker, job, reg
         self.revoked = False  # a sweeper requeued it (the write guard must now refuse this claim)
         self.closed = False  # its run was recorded by its worker, or abandoned with the process
+        self.prefetched = False  # claimed in the same commit as the slot's last result
 
     def __repr__(self) -> str:
         return f"{self.job.id}#{self.job.run_count}@{self.worker.wid}/reg{self.reg}"
@@ -154,7 +164,8 @@ class Simulation:
         self.jobs: set[str] = set()
         self.next_job = 0
         self.killed_tokens: set[str] = set()
-        self.snapshot: dict[str, tuple] = {}
+        self._rows: dict[str, tuple] | None = None  # the job rows, read when needed after each change
+        self.open: dict[str, list[Claim]] = {}  # job id -> claims not closed yet
         self.log: list[str] = []
         self.print_trace = trace
         self.stats = dict.fromkeys(("claims", "finishes", "rejected", "revoked", "drops", "crashes", "comebacks",
@@ -191,7 +202,7 @@ class Simulation:
             self.user.config_set(key, value)
         for _ in range(self.rng.randint(2, 4)):
             self.spawn()
-        self.enqueue(self.rng.randint(3, 8))
+        self.enqueue(self.rng.randint(2, 6))
         self.check_invariants()
         for self.step_no in range(1, self.steps + 1):
             self.step()
@@ -210,11 +221,11 @@ class Simulation:
             self.step_no += 1
             self.step()
             self.check_invariants()
-        left = {i: r[1] for i, r in self.snapshot.items() if r[1] not in TERMINAL}
+        left = {i: r[1] for i, r in self.rows().items() if r[1] not in TERMINAL}
         self.fail(f"liveness: after {DRAIN_STEPS} drain steps these jobs are not terminal: {left}")
 
     def all_terminal(self) -> bool:
-        return all(r[1] in TERMINAL for r in self.snapshot.values()) and not any(
+        return all(r[1] in TERMINAL for r in self.rows().values()) and not any(
             w.holds() for w in self.workers if w.up)
 
     def step(self) -> None:
@@ -231,10 +242,11 @@ class Simulation:
         """(weight, action) of every step possible now; nested steps leave busy actors alone."""
         up = [w for w in self.workers if w.up]
         free = [w for w in self.workers if w.up and w not in self.busy_main]
-        c: list = [(10, lambda: self.tick(self.rng.expovariate(1 / 0.3)))]
+        mean_tick = 0.3 if self.active else 1.0  # the drain only waits for leases and backoffs
+        c: list = [(10, lambda: self.tick(self.rng.expovariate(1 / mean_tick)))]
         if self.active:
             c += [(1, lambda: self.tick(self.rng.uniform(STALE_S * 0.5, STALE_S * 2))),
-                  (0.5, self.wall_step), (4, lambda: self.enqueue(self.rng.randint(1, 4))),
+                  (0.5, self.wall_step), (2, lambda: self.enqueue(self.rng.randint(1, 3))),
                   (1, self.user_cancel), (1, self.user_retry)]
         for w in free:
             c += [(4, lambda w=w: self.beat(w)), (2, lambda w=w: self.sweep(w)),
@@ -247,8 +259,10 @@ class Simulation:
                     c.append((3, lambda w=w, i=i: self.claim(w, i)))
                 elif claim is not w.inline:  # the inline run ends inside run_once
                     c.append((3, lambda w=w, i=i: self.finish(w, i)))
-            if not w.inline and None in w.slots and self.depth == 0:
-                c.append((1.5, lambda w=w: self.run_once(w)))
+            if not w.inline and self.depth == 0:
+                for i, claim in enumerate(w.slots):
+                    if claim is None or claim.prefetched:
+                        c.append((1.5, lambda w=w, i=i: self.run_once(w, i)))
         for w in self.workers:
             if w.crashed and w not in self.busy_main:
                 c.append((1.5 if self.active else 0.5, lambda w=w: self.come_back(w)))
@@ -286,14 +300,14 @@ class Simulation:
         self.trace(f"enqueue {', '.join(s['id'] + ('<-' + s['depends_on'][0] if s['depends_on'] else '') for s in specs)}")
 
     def user_cancel(self) -> None:
-        open_jobs = sorted(i for i, r in self.snapshot.items() if r[1] not in TERMINAL)
+        open_jobs = sorted(i for i, r in self.rows().items() if r[1] not in TERMINAL)
         if open_jobs:
             job_id = self.rng.choice(open_jobs)
             self.user.cancel([job_id], self.wall)
             self.trace(f"user cancels {job_id}")
 
     def user_retry(self) -> None:
-        dead = sorted(i for i, r in self.snapshot.items() if r[1] == q.DEAD)
+        dead = sorted(i for i, r in self.rows().items() if r[1] == q.DEAD)
         if not dead:
             return
         job_id = self.rng.choice(dead)
@@ -384,13 +398,15 @@ class Simulation:
     # -- worker threads: claim, finish, run_once ------------------------------------------------------
 
     def claim(self, w: SimWorker, slot: int) -> None:
+        self.rows()  # as they were before the claim
         job = w.store.claim(w.wid, self.wall)
         self.on_claimed(w, job)
         if job is not None:
             w.slots[slot] = self.claims[job.id][-1]
 
-    def on_claimed(self, w: SimWorker, job: q.Job | None) -> Claim | None:
-        eligible = sorted((r for r in self.snapshot.values() if r[1] in (q.PENDING, q.FAILED) and r[7] == 0
+    def on_claimed(self, w: SimWorker, job: q.Job | None, in_order: bool = True) -> Claim | None:
+        """Check a claim against the model and record it; in_order: also check it was the first eligible job."""
+        eligible = [] if not in_order else sorted((r for r in self.rows().values() if r[1] in (q.PENDING, q.FAILED) and r[7] == 0
                            and r[9] <= self.wall), key=lambda r: (-r[8], r[9], r[10]))
         if not w.registered:
             self.check(job is None, f"{w} claimed {job and job.id} without a registration")
@@ -400,16 +416,18 @@ class Simulation:
         if job is None:
             self.check(first is None, f"{w} claimed nothing although {first} is eligible")
             return None
-        self.check(job.id == first, f"{w} claimed {job.id}; the first eligible job in claim order is {first}")
-        before = self.snapshot[job.id]
-        self.check(job.state == q.PROCESSING and job.worker_id == w.wid and job.run_count == before[3] + 1,
-                   f"claim returned {job!r}")
-        for other in self.claims.get(job.id, []):
-            self.check(other.closed or other.revoked, f"{w} claimed {job.id} while {other} still holds it")
+        self.check(job.state == q.PROCESSING and job.worker_id == w.wid, f"claim returned {job!r}")
+        if in_order:
+            self.check(job.id == first, f"{w} claimed {job.id}; the first eligible job in claim order is {first}")
+            self.check(job.run_count == self.rows()[job.id][3] + 1, f"claim returned {job!r}")
+        for other in self.open.get(job.id, []):
+            self.check(other.revoked, f"{w} claimed {job.id} while {other} still holds it")
         claim = Claim(w, job, w.reg)
         self.claims.setdefault(job.id, []).append(claim)
+        self.open.setdefault(job.id, []).append(claim)
+        claim.prefetched = not in_order
         self.stats["claims"] += 1
-        self.trace(f"{w} claims {claim}")
+        self.trace(f"{w} claims {claim}{'' if in_order else ' (with its last result)'}")
         return claim
 
     def outcome(self) -> q.Outcome:
@@ -440,10 +458,10 @@ class Simulation:
         accepted = after is not None
         what = outcome.interrupted or outcome.error or "exit 0"
         self.trace(f"{claim.worker} records {claim} ({what}): {'accepted' if accepted else 'rejected'}")
-        self.check(accepted != claim.revoked, f"{claim.worker}'s write for {claim} was "
-                                              f"{'accepted' if accepted else 'rejected'}, but the claim was "
-                                              f"{'revoked' if claim.revoked else 'still its own'}")
-        claim.closed = True
+        if accepted == claim.revoked:
+            self.fail(f"{claim.worker}'s write for {claim} was {'accepted' if accepted else 'rejected'}, "
+                      f"but the claim was {'revoked' if claim.revoked else 'still its own'}")
+        self.close(claim)
         if not accepted:
             self.stats["rejected"] += 1
         elif not outcome.interrupted:
@@ -459,15 +477,24 @@ class Simulation:
         self.check((after.state, after.attempts) == expected,
                    f"{job.id} after {outcome.error or 'exit 0'}: {(after.state, after.attempts)}, expected {expected}")
 
-    def run_once(self, w: SimWorker) -> None:
-        """The real Worker.run_once(now) with a fake runner; other steps interleave while it "runs"."""
+    def run_once(self, w: SimWorker, slot: int) -> None:
+        """The real Worker.run_once(now) with a fake runner; other steps interleave while it "runs".
+
+        Half the time the worker keeps claiming: its result and its next claim commit together
+        (Store.finish_and_claim), and the next run_once of this slot runs that prefetched job.
+        """
         self.stats["runs"] += 1
+        held = w.slots[slot]  # a job prefetched with this slot's last result, or None
+        keep = self.rng.random() < 0.5
         worker = q.Worker(w.store, w.wid, lambda job_id, epoch: None if epoch == w.reg else
-                          "worker lost its registration", epoch=lambda: w.reg)
+                          "worker lost its registration", epoch=lambda: w.reg, keep_claiming=lambda: keep)
+        if held is not None:
+            worker.prefetched = (held.job, held.reg)
         state = {}
 
         def runner(job, env, abort, on_output):
-            claim = self.on_claimed(w, job)
+            claim = held if held is not None else self.on_claimed(w, job)
+            self.check(claim is not None and claim.job.id == job.id, f"run_once ran {job.id}, not {claim}")
             state["claim"] = w.inline = w.slots[slot] = claim
             self.check(env["QUEUECTL_RUN"] == f"{w.wid}/{job.run_count}/{job.id}", f"run token {env}")
             on_output(b"partial", 7)
@@ -483,8 +510,8 @@ class Simulation:
             return self.outcome()
 
         worker.runner = runner
-        slot = w.slots.index(None)  # the runner thread that does this run
-        self.trace(f"{w} run_once")
+        self.trace(f"{w} run_once{' of prefetched ' + repr(held) if held else ''}{' (keeps claiming)' if keep else ''}")
+        self.rows()  # as they were before the claim inside run_once
         try:
             ran = worker.run_once(now=self.wall)
         except SimCrash:  # the claim stays in its slot, with the dead process
@@ -496,6 +523,11 @@ class Simulation:
         self.check(ran == (claim is not None), f"run_once returned {ran}, claim {claim}")
         if claim is not None:
             self.check_inline_result(claim)
+        if worker.prefetched:
+            self._rows = None  # the claim committed with the result: no "before" to compare with
+            job, epoch = worker.prefetched
+            self.check(epoch == w.reg, f"prefetched under epoch {epoch}, registration is {w.reg}")
+            w.slots[slot] = self.on_claimed(w, job, in_order=False)
 
     def check_inline_result(self, claim: Claim) -> None:
         """run_once does not say whether its write was accepted: the run row tells."""
@@ -508,7 +540,7 @@ class Simulation:
             self.check(outcome in ("completed", "failed", "dead", "stopped", "canceled"),
                        f"{claim}: its own result was not recorded (run outcome {outcome!r})")
             self.trace(f"{claim.worker} run_once of {claim}: recorded {outcome}")
-        claim.closed = True
+        self.close(claim)
         self.stats["finishes"] += 1
 
     # -- faults ---------------------------------------------------------------------------------------
@@ -550,7 +582,7 @@ class Simulation:
 
     def nested(self, n: int) -> None:
         """Run n other steps now, in the middle of something (another process's transactions)."""
-        self.check_invariants()  # also a fresh snapshot: the interrupted process may have written
+        self.check_invariants()  # the interrupted process may have written: check at this boundary too
         self.depth += 1
         try:
             for _ in range(n):
@@ -565,45 +597,67 @@ class Simulation:
         return next(w for w in self.workers if w.wid == wid)
 
     def find_claim(self, job_id: str, wid: str, run_no: int) -> Claim:
-        for claim in self.claims.get(job_id, []):
+        for claim in self.open.get(job_id, []):
             if claim.worker.wid == wid and claim.job.run_count == run_no:
                 return claim
-        self.fail(f"a write was accepted for {job_id}#{run_no}@{wid}, a run nobody claimed")
+        self.fail(f"a write was accepted for {job_id}#{run_no}@{wid}, a run nobody holds")
+
+    def close(self, claim: Claim) -> None:
+        claim.closed = True
+        self.open[claim.job.id].remove(claim)
+
+    def rows(self) -> dict[str, tuple]:
+        """Every job row by id, as of the last change."""
+        if self._rows is None:
+            self._rows = {r[0]: r for r in self.user.read(SQL_ROWS)}
+        return self._rows
 
     # -- invariants -------------------------------------------------------------------------------------
 
     def check_invariants(self) -> None:
-        rows = self.user.read(SQL_ROWS)
-        self.snapshot = {r[0]: r for r in rows}
-        self.check(set(self.snapshot) == self.jobs, f"jobs lost or invented: "
-                                                    f"{sorted(self.jobs ^ set(self.snapshot))}")
-        counts = dict.fromkeys(q.STATES, 0)
-        for r in rows:
-            counts[r[1]] += 1
-            self.check(r[4] <= max(r[5], 1), f"{r[0]}: attempts {r[4]} > max(max_retries {r[5]}, 1)")
-            self.check(r[6] <= q.LOST_WORKER_CAP, f"{r[0]}: lost_count {r[6]} over the cap")
-            self.check((r[1] == q.PROCESSING) == (r[2] is not None), f"{r[0]}: state {r[1]} with worker {r[2]}")
-            self.check(r[1] != q.DEAD or bool(r[11]), f"{r[0]}: dead without a reason")
-        self.check(self.user.counts() == counts, f"Store.counts() {self.user.counts()} != rows {counts}")
+        self._rows = None
+        (total, *by_state, bad), = self.user.read(SQL_AUDIT)
+        if total != len(self.jobs) or bad:
+            self.explain_audit()
+        counts = self.user.counts()
+        self.check(counts == dict(zip(q.STATES, by_state)),
+                   f"Store.counts() {counts} != rows {dict(zip(q.STATES, by_state))}")
         open_runs = {}
         for job_id, run_no, wid in self.user.read(SQL_OPEN_RUNS):
             self.check(job_id not in open_runs, f"{job_id} has two open runs")
             open_runs[job_id] = (run_no, wid)
-        held = {i: (r[3], r[2]) for i, r in self.snapshot.items() if r[1] == q.PROCESSING}
-        self.check(open_runs == held, f"open runs {open_runs} != processing rows {held}")
+        held = {job_id: (run_no, wid) for job_id, run_no, wid in self.user.read(SQL_PROCESSING)}
+        if open_runs != held:
+            self.fail(f"open runs {open_runs} != processing rows {held}")
         self.check_claims(held)
+
+    def explain_audit(self) -> None:
+        rows = self.rows()
+        if set(rows) != self.jobs:
+            self.fail(f"jobs lost or invented: {sorted(self.jobs ^ set(rows))}")
+        for r in rows.values():
+            self.check(r[4] <= max(r[5], 1), f"{r[0]}: attempts {r[4]} > max(max_retries {r[5]}, 1)")
+            self.check(r[6] <= q.LOST_WORKER_CAP, f"{r[0]}: lost_count {r[6]} over the cap")
+            self.check((r[1] == q.PROCESSING) == (r[2] is not None), f"{r[0]}: state {r[1]} with worker {r[2]}")
+            self.check(r[1] != q.DEAD or bool(r[11]), f"{r[0]}: dead without a reason")
+            self.check(r[1] in q.STATES and r[7] >= 0, f"{r[0]}: state {r[1]!r}, waiting_on {r[7]}")
+        self.fail("audit query and rows disagree")
 
     def check_claims(self, held: dict) -> None:
         owned = {}
-        for job_id, claims in self.claims.items():
-            live = [c for c in claims if not c.closed and c.worker.up and c.worker.registered
-                    and c.reg == c.worker.reg]
-            self.check(len(live) <= 1, f"{job_id} is held by two live owners: {live}")
-            current = [c for c in claims if not c.closed and not c.revoked]
-            self.check(len(current) <= 1, f"{job_id} has two unrevoked claims: {current}")
+        for job_id, claims in self.open.items():
+            if not claims:
+                continue
+            live = [c for c in claims if c.worker.up and c.worker.registered and c.reg == c.worker.reg]
+            if len(live) > 1:
+                self.fail(f"{job_id} is held by two live owners: {live}")
+            current = [c for c in claims if not c.revoked]
+            if len(current) > 1:
+                self.fail(f"{job_id} has two unrevoked claims: {current}")
             if current:
                 owned[job_id] = (current[0].job.run_count, current[0].worker.wid)
-        self.check(owned == held, f"unrevoked claims {owned} != processing rows {held}")
+        if owned != held:
+            self.fail(f"unrevoked claims {owned} != processing rows {held}")
 
 
 # ==== driving many seeds =============================================================================
@@ -641,6 +695,8 @@ def run(seed: int, steps: int = 200, *, trace: bool = False, bench: Bench | None
     try:
         bench.reset()
         sim.run()
+    except Violation as e:
+        raise AssertionError(str(e)) from None
     finally:
         q.kill_run_orphans = original_kill
         if own:
@@ -648,13 +704,21 @@ def run(seed: int, steps: int = 200, *, trace: bool = False, bench: Bench | None
     return sim.stats
 
 
-def run_many(seeds, steps: int = 200) -> dict:
-    """Run every seed on one reused database; raise on the first violation; returns summed counters."""
+def run_many(seeds, steps: int = 200, *, keep_going: bool = False) -> dict:
+    """Run the seeds on one reused database; raise on the first violation, or with keep_going collect
+    them in total["failures"]; returns the summed counters."""
     bench = Bench()
-    total: dict = {"seeds": 0}
+    total: dict = {"seeds": 0, "failures": []}
     try:
         for seed in seeds:
-            for key, value in run(seed, steps, bench=bench).items():
+            try:
+                stats = run(seed, steps, bench=bench)
+            except AssertionError as e:
+                if not keep_going:
+                    raise
+                total["failures"].append(str(e))
+                continue
+            for key, value in stats.items():
                 total[key] = total.get(key, 0) + value
             total["seeds"] += 1
     finally:
@@ -662,34 +726,61 @@ def run_many(seeds, steps: int = 200) -> dict:
     return total
 
 
+def _run_chunk(args: tuple) -> dict:
+    seeds, steps, keep_going = args
+    try:
+        return run_many(seeds, steps, keep_going=keep_going)
+    except AssertionError as e:
+        return {"seeds": 0, "failures": [str(e)]}
+
+
+def run_parallel(seeds: list[int], steps: int, procs: int, keep_going: bool = False) -> dict:
+    """run_many over `procs` processes (seeds are independent); failures are collected, not raised."""
+    if procs <= 1:
+        return _run_chunk((seeds, steps, keep_going))
+    import multiprocessing
+    chunks = [(seeds[i::procs], steps, keep_going) for i in range(procs)]
+    with multiprocessing.get_context("fork").Pool(procs) as pool:
+        parts = pool.map(_run_chunk, chunks)
+    total: dict = {"seeds": 0, "failures": []}
+    for part in parts:
+        for key, value in part.items():
+            total[key] = total.get(key, 0) + value if key != "failures" else total["failures"] + value
+    total["failures"].sort(key=lambda f: int(f.split(",")[0].split()[-1]))
+    return total
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seed", type=int, help="run this one seed (reproduces a failure exactly)")
-    p.add_argument("--seeds", type=int, default=3000, help="how many seeds (default 3000)")
+    p.add_argument("--seeds", type=int, default=2000, help="how many seeds (default 2000)")
     p.add_argument("--first", type=int, default=0, help="first seed (default 0)")
     p.add_argument("--steps", type=int, default=200, help="active steps per seed before the drain (default 200)")
-    p.add_argument("--short", action="store_true", help="the bounded run of `make test`")
+    p.add_argument("--short", action="store_true", help="the bounded run of `make test` (300 seeds x 100 steps)")
+    p.add_argument("--procs", type=int, default=min(2, os.cpu_count() or 1), help="processes (default 2)")
+    p.add_argument("--keep-going", action="store_true", help="report every failing seed, not just the first")
     p.add_argument("--trace", action="store_true", help="with --seed: print every step")
     args = p.parse_args(argv)
     if args.short:
-        args.seeds, args.steps = 600, 120
-    seeds = [args.seed] if args.seed is not None else range(args.first, args.first + args.seeds)
+        args.seeds, args.steps = 300, 100
     started = time.monotonic()
-    try:
-        if args.seed is not None:
-            stats = run(args.seed, args.steps, trace=args.trace)
-            stats["seeds"] = 1
-        else:
-            stats = run_many(seeds, args.steps)
-    except AssertionError as e:
-        print(f"simulate: FAILED: {e}", file=sys.stderr)
-        print(f"reproduce: python3 bench/simulate.py --seed {str(e).split(',')[0].split()[-1]} "
-              f"--steps {args.steps} --trace", file=sys.stderr)
-        return 1
+    if args.seed is not None:
+        try:
+            stats = {**run(args.seed, args.steps, trace=args.trace), "seeds": 1, "failures": []}
+        except AssertionError as e:
+            stats = {"seeds": 0, "failures": [str(e)]}
+    else:
+        stats = run_parallel(list(range(args.first, args.first + args.seeds)), args.steps, args.procs,
+                             args.keep_going)
     took = time.monotonic() - started
-    print(f"simulate: {stats['seeds']} seeds passed ({args.steps} steps each + drain) in {took:.1f}s: "
-          + ", ".join(f"{k} {v}" for k, v in stats.items() if k != "seeds"))
-    return 0
+    for failure in stats["failures"]:
+        seed = failure.split(",")[0].split()[-1]
+        print(f"simulate: FAILED: {failure}", file=sys.stderr)
+        print(f"  reproduce: python3 bench/simulate.py --seed {seed} --steps {args.steps} --trace\n", file=sys.stderr)
+    print(f"simulate: {stats['seeds']} seeds passed, {len(stats['failures'])} failed ({args.steps} steps each "
+          f"+ drain) in {took:.1f}s: "
+          + ", ".join(f"{k} {v}" for k, v in stats.items() if k not in ("seeds", "failures")))
+    return 1 if stats["failures"] else 0
 
 
 if __name__ == "__main__":
