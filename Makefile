@@ -3,7 +3,7 @@ PYTHON ?= python3
 PREFIX ?= $(HOME)/.local
 DEMO_DB ?= /tmp/queuectl-demo.db
 
-.PHONY: help demo test smoke install bench bench-tiny
+.PHONY: help demo test smoke install bench bench-tiny torture
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' Makefile | sed 's/:.*## /\t/'
@@ -31,6 +31,9 @@ bench:  ## run the performance benchmark (several minutes; prints a table, see b
 
 bench-tiny:  ## the benchmark with a few jobs each (seconds), so it cannot rot; part of `make test`
 	$(PYTHON) bench/bench.py --tiny
+
+torture:  ## the long torture run: 5 minutes of killed workers; no overlap, nothing lost (bench/torture.py --help)
+	$(PYTHON) bench/torture.py --seconds 300
 
 install:  ## copy queuectl.py to $(PREFIX)/bin/queuectl
 	install -d $(PREFIX)/bin

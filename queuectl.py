@@ -2701,6 +2701,11 @@ def emit_json(value) -> None:
     print(json.dumps(value, indent=2, ensure_ascii=False))
 
 
+def print_ids(ids: list[str]) -> None:
+    """One id a line: what enqueue, cancel, delete and dlq retry print."""
+    sys.stdout.write("".join(f"{i}\n" for i in ids))
+
+
 def checked_ids(ids: list[str]) -> list[str]:
     """Command-line job ids, validated, duplicates dropped, order kept."""
     return list(dict.fromkeys(_valid_id(i, "ID") for i in ids))
@@ -2721,7 +2726,7 @@ def cmd_enqueue(args, store: Store) -> None:
     if args.json:
         jobs = [store.get(i).to_dict() for i in ids]
         return emit_json(jobs[0] if args.job != "-" else jobs)
-    sys.stdout.write("".join(f"{i}\n" for i in ids))
+    print_ids(ids)
 
 
 def current_dir() -> str:
@@ -2770,13 +2775,13 @@ def check_batch(specs: list[dict]) -> None:
 def cmd_cancel(args, store: Store) -> None:
     ids = checked_ids(args.ids)
     store.cancel(ids, time.time())
-    sys.stdout.write("".join(f"{i}\n" for i in ids))
+    print_ids(ids)
 
 
 def cmd_delete(args, store: Store) -> None:
     ids = checked_ids(args.ids)
     store.delete(ids)
-    sys.stdout.write("".join(f"{i}\n" for i in ids))
+    print_ids(ids)
 
 
 def cmd_purge(args, store: Store) -> None:
@@ -3028,7 +3033,7 @@ def cmd_dlq_list(args, store: Store) -> None:
 def cmd_dlq_retry(args, store: Store) -> None:
     ids = checked_ids(args.ids)
     store.retry_dead(ids, time.time())
-    sys.stdout.write("".join(f"{i}\n" for i in ids))
+    print_ids(ids)
 
 
 def cmd_config_set(args, store: Store) -> None:
