@@ -1189,6 +1189,34 @@ def test_run_command_does_not_wait_for_background_children():
     assert out.exit_code == 0 and out.output == b"held\n"
 
 
+@pytest.mark.parametrize("command", ["env", "sleep 0", "false", "true", "ls /no/such/path", "cat /proc/self/stat",
+                                     "sh -c exit\\ 3", "nosuchprogram-qc", "env -u PATH printenv PATH"])
+def test_plain_commands_behave_exactly_as_under_sh(command, tmp_path):
+    """The direct-exec fast path must be invisible: same exit code and output as `sh -c`."""
+    folder = tmp_path / "real"
+    folder.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(folder)
+    for cwd in (str(folder), str(link)):
+        job = make_job(command=command, cwd=cwd, env={"EXTRA": "1"})
+        ours = queuectl.run_command(job, {"QUEUECTL_RUN": "t/1/x"}, lambda: None)
+        env = {**os.environ, "EXTRA": "1", "QUEUECTL_RUN": "t/1/x"}
+        shell = subprocess.run(["/bin/sh", "-c", command], cwd=cwd, env=env, capture_output=True)
+        expected_code = shell.returncode if shell.returncode >= 0 else 128 - shell.returncode
+        assert ours.exit_code == expected_code, (command, cwd)
+        if command.startswith("cat /proc/self/stat"):
+            continue  # a different process each time; only that it ran the same way matters
+        assert sorted(ours.output.splitlines()) == sorted((shell.stdout + shell.stderr).splitlines()), (command, cwd)
+
+
+def test_only_plain_words_skip_the_shell():
+    env = {k.encode(): v.encode() for k, v in os.environ.items()}
+    assert queuectl.direct_argv("sleep 1", "/", env)[1] == ["sleep", "1"]
+    for command in ("echo hi", "FOO=1 env", "ls *", "a | b", "cd /tmp", "true --help", "x=1", "ls ~",
+                    "echo $HOME", "ls 'a b'", "nosuchprogram-qc", "sleep 1; true", "exit 3", "ls\nls"):
+        assert queuectl.direct_argv(command, "/", env) is None, command
+
+
 # ==== Process identity ====
 
 def test_process_identity_of_self_and_of_a_gone_process():
