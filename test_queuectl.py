@@ -1193,6 +1193,7 @@ def test_run_command_does_not_wait_for_background_children():
                                      "sh -c exit\\ 3", "nosuchprogram-qc", "env -u PATH printenv PATH"])
 def test_plain_commands_behave_exactly_as_under_sh(command, tmp_path):
     """The direct-exec fast path must be invisible: same exit code and output as `sh -c`."""
+    queuectl._ENV.clear()  # the worker's environment is snapshot at its first job; take it now
     folder = tmp_path / "real"
     folder.mkdir()
     link = tmp_path / "link"
