@@ -814,9 +814,10 @@ class Store:
     def stats(self, since: float, now: float) -> dict:
         """Outcome counts, duration and wait percentiles over runs that ended since `since`."""
         outcomes = dict(self.read(SQL_STATS_OUTCOMES, (since,)))
-        durations, waits = zip(*self.read(SQL_STATS_TIMES, (since,))) or ((), ())
+        times = self.read(SQL_STATS_TIMES, (since,))
         oldest = self.read(SQL_OLDEST_ELIGIBLE, (now,))[0][0]
-        return {"outcomes": outcomes, "duration": percentiles(durations), "wait": percentiles(waits),
+        return {"outcomes": outcomes, "duration": percentiles(t[0] for t in times),
+                "wait": percentiles(t[1] for t in times),
                 "oldest_eligible_age_s": None if oldest is None else max(0.0, now - oldest)}
 
     def runs_per_minute(self, start: float) -> list[tuple]:
