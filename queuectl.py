@@ -298,8 +298,7 @@ SQL_DUE = (f"SELECT id FROM jobs INDEXED BY jobs_claim WHERE {SQL_ELIGIBLE} AND 
            "ORDER BY priority DESC, next_run_at, seq LIMIT 1")
 # A worker whose registration was removed (presumed dead) cannot claim: its jobs would be orphans.
 SQL_REGISTERED = "SELECT 1 FROM workers WHERE id = ?"
-SQL_CLAIM_SET = ("UPDATE jobs SET state = 'processing', worker_id = ?, run_count = run_count + 1, "
-                 "cancel_requested = 0, updated_at = ? ")
+SQL_CLAIM_SET = "UPDATE jobs SET state = 'processing', worker_id = ?, run_count = run_count + 1, updated_at = ? "
 SQL_CLAIM = SQL_CLAIM_SET + f"WHERE id = ({SQL_DUE}) AND EXISTS ({SQL_REGISTERED}) RETURNING {Job.COLUMNS}"
 SQL_CLAIM_ID = SQL_CLAIM_SET + "WHERE id = ? AND state IN ('pending', 'failed')"
 SQL_NEXT_DUE = f"SELECT next_run_at FROM jobs INDEXED BY jobs_due WHERE {SQL_ELIGIBLE} ORDER BY next_run_at LIMIT 1"
@@ -335,7 +334,8 @@ SQL_RUNS = ("SELECT run_no, worker_id, started_at, due_at, ended_at, outcome, ex
             "FROM runs WHERE job_id = ? ORDER BY run_no")
 SQL_RUN = ("SELECT run_no, output, output_bytes, ended_at FROM runs WHERE job_id = ? AND (run_no = ? OR ? IS NULL) "
            "ORDER BY run_no DESC LIMIT 1")
-SQL_RETRY = ("UPDATE jobs SET state = 'pending', attempts = 0, lost_count = 0, next_run_at = ?, last_error = NULL, "
+SQL_RETRY = ("UPDATE jobs SET state = 'pending', attempts = 0, lost_count = 0, cancel_requested = 0, "
+             "next_run_at = ?, last_error = NULL, "
              "exit_code = NULL, updated_at = ?, "
              "waiting_on = (SELECT count(*) FROM deps JOIN jobs d ON d.id = deps.dep_id "
              "WHERE deps.job_id = jobs.id AND d.state <> 'completed') WHERE id = ? AND state = 'dead'")
@@ -346,7 +346,8 @@ SQL_CANCEL_WAITING = ("UPDATE jobs SET state = 'dead', last_error = 'canceled', 
 SQL_CANCEL_RUNNING = "UPDATE jobs SET cancel_requested = 1 WHERE id = ? AND state = 'processing'"
 SQL_UNFINISHED_DEPENDENTS = ("SELECT deps.job_id FROM deps JOIN jobs j ON j.id = deps.job_id "
                              "WHERE deps.dep_id = ? AND j.state NOT IN ('completed', 'dead')")
-SQL_DELETE_JOB = ["DELETE FROM runs WHERE job_id = ?", "DELETE FROM deps WHERE job_id = ?",
+# Edges in both directions go: a later job reusing the id must not inherit them.
+SQL_DELETE_JOB = ["DELETE FROM runs WHERE job_id = ?", "DELETE FROM deps WHERE job_id = ?1 OR dep_id = ?1",
                   "DELETE FROM jobs WHERE id = ?"]
 SQL_PURGE_IDS = "SELECT id FROM jobs WHERE state = ? AND updated_at < ? LIMIT ?"
 SQL_PAUSE = "INSERT OR IGNORE INTO paused (queue) VALUES (?)"
@@ -674,9 +675,22 @@ class Store:
             return None
         return cur.execute(SQL_GET_JOB, (found[0],)).fetchone()
 
-    def flush_output(self, job: Job, tail: bytes, total: int) -> None:
-        """Store a running job's output so far (for `logs --follow`)."""
-        self.write(lambda cur: cur.execute(SQL_FLUSH_OUTPUT, (tail, total, job.id, job.run_count)))
+    def flush_output(self, job: Job, tail: bytes, total: int) -> bool:
+        """Store a running job's output so far (for `logs --follow`), only if that costs no waiting:
+        the caller is the loop that reads the job's pipe, timeout and cancel checks included."""
+        if not self.turn.acquire(blocking=False):
+            return False
+        try:
+            self.conn.execute("BEGIN IMMEDIATE")  # one try, within SQLite's own short busy wait
+            self.conn.execute(SQL_FLUSH_OUTPUT, (tail, total, job.id, job.run_count))
+            self.conn.execute("COMMIT")
+            return True
+        except sqlite3.Error:
+            if self.conn.in_transaction:
+                self.conn.rollback()
+            return False
+        finally:
+            self.turn.release()
 
     def finish(self, job: Job, worker_id: str, outcome: Outcome, settings: dict, now: float) -> Job | None:
         """Record a run's outcome; None if this worker no longer owns the job (nothing written)."""
@@ -693,6 +707,11 @@ class Store:
     def _finish_in(self, cur: sqlite3.Cursor, job: Job, worker_id: str, outcome: Outcome, settings: dict,
                    now: float) -> Job | None:
         state, attempts, next_run_at = failure_rule(job, outcome, settings, now)
+        flag = cur.execute(SQL_CANCEL_FLAG, (job.id, worker_id, job.run_count)).fetchone()
+        if flag and flag[0] and state != COMPLETED:
+            # Canceled while running, but it failed before its worker got round to killing it:
+            # the cancel wins over a retry (a run that completed anyway stays completed).
+            state, outcome = DEAD, Outcome(outcome.exit_code, "canceled", outcome.output, outcome.duration_s)
         cur.execute(SQL_FINISH_JOB, (state, attempts, next_run_at, outcome.error, outcome.exit_code, now,
                                      job.id, worker_id, job.run_count))
         if cur.rowcount != 1:
@@ -863,17 +882,19 @@ class Store:
         """Ask these workers to stop; returns how many were asked."""
         return self.write(lambda cur: sum(cur.execute(SQL_REQUEST_STOP, (w,)).rowcount for w in worker_ids))
 
-    def jobs_of(self, worker_id: str) -> list[tuple]:
-        """(id, run_count, lost_count) of the jobs a worker holds."""
-        return self.read(SQL_JOBS_OF_WORKER, (worker_id,))
-
     def orphan_jobs(self) -> list[tuple]:
         """(id, run_count, lost_count, worker_id) of processing jobs whose worker is not registered."""
         return self.read(SQL_ORPHAN_JOBS)
 
-    def drop_worker(self, worker_id: str, beat: int) -> bool:
-        """Deregister a worker judged dead at heartbeat `beat`; False if it beat since (or is gone)."""
-        return self.write(lambda cur: cur.execute(SQL_DROP_DEAD_WORKER, (worker_id, beat)).rowcount == 1)
+    def drop_worker(self, worker_id: str, beat: int) -> list[tuple] | None:
+        """Deregister a worker judged dead at heartbeat `beat` and return the (id, run_count,
+        lost_count) of the jobs it held; None if it beat since (or is gone). One transaction, so
+        the list is final even if the worker comes back and registers again right after."""
+        def drop(cur):
+            if cur.execute(SQL_DROP_DEAD_WORKER, (worker_id, beat)).rowcount != 1:
+                return None
+            return cur.execute(SQL_JOBS_OF_WORKER, (worker_id,)).fetchall()
+        return self.write(drop)
 
     # -- config ---------------------------------------------------------------------------------
 
@@ -1167,7 +1188,9 @@ def direct_argv(command: str, cwd: str, env: dict) -> tuple[str, list[str]] | No
     argv = command.split()
     if argv[0] in SHELL_WORDS and argv not in (["true"], ["false"]):
         return None  # builtins and keywords: the shell's own meaning
-    program = _find_program(argv[0], cwd, env.get(b"PATH", b"").decode())
+    if b"PATH" not in env:
+        return None  # sh has its own default path
+    program = _find_program(argv[0], cwd, env[b"PATH"].decode())
     return (program, argv) if program else None
 
 
@@ -1181,6 +1204,8 @@ def _find_program(name: str, cwd: str, path: str) -> str | None:
     if hit and now - hit[1] < 1.0:
         return hit[0]
     program = _search_program(name, cwd, path)
+    if len(_PROGRAMS) >= 1024:
+        _PROGRAMS.clear()
     _PROGRAMS[key] = (program, now)
     return program
 
@@ -1476,7 +1501,7 @@ class Worker:
         while True:
             try:
                 return self._write_outcome(job, outcome, time.time() if now is None else now)
-            except (QueueError, sqlite3.OperationalError) as e:
+            except (QueueError, sqlite3.Error) as e:
                 log.warning("job %s: cannot record result yet (%s); retrying", job.id, e)
                 time.sleep(0.5)
 
@@ -1553,14 +1578,13 @@ class Sweeper:
         return lease_expired(since, now_mono, stale_s)
 
     def _recover_worker(self, row: WorkerRow, now: float) -> int:
-        # Deregister first: from then on it cannot claim or beat, so its job list is final. If we
-        # die right after, its jobs are orphans without a worker row, which the next sweep takes.
+        # Deregister and list its jobs in one transaction: a job it claims after re-registering
+        # has a newer run number, which the requeue's guard leaves alone. If we die right after,
+        # its jobs are orphans without a worker row, which the next sweep takes.
         self.seen.pop(row.id, None)
-        if not self.store.drop_worker(row.id, row.beat):
-            return 0
+        held = self.store.drop_worker(row.id, row.beat)
         local = same_namespace(row, self.me)
-        return sum(self._recover_job(job_id, row.id, run_no, now, local)
-                   for job_id, run_no, _ in self.store.jobs_of(row.id))
+        return sum(self._recover_job(job_id, row.id, run_no, now, local) for job_id, run_no, _ in held or ())
 
     def _recover_job(self, job_id: str, owner: str, run_no: int, now: float, local: bool | None) -> int:
         # Kill the orphan first, then requeue: the other order would let a new run overlap the old.
@@ -2727,11 +2751,6 @@ def _add_dashboard_command(sub) -> None:
     d.add_argument("--no-token", action="store_true", help="serve without the access token (trusted machines only)")
 
 
-# ---- ... and call it in build_parser(), right after `_add_operating_commands(sub)`:
-#
-#     _add_dashboard_command(sub)
-
-
 def _add_worker_commands(w) -> None:
     ws = _command(w, "start", cmd_worker_start, "run a worker in the foreground")
     ws.add_argument("--count", type=int, default=1, help="threads, each running one job at a time")
@@ -2835,7 +2854,7 @@ def current_dir() -> str:
 def read_batch(data: bytes) -> list[tuple[str, object]]:
     """Split stdin into (where, item): a JSON array's items, or JSON Lines' non-blank lines."""
     try:
-        body = data.decode("utf-8")
+        body = data.decode("utf-8").removeprefix("\ufeff")  # a BOM, as some editors write
     except UnicodeDecodeError as e:
         line = data[:e.start].count(b"\n") + 1
         raise UsageError(f"line {line}: stdin is not valid UTF-8") from None

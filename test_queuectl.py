@@ -1210,6 +1210,13 @@ def test_plain_commands_behave_exactly_as_under_sh(command, tmp_path):
         assert sorted(ours.output.splitlines()) == sorted((shell.stdout + shell.stderr).splitlines()), (command, cwd)
 
 
+def test_without_path_the_shell_decides(tmp_path):
+    fake = tmp_path / "ls"
+    fake.write_text("#!/bin/sh\necho local-ls\n")
+    fake.chmod(0o755)
+    assert queuectl.direct_argv("ls -d /", str(tmp_path), {b"HOME": b"/"}) is None
+
+
 def test_only_plain_words_skip_the_shell():
     env = {k.encode(): v.encode() for k, v in os.environ.items()}
     assert queuectl.direct_argv("sleep 1", "/", env)[1] == ["sleep", "1"]
@@ -1300,6 +1307,44 @@ def test_sweeper_uses_lease_on_its_own_clock_for_remote_workers(store):
     assert sweeper.sweep(T0, now_mono=1018.0) == 0  # 9 s since the beat moved: within 10 s
     assert sweeper.sweep(T0, now_mono=1020.0) == 1
     assert store.get("a").state == "pending"
+
+
+def test_cancel_wins_over_a_failure_that_beat_the_kill(store):
+    register(store)
+    store.enqueue([spec("j", max_retries=5)], T0)
+    job = store.claim("w1", T0)
+    store.cancel(["j"], T0 + 0.1)  # the worker has not seen the flag yet...
+    after = store.finish(job, "w1", outcome(1, "exit code 1"), SETTINGS, T0 + 0.2)  # ...and the job fails
+    assert (after.state, after.last_error) == ("dead", "canceled")
+    assert store.claim("w1", T0 + 100) is None
+    store.retry_dead(["j"], T0 + 101)
+    again = store.claim("w1", T0 + 101)
+    assert store.finish(again, "w1", outcome(1, "exit code 1"), SETTINGS, T0 + 102).state == "failed"
+
+
+def test_deleting_a_dependency_forgets_its_edges(store):
+    register(store)
+    store.enqueue([spec("build")], T0)
+    store.enqueue([{**spec("deploy"), "depends_on": ["build"], "run_at": T0 + 3600}], T0)
+    store.finish(store.claim("w1", T0), "w1", outcome(), SETTINGS, T0)
+    assert store.purge("completed", T0 + 1) == 1
+    store.enqueue([spec("build", command="exit 1", max_retries=1)], T0 + 2)  # the id is reused
+    store.finish(store.claim("w1", T0 + 2), "w1", outcome(1, "exit code 1"), SETTINGS, T0 + 2)
+    assert store.get("deploy").state == "pending"  # the new 'build' is not its dependency
+
+
+def test_a_worker_back_under_its_id_keeps_the_job_it_claims_after_the_drop(store):
+    me = {"host": "elsewhere", "pid": 1, "proc_start": "1", "boot_id": "b", "pid_ns": "ns"}
+    store.register("w", me, 1, T0)
+    store.enqueue([spec("old"), spec("new")], T0)
+    old = store.claim("w", T0)
+    held = store.drop_worker("w", 0)
+    assert [h[0] for h in held] == ["old"]
+    store.register("w", me, 1, T0 + 1)  # it comes back under the same id and claims again
+    fresh = store.claim("w", T0 + 1)
+    lost = queuectl.Outcome(None, "worker lost", None, 0.0, interrupted="worker lost")
+    assert store.interrupt(old, "w", lost, True, T0 + 2) == "pending"
+    assert store.get(fresh.id).state == "processing"
 
 
 def test_sweeper_requeues_jobs_of_unregistered_owner(store):
@@ -2499,6 +2544,11 @@ def test_batch_that_is_json_but_not_an_array_or_lines_exits_2(seeded_db):
         assert (code, out) == (2, ""), data
         assert_one_error(err)
     assert snapshot(seeded_db) == before
+
+
+def test_batch_with_a_byte_order_mark(db):
+    code, out, err = cli(db, "enqueue", "-", stdin='\ufeff{"id": "bom", "command": "true"}\n'.encode())
+    assert (code, out, err) == (0, "bom\n", "")
 
 
 # ---- run history: show --json runs, logs --run
