@@ -6,12 +6,14 @@ exponential backoff, and keep jobs that exhaust their retries in a dead-letter q
 A worker killed with SIGKILL loses nothing: another worker recovers its jobs.
 
 commands:
-  enqueue JSON            add a job, e.g. '{"id": "a", "command": "echo hi"}'
-  worker start|stop       run workers in the foreground / ask every worker to stop
-  status, list, show, logs
+  enqueue JSON | -        add a job, e.g. '{"id": "a", "command": "echo hi"}', or a batch from stdin
+  worker start|stop|list  run workers in the foreground / ask every worker to stop / list them
+  status, list, show, logs, stats, wait
+  cancel, delete, purge   operate on jobs
+  pause, resume           stop and restart claims from queues
   dlq list|retry          the dead-letter queue
   dashboard               a live web view of the queue and a JSON API (http://127.0.0.1:8321)
-  config set|get|list     max-retries, backoff-base, backoff-max, stale-timeout, job-timeout
+  config set|get|list     max-retries, backoff-base, backoff-max, stale-timeout, job-timeout, retention
 """
 
 # Heavy modules (subprocess, threading, signal, select) are imported only by the worker code
