@@ -361,9 +361,10 @@ SQL_REGISTER = ("INSERT INTO workers (id, host, pid, proc_start, boot_id, pid_ns
 SQL_HEARTBEAT = "UPDATE workers SET heartbeat_at = ?, beat = beat + 1 WHERE id = ?"
 SQL_STOP_REQUESTED = "SELECT stop_requested FROM workers WHERE id = ?"
 SQL_DEREGISTER = "DELETE FROM workers WHERE id = ?"
-# Deleting on the beat we judged makes "dead" a decision no heartbeat can race: a worker that
-# beat meanwhile is not deleted, and one that is deleted can no longer beat or claim.
-SQL_DROP_DEAD_WORKER = "DELETE FROM workers WHERE id = ? AND beat = ?"
+# Deleting on the registration (id and start time: a worker presumed dead registers again under its
+# id) and the beat we judged makes "dead" a decision no heartbeat can race: a worker that beat
+# meanwhile is not deleted, and one that is deleted can no longer beat or claim.
+SQL_DROP_DEAD_WORKER = "DELETE FROM workers WHERE id = ? AND started_at = ? AND beat = ?"
 SQL_WORKERS = ("SELECT id, host, pid, proc_start, boot_id, pid_ns, heartbeat_at, beat, stop_requested, threads, "
                "started_at FROM workers ORDER BY started_at")
 SQL_REQUEST_STOP = "UPDATE workers SET stop_requested = 1 WHERE id = ?"
@@ -888,12 +889,12 @@ class Store:
         """(id, run_count, lost_count, worker_id) of processing jobs whose worker is not registered."""
         return self.read(SQL_ORPHAN_JOBS)
 
-    def drop_worker(self, worker_id: str, beat: int) -> list[tuple] | None:
+    def drop_worker(self, worker_id: str, beat: int, started_at: float) -> list[tuple] | None:
         """Deregister a worker judged dead at heartbeat `beat` and return the (id, run_count,
         lost_count) of the jobs it held; None if it beat since (or is gone). One transaction, so
         the list is final even if the worker comes back and registers again right after."""
         def drop(cur):
-            if cur.execute(SQL_DROP_DEAD_WORKER, (worker_id, beat)).rowcount != 1:
+            if cur.execute(SQL_DROP_DEAD_WORKER, (worker_id, started_at, beat)).rowcount != 1:
                 return None
             return cur.execute(SQL_JOBS_OF_WORKER, (worker_id,)).fetchall()
         return self.write(drop)
@@ -1552,16 +1553,20 @@ class Sweeper:
         self.store = store
         self.me = me
         self.worker_id = worker_id
-        self.seen: dict[str, tuple[int, float]] = {}  # worker id -> (beat, when it last changed, monotonic)
+        self.seen: dict[tuple, tuple[int, float]] = {}  # (id, started_at) -> (beat, monotonic time it last changed)
 
     def sweep(self, now: float, now_mono: float | None = None) -> int:
         """One pass; returns how many jobs were recovered."""
-        now_mono = time.monotonic() if now_mono is None else now_mono
         stale_s = self.store.config_get("stale_timeout")
+        rows = self.store.workers()
+        # Read the clock after the rows: a stall while reading them must not age what we saw.
+        now_mono = time.monotonic() if now_mono is None else now_mono
         recovered = 0
-        for row in self.store.workers():
+        for row in rows:
             if row.id != self.worker_id and self.is_dead(row, now_mono, stale_s):
                 recovered += self._recover_worker(row, now)
+        current = {(row.id, row.started_at) for row in rows}
+        self.seen = {key: value for key, value in self.seen.items() if key in current}  # forget the departed
         for job_id, run_no, _, owner in self.store.orphan_jobs():
             recovered += self._recover_job(job_id, owner, run_no, now, None)
         return recovered
@@ -1573,9 +1578,10 @@ class Sweeper:
             return process_gone(row.pid, row.proc_start)
         if previous_boot(row, self.me):
             return True
-        beat, since = self.seen.get(row.id, (None, now_mono))
+        key = (row.id, row.started_at)  # one registration: a re-registered worker starts afresh
+        beat, since = self.seen.get(key, (None, now_mono))
         if beat != row.beat:
-            self.seen[row.id] = (row.beat, now_mono)
+            self.seen[key] = (row.beat, now_mono)
             return False
         return lease_expired(since, now_mono, stale_s)
 
@@ -1583,8 +1589,8 @@ class Sweeper:
         # Deregister and list its jobs in one transaction: a job it claims after re-registering
         # has a newer run number, which the requeue's guard leaves alone. If we die right after,
         # its jobs are orphans without a worker row, which the next sweep takes.
-        self.seen.pop(row.id, None)
-        held = self.store.drop_worker(row.id, row.beat)
+        self.seen.pop((row.id, row.started_at), None)
+        held = self.store.drop_worker(row.id, row.beat, row.started_at)
         local = same_namespace(row, self.me)
         return sum(self._recover_job(job_id, row.id, run_no, now, local) for job_id, run_no, _ in held or ())
 

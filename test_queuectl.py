@@ -1338,7 +1338,7 @@ def test_a_worker_back_under_its_id_keeps_the_job_it_claims_after_the_drop(store
     store.register("w", me, 1, T0)
     store.enqueue([spec("old"), spec("new")], T0)
     old = store.claim("w", T0)
-    held = store.drop_worker("w", 0)
+    held = store.drop_worker("w", 0, T0)
     assert [h[0] for h in held] == ["old"]
     store.register("w", me, 1, T0 + 1)  # it comes back under the same id and claims again
     fresh = store.claim("w", T0 + 1)
