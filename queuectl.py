@@ -2871,7 +2871,10 @@ def read_batch(data: bytes) -> list[tuple[str, object]]:
         if not isinstance(items, list):
             raise UsageError("stdin: expected one JSON array or JSON Lines")
         return [(f"item {n}", item) for n, item in enumerate(items, start=1)]
-    return [(f"line {n}", line) for n, line in enumerate(body.splitlines(), start=1) if line.strip()]
+    # Only "\n" ends a line: str.splitlines() would also split at U+2028, U+0085 and others, which
+    # JSON allows raw inside strings.
+    lines = (line.removesuffix("\r") for line in body.split("\n"))
+    return [(f"line {n}", line) for n, line in enumerate(lines, start=1) if line.strip()]
 
 
 def _numbered(where: str, fn):

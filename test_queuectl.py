@@ -2551,6 +2551,13 @@ def test_batch_with_a_byte_order_mark(db):
     assert (code, out, err) == (0, "bom\n", "")
 
 
+def test_batch_lines_end_only_at_newline(db):
+    """JSON allows a raw U+2028 or U+0085 inside a string: it must not split the line."""
+    data = '{"id": "sep", "command": "echo a\u2028b\u0085c"}\r\n'.encode()
+    assert cli(db, "enqueue", "-", stdin=data)[:2] == (0, "sep\n")
+    assert get_job(db, "sep")["command"] == "echo a\u2028b\u0085c"
+
+
 # ---- run history: show --json runs, logs --run
 
 @pytest.fixture
