@@ -3,7 +3,7 @@ PYTHON ?= python3
 PREFIX ?= $(HOME)/.local
 DEMO_DB ?= /tmp/queuectl-demo.db
 
-.PHONY: help demo test smoke install bench bench-tiny torture
+.PHONY: help demo test smoke install bench bench-tiny torture fuzz simulate
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' Makefile | sed 's/:.*## /\t/'
@@ -19,9 +19,13 @@ demo:  ## enqueue a few jobs (one failing), drain them with a burst worker, show
 	$(PYTHON) queuectl.py --db $(DEMO_DB) dlq list
 	$(PYTHON) queuectl.py --db $(DEMO_DB) logs hello
 
-test:  ## the whole test suite (unit, CLI, end to end) and the smoke test
+test:  ## everything CI runs: pytest, the smoke test, and short fuzz, simulation, torture and benchmark runs
 	$(PYTHON) -m pytest -q test_queuectl.py
 	$(PYTHON) smoke_test.py
+	$(PYTHON) bench/fuzz.py --short
+	$(PYTHON) bench/simulate.py --short
+	$(PYTHON) bench/torture.py --short
+	$(PYTHON) bench/bench.py --tiny
 
 smoke:  ## end-to-end smoke test with real worker processes
 	$(PYTHON) smoke_test.py
@@ -34,6 +38,12 @@ bench-tiny:  ## the benchmark with a few jobs each (seconds), so it cannot rot; 
 
 torture:  ## the long torture run: 5 minutes of killed workers; no overlap, nothing lost (bench/torture.py --help)
 	$(PYTHON) bench/torture.py --seconds 300
+
+fuzz:  ## 20,000 fuzzed hostile inputs: never a traceback, a rejected input changes nothing
+	$(PYTHON) bench/fuzz.py --cases 20000
+
+simulate:  ## deterministic simulation of the claim/heartbeat/sweep/recover protocol, 5,000 seeds
+	$(PYTHON) bench/simulate.py --seeds 5000
 
 install:  ## copy queuectl.py to $(PREFIX)/bin/queuectl
 	install -d $(PREFIX)/bin

@@ -91,7 +91,7 @@ def _parse_number(text: str, *, integer: bool = False) -> float | int:
         value = int(text) if integer else float(text)
     except ValueError:
         raise UsageError(f"not {'an integer' if integer else 'a number'}: {text!r}") from None
-    if not math.isfinite(value) or abs(value) > MAX_SECONDS * 10:
+    if abs(value) > MAX_SECONDS * 10 or not math.isfinite(value):  # in this order: a huge int has no float
         raise UsageError(f"number out of range: {text!r}")
     return int(value) if value == int(value) else value
 

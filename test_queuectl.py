@@ -388,7 +388,7 @@ def test_config_validators_accept(key, text, expected):
 @pytest.mark.parametrize("key,text", [
     ("max_retries", "-1"), ("max_retries", "1.5"), ("max_retries", "x"), ("backoff_base", "0.99"),
     ("backoff_base", "nan"), ("backoff_max", "-1"), ("backoff_max", "inf"), ("stale_timeout", "0"),
-    ("job_timeout", "-0.1"), ("max_retries", "9" * 5000)])
+    ("job_timeout", "-0.1"), ("max_retries", "9" * 5000), ("max_retries", "-" + "9" * 400)])
 def test_config_validators_reject(key, text):
     with pytest.raises(queuectl.UsageError):
         queuectl.CONFIG[key][1](text)

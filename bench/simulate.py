@@ -11,11 +11,14 @@ the simulated monotonic clock. Each step is one of:
   tick / jump / wall step   advance the clocks a little, past a lease, or step the wall clock only
   beat                      a worker's heartbeat; if its registration is gone it aborts the runs it
                             claimed under it and registers again (what `Supervisor` does)
-  sweep                     `Sweeper.sweep(now, now_mono)`; between any two of its transactions other
-                            steps may interleave, and the sweeping process may die there
+  sweep                     `Sweeper.sweep(now)`, with queuectl's `time.monotonic` answering the
+                            simulated clock; between any two of its transactions other steps may
+                            interleave (time passes), and the sweeping process may die there
   claim / finish            `Store.claim`, then later `Store.finish` with a random outcome
   run                       `Worker.run_once(now)` with a fake command runner, other steps
-                            interleaving while "the command runs", and the worker dying mid-run
+                            interleaving while "the command runs", and the worker dying mid-run;
+                            half the time it keeps claiming (`Store.finish_and_claim`) and the
+                            slot's next run_once runs the job claimed with the result
   cancel poll               a worker kills the runs a user canceled (`Store.interrupt`)
   crash / come back         a worker stops (no steps, no beats); later it resumes: runs that ended
                             meanwhile report their result with the claim they had, then it beats
@@ -32,12 +35,15 @@ After every step (interleaved ones included) the invariants are checked:
     made under was dropped; a worker is dropped only after its heartbeat has not moved for more
     than stale-timeout of the monotonic clock;
   - a write (finish or interrupt) is accepted exactly when its claim was not taken away;
+  - an orphan (a processing job whose worker row is gone) is requeued only after its run's
+    processes were killed (kill_run_orphans is replaced by a recorder: no real processes here);
   - a claim returns the first eligible job in claim order, and a job whenever one is eligible;
   - once crashes and user actions stop and time advances, every job becomes completed or dead.
 
 `run(seed, steps)` raises AssertionError naming the seed and step; `--seed N` reproduces it exactly
-(add --trace to print every step). Without arguments: many seeds (`--seeds`, `--steps`), and
-`--short` is the bounded run of `make test`.
+(add --trace to print every step). Without arguments: many seeds (`--seeds`, `--steps`) over
+`--procs` processes; `--short` (400 seeds x 100 steps, about 7 s on 2 cores) is for `make test`.
+The seeds reuse one database (tables emptied between seeds), which behaves as a fresh file would.
 """
 
 import argparse
@@ -62,6 +68,7 @@ SQL_ROWS = ("SELECT id, state, worker_id, run_count, attempts, max_retries, lost
             "priority, next_run_at, seq, last_error FROM jobs")
 SQL_OPEN_RUNS = "SELECT job_id, run_no, worker_id FROM runs WHERE ended_at IS NULL"
 SQL_PROCESSING = "SELECT id, run_count, worker_id FROM jobs WHERE state = 'processing'"
+SQL_INTERRUPTED = "SELECT state, lost_count, attempts, cancel_requested FROM jobs WHERE id = ?"
 # One pass over the rows: the total, the count in each state (in q.STATES order) and the rows that
 # break a per-row rule; only when something is off are the rows read one by one to name the culprit.
 SQL_AUDIT = (
@@ -83,6 +90,20 @@ class SimCrash(BaseException):
 class Violation(BaseException):
     """An invariant did not hold (BaseException, so that Worker._run's `except Exception` inside a
     simulated run cannot swallow it; run() turns it into an AssertionError)."""
+
+
+class SimClock:
+    """Stands in for the `time` module inside queuectl: monotonic() is the simulated clock, so the
+    sweeper reads "its own monotonic clock" whenever its code chooses to; the rest is the real module."""
+
+    def __init__(self, real):
+        self.real, self.mono = real, 0.0
+
+    def monotonic(self) -> float:
+        return self.mono
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
 
 
 class Claim:
@@ -131,6 +152,7 @@ class SimWorker:
         self.crashed = False
         self.exited = False
         self.inline: Claim | None = None  # the run in progress inside Worker.run_once
+        self.orphan_phase = False  # our sweep is recovering orphans (jobs whose worker row is gone)
 
     def __repr__(self) -> str:
         return self.wid
@@ -156,7 +178,8 @@ class Simulation:
         self.stores, self.seed, self.steps = stores, seed, steps
         self.rng = random.Random(seed)
         self.user = stores[0]
-        self.mono, self.wall = 0.0, WALL_START
+        self.clock = SimClock(time)  # installed as queuectl's `time` by run()
+        self.wall = WALL_START
         self.step_no, self.depth, self.active = 0, 0, True
         self.busy_main: set = set()  # workers whose main loop is mid-operation (a sweep)
         self.workers: list[SimWorker] = []
@@ -170,6 +193,14 @@ class Simulation:
         self.print_trace = trace
         self.stats = dict.fromkeys(("claims", "finishes", "rejected", "revoked", "drops", "crashes", "comebacks",
                                     "runs", "sweeps"), 0)
+
+    @property
+    def mono(self) -> float:
+        return self.clock.mono
+
+    @mono.setter
+    def mono(self, value: float) -> None:
+        self.clock.mono = value
 
     # -- plumbing -------------------------------------------------------------------------------
 
@@ -259,6 +290,8 @@ class Simulation:
                     c.append((3, lambda w=w, i=i: self.claim(w, i)))
                 elif claim is not w.inline:  # the inline run ends inside run_once
                     c.append((3, lambda w=w, i=i: self.finish(w, i)))
+                    if claim.reg != w.reg:
+                        c.append((6, lambda w=w, i=i: self.abort_stale(w, i)))
             if not w.inline and self.depth == 0:
                 for i, claim in enumerate(w.slots):
                     if claim is None or claim.prefetched:
@@ -328,20 +361,24 @@ class Simulation:
             w.last_beat = self.mono
             self.trace(f"{w} beats")
             return
-        # As Supervisor._on_lost_registration: new epoch (runs claimed under the old one abort), register again.
-        self.trace(f"{w} finds its registration gone: aborts its runs, registers again")
-        for i, claim in enumerate(w.slots):
-            if claim is not None and claim is not w.inline:  # the inline run aborts itself (its epoch)
-                self.record(w, i, q.Outcome(None, "worker lost its registration", b"", 0.0,
-                                            interrupted="worker lost its registration"))
+        # As Supervisor._on_lost_registration: a new epoch, then register again. Its threads notice the
+        # new epoch later (within 250 ms) and abort the runs claimed under the old one: the `abort`
+        # step. Meanwhile its other threads may claim, and a run may finish first.
+        self.trace(f"{w} finds its registration gone: registers again; runs of the old one will abort")
         w.register()
+
+    def abort_stale(self, w: SimWorker, slot: int) -> None:
+        """A thread notices its run was claimed under an older registration (epoch) and kills it."""
+        self.record(w, slot, q.Outcome(None, "worker lost its registration", b"", 0.0,
+                                       interrupted="worker lost its registration"))
 
     def sweep(self, w: SimWorker) -> None:
         self.stats["sweeps"] += 1
         self.trace(f"{w} sweeps")
         self.busy_main.add(w)
+        w.orphan_phase = False
         try:
-            n = w.sweeper.sweep(self.wall, now_mono=self.mono)
+            n = w.sweeper.sweep(self.wall)  # its monotonic clock is the simulation's (SimClock)
             self.trace(f"{w} swept: {n} recovered")
         except SimCrash:
             self.trace(f"{w} dies in the middle of its sweep")
@@ -359,7 +396,9 @@ class Simulation:
             self.nested(self.rng.randint(1, 4))
 
     def after_sweeper_call(self, w: SimWorker, name: str, args: tuple, result) -> None:
-        if name == "drop_worker" and result:
+        if name == "orphan_jobs":
+            w.orphan_phase = True
+        elif name == "drop_worker" and (result is True or isinstance(result, list)):  # dropped (and its jobs)
             self.on_dropped(args[0], w)
         elif name == "interrupt" and result is not None:
             job, owner = args[0], args[1]
@@ -384,8 +423,10 @@ class Simulation:
         self.check(not (w.registered and claim.reg == w.reg),
                    f"{by} took {claim} away from {w}, whose registration {claim.reg} was never dropped "
                    f"(the worker is live: last beat {self.mono - w.last_beat:.2f}s ago)")
-        if w.exited:  # a worker that never comes back: its token was killed first if it was local
-            pass
+        if by.orphan_phase:  # a job without a worker row: its leftovers are killed before the requeue
+            self.check(f"{owner}/{run_no}/{job_id}" in self.killed_tokens,
+                       f"{by} requeued orphan {claim} without killing its run's processes first")
+        self.check_interrupt_rule(claim, state, lost=True)
         claim.revoked = True
 
     def cancel_poll(self, w: SimWorker) -> None:
@@ -406,8 +447,9 @@ class Simulation:
 
     def on_claimed(self, w: SimWorker, job: q.Job | None, in_order: bool = True) -> Claim | None:
         """Check a claim against the model and record it; in_order: also check it was the first eligible job."""
-        eligible = [] if not in_order else sorted((r for r in self.rows().values() if r[1] in (q.PENDING, q.FAILED) and r[7] == 0
-                           and r[9] <= self.wall), key=lambda r: (-r[8], r[9], r[10]))
+        eligible = [] if not in_order else sorted(
+            (r for r in self.rows().values() if r[1] in (q.PENDING, q.FAILED) and r[7] == 0 and r[9] <= self.wall),
+            key=lambda r: (-r[8], r[9], r[10]))  # priority DESC, next_run_at, seq
         if not w.registered:
             self.check(job is None, f"{w} claimed {job and job.id} without a registration")
             self.trace(f"{w} claim refused (not registered)")
@@ -466,16 +508,32 @@ class Simulation:
             self.stats["rejected"] += 1
         elif not outcome.interrupted:
             self.check_finish_rule(claim.job, outcome, after)
+        else:
+            self.check_interrupt_rule(claim, after, lost=False)
+
+    def check_interrupt_rule(self, claim: Claim, state: str, lost: bool) -> None:
+        """A run cut short is not an attempt: back to pending, or to the DLQ if canceled or lost too often."""
+        row = self.user.read(SQL_INTERRUPTED, (claim.job.id,))[0]
+        lost_count = claim.job.lost_count + lost
+        expected = (q.DEAD if row[3] or lost_count >= q.LOST_WORKER_CAP else q.PENDING, lost_count,
+                    claim.job.attempts)
+        self.check((row[0], row[1], row[2]) == expected and state == row[0],
+                   f"{claim} cut short ({'lost' if lost else 'by its worker'}, cancel flag {row[3]}): "
+                   f"(state, lost_count, attempts) = {row[:3]}, expected {expected}")
 
     def check_finish_rule(self, job: q.Job, outcome: q.Outcome, after: q.Job) -> None:
-        """DECISIONS.md's retry rule, restated independently of failure_rule."""
+        """DECISIONS.md's retry rule, restated independently of failure_rule: a success completes; a
+        failure counts an attempt and retries until max(max_retries, 1) runs, except that a job a user
+        canceled while it ran goes to the DLQ as canceled (the cancel beats a retry)."""
+        canceled = self.user.read(SQL_INTERRUPTED, (job.id,))[0][3]
         if outcome.exit_code == 0 and outcome.error is None:
             expected = (q.COMPLETED, job.attempts)
         else:
             attempts = job.attempts + 1
-            expected = (q.DEAD if attempts >= max(job.max_retries, 1) else q.FAILED, attempts)
+            expected = (q.DEAD if canceled or attempts >= max(job.max_retries, 1) else q.FAILED, attempts)
         self.check((after.state, after.attempts) == expected,
-                   f"{job.id} after {outcome.error or 'exit 0'}: {(after.state, after.attempts)}, expected {expected}")
+                   f"{job.id} after {outcome.error or 'exit 0'} (cancel flag {canceled}): "
+                   f"{(after.state, after.attempts)}, expected {expected}")
 
     def run_once(self, w: SimWorker, slot: int) -> None:
         """The real Worker.run_once(now) with a fake runner; other steps interleave while it "runs".
@@ -660,6 +718,144 @@ class Simulation:
             self.fail(f"unrevoked claims {owned} != processing rows {held}")
 
 
+# ==== scenarios: interleavings the random search found, written out by hand ===========================
+# Each is a few lines with the real Store and Sweeper, fake clocks, and a store wrapper that lets
+# another process act between two of the sweeper's transactions. They state the property plainly
+# and stay as regression checks (`--scenarios`; part of --short).
+
+def _ident(name: str) -> dict:
+    """A worker on a host of its own: judged by its heartbeat lease only."""
+    return {"host": f"host-{name}", "pid": 4242, "proc_start": "1", "boot_id": "sim-boot", "pid_ns": f"ns-{name}"}
+
+
+def sweep(sweeper: q.Sweeper, t: float) -> int:
+    """A sweep at time t: the wall clock and queuectl's monotonic clock (a SimClock in scenarios) both read t."""
+    q.time.mono = t
+    return sweeper.sweep(t)
+
+
+def _add_job(store: q.Store, job_id: str, now: float) -> None:
+    store.enqueue([q.validate_job({"id": job_id, "command": "true"}, store.config_all(), "/", now)], now)
+
+
+class _Between:
+    """A sweeper's store that runs `hook` right after the named call returns (another process acts then)."""
+
+    def __init__(self, store: q.Store, after: str, hook):
+        self.store, self.after, self.hook = store, after, hook
+
+    def __getattr__(self, name):
+        method = getattr(self.store, name)
+        if name != self.after:
+            return method
+
+        def wrapped(*args):
+            result = method(*args)
+            hook, self.hook = self.hook, None
+            if hook:
+                hook()
+            return result
+        return wrapped
+
+
+def scenario_reregistered_worker_same_beat(store: q.Store) -> str | None:
+    """A worker presumed dead registers again under the same id; its beat counter restarts, so a
+    sweeper that remembers the old registration's beat sees "unchanged for long" and drops it at once."""
+    for w in "WXY":
+        store.register(w, _ident(w), 1, 0.0)
+    x, y = q.Sweeper(store, _ident("X"), "X"), q.Sweeper(store, _ident("Y"), "Y")
+    store.heartbeat("W", 1.0)  # W's beat: 1
+    sweep(x, 1.0)  # X remembers (W, beat 1) at 1 s
+    sweep(y, 2.0)  # W pauses
+    store.heartbeat("X", 19.0)
+    sweep(y, 20.0)  # 18 s without a beat: Y drops W (rightly)
+    if store.heartbeat("W", 21.0) is not None:
+        return "W's row was not dropped"
+    store.register("W", _ident("W"), 1, 21.0)  # W resumes and registers again, as Supervisor does
+    store.heartbeat("W", 22.0)  # beat 1 again
+    _add_job(store, "J", 22.0)
+    store.claim("W", 22.0)
+    sweep(x, 22.5)  # half a second after W's heartbeat
+    if not any(w.id == "W" for w in store.workers()):
+        return (f"X dropped W 0.5 s after its heartbeat (the beat counter restarted at the new registration and "
+                f"matched the one X remembered from the old); J was requeued while W runs it: "
+                f"state {store.get('J').state}, lost_count {store.get('J').lost_count}")
+    return None
+
+
+def scenario_claim_between_drop_and_list(store: q.Store) -> str | None:
+    """A sweeper drops a worker's row, then lists its jobs in a later transaction: a worker that
+    registered again in between (same id) and claimed a job loses that job, though it is alive."""
+    store.register("W", _ident("W"), 1, 0.0)
+    store.register("X", _ident("X"), 1, 0.0)
+    _add_job(store, "J", 0.0)
+    claimed = []
+
+    def w_comes_back():
+        store.heartbeat("W", 20.0)  # None: its row is gone
+        store.register("W", _ident("W"), 1, 20.0)
+        claimed.append(store.claim("W", 20.0))
+
+    x = q.Sweeper(_Between(store, "drop_worker", w_comes_back), _ident("X"), "X")
+    sweep(x, 0.0)
+    store.heartbeat("X", 19.0)
+    sweep(x, 20.0)  # W silent for 20 s: dropped; then W's jobs are listed
+    job = store.get("J")
+    if claimed and claimed[0] and job.state != q.PROCESSING:
+        return (f"W registered again and claimed J between X's drop_worker and jobs_of; X then requeued J "
+                f"(state {job.state}, lost_count {job.lost_count}) while W, registered and beating, runs it")
+    return None
+
+
+def scenario_sweeper_stalls_before_reading(store: q.Store) -> str | None:
+    """The sweeper reads its clock, then the rows: a stall in between (the process stopped, a slow
+    read) dates a fresh heartbeat back to the clock reading, and the worker is dropped that much early."""
+    store.register("W", _ident("W"), 1, 0.0)
+    store.register("X", _ident("X"), 1, 0.0)
+    x = q.Sweeper(store, _ident("X"), "X")
+    sweep(x, 0.0)
+    store.heartbeat("W", 99.0)
+    sweep(x, 99.5)
+
+    def stall():  # 15 s pass (the sweeping process is stopped, or its read is slow); W beats meanwhile
+        q.time.mono = 115.0
+        store.heartbeat("W", 115.0)
+    x.store = _Between(store, "config_get", stall)
+    sweep(x, 100.0)  # clock read at 100 s; the rows, read at 115 s, hold W's new beat
+    x.store = store
+    store.heartbeat("X", 115.5)
+    sweep(x, 116.0)  # 1 s after W's heartbeat (W beats every 2 s)
+    if not any(w.id == "W" for w in store.workers()):
+        return "X dropped W 1 s after its heartbeat: the beat seen at 115 s was dated 100 s, the clock reading"
+    return None
+
+
+SCENARIOS = [scenario_reregistered_worker_same_beat, scenario_claim_between_drop_and_list,
+             scenario_sweeper_stalls_before_reading]
+
+
+def run_scenarios() -> list[str]:
+    """Run every scenario on a fresh database; the failures, named."""
+    _quiet()
+    failures = []
+    for scenario in SCENARIOS:
+        folder = tempfile.mkdtemp(prefix="queuectl-scenario-")
+        store = q.Store(os.path.join(folder, "s.db"), durable=False)
+        original_kill = q.kill_run_orphans
+        q.kill_run_orphans = lambda token: 0
+        q.time = SimClock(time)
+        try:
+            problem = scenario(store)
+        finally:
+            q.kill_run_orphans = original_kill
+            q.time = time
+            store.close()
+            shutil.rmtree(folder, ignore_errors=True)
+        if problem:
+            failures.append(f"scenario {scenario.__name__}: {problem}")
+    return failures
+
+
 # ==== driving many seeds =============================================================================
 
 class Bench:
@@ -692,6 +888,7 @@ def run(seed: int, steps: int = 200, *, trace: bool = False, bench: Bench | None
     original_kill = q.kill_run_orphans
     sim = Simulation(bench.stores, seed, steps, trace)
     q.kill_run_orphans = lambda token: sim.killed_tokens.add(token) or 0  # no real processes here
+    q.time = sim.clock
     try:
         bench.reset()
         sim.run()
@@ -699,14 +896,22 @@ def run(seed: int, steps: int = 200, *, trace: bool = False, bench: Bench | None
         raise AssertionError(str(e)) from None
     finally:
         q.kill_run_orphans = original_kill
+        q.time = time
         if own:
             bench.close()
     return sim.stats
 
 
-def run_many(seeds, steps: int = 200, *, keep_going: bool = False) -> dict:
-    """Run the seeds on one reused database; raise on the first violation, or with keep_going collect
-    them in total["failures"]; returns the summed counters."""
+def run_many(seeds, steps: int = 200) -> dict:
+    """Run the seeds on one reused database; AssertionError on the first violation; summed counters."""
+    total = _run_seeds(seeds, steps, stop_at_first=True)
+    if total["failures"]:
+        raise AssertionError(total["failures"][0])
+    return total
+
+
+def _run_seeds(seeds, steps: int, stop_at_first: bool) -> dict:
+    """Run the seeds, collecting failures (stopping at the first one if asked); summed counters."""
     bench = Bench()
     total: dict = {"seeds": 0, "failures": []}
     try:
@@ -714,9 +919,9 @@ def run_many(seeds, steps: int = 200, *, keep_going: bool = False) -> dict:
             try:
                 stats = run(seed, steps, bench=bench)
             except AssertionError as e:
-                if not keep_going:
-                    raise
                 total["failures"].append(str(e))
+                if stop_at_first:
+                    break
                 continue
             for key, value in stats.items():
                 total[key] = total.get(key, 0) + value
@@ -728,10 +933,7 @@ def run_many(seeds, steps: int = 200, *, keep_going: bool = False) -> dict:
 
 def _run_chunk(args: tuple) -> dict:
     seeds, steps, keep_going = args
-    try:
-        return run_many(seeds, steps, keep_going=keep_going)
-    except AssertionError as e:
-        return {"seeds": 0, "failures": [str(e)]}
+    return _run_seeds(seeds, steps, stop_at_first=not keep_going)
 
 
 def run_parallel(seeds: list[int], steps: int, procs: int, keep_going: bool = False) -> dict:
@@ -756,13 +958,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=2000, help="how many seeds (default 2000)")
     p.add_argument("--first", type=int, default=0, help="first seed (default 0)")
     p.add_argument("--steps", type=int, default=200, help="active steps per seed before the drain (default 200)")
-    p.add_argument("--short", action="store_true", help="the bounded run of `make test` (300 seeds x 100 steps)")
+    p.add_argument("--short", action="store_true", help="the bounded run of `make test` (400 seeds x 100 steps)")
     p.add_argument("--procs", type=int, default=min(2, os.cpu_count() or 1), help="processes (default 2)")
     p.add_argument("--keep-going", action="store_true", help="report every failing seed, not just the first")
     p.add_argument("--trace", action="store_true", help="with --seed: print every step")
+    p.add_argument("--scenarios", action="store_true", help="only the hand-written scenarios (part of --short)")
     args = p.parse_args(argv)
+    if args.scenarios or args.short:
+        failed = run_scenarios()
+        for failure in failed:
+            print(f"simulate: FAILED: {failure}", file=sys.stderr)
+        print(f"simulate: {len(SCENARIOS) - len(failed)} of {len(SCENARIOS)} scenarios passed")
+        if args.scenarios:
+            return 1 if failed else 0
     if args.short:
-        args.seeds, args.steps = 300, 100
+        args.seeds, args.steps = 400, 100
     started = time.monotonic()
     if args.seed is not None:
         try:
@@ -780,7 +990,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"simulate: {stats['seeds']} seeds passed, {len(stats['failures'])} failed ({args.steps} steps each "
           f"+ drain) in {took:.1f}s: "
           + ", ".join(f"{k} {v}" for k, v in stats.items() if k not in ("seeds", "failures")))
-    return 1 if stats["failures"] else 0
+    return 1 if stats["failures"] or (args.short and failed) else 0
 
 
 if __name__ == "__main__":

@@ -23,7 +23,10 @@ queue. Then, with no timing in any check:
     explained by its own runs that were cut short after it started (outcome lost or stopped): at
     most one extra line per such run;
   - no run is left open, PRAGMA integrity_check is ok, `status --json` counts equal the rows;
-  - no worker exited on its own or printed a traceback, and no enqueue failed except "busy".
+  - no worker exited on its own or printed a traceback, and no enqueue failed except "busy";
+  - before the run, an orphan-kill probe: runs under flock are killed with kill_run_orphans() (the
+    sweeper's step before a requeue) and /proc/locks must show their lock gone when it returns
+    (a dying run still holding it is the overlap above, caught in its millisecond window).
 A summary follows (jobs, kills by kind, recoveries = runs with outcome 'lost', reruns, overlaps, lost);
 exit 1 on any violation.
 
@@ -33,6 +36,8 @@ exit 1 on any violation.
 """
 
 import argparse
+import contextlib
+import hashlib
 import json
 import os
 import platform
@@ -48,7 +53,7 @@ import time
 from datetime import datetime, timezone
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-QUEUECTL = os.path.join(ROOT, "queuectl.py")
+QUEUECTL = os.path.join(ROOT, "queuectl.py")  # run() points this at a copy taken when the run starts
 PY = sys.executable
 OVERLAP_EXIT = 75  # flock's exit code when the lock is held; no job body uses it
 
@@ -211,6 +216,10 @@ class Workers:
             key = f"{w['asked'] or ('burst' if w['burst'] else 'unasked')}:{code}"
             self.exits[key] = self.exits.get(key, 0) + 1
             expected = {"sigkill": {-9}, "sigterm": {0}, "hard": {0, 130}, "stop": {0}, None: {0} if w["burst"] else set()}
+            # A second SIGTERM that lands after a graceful exit finished (the interpreter is tearing
+            # down and has restored the default action) ends the process with -15: harmless then.
+            if w["asked"] == "hard" and code == -signal.SIGTERM and self.logged(w, b"worker exited"):
+                continue
             if code not in expected[w["asked"]]:
                 self.unexpected.append(f"worker pid {w['proc'].pid} (asked {w['asked']}) exited {code}")
 
@@ -256,28 +265,73 @@ class Workers:
         for w in self.procs:
             self.wait_logged(w, b"worker started", deadline)
         for w in self.procs:
-            if w["proc"].poll() is None and w["asked"] not in ("sigkill",):
-                if w["asked"] is None:
-                    w["asked"] = "sigterm"
+            if w["proc"].poll() is None and w["asked"] in (None, "stop"):  # the others are already stopping
+                w["asked"] = w["asked"] or "sigterm"
                 w["proc"].send_signal(signal.SIGTERM)
         while any(w["proc"].poll() is None for w in self.procs) and time.monotonic() < deadline:
             time.sleep(0.1)
         for w in self.procs:
             if w["proc"].poll() is None:
                 log(f"worker {w['proc'].pid} did not stop in time: SIGKILL")
+                self.unexpected.append(f"worker pid {w['proc'].pid} did not stop within 60 s of SIGTERM")
                 w["asked"] = "sigkill"
                 w["proc"].kill()
                 w["proc"].wait()
         self.reap()
 
 
+# ==== the orphan-kill probe =========================================================================
+
+def probe_orphan_kill(queuectl_path: str, folder: str, n: int) -> int:
+    """How many of n runs still hold their flock right after kill_run_orphans() returns.
+
+    This is the step a sweeper takes before it requeues a dead worker's job: if the killed
+    processes are still dying when it returns, the rerun can find the old run's lock held (the
+    overlap the torture run counts, in a window of milliseconds). Each probe starts a run under
+    `flock` carrying a QUEUECTL_RUN token, waits until /proc/locks shows the lock, calls
+    kill_run_orphans(token) and looks at /proc/locks at once. 0 is the only right answer.
+    """
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("queuectl_probe", queuectl_path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    lock = os.path.join(folder, "probe.lock")
+    open(lock, "w").close()
+    tag = f":{os.stat(lock).st_ino} "
+
+    def held() -> bool:
+        with open("/proc/locks") as f:
+            return any(tag in line for line in f)
+    still = 0
+    for i in range(n):
+        token = f"torture-probe/{os.getpid()}/{i}"
+        proc = subprocess.Popen(["/bin/sh", "-c", f"flock -n {lock} -c 'sleep 30'"], start_new_session=True,
+                                env=dict(os.environ, QUEUECTL_RUN=token))
+        deadline = time.monotonic() + 10
+        while not held() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.001)
+        module.kill_run_orphans(token)
+        still += held()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        deadline = time.monotonic() + 10
+        while held() and time.monotonic() < deadline:
+            time.sleep(0.001)
+    return still
+
+
 # ==== the run ======================================================================================
 
 def run(seconds: float, jobs: int, enqueuers: int, seed: int, keep: bool = False,
-        kill_interval: tuple[float, float] = (0.2, 2.0), drain_deadline_s: float = 600.0) -> dict:
+        kill_interval: tuple[float, float] = (0.2, 2.0), drain_deadline_s: float = 600.0, probes: int = 100) -> dict:
     """One torture run; returns the summary (with "violations": a list, empty when all held)."""
+    global QUEUECTL
     rng = random.Random(seed)
     tmp = tempfile.mkdtemp(prefix="queuectl-torture-")
+    # Every process of the run uses a copy of queuectl.py taken now: edits made to the file while
+    # the run goes on cannot mix two versions in one run.
+    QUEUECTL = shutil.copy(os.path.join(ROOT, "queuectl.py"), os.path.join(tmp, "queuectl.py"))
     paths = {"dir": tmp, "db": os.path.join(tmp, "q.db"), "results": os.path.join(tmp, "results"),
              "overlaps": os.path.join(tmp, "overlaps"), "locks": os.path.join(tmp, "locks"),
              "logs": os.path.join(tmp, "logs")}
@@ -292,6 +346,8 @@ def run(seconds: float, jobs: int, enqueuers: int, seed: int, keep: bool = False
     parents = {job["id"]: job["depends_on"][0] for part in plan for job in part if "depends_on" in job}
     workers = Workers(paths["db"], paths["logs"], rng)
     enq = Enqueuers(paths["db"], plan, seconds * 0.7, seed)
+    still_locked = probe_orphan_kill(QUEUECTL, tmp, probes)
+    log(f"orphan-kill probe: {still_locked} of {probes} killed runs still held their lock when kill_run_orphans returned")
     began = time.monotonic()
     log(f"db {paths['db']}: {jobs} jobs, {enqueuers} enqueuers, {seconds:g}s of kills every "
         f"{kill_interval[0]:g}-{kill_interval[1]:g}s (seed {seed})")
@@ -316,6 +372,11 @@ def run(seconds: float, jobs: int, enqueuers: int, seed: int, keep: bool = False
     drained = drain(paths["db"], workers, time.monotonic() + drain_deadline_s)
     drain_s = time.monotonic() - drain_started
     summary = check(paths, kinds, parents, enq, workers, drained and enqueued_all)
+    summary["orphan_kill_probe"] = {"runs": probes, "still_locked": still_locked}
+    if still_locked:
+        summary["violations"].append(
+            f"orphan-kill probe: {still_locked} of {probes} runs still held their flock right after kill_run_orphans() "
+            "returned: a sweeper that requeues then lets the rerun overlap the dying run")
     summary.update(seconds=seconds, seed=seed, total_s=round(time.monotonic() - began, 1), drain_s=round(drain_s, 1),
                    kill_interval_s=list(kill_interval), machine=machine())
     if not enqueued_all:
@@ -452,7 +513,11 @@ def check(paths: dict, kinds: dict, parents: dict, enq: Enqueuers, workers: Work
 
 
 def machine() -> dict:
+    """Where and on what the run happened (the queuectl.py digest names the code that was tortured)."""
+    with open(QUEUECTL, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()[:12]
     return {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "cores": os.cpu_count(),
+            "queuectl_sha256": digest,
             "python": platform.python_version(), "sqlite": sqlite3.sqlite_version,
             "kernel": platform.release(), "flock": shutil.which("flock") is not None}
 
@@ -467,11 +532,15 @@ def print_summary(s: dict) -> None:
           f"hard-stopped runs: {s['hard_stopped_runs']}")
     print(f"  reruns: {s['reruns']} completed jobs wrote their result more than once ({s['rerun_lines']} extra lines), "
           "each explained by a run of its own cut short by a kill or hard stop after it started")
+    probe = s["orphan_kill_probe"]
+    print(f"  orphan-kill probe: {probe['still_locked']} of {probe['runs']} killed runs still held their lock when "
+          "kill_run_orphans() returned (must be 0)")
     print(f"  overlaps: {s['overlaps']} (must be 0)   lost: {s['lost']} (must be 0)   integrity: {s['integrity']}   "
           f"busy enqueue retries: {s['enqueue_busy_retries']}")
     m = s["machine"]
     print(f"  {s['seconds']:g}s of chaos, drain {s['drain_s']}s, {s['total_s']}s in all; seed {s['seed']}; "
-          f"{m['date']}, {m['cores']} cores, Python {m['python']}, SQLite {m['sqlite']}")
+          f"{m['date']}, {m['cores']} cores, Python {m['python']}, SQLite {m['sqlite']}, "
+          f"queuectl.py sha256 {m['queuectl_sha256']}")
     for violation in s["violations"]:
         print(f"  VIOLATION: {violation}")
     print("torture: " + ("FAILED" if s["violations"] else "ok"))
@@ -487,6 +556,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--kill-every", type=float, nargs=2, default=(0.2, 2.0), metavar=("MIN", "MAX"),
                    help="seconds between kills (default 0.2 2)")
+    p.add_argument("--probes", type=int, default=100, help="orphan-kill probes before the run (default 100)")
     p.add_argument("--keep", action="store_true", help="keep the temporary folder (db, logs, results)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON only")
     args = p.parse_args(argv)
@@ -498,7 +568,7 @@ def main(argv: list[str] | None = None) -> int:
         args.kill_every = (0.2, 1.0) if tuple(args.kill_every) == (0.2, 2.0) else args.kill_every
     jobs = args.jobs or max(200, int(args.seconds * 14))
     summary = run(args.seconds, jobs, args.enqueuers, args.seed, args.keep, tuple(args.kill_every),
-                  drain_deadline_s=120.0 if args.short else 600.0)
+                  drain_deadline_s=120.0 if args.short else 600.0, probes=args.probes)
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
