@@ -1415,18 +1415,30 @@ def kill_run_orphans(token: str) -> int:
     if not token:
         return 0
     needle = f"QUEUECTL_RUN={token}\0".encode()
-    killed: set[int] = set()
+    killed: dict[int, str | None] = {}  # pid -> its start time, to know when it is really gone
     for _ in range(20):
         # A process already sent SIGKILL may linger a moment (or as an unreaped zombie): only
         # new matches, such as a child forked during the last pass, need another pass.
         found = [pid for pid in _pids() if pid not in killed and needle in (_environ(pid) or b"")]
         for pid in found:
+            killed[pid] = proc_start_time(pid)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        killed.update(found)
         if not found:
             break
+    _wait_gone(killed)
     return len(killed)
+
+
+def _wait_gone(started: dict[int, str | None], limit_s: float = 5.0) -> None:
+    """Wait (bounded) until every killed process has exited: SIGKILL is not instant, and until the
+    old run is gone it still holds its files and locks, so a rerun must not start yet."""
+    deadline = time.monotonic() + limit_s
+    while any(proc_start_time(pid) == start is not None for pid, start in started.items()):
+        if time.monotonic() > deadline:
+            log.warning("some killed processes of a lost run are still exiting")
+            return
+        time.sleep(0.01)
 
 
 def _pids() -> list[int]:
