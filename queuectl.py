@@ -3201,12 +3201,17 @@ def main(argv: list[str] | None = None) -> int:
             stream.reconfigure(errors="backslashreplace")
     try:
         args = build_parser().parse_args(argv)
-        if args.command in ("worker", "dashboard"):
-            configure_logging()
     except SystemExit as e:  # --help, --version
         return e.code if isinstance(e.code, int) else EXIT_OK
     except QueueError as e:
         return _fail(e)
+    if args.command in ("worker", "dashboard"):
+        configure_logging()
+    return _dispatch(args)
+
+
+def _dispatch(args) -> int:
+    """Open the database, run the command, turn every failure a user can cause into one line."""
     store = None
     try:
         store = open_store(args)
