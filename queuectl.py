@@ -532,17 +532,19 @@ class Store:
             return self._write(fn)
 
     def _write(self, fn):
-        def attempt():
-            cur = self.conn.cursor()
-            cur.execute("BEGIN IMMEDIATE")
-            try:
-                result = fn(cur)
-                cur.execute("COMMIT")
-                return result
-            except BaseException:
-                self.conn.rollback()
-                raise
-        return self._retry(attempt)
+        return self._retry(lambda: self._transaction(fn))
+
+    def _transaction(self, fn):
+        """One attempt: fn(cursor) between BEGIN IMMEDIATE and COMMIT, rolled back if anything fails."""
+        cur = self.conn.cursor()
+        cur.execute("BEGIN IMMEDIATE")
+        try:
+            result = fn(cur)
+            cur.execute("COMMIT")
+            return result
+        except BaseException:
+            self.conn.rollback()
+            raise
 
     def read(self, sql: str, params: tuple = ()) -> list[tuple]:
         """Run one read-only statement with busy retries."""
@@ -683,14 +685,10 @@ class Store:
         the caller is the loop that reads the job's pipe, timeout and cancel checks included."""
         if not self.turn.acquire(blocking=False):
             return False
-        try:
-            self.conn.execute("BEGIN IMMEDIATE")  # one try, within SQLite's own short busy wait
-            self.conn.execute(SQL_FLUSH_OUTPUT, (tail, total, job.id, job.run_count))
-            self.conn.execute("COMMIT")
+        try:  # one try, within SQLite's own short busy wait; no retry loop
+            self._transaction(lambda cur: cur.execute(SQL_FLUSH_OUTPUT, (tail, total, job.id, job.run_count)))
             return True
         except sqlite3.Error:
-            if self.conn.in_transaction:
-                self.conn.rollback()
             return False
         finally:
             self.turn.release()
@@ -2963,10 +2961,10 @@ def print_status(store: Store, queue: str | None, as_json: bool) -> None:
 
 
 def _status_text(store: Store, queue: str | None) -> str:
-    counts = store.counts(queue)
-    lines = [f"{state:<12}{counts[state]:>8}" for state in STATES]
-    lines.append(f"{'workers':<12}{len(live_workers(store)):>8}")
-    paused = store.paused()
+    status = status_dict(store, queue)
+    lines = [f"{state:<12}{status['jobs'][state]:>8}" for state in STATES]
+    lines.append(f"{'workers':<12}{status['active_workers']:>8}")
+    paused = status["paused"]
     if paused:
         lines.append("paused: " + ("all queues" if "*" in paused else ", ".join(paused)))
     return "\n".join(lines) + "\n"
