@@ -1402,22 +1402,35 @@ def process_gone(pid: int, start: str | None) -> bool:
 
 
 def kill_run_orphans(token: str) -> int:
-    """SIGKILL every process whose environment carries this run's token; returns how many.
+    """SIGKILL every process of this run; returns how many.
 
     Each run's processes inherit QUEUECTL_RUN=token, so this finds the orphaned shell and its
-    children exactly, without trusting a PID that may have been recycled. Repeated until a scan
-    finds none, because a process may fork while we kill. (A job that clears its environment
-    escapes this: a documented limit.)
+    children exactly, without trusting a PID that may have been recycled. A process in the middle
+    of exec() has no readable environment for a moment (the kernel swaps its memory map first and
+    fills the new one later), so a process is also taken when it is in the session of one that
+    carries the token: every run starts its own session, a session id cannot be reused while a
+    member lives, and a member can only be a descendant of the run. Repeated until a scan finds
+    none, because a process may fork while we kill. (A job that clears its environment *and*
+    calls setsid escapes this: a documented limit.)
     """
     import signal
     if not token:
         return 0
     needle = f"QUEUECTL_RUN={token}\0".encode()
+    ours = {None, 0, os.getsid(0)}  # never our own session (0: its leader is outside our PID namespace)
+    sessions: set[int] = set()
     killed: dict[int, str | None] = {}  # pid -> its start time, to know when it is really gone
-    for _ in range(20):
-        # A process already sent SIGKILL may linger a moment (or as an unreaped zombie): only
-        # new matches, such as a child forked during the last pass, need another pass.
-        found = [pid for pid in _pids() if pid not in killed and needle in (_environ(pid) or b"")]
+    for _ in range(50):
+        found = []
+        for pid in _pids():
+            if pid in killed:
+                continue  # already sent SIGKILL; it may linger a moment or as an unreaped zombie
+            sid = _session(pid)
+            if needle in (_environ(pid) or b""):
+                sessions |= {sid} - ours
+                found.append(pid)
+            elif sid in sessions:
+                found.append(pid)
         for pid in found:
             killed[pid] = proc_start_time(pid)
             with contextlib.suppress(ProcessLookupError):
@@ -1444,6 +1457,15 @@ def _pids() -> list[int]:
         return [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]
     except OSError:
         return []
+
+
+def _session(pid: int) -> int | None:
+    """The session id of a process (field 6 of /proc/PID/stat), or None if it is gone."""
+    stat = _read(f"/proc/{pid}/stat")
+    try:
+        return int(stat.rsplit(")", 1)[-1].split()[3]) if stat else None
+    except (IndexError, ValueError):
+        return None
 
 
 def _environ(pid: int) -> bytes | None:

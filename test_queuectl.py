@@ -1250,6 +1250,27 @@ def test_kill_run_orphans_finds_processes_by_token():
         other.wait()
 
 
+def test_kill_run_orphans_takes_the_runs_session_even_without_the_token(tmp_path):
+    # A process whose environment cannot be read as ours (mid-exec, or cleared with env -i) but that
+    # lives in the session of a process carrying the token is one of the run's, and is killed too.
+    pidfile = tmp_path / "pid"
+    script = f"env -i /bin/sleep 30 & echo $! > {pidfile}; exec /bin/sleep 30"
+    env = {**os.environ, "QUEUECTL_RUN": "w/1/sess"}
+    bystander = subprocess.Popen(["env", "-i", "sleep", "30"])  # our session, no token: left alone
+    leader = subprocess.Popen(["/bin/sh", "-c", script], env=env, start_new_session=True)
+    try:
+        wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), "the run's child to start")
+        child = int(pidfile.read_text())
+        assert queuectl.kill_run_orphans("w/1/sess") == 2
+        assert leader.wait(timeout=10) == -9
+        assert queuectl.proc_start_time(child) is None  # gone (or a zombie waiting for init)
+        assert bystander.poll() is None
+    finally:
+        for proc in (leader, bystander):
+            proc.kill()
+            proc.wait()
+
+
 # ==== Workers ====
 
 def test_worker_run_once_with_injected_runner(store):
