@@ -210,7 +210,8 @@ def text(output: bytes | None) -> str | None:
 
 MIGRATIONS = [
     # 1: jobs, their dependencies and runs, workers, paused queues, config. `seq` gives enqueue
-    # order. jobs_claim serves the claim exactly (its WHERE and ORDER BY), jobs_due the poller.
+    # order. A waiting job is either staged (not due yet: jobs_staged, by due time) or ready (due:
+    # jobs_claim, by queue and then in claim order); see "The claim" below.
     """
     CREATE TABLE jobs (
         seq INTEGER PRIMARY KEY,
@@ -233,11 +234,13 @@ MIGRATIONS = [
         priority INTEGER NOT NULL DEFAULT 0,
         queue TEXT NOT NULL DEFAULT 'default',
         waiting_on INTEGER NOT NULL DEFAULT 0,
-        cancel_requested INTEGER NOT NULL DEFAULT 0
+        cancel_requested INTEGER NOT NULL DEFAULT 0,
+        ready INTEGER NOT NULL DEFAULT 0
     );
-    CREATE INDEX jobs_claim ON jobs (priority DESC, next_run_at, seq)
-        WHERE state IN ('pending', 'failed') AND waiting_on = 0;
-    CREATE INDEX jobs_due ON jobs (next_run_at) WHERE state IN ('pending', 'failed') AND waiting_on = 0;
+    CREATE INDEX jobs_claim ON jobs (queue, priority DESC, next_run_at, seq)
+        WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1;
+    CREATE INDEX jobs_staged ON jobs (next_run_at)
+        WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0;
     CREATE INDEX jobs_state ON jobs (state, seq);
     CREATE INDEX jobs_worker ON jobs (worker_id) WHERE state = 'processing';
     CREATE INDEX jobs_finished ON jobs (state, updated_at) WHERE state IN ('completed', 'dead');
@@ -282,28 +285,53 @@ MIGRATIONS = [
 
 SQL_INSERT_JOB = (
     "INSERT INTO jobs (id, command, state, max_retries, timeout_s, cwd, env, created_at, updated_at, next_run_at, "
-    "priority, queue, waiting_on, last_error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+    "priority, queue, waiting_on, last_error, ready) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
 SQL_INSERT_DEP = "INSERT OR IGNORE INTO deps (job_id, dep_id) VALUES (?, ?)"
 SQL_GET_JOB = f"SELECT {Job.COLUMNS} FROM jobs WHERE id = ?"
 SQL_JOB_STATE = "SELECT state FROM jobs WHERE id = ?"
 SQL_LIST_JOBS = f"SELECT {Job.COLUMNS} FROM (SELECT * FROM jobs {{where}} ORDER BY seq DESC LIMIT ?) ORDER BY seq"
 SQL_COUNTS = "SELECT state, count(*) FROM jobs {where} GROUP BY state"
 SQL_DEPS_OF = "SELECT dep_id FROM deps WHERE job_id = ? ORDER BY rowid"
-# What a worker may claim: due, not waiting on a dependency, in its queues, not paused. {queues}
-# is "" or "AND queue IN (?, …)" for `worker start --queue`.
-SQL_ELIGIBLE = ("state IN ('pending', 'failed') AND waiting_on = 0 {queues} "
-                "AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*'))")
-# The claim: one statement, atomic inside BEGIN IMMEDIATE; the subquery walks jobs_claim in order.
-# INDEXED BY pins the plan: without statistics SQLite may prefer jobs_state and sort every
-# eligible row on each claim (SQLite-only syntax; a PostgreSQL class would drop it).
-SQL_DUE = (f"SELECT id FROM jobs INDEXED BY jobs_claim WHERE {SQL_ELIGIBLE} AND next_run_at <= ? "
-           "ORDER BY priority DESC, next_run_at, seq LIMIT 1")
+# The claim. A waiting job (pending or failed, no unfinished dependency) is *staged* until it is
+# due and *ready* from then on: the claim transaction first promotes the staged jobs that have
+# fallen due (a range of jobs_staged, empty most of the time), so jobs_claim holds only due jobs.
+# Only the promotion sets ready = 1; every update that makes a job wait again sets ready = 0.
+# jobs_claim leads with the queue, and the claim takes the head of each queue it may serve, then
+# the best of those heads: a paused queue, a queue this worker does not serve, or jobs scheduled
+# for later cost nothing however many jobs they hold (a plain priority-ordered index would have
+# to walk past all of them on every claim and poll).
+SQL_WAITING = "state IN ('pending', 'failed') AND waiting_on = 0"
+SQL_READY = f"{SQL_WAITING} AND ready = 1"  # the WHERE of jobs_claim, so INDEXED BY can use it
+SQL_STAGED = f"{SQL_WAITING} AND ready = 0"  # the WHERE of jobs_staged
+SQL_PROMOTE = (f"UPDATE jobs SET ready = 1 WHERE seq IN "
+               f"(SELECT seq FROM jobs INDEXED BY jobs_staged WHERE {SQL_STAGED} AND next_run_at <= ?)")
+# The queues to look at: those of `worker start --queue` (VALUES (?), …), or every queue with a
+# ready job, found by a skip-scan of jobs_claim: one index seek per queue.
+SQL_READY_QUEUES = f"""q(name) AS (
+    SELECT (SELECT queue FROM jobs INDEXED BY jobs_claim WHERE {SQL_READY} ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT queue FROM jobs INDEXED BY jobs_claim WHERE {SQL_READY} AND queue > q.name ORDER BY queue LIMIT 1)
+    FROM q WHERE q.name IS NOT NULL)"""
+# The best ready job of each such queue that is not paused (NULL for a queue with none). The due
+# check only matters when clocks disagree (a job enqueued by a host whose clock runs ahead).
+SQL_HEADS = f"""WITH RECURSIVE {{queue_set}}
+    SELECT (SELECT seq FROM jobs INDEXED BY jobs_claim WHERE {SQL_READY} AND queue = q.name AND next_run_at <= ?
+            ORDER BY priority DESC, next_run_at, seq LIMIT 1) AS seq
+    FROM q WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))"""
+SQL_DUE = "SELECT id FROM jobs WHERE seq IN ({heads}) ORDER BY priority DESC, next_run_at, seq LIMIT 1"
 # A worker whose registration was removed (presumed dead) cannot claim: its jobs would be orphans.
 SQL_REGISTERED = "SELECT 1 FROM workers WHERE id = ?"
 SQL_CLAIM_SET = "UPDATE jobs SET state = 'processing', worker_id = ?, run_count = run_count + 1, updated_at = ? "
 SQL_CLAIM = SQL_CLAIM_SET + f"WHERE id = ({SQL_DUE}) AND EXISTS ({SQL_REGISTERED}) RETURNING {Job.COLUMNS}"
 SQL_CLAIM_ID = SQL_CLAIM_SET + "WHERE id = ? AND state IN ('pending', 'failed')"
-SQL_NEXT_DUE = f"SELECT next_run_at FROM jobs INDEXED BY jobs_due WHERE {SQL_ELIGIBLE} ORDER BY next_run_at LIMIT 1"
+SQL_ANY_STAGED = f"SELECT 1 FROM jobs INDEXED BY jobs_staged WHERE {SQL_STAGED} AND next_run_at <= ? LIMIT 1"
+# The poller: a ready job in a queue we serve, or a staged job that has fallen due anywhere (a
+# claim promotes it; each job can cause at most one such wake-up).
+SQL_POLL = f"SELECT EXISTS (SELECT 1 FROM ({{heads}}) WHERE seq IS NOT NULL) OR EXISTS ({SQL_ANY_STAGED})"
+# --burst: is anything in our queues due within the horizon (ready, or staged and not paused)?
+SQL_DUE_SOON = (f"SELECT EXISTS (SELECT 1 FROM ({{heads}}) WHERE seq IS NOT NULL) OR EXISTS (SELECT 1 FROM jobs "
+                f"INDEXED BY jobs_staged WHERE {SQL_STAGED} AND next_run_at <= ? {{queues}} "
+                "AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')))")
 SQL_ANY_PROCESSING = "SELECT 1 FROM jobs WHERE state = 'processing' {queues} LIMIT 1"
 SQL_INSERT_RUN = "INSERT INTO runs (job_id, run_no, worker_id, started_at, due_at) VALUES (?, ?, ?, ?, ?)"
 SQL_FLUSH_OUTPUT = "UPDATE runs SET output = ?, output_bytes = ? WHERE job_id = ? AND run_no = ? AND ended_at IS NULL"
@@ -311,10 +339,10 @@ SQL_FLUSH_OUTPUT = "UPDATE runs SET output = ?, output_bytes = ? WHERE job_id = 
 # job (declared dead, then came back) can never overwrite what happened since.
 SQL_OWNED = "id = ? AND state = 'processing' AND worker_id = ? AND run_count = ?"
 SQL_FINISH_JOB = ("UPDATE jobs SET state = ?, attempts = ?, next_run_at = ?, last_error = ?, exit_code = ?, "
-                  f"worker_id = NULL, updated_at = ? WHERE {SQL_OWNED}")
+                  f"worker_id = NULL, updated_at = ?, ready = 0 WHERE {SQL_OWNED}")
 SQL_CANCEL_FLAG = f"SELECT cancel_requested FROM jobs WHERE {SQL_OWNED}"
 SQL_REQUEUE = ("UPDATE jobs SET state = ?, lost_count = lost_count + ?, last_error = coalesce(?, last_error), "
-               f"next_run_at = ?, worker_id = NULL, updated_at = ? WHERE {SQL_OWNED}")
+               f"next_run_at = ?, worker_id = NULL, updated_at = ?, ready = 0 WHERE {SQL_OWNED}")
 SQL_FINISH_RUN = ("UPDATE runs SET ended_at = ?, outcome = ?, exit_code = ?, error = ?, output = coalesce(?, output), "
                   "output_bytes = max(output_bytes, ?) WHERE job_id = ? AND run_no = ?")
 SQL_RELEASE_DEPENDENTS = ("UPDATE jobs SET waiting_on = waiting_on - 1, next_run_at = max(next_run_at, ?), "
@@ -338,7 +366,7 @@ SQL_RUN = ("SELECT run_no, output, output_bytes, ended_at FROM runs WHERE job_id
            "ORDER BY run_no DESC LIMIT 1")
 SQL_RETRY = ("UPDATE jobs SET state = 'pending', attempts = 0, lost_count = 0, cancel_requested = 0, "
              "next_run_at = ?, last_error = NULL, "
-             "exit_code = NULL, updated_at = ?, "
+             "exit_code = NULL, updated_at = ?, ready = 0, "
              "waiting_on = (SELECT count(*) FROM deps JOIN jobs d ON d.id = deps.dep_id "
              "WHERE deps.job_id = jobs.id AND d.state <> 'completed') WHERE id = ? AND state = 'dead'")
 SQL_DEAD_DEPS = ("SELECT deps.dep_id FROM deps JOIN jobs d ON d.id = deps.dep_id "
@@ -375,8 +403,10 @@ SQL_STATS_OUTCOMES = "SELECT outcome, count(*) FROM runs WHERE ended_at >= ? GRO
 # floats in a small fraction of that.
 SQL_STATS_TIMES = ("SELECT ended_at - started_at, max(0, started_at - due_at) FROM runs "
                    "WHERE ended_at >= ? AND outcome IN ('completed', 'failed', 'dead')")
-SQL_OLDEST_ELIGIBLE = (f"SELECT min(next_run_at) FROM jobs INDEXED BY jobs_due WHERE {SQL_ELIGIBLE.format(queues='')} "
-                       "AND next_run_at <= ?")
+SQL_OLDEST_ELIGIBLE = (
+    f"SELECT min(e.next_run_at) FROM (SELECT queue, next_run_at FROM jobs INDEXED BY jobs_claim WHERE {SQL_READY} "
+    f"AND next_run_at <= ?1 UNION ALL SELECT queue, next_run_at FROM jobs INDEXED BY jobs_staged WHERE {SQL_STAGED} "
+    "AND next_run_at <= ?1) AS e WHERE NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (e.queue, '*'))")
 SQL_IDENTITY = ("SELECT (SELECT application_id FROM pragma_application_id()), (SELECT count(*) FROM sqlite_master), "
                 "(SELECT user_version FROM pragma_user_version())")
 SQL_CONFIG_GET = "SELECT value FROM config WHERE key = ?"
@@ -406,8 +436,15 @@ def _where_in_batch(spec: dict) -> str:
     return f"{spec['where']}: " if spec.get("where") else ""
 
 
+def _heads(queues: tuple) -> str:
+    """SQL_HEADS for `worker start --queue` names, or for every queue; its parameters are the
+    names, then the time a head must be due by."""
+    queue_set = f"q(name) AS (VALUES {', '.join(['(?)'] * len(queues))})" if queues else SQL_READY_QUEUES
+    return SQL_HEADS.format(queue_set=queue_set)
+
+
 def _in_queues(queues: tuple) -> str:
-    """The queue filter for SQL_ELIGIBLE: nothing, or `AND queue IN (?, …)`."""
+    """A queue filter: nothing, or `AND queue IN (?, …)`."""
     return f"AND queue IN ({', '.join('?' * len(queues))})" if queues else ""
 
 
@@ -568,9 +605,11 @@ class Store:
 
     @staticmethod
     def _row(spec: dict, state: str, waiting_on: int, error: str | None, now: float) -> tuple:
+        due = spec["run_at"] or now
+        ready = state == PENDING and not waiting_on and due <= now  # else staged: see SQL_PROMOTE
         return (spec["id"], spec["command"], state, spec["max_retries"], spec["timeout"], spec["cwd"],
-                json.dumps(spec["env"]) if spec["env"] else "{}", now, now, spec["run_at"] or now, spec["priority"], spec["queue"],
-                waiting_on, error)
+                json.dumps(spec["env"]) if spec["env"] else "{}", now, now, due, spec["priority"], spec["queue"],
+                waiting_on, error, int(ready))
 
     def _insert_plain(self, cur: sqlite3.Cursor, specs: list[dict], now: float) -> None:
         """executemany the buffered jobs without dependencies (the fast path of a batch)."""
@@ -642,24 +681,26 @@ class Store:
         rows = self.read(SQL_RUN, (job_id, run_no, run_no))
         return rows[0] if rows else None
 
-    def next_due_at(self, queues: tuple = ()) -> float | None:
-        """When the earliest claimable job becomes due (cheap: one walk of the jobs_due index)."""
-        rows = self.read(SQL_NEXT_DUE.format(queues=_in_queues(queues)), queues)
-        return rows[0][0] if rows else None
+    def due_now(self, now: float, queues: tuple = ()) -> bool:
+        """True if a claim now may find work: the poller's cheap check (a few index seeks)."""
+        return bool(self.read(SQL_POLL.format(heads=_heads(queues)), (*queues, now, now))[0][0])
 
     def burst_done(self, now: float, queues: tuple = ()) -> bool:
         """True when nothing is processing (in these queues) and nothing is due within the burst horizon."""
-        due = self.next_due_at(queues)
-        busy = self.read(SQL_ANY_PROCESSING.format(queues=_in_queues(queues)), queues)
-        return not busy and (due is None or due > now + BURST_HORIZON_S)
+        if self.read(SQL_ANY_PROCESSING.format(queues=_in_queues(queues)), queues):
+            return False
+        soon = now + BURST_HORIZON_S
+        sql = SQL_DUE_SOON.format(heads=_heads(queues), queues=_in_queues(queues))
+        return not self.read(sql, (*queues, soon, soon, *queues))[0][0]
 
     def claim(self, worker_id: str, now: float, queues: tuple = ()) -> Job | None:
         """Atomically take the best due job for this worker and open its run record."""
         return self.write(lambda cur: self._claim_in(cur, worker_id, now, queues))
 
     def _claim_in(self, cur: sqlite3.Cursor, worker_id: str, now: float, queues: tuple) -> Job | None:
+        cur.execute(SQL_PROMOTE, (now,))
         if HAS_RETURNING:
-            sql = SQL_CLAIM.format(queues=_in_queues(queues))
+            sql = SQL_CLAIM.format(heads=_heads(queues))
             row = cur.execute(sql, (worker_id, now, *queues, now, worker_id)).fetchone()
         else:
             row = self._claim_without_returning(cur, worker_id, now, queues)
@@ -675,7 +716,7 @@ class Store:
         # writer can slip in between; the state guard makes the update a no-op if it somehow did.
         if cur.execute(SQL_REGISTERED, (worker_id,)).fetchone() is None:
             return None
-        found = cur.execute(SQL_DUE.format(queues=_in_queues(queues)), (*queues, now)).fetchone()
+        found = cur.execute(SQL_DUE.format(heads=_heads(queues)), (*queues, now)).fetchone()
         if found is None or cur.execute(SQL_CLAIM_ID, (worker_id, now, found[0])).rowcount != 1:
             return None
         return cur.execute(SQL_GET_JOB, (found[0],)).fetchone()
@@ -1772,8 +1813,7 @@ class Supervisor:
     def _poll(self) -> None:
         """Wake idle threads when a job is due; in burst mode, stop when the queue is drained."""
         now = time.time()
-        due = self.store.next_due_at(self.queues)
-        if due is not None and due <= now:
+        if self.store.due_now(now, self.queues):
             with self.wake:
                 self.wake.notify_all()
         elif self.burst and not self.stopping.is_set() and not any(w.current for w in self.workers) \

@@ -530,6 +530,75 @@ def test_claim_without_returning_fallback(store, monkeypatch):
     assert store.claim("w1", T0) is None
 
 
+def test_claim_without_returning_fallback_serves_queues_and_promotes_due_jobs(store, monkeypatch):
+    monkeypatch.setattr(queuectl, "HAS_RETURNING", False)
+    register(store)
+    store.enqueue([spec("a", queue="alpha"), spec("b", queue="beta", priority=1),
+                   spec("later", queue="alpha", priority=9, run_at=T0 + 5)], T0)
+    store.pause(["beta"])
+    assert claim_ids(store, T0, ("alpha", "beta")) == ["a"]
+    assert claim_ids(store, T0 + 5) == ["later"]
+    store.resume(["beta"])
+    assert claim_ids(store, T0 + 5, ("beta",)) == ["b"]
+
+
+def test_a_job_scheduled_for_later_is_promoted_when_due_and_keeps_its_priority(store):
+    register(store)
+    store.enqueue([spec("low1"), spec("low2"), spec("high", priority=3, run_at=T0 + 10)], T0)
+    assert store.claim("w1", T0).id == "low1"
+    assert not store.due_now(T0, ("other",))  # a queue with nothing in it
+    assert store.due_now(T0 + 10, ("other",))  # a staged job fell due (somewhere): wake to promote it
+    assert store.claim("w1", T0 + 10).id == "high"  # promoted, ahead of the older low2
+    assert store.claim("w1", T0 + 10).id == "low2"
+
+
+def test_a_failed_job_waits_out_its_backoff_before_it_is_claimed_again(store):
+    register(store)
+    store.enqueue([spec("f")], T0)
+    finish_next(store, 1, T0)  # failed, retry due at T0 + 2 (backoff_base 2, attempt 1)
+    assert store.get("f").state == "failed"
+    assert not store.due_now(T0 + 1.9)
+    assert store.claim("w1", T0 + 1.9) is None
+    assert store.claim("w1", T0 + 2).id == "f"
+
+
+def _vm_steps(store, action) -> int:
+    """SQLite virtual-machine instructions (in hundreds) that `action` makes the store execute."""
+    steps = [0]
+
+    def count():
+        steps[0] += 1
+    store.conn.set_progress_handler(count, 100)
+    try:
+        action()
+    finally:
+        store.conn.set_progress_handler(None, 100)
+    return steps[0]
+
+
+def test_claim_and_poll_do_not_walk_paused_unserved_or_future_jobs(store):
+    # Counted in SQLite VM instructions, not seconds, so the test is exact on a loaded machine: a
+    # claim that walked past the 30,000 jobs below would cost hundreds of thousands.
+    register(store)
+    store.enqueue([spec(f"p{i}", queue="backfill") for i in range(10_000)], T0)
+    store.enqueue([spec(f"x{i}", queue="elsewhere", priority=9) for i in range(10_000)], T0)
+    store.enqueue([spec(f"f{i}", priority=5, run_at=T0 + 86_400) for i in range(10_000)], T0)
+    store.pause(["backfill"])
+    store.enqueue([spec("due")], T0)
+    mine = ("default", "backfill")
+    assert _vm_steps(store, lambda: store.due_now(T0 + 1, mine)) < 50
+    assert _vm_steps(store, lambda: store.burst_done(T0 + 1, mine)) < 50
+    job = None
+
+    def claim():
+        nonlocal job
+        job = store.claim("w1", T0 + 1, mine)
+    assert _vm_steps(store, claim) < 50
+    assert job.id == "due"
+    assert _vm_steps(store, lambda: store.due_now(T0 + 1)) < 50  # all queues: one seek per queue
+    assert store.claim("w1", T0 + 1).id == "x0"
+
+
 def test_unregistered_worker_cannot_claim(store):
     store.enqueue([spec("a")], T0)
     assert store.claim("ghost", T0) is None
@@ -651,9 +720,13 @@ def test_heartbeat_reports_stop_and_lost_registration(store):
 
 def test_burst_done(store):
     assert store.burst_done(T0)
-    store.enqueue([spec("soon")], T0 + 30)
-    assert not store.burst_done(T0)
-    assert store.burst_done(T0 - 100)
+    store.enqueue([spec("soon", run_at=T0 + 30)], T0)
+    assert not store.burst_done(T0)  # due within the horizon
+    assert store.burst_done(T0 - 100)  # due later than the horizon
+    store.enqueue([spec("now", queue="q2")], T0)
+    assert not store.burst_done(T0, ("q2",))  # ready now
+    store.pause(["q2"])
+    assert store.burst_done(T0, ("q2",))  # a paused queue's jobs do not hold a burst
 
 
 def test_config_roundtrip_and_defaults(store):
@@ -723,7 +796,7 @@ def test_claim_skips_paused_queues_until_resumed(store):
     assert store.paused() == ["alpha"]
     assert store.claim("w1", T0, ("alpha",)) is None
     assert claim_ids(store, T0) == ["b"]
-    assert store.next_due_at() is None  # a paused job is not due: --burst does not wait for it
+    assert not store.due_now(T0)  # a paused job is not due: --burst does not wait for it
     store.resume(["alpha"])
     assert store.paused() == []
     assert claim_ids(store, T0) == ["a"]
@@ -827,7 +900,8 @@ def test_retry_of_a_dependent_alone_is_refused_while_its_dependency_is_dead(stor
 def test_a_job_waiting_for_a_dependency_is_not_due(store):
     register(store)
     store.enqueue([spec("a", run_at=T0 + 7200), spec("b", depends_on=["a"])], T0)
-    assert store.next_due_at() == T0 + 7200  # b is not due at all, only a, in two hours
+    assert not store.due_now(T0 + 7199)  # b is not due at all, only a, in two hours
+    assert store.due_now(T0 + 7200)
     assert store.burst_done(T0)
     store.enqueue([spec("x", queue="other"), spec("y", queue="mine", depends_on=["x"])], T0)
     assert store.burst_done(T0, ("mine",))  # y waits for a job of another queue
