@@ -11,6 +11,8 @@ in a temporary folder that is removed afterwards. Sections:
   pickup   enqueue returning -> the job's command starting, with an idle worker
   idle     CPU used by `worker start --count 4` with nothing to do
   scale    drain, pickup and the read commands again with a million finished jobs in the table
+  backlog  idle cost, pickup and drain again beside work no worker may take: 300,000 pending jobs in
+           a paused queue and 100,000 due tomorrow (a claim or poll must not walk past them)
   memory   peak RSS of `worker start --count 8 --burst` while draining
 
 Prints a Markdown table (or, with --json, only JSON on stdout); progress goes to stderr.
@@ -42,12 +44,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUEUECTL = os.path.join(ROOT, "queuectl.py")
 PY = sys.executable
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-SECTIONS = ("drain", "enqueue", "batch", "pickup", "idle", "scale", "memory")
+SECTIONS = ("drain", "enqueue", "batch", "pickup", "idle", "scale", "backlog", "memory")
 
 FULL = dict(jobs=2000, repeats=5, enqueue_runs=15, batch=100_000, pickup_jobs=20, idle_seconds=10.0,
-            settle_seconds=1.0, scale_rows=1_000_000, scale_days=25, memory_jobs=500, query_runs=3, list_pending=100)
+            settle_seconds=1.0, scale_rows=1_000_000, scale_days=25, memory_jobs=500, query_runs=3, list_pending=100,
+            backlog_paused=300_000, backlog_later=100_000, backlog_idle_seconds=10.0)
+# tiny: backlog_idle_seconds is short because a worker start and stop already cost ~1.5 s each
+# time, and the tiny figures only keep this script working.
 TINY = dict(jobs=20, repeats=1, enqueue_runs=3, batch=1000, pickup_jobs=3, idle_seconds=2.0,
-            settle_seconds=0.5, scale_rows=10_000, scale_days=25, memory_jobs=20, query_runs=1, list_pending=10)
+            settle_seconds=0.5, scale_rows=10_000, scale_days=25, memory_jobs=20, query_runs=1, list_pending=10,
+            backlog_paused=3000, backlog_later=1000, backlog_idle_seconds=1.0)
 
 # key -> (comparison, bound, text): the targets of the issue
 TARGETS = {
@@ -64,6 +70,10 @@ TARGETS = {
     "scale_list": ("<=", 0.3, "< 0.3 s"),
     "scale_stats": ("<=", 0.3, "< 0.3 s"),
     "scale_stats_30d": ("<=", 3.0, "< 3 s"),
+    "backlog_idle_pct": ("<=", 1.0, "≤ 1 %"),
+    "backlog_drain_ratio": (">=", 0.9, "≥ 0.9"),
+    "backlog_pickup_p50_ratio": (">=", 0.9, "≥ 0.9"),
+    "backlog_pickup_p95_ratio": (">=", 0.9, "≥ 0.9"),
     "memory_rss": ("<=", 40, "≤ 40 MB"),
 }
 
@@ -520,11 +530,9 @@ def bench_pickup(b: Bench) -> None:
     b.add("pickup_p95", "4. pickup latency p95 (from enqueue exit)", percentile(lat["returned"], 95), "ms")
 
 
-def bench_idle(b: Bench) -> None:
-    secs = b.p["idle_seconds"]
-    say(f"idle: `worker start --count 4` with nothing to do for {secs:g} s")
-    db = b.new_db("idle")
-    log = "idle.log"
+def idle_cpu(b: Bench, db: str, tag: str, secs: float) -> dict:
+    """CPU seconds that `worker start --count 4` uses over `secs` with nothing it may claim."""
+    log = f"idle-{tag}.log"
     w = b.spawn(db, "worker", "start", "--count", "4", log=log)
     try:
         b.wait_log(w, log, "worker started")
@@ -535,11 +543,19 @@ def bench_idle(b: Bench) -> None:
     finally:
         b.stop_worker(db, w, log)
     if not s0 or not s1:
-        raise BenchError("idle: the worker vanished while measured")
-    cpu = s1["cpu_s"] - s0["cpu_s"]
-    b.raw["idle"] = {"cpu_s": cpu, "wall_s": t1 - t0, "threads": s1["threads"]}
-    b.add("idle_pct", "5. idle cost, 4 threads (% of one core)", cpu / (t1 - t0) * 100, "%",
-          f"{cpu:.2f} CPU s in {t1 - t0:.1f} s; {s1['threads']} OS threads")
+        raise BenchError(f"idle {tag}: the worker vanished while measured")
+    return {"cpu_s": s1["cpu_s"] - s0["cpu_s"], "wall_s": t1 - t0, "threads": s1["threads"]}
+
+
+def idle_detail(idle: dict) -> str:
+    return f"{idle['cpu_s']:.2f} CPU s in {idle['wall_s']:.1f} s; {idle['threads']} OS threads"
+
+
+def bench_idle(b: Bench) -> None:
+    say(f"idle: `worker start --count 4` with nothing to do for {b.p['idle_seconds']:g} s")
+    idle = b.raw["idle"] = idle_cpu(b, b.new_db("idle"), "empty", b.p["idle_seconds"])
+    b.add("idle_pct", "5. idle cost, 4 threads (% of one core)", idle["cpu_s"] / idle["wall_s"] * 100, "%",
+          idle_detail(idle))
 
 
 # ---- scale -------------------------------------------------------------------------------------
@@ -711,6 +727,76 @@ def bench_scale(b: Bench) -> None:
         b.add(key, f"6. `{label}` with {rows:,} old jobs", wall, "s", detail)
 
 
+# ---- backlog -----------------------------------------------------------------------------------
+
+BACKLOG_QUEUE = "backfill"
+
+
+def fill_backlog(b: Bench, db: str) -> int:
+    """Enqueue work no worker may take: a big queue that is then paused (a backfill put on hold), and
+    higher-priority jobs due in a day. Both are ones a priority-ordered claim index would walk past on
+    every claim and poll. Through `enqueue -`, so every column is what queuectl itself writes. Returns
+    the number of jobs, which must all still be pending at the end."""
+    paused, later = b.p["backlog_paused"], b.p["backlog_later"]
+    t = time.perf_counter()
+    b.enqueue_many(db, [{"command": "true", "queue": BACKLOG_QUEUE}] * paused)
+    # Paused after the enqueue, as a backlog that built up and was then put on hold: its jobs are due.
+    b.qc(db, "pause", "--queue", BACKLOG_QUEUE)
+    # Priority 5, above the measured jobs' 0: an index ordered by priority first puts all of them ahead.
+    b.enqueue_many(db, [{"command": "true", "priority": 5, "delay": 86400}] * later)
+    b.raw["backlog_fill_s"] = time.perf_counter() - t
+    status = json.loads(b.qc(db, "status", "--json").stdout)
+    if status["jobs"]["pending"] != paused + later or BACKLOG_QUEUE not in status.get("paused", []):
+        raise BenchError(f"backlog: {status['jobs']['pending']} pending (expected {paused + later}), "
+                         f"paused {status.get('paused')}")
+    say(f"  enqueued {paused:,} jobs in paused {BACKLOG_QUEUE!r} + {later:,} due tomorrow "
+        f"in {b.raw['backlog_fill_s']:.1f} s")
+    return paused + later
+
+
+def bench_backlog(b: Bench) -> None:
+    paused, later, n = b.p["backlog_paused"], b.p["backlog_later"], b.p["jobs"]
+    what = f"{paused:,} paused + {later:,} later jobs"
+    if not b.batch_ok:  # one process per job would take hours at these sizes
+        b.add("backlog_idle_pct", f"8. idle cost with {what}", None, "%", "`enqueue -` missing")
+        return
+    say(f"backlog: idle cost, pickup and drain beside {what}")
+    db = b.new_db("backlog")
+    backlog = fill_backlog(b, db)
+    b.raw["backlog"] = {}
+
+    # Idle first: nothing the worker may claim, so any CPU above the empty idle figure is the backlog's.
+    idle = b.raw["backlog"]["idle"] = idle_cpu(b, db, "backlog", b.p["backlog_idle_seconds"])
+    b.add("backlog_idle_pct", f"8. idle cost with {what}", idle["cpu_s"] / idle["wall_s"] * 100, "%",
+          f"4 threads, % of one core; {idle_detail(idle)}")
+
+    lat = b.raw["backlog"]["pickup_ms"] = pickup(b, db, "backlog")
+    b.add("backlog_pickup_p50", "8. pickup p50 with the backlog (from enqueue exit)",
+          percentile(lat["returned"], 50), "ms", latency_detail(lat))
+    b.add("backlog_pickup_p95", "8. pickup p95 with the backlog (from enqueue exit)",
+          percentile(lat["returned"], 95), "ms")
+    if "pickup_ms" in b.raw:
+        # As in the scale section: latencies from enqueue exit can be near zero, so the ratio uses
+        # enqueue start -> job start, which also covers the enqueue into the big table.
+        base = b.raw["pickup_ms"]["spawned"]
+        for pct in (50, 95):
+            empty, full = percentile(base, pct), percentile(lat["spawned"], pct)
+            b.add(f"backlog_pickup_p{pct}_ratio", f"8. pickup p{pct}, enqueue start → job start: empty / backlog",
+                  empty / full, "x", f"{empty:.1f} ms empty, {full:.1f} ms with the backlog")
+
+    # drain_once checks that exactly its own jobs completed and the pending count (the backlog) did not
+    # move; the burst worker must exit by itself, the backlog being paused or not due within its horizon.
+    drains = b.raw["backlog"]["drain"] = [drain_once(b, db, n, f"backlog{i}") for i in range(b.p["repeats"])]
+    rate = statistics.median(d["rate"] for d in drains)
+    b.add("backlog_drain_rate", f"8. drain with {what}", rate, "jobs/s", drain_figures(drains, n))
+    if "drain_rate" in b.raw:
+        b.add("backlog_drain_ratio", "8. drain: backlog / empty", rate / b.raw["drain_rate"], "x")
+
+    left = b.counts(db)["pending"]
+    if left != backlog:
+        raise BenchError(f"backlog: {left} jobs pending at the end, {backlog} expected: paused or later jobs ran")
+
+
 def bench_memory(b: Bench) -> None:
     n = b.p["memory_jobs"]
     say(f"memory: `worker start --count 8 --burst` draining {n} jobs")
@@ -820,6 +906,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, help="batch enqueue: jobs (default 100000)")
     p.add_argument("--scale-rows", type=int, help="scale: finished jobs in the table (default 1000000)")
     p.add_argument("--scale-days", type=float, help="scale: days the old jobs spread over (default 25)")
+    p.add_argument("--backlog-paused", type=int, help="backlog: jobs in the paused queue (default 300000)")
+    p.add_argument("--backlog-later", type=int, help="backlog: jobs due in a day (default 100000)")
+    p.add_argument("--backlog-idle-seconds", type=float, help="backlog: seconds the idle cost is measured (default 10)")
     p.add_argument("--pickup-jobs", type=int, help="pickup: jobs (default 20)")
     p.add_argument("--idle-seconds", type=float, help="idle: seconds measured (default 10)")
     p.add_argument("--memory-jobs", type=int, help="memory: jobs drained (default 500)")
