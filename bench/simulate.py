@@ -23,7 +23,12 @@ the simulated monotonic clock. Each step is one of:
   crash / come back         a worker stops (no steps, no beats); later it resumes: runs that ended
                             meanwhile report their result with the claim they had, then it beats
   restart / stop            a crashed process is replaced by a new one; a worker stops (hard)
-  enqueue / cancel / retry  what users do (jobs with random retries, priorities, dependencies)
+  enqueue / cancel / retry  what users do (jobs with random retries, priorities, dependencies,
+                            queues, and some with a run_at a few seconds ahead: staged until due)
+  pause / resume            a user pauses or resumes queues ('*' = all; resume of one queue while
+                            '*' is paused must be refused)
+
+Each worker serves every queue or only some (`worker start --queue`), as its Worker and claims do.
 
 After every step (interleaved ones included) the invariants are checked:
   - nothing lost or invented: the job rows are exactly the jobs enqueued; `Store.counts()` equals
@@ -37,16 +42,24 @@ After every step (interleaved ones included) the invariants are checked:
   - a write (finish or interrupt) is accepted exactly when its claim was not taken away;
   - an orphan (a processing job whose worker row is gone) is requeued only after its run's
     processes were killed (kill_run_orphans is replaced by a recorder: no real processes here);
-  - a claim returns the first eligible job in claim order, and a job whenever one is eligible;
-  - once crashes and user actions stop and time advances, every job becomes completed or dead.
+  - a claim returns the first eligible job in claim order, and a job whenever one is eligible
+    (eligible: waiting, no unfinished dependency, due, in a queue the worker serves and neither that
+    queue nor '*' paused); a claim made with a result (Store.finish_and_claim) likewise;
+  - for each live worker's queues, `Store.due_now` is True exactly when a job is eligible for them
+    or a staged job has fallen due in any queue (a claim promotes it: one spurious wake-up at most),
+    and `Store.burst_done` is True exactly when nothing is processing in them and nothing waiting
+    in them, unpaused, is due within the burst horizon;
+  - once crashes and user actions stop, every queue is resumed and served, and time advances,
+    every job becomes completed or dead.
 
 `run(seed, steps)` raises AssertionError naming the seed and step; `--seed N` reproduces it exactly
 (add --trace to print every step). Without arguments: many seeds (`--seeds`, `--steps`) over
-`--procs` processes; `--short` (400 seeds x 100 steps, about 7 s on 2 cores) is for `make test`.
+`--procs` processes; `--short` (400 seeds x 100 steps, about 9 s on 2 cores) is for `make test`.
 The seeds reuse one database (tables emptied between seeds), which behaves as a fresh file would.
 """
 
 import argparse
+import bisect
 import logging
 import os
 import random
@@ -64,8 +77,11 @@ WALL_START = 1_700_000_000.0
 POOL = 8  # connections opened once and reused by the simulated worker processes of every seed
 DRAIN_STEPS = 30_000  # a seed whose jobs are not all terminal after this many drain steps fails
 TERMINAL = (q.COMPLETED, q.DEAD)
+WAITING = (q.PENDING, q.FAILED)
+QUEUES = (q.DEFAULT_QUEUE, "a", "b")  # a seed uses the first 2 or 3
+NO_JOBS_QUEUE = "c"  # a queue some workers serve but nobody enqueues into
 SQL_ROWS = ("SELECT id, state, worker_id, run_count, attempts, max_retries, lost_count, waiting_on, "
-            "priority, next_run_at, seq, last_error FROM jobs")
+            "priority, next_run_at, seq, last_error, queue, ready FROM jobs")
 SQL_OPEN_RUNS = "SELECT job_id, run_no, worker_id FROM runs WHERE ended_at IS NULL"
 SQL_PROCESSING = "SELECT id, run_count, worker_id FROM jobs WHERE state = 'processing'"
 SQL_INTERRUPTED = "SELECT state, lost_count, attempts, cancel_requested FROM jobs WHERE id = ?"
@@ -76,6 +92,7 @@ SQL_AUDIT = (
     f"coalesce(sum(attempts > max(max_retries, 1) OR lost_count > {q.LOST_WORKER_CAP} "
     "OR (state = 'processing') <> (worker_id IS NOT NULL) OR (state = 'dead' AND last_error IS NULL) "
     "OR waiting_on < 0 OR state NOT IN (" + ", ".join(f"'{s}'" for s in q.STATES) + ")), 0) FROM jobs")
+SQL_DATA_VERSION = "PRAGMA data_version"  # changes when another connection commits
 SQL_RUN_OUTCOME = "SELECT outcome, worker_id FROM runs WHERE job_id = ? AND run_no = ?"
 SQL_DEAD_DEP = ("SELECT 1 FROM deps JOIN jobs d ON d.id = deps.dep_id WHERE deps.job_id = ? AND d.state = 'dead' "
                 "LIMIT 1")
@@ -139,8 +156,9 @@ class HookedStore:
 class SimWorker:
     """A simulated worker process: a registration, N runner slots, a heartbeat and a Sweeper."""
 
-    def __init__(self, sim: "Simulation", number: int, store: q.Store, slots: int):
+    def __init__(self, sim: "Simulation", number: int, store: q.Store, slots: int, queues: tuple):
         self.sim, self.number, self.store = sim, number, store
+        self.queues = queues  # `worker start --queue` names; () = every queue
         self.wid = f"simhost{number}:{1000 + number}:sim"
         self.me = {"host": f"simhost{number}", "pid": 1000 + number, "proc_start": "1", "boot_id": "sim-boot",
                    "pid_ns": f"pid:[sim{number}]"}
@@ -165,7 +183,7 @@ class SimWorker:
         self.reg += 1
         self.store.register(self.wid, self.me, len(self.slots), self.sim.wall)
         self.registered, self.last_beat = True, self.sim.mono
-        self.sim.trace(f"{self} registers (reg {self.reg})")
+        self.sim.trace(f"{self} registers (reg {self.reg}, queues {', '.join(self.queues) or 'all'})")
 
     def holds(self) -> list[Claim]:
         return [c for c in self.slots if c is not None]
@@ -186,13 +204,18 @@ class Simulation:
         self.claims: dict[str, list[Claim]] = {}  # job id -> every claim made on it
         self.jobs: set[str] = set()
         self.next_job = 0
+        self.queues: tuple = ()  # the queues jobs go to this seed (chosen in run)
+        self.paused: set[str] = set()  # the model of the paused table
+        self.polled: tuple | None = None  # what check_polls last checked (see there)
+        self.due_times: tuple = (None, [])  # (rows, their sorted next_run_at) for check_polls
         self.killed_tokens: set[str] = set()
         self._rows: dict[str, tuple] | None = None  # the job rows, read when needed after each change
+        self.version: tuple | None = None  # the database's version when the invariants were last checked
         self.open: dict[str, list[Claim]] = {}  # job id -> claims not closed yet
         self.log: list[str] = []
         self.print_trace = trace
         self.stats = dict.fromkeys(("claims", "finishes", "rejected", "revoked", "drops", "crashes", "comebacks",
-                                    "runs", "sweeps"), 0)
+                                    "runs", "sweeps", "prefetched", "scheduled", "pauses"), 0)
 
     @property
     def mono(self) -> float:
@@ -219,18 +242,31 @@ class Simulation:
         if not ok:
             self.fail(message)
 
-    def spawn(self) -> SimWorker:
+    def spawn(self, queues: tuple | None = None) -> SimWorker:
         number = len(self.workers)
-        w = SimWorker(self, number, self.stores[1 + number % (len(self.stores) - 1)], self.rng.randint(1, 3))
+        slots = self.rng.randint(1, 3)
+        queues = self.pick_queues() if queues is None else queues
+        w = SimWorker(self, number, self.stores[1 + number % (len(self.stores) - 1)], slots, queues)
         self.workers.append(w)
         w.register()
         return w
+
+    def pick_queues(self) -> tuple:
+        """Half the workers serve every queue; the others some, in any order, now and then with one
+        that never gets a job (its head is empty: the claim must look past it)."""
+        if self.rng.random() < 0.5:
+            return ()
+        names = self.rng.sample(self.queues, self.rng.randint(1, len(self.queues)))
+        if self.rng.random() < 0.15:
+            names.insert(self.rng.randint(0, len(names)), NO_JOBS_QUEUE)
+        return tuple(names)
 
     # -- the run ----------------------------------------------------------------------------------
 
     def run(self) -> None:
         for key, value in (("stale_timeout", STALE_S), ("backoff_base", 2), ("backoff_max", 8)):
             self.user.config_set(key, value)
+        self.queues = QUEUES[:self.rng.randint(2, 3)]
         for _ in range(self.rng.randint(2, 4)):
             self.spawn()
         self.enqueue(self.rng.randint(2, 6))
@@ -243,10 +279,12 @@ class Simulation:
     def drain(self) -> None:
         """Crashes, clock steps and users stop; time advances; every job must become terminal."""
         self.active = False
-        self.trace("drain: crashes and user actions stop")
+        self.trace("drain: crashes and user actions stop; every queue is resumed")
+        self.user.resume([])
+        self.paused.clear()
         for n in range(DRAIN_STEPS):
-            if not any(w.up for w in self.workers):
-                self.spawn()
+            if not self.all_served():  # a queue nobody up serves would never drain
+                self.spawn(())
             if n % 20 == 0 and self.all_terminal():
                 return
             self.step_no += 1
@@ -254,6 +292,13 @@ class Simulation:
             self.check_invariants()
         left = {i: r[1] for i, r in self.rows().items() if r[1] not in TERMINAL}
         self.fail(f"liveness: after {DRAIN_STEPS} drain steps these jobs are not terminal: {left}")
+
+    def all_served(self) -> bool:
+        served = set()
+        for w in self.workers:
+            if w.up:
+                served.update(w.queues or self.queues)
+        return served >= set(self.queues)
 
     def all_terminal(self) -> bool:
         return all(r[1] in TERMINAL for r in self.rows().values()) and not any(
@@ -278,7 +323,7 @@ class Simulation:
         if self.active:
             c += [(1, lambda: self.tick(self.rng.uniform(STALE_S * 0.5, STALE_S * 2))),
                   (0.5, self.wall_step), (2, lambda: self.enqueue(self.rng.randint(1, 3))),
-                  (1, self.user_cancel), (1, self.user_retry)]
+                  (1, self.user_cancel), (1, self.user_retry), (0.5, self.user_pause), (1, self.user_resume)]
         for w in free:
             c += [(4, lambda w=w: self.beat(w)), (2, lambda w=w: self.sweep(w)),
                   (0.5, lambda w=w: self.cancel_poll(w))]
@@ -324,13 +369,38 @@ class Simulation:
             self.next_job += 1
             obj = {"id": job_id, "command": "true", "max_retries": self.rng.choice((0, 1, 2, 3, 4)),
                    "priority": self.rng.choice((0, 0, 0, 1, -1))}
+            queue = self.rng.choice(self.queues)
+            if queue != q.DEFAULT_QUEUE:  # the default one by omission, as most users would
+                obj["queue"] = queue
+            self.schedule(obj)
             earlier = sorted(self.jobs) + [s["id"] for s in specs]
             if earlier and self.rng.random() < 0.15:
                 obj["depends_on"] = [self.rng.choice(earlier)]
             specs.append(q.validate_job(obj, defaults, "/", self.wall))
         self.user.enqueue(specs, self.wall)
         self.jobs.update(s["id"] for s in specs)
-        self.trace(f"enqueue {', '.join(s['id'] + ('<-' + s['depends_on'][0] if s['depends_on'] else '') for s in specs)}")
+        self.trace("enqueue " + ", ".join(self.describe(s) for s in specs))
+
+    def schedule(self, obj: dict) -> None:
+        """Some jobs are for later (staged until a claim promotes them), a few for a moment already
+        past (due at once, ahead in claim order of jobs enqueued earlier)."""
+        roll = self.rng.random()
+        if roll < 0.2:
+            obj["run_at"] = self.wall + self.rng.uniform(0.5, 5)
+            self.stats["scheduled"] += 1
+        elif roll < 0.25:
+            obj["delay"] = self.rng.uniform(0.5, 5)
+            self.stats["scheduled"] += 1
+        elif roll < 0.3:
+            obj["run_at"] = self.wall - self.rng.uniform(0, 3)
+
+    def describe(self, spec: dict) -> str:
+        text = spec["id"] + (f":{spec['queue']}" if spec["queue"] != q.DEFAULT_QUEUE else "")
+        if spec["priority"]:
+            text += f" p{spec['priority']:+d}"
+        if spec["run_at"] is not None:
+            text += f" at {spec['run_at'] - self.wall:+.2f}s"
+        return text + ("<-" + spec["depends_on"][0] if spec["depends_on"] else "")
 
     def user_cancel(self) -> None:
         open_jobs = sorted(i for i, r in self.rows().items() if r[1] not in TERMINAL)
@@ -350,6 +420,35 @@ class Simulation:
         except q.Conflict as e:
             self.check(bool(self.user.read(SQL_DEAD_DEP, (job_id,))), f"dlq retry {job_id} refused wrongly: {e}")
             self.trace(f"user retry of {job_id} refused: {e}")
+
+    def user_pause(self) -> None:
+        names = ["*"] if self.rng.random() < 0.15 else self.rng.sample(self.queues, self.rng.randint(1, 2))
+        self.user.pause(names)
+        self.paused.update(names)
+        self.stats["pauses"] += 1
+        self.trace(f"user pauses {', '.join(names)}")
+        self.check_paused()
+
+    def user_resume(self) -> None:
+        """Resume everything, or one queue (refused while '*' is paused: that would not resume it)."""
+        if not self.paused:
+            return
+        names = [] if self.rng.random() < 0.5 else [self.rng.choice(sorted(self.paused))]
+        refuse = bool(names) and "*" in self.paused
+        try:
+            self.user.resume(names)
+        except q.Conflict as e:
+            self.check(refuse, f"resume {names} refused wrongly: {e}")
+            self.trace(f"user resume of {names[0]} refused: {e}")
+            return
+        self.check(not refuse, f"resume {names} accepted while '*' is paused")
+        self.paused = self.paused - set(names) if names else set()
+        self.trace(f"user resumes {', '.join(names) or 'all queues'}")
+        self.check_paused()
+
+    def check_paused(self) -> None:
+        paused = set(self.user.paused())
+        self.check(paused == self.paused, f"Store.paused() {sorted(paused)}, the model says {sorted(self.paused)}")
 
     # -- worker main loop: heartbeat, sweep, cancel poll ---------------------------------------------
 
@@ -440,16 +539,27 @@ class Simulation:
 
     def claim(self, w: SimWorker, slot: int) -> None:
         self.rows()  # as they were before the claim
-        job = w.store.claim(w.wid, self.wall)
+        job = w.store.claim(w.wid, self.wall, w.queues)
         self.on_claimed(w, job)
         if job is not None:
             w.slots[slot] = self.claims[job.id][-1]
 
-    def on_claimed(self, w: SimWorker, job: q.Job | None, in_order: bool = True) -> Claim | None:
-        """Check a claim against the model and record it; in_order: also check it was the first eligible job."""
-        eligible = [] if not in_order else sorted(
-            (r for r in self.rows().values() if r[1] in (q.PENDING, q.FAILED) and r[7] == 0 and r[9] <= self.wall),
-            key=lambda r: (-r[8], r[9], r[10]))  # priority DESC, next_run_at, seq
+    def claimable(self, queue: str, queues: tuple) -> bool:
+        """May a worker serving `queues` (() = all) claim from `queue` now?"""
+        return (not queues or queue in queues) and queue not in self.paused and "*" not in self.paused
+
+    def eligible(self, rows: dict, queues: tuple, now: float) -> list:
+        """The jobs a worker serving `queues` may claim at `now`, in claim order."""
+        return sorted((r for r in rows.values() if r[1] in WAITING and r[7] == 0 and r[9] <= now
+                       and self.claimable(r[12], queues)),
+                      key=lambda r: (-r[8], r[9], r[10]))  # priority DESC, next_run_at, seq
+
+    def on_claimed(self, w: SimWorker, job: q.Job | None, rows: dict | None = None, now: float | None = None,
+                   prefetched: bool = False) -> Claim | None:
+        """Check a claim made at `now` (default: the wall clock) against the rows as they were just
+        before it (default: the cached ones), and record it."""
+        rows = self.rows() if rows is None else rows
+        eligible = self.eligible(rows, w.queues, self.wall if now is None else now)
         if not w.registered:
             self.check(job is None, f"{w} claimed {job and job.id} without a registration")
             self.trace(f"{w} claim refused (not registered)")
@@ -459,18 +569,30 @@ class Simulation:
             self.check(first is None, f"{w} claimed nothing although {first} is eligible")
             return None
         self.check(job.state == q.PROCESSING and job.worker_id == w.wid, f"claim returned {job!r}")
-        if in_order:
-            self.check(job.id == first, f"{w} claimed {job.id}; the first eligible job in claim order is {first}")
-            self.check(job.run_count == self.rows()[job.id][3] + 1, f"claim returned {job!r}")
+        self.check(job.id == first, f"{w} (queues {w.queues or 'all'}, paused {sorted(self.paused)}) claimed "
+                                    f"{job.id} from {job.queue}; the first eligible job in claim order is {first}")
+        self.check(job.run_count == rows[job.id][3] + 1, f"claim returned {job!r}")
         for other in self.open.get(job.id, []):
             self.check(other.revoked, f"{w} claimed {job.id} while {other} still holds it")
         claim = Claim(w, job, w.reg)
         self.claims.setdefault(job.id, []).append(claim)
         self.open.setdefault(job.id, []).append(claim)
-        claim.prefetched = not in_order
+        claim.prefetched = prefetched
         self.stats["claims"] += 1
-        self.trace(f"{w} claims {claim}{'' if in_order else ' (with its last result)'}")
+        self.stats["prefetched"] += prefetched
+        self.trace(f"{w} claims {claim} from {job.queue}{' (with its last result)' if prefetched else ''}")
         return claim
+
+    def rows_before_prefetch(self, job: q.Job | None) -> dict:
+        """The rows as the claim inside finish_and_claim saw them: the rows after its commit (the
+        finish came first in the same transaction, nothing else since), the claimed job put back
+        as waiting (the claim changed only its state, worker and run count)."""
+        self._rows = None
+        rows = self.rows()
+        if job is not None:
+            r = rows[job.id]
+            rows = {**rows, job.id: (r[0], q.PENDING, None, r[3] - 1, *r[4:])}
+        return rows
 
     def outcome(self) -> q.Outcome:
         roll = self.rng.random()
@@ -545,7 +667,8 @@ class Simulation:
         held = w.slots[slot]  # a job prefetched with this slot's last result, or None
         keep = self.rng.random() < 0.5
         worker = q.Worker(w.store, w.wid, lambda job_id, epoch: None if epoch == w.reg else
-                          "worker lost its registration", epoch=lambda: w.reg, keep_claiming=lambda: keep)
+                          "worker lost its registration", queues=w.queues, epoch=lambda: w.reg,
+                          keep_claiming=lambda: keep)
         if held is not None:
             worker.prefetched = (held.job, held.reg)
         state = {}
@@ -563,15 +686,16 @@ class Simulation:
             if roll < 0.6:
                 self.nested(self.rng.randint(1, 5))
             reason = abort()
-            if reason:
-                return q.Outcome(None, reason, b"", 0.1, interrupted=reason)
-            return self.outcome()
+            state["outcome"] = (q.Outcome(None, reason, b"", 0.1, interrupted=reason) if reason
+                                else self.outcome())
+            return state["outcome"]
 
         worker.runner = runner
         self.trace(f"{w} run_once{' of prefetched ' + repr(held) if held else ''}{' (keeps claiming)' if keep else ''}")
         self.rows()  # as they were before the claim inside run_once
+        now = self.wall
         try:
-            ran = worker.run_once(now=self.wall)
+            ran = worker.run_once(now=now)
         except SimCrash:  # the claim stays in its slot, with the dead process
             w.inline = None
             self.mark_crashed(w)
@@ -581,11 +705,14 @@ class Simulation:
         self.check(ran == (claim is not None), f"run_once returned {ran}, claim {claim}")
         if claim is not None:
             self.check_inline_result(claim)
+        # The claim with the result was made at `now`, the time run_once was given, not the wall
+        # clock of now (time passed while the job "ran").
         if worker.prefetched:
-            self._rows = None  # the claim committed with the result: no "before" to compare with
             job, epoch = worker.prefetched
             self.check(epoch == w.reg, f"prefetched under epoch {epoch}, registration is {w.reg}")
-            w.slots[slot] = self.on_claimed(w, job, in_order=False)
+            w.slots[slot] = self.on_claimed(w, job, self.rows_before_prefetch(job), now, prefetched=True)
+        elif keep and claim is not None and not state["outcome"].interrupted:  # it claimed with the result: nothing
+            self.on_claimed(w, None, self.rows_before_prefetch(None), now, prefetched=True)
 
     def check_inline_result(self, claim: Claim) -> None:
         """run_once does not say whether its write was accepted: the run row tells."""
@@ -673,7 +800,12 @@ class Simulation:
     # -- invariants -------------------------------------------------------------------------------------
 
     def check_invariants(self) -> None:
-        self._rows = None
+        # The rows read since the last check stay good if nothing was written since: no other
+        # connection committed (data_version) and the user's did not change a row (total_changes).
+        # Most steps (a tick) write nothing; a claim's "before" snapshot relies on this being exact.
+        version = (self.user.conn.execute(SQL_DATA_VERSION).fetchone()[0], self.user.conn.total_changes)
+        if version != self.version:
+            self._rows, self.version = None, version
         (total, *by_state, bad), = self.user.read(SQL_AUDIT)
         if total != len(self.jobs) or bad:
             self.explain_audit()
@@ -688,6 +820,38 @@ class Simulation:
         if open_runs != held:
             self.fail(f"open runs {open_runs} != processing rows {held}")
         self.check_claims(held)
+        self.check_polls()
+
+    def check_polls(self) -> None:
+        """The poller's and --burst's checks, for the queues of each live worker, against the model."""
+        rows = self.rows()
+        soon = self.wall + q.BURST_HORIZON_S
+        queue_sets = tuple(dict.fromkeys(w.queues for w in self.workers if w.up))
+        # Their answers depend only on the rows, the paused queues and which jobs are due by now and
+        # by the horizon: most steps (a tick, a beat) change none of that, and are not asked again.
+        if self.due_times[0] is not rows:
+            self.due_times = (rows, sorted(r[9] for r in rows.values()))
+        times = self.due_times[1]
+        key = (rows, frozenset(self.paused), queue_sets, bisect.bisect_right(times, self.wall),
+               bisect.bisect_right(times, soon))
+        if key == self.polled:
+            return
+        self.polled = key
+        staged_due = any(r[1] in WAITING and r[7] == 0 and not r[13] and r[9] <= self.wall for r in rows.values())
+        for queues in queue_sets:
+            eligible = self.eligible(rows, queues, self.wall)
+            due = self.user.due_now(self.wall, queues)
+            where = f"queues {queues or 'all'}, paused {sorted(self.paused)}"
+            if eligible and not due:
+                self.fail(f"due_now False for {where}, yet {eligible[0][0]} is eligible")
+            if due and not eligible and not staged_due:
+                self.fail(f"due_now True for {where} with nothing eligible nor staged and due (a busy poll)")
+            served = [r for r in rows.values() if not queues or r[12] in queues]
+            busy = any(r[1] == q.PROCESSING for r in served) or any(
+                r[1] in WAITING and r[7] == 0 and r[9] <= soon and self.claimable(r[12], queues) for r in served)
+            done = self.user.burst_done(self.wall, queues)
+            self.check(done != busy, f"burst_done {done} for {where}, yet {'work is' if busy else 'nothing is'} "
+                                     f"processing or due within {q.BURST_HORIZON_S:g}s there")
 
     def explain_audit(self) -> None:
         rows = self.rows()
