@@ -88,6 +88,8 @@ CLI_BUSY_DEADLINE_S = 5.0  # a CLI command gives up (exit 1) after retrying this
 def _parse_number(text: str, *, integer: bool = False) -> float | int:
     """Parse a finite number from a config string; integers only when asked."""
     try:
+        if "_" in text:  # int() and float() take Python's 1_000; a config value should not
+            raise ValueError
         value = int(text) if integer else float(text)
     except ValueError:
         raise UsageError(f"not {'an integer' if integer else 'a number'}: {text!r}") from None
@@ -108,7 +110,8 @@ CONFIG = {
                                         f"an integer from 0 to {MAX_RETRIES_LIMIT}")),
     "backoff_base": (2, lambda s: _check(v := _parse_number(s), 1 <= v <= 1000, "from 1 to 1000")),
     "backoff_max": (3600, lambda s: _check(v := _parse_number(s), 0 <= v <= MAX_SECONDS, "seconds >= 0")),
-    "stale_timeout": (10, lambda s: _check(v := _parse_number(s), 0 < v <= 86400, "seconds > 0, at most 86400")),
+    # At least 1 s: heartbeats come at most every 0.2 s, and a lease must span several of them.
+    "stale_timeout": (10, lambda s: _check(v := _parse_number(s), 1 <= v <= 86400, "seconds from 1 to 86400")),
     "job_timeout": (0, lambda s: _check(v := _parse_number(s), 0 <= v <= MAX_SECONDS, "seconds >= 0 (0 = none)")),
     "retention": (7 * 86400, lambda s: parse_duration(s)),  # completed jobs kept this long; 0 = forever
 }
@@ -374,12 +377,16 @@ SQL_DEAD_DEPS = ("SELECT deps.dep_id FROM deps JOIN jobs d ON d.id = deps.dep_id
 SQL_CANCEL_WAITING = ("UPDATE jobs SET state = 'dead', last_error = 'canceled', updated_at = ? "
                       "WHERE id = ? AND state IN ('pending', 'failed')")
 SQL_CANCEL_RUNNING = "UPDATE jobs SET cancel_requested = 1 WHERE id = ? AND state = 'processing'"
-SQL_UNFINISHED_DEPENDENTS = ("SELECT deps.job_id FROM deps JOIN jobs j ON j.id = deps.job_id "
-                             "WHERE deps.dep_id = ? AND j.state NOT IN ('completed', 'dead')")
+# A job is still needed by a dependent that has not completed, unless it completed itself. (A dead
+# dependent counts: `dlq retry` may revive it, and it must then find its dependency, not run without it.)
+SQL_NEEDED_BY = ("SELECT deps.job_id FROM deps JOIN jobs j ON j.id = deps.job_id JOIN jobs d ON d.id = deps.dep_id "
+                 "WHERE deps.dep_id = ? AND j.state <> 'completed' AND d.state <> 'completed'")
 # Edges in both directions go: a later job reusing the id must not inherit them.
 SQL_DELETE_JOB = ["DELETE FROM runs WHERE job_id = ?", "DELETE FROM deps WHERE job_id = ?1 OR dep_id = ?1",
                   "DELETE FROM jobs WHERE id = ?"]
-SQL_PURGE_IDS = "SELECT id FROM jobs WHERE state = ? AND updated_at < ? LIMIT ?"
+SQL_PURGE_IDS = ("SELECT id FROM jobs WHERE state = ? AND updated_at < ? AND (state = 'completed' OR NOT EXISTS "
+                 "(SELECT 1 FROM deps JOIN jobs j ON j.id = deps.job_id WHERE deps.dep_id = jobs.id "
+                 "AND j.state <> 'completed')) LIMIT ?")
 SQL_PAUSE = "INSERT OR IGNORE INTO paused (queue) VALUES (?)"
 SQL_RESUME = "DELETE FROM paused WHERE queue = ?"
 SQL_RESUME_ALL = "DELETE FROM paused"
@@ -476,6 +483,15 @@ def _create_private(path: str) -> None:
         os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
 
 
+def _make_private(path: str) -> None:
+    """0600 for a file that became a queuectl database (say an empty file a user made with 0644) and its
+    -wal and -shm: it holds commands, environments and output. chmod opens no descriptor (see above)."""
+    for name in (path, f"{path}-wal", f"{path}-shm"):
+        with contextlib.suppress(OSError):  # gone, or not ours to change: leave it
+            if os.stat(name).st_mode & 0o077:
+                os.chmod(name, 0o600)
+
+
 class Store:
     """The one place that talks SQL: every read and write of the queue goes through here."""
 
@@ -506,6 +522,7 @@ class Store:
             return
         self._retry(lambda: self.conn.execute("PRAGMA journal_mode = WAL"))
         self.write(self._apply_migrations)
+        _make_private(self.path)
 
     def _read_version(self) -> int:
         return self._retry(lambda: self.conn.execute("PRAGMA user_version").fetchone()[0])
@@ -837,16 +854,18 @@ class Store:
             for job_id in job_ids:
                 if self._state_in(cur, job_id) == PROCESSING:
                     raise Conflict(f"job {job_id!r} is processing; cancel it first")
-                needed = [d for (d,) in cur.execute(SQL_UNFINISHED_DEPENDENTS, (job_id,)) if d not in job_ids]
+                needed = [d for (d,) in cur.execute(SQL_NEEDED_BY, (job_id,)) if d not in job_ids]
                 if needed:
-                    raise Conflict(f"job {job_id!r} is needed by unfinished job(s): {', '.join(needed)}")
+                    raise Conflict(f"job {job_id!r} is needed by job(s) not completed: {', '.join(needed)} "
+                                   "(delete them too, or first)")
             for job_id in job_ids:
                 for sql in SQL_DELETE_JOB:
                     cur.execute(sql, (job_id,))
         self.write(delete)
 
     def purge(self, state: str, before: float, limit: int = -1) -> int:
-        """Remove finished jobs in `state` last updated before `before`, with their runs; returns how many."""
+        """Remove finished jobs in `state` last updated before `before`, with their runs; returns how many.
+        A dead job that a job not completed depends on stays until that job is gone (see SQL_NEEDED_BY)."""
         def purge(cur):
             ids = [r[0] for r in cur.execute(SQL_PURGE_IDS, (state, before, limit))]
             for job_id in ids:
@@ -1046,6 +1065,8 @@ def _valid_run_at(obj: dict, now: float) -> float | None:
         return None
     value = obj["run_at"]
     if isinstance(value, str):
+        if not (value.isascii() and value.isprintable()):
+            raise UsageError(f"field 'run_at' is not an ISO-8601 time: {value!r}")
         try:
             value = datetime.fromisoformat(value).timestamp()  # no offset: local time
         except (ValueError, OverflowError, OSError):
@@ -1058,7 +1079,7 @@ def _valid_run_at(obj: dict, now: float) -> float | None:
 def _valid_deps(value: object) -> list[str]:
     if not isinstance(value, list) or len(value) > MAX_DEPS:
         raise UsageError(f"field 'depends_on' must be a list of at most {MAX_DEPS} job ids")
-    return list(dict.fromkeys(_valid_id(v, "depends_on") for v in value))
+    return list(dict.fromkeys(_valid_id(v, f"depends_on[{i}]") for i, v in enumerate(value)))
 
 
 def valid_queue(value: object, what: str) -> str:
@@ -1681,6 +1702,29 @@ class Sweeper:
         return 1 if state else 0
 
 
+class Backoff:
+    """Consecutive failures of one loop (a full disk, a database held busy): the wait before the next
+    try doubles up to `high` seconds, and the log says so at the first failure and then at most every
+    30 s, instead of 20 lines a second for as long as the disk stays full."""
+
+    def __init__(self, what: str, high: float):
+        self.what, self.high, self.count, self.logged_at = what, high, 0, 0.0
+
+    def failed(self, error: Exception) -> float:
+        """Count a failure; returns how long to wait before trying again."""
+        self.count += 1
+        if self.count == 1 or time.monotonic() - self.logged_at >= 30.0:
+            log.warning("%s failed: %s; retrying (%d failure(s) in a row)", self.what, error, self.count)
+            self.logged_at = time.monotonic()
+        return min(self.high, 0.05 * 2 ** min(self.count, 10))
+
+    def ok(self) -> None:
+        """A try succeeded: say so if it had been failing, and start over."""
+        if self.count:
+            log.warning("%s works again after %d failure(s)", self.what, self.count)
+            self.count = 0
+
+
 # ==== Signals and supervisor =====================================================================
 
 class Supervisor:
@@ -1745,13 +1789,16 @@ class Supervisor:
 
     def _loop(self, threads: list) -> None:
         due = dict.fromkeys(("beat", "sweep", "cancels", "retention"), 0.0)  # monotonic time of the next run
+        failing, pause = Backoff("housekeeping", 1.0), POLL_INTERVAL_S
         while any(t.is_alive() for t in threads):
-            self.tick.wait(POLL_INTERVAL_S)
+            self.tick.wait(pause)
             self._handle_signals()
             try:
                 self._housekeeping(due, time.monotonic())
+                failing.ok()
+                pause = POLL_INTERVAL_S
             except (QueueError, sqlite3.Error) as e:  # a busy or full database must not kill the worker
-                log.warning("housekeeping failed: %s; retrying", e)
+                pause = failing.failed(e)
 
     def _housekeeping(self, due: dict, mono: float) -> None:
         if mono >= due["beat"]:
@@ -1823,15 +1870,16 @@ class Supervisor:
     # -- runner threads --------------------------------------------------------------------------
 
     def _thread_main(self) -> None:
-        worker = None
+        worker, failing = None, Backoff("claim", 5.0)
         # A job claimed together with the last result is ours: run it even if a stop came since.
         while not self.stopping.is_set() or (worker and worker.prefetched):
             try:
                 worker = worker or self._new_worker()
                 ran = worker.run_once()
-            except (QueueError, sqlite3.Error) as e:  # busy or disk full: wait and try again
-                log.warning("claim failed: %s", e)
-                ran = False
+                failing.ok()
+            except (QueueError, sqlite3.Error) as e:  # busy or disk full: wait (not woken by the poller)
+                self.stopping.wait(failing.failed(e))
+                continue
             if not ran:
                 with self.wake:
                     self.wake.wait(IDLE_WAIT_S)
@@ -2990,14 +3038,14 @@ def cmd_wait(args, store: Store) -> int:
     ids = checked_ids(args.ids)
     deadline = None if args.timeout is None else time.monotonic() + args.timeout
     while True:
-        states = {i: store.get(i).state for i in ids}
-        dead = [i for i, s in states.items() if s == DEAD]
-        if dead:
-            raise QueueError(f"job {dead[0]!r} is dead: {store.get(dead[0]).last_error}")
-        if all(s == COMPLETED for s in states.values()):
+        jobs = [store.get(i) for i in ids]
+        if all(j.state in (COMPLETED, DEAD) for j in jobs):  # every one has finished, one way or the other
+            dead = [j for j in jobs if j.state == DEAD]
+            if dead:
+                raise QueueError("dead: " + "; ".join(f"job {j.id!r}: {j.last_error}" for j in dead))
             return EXIT_OK
         if deadline is not None and time.monotonic() > deadline:
-            waiting = [i for i, s in states.items() if s != COMPLETED]
+            waiting = [j.id for j in jobs if j.state not in (COMPLETED, DEAD)]
             raise QueueError(f"timed out waiting for {', '.join(waiting)}")
         time.sleep(0.2)
 
@@ -3009,11 +3057,22 @@ def cmd_status(args, store: Store) -> None:
         return print_status(store, args.queue, args.json)
     try:
         while True:
-            sys.stdout.write("\x1b[H" + _status_text(store, args.queue).replace("\n", "\x1b[K\n") + "\x1b[J")
-            sys.stdout.flush()
+            _watch_frame(store, args.queue, args.json)
             time.sleep(1.0)
     except KeyboardInterrupt:
-        print()
+        if not args.json:
+            print()
+
+
+def _watch_frame(store: Store, queue: str | None, as_json: bool) -> None:
+    """One refresh of `status --watch`: a JSON line with --json, redrawn text on a terminal, else a block."""
+    if as_json:
+        sys.stdout.write(json.dumps(status_dict(store, queue)) + "\n")
+    elif sys.stdout.isatty():
+        sys.stdout.write("\x1b[H" + _status_text(store, queue).replace("\n", "\x1b[K\n") + "\x1b[J")
+    else:
+        sys.stdout.write(_status_text(store, queue) + "\n")
+    sys.stdout.flush()
 
 
 def print_status(store: Store, queue: str | None, as_json: bool) -> None:
@@ -3184,11 +3243,11 @@ def cmd_worker_list(args, store: Store) -> None:
     rows = worker_dicts(store, time.time())
     if args.json:
         return emit_json(rows)
-    print(f"{'ID':<32} {'PID':>7} {'THREADS':>7} {'BEAT':>6}  JOBS")
+    print(f"{'ID':<32} {'HOST':<16} {'PID':>7} {'STARTED':<20} {'THREADS':>7} {'BEAT':>6}  JOBS")
     for r in rows:
         state = "" if r["alive"] else " (dead?)"
-        print(f"{r['id']:<32} {r['pid']:>7} {r['threads']:>7} {r['heartbeat_age_s']:>5.1f}s  "
-              f"{', '.join(r['jobs']) or '-'}{state}")
+        print(f"{r['id']:<32} {r['host']:<16} {r['pid']:>7} {r['started_at']:<20} {r['threads']:>7} "
+              f"{r['heartbeat_age_s']:>5.1f}s  {', '.join(r['jobs']) or '-'}{state}")
 
 
 def cmd_dashboard(args, store: Store) -> int:

@@ -380,14 +380,14 @@ T0 = 1_800_000_000.0  # a fixed "now" for unit tests
 
 @pytest.mark.parametrize("key,text,expected", [
     ("max_retries", "0", 0), ("max_retries", "5", 5), ("backoff_base", "1", 1.0), ("backoff_base", "2.5", 2.5),
-    ("backoff_max", "0", 0.0), ("stale_timeout", "0.5", 0.5), ("job_timeout", "30", 30.0)])
+    ("backoff_max", "0", 0.0), ("stale_timeout", "1.5", 1.5), ("job_timeout", "30", 30.0)])
 def test_config_validators_accept(key, text, expected):
     assert queuectl.CONFIG[key][1](text) == expected
 
 
 @pytest.mark.parametrize("key,text", [
     ("max_retries", "-1"), ("max_retries", "1.5"), ("max_retries", "x"), ("backoff_base", "0.99"),
-    ("backoff_base", "nan"), ("backoff_max", "-1"), ("backoff_max", "inf"), ("stale_timeout", "0"),
+    ("backoff_base", "nan"), ("backoff_max", "-1"), ("backoff_max", "inf"), ("stale_timeout", "0"), ("stale_timeout", "0.5"), ("max_retries", "1_000"),
     ("job_timeout", "-0.1"), ("max_retries", "9" * 5000), ("max_retries", "-" + "9" * 400)])
 def test_config_validators_reject(key, text):
     with pytest.raises(queuectl.UsageError):
@@ -519,6 +519,16 @@ def test_claim_is_exclusive_and_in_due_order(store):
     assert store.claim("w1", T0 + 1) is None  # "late" is not due yet
     assert store.claim("w1", T0 + 10).id == "late"
     assert first.state == "processing" and first.run_count == 1
+
+
+def test_an_empty_file_made_by_the_user_becomes_a_0600_database(tmp_path):
+    path = tmp_path / "made.db"
+    path.touch(mode=0o644)
+    os.chmod(path, 0o644)
+    queuectl.Store(str(path)).close()
+    for name in (path, tmp_path / "made.db-wal", tmp_path / "made.db-shm"):
+        if name.exists():
+            assert stat.S_IMODE(name.stat().st_mode) == 0o600, name
 
 
 def test_claim_without_returning_fallback(store, monkeypatch):
@@ -1011,6 +1021,31 @@ def test_delete_refuses_processing_and_needed_jobs_all_or_nothing(store):
     assert sorted(j.id for j in store.list_jobs()) == ["free", "run"]
 
 
+def test_a_dependency_that_a_dead_job_still_needs_is_not_deleted(store):
+    # Deleting it would let `dlq retry` of the dependent run without it (its edge would be gone).
+    register(store)
+    store.enqueue([spec("a", run_at=T0 + 60), spec("b", depends_on=["a"])], T0)
+    store.cancel(["a"], T0)
+    assert (store.get("a").state, store.get("b").state) == ("dead", "dead")
+    with pytest.raises(queuectl.Conflict, match="'a' is needed by .*b"):
+        store.delete(["a"])
+    store.retry_dead(["a", "b"], T0 + 1)
+    assert store.get("b").waiting_on == 1  # still waits for a
+    finish_next(store, 0, T0 + 60)
+    store.delete(["a"])  # completed: b no longer needs it
+    assert finish_next(store, 0, T0 + 61).id == "b"
+
+
+def test_purge_keeps_a_dead_job_until_no_dead_dependent_needs_it(store):
+    register(store)
+    store.enqueue([spec("a", run_at=T0 + 60), spec("b", depends_on=["a"])], T0)
+    store.cancel(["a"], T0)
+    assert store.purge("dead", T0 + 1) == 1  # b goes; a stays while b exists
+    assert [j.id for j in store.list_jobs()] == ["a"]
+    assert store.purge("dead", T0 + 1) == 1
+    assert store.list_jobs() == []
+
+
 # ---- purge and retention
 
 def _finished_at(store, job_id, code, when, **kw):
@@ -1343,6 +1378,21 @@ def test_kill_run_orphans_takes_the_runs_session_even_without_the_token(tmp_path
         for proc in (leader, bystander):
             proc.kill()
             proc.wait()
+
+
+def test_backoff_grows_caps_and_logs_a_failing_loop_sparingly(caplog, monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr(queuectl.time, "monotonic", lambda: clock[0])
+    backoff = queuectl.Backoff("claim", 5.0)
+    with caplog.at_level("WARNING", logger="queuectl"):
+        waits = [backoff.failed(OSError("disk full")) for _ in range(12)]
+        clock[0] += 30
+        backoff.failed(OSError("disk full"))
+        backoff.ok()
+    assert waits[0] == 0.1 and waits == sorted(waits) and waits[-1] == 5.0
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 3, messages  # the first failure, one 30 s later, and the recovery
+    assert "13 failure(s)" in messages[1] and "works again" in messages[2]
 
 
 # ==== Workers ====
@@ -2167,7 +2217,7 @@ def test_config_accepts_hyphens_and_underscores(db, set_key, get_key):
 
 
 def test_config_set_every_key(db):
-    values = {"max-retries": "0", "backoff-base": "1.5", "backoff-max": "0", "stale-timeout": "0.5",
+    values = {"max-retries": "0", "backoff-base": "1.5", "backoff-max": "0", "stale-timeout": "1.5",
               "job-timeout": "30", "retention": "2"}
     for key, value in values.items():
         ok(db, "config", "set", key, value)
@@ -2393,6 +2443,8 @@ BAD_SCHEDULING = [  # (test id, fields, fragment the error must name)
     ("depends-on-string", {"depends_on": "keep"}, "depends_on"),
     ("depends-on-number", {"depends_on": [5]}, "depends_on"),
     ("depends-on-empty-id", {"depends_on": [""]}, "depends_on"),
+    ("depends-on-number", {"depends_on": ["a", 1]}, "depends_on[1]"),
+    ("run-at-nul", {"run_at": "2030-01-01T00:00:00\u0000"}, "run_at"),
     ("depends-on-newline", {"depends_on": ["a\nb"]}, "depends_on"),
     ("depends-on-1001", {"depends_on": [f"j{i}" for i in range(1001)]}, "depends_on"),
 ]
@@ -2909,11 +2961,25 @@ def test_wait_exits_0_when_every_job_completed(states_db):
     assert cli(states_db, "wait", "done", "done2", "wait") == (0, "", "")
 
 
-@pytest.mark.parametrize("ids", [["gone"], ["done", "gone"], ["gone", "wait"]])
+@pytest.mark.parametrize("ids", [["gone"], ["done", "gone"], ["gone", "done"]])
 def test_wait_exits_1_if_any_job_is_dead(states_db, ids):
     code, out, err = cli(states_db, "wait", *ids)
     assert (code, out) == (1, "")
     assert_one_error(err, "gone")
+
+
+def test_wait_with_a_dead_job_still_waits_for_the_others(states_db):
+    # "blocks until every named job is completed or dead": a dead one does not end the wait early.
+    started = time.monotonic()
+    code, out, err = cli(states_db, "wait", "gone", "wait", "--timeout", "0.3")
+    assert time.monotonic() - started >= 0.3
+    assert (code, out) == (1, "")
+    assert_one_error(err, "timed out waiting for wait")
+    ok(states_db, "cancel", "wait")
+    code, out, err = cli(states_db, "wait", "gone", "wait")
+    assert (code, out) == (1, "")
+    assert_one_error(err, "'gone'")
+    assert "'wait': canceled" in err
 
 
 def test_wait_exits_1_on_timeout(states_db):
@@ -3005,6 +3071,9 @@ def test_worker_list_shows_a_registered_worker_and_its_jobs(db):
     parse_iso(row["heartbeat_at"])
     text = ok(db, "worker", "list")
     assert "fake" in text and "run" in text
+    header, line = text.splitlines()[:2]
+    assert "HOST" in header and "STARTED" in header
+    assert " h " in line and row["started_at"] in line
 
 
 # ---- stats
@@ -3544,6 +3613,16 @@ def test_status_watch_redraws_until_ctrl_c(db, workers, tmp_path):
     assert "\x1b[2J" not in text  # redrawn in place, not cleared (no flicker)
     stderr = watch.stderr.read().decode()
     assert "Traceback" not in stderr and "error" not in stderr, stderr
+
+
+def test_status_watch_json_prints_one_json_object_a_line(db, capsys):
+    enqueue(db, id="w1", command="true")
+    with opened(db) as s:
+        capsys.readouterr()
+        queuectl._watch_frame(s, None, True)
+        queuectl._watch_frame(s, None, True)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and all(json.loads(line)["jobs"]["pending"] == 1 for line in lines)
 
 
 # ==== Faults and security ==========================================================================
