@@ -2928,7 +2928,17 @@ def open_store(args) -> Store:
     path = args.db if args.db is not None else os.environ.get("QUEUECTL_DB", "queuectl.db")
     if not _valid_text(path, "--db"):
         raise UsageError("the database path (--db or $QUEUECTL_DB) is empty")
+    if not os.path.isabs(path) and not _cwd_exists():
+        raise BadDatabase(f"cannot open database {path}: the current folder no longer exists (give --db a full path)")
     return Store(path)
+
+
+def _cwd_exists() -> bool:
+    try:
+        os.getcwd()
+        return True
+    except OSError:
+        return False
 
 
 def config_key(name: str) -> str:

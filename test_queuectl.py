@@ -2308,6 +2308,17 @@ def test_db_path_defaults_to_queuectl_db_in_cwd(tmp_path, monkeypatch):
     assert os.path.exists(tmp_path / "queuectl.db")
 
 
+def test_a_relative_db_in_a_deleted_folder_exits_1_with_a_clear_error(tmp_path):
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    command = f"cd {shlex.quote(str(gone))} && rmdir ../gone && exec {shlex.quote(sys.executable)} " \
+              f"{shlex.quote(QUEUECTL)} status"
+    proc = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, env=child_env(),
+                          timeout=WAIT_S)
+    assert proc.returncode == 1
+    assert_one_error(proc.stderr, "queuectl.db", "current folder no longer exists")
+
+
 def test_db_file_is_created_with_mode_0600(db):
     old_umask = os.umask(0o022)
     try:
