@@ -36,8 +36,8 @@ bench:  ## run the performance benchmark (several minutes; prints a table, see b
 bench-tiny:  ## the benchmark with a few jobs each (seconds), so it cannot rot; part of `make test`
 	$(PYTHON) bench/bench.py --tiny
 
-torture:  ## the long torture run: 10 minutes, a worker killed every 0.1-0.5 s (about 2,000 kills); no overlap, nothing lost
-	$(PYTHON) bench/torture.py --seconds 600 --kill-every 0.1 0.5
+torture:  ## the long torture run: 10 minutes, a worker killed every 0.05-0.4 s (about 2,000 kills); no overlap, nothing lost
+	$(PYTHON) bench/torture.py --seconds 600 --kill-every 0.05 0.4
 
 fuzz:  ## 20,000 fuzzed hostile inputs: never a traceback, a rejected input changes nothing
 	$(PYTHON) bench/fuzz.py --cases 20000
