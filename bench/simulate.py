@@ -52,25 +52,30 @@ After every step (interleaved ones included) the invariants are checked:
   - once crashes and user actions stop, every queue is resumed and served, and time advances,
     every job becomes completed or dead.
 
-The drain (the last one) schedules with purpose: the same steps, each still possible, weighted
-by what the model says is useful (a worker beats when its beat is due, claims when a job is
-eligible for it, sweeps when a silent registration is left), and its clock goes straight to the
-next moment time brings something (a waiting job falls due, a silent worker's lease runs out for a
-sweeper watching it), at most DRAIN_TICK_S at once. The checks still run after each of its steps.
+The drain (the last phase: crashes and user actions stop) has the same steps, each still possible,
+weighted by what the model says is useful: a worker beats when its beat is due, claims or runs when
+a job is eligible for it, sweeps when a silent registration or an orphan is left; and its clock
+goes straight to the next moment time brings something (a waiting job falls due, a silent worker's
+lease runs out for a sweeper watching it), at most DRAIN_TICK_S at once. So it ends in some 20-25
+steps, not 100+ of mostly idling; the invariants are checked after each of them as before.
 
-The database is read again for the checks only when something was committed since the last check
-(PRAGMA data_version, and total_changes of the checking connection): unchanged rows give every
-query the same answer, so a step that wrote nothing costs one PRAGMA; the checks against the model
-run after every step regardless.
+The checks read the database again only when something was committed since the last check
+(PRAGMA data_version, plus total_changes of the checking connection): a step that wrote nothing
+costs one PRAGMA, since every query would answer as it did. Store.counts() and the per-row rules
+are checked again when a job row changed (a beat writes the workers table only), the open runs
+whenever anything did, the poller's answers when a row, the paused queues, the live workers' queues
+or the set of due jobs did; the checks against the model, which changes without a write (a crash,
+a revoked claim, an enqueue the model counts), run after every step regardless.
 
 `run(seed, steps)` raises AssertionError naming the seed and step; `--seed N` reproduces it exactly
 (add --trace to print every step). Without arguments: many seeds (`--seeds`, `--steps`) over
-`--procs` processes; `--short` (2,000 seeds x 50 steps, about 10 s on 2 cores) is for `make test`.
+`--procs` processes; `--short` (2,000 seeds x 40 steps, about 11 s on 2 cores) is for `make test`.
 The seeds reuse one database (tables emptied between seeds), which behaves as a fresh file would.
 """
 
 import argparse
 import bisect
+import collections
 import logging
 import os
 import random
@@ -87,9 +92,10 @@ STALE_S = 10.0  # stale-timeout, seconds of the (simulated) monotonic clock
 WALL_START = 1_700_000_000.0
 POOL = 8  # connections opened once and reused by the simulated worker processes of every seed
 BEAT_S = min(2.0, STALE_S / 5)  # a worker beats this often (as Supervisor._heartbeat)
-DRAIN_TICK_S = 3.0  # the drain's clock steps at most this far at once
-LEASE_EPSILON_S = 0.01  # a lease has run out once *more* than stale-timeout has passed
-SHORT_SEEDS, SHORT_STEPS = 2000, 50  # --short, for `make test`: about 10 s on 2 cores
+DRAIN_TICK_S = STALE_S / 2  # the drain's clock steps at most this far at once: a live worker's lease survives it
+PAST_EVENT_S = 0.01  # the drain's clock lands this far past an event (a lease runs out once *more* than
+                    # stale-timeout has passed)
+SHORT_SEEDS, SHORT_STEPS = 2000, 40  # --short, for `make test`: about 11 s on 2 cores
 DRAIN_STEPS = 30_000  # a seed whose jobs are not all terminal after this many drain steps fails
 TERMINAL = (q.COMPLETED, q.DEAD)
 WAITING = (q.PENDING, q.FAILED)
@@ -222,7 +228,7 @@ class Simulation:
         self.audited: dict | None = None  # the rows the per-row rules were last checked on
         self.held: dict = {}  # job id -> (run, worker) of their processing jobs
         self.open: dict[str, list[Claim]] = {}  # job id -> claims not closed yet
-        self.log: list[str] = []
+        self.log: collections.deque = collections.deque(maxlen=25)  # the last steps, for a failure's message
         self.print_trace = trace
         self.stats = dict.fromkeys(("claims", "finishes", "rejected", "revoked", "drops", "crashes", "comebacks",
                                     "runs", "sweeps", "prefetched", "scheduled", "pauses"), 0)
@@ -242,11 +248,10 @@ class Simulation:
         if self.print_trace:
             print(line)
         self.log.append(line)
-        del self.log[:-40]
 
     def fail(self, message: str) -> None:
         raise Violation(f"seed {self.seed}, step {self.step_no}: {message}\n  last steps:\n    "
-                        + "\n    ".join(self.log[-25:]))
+                        + "\n    ".join(self.log))
 
     def check(self, ok: bool, message: str) -> None:
         if not ok:
@@ -316,81 +321,60 @@ class Simulation:
 
     def step(self) -> None:
         choices = self.candidates()
-        total = sum(weight for weight, _ in choices)
-        pick = self.rng.random() * total
-        for weight, action in choices:
-            pick -= weight
+        pick = self.rng.random() * sum([choice[0] for choice in choices])
+        for choice in choices:
+            pick -= choice[0]
             if pick < 0:
                 break
-        action()
+        choice[1](*choice[2:])
 
     def candidates(self) -> list:
-        """(weight, action) of every step possible now; nested steps leave busy actors alone."""
-        if not self.active:
-            return self.drain_candidates()
-        up = [w for w in self.workers if w.up]
-        free = [w for w in self.workers if w.up and w not in self.busy_main]
-        c: list = [(10, lambda: self.tick(self.rng.expovariate(1 / 0.3))),
-                   (1, lambda: self.tick(self.rng.uniform(STALE_S * 0.5, STALE_S * 2))),
-                   (0.5, self.wall_step), (2, lambda: self.enqueue(self.rng.randint(1, 3))),
-                   (1, self.user_cancel), (1, self.user_retry), (0.5, self.user_pause), (1, self.user_resume)]
-        for w in free:
-            c += [(4, lambda w=w: self.beat(w)), (2, lambda w=w: self.sweep(w)),
-                  (0.5, lambda w=w: self.cancel_poll(w))]
-            if not w.inline:
-                c += [(0.6, lambda w=w: self.crash(w)), (0.2, lambda w=w: self.hard_stop(w))]
-        for w in up:
-            for i, claim in enumerate(w.slots):
-                if claim is None:
-                    c.append((3, lambda w=w, i=i: self.claim(w, i)))
-                elif claim is not w.inline:  # the inline run ends inside run_once
-                    c.append((3, lambda w=w, i=i: self.finish(w, i)))
-                    if claim.reg != w.reg:
-                        c.append((6, lambda w=w, i=i: self.abort_stale(w, i)))
-            if not w.inline and self.depth == 0:
-                for i, claim in enumerate(w.slots):
-                    if claim is None or claim.prefetched:
-                        c.append((1.5, lambda w=w, i=i: self.run_once(w, i)))
-        for w in self.workers:
-            if w.crashed and w not in self.busy_main:
-                c.append((1.5, lambda w=w: self.come_back(w)))
-                c.append((0.3, lambda w=w: self.restart(w)))
-        return c
+        """(weight, method, *arguments) of every step possible now; nested steps leave busy actors alone.
 
-    def drain_candidates(self) -> list:
-        """The drain's steps: the same ones (but crashes, stops and user actions), each still
-        possible, but weighted by what the model says is useful now: the clock goes to the next
-        event when something waits for one; a worker beats when its beat is due (every
-        BEAT_S, as Supervisor does), sweeps when a silent registration or an orphan is left, claims
-        or runs when a job is eligible for it. The rest keeps a small weight: a liveness check
-        needs a purposeful scheduler, not one that mostly idles (the active steps cover those)."""
+        The drain has the same steps (but crashes, stops and user actions), each still possible,
+        weighted by what the model says is useful now: the clock moves when something waits for
+        time (then straight to it), a worker beats when its beat is due (every BEAT_S, as
+        Supervisor does), sweeps when a silent registration or an orphan is left, claims or runs
+        when a job is eligible for it; the rest keeps a small weight. A liveness check needs a
+        purposeful scheduler, not one that mostly idles (the active steps cover idling).
+        """
+        active = self.active
         up = [w for w in self.workers if w.up]
-        free = [w for w in up if w not in self.busy_main]
-        rows = self.rows()
-        c: list = [(10 if self.until_next_event() is not None else 0.5, self.drain_tick)]
-        lingering = any(w.registered and not w.up for w in self.workers) or any(
-            not k.revoked and not k.worker.registered for claims in self.open.values() for k in claims)
-        for w in free:
-            beat_due = not w.registered or self.mono - w.last_beat >= BEAT_S
-            c += [(4 if beat_due else 0.3, lambda w=w: self.beat(w)),
-                  (2 if lingering else 0.3, lambda w=w: self.sweep(w)), (0.2, lambda w=w: self.cancel_poll(w))]
+        if active:
+            c: list = [(10, self.short_tick), (1, self.long_tick), (0.5, self.wall_step), (2, self.user_enqueue),
+                       (1, self.user_cancel), (1, self.user_retry), (0.5, self.user_pause), (1, self.user_resume)]
+        else:
+            rows = self.rows()
+            c = [(10 if self.until_next_event() is not None else 0.5, self.drain_tick)]
+            lingering = any(w.registered and not w.up for w in self.workers) or any(
+                not k.revoked and not k.worker.registered for claims in self.open.values() for k in claims)
         for w in up:
-            work = 3 if any(self.eligible_rows(rows, w.queues, self.wall)) else 0.3
+            if w in self.busy_main:
+                continue
+            if active:
+                c += [(4, self.beat, w), (2, self.sweep, w), (0.5, self.cancel_poll, w)]
+                if not w.inline:
+                    c += [(0.6, self.crash, w), (0.2, self.hard_stop, w)]
+            else:
+                beat_due = not w.registered or self.mono - w.last_beat >= BEAT_S
+                c += [(4 if beat_due else 0.3, self.beat, w), (2 if lingering else 0.3, self.sweep, w),
+                      (0.2, self.cancel_poll, w)]
+        for w in up:
+            work = 3 if active or any(self.eligible_rows(rows, w.queues, self.wall)) else 0.3
             for i, claim in enumerate(w.slots):
                 if claim is None:
-                    c.append((work, lambda w=w, i=i: self.claim(w, i)))
+                    c.append((work, self.claim, w, i))
                 elif claim is not w.inline:  # the inline run ends inside run_once
-                    c.append((3, lambda w=w, i=i: self.finish(w, i)))
+                    c.append((3, self.finish, w, i))
                     if claim.reg != w.reg:
-                        c.append((6, lambda w=w, i=i: self.abort_stale(w, i)))
+                        c.append((6, self.abort_stale, w, i))
             if not w.inline and self.depth == 0:
                 for i, claim in enumerate(w.slots):
                     if claim is None or claim.prefetched:
-                        c.append((1.5 if claim else work / 2, lambda w=w, i=i: self.run_once(w, i)))
+                        c.append((1.5 if active or claim else work / 2, self.run_once, w, i))
         for w in self.workers:
             if w.crashed and w not in self.busy_main:
-                c.append((0.5, lambda w=w: self.come_back(w)))
-                c.append((0.3, lambda w=w: self.restart(w)))
+                c += [(1.5 if active else 0.5, self.come_back, w), (0.3, self.restart, w)]
         return c
 
     # -- clocks -------------------------------------------------------------------------------------
@@ -400,10 +384,17 @@ class Simulation:
         self.wall += dt
         self.trace(f"tick {dt:.2f}s")
 
+    def short_tick(self) -> None:
+        self.tick(self.rng.expovariate(1 / 0.3))
+
+    def long_tick(self) -> None:
+        """Past a lease, or not quite."""
+        self.tick(self.rng.uniform(STALE_S * 0.5, STALE_S * 2))
+
     def drain_tick(self) -> None:
         """The drain only waits for time to bring something: straight to the next such moment (a
         waiting job falls due; a silent worker's lease runs out for a sweeper that watches it), at
-        most DRAIN_TICK_S (live workers beat between ticks, as real ones do every 2 s)."""
+        most DRAIN_TICK_S, which a live worker's lease outlasts (it beats between ticks)."""
         dt = self.until_next_event()
         self.tick(self.rng.expovariate(1 / 0.3) if dt is None else min(dt, DRAIN_TICK_S))
 
@@ -419,7 +410,7 @@ class Simulation:
                 left = since + STALE_S - mono
                 if left >= 0 and (soonest is None or left < soonest) and not self.worker_by_id(wid).up:
                     soonest = left
-        return None if soonest is None else soonest + LEASE_EPSILON_S
+        return None if soonest is None else soonest + PAST_EVENT_S
 
     def wall_step(self) -> None:
         step = self.rng.choice((-1, 1)) * self.rng.uniform(1, 60)
@@ -427,6 +418,9 @@ class Simulation:
         self.trace(f"wall clock steps {step:+.1f}s (monotonic unchanged)")
 
     # -- users ----------------------------------------------------------------------------------------
+
+    def user_enqueue(self) -> None:
+        self.enqueue(self.rng.randint(1, 3))
 
     def enqueue(self, n: int) -> None:
         defaults = self.user.config_all()
@@ -622,7 +616,8 @@ class Simulation:
 
     def eligible(self, rows: dict, queues: tuple, now: float) -> list:
         """The jobs a worker serving `queues` may claim at `now`, in claim order."""
-        return sorted(self.eligible_rows(rows, queues, now), key=lambda r: (-r[8], r[9], r[10]))  # priority DESC, next_run_at, seq
+        return sorted(self.eligible_rows(rows, queues, now),
+                      key=lambda r: (-r[8], r[9], r[10]))  # priority DESC, next_run_at, seq
 
     def on_claimed(self, w: SimWorker, job: q.Job | None, rows: dict | None = None, now: float | None = None,
                    prefetched: bool = False) -> Claim | None:
@@ -877,24 +872,24 @@ class Simulation:
     def check_invariants(self) -> None:
         # The database is read again only if something was committed since the last check: another
         # connection committed (data_version) or the user's changed a row (total_changes). Otherwise
-        # every query below would return what it did then (its answer is a function of the rows),
-        # so most steps (a tick, a claim that finds nothing) cost one PRAGMA here; the checks
-        # against the model, which may have changed (a crash, a revoked claim, the clock), always run.
-        # A claim's "before" snapshot (self.rows()) relies on this being exact.
+        # every query would return what it did then (its answer is a function of the content), so a
+        # step that wrote nothing (a tick, a claim that found nothing) costs one PRAGMA here; the
+        # checks against the model, which changes without a write (a crash, a revoked claim, the
+        # clock), run every time. A claim's "before" snapshot (self.rows()) relies on this being exact.
         conn = self.user.conn
         version = (conn.execute(SQL_DATA_VERSION).fetchone()[0], conn.total_changes)
         if version != self.version:
             self.version, self.rows_stale = version, True
             self.check_rows()
         rows = self.rows()
-        if rows.keys() != self.jobs:  # checked every time: the model's jobs change without a write if an enqueue is lost
+        if rows.keys() != self.jobs:  # an enqueue that wrote nothing changes only the model
             self.fail(f"jobs lost or invented: {sorted(self.jobs ^ set(rows))}")
         self.check_claims(self.held)
         self.check_polls()
 
     def check_rows(self) -> None:
-        """The per-row rules, Store.counts() and the open runs, against the rows just read (the
-        rules and the counts only if a row changed: a beat or a sweep wrote only the workers table)."""
+        """After a commit: the open runs against the processing rows; the per-row rules and
+        Store.counts() if a job row changed (a beat or a drop writes only the workers table)."""
         rows = self.rows()
         if rows is not self.audited:
             self.held = self.audit(rows)
@@ -956,7 +951,8 @@ class Simulation:
             if eligible and not due:
                 self.fail(f"due_now False for {self.where(queues)}, yet {eligible[0]} is eligible")
             if due and not eligible and not staged_due:
-                self.fail(f"due_now True for {self.where(queues)} with nothing eligible nor staged and due (a busy poll)")
+                self.fail(f"due_now True for {self.where(queues)} with nothing eligible nor staged and due "
+                          "(a busy poll)")
             busy = any(r[1] == q.PROCESSING or r[1] in WAITING and r[7] == 0 and r[9] <= soon
                        and self.claimable(r[12], queues) for r in rows.values() if not queues or r[12] in queues)
             done = self.user.burst_done(now, queues)
