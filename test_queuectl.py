@@ -1363,7 +1363,7 @@ def test_kill_run_orphans_takes_the_runs_session_even_without_the_token(tmp_path
     # A process whose environment cannot be read as ours (mid-exec, or cleared with env -i) but that
     # lives in the session of a process carrying the token is one of the run's, and is killed too.
     pidfile = tmp_path / "pid"
-    script = f"env -i /bin/sleep 30 & echo $! > {pidfile}; exec /bin/sleep 30"
+    script = f"env -i /bin/sleep 30 & echo $! > {pidfile}; wait"  # the shell keeps the token, never exec'ing
     env = {**os.environ, "QUEUECTL_RUN": "w/1/sess"}
     bystander = subprocess.Popen(["env", "-i", "sleep", "30"])  # our session, no token: left alone
     leader = subprocess.Popen(["/bin/sh", "-c", script], env=env, start_new_session=True)
