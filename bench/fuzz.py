@@ -486,7 +486,9 @@ def ids_verdict(command: str, picks: list[tuple[str, str]], extra: list[str]) ->
     if command == "delete":
         if any(state[i] == "processing" for i in ids):
             return IMPOSSIBLE
-        needed = any(dep in ids and child not in ids and state[child] not in ("completed", "dead")
+        # A job that has not completed stays while a job depending on it has not completed (a dead
+        # dependent counts: `dlq retry` may revive it), unless both go in the same call.
+        needed = any(dep in ids and child not in ids and state[child] != "completed" and state[dep] != "completed"
                      for child, deps in DEPENDS.items() for dep in deps)
         return IMPOSSIBLE if needed else OK
     if command == "dlq retry":
