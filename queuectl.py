@@ -2897,7 +2897,9 @@ def _add_dlq_and_config(sub) -> None:
     c = sub.add_parser("config", help="settings").add_subparsers(dest="action", required=True)
     cs = _command(c, "set", cmd_config_set, "set a value")
     cs.add_argument("key")
-    cs.add_argument("value")
+    # REMAINDER: a value such as "-1d" would otherwise be taken for an option and reported as a
+    # missing value; cmd_config_set checks there is exactly one and names a bad one.
+    cs.add_argument("value", nargs=argparse.REMAINDER, help="the value (one)")
     _command(c, "get", cmd_config_get, "print a value").add_argument("key")
     _command(c, "list", cmd_config_list, "every value", json_flag=True)
 
@@ -3304,8 +3306,10 @@ def cmd_dlq_retry(args, store: Store) -> None:
 
 def cmd_config_set(args, store: Store) -> None:
     key = config_key(args.key)
+    if len(args.value) != 1:
+        raise UsageError(f"config set {args.key}: give exactly one value (got {len(args.value)})")
     try:
-        value = CONFIG[key][1](args.value)
+        value = CONFIG[key][1](args.value[0])
     except UsageError as e:
         raise UsageError(f"config {args.key}: {e}") from None
     store.config_set(key, value)

@@ -2236,6 +2236,7 @@ def test_config_set_every_key(db):
     ("backoff-base", "abc"), ("backoff-max", "-1"), ("backoff-max", "nan"), ("stale-timeout", "0"),
     ("stale-timeout", "-3"), ("stale-timeout", "nan"), ("stale-timeout", "abc"),
     ("job-timeout", "-1"), ("job-timeout", "nan"), ("job-timeout", "abc"), ("max_retries", "-1"),
+    ("retention", "-1d"), ("retention", "--7d"),  # option-like: still named as the bad value
 ])
 def test_config_set_rejects_bad_values(seeded_db, key, value):
     before = snapshot(seeded_db)
@@ -2244,6 +2245,14 @@ def test_config_set_rejects_bad_values(seeded_db, key, value):
     assert_one_error(err, value)
     assert snapshot(seeded_db) == before
 
+
+@pytest.mark.parametrize("values", [[], ["1", "2"]])
+def test_config_set_takes_exactly_one_value(seeded_db, values):
+    before = snapshot(seeded_db)
+    code, out, err = cli(seeded_db, "config", "set", "max-retries", *values)
+    assert (code, out) == (2, ""), err
+    assert_one_error(err, "exactly one value", f"got {len(values)}")
+    assert snapshot(seeded_db) == before
 
 @pytest.mark.parametrize("args", [("set", "bogus", "1"), ("get", "bogus"), ("set", "max-retry", "1")])
 def test_config_unknown_key_lists_the_valid_keys(seeded_db, args):
