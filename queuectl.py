@@ -330,9 +330,10 @@ SQL_CLAIM_ID = SQL_CLAIM_SET + "WHERE id = ? AND state IN ('pending', 'failed')"
 SQL_ANY_STAGED = f"SELECT 1 FROM jobs INDEXED BY jobs_staged WHERE {SQL_STAGED} AND next_run_at <= ? LIMIT 1"
 # The poller: a ready job in a queue we serve, or a staged job that has fallen due anywhere (a
 # claim promotes it; each job can cause at most one such wake-up).
-SQL_POLL = f"SELECT EXISTS (SELECT 1 FROM ({{heads}}) WHERE seq IS NOT NULL) OR EXISTS ({SQL_ANY_STAGED})"
+SQL_ANY_HEAD = "EXISTS (SELECT 1 FROM ({heads}) WHERE seq IS NOT NULL)"
+SQL_POLL = f"SELECT {SQL_ANY_HEAD} OR EXISTS ({SQL_ANY_STAGED})"
 # --burst: is anything in our queues due within the horizon (ready, or staged and not paused)?
-SQL_DUE_SOON = (f"SELECT EXISTS (SELECT 1 FROM ({{heads}}) WHERE seq IS NOT NULL) OR EXISTS (SELECT 1 FROM jobs "
+SQL_DUE_SOON = (f"SELECT {SQL_ANY_HEAD} OR EXISTS (SELECT 1 FROM jobs "
                 f"INDEXED BY jobs_staged WHERE {SQL_STAGED} AND next_run_at <= ? {{queues}} "
                 "AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')))")
 SQL_ANY_PROCESSING = "SELECT 1 FROM jobs WHERE state = 'processing' {queues} LIMIT 1"
@@ -1422,14 +1423,18 @@ def _read(path: str) -> str | None:
         return None
 
 
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/PID/stat from field 3 (the state) on, or None if the process is gone. The command name
+    before it is in parentheses and may hold spaces or ')', hence the split at the last ')'."""
+    stat = _read(f"/proc/{pid}/stat")
+    return stat.rsplit(")", 1)[-1].split() if stat else None
+
+
 def proc_start_time(pid: int) -> str | None:
     """Start time of a live process (clock ticks since boot) or None if gone or a zombie."""
-    stat = _read(f"/proc/{pid}/stat")
-    if stat is None:
-        return None
-    fields = stat.rsplit(")", 1)[-1].split()
+    fields = _stat_fields(pid)
     # fields[0] is the state (field 3); a zombie has exited even if nobody reaped it
-    return None if fields[0] in ("Z", "X") else fields[19]
+    return None if not fields or fields[0] in ("Z", "X") else fields[19]
 
 
 def host_identity() -> dict:
@@ -1487,11 +1492,10 @@ def kill_run_orphans(token: str) -> int:
         for pid in _pids():
             if pid in killed:
                 continue  # already sent SIGKILL; it may linger a moment or as an unreaped zombie
-            sid = _session(pid)
             if needle in (_environ(pid) or b""):
-                sessions |= {sid} - ours
+                sessions |= {_session(pid)} - ours
                 found.append(pid)
-            elif sid in sessions:
+            elif sessions and _session(pid) in sessions:
                 found.append(pid)
         for pid in found:
             killed[pid] = proc_start_time(pid)
@@ -1523,11 +1527,8 @@ def _pids() -> list[int]:
 
 def _session(pid: int) -> int | None:
     """The session id of a process (field 6 of /proc/PID/stat), or None if it is gone."""
-    stat = _read(f"/proc/{pid}/stat")
-    try:
-        return int(stat.rsplit(")", 1)[-1].split()[3]) if stat else None
-    except (IndexError, ValueError):
-        return None
+    fields = _stat_fields(pid)
+    return int(fields[3]) if fields else None
 
 
 def _environ(pid: int) -> bytes | None:
