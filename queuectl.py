@@ -74,6 +74,7 @@ DEFAULT_QUEUE = "default"
 QUEUE_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)")
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+PURGE_SLICE = 2000  # jobs that purge and retention delete per transaction: tens of ms of write lock
 RETENTION_INTERVAL_S = 30.0  # how often workers delete completed jobs older than `retention`
 OUTPUT_FLUSH_S = 1.0  # a running job's output reaches the database at most this often (logs --follow)
 LOST_WORKER_CAP = 3  # a job whose worker is lost this many times goes to the DLQ
@@ -83,6 +84,7 @@ IDLE_WAIT_S = 5.0  # an idle thread waits for the poller's wake-up; this is only
 SWEEP_INTERVAL_S = 1.0  # how often each worker process looks for dead workers
 BUSY_TIMEOUT_S = 1.0  # SQLite's own busy wait per attempt; we retry on top of it
 CLI_BUSY_DEADLINE_S = 5.0  # a CLI command gives up (exit 1) after retrying this long
+HARD_STOP_S = 5.0  # a hard-stopped worker exits this long after the signal at most, whatever the database does
 
 
 def _parse_number(text: str, *, integer: bool = False) -> float | int:
@@ -344,11 +346,17 @@ SQL_FLUSH_OUTPUT = "UPDATE runs SET output = ?, output_bytes = ? WHERE job_id = 
 SQL_OWNED = "id = ? AND state = 'processing' AND worker_id = ? AND run_count = ?"
 SQL_FINISH_JOB = ("UPDATE jobs SET state = ?, attempts = ?, next_run_at = ?, last_error = ?, exit_code = ?, "
                   f"worker_id = NULL, updated_at = ?, ready = 0 WHERE {SQL_OWNED}")
-SQL_CANCEL_FLAG = f"SELECT cancel_requested FROM jobs WHERE {SQL_OWNED}"
+# A cancel names the run it was aimed at (cancel_requested holds its run number, 0 = none): a
+# later run of the same job, after `dlq retry`, is never taken for the canceled one.
+SQL_CANCEL_FLAG = f"SELECT cancel_requested = run_count FROM jobs WHERE {SQL_OWNED}"
 SQL_REQUEUE = ("UPDATE jobs SET state = ?, lost_count = lost_count + ?, last_error = coalesce(?, last_error), "
                f"next_run_at = ?, worker_id = NULL, updated_at = ?, ready = 0 WHERE {SQL_OWNED}")
-SQL_FINISH_RUN = ("UPDATE runs SET ended_at = ?, outcome = ?, exit_code = ?, error = ?, output = coalesce(?, output), "
-                  "output_bytes = max(output_bytes, ?) WHERE job_id = ? AND run_no = ?")
+# A run's end is its start plus the duration its worker measured on the monotonic clock, so a
+# wall-clock step while it ran cannot make it negative; a run whose duration nobody measured (a
+# lost worker's) ends at the recorder's wall time, never before it started.
+SQL_FINISH_RUN = ("UPDATE runs SET ended_at = coalesce(started_at + ?, max(?, started_at)), outcome = ?, "
+                  "exit_code = ?, error = ?, output = coalesce(?, output), output_bytes = max(output_bytes, ?) "
+                  "WHERE job_id = ? AND run_no = ?")
 SQL_RELEASE_DEPENDENTS = ("UPDATE jobs SET waiting_on = waiting_on - 1, next_run_at = max(next_run_at, ?), "
                           "updated_at = ? WHERE id IN (SELECT job_id FROM deps WHERE dep_id = ?) AND waiting_on > 0")
 # A dead job takes every unfinished job below it in the dependency graph with it.
@@ -359,9 +367,21 @@ SQL_KILL_DEPENDENTS = """
     UPDATE jobs SET state = 'dead', updated_at = ?,
         last_error = 'dependency ' || (SELECT cause FROM down WHERE down.id = jobs.id LIMIT 1) || ' is dead'
     WHERE id IN (SELECT id FROM down) AND state IN ('pending', 'failed')"""
-SQL_JOBS_OF_WORKER = "SELECT id, run_count, lost_count FROM jobs WHERE state = 'processing' AND worker_id = ?"
+# Recovery of a lost run is decided once: the sweeper that wins it *adopts* the job (worker_id
+# becomes its own, in the transaction that found it lost), so every other sweeper sees a job of a
+# live worker and leaves it alone while the winner kills the run's processes and waits for them to
+# be gone. A run's processes carry the token of the worker that started it (runs.worker_id), which
+# is still known when the adopter itself dies and a third sweeper takes over.
+SQL_HELD_RUNS = ("SELECT jobs.id, jobs.run_count, coalesce(runs.worker_id, jobs.worker_id) FROM jobs "
+                 "LEFT JOIN runs ON runs.job_id = jobs.id AND runs.run_no = jobs.run_count "
+                 "WHERE jobs.state = 'processing' AND jobs.worker_id = ?")
+SQL_ADOPT = ("UPDATE jobs SET worker_id = ?1 WHERE id = ?2 AND run_count = ?3 AND state = 'processing' "
+             "AND worker_id = ?4 AND EXISTS (SELECT 1 FROM workers WHERE id = ?1) "
+             "AND NOT EXISTS (SELECT 1 FROM workers WHERE id = ?4)")
+SQL_RUN_WORKER = "SELECT worker_id FROM runs WHERE job_id = ? AND run_no = ?"
 SQL_PROCESSING_BY_WORKER = "SELECT worker_id, id FROM jobs WHERE state = 'processing'"
-SQL_CANCEL_REQUESTS = "SELECT id FROM jobs WHERE state = 'processing' AND worker_id = ? AND cancel_requested = 1"
+SQL_CANCEL_REQUESTS = ("SELECT id, run_count FROM jobs WHERE state = 'processing' AND worker_id = ? "
+                       "AND cancel_requested = run_count")
 SQL_ORPHAN_JOBS = ("SELECT id, run_count, lost_count, worker_id FROM jobs WHERE state = 'processing' "
                    "AND worker_id NOT IN (SELECT id FROM workers)")
 SQL_RUNS = ("SELECT run_no, worker_id, started_at, due_at, ended_at, outcome, exit_code, error, output, output_bytes "
@@ -377,7 +397,7 @@ SQL_DEAD_DEPS = ("SELECT deps.dep_id FROM deps JOIN jobs d ON d.id = deps.dep_id
                  "WHERE deps.job_id = ? AND d.state = 'dead'")
 SQL_CANCEL_WAITING = ("UPDATE jobs SET state = 'dead', last_error = 'canceled', updated_at = ? "
                       "WHERE id = ? AND state IN ('pending', 'failed')")
-SQL_CANCEL_RUNNING = "UPDATE jobs SET cancel_requested = 1 WHERE id = ? AND state = 'processing'"
+SQL_CANCEL_RUNNING = "UPDATE jobs SET cancel_requested = run_count WHERE id = ? AND state = 'processing'"
 # A job is still needed by a dependent that has not completed, unless it completed itself. (A dead
 # dependent counts: `dlq retry` may revive it, and it must then find its dependency, not run without it.)
 SQL_NEEDED_BY = ("SELECT deps.job_id FROM deps JOIN jobs j ON j.id = deps.job_id JOIN jobs d ON d.id = deps.dep_id "
@@ -496,9 +516,11 @@ def _make_private(path: str) -> None:
 class Store:
     """The one place that talks SQL: every read and write of the queue goes through here."""
 
-    def __init__(self, path: str, *, durable: bool = True, busy_deadline_s: float = CLI_BUSY_DEADLINE_S):
+    def __init__(self, path: str, *, durable: bool = True, busy_deadline_s: float = CLI_BUSY_DEADLINE_S,
+                 give_up=lambda: False):
         self.path = path
         self.busy_deadline_s = busy_deadline_s
+        self.give_up = give_up  # True ends busy retries early (a worker's hard stop)
         self.turn = _process_lock(path)
         self.conn = self._connect(path)
         # FULL syncs the WAL on every commit: an enqueue that printed its id survives a power cut.
@@ -571,7 +593,7 @@ class Store:
             except sqlite3.OperationalError as e:
                 if "locked" not in str(e) and "busy" not in str(e):
                     raise
-                if time.monotonic() >= deadline:
+                if time.monotonic() >= deadline or self.give_up():
                     raise Busy(f"database is busy: {self.path} stayed locked by another process; "
                                "try again") from None
                 time.sleep(random.uniform(0.005, 0.05))
@@ -744,12 +766,17 @@ class Store:
         the caller is the loop that reads the job's pipe, timeout and cancel checks included."""
         if not self.turn.acquire(blocking=False):
             return False
-        try:  # one try, within SQLite's own short busy wait; no retry loop
+        # One try with SQLite's busy wait off: with the usual busy timeout, BEGIN IMMEDIATE would
+        # block up to a second while another process writes, and so would the job's timeout and
+        # cancel checks.
+        self.conn.execute("PRAGMA busy_timeout = 0")
+        try:
             self._transaction(lambda cur: cur.execute(SQL_FLUSH_OUTPUT, (tail, total, job.id, job.run_count)))
             return True
         except sqlite3.Error:
             return False
         finally:
+            self.conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
             self.turn.release()
 
     def finish(self, job: Job, worker_id: str, outcome: Outcome, settings: dict, now: float) -> Job | None:
@@ -784,7 +811,7 @@ class Store:
 
     @staticmethod
     def _close_run(cur: sqlite3.Cursor, job: Job, label: str, outcome: Outcome, now: float) -> None:
-        cur.execute(SQL_FINISH_RUN, (now, label, outcome.exit_code, outcome.error, outcome.output,
+        cur.execute(SQL_FINISH_RUN, (outcome.duration_s, now, label, outcome.exit_code, outcome.error, outcome.output,
                                      outcome.output_bytes, job.id, job.run_count))
 
     @staticmethod
@@ -795,17 +822,19 @@ class Store:
         elif state == DEAD:
             cur.execute(SQL_KILL_DEPENDENTS, (job_id, now))
 
-    def interrupt(self, job: Job, worker_id: str, outcome: Outcome, lost: bool, now: float) -> str | None:
+    def interrupt(self, job: Job, worker_id: str, outcome: Outcome, lost: bool, now: float,
+                  stuck: str | None = None) -> str | None:
         """End a run the worker cut short (stop, lost worker, cancel); returns the job's new state.
 
         Not an attempt: a stopped or lost run goes back to pending (a lost one counts toward the
-        poison cap), unless a cancel was asked for, which sends it to the DLQ.
+        poison cap), unless a cancel was asked for, or a leftover process of the run could not be
+        killed (`stuck` says which), which send it to the DLQ.
         """
         def requeue(cur):
             flag = cur.execute(SQL_CANCEL_FLAG, (job.id, worker_id, job.run_count)).fetchone()
             if flag is None:
                 return None
-            state, error = interrupt_rule(job.lost_count + lost, lost, bool(flag[0]))
+            state, error = interrupt_rule(job.lost_count + lost, lost, bool(flag[0]), stuck)
             cur.execute(SQL_REQUEUE, (state, int(lost), error, now, now, job.id, worker_id, job.run_count))
             self._close_run(cur, job, "canceled" if flag[0] else "lost" if lost else "stopped", outcome, now)
             self._settle_dependents(cur, job.id, state, now)
@@ -875,6 +904,20 @@ class Store:
             return len(ids)
         return self.write(purge)
 
+    def purge_in_slices(self, state: str, before: float, max_slices: int = 1 << 62) -> int:
+        """purge() in transactions of PURGE_SLICE jobs, so no write lock is held long (a million jobs
+        in one transaction held it 7 s, and every worker's heartbeat with it); returns how many."""
+        total = 0
+        for _ in range(max_slices):
+            removed = self.purge(state, before, PURGE_SLICE)
+            total += removed
+            if removed < PURGE_SLICE:
+                break
+            # A short gap between slices: SQLite does not queue waiting writers, they poll, and one
+            # that polls while we hold the lock waits for the next gap.
+            time.sleep(0.01)
+        return total
+
     def pause(self, queues: list[str]) -> None:
         """Stop claims from these queues ('*' = all)."""
         self.write(lambda cur: cur.executemany(SQL_PAUSE, [(q,) for q in queues]))
@@ -936,9 +979,9 @@ class Store:
             held.setdefault(worker_id, []).append(job_id)
         return held
 
-    def cancel_requests(self, worker_id: str) -> set[str]:
-        """Ids of this worker's running jobs that a user asked to cancel."""
-        return {r[0] for r in self.read(SQL_CANCEL_REQUESTS, (worker_id,))}
+    def cancel_requests(self, worker_id: str) -> set[tuple[str, int]]:
+        """(id, run) of this worker's running jobs that a user asked to cancel."""
+        return {(r[0], r[1]) for r in self.read(SQL_CANCEL_REQUESTS, (worker_id,))}
 
     def request_stop(self, worker_ids: list[str]) -> int:
         """Ask these workers to stop; returns how many were asked."""
@@ -948,15 +991,27 @@ class Store:
         """(id, run_count, lost_count, worker_id) of processing jobs whose worker is not registered."""
         return self.read(SQL_ORPHAN_JOBS)
 
-    def drop_worker(self, worker_id: str, beat: int, started_at: float) -> list[tuple] | None:
-        """Deregister a worker judged dead at heartbeat `beat` and return the (id, run_count,
-        lost_count) of the jobs it held; None if it beat since (or is gone). One transaction, so
-        the list is final even if the worker comes back and registers again right after."""
+    def drop_worker(self, worker_id: str, beat: int, started_at: float, adopter: str) -> list[tuple] | None:
+        """Deregister a worker judged dead at heartbeat `beat`, hand the jobs it held to `adopter`
+        (see SQL_ADOPT) and return their (id, run_count, worker id of the run); None if it beat
+        since (or is gone). One transaction, so the list is final even if the worker comes back and
+        registers again right after."""
         def drop(cur):
             if cur.execute(SQL_DROP_DEAD_WORKER, (worker_id, started_at, beat)).rowcount != 1:
                 return None
-            return cur.execute(SQL_JOBS_OF_WORKER, (worker_id,)).fetchall()
+            return [run for run in cur.execute(SQL_HELD_RUNS, (worker_id,)).fetchall()
+                    if cur.execute(SQL_ADOPT, (adopter, run[0], run[1], worker_id)).rowcount]
         return self.write(drop)
+
+    def adopt(self, job_id: str, run_no: int, owner: str, adopter: str) -> str | None:
+        """Take over the recovery of an orphan (a processing job whose worker is not registered);
+        returns the worker id its run was started by, or None if another sweeper took it first."""
+        def take(cur):
+            if not cur.execute(SQL_ADOPT, (adopter, job_id, run_no, owner)).rowcount:
+                return None
+            row = cur.execute(SQL_RUN_WORKER, (job_id, run_no)).fetchone()
+            return row[0] if row else owner
+        return self.write(take)
 
     # -- config ---------------------------------------------------------------------------------
 
@@ -1010,8 +1065,11 @@ def percentiles(values) -> tuple:
     return ordered[-1], rank(0.5), rank(0.95)
 
 
-def interrupt_rule(lost_total: int, lost: bool, canceled: bool) -> tuple[str, str | None]:
-    """(state, last_error) for a run cut short: canceled -> DLQ; lost too often -> DLQ; else pending."""
+def interrupt_rule(lost_total: int, lost: bool, canceled: bool, stuck: str | None = None) -> tuple[str, str | None]:
+    """(state, last_error) for a run cut short: canceled -> DLQ; lost too often -> DLQ; a leftover
+    process that could not be killed (`stuck`) -> DLQ, as a rerun could overlap it; else pending."""
+    if stuck:
+        return DEAD, stuck
     if canceled:
         return DEAD, "canceled"
     if lost and lost_total >= LOST_WORKER_CAP:
@@ -1019,13 +1077,15 @@ def interrupt_rule(lost_total: int, lost: bool, canceled: bool) -> tuple[str, st
     return PENDING, None
 
 
-def lease_expired(last_change_mono: float, now_mono: float, stale_timeout_s: float) -> bool:
-    """True if a heartbeat counter has not moved for stale_timeout_s of *our* monotonic clock.
+def lease_expired(last_change_mono: float, now_mono: float, stale_timeout_s: float, stalled_s: float = 0.0) -> bool:
+    """True if a heartbeat counter has not moved for stale_timeout_s of *our* monotonic clock,
+    not counting the `stalled_s` of that time during which we could not commit our own heartbeat.
 
     We never compare another host's wall clock with ours: clock steps and skew cannot kill a
-    live worker, only a heartbeat that stops changing can.
+    live worker, only a heartbeat that stops changing can. And while a long write (a huge batch
+    enqueue) holds the database, no worker can beat: that time is nobody's fault.
     """
-    return now_mono - last_change_mono > stale_timeout_s
+    return now_mono - last_change_mono - stalled_s > stale_timeout_s
 
 
 JOB_FIELDS = ("command", "id", "max_retries", "timeout", "cwd", "env", "priority", "queue", "run_at", "delay",
@@ -1254,11 +1314,12 @@ def direct_argv(command: str, cwd: str, env: dict) -> tuple[str, list[str]] | No
         return None  # builtins and keywords: the shell's own meaning
     if b"PATH" not in env:
         return None  # sh has its own default path
-    program = _find_program(argv[0], cwd, env[b"PATH"].decode())
+    # PATH stays bytes: the environment is bytes, and a folder name need not be UTF-8 (/opt/caf\xe9).
+    program = _find_program(argv[0], cwd, env[b"PATH"])
     return (program, argv) if program else None
 
 
-def _find_program(name: str, cwd: str, path: str) -> str | None:
+def _find_program(name: str, cwd: str, path: bytes) -> bytes | None:
     """What sh would execute for `name`: a path with a slash as is, else the first hit on PATH.
 
     Remembered for a second (a long PATH costs a dozen stat calls a job); a program removed within
@@ -1277,10 +1338,11 @@ def _find_program(name: str, cwd: str, path: str) -> str | None:
 _PROGRAMS: dict[tuple, tuple] = {}
 
 
-def _search_program(name: str, cwd: str, path: str) -> str | None:
-    dirs = [""] if "/" in name else path.split(":")
+def _search_program(name: str, cwd: str, path: bytes) -> bytes | None:
+    name_b, cwd_b = os.fsencode(name), os.fsencode(cwd)
+    dirs = [b""] if "/" in name else path.split(b":")
     for folder in dirs:
-        candidate = os.path.join(cwd, folder or ".", name) if not os.path.isabs(folder) else os.path.join(folder, name)
+        candidate = os.path.join(folder, name_b) if os.path.isabs(folder) else os.path.join(cwd_b, folder or b".", name_b)
         if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return candidate
     return None
@@ -1468,54 +1530,112 @@ def process_gone(pid: int, start: str | None) -> bool:
     return proc_start_time(pid) != start
 
 
-def kill_run_orphans(token: str) -> int:
-    """SIGKILL every process of this run; returns how many.
+class Leftovers:
+    """The processes of one run that were sent SIGKILL (pid -> start time, to tell when each is
+    really gone), the sessions they led, and the first one that could not be killed, if any."""
+
+    def __init__(self):
+        self.killed: dict[int, str] = {}
+        self.sessions: set[int] = set()
+        self.stuck: str | None = None  # "cannot kill leftover process 4242 (sleep): permission denied"
+
+    def gone(self) -> bool:
+        """True once every killed process has exited (a zombie has: its files and locks are released).
+
+        Judged by PID and start time, never by a readable environment: a SIGKILLed process's
+        /proc/PID/environ reads empty at once, yet it keeps its open files and locks until its
+        teardown ends, which takes about half a second for a process holding 6 GiB.
+        """
+        return all(proc_start_time(pid) != start for pid, start in self.killed.items())
+
+
+def kill_run(token: str, left: Leftovers | None = None) -> Leftovers:
+    """SIGKILL every process of this run that `left` has not killed yet; does not wait for them.
 
     Each run's processes inherit QUEUECTL_RUN=token, so this finds the orphaned shell and its
-    children exactly, without trusting a PID that may have been recycled. A process in the middle
-    of exec() has no readable environment for a moment (the kernel swaps its memory map first and
-    fills the new one later), so a process is also taken when it is in the session of one that
-    carries the token: every run starts its own session, a session id cannot be reused while a
-    member lives, and a member can only be a descendant of the run. Repeated until a scan finds
-    none, because a process may fork while we kill. (A job that clears its environment *and*
-    calls setsid escapes this: a documented limit.)
+    children exactly. A process in the middle of exec() has no readable environment for a moment
+    (the kernel swaps its memory map first and fills the new one later), so a process is also
+    taken when it is in the session of one that carries the token: every run starts its own
+    session, a session id cannot be reused while a member lives, and a member can only be a
+    descendant of the run. Repeated until a scan finds none, because a process may fork while we
+    kill. (A job that clears its environment *and* calls setsid escapes this: a documented limit.)
     """
-    import signal
+    left = Leftovers() if left is None else left
     if not token:
-        return 0
+        return left
     needle = f"QUEUECTL_RUN={token}\0".encode()
     ours = {None, 0, os.getsid(0)}  # never our own session (0: its leader is outside our PID namespace)
-    sessions: set[int] = set()
-    killed: dict[int, str | None] = {}  # pid -> its start time, to know when it is really gone
     for _ in range(50):
-        found = []
-        for pid in _pids():
-            if pid in killed:
-                continue  # already sent SIGKILL; it may linger a moment or as an unreaped zombie
-            if needle in (_environ(pid) or b""):
-                sessions |= {_session(pid)} - ours
-                found.append(pid)
-            elif sessions and _session(pid) in sessions:
-                found.append(pid)
-        for pid in found:
-            killed[pid] = proc_start_time(pid)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        found = {pid: start for pid in _pids()
+                 if pid not in left.killed and (start := _run_member(pid, needle, left, ours))}
+        for pid, start in found.items():
+            left.killed[pid] = start
+            error = _kill(pid, start)
+            if error and left.stuck is None:
+                left.stuck = f"cannot kill leftover process {pid} ({_read(f'/proc/{pid}/comm') or '?'}): {error}"
         if not found:
             break
-    _wait_gone(killed)
-    return len(killed)
+    return left
 
 
-def _wait_gone(started: dict[int, str | None], limit_s: float = 5.0) -> None:
-    """Wait (bounded) until every killed process has exited: SIGKILL is not instant, and until the
-    old run is gone it still holds its files and locks, so a rerun must not start yet."""
+def _run_member(pid: int, needle: bytes, left: Leftovers, ours: set) -> str | None:
+    """The start time of `pid` if it belongs to the run, else None. The start time is read first,
+    so it names the process whose environment was read."""
+    start = proc_start_time(pid)
+    if start is None:
+        return None
+    if needle in (_environ(pid) or b""):
+        left.sessions |= {_session(pid)} - ours
+        return start
+    return start if left.sessions and _session(pid) in left.sessions else None
+
+
+def _kill(pid: int, start: str) -> str | None:
+    """SIGKILL the process `pid` that started at `start`; returns why it could not be, if it could not.
+
+    Through a pidfd opened after the scan and checked against the start time: a PID recycled
+    between the scan and the kill is never signalled (Linux 5.3+; elsewhere a plain kill)."""
+    import signal
+    fd = _pidfd(pid)
+    try:
+        if proc_start_time(pid) != start:
+            return None  # gone, or its PID now names another process
+        if fd is None:
+            os.kill(pid, signal.SIGKILL)
+        else:
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+        return None
+    except ProcessLookupError:
+        return None
+    except PermissionError:  # a job that ran `sudo …` or a setuid helper, and a worker that is not root
+        return "permission denied"
+    except OSError as e:
+        return e.strerror or str(e)
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def kill_run_orphans(token: str, limit_s: float = 5.0) -> int:
+    """kill_run(), then wait (at most limit_s) until the killed processes are gone; returns how many
+    were killed. For a run the worker itself cut short: until the old run is gone it still holds its
+    files and locks."""
+    left = kill_run(token)
+    if left.stuck:
+        log.warning("%s", left.stuck)
+    elif not wait_gone(left, limit_s):
+        log.warning("some killed processes of run %s are still exiting", token)
+    return len(left.killed)
+
+
+def wait_gone(left: Leftovers, limit_s: float) -> bool:
+    """Wait up to limit_s for every killed process to exit; returns whether they all did."""
     deadline = time.monotonic() + limit_s
-    while any(proc_start_time(pid) == start is not None for pid, start in started.items()):
+    while not left.gone():
         if time.monotonic() > deadline:
-            log.warning("some killed processes of a lost run are still exiting")
-            return
+            return False
         time.sleep(0.01)
+    return True
 
 
 def _pids() -> list[int]:
@@ -1550,10 +1670,11 @@ class Worker:
     """One runner thread's logic: claim a due job, run it, record what happened."""
 
     def __init__(self, store: Store, worker_id: str, abort, queues: tuple = (), epoch=lambda: 0,
-                 keep_claiming=lambda: False):
+                 keep_claiming=lambda: False, give_up=lambda: False):
         self.store = store
         self.worker_id = worker_id
-        self.abort = abort  # abort(job_id, epoch) -> reason to kill the running job, or None
+        self.abort = abort  # abort(job, epoch) -> reason to kill the running job, or None
+        self.give_up = give_up  # a hard stop: stop trying to record a result
         self.queues = queues
         self.epoch = epoch  # the registration the claim was made under
         self.keep_claiming = keep_claiming  # claim the next job in the same commit as a result?
@@ -1581,7 +1702,7 @@ class Worker:
         env = {"QUEUECTL_JOB_ID": job.id, "QUEUECTL_ATTEMPT": str(job.attempts + 1),
                "QUEUECTL_RUN": run_token(job, self.worker_id)}
         try:
-            return self.runner(job, env, lambda: self.abort(job.id, epoch),
+            return self.runner(job, env, lambda: self.abort(job, epoch),
                                lambda tail, total: self._flush(job, tail, total))
         except Exception as e:  # noqa: BLE001 - a claimed job must always get a recorded outcome
             log.exception("job %s: internal error while running", job.id)
@@ -1595,13 +1716,17 @@ class Worker:
             log.debug("job %s: output not flushed (%s)", job.id, e)
 
     def _record(self, job: Job, outcome: Outcome, now: float | None) -> None:
-        """Write the outcome, retrying until the database takes it: a finished run is never dropped."""
+        """Write the outcome, retrying until the database takes it: a finished run is never dropped,
+        except by a hard stop, which leaves it to crash recovery (the job is still ours, processing)."""
+        failing = Backoff(f"recording the result of job {job.id}", 2.0)
         while True:
             try:
                 return self._write_outcome(job, outcome, time.time() if now is None else now)
             except (QueueError, sqlite3.Error) as e:
-                log.warning("job %s: cannot record result yet (%s); retrying", job.id, e)
-                time.sleep(0.5)
+                if self.give_up():
+                    break
+                time.sleep(failing.failed(e))
+        log.warning("job %s: result not recorded (hard stop); crash recovery will run it again", job.id)
 
     def _write_outcome(self, job: Job, outcome: Outcome, now: float) -> None:
         if outcome.interrupted:
@@ -1644,11 +1769,15 @@ def _short(text: str, width: int = 60) -> str:
 class Sweeper:
     """Finds workers that died and makes their jobs runnable again, killing their leftovers first."""
 
-    def __init__(self, store: Store, me: dict, worker_id: str):
+    def __init__(self, store: Store, me: dict, worker_id: str, stalled=lambda: 0.0):
         self.store = store
         self.me = me
         self.worker_id = worker_id
-        self.seen: dict[tuple, tuple[int, float]] = {}  # (id, started_at) -> (beat, monotonic time it last changed)
+        self.stalled = stalled  # seconds our own heartbeat was late in all: not held against anyone's lease
+        # (id, started_at) -> (beat, monotonic time it last changed, stalled() then)
+        self.seen: dict[tuple, tuple[int, float, float]] = {}
+        # runs this worker adopted and has not requeued yet: (job id, run) -> (run token or "", leftovers)
+        self.recovering: dict[tuple[str, int], tuple[str, Leftovers]] = {}
 
     def sweep(self, now: float, now_mono: float | None = None) -> int:
         """One pass; returns how many jobs were recovered."""
@@ -1656,50 +1785,74 @@ class Sweeper:
         rows = self.store.workers()
         # Read the clock after the rows: a stall while reading them must not age what we saw.
         now_mono = time.monotonic() if now_mono is None else now_mono
-        recovered = 0
         for row in rows:
             if row.id != self.worker_id and self.is_dead(row, now_mono, stale_s):
-                recovered += self._recover_worker(row, now)
+                self._drop(row)
         current = {(row.id, row.started_at) for row in rows}
         self.seen = {key: value for key, value in self.seen.items() if key in current}  # forget the departed
         for job_id, run_no, _, owner in self.store.orphan_jobs():
-            recovered += self._recover_job(job_id, owner, run_no, now, None)
-        return recovered
+            run_worker = self.store.adopt(job_id, run_no, owner, self.worker_id)
+            if run_worker:  # else another sweeper took it first: it is theirs to finish
+                self._begin(job_id, run_no, run_worker, True)
+        return self._finish(now)
 
     def is_dead(self, row: WorkerRow, now_mono: float, stale_s: float) -> bool:
         """Same namespace: its PID tells at once; an earlier boot: dead. Otherwise: its heartbeat
-        stopped moving for stale_s."""
+        stopped moving for stale_s (less the time our own heartbeat could not be written)."""
         if same_namespace(row, self.me):
             return process_gone(row.pid, row.proc_start)
         if previous_boot(row, self.me):
             return True
         key = (row.id, row.started_at)  # one registration: a re-registered worker starts afresh
-        beat, since = self.seen.get(key, (None, now_mono))
+        stalled = self.stalled()
+        beat, since, stalled_then = self.seen.get(key, (None, now_mono, stalled))
         if beat != row.beat:
-            self.seen[key] = (row.beat, now_mono)
+            self.seen[key] = (row.beat, now_mono, stalled)
             return False
-        return lease_expired(since, now_mono, stale_s)
+        return lease_expired(since, now_mono, stale_s, stalled - stalled_then)
 
-    def _recover_worker(self, row: WorkerRow, now: float) -> int:
-        # Deregister and list its jobs in one transaction: a job it claims after re-registering
-        # has a newer run number, which the requeue's guard leaves alone. If we die right after,
-        # its jobs are orphans without a worker row, which the next sweep takes.
+    def _drop(self, row: WorkerRow) -> None:
+        # Deregister and adopt its jobs in one transaction: a job it claims after re-registering
+        # has a newer run number, which the adoption leaves alone. If we die right after, our
+        # jobs, adopted ones included, are recovered by the next sweep of another worker.
         self.seen.pop((row.id, row.started_at), None)
-        held = self.store.drop_worker(row.id, row.beat, row.started_at)
         local = same_namespace(row, self.me)
-        return sum(self._recover_job(job_id, row.id, run_no, now, local) for job_id, run_no, _ in held or ())
+        for job_id, run_no, run_worker in self.store.drop_worker(row.id, row.beat, row.started_at,
+                                                                 self.worker_id) or ():
+            self._begin(job_id, run_no, run_worker, local)
 
-    def _recover_job(self, job_id: str, owner: str, run_no: int, now: float, local: bool | None) -> int:
-        # Kill the orphan first, then requeue: the other order would let a new run overlap the old.
-        if local is not False:
-            kill_run_orphans(f"{owner}/{run_no}/{job_id}")
+    def _begin(self, job_id: str, run_no: int, run_worker: str, local: bool) -> None:
+        # Kill the run's processes first, then requeue: the other order would let a new run overlap
+        # the old. No token (nothing to kill here) for a worker of another host, PID namespace or
+        # boot; an orphan's worker is unknown, so its run is looked for here too.
+        self.recovering[(job_id, run_no)] = (f"{run_worker}/{run_no}/{job_id}" if local else "", Leftovers())
+
+    def _finish(self, now: float) -> int:
+        """Kill what is left of each adopted run, wait up to half a second for it to be gone, then
+        requeue the runs whose processes are all gone; the others wait for a later sweep, so slow
+        exits never hold up the heartbeat. A run with a process that cannot be killed goes dead."""
+        for token, left in self.recovering.values():
+            kill_run(token, left)
+        deadline = time.monotonic() + 0.5
+        while any(not (left.stuck or left.gone()) for _, left in self.recovering.values()) \
+                and time.monotonic() < deadline:
+            time.sleep(0.01)
+        recovered = 0
+        for key, (_, left) in list(self.recovering.items()):
+            if left.stuck or left.gone():
+                del self.recovering[key]
+                recovered += self._requeue(*key, left, now)
+        return recovered
+
+    def _requeue(self, job_id: str, run_no: int, left: Leftovers, now: float) -> int:
         job = self.store.get(job_id)
         if job.run_count != run_no:
             return 0
-        lost = Outcome(None, "worker lost", None, 0.0, interrupted="worker lost")
-        state = self.store.interrupt(job, owner, lost, True, now)
+        lost = Outcome(None, "worker lost", None, None, interrupted="worker lost")
+        state = self.store.interrupt(job, self.worker_id, lost, True, now, left.stuck)
         if state:
-            log.warning("job %s recovered from lost worker %s -> %s", job_id, owner, state)
+            log.warning("job %s recovered from lost worker -> %s%s", job_id, state,
+                        f" ({left.stuck})" if left.stuck else "")
         return 1 if state else 0
 
 
@@ -1728,45 +1881,83 @@ class Backoff:
 
 # ==== Signals and supervisor =====================================================================
 
+def _ignore_signal(signum, frame) -> None:
+    """The Python-level handler of a worker's stop signals: the wake-up byte does the work."""
+
 class Supervisor:
     """One worker process: registers, runs N Worker threads, heartbeats, sweeps, polls, stops."""
 
     def __init__(self, path: str, count: int, burst: bool, queues: tuple = ()):
         import threading
         self.path, self.count, self.burst, self.queues = path, count, burst, queues
-        self.store = Store(path, durable=False, busy_deadline_s=30.0)
-        self.me = host_identity()
-        self.worker_id = f"{self.me['host']}:{self.me['pid']}:{os.urandom(3).hex()}"
         self.stopping = threading.Event()  # claim nothing more
         self.hard = threading.Event()  # kill running jobs and put them back
+        self.hard_at = math.inf  # monotonic time of the hard stop
+        self.store = self._open()
+        self.me = host_identity()
+        self.worker_id = f"{self.me['host']}:{self.me['pid']}:{os.urandom(3).hex()}"
         self.wake = threading.Condition()
-        self.signals = 0  # bumped by the handler; the loop compares it with what it has handled
-        self.handled = 0
+        self.signals = 0  # SIGINT and SIGTERM deliveries so far
         self.tick = threading.Event()  # never set: the main loop's interruptible sleep
         self.epoch = 0  # bumped at each re-registration; jobs claimed under an older one are killed
+        self.stalled_s = 0.0  # how late our heartbeats were committed, in all (see lease_expired)
         self.workers: list[Worker] = []
-        self.canceled: set[str] = set()  # running job ids a user asked to cancel
+        self.canceled: set[tuple[str, int]] = set()  # (job id, run) of running jobs a user asked to cancel
 
-    # -- signals: handlers only count and set an event; the loop does the rest ------------------
+    def _open(self) -> Store:
+        """A connection for one thread: busy waits are long, except after a hard stop."""
+        return Store(self.path, durable=False, busy_deadline_s=30.0, give_up=self.hard.is_set)
+
+    # -- signals: counted by a thread of their own -----------------------------------------------
 
     def install_signals(self) -> None:
-        """SIGINT/SIGTERM: first = graceful stop, second = hard stop."""
+        """SIGINT/SIGTERM: first = graceful stop, second = hard stop; SIGQUIT = hard stop at once.
+
+        Python runs a handler once for several deliveries of a signal that land before it gets to
+        run, and only in the main thread, which may be inside a long SQLite call. So the handlers
+        do nothing, and a thread counts the bytes signal.set_wakeup_fd writes, one per delivery.
+        (Two signals sent so close that the second arrives while the first is still pending are
+        merged by the kernel: nothing can count those.)
+        """
         import signal
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, self._on_signal)
+        import threading
+        read_fd, write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)  # first: no delivery goes uncounted
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT):
+            signal.signal(sig, _ignore_signal)
+        threading.Thread(target=self._watch_signals, args=(read_fd,), name="signals", daemon=True).start()
 
-    def _on_signal(self, signum, frame) -> None:
-        # Only an integer bump: taking any lock here (even Event.set) can deadlock against the
-        # main thread, which may hold that very lock when the signal arrives.
-        self.signals += 1
+    def _watch_signals(self, fd: int) -> None:
+        import select
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        while True:
+            poller.poll()
+            with contextlib.suppress(BlockingIOError):
+                for signum in os.read(fd, 512):
+                    self.on_signal(signum)
 
-    def abort_reason(self, job_id: str, epoch: int) -> str | None:
+    def on_signal(self, signum: int) -> None:
+        """One delivered signal: the first SIGINT or SIGTERM stops gracefully; a second, or SIGQUIT, hard."""
+        import signal
+        if signum not in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT):
+            return
+        if signum != signal.SIGQUIT:
+            self.signals += 1
+        if (signum == signal.SIGQUIT or self.signals >= 2) and not self.hard.is_set():
+            log.warning("%s: killing running jobs and putting them back",
+                        "SIGQUIT" if signum == signal.SIGQUIT else "second signal")
+            self.hard_at = time.monotonic()
+            self.hard.set()
+        self._stop("signal")
+
+    def abort_reason(self, job: Job, epoch: int) -> str | None:
         """Why a running job must be killed now, if it must."""
         if self.hard.is_set():
             return "worker hard stop"
         if epoch != self.epoch:
             return "worker lost its registration"
-        return "canceled" if job_id in self.canceled else None
+        return "canceled" if (job.id, job.run_count) in self.canceled else None
 
     # -- main loop -------------------------------------------------------------------------------
 
@@ -1775,35 +1966,45 @@ class Supervisor:
         import threading
         self.store.register(self.worker_id, self.me, self.count, time.time())
         log.info("worker started: %s, %d thread(s), db %s", self.worker_id, self.count, self.path)
-        self.sweeper = Sweeper(self.store, self.me, self.worker_id)
+        self.sweeper = Sweeper(self.store, self.me, self.worker_id, lambda: self.stalled_s)
         self.sweeper.sweep(time.time())  # recover what a previous crash or boot left, before claiming
         threads = [threading.Thread(target=self._thread_main, daemon=True) for _ in range(self.count)]
         for t in threads:
             t.start()
         self._loop(threads)
-        for t in threads:
-            t.join()
-        self.store.deregister(self.worker_id)
+        for t in threads:  # after a hard stop, a thread still blocked in the database is left behind
+            t.join(None if not self.hard.is_set() else max(0.0, self.hard_at + HARD_STOP_S - time.monotonic()))
+        self._deregister()
         code = EXIT_INTERRUPTED if self.hard.is_set() else EXIT_OK
         log.info("worker exited (%d)", code)
         return code
 
+    def _deregister(self) -> None:
+        """Remove our row; if the database will not take it, the row of a process that is gone is
+        cleaned up, and its unrecorded runs recovered, by the next sweep of any worker."""
+        try:
+            self.store.deregister(self.worker_id)
+        except (QueueError, sqlite3.Error) as e:
+            if not self.hard.is_set():
+                raise
+            log.warning("could not deregister (%s); other workers will recover what is left", e)
+
     def _loop(self, threads: list) -> None:
-        due = dict.fromkeys(("beat", "sweep", "cancels", "retention"), 0.0)  # monotonic time of the next run
+        # monotonic time of each task's next run; registering was our first heartbeat
+        due = {"beat": time.monotonic(), "sweep": 0.0, "cancels": 0.0, "retention": 0.0}
         failing, pause = Backoff("housekeeping", 1.0), POLL_INTERVAL_S
-        while any(t.is_alive() for t in threads):
+        while any(t.is_alive() for t in threads) and time.monotonic() < self.hard_at + HARD_STOP_S:
             self.tick.wait(pause)
-            self._handle_signals()
             try:
                 self._housekeeping(due, time.monotonic())
                 failing.ok()
                 pause = POLL_INTERVAL_S
-            except (QueueError, sqlite3.Error) as e:  # a busy or full database must not kill the worker
+            except Exception as e:  # noqa: BLE001 - no fault in heartbeat, sweep or poll may end the worker
                 pause = failing.failed(e)
 
     def _housekeeping(self, due: dict, mono: float) -> None:
         if mono >= due["beat"]:
-            due["beat"] = mono + self._heartbeat()
+            due["beat"] = self._beat(due["beat"])
         if mono >= due["sweep"]:
             due["sweep"] = mono + SWEEP_INTERVAL_S
             self.sweeper.sweep(time.time())
@@ -1818,20 +2019,8 @@ class Supervisor:
     def _apply_retention(self) -> None:
         """Delete completed jobs older than `retention`, in slices so no write lock is held long."""
         keep_s = self.store.config_get("retention")
-        for _ in range(20):  # at most 100,000 rows a round
-            if not keep_s or self.store.purge(COMPLETED, time.time() - keep_s, limit=5000) < 5000:
-                break
-
-    def _handle_signals(self) -> None:
-        if self.signals == self.handled:
-            return
-        self.handled = self.signals
-        if self.signals >= 2 and not self.hard.is_set():
-            log.warning("second signal: killing running jobs and putting them back")
-            self.hard.set()
-            self._stop("signal")
-        elif self.signals == 1:
-            self._stop("signal")
+        if keep_s:  # at most 100,000 jobs a round: the heartbeat runs on this thread too
+            self.store.purge_in_slices(COMPLETED, time.time() - keep_s, max_slices=100_000 // PURGE_SLICE)
 
     def _stop(self, why: str) -> None:
         if not self.stopping.is_set():
@@ -1840,6 +2029,15 @@ class Supervisor:
             self.stopping.set()
         with self.wake:
             self.wake.notify_all()
+
+    def _beat(self, due_mono: float) -> float:
+        """Heartbeat that was due at `due_mono`; returns when the next one is due. The time it came
+        late (the database held by a long write, or full) is added to stalled_s: other workers
+        could not beat either, so the sweeper does not hold it against their leases."""
+        interval = self._heartbeat()
+        done = time.monotonic()
+        self.stalled_s += max(0.0, done - due_mono)
+        return done + interval
 
     def _heartbeat(self) -> float:
         """Beat, obey a stop request; returns seconds to the next beat."""
@@ -1888,9 +2086,9 @@ class Supervisor:
             worker.store.close()
 
     def _new_worker(self) -> Worker:
-        store = Store(self.path, durable=False, busy_deadline_s=30.0)
+        store = self._open()
         worker = Worker(store, self.worker_id, self.abort_reason, self.queues, lambda: self.epoch,
-                        lambda: not self.stopping.is_set())
+                        lambda: not self.stopping.is_set(), self.hard.is_set)
         self.workers.append(worker)
         return worker
 
@@ -3043,7 +3241,7 @@ def cmd_delete(args, store: Store) -> None:
 
 
 def cmd_purge(args, store: Store) -> None:
-    removed = store.purge(args.state, time.time() - args.older_than)
+    removed = store.purge_in_slices(args.state, time.time() - args.older_than)
     print(f"purged {removed} {args.state} job{'s' if removed != 1 else ''}")
 
 

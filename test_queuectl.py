@@ -638,11 +638,11 @@ def test_claim_from_many_threads_never_duplicates(tmp_path):
     s.close()
 
 
-def outcome(code=0, error=None, output="out"):
-    return queuectl.Outcome(code, error, output, 0.01)
+def outcome(code=0, error=None, output="out", duration=0.01):
+    return queuectl.Outcome(code, error, output, duration)
 
 
-LOST = queuectl.Outcome(None, "worker lost", None, 0.0, interrupted="worker lost")
+LOST = queuectl.Outcome(None, "worker lost", None, None, interrupted="worker lost")
 
 
 SETTINGS = {"backoff_base": 2, "backoff_max": 3600}
@@ -750,7 +750,9 @@ def finish_next(store, code=0, now=T0, output="out", ended=None, settings=SETTIN
     job = store.claim(worker, now)
     assert job is not None, "nothing due to claim"
     error = None if code == 0 else f"exit code {code}"
-    return store.finish(job, worker, outcome(code, error, output), settings, now if ended is None else ended)
+    ended = now if ended is None else ended
+    # the run's end is its start plus the duration measured on the worker's monotonic clock
+    return store.finish(job, worker, outcome(code, error, output, ended - now), settings, ended)
 
 
 @contextlib.contextmanager
@@ -968,7 +970,7 @@ def test_cancel_sends_waiting_jobs_to_the_dlq_and_flags_running_ones(store):
     child = store.get("child")
     assert child.state == "dead" and "wait" in child.last_error
     assert store.get("run").state == "processing"  # its worker kills it, then records it
-    assert store.cancel_requests("w1") == {"run"}
+    assert store.cancel_requests("w1") == {("run", 1)}
     canceled = queuectl.Outcome(None, "canceled", b"", 0.1, interrupted="canceled")
     assert store.interrupt(running, "w1", canceled, False, T0 + 2) == "dead"
     assert store.get("run").last_error == "canceled"
@@ -1442,6 +1444,7 @@ def test_sweeper_keeps_live_local_worker(store):
 def test_sweeper_uses_lease_on_its_own_clock_for_remote_workers(store):
     me = queuectl.host_identity()
     store.register("remote", {**me, "host": "elsewhere", "boot_id": "other-boot"}, 1, T0)
+    store.register("me", me, 1, T0)
     store.enqueue([spec("a")], T0)
     store.claim("remote", T0)
     sweeper = queuectl.Sweeper(store, me, "me")
@@ -1482,13 +1485,15 @@ def test_a_worker_back_under_its_id_keeps_the_job_it_claims_after_the_drop(store
     me = {"host": "elsewhere", "pid": 1, "proc_start": "1", "boot_id": "b", "pid_ns": "ns"}
     store.register("w", me, 1, T0)
     store.enqueue([spec("old"), spec("new")], T0)
+    store.register("x", {**me, "host": "sweeper"}, 1, T0)
     old = store.claim("w", T0)
-    held = store.drop_worker("w", 0, T0)
-    assert [h[0] for h in held] == ["old"]
+    held = store.drop_worker("w", 0, T0, "x")
+    assert held == [("old", 1, "w")]  # adopted by x, with the worker its run was started by
     store.register("w", me, 1, T0 + 1)  # it comes back under the same id and claims again
     fresh = store.claim("w", T0 + 1)
-    lost = queuectl.Outcome(None, "worker lost", None, 0.0, interrupted="worker lost")
-    assert store.interrupt(old, "w", lost, True, T0 + 2) == "pending"
+    lost = queuectl.Outcome(None, "worker lost", None, None, interrupted="worker lost")
+    assert store.interrupt(old, "w", lost, True, T0 + 2) is None  # no longer w's: x recovers it
+    assert store.interrupt(old, "x", lost, True, T0 + 2) == "pending"
     assert store.get(fresh.id).state == "processing"
 
 
@@ -1497,6 +1502,7 @@ def test_sweeper_requeues_jobs_of_unregistered_owner(store):
     store.enqueue([spec("a")], T0)
     store.claim("gone", T0)
     store.write(lambda cur: cur.execute("DELETE FROM workers"))
+    register(store, "me")
     assert queuectl.Sweeper(store, queuectl.host_identity(), "me").sweep(T0) == 1
     assert store.get("a").state == "pending"
 
@@ -1845,7 +1851,7 @@ def test_runs_per_minute_counts_finished_runs_by_minute(tmp_path):
         spec = queuectl.validate_job({"id": f"j{n}", "command": "true", "max_retries": 2}, settings, "/tmp", 0)
         store.enqueue([spec], 0)
         job = store.claim("w", 1)
-        store.finish(job, "w", queuectl.Outcome(code, None, "", 0.1), settings, ended)
+        store.finish(job, "w", queuectl.Outcome(code, None, "", ended - 1), settings, ended)  # it started at 1
     store.claim("w", 7000)  # j2's retry: running, not counted
     assert sorted(store.runs_per_minute(6000)) == [(0, "completed", 2), (1, "failed", 1), (2, "completed", 1)]
     store.close()
@@ -2854,7 +2860,7 @@ def test_cancel_of_a_processing_job_returns_at_once_and_asks_its_worker(db):
     assert ok(db, "cancel", "run") == "run\n"
     assert get_job(db, "run")["state"] == "processing"  # until its worker has killed it
     with opened(db) as s:
-        assert s.cancel_requests("fake") == {"run"}
+        assert s.cancel_requests("fake") == {("run", 1)}
 
 
 @pytest.mark.parametrize("ids, named", [(["done"], "done"), (["gone"], "gone"), (["missing"], "missing"),
@@ -3714,7 +3720,7 @@ def test_a_result_that_cannot_be_written_is_kept_and_retried(db, workers, tmp_pa
     limit = max(os.path.getsize(db), os.path.getsize(db + "-wal")) + 4096
     resource.prlimit(popen.pid, resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
     enqueue(db, id="big", command="head -c 200000 /dev/zero | tr '\\0' y; echo END")
-    worker.wait_log("cannot record result yet")
+    worker.wait_log("recording the result of job big failed")
     assert state_of(db, "big") == "processing"
     resource.prlimit(popen.pid, resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
     wait_for(lambda: state_of(db, "big") == "completed", "the kept result to be written")
@@ -3757,6 +3763,7 @@ def test_a_recycled_pid_is_never_signalled(store, tmp_path):
     bystander = subprocess.Popen(["sleep", "60"])
     try:
         store.register("ghost", {**me, "pid": bystander.pid, "proc_start": "1"}, 1, T0)
+        store.register("me", me, 1, T0)
         store.enqueue([spec("orphan")], T0)
         store.claim("ghost", T0)
         assert queuectl.Sweeper(store, me, "me").sweep(T0 + 1) == 1
