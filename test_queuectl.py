@@ -3275,7 +3275,9 @@ def test_second_signal_kills_the_job_and_requeues_it(db, workers, tmp_path, sig)
     _wait_started(tmp_path)
     shell_pid = int((tmp_path / "sh.pid").read_text())
     worker.signal(sig)
-    worker.wait_log("stopping")  # two signals back to back would merge into one (FACTS.md)
+    # Wait until the first signal was handled: two identical standard signals sent back to back merge
+    # into one delivery while the first is still pending, and the worker would see only one.
+    worker.wait_log("stopping")
     worker.signal(sig)
     assert worker.wait() == 130, worker.log()
     job = get_job(db, "run")
