@@ -3281,7 +3281,9 @@ def test_second_signal_kills_the_job_and_requeues_it(db, workers, tmp_path, sig)
     _wait_started(tmp_path)
     shell_pid = int((tmp_path / "sh.pid").read_text())
     worker.signal(sig)
-    worker.wait_log("stopping")  # two signals back to back would merge into one (FACTS.md)
+    # Wait until the first signal was handled: two identical standard signals sent back to back merge
+    # into one delivery while the first is still pending, and the worker would see only one.
+    worker.wait_log("stopping")
     worker.signal(sig)
     assert worker.wait() == 130, worker.log()
     job = get_job(db, "run")
@@ -3810,3 +3812,71 @@ def test_no_shell_sees_ids_cwd_or_env_values(db, workers, tmp_path):
         assert not os.path.exists(os.path.join(folder, "pwned")), folder
     out = ok(db, "logs", job_id)
     assert out == f"{job_id}|`touch pwned`{odd}\n"
+
+
+# ==== Benchmark ====================================================================================
+
+def _load_bench():
+    """bench/bench.py as a module (it is a script, not a package)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("queuectl_bench", os.path.join(HERE, "bench", "bench.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return _load_bench()
+
+
+def test_bench_a_figure_that_was_not_measured_is_never_a_pass(bench):
+    # A peak RSS read as 0.0 MB (the worker's memory already gone) or not read at all is no measurement.
+    for value in (None, 0.0, 0, -1.0, float("nan"), float("inf")):
+        assert bench.verdict("memory_rss", value) == bench.NOT_MEASURED, value
+    assert bench.verdict("memory_rss", 30.0) == "pass"
+    assert bench.verdict("memory_rss", 41.0) == "fail"
+    assert bench.verdict("memory_rss", 30.0, why="the worker exited before /proc could be read") == bench.NOT_MEASURED
+    # Rates, durations and ratios of zero are failed readings too; only latencies from enqueue exit
+    # (a job can start before its enqueue exits) and idle costs are measured at zero or below.
+    for key in ("drain_ratio", "batch_rate", "scale_status", "scale_pickup_p50_ratio"):
+        assert bench.verdict(key, 0.0) == bench.NOT_MEASURED, key
+    assert bench.verdict("pickup_p50", -3.9) == "pass"
+    assert bench.verdict("idle_pct", 0.0) == "pass"
+    assert bench.verdict("drain_rate", 0.0) is None  # no target, no verdict
+    # Empty samples and missing inputs give no figure, not a zero or a crash.
+    assert bench.percentile([], 50) is None
+    assert bench.percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert bench.ratio(1.0, None) is None and bench.ratio(None, 2.0) is None and bench.ratio(1.0, 0.0) is None
+
+
+def test_bench_report_shows_unmeasured_figures_and_tiny_mode_gives_no_verdict(bench, tmp_path):
+    meta = {"date": "2026-01-01 00:00 UTC", "queuectl": "test", "cores": 2, "cpu": "", "disk": "", "python": "3",
+            "sqlite": "3", "other_load": "unknown", "mode": "full", "params": {}}
+    for verdicts in (True, False):
+        b = bench.Bench({"seed": 1}, str(tmp_path), verdicts=verdicts)
+        b.add("memory_rss", "peak RSS", 0.0, "MB")
+        b.add("idle_pct", "idle", 0.5, "%")
+        b.add("drain_ratio", "drain ratio", 0.5, "x")
+        b.add("batch_rate", "batch", None, "jobs/s", why="`enqueue -` missing")
+        report = bench.render({**meta, "verdicts": verdicts}, b.results, [])
+        rss = next(line for line in report.splitlines() if line.startswith("| peak RSS"))
+        assert bench.NOT_MEASURED in rss and "0.0 MB" not in rss and "pass" not in rss, rss
+        if verdicts:
+            assert [r["verdict"] for r in b.results] == [bench.NOT_MEASURED, "pass", "fail", bench.NOT_MEASURED]
+            assert [r["pass"] for r in b.results] == [None, True, False, None]
+            assert "targets met: 1 of 4 (2 not measured, so not met)" in report
+            assert bench.verdicts_found(b.results, report)
+        else:
+            assert all(r["verdict"] is None and r["pass"] is None for r in b.results)
+            assert report.count(bench.NO_VERDICT) == 1
+            assert not re.search(r"pass|FAIL|targets met", report), report
+            assert bench.verdicts_found(b.results, report) == []
+
+
+def test_bench_rejects_counts_that_would_leave_an_empty_sample(bench, capsys):
+    for option in ("--pickup-jobs", "--jobs", "--repeats", "--memory-jobs", "--idle-seconds"):
+        with pytest.raises(SystemExit):
+            bench.parse_args([option, "0"])
+    assert bench.main(["--tiny", "--check"]) == 2
+    assert "no verdict" in capsys.readouterr().err

@@ -15,14 +15,21 @@ in a temporary folder that is removed afterwards. Sections:
            a paused queue and 100,000 due tomorrow (a claim or poll must not walk past them)
   memory   peak RSS of `worker start --count 8 --burst` while draining
 
-Prints a Markdown table (or, with --json, only JSON on stdout); progress goes to stderr.
-Exit code 0 when the benchmark ran, whatever the figures; with --check, 1 if a target was missed.
-`--tiny` runs a few jobs of each, well under 30 s, so `make test` keeps this script working.
+Prints a Markdown table (or, with --json, only JSON on stdout); progress goes to stderr. A figure
+that could not be measured here (a process gone before /proc was read, an empty sample, a tool this
+machine lacks, a section that did not run) is shown as "not measured" with the reason, never as a
+value, and its target as not met.
+Exit code 0 when the benchmark ran, whatever the figures; with --check, 1 if a target was missed or
+not measured.
+`--tiny` runs a few jobs of each, well under 30 s, so `make test` keeps this script working. Its
+figures judge nothing (a few jobs on a test machine), so it prints no verdict at all, and checks
+its own output for one: exit 1 if the benchmark code fails or a verdict slips into the report.
 """
 
 import argparse
 import hashlib
 import json
+import math
 import os
 import random
 import re
@@ -77,12 +84,52 @@ TARGETS = {
     "memory_rss": ("<=", 40, "≤ 40 MB"),
 }
 
+# Figures that are measured correctly at zero or below: a job can start before the `enqueue` that
+# added it has exited (negative latency from enqueue exit), and an idle worker can use no clock tick.
+# Every other figure (a rate, a duration, a ratio, a memory size) of zero or below means its
+# measurement failed, and is shown as not measured.
+MAY_BE_ZERO = {"pickup_p50", "pickup_p95", "scale_pickup_p50", "scale_pickup_p95", "backlog_pickup_p50",
+               "backlog_pickup_p95", "idle_pct", "backlog_idle_pct"}
+
+NOT_MEASURED = "not measured"
+NO_VERDICT = "(tiny: no verdict)"
+# A verdict cell of the table, as render() writes it: what the tiny mode checks its report for.
+VERDICT_CELL = re.compile(r"\|\s*(pass|\*\*FAIL\*\*|FAIL|fail)\s*\|")
+
 UNITS = {"jobs/s": "{:,.0f} jobs/s", "ms": "{:.1f} ms", "s": "{:.3f} s", "x": "{:.2f}", "%": "{:.2f} %",
          "MB": "{:.1f} MB"}
 
 
 class BenchError(Exception):
     """Something the benchmark needed did not work (a command failed, a wait timed out)."""
+
+
+def measured(key: str, value) -> bool:
+    """Is value a figure that was really measured? None, NaN or infinity never is; zero or below is only
+    for the figures in MAY_BE_ZERO (for the others it is what a failed reading leaves, e.g. a peak RSS
+    read as 0.0 MB from a process whose memory was already gone)."""
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return False
+    return value > 0 or key in MAY_BE_ZERO
+
+
+def verdict(key: str, value, why: str = "") -> str | None:
+    """The judgement of one figure against its target: None if it has no target, NOT_MEASURED if it
+    could not be measured (`why` says why, or the value is not a measurement), else "pass" or "fail".
+    A figure that was not measured is never a pass."""
+    if key not in TARGETS:
+        return None
+    if why or not measured(key, value):
+        return NOT_MEASURED
+    op, bound, _ = TARGETS[key]
+    return "pass" if (value >= bound if op == ">=" else value <= bound) else "fail"
+
+
+def ratio(num: float | None, den: float | None) -> float | None:
+    """num / den, or None if either was not measured (None) or den is not above zero."""
+    if num is None or den is None or not den > 0:
+        return None
+    return num / den
 
 
 T0 = time.monotonic()
@@ -105,14 +152,18 @@ def proc_sample(pid: int) -> dict | None:
         return None
     if fields[0] in ("Z", "X"):
         return None
-    kb = lambda key: int(status.get(key, "0 kB").split()[0])  # noqa: E731
+    # A process that is exiting has released its memory before it becomes a zombie: its status then
+    # has no Vm* lines, and its memory is unknown (None), not 0 MB.
+    mb = lambda key: int(status[key].split()[0]) / 1024 if key in status else None  # noqa: E731
     return {"cpu_s": (int(fields[11]) + int(fields[12])) / CLK_TCK,
             "children_cpu_s": (int(fields[13]) + int(fields[14])) / CLK_TCK,
-            "hwm_mb": kb("VmHWM") / 1024, "rss_mb": kb("VmRSS") / 1024, "threads": int(fields[17])}
+            "hwm_mb": mb("VmHWM"), "rss_mb": mb("VmRSS"), "threads": int(fields[17])}
 
 
-def percentile(values: list[float], p: float) -> float:
-    """Nearest-rank percentile (p in 0..100) of a non-empty list."""
+def percentile(values: list[float], p: float) -> float | None:
+    """Nearest-rank percentile (p in 0..100) of a list; None for an empty one (nothing was measured)."""
+    if not values:
+        return None
     ordered = sorted(values)
     return ordered[max(0, min(len(ordered) - 1, round(p / 100 * len(ordered) + 0.5) - 1))]
 
@@ -120,8 +171,10 @@ def percentile(values: list[float], p: float) -> float:
 class Bench:
     """One benchmark run: a temporary folder, the processes it started, and the results."""
 
-    def __init__(self, params: dict, tmp: str):
+    def __init__(self, params: dict, tmp: str, verdicts: bool = True):
         self.p = params
+        self.verdicts = verdicts  # False in the tiny mode: figures are shown, never judged
+        self.sections: tuple[str, ...] = SECTIONS  # the sections this run measures (--only)
         self.tmp = tmp
         self.procs: list[subprocess.Popen] = []
         self.results: list[dict] = []
@@ -130,6 +183,7 @@ class Bench:
         self.rng = random.Random(params["seed"])
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("QUEUECTL_")}
         self.batch_ok = False
+        self.clock_why = ""  # why the pickup latencies cannot be measured here ("" if they can)
 
     # -- running queuectl ------------------------------------------------------------------------
 
@@ -231,7 +285,7 @@ class Bench:
         """Run a command that exits by itself (a burst worker), timing it and sampling /proc."""
         t0 = time.perf_counter()
         p = self.spawn(db, *args, log=log)
-        deadline, next_sample, last = t0 + timeout_s, 0.0, None
+        deadline, next_sample, last, peak_mb, samples = t0 + timeout_s, 0.0, None, None, 0
         while True:
             usage = self.poll_exit(p)
             now = time.perf_counter()
@@ -240,7 +294,10 @@ class Bench:
             if now >= next_sample:
                 sample = proc_sample(p.pid)
                 if sample:
+                    samples += 1
                     sample["max_threads"] = max(sample["threads"], (last or {}).get("max_threads", 0))
+                    if sample["hwm_mb"] is not None:
+                        peak_mb = max(sample["hwm_mb"], peak_mb or 0.0)
                     last = sample
                 next_sample = now + 0.02
             if now > deadline:
@@ -252,7 +309,9 @@ class Bench:
         if p.returncode != 0:
             raise BenchError(f"`queuectl {shlex.join(args)}` exited {p.returncode}:\n{self.log_tail(log)}")
         total_cpu = (usage.ru_utime + usage.ru_stime) if usage else None
-        return {"wall_s": wall, "last": last or {}, "total_cpu_s": total_cpu}
+        # peak_mb: the highest VmHWM read (None if no sample had one); samples: /proc reads that worked.
+        return {"wall_s": wall, "last": last or {}, "total_cpu_s": total_cpu, "peak_mb": peak_mb,
+                "samples": samples}
 
     def stop_worker(self, db: str, p: subprocess.Popen, log: str) -> None:
         """`worker stop --wait`, then make sure the process is gone."""
@@ -275,8 +334,21 @@ class Bench:
         self.batch_ok = r.returncode == 0 and r.stdout.split() == ["p1", "p2"]
         if not self.batch_ok:
             self.notes.append("`enqueue -` is not available in this queuectl: jobs were enqueued by a loop of "
-                              "`enqueue JSON` processes (slow), and the batch figure is n/a")
+                              "`enqueue JSON` processes (slow), and the batch figure is not measured")
             say("note: `enqueue -` not available; falling back to one process per job")
+
+    def probe_clock(self) -> None:
+        """The pickup jobs record their start with `date +%s%N` (exec'd by the job's shell, no Python
+        start-up); a `date` without nanoseconds (%N) cannot time them, and the latencies are then
+        not measured rather than misread."""
+        try:
+            out = subprocess.run(["/bin/sh", "-c", "date +%s%N"], capture_output=True, text=True,
+                                 timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError) as e:
+            out = f"({e})"
+        if not (out.isdigit() and abs(int(out) - time.time_ns()) < 60e9):
+            self.clock_why = f"`date +%s%N` gives no time in nanoseconds here ({out[:40]!r})"
+            say(f"note: {self.clock_why}; pickup latencies will not be measured")
 
     def enqueue_many(self, db: str, jobs: list[dict]) -> None:
         """Enqueue jobs the fastest way this queuectl offers."""
@@ -290,17 +362,21 @@ class Bench:
 
     # -- results -----------------------------------------------------------------------------------
 
-    def add(self, key: str, label: str, value: float | None, unit: str, detail: str = "") -> None:
-        """Record one figure; judged against its target if it has one."""
-        target, ok = "", None
-        if key in TARGETS:
-            op, bound, target = TARGETS[key]
-            if value is not None:
-                ok = value >= bound if op == ">=" else value <= bound
+    def add(self, key: str, label: str, value: float | None, unit: str, detail: str = "", why: str = "") -> None:
+        """Record one figure, judged against its target if it has one (and this run gives verdicts).
+        `why` says why the figure could not be measured; a value that is not a measurement (None, or
+        zero where only a failed reading gives zero) is recorded as not measured too, never as a value."""
+        if not why and not measured(key, value):
+            why = "no value was read" if value is None else f"read {value!r}, which no working measurement gives"
+        if why:
+            value = None
+        target = TARGETS[key][2] if key in TARGETS else ""
+        judged = verdict(key, value, why) if self.verdicts else None
         self.results.append({"key": key, "label": label, "value": value, "unit": unit, "target": target,
-                             "pass": ok, "detail": detail})
-        shown = "n/a" if value is None else UNITS[unit].format(value)
-        say(f"  {label}: {shown} {target} {'' if ok is None else ('pass' if ok else 'FAIL')}")
+                             "verdict": judged, "pass": None if judged in (None, NOT_MEASURED) else judged == "pass",
+                             "why": why, "detail": detail})
+        shown = f"{NOT_MEASURED} ({why})" if why else UNITS[unit].format(value)
+        say(f"  {label}: {shown} {target} {'FAIL' if judged == 'fail' else judged or ''}".rstrip())
 
 
 # ==== Measurements =================================================================================
@@ -433,13 +509,14 @@ def bench_enqueue(b: Bench) -> None:
     b.raw["enqueue_ms"], b.raw["python_import_ms"] = t_mine, t_base
     b.add("enqueue_ms", "2. enqueue one job (median wall)", m, "ms", f"{runs} runs")
     b.add("import_ms", '2. python3 -c "import sqlite3, argparse, json"', bs, "ms", f"{runs} runs")
-    b.add("enqueue_ratio", "2. enqueue / python import", m / bs, "x")
+    b.add("enqueue_ratio", "2. enqueue / python import", ratio(m, bs), "x")
 
 
 def bench_batch(b: Bench) -> None:
     n = b.p["batch"]
     if not b.batch_ok:
-        b.add("batch_rate", f"3. batch enqueue of {n:,} jobs (`enqueue -`)", None, "jobs/s", "`enqueue -` missing")
+        b.add("batch_rate", f"3. batch enqueue of {n:,} jobs (`enqueue -`)", None, "jobs/s",
+              why="`enqueue -` missing in this queuectl")
         return
     say(f"batch: {n:,} jobs through `enqueue -`")
     db = b.new_db("batch")
@@ -455,11 +532,14 @@ def bench_batch(b: Bench) -> None:
           f"{wall:.2f} s for the whole command, start-up included")
 
 
-def pickup(b: Bench, db: str, tag: str) -> dict:
+def pickup(b: Bench, db: str, tag: str) -> dict | None:
     """Latencies (ms) to the job's command starting, with an idle worker, measured from three moments
     of each `enqueue`: its process exiting ("returned", the figure of the issue), its id printed
     (commit acknowledged: the process then still tears down, so the job may start before it exits),
-    and its process being started (end to end, always positive: the scale ratio uses this one)."""
+    and its process being started (end to end, always positive: the scale ratio uses this one).
+    None if they cannot be measured here (b.clock_why says why)."""
+    if b.clock_why:
+        return None
     n = b.p["pickup_jobs"]
     marks = os.path.join(b.tmp, f"marks-{tag}")
     os.mkdir(marks)
@@ -515,19 +595,47 @@ def wait_marks(folder: str, ids: dict, timeout_s: float) -> dict:
     raise BenchError(f"pickup: only {len(found)} of {len(ids)} jobs started within {timeout_s:g}s")
 
 
-def latency_detail(lat: dict) -> str:
+def latency_detail(lat: dict | None) -> str:
+    if not lat or not lat["returned"]:
+        return ""
     ret, ack, e2e = lat["returned"], lat["acked"], lat["spawned"]
     return (f"{len(ret)} jobs 50–300 ms apart; from exit: min {min(ret):.1f}, max {max(ret):.1f} ms; "
             f"p50 from id printed {percentile(ack, 50):.1f} ms, from enqueue start {percentile(e2e, 50):.1f} ms")
 
 
+def pickup_figures(b: Bench, lat: dict | None, key: str, label: str, ratio_label: str = "",
+                   versus: str = "") -> None:
+    """Record p50 and p95 of `lat` (from enqueue exit) as key_p50/key_p95 (labels: `label` with {p});
+    with `ratio_label`, also the ratios of the empty queue's end-to-end latencies to these
+    (key_p50_ratio, key_p95_ratio; `versus` names this measurement in the detail)."""
+    why = b.clock_why if lat is None else "" if lat["returned"] else "no job was timed"
+    values = lat["returned"] if lat else []
+    b.add(f"{key}_p50", label.format(p=50), percentile(values, 50), "ms", latency_detail(lat), why=why)
+    b.add(f"{key}_p95", label.format(p=95), percentile(values, 95), "ms", why=why)
+    if not ratio_label:
+        return
+    # Latencies from the enqueue's exit can be near zero or negative, so their ratio means nothing; the
+    # ratio compares enqueue start -> job start, which also covers the enqueue into the bigger table.
+    base = b.raw.get("pickup_ms")
+    for pct in (50, 95):
+        empty = percentile(base["spawned"], pct) if base else None
+        full = percentile(lat["spawned"], pct) if lat else None
+        detail, rwhy = "", why
+        if not rwhy and "pickup" not in b.sections:
+            rwhy = "needs the pickup section's figures (it did not run)"
+        elif not rwhy and base is None:
+            rwhy = b.clock_why or "the empty queue's pickup was not measured"
+        if empty is not None and full is not None:
+            detail = f"{empty:.1f} ms empty, {full:.1f} ms {versus}"
+        b.add(f"{key}_p{pct}_ratio", ratio_label.format(p=pct), ratio(empty, full), "x", detail, why=rwhy)
+
+
 def bench_pickup(b: Bench) -> None:
     say(f"pickup: {b.p['pickup_jobs']} jobs, one at a time, idle `worker start`")
     lat = pickup(b, b.new_db("pickup"), "empty")
-    b.raw["pickup_ms"] = lat
-    b.add("pickup_p50", "4. pickup latency p50 (from enqueue exit)", percentile(lat["returned"], 50), "ms",
-          latency_detail(lat))
-    b.add("pickup_p95", "4. pickup latency p95 (from enqueue exit)", percentile(lat["returned"], 95), "ms")
+    if lat is not None:
+        b.raw["pickup_ms"] = lat
+    pickup_figures(b, lat, "pickup", "4. pickup latency p{p} (from enqueue exit)")
 
 
 def idle_cpu(b: Bench, db: str, tag: str, secs: float) -> dict:
@@ -547,15 +655,28 @@ def idle_cpu(b: Bench, db: str, tag: str, secs: float) -> dict:
     return {"cpu_s": s1["cpu_s"] - s0["cpu_s"], "wall_s": t1 - t0, "threads": s1["threads"]}
 
 
-def idle_detail(idle: dict) -> str:
-    return f"{idle['cpu_s']:.2f} CPU s in {idle['wall_s']:.1f} s; {idle['threads']} OS threads"
+def idle_figure(b: Bench, key: str, label: str, idle: dict, detail: str = "") -> None:
+    """Record an idle cost in % of one core. CPU time is counted in clock ticks, so the figure is only
+    as fine as one tick over the time measured: coarser than the target (a short measurement), it can
+    neither meet nor miss it and is not measured; a reading of no tick at all says "under one tick"."""
+    pct = ratio(idle["cpu_s"] * 100, idle["wall_s"])
+    tick = ratio(100 / CLK_TCK, idle["wall_s"])
+    detail = f"{detail}; " if detail else ""
+    detail += f"{idle['cpu_s']:.2f} CPU s in {idle['wall_s']:.1f} s; {idle['threads']} OS threads"
+    why = ""
+    if pct is None or tick is None:
+        why = f"measured over {idle['wall_s']:.3f} s"
+    elif key in TARGETS and tick > TARGETS[key][1]:
+        why = f"{idle['wall_s']:.1f} s is too short for the target: one clock tick is {tick:.2f} % of it"
+    elif idle["cpu_s"] == 0:
+        detail += f"; no clock tick: under {tick:.2f} %"
+    b.add(key, label, pct, "%", detail, why=why)
 
 
 def bench_idle(b: Bench) -> None:
     say(f"idle: `worker start --count 4` with nothing to do for {b.p['idle_seconds']:g} s")
     idle = b.raw["idle"] = idle_cpu(b, b.new_db("idle"), "empty", b.p["idle_seconds"])
-    b.add("idle_pct", "5. idle cost, 4 threads (% of one core)", idle["cpu_s"] / idle["wall_s"] * 100, "%",
-          idle_detail(idle))
+    idle_figure(b, "idle_pct", "5. idle cost, 4 threads (% of one core)", idle)
 
 
 # ---- scale -------------------------------------------------------------------------------------
@@ -689,6 +810,12 @@ QUERIES = [("scale_status", "status", ["status"]),
            ("scale_stats_30d", "stats --since 30d", ["stats", "--since", "30d"])]
 
 
+def drain_ratio_figure(b: Bench, key: str, label: str, rate: float) -> None:
+    """Record rate / the empty queue's drain rate (from the drain section)."""
+    why = "" if "drain_rate" in b.raw else "needs the drain section's figure (it did not run)"
+    b.add(key, label, ratio(rate, b.raw.get("drain_rate")), "x", why=why)
+
+
 def bench_scale(b: Bench) -> None:
     rows, n = b.p["scale_rows"], b.p["jobs"]
     say(f"scale: {rows:,} finished jobs with their runs, then drain, pickup and read commands")
@@ -702,21 +829,10 @@ def bench_scale(b: Bench) -> None:
     rate = statistics.median(d["rate"] for d in drains)
     b.raw["scale"] = {"drain": drains}
     b.add("scale_drain_rate", f"6. drain with {rows:,} old jobs", rate, "jobs/s", drain_figures(drains, n))
-    if "drain_rate" in b.raw:
-        b.add("scale_drain_ratio", "6. drain: scale / empty", rate / b.raw["drain_rate"], "x")
-    lat = pickup(b, db, "scale")
-    b.raw["scale"]["pickup_ms"] = lat
-    p50, p95 = percentile(lat["returned"], 50), percentile(lat["returned"], 95)
-    b.add("scale_pickup_p50", "6. pickup p50 with old jobs (from enqueue exit)", p50, "ms", latency_detail(lat))
-    b.add("scale_pickup_p95", "6. pickup p95 with old jobs (from enqueue exit)", p95, "ms")
-    if "pickup_ms" in b.raw:
-        # Latencies from the enqueue's exit can be near zero or negative, so their ratio means nothing;
-        # the ratio compares enqueue start -> job start, which also covers the enqueue into a big table.
-        base, e2e = b.raw["pickup_ms"]["spawned"], lat["spawned"]
-        for pct in (50, 95):
-            empty, full = percentile(base, pct), percentile(e2e, pct)
-            b.add(f"scale_pickup_p{pct}_ratio", f"6. pickup p{pct}, enqueue start → job start: empty / scale",
-                  empty / full, "x", f"{empty:.1f} ms empty, {full:.1f} ms at scale")
+    drain_ratio_figure(b, "scale_drain_ratio", "6. drain: scale / empty", rate)
+    lat = b.raw["scale"]["pickup_ms"] = pickup(b, db, "scale")
+    pickup_figures(b, lat, "scale_pickup", "6. pickup p{p} with old jobs (from enqueue exit)",
+                   "6. pickup p{p}, enqueue start → job start: empty / scale", "at scale")
     b.enqueue_many(db, [{"command": "true"}] * b.p["list_pending"])  # something for `list --state pending`
     small = b.new_db("small")
     b.enqueue_many(small, [{"command": "true"}] * b.p["list_pending"])
@@ -758,7 +874,14 @@ def bench_backlog(b: Bench) -> None:
     paused, later, n = b.p["backlog_paused"], b.p["backlog_later"], b.p["jobs"]
     what = f"{paused:,} paused + {later:,} later jobs"
     if not b.batch_ok:  # one process per job would take hours at these sizes
-        b.add("backlog_idle_pct", f"8. idle cost with {what}", None, "%", "`enqueue -` missing")
+        why = "`enqueue -` missing in this queuectl (one process per job would take hours)"
+        for key, label, unit in (("backlog_idle_pct", f"8. idle cost with {what}", "%"),
+                                 ("backlog_pickup_p50_ratio", "8. pickup p50, enqueue start → job start: "
+                                  "empty / backlog", "x"),
+                                 ("backlog_pickup_p95_ratio", "8. pickup p95, enqueue start → job start: "
+                                  "empty / backlog", "x"),
+                                 ("backlog_drain_ratio", "8. drain: backlog / empty", "x")):
+            b.add(key, label, None, unit, why=why)
         return
     say(f"backlog: idle cost, pickup and drain beside {what}")
     db = b.new_db("backlog")
@@ -767,30 +890,18 @@ def bench_backlog(b: Bench) -> None:
 
     # Idle first: nothing the worker may claim, so any CPU above the empty idle figure is the backlog's.
     idle = b.raw["backlog"]["idle"] = idle_cpu(b, db, "backlog", b.p["backlog_idle_seconds"])
-    b.add("backlog_idle_pct", f"8. idle cost with {what}", idle["cpu_s"] / idle["wall_s"] * 100, "%",
-          f"4 threads, % of one core; {idle_detail(idle)}")
+    idle_figure(b, "backlog_idle_pct", f"8. idle cost with {what}", idle, "4 threads, % of one core")
 
     lat = b.raw["backlog"]["pickup_ms"] = pickup(b, db, "backlog")
-    b.add("backlog_pickup_p50", "8. pickup p50 with the backlog (from enqueue exit)",
-          percentile(lat["returned"], 50), "ms", latency_detail(lat))
-    b.add("backlog_pickup_p95", "8. pickup p95 with the backlog (from enqueue exit)",
-          percentile(lat["returned"], 95), "ms")
-    if "pickup_ms" in b.raw:
-        # As in the scale section: latencies from enqueue exit can be near zero, so the ratio uses
-        # enqueue start -> job start, which also covers the enqueue into the big table.
-        base = b.raw["pickup_ms"]["spawned"]
-        for pct in (50, 95):
-            empty, full = percentile(base, pct), percentile(lat["spawned"], pct)
-            b.add(f"backlog_pickup_p{pct}_ratio", f"8. pickup p{pct}, enqueue start → job start: empty / backlog",
-                  empty / full, "x", f"{empty:.1f} ms empty, {full:.1f} ms with the backlog")
+    pickup_figures(b, lat, "backlog_pickup", "8. pickup p{p} with the backlog (from enqueue exit)",
+                   "8. pickup p{p}, enqueue start → job start: empty / backlog", "with the backlog")
 
     # drain_once checks that exactly its own jobs completed and the pending count (the backlog) did not
     # move; the burst worker must exit by itself, the backlog being paused or not due within its horizon.
     drains = b.raw["backlog"]["drain"] = [drain_once(b, db, n, f"backlog{i}") for i in range(b.p["repeats"])]
     rate = statistics.median(d["rate"] for d in drains)
     b.add("backlog_drain_rate", f"8. drain with {what}", rate, "jobs/s", drain_figures(drains, n))
-    if "drain_rate" in b.raw:
-        b.add("backlog_drain_ratio", "8. drain: backlog / empty", rate / b.raw["drain_rate"], "x")
+    drain_ratio_figure(b, "backlog_drain_ratio", "8. drain: backlog / empty", rate)
 
     left = b.counts(db)["pending"]
     if left != backlog:
@@ -803,10 +914,13 @@ def bench_memory(b: Bench) -> None:
     db = b.new_db("memory")
     b.enqueue_many(db, [{"command": "true"}] * n)
     run = b.run_to_exit(db, "worker", "start", "--count", "8", "--burst", log="memory.log", timeout_s=120 + n / 20)
-    peak = run["last"].get("hwm_mb")
-    b.raw["memory"] = run["last"]
-    b.add("memory_rss", "7. worker peak RSS, --count 8 (VmHWM)", peak, "MB",
-          f"draining {n} jobs; up to {run['last'].get('max_threads', '?')} OS threads")
+    b.raw["memory"] = {**run["last"], "peak_mb": run["peak_mb"], "samples": run["samples"]}
+    why = "" if run["peak_mb"] else (
+        "the worker exited before /proc could be read" if not run["samples"] else
+        f"/proc showed no memory figure (VmHWM) in {run['samples']} reads of the worker")
+    b.add("memory_rss", "7. worker peak RSS, --count 8 (VmHWM)", run["peak_mb"], "MB",
+          f"draining {n} jobs; {run['samples']} reads of /proc; up to {run['last'].get('max_threads', '?')} "
+          "OS threads", why=why)
 
 
 # ==== Report =======================================================================================
@@ -873,46 +987,102 @@ def version() -> str:
     return text
 
 
+def value_cell(r: dict) -> str:
+    return NOT_MEASURED if r["why"] or r["value"] is None else UNITS[r["unit"]].format(r["value"])
+
+
+def detail_cell(r: dict) -> str:
+    """The detail, after why the figure was not measured (if it was not)."""
+    return "; ".join(x for x in (r["why"], r["detail"]) if x)
+
+
+def verdict_cell(r: dict) -> str:
+    return {None: "", "pass": "pass", "fail": "**FAIL**"}.get(r["verdict"], r["verdict"])
+
+
 def render(meta: dict, results: list[dict], notes: list[str]) -> str:
+    """The report: a header, one table row per figure and a summary. With meta["verdicts"] false (the
+    tiny mode) the table has no result column and the summary is NO_VERDICT, once."""
+    verdicts = meta["verdicts"]
     lines = [f"queuectl benchmark, {meta['date']} — {meta['queuectl']}",
              f"machine: {meta['cores']} cores ({meta['cpu'] or 'unknown cpu'}), disk: {meta['disk']}, "
              f"Python {meta['python']}, SQLite {meta['sqlite']}",
              f"other processes during the run: {meta['other_load']} — a busy machine skews every figure, ratios least",
              f"mode: {meta['mode']}: " + ", ".join(f"{k}={v}" for k, v in meta["params"].items()), ""]
-    head = ("figure", "value", "target", "result", "detail")
-    rows = [(r["label"], "n/a" if r["value"] is None else UNITS[r["unit"]].format(r["value"]), r["target"],
-             "n/a" if r["target"] and r["pass"] is None else "" if r["pass"] is None else
-             "pass" if r["pass"] else "**FAIL**", r["detail"]) for r in results]
+    if verdicts:
+        head = ("figure", "value", "target", "result", "detail")
+        rows = [(r["label"], value_cell(r), r["target"], verdict_cell(r), detail_cell(r)) for r in results]
+    else:
+        head = ("figure", "value", "target", "detail")
+        rows = [(r["label"], value_cell(r), r["target"], detail_cell(r)) for r in results]
     widths = [max(len(x[i]) for x in [head, *rows]) for i in range(len(head))]
     fmt = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
     lines += [fmt(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(fmt, rows)]
-    judged = [r for r in results if r["target"]]
-    passed = sum(1 for r in judged if r["pass"])
-    lines += ["", f"targets met: {passed} of {len(judged)}"]
+    if verdicts:
+        judged = [r for r in results if r["verdict"] is not None]
+        passed = sum(1 for r in judged if r["verdict"] == "pass")
+        unmeasured = sum(1 for r in judged if r["verdict"] == NOT_MEASURED)
+        lines += ["", f"targets met: {passed} of {len(judged)}"
+                  + (f" ({unmeasured} not measured, so not met)" if unmeasured else "")]
+    else:
+        lines += ["", NO_VERDICT]
     lines += [f"note: {n}" for n in notes]
     return "\n".join(lines)
 
 
+def verdicts_found(results: list[dict], report: str) -> list[str]:
+    """What in a run without verdicts (the tiny mode) still judges: results with a verdict, table
+    cells that read like one, a targets-met line. Empty when there is none."""
+    found = [f"{r['label']}: {r['verdict']}" for r in results
+             if r.get("verdict") is not None or r.get("pass") is not None]
+    found += [f"table cell {m[0].strip()!r}" for m in VERDICT_CELL.finditer(report)]
+    found += ["a 'targets met' line"] if "targets met" in report else []
+    return found
+
+
 # ==== Main =========================================================================================
+
+def at_least_one(text: str) -> int:
+    """argparse type: a count of at least 1 (an empty sample would have no figure)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
+    return value
+
+
+def positive(text: str) -> float:
+    """argparse type: a number of seconds or days above zero."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be above zero: {text!r}")
+    return value
+
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tiny", action="store_true", help="a few jobs each; for `make test` (finishes in seconds)")
     p.add_argument("--json", action="store_true", help="print only JSON on stdout")
-    p.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
+    p.add_argument("--check", action="store_true", help="exit 1 if a target is missed or not measured")
     p.add_argument("--only", help=f"comma-separated sections to run (of {', '.join(SECTIONS)})")
-    p.add_argument("--jobs", type=int, help="drain: jobs per run (default 2000)")
-    p.add_argument("--repeats", type=int, help="drain: paired runs, the median is reported (default 5)")
-    p.add_argument("--batch", type=int, help="batch enqueue: jobs (default 100000)")
-    p.add_argument("--scale-rows", type=int, help="scale: finished jobs in the table (default 1000000)")
-    p.add_argument("--scale-days", type=float, help="scale: days the old jobs spread over (default 25)")
-    p.add_argument("--backlog-paused", type=int, help="backlog: jobs in the paused queue (default 300000)")
-    p.add_argument("--backlog-later", type=int, help="backlog: jobs due in a day (default 100000)")
-    p.add_argument("--backlog-idle-seconds", type=float, help="backlog: seconds the idle cost is measured (default 10)")
-    p.add_argument("--pickup-jobs", type=int, help="pickup: jobs (default 20)")
-    p.add_argument("--idle-seconds", type=float, help="idle: seconds measured (default 10)")
-    p.add_argument("--memory-jobs", type=int, help="memory: jobs drained (default 500)")
-    p.add_argument("--enqueue-runs", type=int, help="one-job enqueue: runs of each command (default 15)")
+    p.add_argument("--jobs", type=at_least_one, help="drain: jobs per run (default 2000)")
+    p.add_argument("--repeats", type=at_least_one, help="drain: paired runs, the median is reported (default 5)")
+    p.add_argument("--batch", type=at_least_one, help="batch enqueue: jobs (default 100000)")
+    p.add_argument("--scale-rows", type=at_least_one, help="scale: finished jobs in the table (default 1000000)")
+    p.add_argument("--scale-days", type=positive, help="scale: days the old jobs spread over (default 25)")
+    p.add_argument("--backlog-paused", type=at_least_one, help="backlog: jobs in the paused queue (default 300000)")
+    p.add_argument("--backlog-later", type=at_least_one, help="backlog: jobs due in a day (default 100000)")
+    p.add_argument("--backlog-idle-seconds", type=positive,
+                   help="backlog: seconds the idle cost is measured (default 10)")
+    p.add_argument("--pickup-jobs", type=at_least_one, help="pickup: jobs (default 20)")
+    p.add_argument("--idle-seconds", type=positive, help="idle: seconds measured (default 10)")
+    p.add_argument("--memory-jobs", type=at_least_one, help="memory: jobs drained (default 500)")
+    p.add_argument("--enqueue-runs", type=at_least_one, help="one-job enqueue: runs of each command (default 15)")
     p.add_argument("--seed", type=int, default=1, help="random seed (pickup intervals, ids)")
     p.add_argument("--tmpdir", help="where the temporary folder goes (default: $TMPDIR or /tmp)")
     p.add_argument("--keep", action="store_true", help="keep the temporary folder (databases and worker logs)")
@@ -939,16 +1109,21 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"bench: error: unknown section(s) {', '.join(sorted(unknown))}", file=sys.stderr)
         return 2
+    if args.tiny and args.check:
+        print("bench: error: --check judges the targets, and --tiny gives no verdict", file=sys.stderr)
+        return 2
     tmp = os.path.realpath(tempfile.mkdtemp(prefix="queuectl-bench-", dir=args.tmpdir))
     meta = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "queuectl": version(),
-            **machine(), "disk": disk(tmp), "mode": "tiny" if args.tiny else "full",
+            **machine(), "disk": disk(tmp), "mode": "tiny" if args.tiny else "full", "verdicts": not args.tiny,
             "params": {k: v for k, v in params.items() if k != "seed"}, "sections": list(sections)}
-    b = Bench(params, tmp)
+    b = Bench(params, tmp, verdicts=not args.tiny)
+    b.sections = sections
     code = 0
     ticks = cpu_ticks()
     signal.signal(signal.SIGTERM, _interrupted)  # clean up the workers on `kill` too, not only on Ctrl+C
     try:
         b.probe_batch()
+        b.probe_clock()
         for name in SECTIONS:
             if name in sections:
                 globals()[f"bench_{name}"](b)
@@ -965,12 +1140,19 @@ def main(argv: list[str] | None = None) -> int:
         else:
             shutil.rmtree(tmp, ignore_errors=True)
     meta["other_load"] = other_load(ticks, cpu_ticks())
+    report = render(meta, b.results, b.notes)
     if args.json:
         print(json.dumps({"meta": meta, "results": b.results, "notes": b.notes, "raw": b.raw,
                           "error": code != 0}, indent=2))
     else:
-        print(render(meta, b.results, b.notes))
-    if code == 0 and args.check and any(r["pass"] is False for r in b.results):
+        print(report)
+    if args.tiny:
+        # The tiny mode is a test that the benchmark runs: a verdict in it would be judged on a few jobs.
+        found = verdicts_found(b.results, report)
+        if found:
+            print(f"bench: error: the tiny mode gave verdicts: {'; '.join(found)}", file=sys.stderr)
+            return code or 1
+    if code == 0 and args.check and any(r["verdict"] in ("fail", NOT_MEASURED) for r in b.results):
         return 1
     return code
 

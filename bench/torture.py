@@ -240,7 +240,9 @@ class Workers:
             w["asked"] = "sigterm"
             w["proc"].send_signal(signal.SIGTERM)
             kind = "sigterm"
-            if self.rng.random() < 0.35:  # the hard stop; the first signal must be handled first (FACTS.md)
+            # The hard stop. The second SIGTERM waits until the first was handled: two identical standard
+            # signals sent back to back merge into one delivery while the first is still pending.
+            if self.rng.random() < 0.35:
                 w["asked"] = "hard"
                 if self.wait_logged(w, b"stopping (signal)", time.monotonic() + 10) and w["proc"].poll() is None:
                     w["proc"].send_signal(signal.SIGTERM)
