@@ -1397,6 +1397,45 @@ def test_backoff_grows_caps_and_logs_a_failing_loop_sparingly(caplog, monkeypatc
     assert "13 failure(s)" in messages[1] and "works again" in messages[2]
 
 
+
+def test_kill_never_signals_a_process_whose_start_time_changed():
+    """A PID recycled between the scan and the kill is left alone (checked through a pidfd)."""
+    bystander = subprocess.Popen(["sleep", "60"])
+    try:
+        assert queuectl._kill(bystander.pid, "not-its-start-time") is None
+        assert bystander.poll() is None
+        assert queuectl._kill(bystander.pid, queuectl.proc_start_time(bystander.pid)) is None
+        assert bystander.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_kill_run_names_a_leftover_it_may_not_kill_and_does_not_raise(monkeypatch):
+    token = f"w/1/perm-{uuid.uuid4().hex}"
+    leftover = subprocess.Popen(["sleep", "60"], env={**os.environ, "QUEUECTL_RUN": token})
+    real_kill = queuectl._kill
+    monkeypatch.setattr(queuectl, "_kill", lambda pid, start: "permission denied" if pid == leftover.pid
+                        else real_kill(pid, start))
+    try:
+        wait_for(lambda: token.encode() in open(f"/proc/{leftover.pid}/environ", "rb").read(), "the exec")
+        left = queuectl.kill_run(token)
+        assert left.stuck == f"cannot kill leftover process {leftover.pid} (sleep): permission denied"
+        assert not left.gone() and leftover.poll() is None
+    finally:
+        leftover.kill()
+        leftover.wait()
+    wait_for(left.gone, "the leftover to be gone")  # gone, though nobody may read its environment
+
+
+def test_run_command_finds_plain_programs_with_a_non_utf8_path(tmp_path, monkeypatch):
+    """The worker's environment is bytes: a PATH folder that is not UTF-8 must not break a plain job."""
+    path = b"/opt/caf\xe9:" + os.environb[b"PATH"]
+    assert queuectl.direct_argv("true", "/", {b"PATH": path})[1] == ["true"]
+    monkeypatch.setattr(queuectl, "_ENV", {**os.environb, b"PATH": path})
+    result = run("echo plain")
+    assert (result.exit_code, result.error, result.output) == (0, None, b"plain\n")
+
 # ==== Workers ====
 
 def test_worker_run_once_with_injected_runner(store):
@@ -1506,6 +1545,185 @@ def test_sweeper_requeues_jobs_of_unregistered_owner(store):
     assert queuectl.Sweeper(store, queuectl.host_identity(), "me").sweep(T0) == 1
     assert store.get("a").state == "pending"
 
+
+
+def test_recovery_of_a_lost_run_is_decided_once_and_waits_for_its_processes(store, monkeypatch):
+    """Two sweepers see one lost worker: the first adopts its job and holds it until the run's
+    processes are gone (by PID and start time); the second, whose scan finds nothing (a killed
+    process's environment reads empty at once), leaves it alone instead of requeueing it."""
+    me = queuectl.host_identity()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    store.register("dead", {**me, "pid": dead.pid, "proc_start": "1"}, 1, T0)
+    store.register("a", me, 1, T0)
+    store.register("b", me, 1, T0)
+    store.enqueue([spec("j")], T0)
+    store.claim("dead", T0)
+    tearing_down = [True]  # the killed run still holds its files and locks
+    monkeypatch.setattr(queuectl.Leftovers, "gone", lambda self: not tearing_down[0])
+    a = queuectl.Sweeper(store, me, "a")
+    b = queuectl.Sweeper(store, me, "b")
+    assert a.sweep(T0 + 1) == 0
+    assert (store.get("j").state, store.get("j").worker_id) == ("processing", "a")
+    assert b.sweep(T0 + 1) == 0 and b.recovering == {}
+    assert store.get("j").state == "processing"
+    tearing_down[0] = False
+    assert b.sweep(T0 + 2) == 0
+    assert a.sweep(T0 + 2) == 1
+    job = store.get("j")
+    assert (job.state, job.lost_count, job.worker_id) == ("pending", 1, None)
+    assert store.runs("j")[0]["outcome"] == "lost"
+
+
+def test_an_adopting_sweeper_that_dies_leaves_the_run_to_the_next(store, monkeypatch):
+    """The adopter dies before requeueing: its adopted job is an orphan, and the next sweeper kills
+    the run by the token of the worker that started it."""
+    me = queuectl.host_identity()
+    store.register("w", {**me, "host": "elsewhere", "boot_id": "b"}, 1, T0)
+    store.register("c", me, 1, T0)
+    store.enqueue([spec("j")], T0)
+    store.claim("w", T0)
+    store.drop_worker("w", 0, T0, "c")  # c adopted it, then died (its row is gone)
+    store.write(lambda cur: cur.execute("DELETE FROM workers WHERE id = 'c'"))
+    register(store, "d")
+    tokens = []
+    monkeypatch.setattr(queuectl, "kill_run", lambda token, left: tokens.append(token) or left)
+    assert queuectl.Sweeper(store, me, "d").sweep(T0 + 1) == 1
+    assert tokens == ["w/1/j"] and store.get("j").state == "pending"
+
+
+def test_a_leftover_that_cannot_be_killed_sends_its_job_dead_once(store, monkeypatch, caplog):
+    me = queuectl.host_identity()
+    store.register("gone", {**me, "pid": 2**22 + 7, "proc_start": "1"}, 1, T0)
+    store.register("me", me, 1, T0)
+    store.enqueue([spec("stuck"), spec("fine")], T0)
+    store.claim("gone", T0)
+    stuck = "cannot kill leftover process 4242 (sleep): permission denied"
+
+    def kill_run(token, left):
+        left.stuck = stuck if token.endswith("/stuck") else None
+        return left
+    monkeypatch.setattr(queuectl, "kill_run", kill_run)
+    sweeper = queuectl.Sweeper(store, me, "me")
+    with caplog.at_level("WARNING", logger="queuectl"):
+        assert sweeper.sweep(T0 + 1) == 1
+        assert sweeper.sweep(T0 + 2) == 0
+    job = store.get("stuck")
+    assert (job.state, job.last_error) == ("dead", stuck)
+    assert store.get("fine").state == "pending"
+    assert [r.getMessage() for r in caplog.records if stuck in r.getMessage()] == [
+        f"job stuck recovered from lost worker -> dead ({stuck})"]
+
+
+def test_lease_time_excludes_the_time_our_own_heartbeat_was_stalled(store):
+    """A long write holds the database: nobody can beat, us included. That time is nobody's fault."""
+    me = queuectl.host_identity()
+    store.register("remote", {**me, "host": "elsewhere", "boot_id": "other-boot"}, 1, T0)
+    register(store, "me")
+    store.enqueue([spec("a")], T0)
+    store.claim("remote", T0)
+    stalled = [0.0]
+    sweeper = queuectl.Sweeper(store, me, "me", lambda: stalled[0])
+    assert sweeper.sweep(T0, now_mono=1000.0) == 0
+    stalled[0] = 7.6  # our heartbeat waited 7.6 s for the lock
+    assert sweeper.sweep(T0, now_mono=1012.0) == 0  # 12 s silent, of which 7.6 s stalled
+    assert store.get("a").state == "processing"
+    assert sweeper.sweep(T0, now_mono=1017.7) == 1  # 10.1 s of its own silence
+    assert queuectl.lease_expired(0.0, 12.0, 10, stalled_s=1.9) and not queuectl.lease_expired(0.0, 12.0, 10, 2.0)
+
+
+def test_a_heartbeat_that_came_late_counts_as_stalled(tmp_path, monkeypatch):
+    supervisor = queuectl.Supervisor(str(tmp_path / "s.db"), 1, False)
+    try:
+        supervisor.store.register(supervisor.worker_id, supervisor.me, 1, T0)
+        monkeypatch.setattr(queuectl.time, "monotonic", lambda: 100.0)
+        assert supervisor._beat(due_mono=93.0) == 100.0 + 2.0  # due at 93, done at 100; next in 2 s
+        assert supervisor.stalled_s == 7.0
+    finally:
+        supervisor.store.close()
+
+
+def test_a_cancel_applies_to_the_run_it_was_aimed_at(store):
+    register(store)
+    store.enqueue([spec("j")], T0)
+    first = store.claim("w1", T0)
+    store.cancel(["j"], T0)
+    assert store.cancel_requests("w1") == {("j", 1)}
+    canceled = queuectl.Outcome(None, "canceled", b"", 0.1, interrupted="canceled")
+    assert store.interrupt(first, "w1", canceled, False, T0 + 1) == "dead"
+    store.retry_dead(["j"], T0 + 2)
+    second = store.claim("w1", T0 + 2)
+    assert store.cancel_requests("w1") == set()
+    supervisor = queuectl.Supervisor.__new__(queuectl.Supervisor)  # only abort_reason's state
+    supervisor.hard, supervisor.epoch, supervisor.canceled = threading.Event(), 0, {("j", 1)}
+    assert supervisor.abort_reason(first, 0) == "canceled"
+    assert supervisor.abort_reason(second, 0) is None  # a stale set never kills a later run
+
+
+def test_flush_output_never_waits_for_a_busy_database(store):
+    register(store)
+    store.enqueue([spec("j")], T0)
+    job = store.claim("w1", T0)
+    other = sqlite3.connect(store.path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        started = time.monotonic()
+        assert store.flush_output(job, b"x", 1) is False
+        assert time.monotonic() - started < queuectl.BUSY_TIMEOUT_S  # no busy wait at all (it is 1 s)
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert store.read("PRAGMA busy_timeout") == [(int(queuectl.BUSY_TIMEOUT_S * 1000),)]
+    assert store.flush_output(job, b"x", 1) is True
+
+
+def test_run_duration_comes_from_the_monotonic_clock(store):
+    """The wall clock stepped back 100 s while the job ran 2 s: the run still took 2 s."""
+    register(store)
+    store.enqueue([spec("j")], T0)
+    job = store.claim("w1", T0)
+    store.finish(job, "w1", outcome(duration=2.0), SETTINGS, T0 - 100)
+    run = store.runs("j")[0]
+    assert run["ended_at"] - run["started_at"] == 2.0
+    store.enqueue([spec("lost")], T0)
+    lost = store.claim("w1", T0)
+    store.interrupt(lost, "w1", LOST, True, T0 - 100)  # nobody measured it: never before its start
+    assert store.runs("lost")[0]["ended_at"] == T0
+
+
+def test_no_fault_in_the_sweep_ends_a_worker(tmp_path, monkeypatch, caplog):
+    """A sweep that raises anything (an os.kill refused with PermissionError, say) is logged and
+    retried; the worker goes on running jobs."""
+    path = str(tmp_path / "f.db")
+    with opened(path) as s:
+        s.enqueue([spec("a")], time.time())
+    calls = []
+
+    def failing_sweep(self, now, now_mono=None):
+        calls.append(now)
+        if len(calls) > 1:  # the first, before the threads start, is not in the loop
+            raise PermissionError(1, "Operation not permitted")
+        return 0
+    monkeypatch.setattr(queuectl.Sweeper, "sweep", failing_sweep)
+    supervisor = queuectl.Supervisor(path, 1, True)
+    with caplog.at_level("WARNING", logger="queuectl"):
+        assert supervisor.run() == 0
+    assert supervisor.store.get("a").state == "completed" and len(calls) > 1
+    assert any("housekeeping failed: [Errno 1] Operation not permitted" in r.getMessage() for r in caplog.records)
+    supervisor.store.close()
+
+
+def test_purge_deletes_in_short_transactions(store, monkeypatch):
+    register(store)
+    for i in range(25):
+        store.enqueue([spec(f"j{i}")], T0)
+        finish_next(store, 0, T0)
+    monkeypatch.setattr(queuectl, "PURGE_SLICE", 10)
+    slices = []
+    real_purge = queuectl.Store.purge
+    monkeypatch.setattr(queuectl.Store, "purge", lambda self, *a: slices.append(a) or real_purge(self, *a))
+    assert store.purge_in_slices("completed", T0 + 1) == 25
+    assert [n for (_, _, n) in slices] == [10, 10, 10] and store.list_jobs() == []
 
 # ==== Dashboard ====================================================================================
 
@@ -3290,6 +3508,121 @@ def test_second_signal_kills_the_job_and_requeues_it(db, workers, tmp_path, sig)
     assert (job["state"], job["attempts"]) == ("pending", 0)
     wait_for(lambda: pid_gone(shell_pid), "the job's shell to be killed", timeout=10)
     assert not (tmp_path / "release").exists()
+
+
+def _signal_pending(pid, sig):
+    """True while a signal sent to the process has not been delivered yet (its ShdPnd bit)."""
+    with open(f"/proc/{pid}/status") as f:
+        mask = next(int(line.split()[1], 16) for line in f if line.startswith("ShdPnd:"))
+    return bool(mask >> (sig - 1) & 1)
+
+
+@contextlib.contextmanager
+def write_locked(db):
+    """Hold the database's write lock, as a long `enqueue -` or purge would."""
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    finally:
+        conn.execute("ROLLBACK")
+        conn.close()
+
+
+def test_a_hard_stop_exits_130_while_the_database_cannot_be_written(db, workers, tmp_path):
+    """The results cannot be written: a hard stop still ends the worker within seconds, and the
+    unrecorded run is left to crash recovery."""
+    enqueue(db, id="run", command=BLOCKING_JOB, cwd=str(tmp_path))
+    worker = workers.start()
+    _wait_started(tmp_path)
+    shell_pid = int((tmp_path / "sh.pid").read_text())
+    with write_locked(db):
+        worker.signal(signal.SIGTERM)
+        worker.wait_log("stopping")
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 130, worker.log()  # HARD_STOP_S is 5 s
+        wait_for(lambda: pid_gone(shell_pid), "the job's shell to be killed", timeout=10)
+    rescuer = workers.start("--burst")
+    (tmp_path / "release").touch()
+    assert rescuer.wait() == 0, rescuer.log()
+    assert get_job(db, "run")["state"] == "completed"
+
+
+@pytest.mark.parametrize("locked", [False, True], ids=["free", "database-locked"])
+def test_every_delivered_signal_counts(db, workers, tmp_path, locked):
+    """Two SIGTERMs, the second sent as soon as the first was delivered (not handled): a hard stop,
+    even while the main thread is blocked in SQLite, where Python runs no handler."""
+    enqueue(db, id="run", command=BLOCKING_JOB, cwd=str(tmp_path))
+    worker = workers.start()
+    _wait_started(tmp_path)
+    with write_locked(db) if locked else contextlib.nullcontext():
+        for _ in range(2):
+            worker.signal(signal.SIGTERM)
+            wait_for(lambda: worker.popen.poll() is not None or not _signal_pending(worker.popen.pid, signal.SIGTERM),
+                     "the signal to be delivered")
+        assert worker.wait(timeout=30) == 130, worker.log()
+    assert not (tmp_path / "release").exists()
+
+
+def test_sigquit_is_a_hard_stop(db, workers, tmp_path):
+    enqueue(db, id="run", command=BLOCKING_JOB, cwd=str(tmp_path))
+    worker = workers.start()
+    _wait_started(tmp_path)
+    shell_pid = int((tmp_path / "sh.pid").read_text())
+    worker.signal(signal.SIGQUIT)
+    assert worker.wait() == 130, worker.log()
+    assert "SIGQUIT: killing running jobs" in worker.log()
+    job = get_job(db, "run")
+    assert (job["state"], job["attempts"]) == ("pending", 0)
+    wait_for(lambda: pid_gone(shell_pid), "the job's shell to be killed", timeout=10)
+
+
+def test_cancel_then_retry_on_an_idle_worker_runs_the_job_once_more(db, workers, tmp_path):
+    command = "if [ -e canceled-once ]; then echo again; else touch canceled-once started; sleep 60; fi"
+    enqueue(db, id="c", command=command, cwd=str(tmp_path))
+    worker = workers.start()
+    _wait_started(tmp_path)
+    ok(db, "cancel", "c")
+    wait_for(lambda: state_of(db, "c") == "dead", "the cancel to land")
+    worker.wait_log("job c -> dead (canceled)")  # the worker is idle from here on
+    ok(db, "dlq", "retry", "c")
+    wait_for(lambda: state_of(db, "c") == "completed", "the retried job to complete")
+    runs = json.loads(ok(db, "show", "c", "--json"))["runs"]
+    assert [r["outcome"] for r in runs] == ["canceled", "completed"]
+    assert worker.popen.poll() is None
+
+
+def test_plain_jobs_run_with_a_non_utf8_byte_in_the_workers_path(db, tmp_path):
+    enqueue(db, id="p", command="true")
+    env = {**{k.encode(): v.encode() for k, v in child_env().items()}, b"PATH": b"/opt/caf\xe9:" + os.environb[b"PATH"]}
+    result = subprocess.run([sys.executable, QUEUECTL, "--db", db, "worker", "start", "--burst"], env=env,
+                            stdin=subprocess.DEVNULL, capture_output=True, timeout=WAIT_S)
+    assert result.returncode == 0, result.stderr
+    job = get_job(db, "p")
+    assert (job["state"], job["last_error"]) == ("completed", None)
+
+
+# A job that holds a lock and a lot of touched memory: once SIGKILLed, it keeps the lock until its
+# memory is freed, while its environment already reads empty. A rerun that overlaps it fails.
+LOCKED_MEMORY_JOB = ("exec flock -n job.lock {python} -c \"import pathlib, time; b = b'x' * (1536 << 20); "
+                     "pathlib.Path('runs').open('a').write('run\\n'); time.sleep(120)\"")
+
+
+def test_two_idle_sweepers_never_start_an_overlapping_run(db, workers, tmp_path):
+    """The worker of a job holding a flock and 1.5 GiB dies; two idle workers sweep. The rerun must
+    find the lock free: recovery waits for every process of the lost run to be gone."""
+    enqueue(db, id="hog", command=LOCKED_MEMORY_JOB.format(python=sys.executable), cwd=str(tmp_path), max_retries=1)
+    victim = workers.start()
+    wait_for(lambda: (tmp_path / "runs").exists(), "the job to hold its lock and memory", timeout=60)
+    sweepers = [workers.start(), workers.start()]
+    for sweeper in sweepers:
+        sweeper.wait_log("worker started")
+    victim.signal(signal.SIGKILL)
+    wait_for(lambda: len((tmp_path / "runs").read_text().split()) == 2 or state_of(db, "hog") == "dead",
+             "the rerun to start", timeout=60)
+    job = get_job(db, "hog")
+    assert job["state"] == "processing" and job["run_count"] == 2, job  # not dead: flock -n found the lock free
+    assert json.loads(ok(db, "show", "hog", "--json"))["runs"][0]["outcome"] == "lost"
 
 
 def test_a_killed_workers_job_is_recovered_by_another_worker(db, workers, tmp_path):
