@@ -3433,6 +3433,7 @@ def _wait_started(tmp_path):
 
 
 def test_worker_stop_makes_a_running_worker_exit(db, workers):
+    ok(db, "config", "set", "stale-timeout", "1")  # a worker reads the request at its heartbeat: every 0.2 s
     worker = workers.start()
     worker.wait_log("worker started")
     assert json.loads(ok(db, "status", "--json"))["active_workers"] == 1
@@ -3446,6 +3447,7 @@ def test_worker_stop_makes_a_running_worker_exit(db, workers):
 
 def test_worker_stop_wait_times_out_while_a_job_runs_then_it_finishes(db, workers, tmp_path):
     enqueue(db, id="long", command=BLOCKING_JOB, cwd=str(tmp_path))
+    ok(db, "config", "set", "stale-timeout", "1")  # a worker reads the request at its heartbeat: every 0.2 s
     worker = workers.start()
     worker.wait_log("worker started")
     _wait_started(tmp_path)
@@ -3460,6 +3462,7 @@ def test_worker_stop_wait_times_out_while_a_job_runs_then_it_finishes(db, worker
 
 
 def test_worker_stop_wait_returns_once_workers_exited(db, workers):
+    ok(db, "config", "set", "stale-timeout", "1")  # a worker reads the request at its heartbeat: every 0.2 s
     worker = workers.start()
     worker.wait_log("worker started")
     result = script(db, "worker", "stop", "--wait", "--timeout", "60")
@@ -3988,11 +3991,12 @@ def test_status_watch_json_prints_one_json_object_a_line(db, capsys):
 
 # ==== Faults and security ==========================================================================
 
-def hold_write_lock(db, seconds):
-    """Another process that takes the database's write lock and keeps it for `seconds`."""
-    code = ("import sqlite3, sys, time; c = sqlite3.connect(sys.argv[1], isolation_level=None); "
-            "c.execute('BEGIN IMMEDIATE'); print('locked', flush=True); time.sleep(float(sys.argv[2]))")
-    holder = subprocess.Popen([sys.executable, "-c", code, db, str(seconds)], stdout=subprocess.PIPE, text=True)
+def hold_write_lock(db):
+    """Another process that takes the database's write lock and keeps it until its stdin is closed."""
+    code = ("import sqlite3, sys; c = sqlite3.connect(sys.argv[1], isolation_level=None); "
+            "c.execute('BEGIN IMMEDIATE'); print('locked', flush=True); sys.stdin.read()")
+    holder = subprocess.Popen([sys.executable, "-c", code, db], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
     assert holder.stdout.readline() == "locked\n"
     return holder
 
@@ -4002,12 +4006,13 @@ def test_busy_database_fails_enqueue_but_not_the_running_worker(db, workers, tmp
     enqueue(db, id="slow", command=f"sleep 1; touch {done}")
     worker = workers.start()
     wait_for(lambda: state_of(db, "slow") == "processing", "the job to start")
-    holder = hold_write_lock(db, 8)
+    holder = hold_write_lock(db)
     try:
         result = script(db, "enqueue", '{"id": "blocked", "command": "true"}')
         assert result.returncode == 1 and result.stdout == ""
         assert_one_error(result.stderr, "database is busy")
     finally:
+        holder.stdin.close()  # the lock is released once enqueue has given up
         holder.wait()
         holder.stdout.close()
     wait_for(lambda: state_of(db, "slow") == "completed", "the job to be recorded after the lock")
