@@ -203,6 +203,7 @@ class Outcome:
         self.output = output.encode() if isinstance(output, str) else output
         self.duration_s = duration_s
         self.interrupted = interrupted  # why the worker cut the run short ("worker hard stop", "canceled")
+        self.stuck: str | None = None  # a process of the run that could not be killed: never rerun it
         self.output_bytes = len(self.output or b"")  # all the run printed, of which `output` is the tail
 
 
@@ -379,6 +380,11 @@ SQL_ADOPT = ("UPDATE jobs SET worker_id = ?1 WHERE id = ?2 AND run_count = ?3 AN
              "AND worker_id = ?4 AND EXISTS (SELECT 1 FROM workers WHERE id = ?1) "
              "AND NOT EXISTS (SELECT 1 FROM workers WHERE id = ?4)")
 SQL_RUN_WORKER = "SELECT worker_id FROM runs WHERE job_id = ? AND run_no = ?"
+# The jobs a worker adopted and has not requeued yet: its processing jobs whose run another worker
+# started (a sweeper whose requeue failed finds them here at its next sweep).
+SQL_ADOPTED = ("SELECT jobs.id, jobs.run_count, runs.worker_id FROM jobs "
+               "JOIN runs ON runs.job_id = jobs.id AND runs.run_no = jobs.run_count "
+               "WHERE jobs.state = 'processing' AND jobs.worker_id = ?1 AND runs.worker_id <> ?1")
 SQL_PROCESSING_BY_WORKER = "SELECT worker_id, id FROM jobs WHERE state = 'processing'"
 SQL_CANCEL_REQUESTS = ("SELECT id, run_count FROM jobs WHERE state = 'processing' AND worker_id = ? "
                        "AND cancel_requested = run_count")
@@ -1003,6 +1009,10 @@ class Store:
                     if cur.execute(SQL_ADOPT, (adopter, run[0], run[1], worker_id)).rowcount]
         return self.write(drop)
 
+    def adopted(self, worker_id: str) -> list[tuple]:
+        """(id, run_count, worker id of the run) of the jobs this worker adopted and has not requeued."""
+        return self.read(SQL_ADOPTED, (worker_id,))
+
     def adopt(self, job_id: str, run_no: int, owner: str, adopter: str) -> str | None:
         """Take over the recovery of an orphan (a processing job whose worker is not registered);
         returns the worker id its run was started by, or None if another sweeper took it first."""
@@ -1049,7 +1059,7 @@ def failure_rule(job: Job, outcome: Outcome, settings: dict, now: float) -> tupl
     if outcome.exit_code == 0 and outcome.error is None:
         return COMPLETED, job.attempts, job.next_run_at
     attempts = job.attempts + 1
-    if attempts >= max(job.max_retries, 1):
+    if attempts >= max(job.max_retries, 1) or outcome.stuck:  # a retry could overlap what is left of it
         return DEAD, attempts, job.next_run_at
     delay = backoff_delay(attempts, settings["backoff_base"], settings["backoff_max"])
     return FAILED, attempts, now + delay
@@ -1272,14 +1282,36 @@ def run_command(job: Job, env_extra: dict, abort, on_output=None) -> Outcome:
     except OSError as e:
         error = f"cannot start: {e.strerror}: {job.cwd}" if isinstance(e, FileNotFoundError) else f"cannot start: {e}"
         return Outcome(None, error, b"", time.monotonic() - started)
-    with proc:
-        capture = _Capture(proc, started, on_output)
-        reason = capture.collect(job.timeout, abort)
-    if reason:  # the group is dead; also catch children that left it with setsid
-        kill_run_orphans(env_extra.get("QUEUECTL_RUN", ""))
+    capture = _Capture(proc, started, on_output)
+    reason = capture.collect(job.timeout, abort)
+    stuck = end_run(proc, env_extra.get("QUEUECTL_RUN", "")) if reason else None
+    proc.stdout.close()
     outcome = _outcome(proc.returncode, reason, bytes(capture.tail), time.monotonic() - started, job.timeout)
-    outcome.output_bytes = capture.total
+    outcome.output_bytes, outcome.stuck = capture.total, stuck
     return outcome
+
+
+def end_run(proc, token: str) -> str | None:
+    """Kill what is left of a run the worker cut short and wait (bounded) until it is gone; returns
+    why a process of it could not be killed, if one could not (the run must then not be rerun).
+
+    The group was sent SIGKILL; this also takes children that left it with setsid (by token) and
+    members of the run's session whose environment we may not read (a setuid program), found
+    through the session id, which is the leader's PID: safe to use while the leader is not reaped,
+    since a PID that is still a session id is never given to a new process.
+    """
+    left = Leftovers()
+    left.sessions.add(proc.pid)
+    kill_run(token, left)
+    with contextlib.suppress(Exception):
+        proc.wait(0 if left.stuck else 5.0)
+    if left.stuck is None and proc.returncode is None:
+        left.stuck = f"cannot kill process {proc.pid} ({_read(f'/proc/{proc.pid}/comm') or '?'}): it does not exit"
+    if left.stuck:
+        log.warning("%s", left.stuck)
+    elif not wait_gone(left, 5.0):
+        log.warning("some killed processes of run %s are still exiting", token)
+    return left.stuck
 
 
 def _spawn(job: Job, env: dict):
@@ -1399,8 +1431,7 @@ class _Capture:
         while True:
             reason = "timeout" if timeout_s and time.monotonic() - self.started > timeout_s else abort()
             if reason:
-                _kill_group(self.proc.pid)
-                self.proc.wait()
+                _kill_group(self.proc.pid)  # not reaped here: see end_run
                 return reason
             if self.proc.poll() is not None:
                 self._drain()
@@ -1495,8 +1526,18 @@ def _stat_fields(pid: int) -> list[str] | None:
 def proc_start_time(pid: int) -> str | None:
     """Start time of a live process (clock ticks since boot) or None if gone or a zombie."""
     fields = _stat_fields(pid)
-    # fields[0] is the state (field 3); a zombie has exited even if nobody reaped it
-    return None if not fields or fields[0] in ("Z", "X") else fields[19]
+    # fields[0] is the state (field 3); a zombie has exited even if nobody reaped it, unless only its
+    # main thread has: its other threads keep its memory, files and locks
+    if not fields or fields[0] in ("Z", "X") and len(_threads(pid)) < 2:
+        return None
+    return fields[19]
+
+
+def _threads(pid: int) -> list[str]:
+    try:
+        return os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
 
 
 def host_identity() -> dict:
@@ -1561,9 +1602,9 @@ def kill_run(token: str, left: Leftovers | None = None) -> Leftovers:
     kill. (A job that clears its environment *and* calls setsid escapes this: a documented limit.)
     """
     left = Leftovers() if left is None else left
-    if not token:
+    if not token and not left.sessions:
         return left
-    needle = f"QUEUECTL_RUN={token}\0".encode()
+    needle = f"QUEUECTL_RUN={token}\0".encode() if token else None
     ours = {None, 0, os.getsid(0)}  # never our own session (0: its leader is outside our PID namespace)
     for _ in range(50):
         found = {pid: start for pid in _pids()
@@ -1584,7 +1625,7 @@ def _run_member(pid: int, needle: bytes, left: Leftovers, ours: set) -> str | No
     start = proc_start_time(pid)
     if start is None:
         return None
-    if needle in (_environ(pid) or b""):
+    if needle and needle in (_environ(pid) or b""):
         left.sessions |= {_session(pid)} - ours
         return start
     return start if left.sessions and _session(pid) in left.sessions else None
@@ -1616,18 +1657,6 @@ def _kill(pid: int, start: str) -> str | None:
             os.close(fd)
 
 
-def kill_run_orphans(token: str, limit_s: float = 5.0) -> int:
-    """kill_run(), then wait (at most limit_s) until the killed processes are gone; returns how many
-    were killed. For a run the worker itself cut short: until the old run is gone it still holds its
-    files and locks."""
-    left = kill_run(token)
-    if left.stuck:
-        log.warning("%s", left.stuck)
-    elif not wait_gone(left, limit_s):
-        log.warning("some killed processes of run %s are still exiting", token)
-    return len(left.killed)
-
-
 def wait_gone(left: Leftovers, limit_s: float) -> bool:
     """Wait up to limit_s for every killed process to exit; returns whether they all did."""
     deadline = time.monotonic() + limit_s
@@ -1652,11 +1681,19 @@ def _session(pid: int) -> int | None:
 
 
 def _environ(pid: int) -> bytes | None:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return f.read() + b"\0"
-    except OSError:
-        return None
+    """The environment of a process, read through a live thread if its main thread has exited;
+    None if it cannot be read at all (gone, or not ours)."""
+    found = None
+    others = [f"/proc/{pid}/task/{tid}/environ" for tid in _threads(pid) if tid != str(pid)]
+    for path in [f"/proc/{pid}/environ", *others]:
+        try:
+            with open(path, "rb") as f:
+                found = f.read() + b"\0"
+        except OSError:
+            continue
+        if found != b"\0":
+            break
+    return found
 
 
 # ==== Workers ====================================================================================
@@ -1718,7 +1755,7 @@ class Worker:
     def _record(self, job: Job, outcome: Outcome, now: float | None) -> None:
         """Write the outcome, retrying until the database takes it: a finished run is never dropped,
         except by a hard stop, which leaves it to crash recovery (the job is still ours, processing)."""
-        failing = Backoff(f"recording the result of job {job.id}", 2.0)
+        failing = Backoff(f"recording the result of job {job.id}", 0.5)
         while True:
             try:
                 return self._write_outcome(job, outcome, time.time() if now is None else now)
@@ -1730,7 +1767,7 @@ class Worker:
 
     def _write_outcome(self, job: Job, outcome: Outcome, now: float) -> None:
         if outcome.interrupted:
-            state = self.store.interrupt(job, self.worker_id, outcome, False, now)
+            state = self.store.interrupt(job, self.worker_id, outcome, False, now, outcome.stuck)
             log.info("job %s %s (%s)", job.id, f"-> {state}" if state else "no longer ours", outcome.error)
             return
         if not self.keep_claiming():
@@ -1794,7 +1831,10 @@ class Sweeper:
             run_worker = self.store.adopt(job_id, run_no, owner, self.worker_id)
             if run_worker:  # else another sweeper took it first: it is theirs to finish
                 self._begin(job_id, run_no, run_worker, True)
-        return self._finish(now)
+        for job_id, run_no, run_worker in self.store.adopted(self.worker_id):  # one a failed write left behind
+            if (job_id, run_no) not in self.recovering:
+                self._begin(job_id, run_no, run_worker, True)
+        return self.finish(now)
 
     def is_dead(self, row: WorkerRow, now_mono: float, stale_s: float) -> bool:
         """Same namespace: its PID tells at once; an earlier boot: dead. Otherwise: its heartbeat
@@ -1827,7 +1867,7 @@ class Sweeper:
         # boot; an orphan's worker is unknown, so its run is looked for here too.
         self.recovering[(job_id, run_no)] = (f"{run_worker}/{run_no}/{job_id}" if local else "", Leftovers())
 
-    def _finish(self, now: float) -> int:
+    def finish(self, now: float) -> int:
         """Kill what is left of each adopted run, wait up to half a second for it to be gone, then
         requeue the runs whose processes are all gone; the others wait for a later sweep, so slow
         exits never hold up the heartbeat. A run with a process that cannot be killed goes dead."""
@@ -1840,8 +1880,8 @@ class Sweeper:
         recovered = 0
         for key, (_, left) in list(self.recovering.items()):
             if left.stuck or left.gone():
-                del self.recovering[key]
                 recovered += self._requeue(*key, left, now)
+                del self.recovering[key]  # only once written: a failed write is tried again
         return recovered
 
     def _requeue(self, job_id: str, run_no: int, left: Leftovers, now: float) -> int:
@@ -1905,8 +1945,13 @@ class Supervisor:
         self.canceled: set[tuple[str, int]] = set()  # (job id, run) of running jobs a user asked to cancel
 
     def _open(self) -> Store:
-        """A connection for one thread: busy waits are long, except after a hard stop."""
-        return Store(self.path, durable=False, busy_deadline_s=30.0, give_up=self.hard.is_set)
+        """A connection for one thread: busy waits are long, but end in time for a hard stop."""
+        return Store(self.path, durable=False, busy_deadline_s=30.0, give_up=self.give_up)
+
+    def give_up(self) -> bool:
+        """True once a hard stop has left too little time to keep retrying the database: writes are
+        retried for most of HARD_STOP_S (a result that can be written still is), then abandoned."""
+        return time.monotonic() >= self.hard_at + HARD_STOP_S - 2.0
 
     # -- signals: counted by a thread of their own -----------------------------------------------
 
@@ -1974,10 +2019,22 @@ class Supervisor:
         self._loop(threads)
         for t in threads:  # after a hard stop, a thread still blocked in the database is left behind
             t.join(None if not self.hard.is_set() else max(0.0, self.hard_at + HARD_STOP_S - time.monotonic()))
+        self._finish_recoveries()
         self._deregister()
         code = EXIT_INTERRUPTED if self.hard.is_set() else EXIT_OK
         log.info("worker exited (%d)", code)
         return code
+
+    def _finish_recoveries(self) -> None:
+        """Before leaving, requeue the runs we adopted (bounded: a run that will not die stays ours and,
+        once we are gone, is adopted by the next sweeper)."""
+        deadline = time.monotonic() + HARD_STOP_S
+        while self.sweeper.recovering and time.monotonic() < min(deadline, self.hard_at + HARD_STOP_S):
+            try:
+                self.sweeper.finish(time.time())
+            except (QueueError, sqlite3.Error) as e:
+                log.warning("could not requeue adopted jobs (%s); the next worker will", e)
+                return
 
     def _deregister(self) -> None:
         """Remove our row; if the database will not take it, the row of a process that is gone is
@@ -2088,7 +2145,7 @@ class Supervisor:
     def _new_worker(self) -> Worker:
         store = self._open()
         worker = Worker(store, self.worker_id, self.abort_reason, self.queues, lambda: self.epoch,
-                        lambda: not self.stopping.is_set(), self.hard.is_set)
+                        lambda: not self.stopping.is_set(), self.give_up)
         self.workers.append(worker)
         return worker
 

@@ -1348,12 +1348,12 @@ def test_process_identity_of_self_and_of_a_gone_process():
     assert queuectl.process_gone(proc.pid, "whatever")
 
 
-def test_kill_run_orphans_finds_processes_by_token():
+def test_kill_run_finds_processes_by_token():
     env = {**os.environ, "QUEUECTL_RUN": "w/1/job"}
     proc = subprocess.Popen(["sleep", "30"], env=env, start_new_session=True)
     other = subprocess.Popen(["sleep", "30"], env={**os.environ, "QUEUECTL_RUN": "w/1/job2"})
     try:
-        assert queuectl.kill_run_orphans("w/1/job") == 1
+        assert list(queuectl.kill_run("w/1/job").killed) == [proc.pid]
         assert proc.wait(timeout=10) == -9
         assert other.poll() is None  # a different run's process is left alone
     finally:
@@ -1361,7 +1361,7 @@ def test_kill_run_orphans_finds_processes_by_token():
         other.wait()
 
 
-def test_kill_run_orphans_takes_the_runs_session_even_without_the_token(tmp_path):
+def test_kill_run_takes_the_runs_session_even_without_the_token(tmp_path):
     # A process whose environment cannot be read as ours (mid-exec, or cleared with env -i) but that
     # lives in the session of a process carrying the token is one of the run's, and is killed too.
     pidfile = tmp_path / "pid"
@@ -1372,7 +1372,7 @@ def test_kill_run_orphans_takes_the_runs_session_even_without_the_token(tmp_path
     try:
         wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), "the run's child to start")
         child = int(pidfile.read_text())
-        assert queuectl.kill_run_orphans("w/1/sess") == 2
+        assert len(queuectl.kill_run("w/1/sess").killed) == 2
         assert leader.wait(timeout=10) == -9
         assert queuectl.proc_start_time(child) is None  # gone (or a zombie waiting for init)
         assert bystander.poll() is None
@@ -1435,6 +1435,45 @@ def test_run_command_finds_plain_programs_with_a_non_utf8_path(tmp_path, monkeyp
     monkeypatch.setattr(queuectl, "_ENV", {**os.environb, b"PATH": path})
     result = run("echo plain")
     assert (result.exit_code, result.error, result.output) == (0, None, b"plain\n")
+
+
+def test_a_run_cut_short_with_a_leftover_it_may_not_kill_is_never_retried(tmp_path, monkeypatch):
+    """A timed-out run whose child (a setuid program, say) left the process group and may neither be
+    read nor signalled by the worker: found through the run's session, named, and the job goes dead
+    instead of being retried (a retry could overlap it)."""
+    pidfile = tmp_path / "pid"
+    def is_leftover(pid):
+        return pidfile.exists() and pidfile.read_text().strip() == str(pid)
+    real_kill, real_environ = queuectl._kill, queuectl._environ
+    monkeypatch.setattr(queuectl, "_kill", lambda pid, start: "permission denied" if is_leftover(pid)
+                        else real_kill(pid, start))
+    monkeypatch.setattr(queuectl, "_environ", lambda pid: None if is_leftover(pid) else real_environ(pid))
+    child = f"{sys.executable} -c 'import os, time; os.setpgid(0, 0); time.sleep(30)'"
+    try:
+        result = run(f"{child} & echo $! > {pidfile}; wait", timeout=1)
+        pid = int(pidfile.read_text())
+        name = queuectl._read(f"/proc/{pid}/comm")
+        assert result.stuck == f"cannot kill leftover process {pid} ({name}): permission denied"
+        assert queuectl.failure_rule(make_job(max_retries=5), result, SETTINGS, T0)[0] == "dead"
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(pidfile.read_text()), signal.SIGKILL)
+
+
+def test_a_process_whose_main_thread_exited_is_alive_while_its_other_threads_run(tmp_path):
+    code = ("import ctypes, threading, time; threading.Thread(target=time.sleep, args=(30,)).start(); "
+            "ctypes.CDLL(None).pthread_exit(None)")
+    proc = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "QUEUECTL_RUN": "w/1/mt"})
+    try:
+        wait_for(lambda: queuectl._stat_fields(proc.pid)[0] == "Z", "the main thread to exit")
+        assert queuectl.proc_start_time(proc.pid) is not None  # it still holds its memory, files, locks
+        assert b"QUEUECTL_RUN=w/1/mt\0" in queuectl._environ(proc.pid)
+        left = queuectl.kill_run("w/1/mt")
+        assert list(left.killed) == [proc.pid]
+        assert proc.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        proc.kill()
+        proc.wait()
 
 # ==== Workers ====
 
@@ -1711,6 +1750,27 @@ def test_no_fault_in_the_sweep_ends_a_worker(tmp_path, monkeypatch, caplog):
     assert supervisor.store.get("a").state == "completed" and len(calls) > 1
     assert any("housekeeping failed: [Errno 1] Operation not permitted" in r.getMessage() for r in caplog.records)
     supervisor.store.close()
+
+
+def test_an_adopted_job_whose_requeue_failed_is_requeued_at_a_later_sweep(store, monkeypatch):
+    me = queuectl.host_identity()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    store.register("dead", {**me, "pid": dead.pid, "proc_start": "1"}, 1, T0)
+    register(store, "me")
+    store.enqueue([spec("j")], T0)
+    store.claim("dead", T0)
+    real_interrupt = queuectl.Store.interrupt
+    def full_once(self, *args):
+        monkeypatch.setattr(queuectl.Store, "interrupt", real_interrupt)
+        raise sqlite3.OperationalError("database or disk is full")
+    monkeypatch.setattr(queuectl.Store, "interrupt", full_once)
+    with pytest.raises(sqlite3.OperationalError):
+        queuectl.Sweeper(store, me, "me").sweep(T0 + 1)
+    assert (store.get("j").state, store.get("j").worker_id) == ("processing", "me")
+    # A new Sweeper (no memory of it, as after any lost state) finds its adopted job in the database.
+    assert queuectl.Sweeper(store, me, "me").sweep(T0 + 2) == 1
+    assert store.get("j").state == "pending"
 
 
 def test_purge_deletes_in_short_transactions(store, monkeypatch):
@@ -3549,6 +3609,23 @@ def test_a_hard_stop_exits_130_while_the_database_cannot_be_written(db, workers,
     (tmp_path / "release").touch()
     assert rescuer.wait() == 0, rescuer.log()
     assert get_job(db, "run")["state"] == "completed"
+
+
+def test_a_hard_stop_still_records_what_it_can_write_in_time(db, workers, tmp_path):
+    """The database is locked for a moment when the hard stop comes: the worker keeps trying for most
+    of its 5 s, so the killed run is recorded as stopped, not left to crash recovery as lost."""
+    enqueue(db, id="run", command=BLOCKING_JOB, cwd=str(tmp_path))
+    worker = workers.start()
+    _wait_started(tmp_path)
+    shell_pid = int((tmp_path / "sh.pid").read_text())
+    with write_locked(db):
+        worker.signal(signal.SIGQUIT)
+        wait_for(lambda: pid_gone(shell_pid), "the job's shell to be killed", timeout=10)
+        time.sleep(1.5)  # on purpose: the lock outlasts the worker's first busy wait (1 s)
+    assert worker.wait() == 130, worker.log()
+    job = get_job(db, "run")
+    assert (job["state"], job["lost_count"]) == ("pending", 0)
+    assert json.loads(ok(db, "show", "run", "--json"))["runs"][0]["outcome"] == "stopped"
 
 
 @pytest.mark.parametrize("locked", [False, True], ids=["free", "database-locked"])

@@ -24,7 +24,7 @@ queue. Then, with no timing in any check:
     most one extra line per such run;
   - no run is left open, PRAGMA integrity_check is ok, `status --json` counts equal the rows;
   - no worker exited on its own or printed a traceback, and no enqueue failed except "busy";
-  - before the run, an orphan-kill probe: runs under flock are killed with kill_run_orphans() (the
+  - before the run, an orphan-kill probe: runs under flock are killed with kill_run() and wait_gone() (the
     sweeper's step before a requeue) and /proc/locks must show their lock gone when it returns
     (a dying run still holding it is the overlap above, caught in its millisecond window).
 A summary follows (jobs, kills by kind, recoveries = runs with outcome 'lost', reruns, overlaps, lost);
@@ -285,13 +285,13 @@ class Workers:
 # ==== the orphan-kill probe =========================================================================
 
 def probe_orphan_kill(queuectl_path: str, folder: str, n: int) -> int:
-    """How many of n runs still hold their flock right after kill_run_orphans() returns.
+    """How many of n runs still hold their flock right after kill_run() and wait_gone() return.
 
     This is the step a sweeper takes before it requeues a dead worker's job: if the killed
     processes are still dying when it returns, the rerun can find the old run's lock held (the
     overlap the torture run counts, in a window of milliseconds). Each probe starts a run under
     `flock` carrying a QUEUECTL_RUN token, waits until /proc/locks shows the lock, calls
-    kill_run_orphans(token) and looks at /proc/locks at once. 0 is the only right answer.
+    kill_run(token), wait_gone() and looks at /proc/locks at once. 0 is the only right answer.
     """
     import importlib.util
     spec = importlib.util.spec_from_file_location("queuectl_probe", queuectl_path)
@@ -312,7 +312,7 @@ def probe_orphan_kill(queuectl_path: str, folder: str, n: int) -> int:
         deadline = time.monotonic() + 10
         while not held() and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.001)
-        module.kill_run_orphans(token)
+        module.wait_gone(module.kill_run(token), 5.0)
         still += held()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
@@ -349,7 +349,7 @@ def run(seconds: float, jobs: int, enqueuers: int, seed: int, keep: bool = False
     workers = Workers(paths["db"], paths["logs"], rng)
     enq = Enqueuers(paths["db"], plan, seconds * 0.7, seed)
     still_locked = probe_orphan_kill(QUEUECTL, tmp, probes)
-    log(f"orphan-kill probe: {still_locked} of {probes} killed runs still held their lock when kill_run_orphans returned")
+    log(f"orphan-kill probe: {still_locked} of {probes} killed runs still held their lock when kill_run() and wait_gone() returned")
     began = time.monotonic()
     log(f"db {paths['db']}: {jobs} jobs, {enqueuers} enqueuers, {seconds:g}s of kills every "
         f"{kill_interval[0]:g}-{kill_interval[1]:g}s (seed {seed})")
@@ -377,7 +377,7 @@ def run(seconds: float, jobs: int, enqueuers: int, seed: int, keep: bool = False
     summary["orphan_kill_probe"] = {"runs": probes, "still_locked": still_locked}
     if still_locked:
         summary["violations"].append(
-            f"orphan-kill probe: {still_locked} of {probes} runs still held their flock right after kill_run_orphans() "
+            f"orphan-kill probe: {still_locked} of {probes} runs still held their flock right after kill_run() and wait_gone() "
             "returned: a sweeper that requeues then lets the rerun overlap the dying run")
     summary.update(seconds=seconds, seed=seed, total_s=round(time.monotonic() - began, 1), drain_s=round(drain_s, 1),
                    kill_interval_s=list(kill_interval), machine=machine())
@@ -536,7 +536,7 @@ def print_summary(s: dict) -> None:
           "each explained by a run of its own cut short by a kill or hard stop after it started")
     probe = s["orphan_kill_probe"]
     print(f"  orphan-kill probe: {probe['still_locked']} of {probe['runs']} killed runs still held their lock when "
-          "kill_run_orphans() returned (must be 0)")
+          "kill_run() and wait_gone() returned (must be 0)")
     print(f"  overlaps: {s['overlaps']} (must be 0)   lost: {s['lost']} (must be 0)   integrity: {s['integrity']}   "
           f"busy enqueue retries: {s['enqueue_busy_retries']}")
     m = s["machine"]
