@@ -27,6 +27,7 @@ import re
 import sqlite3
 import sys
 import time
+from collections.abc import Iterator
 from datetime import datetime, timezone
 
 __version__ = "1.0.0"
@@ -2973,8 +2974,7 @@ def cmd_enqueue(args, store: Store) -> None:
     if args.job != "-":
         specs = [validate_job(parse_json(args.job), defaults, cwd, now)]
     else:
-        specs = [{**_numbered(where, lambda: validate_job(parse_json(item) if isinstance(item, str) else item,
-                                                          defaults, cwd, now)), "where": where}
+        specs = [{**_numbered(where, lambda: validate_job(item, defaults, cwd, now)), "where": where}
                  for where, item in read_batch(sys.stdin.buffer.read())]
         check_batch(specs)
     ids = store.enqueue(specs, now)
@@ -2992,8 +2992,9 @@ def current_dir() -> str:
         return ""  # validate_job rejects it only for a job that does not name its own cwd
 
 
-def read_batch(data: bytes) -> list[tuple[str, object]]:
-    """Split stdin into (where, item): a JSON array's items, or JSON Lines' non-blank lines."""
+def read_batch(data: bytes) -> Iterator[tuple[str, object]]:
+    """Stdin's jobs as (where, value): a JSON array's items as they are (a string item is not JSON to
+    parse again), or JSON Lines' non-blank lines, each parsed when reached, so the first bad one is named."""
     try:
         body = data.decode("utf-8").removeprefix("\ufeff")  # a BOM, as some editors write
     except UnicodeDecodeError as e:
@@ -3003,11 +3004,13 @@ def read_batch(data: bytes) -> list[tuple[str, object]]:
         items = parse_json(body)
         if not isinstance(items, list):
             raise UsageError("stdin: expected one JSON array or JSON Lines")
-        return [(f"item {n}", item) for n, item in enumerate(items, start=1)]
+        yield from ((f"item {n}", item) for n, item in enumerate(items, start=1))
+        return
     # Only "\n" ends a line: str.splitlines() would also split at U+2028, U+0085 and others, which
     # JSON allows raw inside strings.
-    lines = (line.removesuffix("\r") for line in body.split("\n"))
-    return [(f"line {n}", line) for n, line in enumerate(lines, start=1) if line.strip()]
+    for n, line in enumerate(body.split("\n"), start=1):
+        if line.strip():
+            yield f"line {n}", _numbered(f"line {n}", lambda: parse_json(line.removesuffix("\r")))
 
 
 def _numbered(where: str, fn):

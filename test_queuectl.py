@@ -2643,6 +2643,15 @@ def test_batch_array_with_an_invalid_item_names_it(seeded_db):
     assert snapshot(seeded_db) == before
 
 
+def test_batch_array_item_that_is_a_string_is_refused_naming_it(seeded_db):
+    before = snapshot(seeded_db)
+    data = json.dumps([{"id": "good", "command": "true"}, json.dumps({"id": "s", "command": "true"})])
+    code, out, err = cli(seeded_db, "enqueue", "-", stdin=data)
+    assert (code, out) == (2, "")
+    assert_one_error(err, "item 2", "JSON object")
+    assert snapshot(seeded_db) == before
+
+
 @pytest.mark.parametrize("data", [b'{"id": "a", "command": "true"}\n{"id": "b", "command": "echo \xff"}\n',
                                   b'\xfe\xff[]', b'[{"id": "a", "command": "true"}]\xc3'],
                          ids=["jsonl", "bom-like", "array-truncated-char"])
