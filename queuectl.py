@@ -623,18 +623,18 @@ class Store:
         return self.write(insert)
 
     @staticmethod
-    def _row(spec: dict, state: str, waiting_on: int, error: str | None, now: float) -> tuple:
+    def _row(spec: dict, waiting_on: int, now: float) -> tuple:
         due = spec["run_at"] or now
-        ready = state == PENDING and not waiting_on and due <= now  # else staged: see SQL_PROMOTE
-        return (spec["id"], spec["command"], state, spec["max_retries"], spec["timeout"], spec["cwd"],
+        ready = not waiting_on and due <= now  # else staged: see SQL_PROMOTE
+        return (spec["id"], spec["command"], PENDING, spec["max_retries"], spec["timeout"], spec["cwd"],
                 json.dumps(spec["env"]) if spec["env"] else "{}", now, now, due, spec["priority"], spec["queue"],
-                waiting_on, error, int(ready))
+                waiting_on, None, int(ready))
 
     def _insert_plain(self, cur: sqlite3.Cursor, specs: list[dict], now: float) -> None:
         """executemany the buffered jobs without dependencies (the fast path of a batch)."""
         cur.execute("SAVEPOINT batch")
         try:
-            cur.executemany(SQL_INSERT_JOB, [self._row(spec, PENDING, 0, None, now) for spec in specs])
+            cur.executemany(SQL_INSERT_JOB, [self._row(spec, 0, now) for spec in specs])
         except sqlite3.IntegrityError:
             # Undo the rows this call inserted, so the first id found taken is really someone else's.
             cur.execute("ROLLBACK TO batch")
@@ -650,11 +650,15 @@ class Store:
             if row is None:
                 raise NotFound(f"{_where_in_batch(spec)}job {spec['id']!r} depends on {dep!r}, which does not exist")
             states[dep] = row[0]
+        # A job on a dead dependency could only go to the DLQ at once; refused, as `dlq retry` refuses
+        # to revive a dependent alone: retry the dependency first.
         dead = next((d for d, s in states.items() if s == DEAD), None)
+        if dead is not None:
+            raise Conflict(f"{_where_in_batch(spec)}job {spec['id']!r} depends on {dead!r}, which is dead "
+                           "(dlq retry it first)")
         waiting = sum(1 for s in states.values() if s != COMPLETED)
-        error = f"dependency {dead} is dead" if dead else None
         try:
-            cur.execute(SQL_INSERT_JOB, self._row(spec, DEAD if dead else PENDING, waiting, error, now))
+            cur.execute(SQL_INSERT_JOB, self._row(spec, waiting, now))
         except sqlite3.IntegrityError:
             raise Conflict(f"{_where_in_batch(spec)}job {spec['id']!r} already exists") from None
         cur.executemany(SQL_INSERT_DEP, [(spec["id"], dep) for dep in spec["depends_on"]])

@@ -881,13 +881,13 @@ def test_a_dead_dependency_takes_the_chain_to_dead(store):
     assert store.get("free").state == "pending"
 
 
-def test_enqueue_on_a_dead_dependency_is_dead_at_once(store):
+def test_enqueue_on_a_dead_dependency_is_refused_and_stores_nothing(store):
     register(store)
-    store.enqueue([spec("a", max_retries=0)], T0)
+    store.enqueue([spec("a", max_retries=0), spec("ok")], T0)
     finish_next(store, 1, T0)
-    store.enqueue([spec("b", depends_on=["a"])], T0 + 1)
-    b = store.get("b")
-    assert b.state == "dead" and "a" in b.last_error
+    with pytest.raises(queuectl.Conflict, match="'b' depends on 'a', which is dead"):
+        store.enqueue([spec("x"), spec("b", depends_on=["ok", "a"]), spec("y")], T0 + 1)
+    assert [j.id for j in store.list_jobs()] == ["a", "ok"]
 
 
 def test_retry_of_a_dependent_alone_is_refused_while_its_dependency_is_dead(store):
@@ -2572,6 +2572,22 @@ def test_dlq_retry_of_a_whole_chain_revives_it_waiting_in_order(chain_db):
     jobs = {job["id"]: job for job in json.loads(ok(chain_db, "list", "--json"))}
     assert {i: (j["state"], j["waiting_on"], j["last_error"]) for i, j in jobs.items()} == \
         {"a": ("pending", 0, None), "b": ("pending", 1, None), "c": ("pending", 1, None)}
+
+
+def test_enqueue_on_a_dead_dependency_exits_1_naming_it_and_stores_nothing(chain_db):
+    before = snapshot(chain_db)
+    code, out, err = cli(chain_db, "enqueue", json.dumps({"id": "d", "command": "true", "depends_on": ["a"]}))
+    assert (code, out) == (1, "")
+    assert_one_error(err, "'d'", "'a'", "dead")
+    for data, where, dead in (
+            (jsonl({"id": "x", "command": "true"}, {"id": "d", "command": "true", "depends_on": ["b"]}),
+             "line 2", "'b'"),
+            (json.dumps([{"id": "x", "command": "true"}, {"id": "d", "command": "true", "depends_on": ["x", "c"]}]),
+             "item 2", "'c'")):
+        code, out, err = cli(chain_db, "enqueue", "-", stdin=data)
+        assert (code, out) == (1, ""), err
+        assert_one_error(err, where, dead, "dead")
+    assert snapshot(chain_db) == before
 
 
 # ---- batch enqueue (enqueue -)
