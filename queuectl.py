@@ -2848,9 +2848,11 @@ def _add_job_commands(sub) -> None:
     e.add_argument("job", metavar="JSON", help="a job object, or - to read JSON Lines or a JSON array from stdin")
     _command(sub, "cancel", cmd_cancel, "cancel jobs: waiting ones go to the DLQ, running ones are killed", ids="+")
     _command(sub, "delete", cmd_delete, "remove jobs that are not processing, with their runs", ids="+")
-    pg = _command(sub, "purge", cmd_purge, "remove finished jobs and their runs")
-    pg.add_argument("--state", choices=(COMPLETED, DEAD), default=COMPLETED)
-    pg.add_argument("--older-than", type=_duration_arg, default=0, metavar="DURATION", help="e.g. 30s, 15m, 12h, 7d")
+    pg = _command(sub, "purge", cmd_purge, "remove finished jobs and their runs; needs --older-than, --state or both")
+    pg.add_argument("--state", choices=(COMPLETED, DEAD), default=None,
+                    help="which finished jobs (default completed)")
+    pg.add_argument("--older-than", type=_duration_arg, default=None, metavar="DURATION",
+                    help="only those last changed longer ago than this, e.g. 30s, 15m, 12h, 7d (default: any age)")
     wt = _command(sub, "wait", cmd_wait, "block until the jobs are completed or dead", ids="+")
     wt.add_argument("--timeout", type=_seconds_arg, default=None, help="give up after S seconds (exit 1)")
 
@@ -3050,8 +3052,12 @@ def cmd_delete(args, store: Store) -> None:
 
 
 def cmd_purge(args, store: Store) -> None:
-    removed = store.purge(args.state, time.time() - args.older_than)
-    print(f"purged {removed} {args.state} job{'s' if removed != 1 else ''}")
+    # A bare `purge` would delete every completed job at once: the user says which, or how old.
+    if args.state is None and args.older_than is None:
+        raise UsageError("purge needs --older-than DURATION or --state STATE (or both)")
+    state = args.state or COMPLETED
+    removed = store.purge(state, time.time() - (args.older_than or 0))
+    print(f"purged {removed} {state} job{'s' if removed != 1 else ''}")
 
 
 def cmd_wait(args, store: Store) -> int:

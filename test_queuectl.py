@@ -2955,10 +2955,10 @@ def age(db, job_id, seconds):
 
 
 def test_purge_removes_completed_jobs_by_default(states_db):
-    assert cli(states_db, "purge") == (0, "purged 1 completed job\n", "")
+    assert cli(states_db, "purge", "--older-than", "0") == (0, "purged 1 completed job\n", "")
     assert list_ids(states_db) == ["gone", "fail", "wait"]
     assert "done" not in run_counts(states_db)
-    assert ok(states_db, "purge") == "purged 0 completed jobs\n"
+    assert ok(states_db, "purge", "--state", "completed") == "purged 0 completed jobs\n"
 
 
 def test_purge_state_dead(states_db):
@@ -2992,6 +2992,16 @@ def test_purge_bad_arguments_exit_2(states_db, args):
     assert_argparse_error(code, err)
     assert out == ""
     assert snapshot(states_db) == before
+
+
+def test_purge_without_older_than_or_state_exits_2_naming_them(states_db):
+    before = snapshot(states_db)
+    code, out, err = cli(states_db, "purge")
+    assert (code, out) == (2, "")
+    assert_one_error(err, "--older-than", "--state")
+    assert snapshot(states_db) == before
+    assert "needs --older-than, --state or both" in ok(states_db, "purge", "--help")
+    assert ok(states_db, "purge", "--older-than", "1h") == "purged 0 completed jobs\n"  # completed by default
 
 
 # ---- wait
