@@ -494,28 +494,170 @@ def _make_private(path: str) -> None:
                 os.chmod(name, 0o600)
 
 
+def _reason(code: int) -> str:
+    """The OS's words for an errno, as a message continues them: 'is a directory'."""
+    text = os.strerror(code)
+    return text[:1].lower() + text[1:]
+
+
+def _companions(path: str) -> tuple[str, str]:
+    """The -wal and -shm files SQLite keeps beside a database in WAL mode."""
+    return f"{path}-wal", f"{path}-shm"
+
+
+def _writable_or_creatable(name: str) -> bool:
+    if os.path.exists(name):
+        return os.access(name, os.W_OK)
+    return os.access(os.path.dirname(name) or ".", os.W_OK | os.X_OK)
+
+
+def _writable(path: str) -> bool:
+    """Whether this user can write the database as SQLite must: the file, and its -wal and -shm (or
+    the folder, to create them). Root passes unless the file system is read-only."""
+    return os.access(path, os.W_OK) and all(_writable_or_creatable(name) for name in _companions(path))
+
+
+def _cannot_write(name: str) -> str:
+    """Why the OS refuses to write `name` (or to create it in its folder)."""
+    import errno
+    target = name if os.path.exists(name) else os.path.dirname(name) or "."
+    with contextlib.suppress(OSError):
+        if os.statvfs(target).f_flag & os.ST_RDONLY:
+            return _reason(errno.EROFS)
+    return _reason(errno.EACCES)
+
+
+def _access_problem(path: str, write: bool) -> str | None:
+    """What keeps this user from reading (and, if `write`, writing) the database, in the OS's words;
+    found with stat and access alone (opening a descriptor could drop this process's SQLite locks)."""
+    import errno
+    if os.path.isdir(path):
+        return f"cannot open {path}: {_reason(errno.EISDIR)}"
+    if not os.path.exists(path):
+        return None
+    for name in (path, *_companions(path)):
+        if os.path.exists(name) and not os.access(name, os.R_OK):
+            return f"cannot open {name}: {_reason(errno.EACCES)}"
+    if not write:
+        return None
+    if not os.access(path, os.W_OK):
+        return f"cannot write {path}: {_cannot_write(path)}"
+    for name in _companions(path):
+        if not _writable_or_creatable(name):
+            return f"cannot {'write' if os.path.exists(name) else 'create'} {name}: {_cannot_write(name)}"
+    return None
+
+
+def database_error(path: str, error: sqlite3.Error, *, opening: bool, write: bool = True) -> BadDatabase:
+    """An SQLite error as one line that names the file and, when the OS is the cause, its reason."""
+    problem = _access_problem(path, write)
+    if problem:
+        return BadDatabase(problem)
+    return BadDatabase(f"{'cannot open' if opening else 'database'} {path}: {error}")
+
+
+def _owner(path: str) -> str:
+    """The user name (or uid) that owns a file."""
+    import pwd
+    uid = os.stat(path).st_uid
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
 class Store:
     """The one place that talks SQL: every read and write of the queue goes through here."""
 
-    def __init__(self, path: str, *, durable: bool = True, busy_deadline_s: float = CLI_BUSY_DEADLINE_S):
+    def __init__(self, path: str, *, durable: bool = True, busy_deadline_s: float = CLI_BUSY_DEADLINE_S,
+                 reads_only: bool = False):
+        """`reads_only`: the caller never writes; an existing database this user cannot write is then
+        opened read-only (see _connect_read_only), and every connection refuses writes."""
         self.path = path
         self.busy_deadline_s = busy_deadline_s
         self.turn = _process_lock(path)
-        self.conn = self._connect(path)
-        # FULL syncs the WAL on every commit: an enqueue that printed its id survives a power cut.
-        # Workers use NORMAL: a lost worker write only means a job runs again (at-least-once).
-        self._retry(lambda: self.conn.execute(f"PRAGMA synchronous = {'FULL' if durable else 'NORMAL'}"))
-        self._migrate()
+        self.durable, self.reads_only = durable, reads_only
+        self._open()
 
     # -- opening --------------------------------------------------------------------------------
+
+    def _open(self) -> None:
+        self.read_only = self.reads_only and os.path.exists(self.path) and not _writable(self.path)
+        if self.read_only:
+            self.conn, self.frozen = self._connect_read_only(self.path)
+        else:
+            self.conn, self.frozen = self._connect(self.path), False
+        try:
+            if self.read_only:
+                self._check_readable()
+            else:
+                # FULL syncs the WAL on every commit: an enqueue that printed its id survives a power cut.
+                # Workers use NORMAL: a lost worker write only means a job runs again (at-least-once).
+                sync = "FULL" if self.durable else "NORMAL"
+                self._retry(lambda: self.conn.execute(f"PRAGMA synchronous = {sync}"))
+                self._migrate()
+            if self.reads_only:
+                self.query_only()
+        except sqlite3.Error as e:
+            self.conn.close()
+            raise database_error(self.path, e, opening=True, write=not self.read_only) from None
+        except BaseException:
+            self.conn.close()
+            raise
 
     @staticmethod
     def _connect(path: str) -> sqlite3.Connection:
         try:
             _create_private(path)
             return sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
-        except (OSError, sqlite3.Error) as e:
-            raise BadDatabase(f"cannot open database {path}: {getattr(e, 'strerror', None) or e}") from None
+        except OSError as e:
+            raise BadDatabase(f"cannot open {path}: {_reason(e.errno) if e.errno else e}") from None
+        except sqlite3.Error as e:
+            raise database_error(path, e, opening=True) from None
+
+    @staticmethod
+    def _connect_read_only(path: str) -> tuple[sqlite3.Connection, bool]:
+        """(connection, frozen) for a database this user may read but not write, creating no file.
+
+        With its -wal and -shm present (a connection has it open, or one crashed), mode=ro reads
+        through them. With no -wal, no connection has it open (SQLite deletes the -wal when the last
+        one closes) and the file alone is the database: immutable=1 reads it without the -shm that a
+        reader could not create. That is safe only while no writer opens it, so a frozen Store is
+        reopened at every poll (refresh). A -wal without its -shm is a writer opening or closing it
+        (a moment), or one that crashed: its commits need a -shm that only a writer can make.
+        """
+        from urllib.parse import quote
+        wal, shm = _companions(path)
+        deadline = time.monotonic() + CLI_BUSY_DEADLINE_S
+        while os.path.exists(wal) and not os.path.exists(shm):
+            if time.monotonic() > deadline:
+                raise BadDatabase(f"cannot read {path}: {wal} holds changes that need {shm}, which this user "
+                                  f"cannot create; its owner ({_owner(path)}), or any user who can write it, "
+                                  "restores it by running any queuectl command")
+            time.sleep(0.01)
+        frozen = not os.path.exists(wal)
+        uri = f"file://{quote(os.path.abspath(path))}?mode=ro" + ("&immutable=1" if frozen else "")
+        try:
+            return sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None,
+                                   check_same_thread=False), frozen
+        except sqlite3.Error as e:
+            raise database_error(path, e, opening=True, write=False) from None
+
+    def _check_readable(self) -> None:
+        """A read-only database must be ours and need no migration: it cannot be written to run one."""
+        self._check_identity()
+        version = self._read_version()
+        if version < SCHEMA_VERSION:
+            raise BadDatabase(f"cannot read {self.path}: it needs a schema upgrade (version {version} to "
+                              f"{SCHEMA_VERSION}) and this user cannot write it; its owner ({_owner(self.path)}), "
+                              "or any user who can write it, upgrades it by running any queuectl command that "
+                              "writes (such as enqueue or config set)")
+
+    def refresh(self) -> None:
+        """Reopen a frozen Store (see _connect_read_only) before a poll reads again; no-op otherwise."""
+        if self.frozen:
+            self.conn.close()
+            self._open()
 
     def _migrate(self) -> None:
         """Check the file is ours, then bring the schema up to date; safe against concurrent first opens."""
@@ -553,7 +695,7 @@ class Store:
         self.conn.close()
 
     def query_only(self) -> None:
-        """Make this connection refuse every write (the dashboard's GET requests never write)."""
+        """Make this connection refuse every write (a Store for a command or request that only reads)."""
         self.conn.execute(SQL_QUERY_ONLY)
 
     # -- transactions ---------------------------------------------------------------------------
@@ -2212,7 +2354,7 @@ class Dashboard:
         except QueueError as e:
             return error_reply(e)
         except sqlite3.Error as e:
-            return json_reply({"error": f"database error: {e}"}, 500)
+            return json_reply({"error": str(database_error(self.path, e, opening=False, write=method == "POST"))}, 500)
         except Exception:  # a bug: report it, keep serving
             log.exception("dashboard: %s %s failed", method, target)
             return json_reply({"error": "internal error (see the dashboard's stderr)"}, 500)
@@ -2276,10 +2418,8 @@ class Dashboard:
         """A Store for this request alone; query-only for reads."""
         if not os.path.exists(self.path):  # Store() would create a new, empty database
             raise BadDatabase(f"database {self.path} no longer exists")
-        store = Store(self.path)
+        store = Store(self.path, reads_only=read_only)
         try:
-            if read_only:
-                store.query_only()
             yield store
         finally:
             store.close()
@@ -2832,14 +2972,16 @@ def build_parser() -> Parser:
     return p
 
 
-def _command(sub, name: str, func, help: str, *, json_flag: bool = False, ids: str | None = None):
-    """Add a subcommand bound to `func`, with the common --json flag and ID arguments."""
+def _command(sub, name: str, func, help: str, *, json_flag: bool = False, ids: str | None = None,
+             reads: bool = False):
+    """Add a subcommand bound to `func`, with the common --json flag and ID arguments; `reads`: it
+    never writes, so it works on a database this user may only read (see Store)."""
     cmd = sub.add_parser(name, help=help, description=help)
     if ids:
         cmd.add_argument("ids" if ids == "+" else "id", nargs=ids if ids == "+" else None, metavar="ID")
     if json_flag:
         cmd.add_argument("--json", action="store_true", help="print JSON only")
-    cmd.set_defaults(func=func)
+    cmd.set_defaults(func=func, reads_only=reads)
     return cmd
 
 
@@ -2853,23 +2995,24 @@ def _add_job_commands(sub) -> None:
                     help="which finished jobs (default completed)")
     pg.add_argument("--older-than", type=_duration_arg, default=None, metavar="DURATION",
                     help="only those last changed longer ago than this, e.g. 30s, 15m, 12h, 7d (default: any age)")
-    wt = _command(sub, "wait", cmd_wait, "block until the jobs are completed or dead", ids="+")
+    wt = _command(sub, "wait", cmd_wait, "block until the jobs are completed or dead", ids="+", reads=True)
     wt.add_argument("--timeout", type=_seconds_arg, default=None, help="give up after S seconds (exit 1)")
 
 
 def _add_view_commands(sub) -> None:
-    s = _command(sub, "status", cmd_status, "job counts, live workers, paused queues", json_flag=True)
+    s = _command(sub, "status", cmd_status, "job counts, live workers, paused queues", json_flag=True, reads=True)
     s.add_argument("--queue", type=_queue_arg)
     s.add_argument("--watch", action="store_true", help="redraw every second until Ctrl+C")
-    ls = _command(sub, "list", cmd_list, "list jobs, oldest first", json_flag=True)
+    ls = _command(sub, "list", cmd_list, "list jobs, oldest first", json_flag=True, reads=True)
     ls.add_argument("--state", help=f"one of {', '.join(STATES)}")
     ls.add_argument("--queue", type=_queue_arg)
     ls.add_argument("--limit", type=int, default=None, help="only the N most recently created")
-    _command(sub, "show", cmd_show, "one job in full, with its runs", json_flag=True, ids="1")
-    lg = _command(sub, "logs", cmd_logs, "output of the job's latest run (or run N)", ids="1")
+    _command(sub, "show", cmd_show, "one job in full, with its runs", json_flag=True, ids="1", reads=True)
+    lg = _command(sub, "logs", cmd_logs, "output of the job's latest run (or run N)", ids="1", reads=True)
     lg.add_argument("--run", type=int, default=None, metavar="N")
     lg.add_argument("--follow", "-f", action="store_true", help="stream a running job's output until it ends")
-    st = _command(sub, "stats", cmd_stats, "throughput, durations and waits over a window", json_flag=True)
+    st = _command(sub, "stats", cmd_stats, "throughput, durations and waits over a window", json_flag=True,
+                  reads=True)
     st.add_argument("--since", type=_duration_arg, default=3600, metavar="DURATION", help="window (default 1h)")
 
 
@@ -2880,7 +3023,7 @@ def _add_operating_commands(sub) -> None:
 
 
 def _add_dashboard_command(sub) -> None:
-    d = _command(sub, "dashboard", cmd_dashboard, "serve a live web view of the queue and its JSON API")
+    d = _command(sub, "dashboard", cmd_dashboard, "serve a live web view of the queue and its JSON API", reads=True)
     d.add_argument("--bind", default="127.0.0.1", metavar="ADDRESS", help="address to listen on (default 127.0.0.1)")
     d.add_argument("--port", type=int, default=8321, help="port (default 8321; 0 = any free port)")
     d.add_argument("--allow-actions", action="store_true", help="allow retry, cancel and delete from the page")
@@ -2895,12 +3038,12 @@ def _add_worker_commands(w) -> None:
     wt = _command(w, "stop", cmd_worker_stop, "ask every running worker to stop gracefully")
     wt.add_argument("--wait", action="store_true", help="return once they have exited")
     wt.add_argument("--timeout", type=_seconds_arg, default=None, help="with --wait: give up after S seconds")
-    _command(w, "list", cmd_worker_list, "registered workers and what they run", json_flag=True)
+    _command(w, "list", cmd_worker_list, "registered workers and what they run", json_flag=True, reads=True)
 
 
 def _add_dlq_and_config(sub) -> None:
     d = sub.add_parser("dlq", help="the dead-letter queue").add_subparsers(dest="action", required=True)
-    _command(d, "list", cmd_dlq_list, "dead jobs", json_flag=True)
+    _command(d, "list", cmd_dlq_list, "dead jobs", json_flag=True, reads=True)
     _command(d, "retry", cmd_dlq_retry, "move dead jobs back to pending", ids="+")
     c = sub.add_parser("config", help="settings").add_subparsers(dest="action", required=True)
     cs = _command(c, "set", cmd_config_set, "set a value")
@@ -2908,8 +3051,8 @@ def _add_dlq_and_config(sub) -> None:
     # REMAINDER: a value such as "-1d" would otherwise be taken for an option and reported as a
     # missing value; cmd_config_set checks there is exactly one and names a bad one.
     cs.add_argument("value", nargs=argparse.REMAINDER, help="the value (one)")
-    _command(c, "get", cmd_config_get, "print a value").add_argument("key")
-    _command(c, "list", cmd_config_list, "every value", json_flag=True)
+    _command(c, "get", cmd_config_get, "print a value", reads=True).add_argument("key")
+    _command(c, "list", cmd_config_list, "every value", json_flag=True, reads=True)
 
 
 def _duration_arg(text: str) -> float:
@@ -2939,8 +3082,9 @@ def open_store(args) -> Store:
     if not _valid_text(path, "--db"):
         raise UsageError("the database path (--db or $QUEUECTL_DB) is empty")
     if not os.path.isabs(path) and not _cwd_exists():
-        raise BadDatabase(f"cannot open database {path}: the current folder no longer exists (give --db a full path)")
-    return Store(path)
+        raise BadDatabase(f"cannot open {path}: the current folder no longer exists (give --db a full path)")
+    # The dashboard only reads unless its actions are on.
+    return Store(path, reads_only=args.reads_only and not getattr(args, "allow_actions", False))
 
 
 def _cwd_exists() -> bool:
@@ -3064,6 +3208,7 @@ def cmd_wait(args, store: Store) -> int:
     ids = checked_ids(args.ids)
     deadline = None if args.timeout is None else time.monotonic() + args.timeout
     while True:
+        store.refresh()
         jobs = [store.get(i) for i in ids]
         if all(j.state in (COMPLETED, DEAD) for j in jobs):  # every one has finished, one way or the other
             dead = [j for j in jobs if j.state == DEAD]
@@ -3083,6 +3228,7 @@ def cmd_status(args, store: Store) -> None:
         return print_status(store, args.queue, args.json)
     try:
         while True:
+            store.refresh()
             _watch_frame(store, args.queue, args.json)
             time.sleep(1.0)
     except KeyboardInterrupt:
@@ -3190,6 +3336,7 @@ def follow_output(store: Store, job_id: str, run: tuple | None) -> None:
         elif store.get(job_id).state in (COMPLETED, DEAD):
             return
         time.sleep(0.25)
+        store.refresh()
         run = store.run_output(job_id, None if run is None else run[0])
 
 
@@ -3367,8 +3514,8 @@ def _dispatch(args) -> int:
         return _fail(e)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
-    except sqlite3.DatabaseError as e:
-        return _fail(QueueError(f"database error: {e}"))
+    except sqlite3.DatabaseError as e:  # one the Store met after opening (those at opening are BadDatabase)
+        return _fail(database_error(store.path, e, opening=False, write=not store.read_only))
     except BrokenPipeError:  # `queuectl list | head`: the reader left; not an error worth a line
         with contextlib.suppress(OSError):
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keeps the interpreter's final flush quiet

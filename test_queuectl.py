@@ -489,6 +489,36 @@ def test_newer_schema_is_refused_and_left_untouched(tmp_path):
     assert path.read_bytes() == before
 
 
+def folder_state(folder):
+    """What a command that only reads must leave as it was: the folder's listing and mtime, and each
+    file's bytes and mtime."""
+    files = sorted((entry.name, open(entry.path, "rb").read(), entry.stat().st_mtime_ns)
+                   for entry in os.scandir(folder))
+    return os.stat(folder).st_mtime_ns, files
+
+
+def test_a_store_that_only_reads_opens_a_database_it_cannot_write_read_only(tmp_path, monkeypatch):
+    path = str(tmp_path / "ro.db")
+    with contextlib.closing(queuectl.Store(path)) as owner:
+        owner.enqueue([spec("a")], T0)
+    before = folder_state(tmp_path)
+    monkeypatch.setattr(queuectl, "_writable", lambda p: False)  # as for a user who may only read it
+    reader = queuectl.Store(path, reads_only=True)
+    try:
+        assert (reader.read_only, reader.frozen) == (True, True)  # no -wal: nobody has it open
+        assert [j.id for j in reader.list_jobs()] == ["a"]
+        with pytest.raises(sqlite3.OperationalError):
+            reader.pause(["x"])
+        assert folder_state(tmp_path) == before  # nothing written, no -wal or -shm made
+        with contextlib.closing(queuectl.Store(path)) as owner:  # a writer starts meanwhile
+            owner.enqueue([spec("b")], T0)
+            reader.refresh()  # what a poll does: the frozen file is read again, now through the -wal
+            assert (reader.read_only, reader.frozen) == (True, False)
+            assert [j.id for j in reader.list_jobs()] == ["a", "b"]
+    finally:
+        reader.close()
+
+
 def test_enqueue_get_and_duplicate(store):
     assert store.enqueue([spec()], T0) == ["j1"]
     job = store.get("j1")
@@ -2392,6 +2422,128 @@ def test_a_db_with_a_newer_schema_is_refused_untouched(db):
         assert_one_error(err)
     with open(db, "rb") as f:
         assert f.read() == before
+
+
+def test_database_errors_name_the_file_and_the_reason(tmp_path):
+    folder = tmp_path / "a-folder.db"
+    folder.mkdir()
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"this is not a database\n" * 200)
+    missing = tmp_path / "no-such-folder" / "q.db"
+    for path, reason in ((folder, "is a directory"), (garbage, "file is not a database"),
+                         (missing, "no such file or directory")):
+        for args in (("status",), ("enqueue", '{"command": "true"}')):
+            code, out, err = cli(str(path), *args)
+            assert (code, out) == (1, ""), (path, args)
+            assert_one_error(err, f"cannot open {path}: {reason}")
+    assert garbage.read_bytes() == b"this is not a database\n" * 200
+    assert os.listdir(folder) == [] and not missing.parent.exists()
+
+
+def _without_capabilities():
+    """A preexec_fn: empty the bounding set, so the program exec'd next runs as uid 0 with no
+    capability. Root then meets file modes like any user (CAP_DAC_OVERRIDE is what ignores them)."""
+    import ctypes
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork
+    last = int(open("/proc/sys/kernel/cap_last_cap").read())
+
+    def drop():
+        for cap in range(last + 1):
+            if prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+                raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+    return drop
+
+
+def run_as_reader(db, *args, popen=False):
+    """queuectl as a user who may read `db` but not write it or its folder (see read_only_db): root
+    without its capabilities, or ourselves once the write bits are gone."""
+    options = {"preexec_fn": _without_capabilities()} if os.geteuid() == 0 else {}
+    argv = [sys.executable, QUEUECTL, "--db", db, *args]
+    if popen:
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=child_env(), **options)
+    return subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=WAIT_S,
+                          env=child_env(), **options)
+
+
+@pytest.fixture
+def read_only_db(tmp_path):
+    """(folder, q.db, empty.db): q.db holds done (completed, printed "done"), gone (dead) and wait
+    (pending); empty.db is an empty file, a database not set up yet. As root: the folder (0755) and
+    files (0644) belong to nobody, and run_as_reader's root without capabilities is just another user;
+    otherwise they are ours, without write bits (0555, 0444)."""
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    db, empty = str(folder / "q.db"), str(folder / "empty.db")
+    now = time.time()
+    with opened(db) as s:
+        register(s, now=now)
+        s.enqueue([spec("done", "echo done")], now)
+        finish_next(s, 0, now, "done\n")
+        s.enqueue([spec("gone", "exit 4", max_retries=0)], now)
+        finish_next(s, 4, now, "oops\n")
+        s.enqueue([spec("wait", "true")], now)
+        s.deregister("w1")
+    open(empty, "wb").close()
+    root = os.geteuid() == 0
+    for path, mode in ((db, 0o644), (empty, 0o644), (folder, 0o755)):
+        if root:
+            import pwd
+            nobody = pwd.getpwnam("nobody")
+            os.chown(path, nobody.pw_uid, nobody.pw_gid)
+        os.chmod(path, mode if root else mode & 0o555)
+    try:
+        yield folder, db, empty
+    finally:
+        os.chmod(folder, 0o755)
+
+
+def test_commands_that_only_read_work_on_a_database_this_user_cannot_write(read_only_db):
+    folder, db, empty = read_only_db
+    before = folder_state(folder)
+    outputs = {}
+    for args in (("status", "--json"), ("list", "--json"), ("show", "done", "--json"), ("logs", "done"),
+                 ("stats", "--json"), ("dlq", "list", "--json"), ("worker", "list", "--json"),
+                 ("config", "list", "--json"), ("config", "get", "max-retries"), ("wait", "done")):
+        result = run_as_reader(db, *args)
+        assert (result.returncode, result.stderr) == (0, ""), args
+        outputs[args[0] if args[0] not in ("dlq", "worker", "config") else " ".join(args[:2])] = result.stdout
+    assert json.loads(outputs["status"])["jobs"] == {"pending": 1, "processing": 0, "completed": 1, "failed": 0,
+                                                     "dead": 1}
+    assert [j["id"] for j in json.loads(outputs["list"])] == ["done", "gone", "wait"]
+    assert json.loads(outputs["show"])["runs"][0]["output"] == outputs["logs"] == "done\n"
+    assert json.loads(outputs["stats"])["runs"] == {"completed": 1, "failed": 0, "dead": 1}
+    assert [j["id"] for j in json.loads(outputs["dlq list"])] == ["gone"]
+    assert json.loads(outputs["worker list"]) == [] and outputs["config get"] == "3\n"
+
+    dashboard = run_as_reader(db, "dashboard", "--port", "0", "--no-token", popen=True)
+    try:
+        url = dashboard.stdout.readline().strip()
+        import urllib.request
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with opener.open(url + "api/status", timeout=30) as res:
+            assert json.loads(res.read())["jobs"]["pending"] == 1
+    finally:
+        dashboard.send_signal(signal.SIGTERM)
+        _, err = dashboard.communicate(timeout=WAIT_S)
+    assert dashboard.returncode == 0 and "Traceback" not in err, err
+
+    result = run_as_reader(db, "enqueue", '{"command": "true"}')  # a write is refused
+    assert result.returncode == 1
+    assert_one_error(result.stderr, f"cannot write {db}: permission denied")
+    result = run_as_reader(empty, "status")  # a database not set up needs a writer
+    assert result.returncode == 1
+    import pwd
+    assert_one_error(result.stderr, empty, "schema upgrade", f"owner ({pwd.getpwuid(os.stat(empty).st_uid).pw_name})",
+                     "any user who can write it")
+    assert folder_state(folder) == before
+
+    if os.geteuid() == 0:  # a writer has it open meanwhile: the reader reads through its -wal and -shm
+        with opened(db) as owner:
+            owner.enqueue([spec("new")], time.time())
+            result = run_as_reader(db, "list", "--json")
+            assert result.returncode == 0, result.stderr
+            assert [j["id"] for j in json.loads(result.stdout)] == ["done", "gone", "wait", "new"]
 
 
 # ---- enqueue: priority, run_at, delay, queue
