@@ -3399,6 +3399,8 @@ def cmd_worker_start(args, store: Store) -> int:
 
 
 def cmd_worker_stop(args, store: Store) -> int:
+    if args.timeout is not None and not args.wait:
+        raise UsageError("worker stop: --timeout needs --wait")
     asked = {w.id for w in live_workers(store)}  # a dead worker's row would only inflate the count
     n = store.request_stop(sorted(asked))
     print(f"asked {n} worker{'s' if n != 1 else ''} to stop")

@@ -2301,6 +2301,14 @@ def test_worker_stop_with_no_workers(db):
     assert out == "asked 0 workers to stop\n"
 
 
+def test_worker_stop_timeout_without_wait_exits_2_and_asks_no_worker(db):
+    claim_for_a_fake_worker(db, "run")
+    code, out, err = cli(db, "worker", "stop", "--timeout", "5")
+    assert (code, out) == (2, "")
+    assert_one_error(err, "--timeout", "--wait")
+    assert [w["stopping"] for w in json.loads(ok(db, "worker", "list", "--json"))] == [False]
+
+
 # ---- global options, argparse, the db file
 
 def test_version(db):
