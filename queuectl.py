@@ -2225,6 +2225,18 @@ def loopback_host(host: str | None) -> bool:
         return False
 
 
+def loopback_bind(bind: str) -> bool:
+    """Whether a server listening on `bind` is reachable from this machine only: every address the
+    name stands for is a loopback address ('' and 0.0.0.0 mean every interface; an unknown name is not)."""
+    import ipaddress
+    import socket
+    try:
+        infos = socket.getaddrinfo(bind or None, None, proto=socket.IPPROTO_TCP, flags=socket.AI_PASSIVE)
+    except (OSError, UnicodeError):
+        return False
+    return all(ipaddress.ip_address(info[4][0].partition("%")[0]).is_loopback for info in infos)
+
+
 class Reply:
     """An HTTP response: status, body bytes, content type, extra headers."""
 
@@ -3430,6 +3442,10 @@ def cmd_dashboard(args, store: Store) -> int:
     import signal
     if not 0 <= args.port <= 65535:
         raise UsageError("--port must be from 0 to 65535 (0 = any free port)")
+    if args.no_token and args.allow_actions and not loopback_bind(args.bind):
+        raise UsageError(f"--no-token with --allow-actions on {args.bind!r}, which other machines can reach, "
+                         "would let anyone on the network retry, cancel and delete jobs: drop --no-token, "
+                         "or --bind 127.0.0.1")
     store.close()  # each request opens its own connection
     dashboard = Dashboard(store.path, token=None if args.no_token else secrets.token_urlsafe(24),
                           allow_actions=args.allow_actions)

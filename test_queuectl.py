@@ -1928,6 +1928,24 @@ def test_dashboard_command_rejects_a_bad_port_and_a_port_in_use(tmp_path, dashbo
     assert "cannot listen" in capsys.readouterr().err
 
 
+def test_dashboard_refuses_actions_without_a_token_off_loopback_before_listening(tmp_path, monkeypatch, capsys):
+    served = []
+
+    def serve(self, bind, port):
+        served.append(bind)
+        raise queuectl.QueueError("not serving in this test")
+    monkeypatch.setattr(queuectl.Dashboard, "serve", serve)
+    db = str(tmp_path / "x.db")
+    for bind in ("0.0.0.0", "::", ""):
+        assert queuectl.main(["--db", db, "dashboard", "--bind", bind, "--no-token", "--allow-actions"]) == 2
+        assert_one_error(capsys.readouterr().err, "--no-token", "--allow-actions")
+    assert served == []
+    for flags in (["--bind", "127.0.0.1", "--no-token", "--allow-actions"], ["--bind", "0.0.0.0", "--allow-actions"],
+                  ["--bind", "0.0.0.0", "--no-token"]):
+        assert queuectl.main(["--db", db, "dashboard", *flags]) == 1
+    assert served == ["127.0.0.1", "0.0.0.0", "0.0.0.0"]
+
+
 def chromium_dom(url, tmp_path):
     """The DOM of url after the page's scripts ran (headless Chromium, virtual time)."""
     if not os.path.exists(CHROMIUM):
