@@ -3246,6 +3246,7 @@ def cmd_status(args, store: Store) -> None:
     except KeyboardInterrupt:
         if not args.json:
             print()
+        raise  # 130, as for `logs -f` and `wait`: the user stopped it, it did not finish
 
 
 def _watch_frame(store: Store, queue: str | None, as_json: bool) -> None:

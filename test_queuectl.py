@@ -3840,7 +3840,7 @@ def test_status_watch_redraws_until_ctrl_c(db, workers, tmp_path):
         watch = workers.spawn("status", "--watch", stdout=out)
     wait_for(lambda: out_path.read_bytes().count(b"pending") >= 2, "two redraws of the status")
     watch.send_signal(signal.SIGINT)
-    assert watch.wait(timeout=WAIT_S) == 0
+    assert watch.wait(timeout=WAIT_S) == 130
     text = out_path.read_text()
     assert re.search(r"pending\s+2\b", text) and re.search(r"completed\s+0\b", text), text
     assert "\x1b[2J" not in text  # redrawn in place, not cleared (no flicker)
@@ -3856,6 +3856,27 @@ def test_status_watch_json_prints_one_json_object_a_line(db, capsys):
         queuectl._watch_frame(s, None, True)
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and all(json.loads(line)["jobs"]["pending"] == 1 for line in lines)
+
+
+def has_open(pid, path):
+    """Whether process pid holds `path` open: a command that has opened its database is past start-up."""
+    fd_dir, target = f"/proc/{pid}/fd", os.path.realpath(path)
+    with contextlib.suppress(OSError):
+        return any(os.readlink(os.path.join(fd_dir, fd)) == target for fd in os.listdir(fd_dir))
+    return False
+
+
+def test_commands_that_wait_on_the_user_exit_130_on_ctrl_c(db, workers):
+    enqueue(db, id="later", command="true")  # no worker: never runs, so nothing they wait for happens
+    procs = {args: workers.spawn(*args) for args in (("status", "--watch"), ("logs", "later", "--follow"),
+                                                      ("wait", "later"))}
+    for args, proc in procs.items():
+        wait_for(lambda: has_open(proc.pid, db), f"{args} to open the database")
+        proc.send_signal(signal.SIGINT)
+    for args, proc in procs.items():
+        assert proc.wait(timeout=WAIT_S) == 130, args
+        err = proc.stderr.read().decode()
+        assert "Traceback" not in err and "error" not in err, (args, err)
 
 
 # ==== Faults and security ==========================================================================
