@@ -3046,7 +3046,8 @@ def _add_worker_commands(w) -> None:
     ws = _command(w, "start", cmd_worker_start, "run a worker in the foreground")
     ws.add_argument("--count", type=int, default=1, help="threads, each running one job at a time")
     ws.add_argument("--burst", action="store_true", help="exit once the due work is drained")
-    ws.add_argument("--queue", type=_queue_arg, action="append", default=[], help="claim only from this queue")
+    ws.add_argument("--queue", type=_queue_arg, action="append", default=[],
+                    help="claim only from this queue; repeat it for more (default: every queue)")
     wt = _command(w, "stop", cmd_worker_stop, "ask every running worker to stop gracefully")
     wt.add_argument("--wait", action="store_true", help="return once they have exited")
     wt.add_argument("--timeout", type=_seconds_arg, default=None, help="with --wait: give up after S seconds")

@@ -2343,6 +2343,11 @@ def test_help_exits_0(db):
     assert code == 0 and "enqueue" in out
 
 
+def test_worker_start_help_says_queue_may_be_repeated(db):
+    code, out, err = cli(db, "worker", "start", "--help")
+    assert code == 0 and "repeat" in out.split("--queue", 2)[-1], out
+
+
 @pytest.mark.parametrize("args", [("bogus",), ("show",), ("enqueue",), ("dlq", "retry"),
                                   ("config", "set", "max-retries"), ("list", "--limit", "x"),
                                   ("status", "--bogus")])
