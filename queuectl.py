@@ -27,6 +27,7 @@ import re
 import sqlite3
 import sys
 import time
+from collections.abc import Iterator
 from datetime import datetime, timezone
 
 __version__ = "1.0.0"
@@ -519,30 +520,171 @@ def _make_private(path: str) -> None:
                 os.chmod(name, 0o600)
 
 
+def _reason(code: int) -> str:
+    """The OS's words for an errno, as a message continues them: 'is a directory'."""
+    text = os.strerror(code)
+    return text[:1].lower() + text[1:]
+
+
+def _companions(path: str) -> tuple[str, str]:
+    """The -wal and -shm files SQLite keeps beside a database in WAL mode."""
+    return f"{path}-wal", f"{path}-shm"
+
+
+def _writable_or_creatable(name: str) -> bool:
+    if os.path.exists(name):
+        return os.access(name, os.W_OK)
+    return os.access(os.path.dirname(name) or ".", os.W_OK | os.X_OK)
+
+
+def _writable(path: str) -> bool:
+    """Whether this user can write the database as SQLite must: the file, and its -wal and -shm (or
+    the folder, to create them). Root passes unless the file system is read-only."""
+    return os.access(path, os.W_OK) and all(_writable_or_creatable(name) for name in _companions(path))
+
+
+def _cannot_write(name: str) -> str:
+    """Why the OS refuses to write `name` (or to create it in its folder)."""
+    import errno
+    target = name if os.path.exists(name) else os.path.dirname(name) or "."
+    with contextlib.suppress(OSError):
+        if os.statvfs(target).f_flag & os.ST_RDONLY:
+            return _reason(errno.EROFS)
+    return _reason(errno.EACCES)
+
+
+def _access_problem(path: str, write: bool) -> str | None:
+    """What keeps this user from reading (and, if `write`, writing) the database, in the OS's words;
+    found with stat and access alone (opening a descriptor could drop this process's SQLite locks)."""
+    import errno
+    if os.path.isdir(path):
+        return f"cannot open {path}: {_reason(errno.EISDIR)}"
+    if not os.path.exists(path):
+        return None
+    for name in (path, *_companions(path)):
+        if os.path.exists(name) and not os.access(name, os.R_OK):
+            return f"cannot open {name}: {_reason(errno.EACCES)}"
+    if not write:
+        return None
+    if not os.access(path, os.W_OK):
+        return f"cannot write {path}: {_cannot_write(path)}"
+    for name in _companions(path):
+        if not _writable_or_creatable(name):
+            return f"cannot {'write' if os.path.exists(name) else 'create'} {name}: {_cannot_write(name)}"
+    return None
+
+
+def database_error(path: str, error: sqlite3.Error, *, opening: bool, write: bool = True) -> BadDatabase:
+    """An SQLite error as one line that names the file and, when the OS is the cause, its reason."""
+    problem = _access_problem(path, write)
+    if problem:
+        return BadDatabase(problem)
+    return BadDatabase(f"{'cannot open' if opening else 'database'} {path}: {error}")
+
+
+def _owner(path: str) -> str:
+    """The user name (or uid) that owns a file."""
+    import pwd
+    uid = os.stat(path).st_uid
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
 class Store:
     """The one place that talks SQL: every read and write of the queue goes through here."""
 
     def __init__(self, path: str, *, durable: bool = True, busy_deadline_s: float = CLI_BUSY_DEADLINE_S,
-                 give_up=lambda: False):
+                 reads_only: bool = False, give_up=lambda: False):
+        """`reads_only`: the caller never writes; an existing database this user cannot write is then
+        opened read-only (see _connect_read_only), and every connection refuses writes."""
         self.path = path
         self.busy_deadline_s = busy_deadline_s
         self.give_up = give_up  # True ends busy retries early (a worker's hard stop)
         self.turn = _process_lock(path)
-        self.conn = self._connect(path)
-        # FULL syncs the WAL on every commit: an enqueue that printed its id survives a power cut.
-        # Workers use NORMAL: a lost worker write only means a job runs again (at-least-once).
-        self._retry(lambda: self.conn.execute(f"PRAGMA synchronous = {'FULL' if durable else 'NORMAL'}"))
-        self._migrate()
+        self.durable, self.reads_only = durable, reads_only
+        self._open()
 
     # -- opening --------------------------------------------------------------------------------
+
+    def _open(self) -> None:
+        self.read_only = self.reads_only and os.path.exists(self.path) and not _writable(self.path)
+        if self.read_only:
+            self.conn, self.frozen = self._connect_read_only(self.path)
+        else:
+            self.conn, self.frozen = self._connect(self.path), False
+        try:
+            if self.read_only:
+                self._check_readable()
+            else:
+                # FULL syncs the WAL on every commit: an enqueue that printed its id survives a power cut.
+                # Workers use NORMAL: a lost worker write only means a job runs again (at-least-once).
+                sync = "FULL" if self.durable else "NORMAL"
+                self._retry(lambda: self.conn.execute(f"PRAGMA synchronous = {sync}"))
+                self._migrate()
+            if self.reads_only:
+                self.query_only()
+        except sqlite3.Error as e:
+            self.conn.close()
+            raise database_error(self.path, e, opening=True, write=not self.read_only) from None
+        except BaseException:
+            self.conn.close()
+            raise
 
     @staticmethod
     def _connect(path: str) -> sqlite3.Connection:
         try:
             _create_private(path)
             return sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
-        except (OSError, sqlite3.Error) as e:
-            raise BadDatabase(f"cannot open database {path}: {getattr(e, 'strerror', None) or e}") from None
+        except OSError as e:
+            raise BadDatabase(f"cannot open {path}: {_reason(e.errno) if e.errno else e}") from None
+        except sqlite3.Error as e:
+            raise database_error(path, e, opening=True) from None
+
+    @staticmethod
+    def _connect_read_only(path: str) -> tuple[sqlite3.Connection, bool]:
+        """(connection, frozen) for a database this user may read but not write, creating no file.
+
+        With its -wal and -shm present (a connection has it open, or one crashed), mode=ro reads
+        through them. With no -wal, no connection has it open (SQLite deletes the -wal when the last
+        one closes) and the file alone is the database: immutable=1 reads it without the -shm that a
+        reader could not create. That is safe only while no writer opens it, so a frozen Store is
+        reopened at every poll (refresh). A -wal without its -shm is a writer opening or closing it
+        (a moment), or one that crashed: its commits need a -shm that only a writer can make.
+        """
+        from urllib.parse import quote
+        wal, shm = _companions(path)
+        deadline = time.monotonic() + CLI_BUSY_DEADLINE_S
+        while os.path.exists(wal) and not os.path.exists(shm):
+            if time.monotonic() > deadline:
+                raise BadDatabase(f"cannot read {path}: {wal} holds changes that need {shm}, which this user "
+                                  f"cannot create; its owner ({_owner(path)}), or any user who can write it, "
+                                  "restores it by running any queuectl command")
+            time.sleep(0.01)
+        frozen = not os.path.exists(wal)
+        uri = f"file://{quote(os.path.abspath(path))}?mode=ro" + ("&immutable=1" if frozen else "")
+        try:
+            return sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None,
+                                   check_same_thread=False), frozen
+        except sqlite3.Error as e:
+            raise database_error(path, e, opening=True, write=False) from None
+
+    def _check_readable(self) -> None:
+        """A read-only database must be ours and need no migration: it cannot be written to run one."""
+        self._check_identity()
+        version = self._read_version()
+        if version < SCHEMA_VERSION:
+            raise BadDatabase(f"cannot read {self.path}: it needs a schema upgrade (version {version} to "
+                              f"{SCHEMA_VERSION}) and this user cannot write it; its owner ({_owner(self.path)}), "
+                              "or any user who can write it, upgrades it by running any queuectl command that "
+                              "writes (such as enqueue or config set)")
+
+    def refresh(self) -> None:
+        """Reopen a frozen Store (see _connect_read_only) before a poll reads again; no-op otherwise."""
+        if self.frozen:
+            self.conn.close()
+            self._open()
 
     def _migrate(self) -> None:
         """Check the file is ours, then bring the schema up to date; safe against concurrent first opens."""
@@ -580,7 +722,7 @@ class Store:
         self.conn.close()
 
     def query_only(self) -> None:
-        """Make this connection refuse every write (the dashboard's GET requests never write)."""
+        """Make this connection refuse every write (a Store for a command or request that only reads)."""
         self.conn.execute(SQL_QUERY_ONLY)
 
     # -- transactions ---------------------------------------------------------------------------
@@ -650,18 +792,18 @@ class Store:
         return self.write(insert)
 
     @staticmethod
-    def _row(spec: dict, state: str, waiting_on: int, error: str | None, now: float) -> tuple:
+    def _row(spec: dict, waiting_on: int, now: float) -> tuple:
         due = spec["run_at"] or now
-        ready = state == PENDING and not waiting_on and due <= now  # else staged: see SQL_PROMOTE
-        return (spec["id"], spec["command"], state, spec["max_retries"], spec["timeout"], spec["cwd"],
+        ready = not waiting_on and due <= now  # else staged: see SQL_PROMOTE
+        return (spec["id"], spec["command"], PENDING, spec["max_retries"], spec["timeout"], spec["cwd"],
                 json.dumps(spec["env"]) if spec["env"] else "{}", now, now, due, spec["priority"], spec["queue"],
-                waiting_on, error, int(ready))
+                waiting_on, None, int(ready))
 
     def _insert_plain(self, cur: sqlite3.Cursor, specs: list[dict], now: float) -> None:
         """executemany the buffered jobs without dependencies (the fast path of a batch)."""
         cur.execute("SAVEPOINT batch")
         try:
-            cur.executemany(SQL_INSERT_JOB, [self._row(spec, PENDING, 0, None, now) for spec in specs])
+            cur.executemany(SQL_INSERT_JOB, [self._row(spec, 0, now) for spec in specs])
         except sqlite3.IntegrityError:
             # Undo the rows this call inserted, so the first id found taken is really someone else's.
             cur.execute("ROLLBACK TO batch")
@@ -677,11 +819,15 @@ class Store:
             if row is None:
                 raise NotFound(f"{_where_in_batch(spec)}job {spec['id']!r} depends on {dep!r}, which does not exist")
             states[dep] = row[0]
+        # A job on a dead dependency could only go to the DLQ at once; refused, as `dlq retry` refuses
+        # to revive a dependent alone: retry the dependency first.
         dead = next((d for d, s in states.items() if s == DEAD), None)
+        if dead is not None:
+            raise Conflict(f"{_where_in_batch(spec)}job {spec['id']!r} depends on {dead!r}, which is dead "
+                           "(dlq retry it first)")
         waiting = sum(1 for s in states.values() if s != COMPLETED)
-        error = f"dependency {dead} is dead" if dead else None
         try:
-            cur.execute(SQL_INSERT_JOB, self._row(spec, DEAD if dead else PENDING, waiting, error, now))
+            cur.execute(SQL_INSERT_JOB, self._row(spec, waiting, now))
         except sqlite3.IntegrityError:
             raise Conflict(f"{_where_in_batch(spec)}job {spec['id']!r} already exists") from None
         cur.executemany(SQL_INSERT_DEP, [(spec["id"], dep) for dep in spec["depends_on"]])
@@ -2333,6 +2479,18 @@ def loopback_host(host: str | None) -> bool:
         return False
 
 
+def loopback_bind(bind: str) -> bool:
+    """Whether a server listening on `bind` is reachable from this machine only: every address the
+    name stands for is a loopback address ('' and 0.0.0.0 mean every interface; an unknown name is not)."""
+    import ipaddress
+    import socket
+    try:
+        infos = socket.getaddrinfo(bind or None, None, proto=socket.IPPROTO_TCP, flags=socket.AI_PASSIVE)
+    except (OSError, UnicodeError):
+        return False
+    return all(ipaddress.ip_address(info[4][0].partition("%")[0]).is_loopback for info in infos)
+
+
 class Reply:
     """An HTTP response: status, body bytes, content type, extra headers."""
 
@@ -2462,7 +2620,7 @@ class Dashboard:
         except QueueError as e:
             return error_reply(e)
         except sqlite3.Error as e:
-            return json_reply({"error": f"database error: {e}"}, 500)
+            return json_reply({"error": str(database_error(self.path, e, opening=False, write=method == "POST"))}, 500)
         except Exception:  # a bug: report it, keep serving
             log.exception("dashboard: %s %s failed", method, target)
             return json_reply({"error": "internal error (see the dashboard's stderr)"}, 500)
@@ -2526,10 +2684,8 @@ class Dashboard:
         """A Store for this request alone; query-only for reads."""
         if not os.path.exists(self.path):  # Store() would create a new, empty database
             raise BadDatabase(f"database {self.path} no longer exists")
-        store = Store(self.path)
+        store = Store(self.path, reads_only=read_only)
         try:
-            if read_only:
-                store.query_only()
             yield store
         finally:
             store.close()
@@ -3082,14 +3238,16 @@ def build_parser() -> Parser:
     return p
 
 
-def _command(sub, name: str, func, help: str, *, json_flag: bool = False, ids: str | None = None):
-    """Add a subcommand bound to `func`, with the common --json flag and ID arguments."""
+def _command(sub, name: str, func, help: str, *, json_flag: bool = False, ids: str | None = None,
+             reads: bool = False):
+    """Add a subcommand bound to `func`, with the common --json flag and ID arguments; `reads`: it
+    never writes, so it works on a database this user may only read (see Store)."""
     cmd = sub.add_parser(name, help=help, description=help)
     if ids:
         cmd.add_argument("ids" if ids == "+" else "id", nargs=ids if ids == "+" else None, metavar="ID")
     if json_flag:
         cmd.add_argument("--json", action="store_true", help="print JSON only")
-    cmd.set_defaults(func=func)
+    cmd.set_defaults(func=func, reads_only=reads)
     return cmd
 
 
@@ -3098,26 +3256,29 @@ def _add_job_commands(sub) -> None:
     e.add_argument("job", metavar="JSON", help="a job object, or - to read JSON Lines or a JSON array from stdin")
     _command(sub, "cancel", cmd_cancel, "cancel jobs: waiting ones go to the DLQ, running ones are killed", ids="+")
     _command(sub, "delete", cmd_delete, "remove jobs that are not processing, with their runs", ids="+")
-    pg = _command(sub, "purge", cmd_purge, "remove finished jobs and their runs")
-    pg.add_argument("--state", choices=(COMPLETED, DEAD), default=COMPLETED)
-    pg.add_argument("--older-than", type=_duration_arg, default=0, metavar="DURATION", help="e.g. 30s, 15m, 12h, 7d")
-    wt = _command(sub, "wait", cmd_wait, "block until the jobs are completed or dead", ids="+")
+    pg = _command(sub, "purge", cmd_purge, "remove finished jobs and their runs; needs --older-than, --state or both")
+    pg.add_argument("--state", choices=(COMPLETED, DEAD), default=None,
+                    help="which finished jobs (default completed)")
+    pg.add_argument("--older-than", type=_duration_arg, default=None, metavar="DURATION",
+                    help="only those last changed longer ago than this, e.g. 30s, 15m, 12h, 7d (default: any age)")
+    wt = _command(sub, "wait", cmd_wait, "block until the jobs are completed or dead", ids="+", reads=True)
     wt.add_argument("--timeout", type=_seconds_arg, default=None, help="give up after S seconds (exit 1)")
 
 
 def _add_view_commands(sub) -> None:
-    s = _command(sub, "status", cmd_status, "job counts, live workers, paused queues", json_flag=True)
+    s = _command(sub, "status", cmd_status, "job counts, live workers, paused queues", json_flag=True, reads=True)
     s.add_argument("--queue", type=_queue_arg)
     s.add_argument("--watch", action="store_true", help="redraw every second until Ctrl+C")
-    ls = _command(sub, "list", cmd_list, "list jobs, oldest first", json_flag=True)
+    ls = _command(sub, "list", cmd_list, "list jobs, oldest first", json_flag=True, reads=True)
     ls.add_argument("--state", help=f"one of {', '.join(STATES)}")
     ls.add_argument("--queue", type=_queue_arg)
     ls.add_argument("--limit", type=int, default=None, help="only the N most recently created")
-    _command(sub, "show", cmd_show, "one job in full, with its runs", json_flag=True, ids="1")
-    lg = _command(sub, "logs", cmd_logs, "output of the job's latest run (or run N)", ids="1")
+    _command(sub, "show", cmd_show, "one job in full, with its runs", json_flag=True, ids="1", reads=True)
+    lg = _command(sub, "logs", cmd_logs, "output of the job's latest run (or run N)", ids="1", reads=True)
     lg.add_argument("--run", type=int, default=None, metavar="N")
     lg.add_argument("--follow", "-f", action="store_true", help="stream a running job's output until it ends")
-    st = _command(sub, "stats", cmd_stats, "throughput, durations and waits over a window", json_flag=True)
+    st = _command(sub, "stats", cmd_stats, "throughput, durations and waits over a window", json_flag=True,
+                  reads=True)
     st.add_argument("--since", type=_duration_arg, default=3600, metavar="DURATION", help="window (default 1h)")
 
 
@@ -3128,7 +3289,7 @@ def _add_operating_commands(sub) -> None:
 
 
 def _add_dashboard_command(sub) -> None:
-    d = _command(sub, "dashboard", cmd_dashboard, "serve a live web view of the queue and its JSON API")
+    d = _command(sub, "dashboard", cmd_dashboard, "serve a live web view of the queue and its JSON API", reads=True)
     d.add_argument("--bind", default="127.0.0.1", metavar="ADDRESS", help="address to listen on (default 127.0.0.1)")
     d.add_argument("--port", type=int, default=8321, help="port (default 8321; 0 = any free port)")
     d.add_argument("--allow-actions", action="store_true", help="allow retry, cancel and delete from the page")
@@ -3139,16 +3300,17 @@ def _add_worker_commands(w) -> None:
     ws = _command(w, "start", cmd_worker_start, "run a worker in the foreground")
     ws.add_argument("--count", type=int, default=1, help="threads, each running one job at a time")
     ws.add_argument("--burst", action="store_true", help="exit once the due work is drained")
-    ws.add_argument("--queue", type=_queue_arg, action="append", default=[], help="claim only from this queue")
+    ws.add_argument("--queue", type=_queue_arg, action="append", default=[],
+                    help="claim only from this queue; repeat it for more (default: every queue)")
     wt = _command(w, "stop", cmd_worker_stop, "ask every running worker to stop gracefully")
     wt.add_argument("--wait", action="store_true", help="return once they have exited")
     wt.add_argument("--timeout", type=_seconds_arg, default=None, help="with --wait: give up after S seconds")
-    _command(w, "list", cmd_worker_list, "registered workers and what they run", json_flag=True)
+    _command(w, "list", cmd_worker_list, "registered workers and what they run", json_flag=True, reads=True)
 
 
 def _add_dlq_and_config(sub) -> None:
     d = sub.add_parser("dlq", help="the dead-letter queue").add_subparsers(dest="action", required=True)
-    _command(d, "list", cmd_dlq_list, "dead jobs", json_flag=True)
+    _command(d, "list", cmd_dlq_list, "dead jobs", json_flag=True, reads=True)
     _command(d, "retry", cmd_dlq_retry, "move dead jobs back to pending", ids="+")
     c = sub.add_parser("config", help="settings").add_subparsers(dest="action", required=True)
     cs = _command(c, "set", cmd_config_set, "set a value")
@@ -3156,8 +3318,8 @@ def _add_dlq_and_config(sub) -> None:
     # REMAINDER: a value such as "-1d" would otherwise be taken for an option and reported as a
     # missing value; cmd_config_set checks there is exactly one and names a bad one.
     cs.add_argument("value", nargs=argparse.REMAINDER, help="the value (one)")
-    _command(c, "get", cmd_config_get, "print a value").add_argument("key")
-    _command(c, "list", cmd_config_list, "every value", json_flag=True)
+    _command(c, "get", cmd_config_get, "print a value", reads=True).add_argument("key")
+    _command(c, "list", cmd_config_list, "every value", json_flag=True, reads=True)
 
 
 def _duration_arg(text: str) -> float:
@@ -3187,8 +3349,9 @@ def open_store(args) -> Store:
     if not _valid_text(path, "--db"):
         raise UsageError("the database path (--db or $QUEUECTL_DB) is empty")
     if not os.path.isabs(path) and not _cwd_exists():
-        raise BadDatabase(f"cannot open database {path}: the current folder no longer exists (give --db a full path)")
-    return Store(path)
+        raise BadDatabase(f"cannot open {path}: the current folder no longer exists (give --db a full path)")
+    # The dashboard only reads unless its actions are on.
+    return Store(path, reads_only=args.reads_only and not getattr(args, "allow_actions", False))
 
 
 def _cwd_exists() -> bool:
@@ -3228,8 +3391,7 @@ def cmd_enqueue(args, store: Store) -> None:
     if args.job != "-":
         specs = [validate_job(parse_json(args.job), defaults, cwd, now)]
     else:
-        specs = [{**_numbered(where, lambda: validate_job(parse_json(item) if isinstance(item, str) else item,
-                                                          defaults, cwd, now)), "where": where}
+        specs = [{**_numbered(where, lambda: validate_job(item, defaults, cwd, now)), "where": where}
                  for where, item in read_batch(sys.stdin.buffer.read())]
         check_batch(specs)
     ids = store.enqueue(specs, now)
@@ -3247,8 +3409,9 @@ def current_dir() -> str:
         return ""  # validate_job rejects it only for a job that does not name its own cwd
 
 
-def read_batch(data: bytes) -> list[tuple[str, object]]:
-    """Split stdin into (where, item): a JSON array's items, or JSON Lines' non-blank lines."""
+def read_batch(data: bytes) -> Iterator[tuple[str, object]]:
+    """Stdin's jobs as (where, value): a JSON array's items as they are (a string item is not JSON to
+    parse again), or JSON Lines' non-blank lines, each parsed when reached, so the first bad one is named."""
     try:
         body = data.decode("utf-8").removeprefix("\ufeff")  # a BOM, as some editors write
     except UnicodeDecodeError as e:
@@ -3258,11 +3421,13 @@ def read_batch(data: bytes) -> list[tuple[str, object]]:
         items = parse_json(body)
         if not isinstance(items, list):
             raise UsageError("stdin: expected one JSON array or JSON Lines")
-        return [(f"item {n}", item) for n, item in enumerate(items, start=1)]
+        yield from ((f"item {n}", item) for n, item in enumerate(items, start=1))
+        return
     # Only "\n" ends a line: str.splitlines() would also split at U+2028, U+0085 and others, which
     # JSON allows raw inside strings.
-    lines = (line.removesuffix("\r") for line in body.split("\n"))
-    return [(f"line {n}", line) for n, line in enumerate(lines, start=1) if line.strip()]
+    for n, line in enumerate(body.split("\n"), start=1):
+        if line.strip():
+            yield f"line {n}", _numbered(f"line {n}", lambda: parse_json(line.removesuffix("\r")))
 
 
 def _numbered(where: str, fn):
@@ -3298,14 +3463,19 @@ def cmd_delete(args, store: Store) -> None:
 
 
 def cmd_purge(args, store: Store) -> None:
-    removed = store.purge_in_slices(args.state, time.time() - args.older_than)
-    print(f"purged {removed} {args.state} job{'s' if removed != 1 else ''}")
+    # A bare `purge` would delete every completed job at once: the user says which, or how old.
+    if args.state is None and args.older_than is None:
+        raise UsageError("purge needs --older-than DURATION or --state STATE (or both)")
+    state = args.state or COMPLETED
+    removed = store.purge_in_slices(state, time.time() - (args.older_than or 0))
+    print(f"purged {removed} {state} job{'s' if removed != 1 else ''}")
 
 
 def cmd_wait(args, store: Store) -> int:
     ids = checked_ids(args.ids)
     deadline = None if args.timeout is None else time.monotonic() + args.timeout
     while True:
+        store.refresh()
         jobs = [store.get(i) for i in ids]
         if all(j.state in (COMPLETED, DEAD) for j in jobs):  # every one has finished, one way or the other
             dead = [j for j in jobs if j.state == DEAD]
@@ -3325,11 +3495,13 @@ def cmd_status(args, store: Store) -> None:
         return print_status(store, args.queue, args.json)
     try:
         while True:
+            store.refresh()
             _watch_frame(store, args.queue, args.json)
             time.sleep(1.0)
     except KeyboardInterrupt:
         if not args.json:
             print()
+        raise  # 130, as for `logs -f` and `wait`: the user stopped it, it did not finish
 
 
 def _watch_frame(store: Store, queue: str | None, as_json: bool) -> None:
@@ -3432,6 +3604,7 @@ def follow_output(store: Store, job_id: str, run: tuple | None) -> None:
         elif store.get(job_id).state in (COMPLETED, DEAD):
             return
         time.sleep(0.25)
+        store.refresh()
         run = store.run_output(job_id, None if run is None else run[0])
 
 
@@ -3494,6 +3667,8 @@ def cmd_worker_start(args, store: Store) -> int:
 
 
 def cmd_worker_stop(args, store: Store) -> int:
+    if args.timeout is not None and not args.wait:
+        raise UsageError("worker stop: --timeout needs --wait")
     asked = {w.id for w in live_workers(store)}  # a dead worker's row would only inflate the count
     n = store.request_stop(sorted(asked))
     print(f"asked {n} worker{'s' if n != 1 else ''} to stop")
@@ -3523,6 +3698,10 @@ def cmd_dashboard(args, store: Store) -> int:
     import signal
     if not 0 <= args.port <= 65535:
         raise UsageError("--port must be from 0 to 65535 (0 = any free port)")
+    if args.no_token and args.allow_actions and not loopback_bind(args.bind):
+        raise UsageError(f"--no-token with --allow-actions on {args.bind!r}, which other machines can reach, "
+                         "would let anyone on the network retry, cancel and delete jobs: drop --no-token, "
+                         "or --bind 127.0.0.1")
     store.close()  # each request opens its own connection
     dashboard = Dashboard(store.path, token=None if args.no_token else secrets.token_urlsafe(24),
                           allow_actions=args.allow_actions)
@@ -3609,8 +3788,8 @@ def _dispatch(args) -> int:
         return _fail(e)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
-    except sqlite3.DatabaseError as e:
-        return _fail(QueueError(f"database error: {e}"))
+    except sqlite3.DatabaseError as e:  # one the Store met after opening (those at opening are BadDatabase)
+        return _fail(database_error(store.path, e, opening=False, write=not store.read_only))
     except BrokenPipeError:  # `queuectl list | head`: the reader left; not an error worth a line
         with contextlib.suppress(OSError):
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keeps the interpreter's final flush quiet

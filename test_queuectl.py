@@ -489,6 +489,36 @@ def test_newer_schema_is_refused_and_left_untouched(tmp_path):
     assert path.read_bytes() == before
 
 
+def folder_state(folder):
+    """What a command that only reads must leave as it was: the folder's listing and mtime, and each
+    file's bytes and mtime."""
+    files = sorted((entry.name, open(entry.path, "rb").read(), entry.stat().st_mtime_ns)
+                   for entry in os.scandir(folder))
+    return os.stat(folder).st_mtime_ns, files
+
+
+def test_a_store_that_only_reads_opens_a_database_it_cannot_write_read_only(tmp_path, monkeypatch):
+    path = str(tmp_path / "ro.db")
+    with contextlib.closing(queuectl.Store(path)) as owner:
+        owner.enqueue([spec("a")], T0)
+    before = folder_state(tmp_path)
+    monkeypatch.setattr(queuectl, "_writable", lambda p: False)  # as for a user who may only read it
+    reader = queuectl.Store(path, reads_only=True)
+    try:
+        assert (reader.read_only, reader.frozen) == (True, True)  # no -wal: nobody has it open
+        assert [j.id for j in reader.list_jobs()] == ["a"]
+        with pytest.raises(sqlite3.OperationalError):
+            reader.pause(["x"])
+        assert folder_state(tmp_path) == before  # nothing written, no -wal or -shm made
+        with contextlib.closing(queuectl.Store(path)) as owner:  # a writer starts meanwhile
+            owner.enqueue([spec("b")], T0)
+            reader.refresh()  # what a poll does: the frozen file is read again, now through the -wal
+            assert (reader.read_only, reader.frozen) == (True, False)
+            assert [j.id for j in reader.list_jobs()] == ["a", "b"]
+    finally:
+        reader.close()
+
+
 def test_enqueue_get_and_duplicate(store):
     assert store.enqueue([spec()], T0) == ["j1"]
     job = store.get("j1")
@@ -883,13 +913,13 @@ def test_a_dead_dependency_takes_the_chain_to_dead(store):
     assert store.get("free").state == "pending"
 
 
-def test_enqueue_on_a_dead_dependency_is_dead_at_once(store):
+def test_enqueue_on_a_dead_dependency_is_refused_and_stores_nothing(store):
     register(store)
-    store.enqueue([spec("a", max_retries=0)], T0)
+    store.enqueue([spec("a", max_retries=0), spec("ok")], T0)
     finish_next(store, 1, T0)
-    store.enqueue([spec("b", depends_on=["a"])], T0 + 1)
-    b = store.get("b")
-    assert b.state == "dead" and "a" in b.last_error
+    with pytest.raises(queuectl.Conflict, match="'b' depends on 'a', which is dead"):
+        store.enqueue([spec("x"), spec("b", depends_on=["ok", "a"]), spec("y")], T0 + 1)
+    assert [j.id for j in store.list_jobs()] == ["a", "ok"]
 
 
 def test_retry_of_a_dependent_alone_is_refused_while_its_dependency_is_dead(store):
@@ -2182,6 +2212,24 @@ def test_dashboard_command_rejects_a_bad_port_and_a_port_in_use(tmp_path, dashbo
     assert "cannot listen" in capsys.readouterr().err
 
 
+def test_dashboard_refuses_actions_without_a_token_off_loopback_before_listening(tmp_path, monkeypatch, capsys):
+    served = []
+
+    def serve(self, bind, port):
+        served.append(bind)
+        raise queuectl.QueueError("not serving in this test")
+    monkeypatch.setattr(queuectl.Dashboard, "serve", serve)
+    db = str(tmp_path / "x.db")
+    for bind in ("0.0.0.0", "::", ""):
+        assert queuectl.main(["--db", db, "dashboard", "--bind", bind, "--no-token", "--allow-actions"]) == 2
+        assert_one_error(capsys.readouterr().err, "--no-token", "--allow-actions")
+    assert served == []
+    for flags in (["--bind", "127.0.0.1", "--no-token", "--allow-actions"], ["--bind", "0.0.0.0", "--allow-actions"],
+                  ["--bind", "0.0.0.0", "--no-token"]):
+        assert queuectl.main(["--db", db, "dashboard", *flags]) == 1
+    assert served == ["127.0.0.1", "0.0.0.0", "0.0.0.0"]
+
+
 def chromium_dom(url, tmp_path):
     """The DOM of url after the page's scripts ran (headless Chromium, virtual time)."""
     if not os.path.exists(CHROMIUM):
@@ -2555,6 +2603,14 @@ def test_worker_stop_with_no_workers(db):
     assert out == "asked 0 workers to stop\n"
 
 
+def test_worker_stop_timeout_without_wait_exits_2_and_asks_no_worker(db):
+    claim_for_a_fake_worker(db, "run")
+    code, out, err = cli(db, "worker", "stop", "--timeout", "5")
+    assert (code, out) == (2, "")
+    assert_one_error(err, "--timeout", "--wait")
+    assert [w["stopping"] for w in json.loads(ok(db, "worker", "list", "--json"))] == [False]
+
+
 # ---- global options, argparse, the db file
 
 def test_version(db):
@@ -2569,6 +2625,11 @@ def test_version(db):
 def test_help_exits_0(db):
     code, out, err = cli(db, "--help")
     assert code == 0 and "enqueue" in out
+
+
+def test_worker_start_help_says_queue_may_be_repeated(db):
+    code, out, err = cli(db, "worker", "start", "--help")
+    assert code == 0 and "repeat" in out.split("--queue", 2)[-1], out
 
 
 @pytest.mark.parametrize("args", [("bogus",), ("show",), ("enqueue",), ("dlq", "retry"),
@@ -2676,6 +2737,128 @@ def test_a_db_with_a_newer_schema_is_refused_untouched(db):
         assert_one_error(err)
     with open(db, "rb") as f:
         assert f.read() == before
+
+
+def test_database_errors_name_the_file_and_the_reason(tmp_path):
+    folder = tmp_path / "a-folder.db"
+    folder.mkdir()
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"this is not a database\n" * 200)
+    missing = tmp_path / "no-such-folder" / "q.db"
+    for path, reason in ((folder, "is a directory"), (garbage, "file is not a database"),
+                         (missing, "no such file or directory")):
+        for args in (("status",), ("enqueue", '{"command": "true"}')):
+            code, out, err = cli(str(path), *args)
+            assert (code, out) == (1, ""), (path, args)
+            assert_one_error(err, f"cannot open {path}: {reason}")
+    assert garbage.read_bytes() == b"this is not a database\n" * 200
+    assert os.listdir(folder) == [] and not missing.parent.exists()
+
+
+def _without_capabilities():
+    """A preexec_fn: empty the bounding set, so the program exec'd next runs as uid 0 with no
+    capability. Root then meets file modes like any user (CAP_DAC_OVERRIDE is what ignores them)."""
+    import ctypes
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork
+    last = int(open("/proc/sys/kernel/cap_last_cap").read())
+
+    def drop():
+        for cap in range(last + 1):
+            if prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+                raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+    return drop
+
+
+def run_as_reader(db, *args, popen=False):
+    """queuectl as a user who may read `db` but not write it or its folder (see read_only_db): root
+    without its capabilities, or ourselves once the write bits are gone."""
+    options = {"preexec_fn": _without_capabilities()} if os.geteuid() == 0 else {}
+    argv = [sys.executable, QUEUECTL, "--db", db, *args]
+    if popen:
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=child_env(), **options)
+    return subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=WAIT_S,
+                          env=child_env(), **options)
+
+
+@pytest.fixture
+def read_only_db(tmp_path):
+    """(folder, q.db, empty.db): q.db holds done (completed, printed "done"), gone (dead) and wait
+    (pending); empty.db is an empty file, a database not set up yet. As root: the folder (0755) and
+    files (0644) belong to nobody, and run_as_reader's root without capabilities is just another user;
+    otherwise they are ours, without write bits (0555, 0444)."""
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    db, empty = str(folder / "q.db"), str(folder / "empty.db")
+    now = time.time()
+    with opened(db) as s:
+        register(s, now=now)
+        s.enqueue([spec("done", "echo done")], now)
+        finish_next(s, 0, now, "done\n")
+        s.enqueue([spec("gone", "exit 4", max_retries=0)], now)
+        finish_next(s, 4, now, "oops\n")
+        s.enqueue([spec("wait", "true")], now)
+        s.deregister("w1")
+    open(empty, "wb").close()
+    root = os.geteuid() == 0
+    for path, mode in ((db, 0o644), (empty, 0o644), (folder, 0o755)):
+        if root:
+            import pwd
+            nobody = pwd.getpwnam("nobody")
+            os.chown(path, nobody.pw_uid, nobody.pw_gid)
+        os.chmod(path, mode if root else mode & 0o555)
+    try:
+        yield folder, db, empty
+    finally:
+        os.chmod(folder, 0o755)
+
+
+def test_commands_that_only_read_work_on_a_database_this_user_cannot_write(read_only_db):
+    folder, db, empty = read_only_db
+    before = folder_state(folder)
+    outputs = {}
+    for args in (("status", "--json"), ("list", "--json"), ("show", "done", "--json"), ("logs", "done"),
+                 ("stats", "--json"), ("dlq", "list", "--json"), ("worker", "list", "--json"),
+                 ("config", "list", "--json"), ("config", "get", "max-retries"), ("wait", "done")):
+        result = run_as_reader(db, *args)
+        assert (result.returncode, result.stderr) == (0, ""), args
+        outputs[args[0] if args[0] not in ("dlq", "worker", "config") else " ".join(args[:2])] = result.stdout
+    assert json.loads(outputs["status"])["jobs"] == {"pending": 1, "processing": 0, "completed": 1, "failed": 0,
+                                                     "dead": 1}
+    assert [j["id"] for j in json.loads(outputs["list"])] == ["done", "gone", "wait"]
+    assert json.loads(outputs["show"])["runs"][0]["output"] == outputs["logs"] == "done\n"
+    assert json.loads(outputs["stats"])["runs"] == {"completed": 1, "failed": 0, "dead": 1}
+    assert [j["id"] for j in json.loads(outputs["dlq list"])] == ["gone"]
+    assert json.loads(outputs["worker list"]) == [] and outputs["config get"] == "3\n"
+
+    dashboard = run_as_reader(db, "dashboard", "--port", "0", "--no-token", popen=True)
+    try:
+        url = dashboard.stdout.readline().strip()
+        import urllib.request
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with opener.open(url + "api/status", timeout=30) as res:
+            assert json.loads(res.read())["jobs"]["pending"] == 1
+    finally:
+        dashboard.send_signal(signal.SIGTERM)
+        _, err = dashboard.communicate(timeout=WAIT_S)
+    assert dashboard.returncode == 0 and "Traceback" not in err, err
+
+    result = run_as_reader(db, "enqueue", '{"command": "true"}')  # a write is refused
+    assert result.returncode == 1
+    assert_one_error(result.stderr, f"cannot write {db}: permission denied")
+    result = run_as_reader(empty, "status")  # a database not set up needs a writer
+    assert result.returncode == 1
+    import pwd
+    assert_one_error(result.stderr, empty, "schema upgrade", f"owner ({pwd.getpwuid(os.stat(empty).st_uid).pw_name})",
+                     "any user who can write it")
+    assert folder_state(folder) == before
+
+    if os.geteuid() == 0:  # a writer has it open meanwhile: the reader reads through its -wal and -shm
+        with opened(db) as owner:
+            owner.enqueue([spec("new")], time.time())
+            result = run_as_reader(db, "list", "--json")
+            assert result.returncode == 0, result.stderr
+            assert [j["id"] for j in json.loads(result.stdout)] == ["done", "gone", "wait", "new"]
 
 
 # ---- enqueue: priority, run_at, delay, queue
@@ -2858,6 +3041,22 @@ def test_dlq_retry_of_a_whole_chain_revives_it_waiting_in_order(chain_db):
         {"a": ("pending", 0, None), "b": ("pending", 1, None), "c": ("pending", 1, None)}
 
 
+def test_enqueue_on_a_dead_dependency_exits_1_naming_it_and_stores_nothing(chain_db):
+    before = snapshot(chain_db)
+    code, out, err = cli(chain_db, "enqueue", json.dumps({"id": "d", "command": "true", "depends_on": ["a"]}))
+    assert (code, out) == (1, "")
+    assert_one_error(err, "'d'", "'a'", "dead")
+    for data, where, dead in (
+            (jsonl({"id": "x", "command": "true"}, {"id": "d", "command": "true", "depends_on": ["b"]}),
+             "line 2", "'b'"),
+            (json.dumps([{"id": "x", "command": "true"}, {"id": "d", "command": "true", "depends_on": ["x", "c"]}]),
+             "item 2", "'c'")):
+        code, out, err = cli(chain_db, "enqueue", "-", stdin=data)
+        assert (code, out) == (1, ""), err
+        assert_one_error(err, where, dead, "dead")
+    assert snapshot(chain_db) == before
+
+
 # ---- batch enqueue (enqueue -)
 
 def jsonl(*objects):
@@ -2924,6 +3123,15 @@ def test_batch_array_with_an_invalid_item_names_it(seeded_db):
     code, out, err = cli(seeded_db, "enqueue", "-", stdin=data)
     assert (code, out) == (2, "")
     assert_one_error(err, "2")
+    assert snapshot(seeded_db) == before
+
+
+def test_batch_array_item_that_is_a_string_is_refused_naming_it(seeded_db):
+    before = snapshot(seeded_db)
+    data = json.dumps([{"id": "good", "command": "true"}, json.dumps({"id": "s", "command": "true"})])
+    code, out, err = cli(seeded_db, "enqueue", "-", stdin=data)
+    assert (code, out) == (2, "")
+    assert_one_error(err, "item 2", "JSON object")
     assert snapshot(seeded_db) == before
 
 
@@ -3214,10 +3422,10 @@ def age(db, job_id, seconds):
 
 
 def test_purge_removes_completed_jobs_by_default(states_db):
-    assert cli(states_db, "purge") == (0, "purged 1 completed job\n", "")
+    assert cli(states_db, "purge", "--older-than", "0") == (0, "purged 1 completed job\n", "")
     assert list_ids(states_db) == ["gone", "fail", "wait"]
     assert "done" not in run_counts(states_db)
-    assert ok(states_db, "purge") == "purged 0 completed jobs\n"
+    assert ok(states_db, "purge", "--state", "completed") == "purged 0 completed jobs\n"
 
 
 def test_purge_state_dead(states_db):
@@ -3251,6 +3459,16 @@ def test_purge_bad_arguments_exit_2(states_db, args):
     assert_argparse_error(code, err)
     assert out == ""
     assert snapshot(states_db) == before
+
+
+def test_purge_without_older_than_or_state_exits_2_naming_them(states_db):
+    before = snapshot(states_db)
+    code, out, err = cli(states_db, "purge")
+    assert (code, out) == (2, "")
+    assert_one_error(err, "--older-than", "--state")
+    assert snapshot(states_db) == before
+    assert "needs --older-than, --state or both" in ok(states_db, "purge", "--help")
+    assert ok(states_db, "purge", "--older-than", "1h") == "purged 0 completed jobs\n"  # completed by default
 
 
 # ---- wait
@@ -4048,7 +4266,7 @@ def test_status_watch_redraws_until_ctrl_c(db, workers, tmp_path):
         watch = workers.spawn("status", "--watch", stdout=out)
     wait_for(lambda: out_path.read_bytes().count(b"pending") >= 2, "two redraws of the status")
     watch.send_signal(signal.SIGINT)
-    assert watch.wait(timeout=WAIT_S) == 0
+    assert watch.wait(timeout=WAIT_S) == 130
     text = out_path.read_text()
     assert re.search(r"pending\s+2\b", text) and re.search(r"completed\s+0\b", text), text
     assert "\x1b[2J" not in text  # redrawn in place, not cleared (no flicker)
@@ -4064,6 +4282,27 @@ def test_status_watch_json_prints_one_json_object_a_line(db, capsys):
         queuectl._watch_frame(s, None, True)
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and all(json.loads(line)["jobs"]["pending"] == 1 for line in lines)
+
+
+def has_open(pid, path):
+    """Whether process pid holds `path` open: a command that has opened its database is past start-up."""
+    fd_dir, target = f"/proc/{pid}/fd", os.path.realpath(path)
+    with contextlib.suppress(OSError):
+        return any(os.readlink(os.path.join(fd_dir, fd)) == target for fd in os.listdir(fd_dir))
+    return False
+
+
+def test_commands_that_wait_on_the_user_exit_130_on_ctrl_c(db, workers):
+    enqueue(db, id="later", command="true")  # no worker: never runs, so nothing they wait for happens
+    procs = {args: workers.spawn(*args) for args in (("status", "--watch"), ("logs", "later", "--follow"),
+                                                      ("wait", "later"))}
+    for args, proc in procs.items():
+        wait_for(lambda: has_open(proc.pid, db), f"{args} to open the database")
+        proc.send_signal(signal.SIGINT)
+    for args, proc in procs.items():
+        assert proc.wait(timeout=WAIT_S) == 130, args
+        err = proc.stderr.read().decode()
+        assert "Traceback" not in err and "error" not in err, (args, err)
 
 
 # ==== Faults and security ==========================================================================

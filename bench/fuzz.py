@@ -17,7 +17,8 @@ against a temporary database holding one job in each state. The inputs:
   views              list / status / config get with hostile options
 
 Each case knows which exit codes the rules allow (0 accepted; 2 invalid input; 1 valid but
-impossible: an id taken, a dependency or job missing, a job in the wrong state), and the checks are:
+impossible: an id taken, a dependency or job missing, a dependency dead, a job in the wrong state), and
+the checks are:
 the exit code is 0, 1 or 2 and one the rules allow; nothing escapes main() and stderr never holds a
 traceback; a failure prints one `queuectl: error:` line; the database is unchanged (a dump of its
 tables) after every non-zero exit and after every read-only command; an accepted enqueue stored
@@ -320,14 +321,14 @@ def id_and_deps(job: JobCase) -> tuple[str | None, list[str]]:
 
 
 def job_verdict(job: JobCase) -> set[int]:
-    """Exit codes the rules allow for one `enqueue JSON`: invalid -> 2; the id taken or a dependency
-    missing -> 1 (a single job's self-dependency is a missing dependency, DECISIONS.md)."""
+    """Exit codes the rules allow for one `enqueue JSON`: invalid -> 2; the id taken, or a dependency
+    missing or dead -> 1 (a single job's self-dependency is a missing dependency, DECISIONS.md)."""
     if job.either:
         return {0, 2}
     if not job.valid:
         return INVALID
     job_id, deps = id_and_deps(job)
-    if job_id in EXISTING or any(d not in EXISTING for d in deps):
+    if job_id in EXISTING or any(EXISTING.get(d, "dead") == "dead" for d in deps):
         return IMPOSSIBLE
     return OK
 
@@ -397,7 +398,7 @@ def case_batch(rng: random.Random) -> Case:
 def batch_verdict(jobs: list[JobCase], as_array: bool) -> set[int]:
     """Exit codes the rules allow for a batch: an invalid item -> 2; an id twice in the batch, or a
     dependency on a job of the batch that does not come earlier -> 2; then an id taken or a
-    dependency missing -> 1."""
+    dependency missing or dead -> 1."""
     if any(j.either for j in jobs):
         return {0, 1, 2}
     if any(not j.valid for j in jobs):
@@ -409,7 +410,8 @@ def batch_verdict(jobs: list[JobCase], as_array: bool) -> set[int]:
     for job_id, deps in parsed:
         if job_id in seen or any(d in in_batch and d not in seen for d in deps):
             return INVALID
-        impossible = impossible or job_id in EXISTING or any(d not in EXISTING and d not in seen for d in deps)
+        impossible = impossible or job_id in EXISTING or any(
+            d not in seen and EXISTING.get(d, "dead") == "dead" for d in deps)
         if job_id is not None:
             seen.add(job_id)
     return IMPOSSIBLE if impossible else OK
@@ -652,16 +654,21 @@ def build_start_state(path: str) -> None:
     worker = "fuzz-host:1:remote"
     store.register(worker, {"host": "fuzz-host", "pid": 1, "proc_start": "1", "boot_id": "b", "pid_ns": "n"}, 1, now)
 
-    def run(job_id: str, code: int, **extra):
-        add(job_id, **extra)
+    def settle(job_id: str, code: int):
+        """Claim the job (the only one due) and finish it with exit `code` (< 0: leave it running)."""
         job = store.claim(worker, now)
         assert job.id == job_id, job
         if code >= 0:
             store.finish(job, worker, q.Outcome(code, None if code == 0 else f"exit code {code}", b"out\n", 0.1),
                          store.config_all(), now)
+
+    def run(job_id: str, code: int, **extra):
+        add(job_id, **extra)
+        settle(job_id, code)
     run("done", 0)
-    run("dead1", 1, max_retries=1)
-    add("dead2", depends_on=["dead1"])
+    add("dead1", max_retries=1)
+    add("dead2", depends_on=["dead1"])  # before dead1 dies: a job on a dead dependency is refused
+    settle("dead1", 1)
     run("fail", 1, max_retries=3)
     run("proc", -1)
     add("pend")

@@ -24,7 +24,8 @@ the simulated monotonic clock. Each step is one of:
                             meanwhile report their result with the claim they had, then it beats
   restart / stop            a crashed process is replaced by a new one; a worker stops (hard)
   enqueue / cancel / retry  what users do (jobs with random retries, priorities, dependencies,
-                            queues, and some with a run_at a few seconds ahead: staged until due)
+                            queues, and some with a run_at a few seconds ahead: staged until due);
+                            a batch with a job on a dead dependency must be refused whole
   pause / resume            a user pauses or resumes queues ('*' = all; resume of one queue while
                             '*' is paused must be refused)
 
@@ -438,9 +439,27 @@ class Simulation:
             if earlier and self.rng.random() < 0.15:
                 obj["depends_on"] = [self.rng.choice(earlier)]
             specs.append(q.validate_job(obj, defaults, "/", self.wall))
+        dead = {i for i, r in self.rows().items() if r[1] == q.DEAD}
+        refused = next((s for s in specs if dead & set(s["depends_on"])), None)
+        if refused is not None:
+            self.refused_on_dead_dependency(specs, refused)
+            specs = [{**s, "depends_on": [d for d in s["depends_on"] if d not in dead]} for s in specs]
         self.user.enqueue(specs, self.wall)
         self.jobs.update(s["id"] for s in specs)
         self.trace("enqueue " + ", ".join(self.describe(s) for s in specs))
+
+    def refused_on_dead_dependency(self, specs: list[dict], first: dict) -> None:
+        """A batch with a job on a dead dependency is refused whole, naming the first such job."""
+        before = self.user.read(SQL_ROWS)
+        try:
+            self.user.enqueue(specs, self.wall)
+        except q.Conflict as e:
+            self.check(f"job {first['id']!r} depends on" in str(e) and "dead" in str(e), f"enqueue refused for "
+                       f"another reason than {first['id']}'s dead dependency: {e}")
+            self.trace(f"enqueue {', '.join(s['id'] for s in specs)} refused: {e}")
+        else:
+            self.fail(f"enqueue of {first['id']} on the dead {first['depends_on'][0]} was accepted")
+        self.check(self.user.read(SQL_ROWS) == before, "a refused enqueue changed the jobs")
 
     def schedule(self, obj: dict) -> None:
         """Some jobs are for later (staged until a claim promotes them), a few for a moment already

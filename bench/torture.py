@@ -23,7 +23,8 @@ queue. Then, with no timing in any check:
     explained by its own runs that were cut short after it started (outcome lost or stopped): at
     most one extra line per such run;
   - no run is left open, PRAGMA integrity_check is ok, `status --json` counts equal the rows;
-  - no worker exited on its own or printed a traceback, and no enqueue failed except "busy";
+  - no worker exited on its own or printed a traceback, and no enqueue failed except "busy" and a
+    child refused because its dependency is dead (or was refused itself): it is sent again without it;
   - before the run, an orphan-kill probe: runs under flock are killed with kill_run() and wait_gone() (the
     sweeper's step before a requeue) and /proc/locks must show their lock gone when it returns
     (a dying run still holding it is the overlap above, caught in its millisecond window).
@@ -42,6 +43,7 @@ import json
 import os
 import platform
 import random
+import re
 import shutil
 import signal
 import sqlite3
@@ -113,6 +115,7 @@ class Enqueuers:
     def __init__(self, db: str, plan: list[list[dict]], window_s: float, seed: int):
         self.db, self.plan, self.window_s, self.seed = db, plan, window_s, seed
         self.acknowledged: set[str] = set()
+        self.refused: dict[str, tuple[str, str]] = {}  # child id -> (its dependency, why it was refused)
         self.busy_retries = 0
         self.errors: list[str] = []
         self.lock = threading.Lock()
@@ -142,6 +145,24 @@ class Enqueuers:
 
     def _send(self, chunk: list[dict], single: bool) -> None:
         specs = [{k: v for k, v in job.items() if not k.startswith("_")} for job in chunk]
+        while specs:
+            p = self._enqueue(specs, single)
+            refused = self._refusal(p)
+            if refused is None:
+                break
+            specs = [s for s in specs if s["id"] != refused]  # the rest again, without it
+        else:
+            return
+        printed = p.stdout.decode().split()
+        expected = [s["id"] for s in specs]
+        with self.lock:
+            if p.returncode != 0 or printed != expected:
+                self.errors.append(f"enqueue of {expected[0]}..{expected[-1]} exit {p.returncode}, printed "
+                                   f"{printed[:3]}..., stderr {p.stderr.decode()[:300]!r}")
+            if p.returncode == 0:
+                self.acknowledged.update(printed)
+
+    def _enqueue(self, specs: list[dict], single: bool) -> subprocess.CompletedProcess:
         if single:
             argv, data = ["enqueue", json.dumps(specs[0])], None
         else:
@@ -152,15 +173,17 @@ class Enqueuers:
                 with self.lock:
                     self.busy_retries += 1  # nothing was stored: the same jobs again
                 continue
-            break
-        printed = p.stdout.decode().split()
-        expected = [s["id"] for s in specs]
+            return p
+
+    def _refusal(self, p: subprocess.CompletedProcess) -> str | None:
+        """The child a refused enqueue names when its dependency is dead (or was itself refused, so
+        does not exist); recorded for check(), which verifies the reason. None for anything else."""
+        match = re.search(r"job '(t\d+)' depends on '(t\d+)', which (is dead|does not exist)", p.stderr.decode())
+        if p.returncode != 1 or match is None:
+            return None
         with self.lock:
-            if p.returncode != 0 or printed != expected:
-                self.errors.append(f"enqueue of {expected[0]}..{expected[-1]} exit {p.returncode}, printed "
-                                   f"{printed[:3]}..., stderr {p.stderr.decode()[:300]!r}")
-            if p.returncode == 0:
-                self.acknowledged.update(printed)
+            self.refused[match[1]] = (match[2], match[3])
+        return match[1]
 
 
 # ==== workers and the killer =======================================================================
@@ -442,6 +465,9 @@ def check(paths: dict, kinds: dict, parents: dict, enq: Enqueuers, workers: Work
     for job_id in lines:
         results[job_id] = results.get(job_id, 0) + 1
 
+    for child, (parent, why) in enq.refused.items():  # refused enqueues: only on a dead or refused dependency
+        if not (parent in enq.refused if why == "does not exist" else rows.get(parent, ("",))[0] == "dead"):
+            v.append(f"enqueue of {child} was refused because {parent} {why}, which is not so")
     lost = sorted(enq.acknowledged - set(rows))
     if lost:
         v.append(f"{len(lost)} acknowledged jobs are missing: {lost[:10]}")
@@ -510,7 +536,8 @@ def check(paths: dict, kinds: dict, parents: dict, enq: Enqueuers, workers: Work
         "recoveries": outcomes.get("lost", 0), "hard_stopped_runs": outcomes.get("stopped", 0),
         "runs": sum(outcomes.values()), "run_outcomes": outcomes,
         "reruns": reruns, "rerun_lines": extra_lines, "overlaps": len(overlaps), "lost": len(lost),
-        "enqueue_busy_retries": enq.busy_retries, "integrity": integrity, "violations": v,
+        "enqueue_busy_retries": enq.busy_retries, "refused_enqueues": len(enq.refused), "integrity": integrity,
+        "violations": v,
     }
 
 
@@ -538,7 +565,8 @@ def print_summary(s: dict) -> None:
     print(f"  orphan-kill probe: {probe['still_locked']} of {probe['runs']} killed runs still held their lock when "
           "kill_run() and wait_gone() returned (must be 0)")
     print(f"  overlaps: {s['overlaps']} (must be 0)   lost: {s['lost']} (must be 0)   integrity: {s['integrity']}   "
-          f"busy enqueue retries: {s['enqueue_busy_retries']}")
+          f"busy enqueue retries: {s['enqueue_busy_retries']}   enqueues refused on a dead dependency: "
+          f"{s['refused_enqueues']}")
     m = s["machine"]
     print(f"  {s['seconds']:g}s of chaos, drain {s['drain_s']}s, {s['total_s']}s in all; seed {s['seed']}; "
           f"{m['date']}, {m['cores']} cores, Python {m['python']}, SQLite {m['sqlite']}, "
