@@ -290,174 +290,238 @@ MIGRATIONS = [
     """,
 ]
 
-SQL_INSERT_JOB = (
-    "INSERT INTO jobs (id, command, state, max_retries, timeout_s, cwd, env, created_at, updated_at, next_run_at, "
-    "priority, queue, waiting_on, last_error, ready) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
-SQL_INSERT_DEP = "INSERT OR IGNORE INTO deps (job_id, dep_id) VALUES (?, ?)"
-SQL_GET_JOB = f"SELECT {Job.COLUMNS} FROM jobs WHERE id = ?"
-SQL_JOB_STATE = "SELECT state FROM jobs WHERE id = ?"
-SQL_LIST_JOBS = f"SELECT {Job.COLUMNS} FROM (SELECT * FROM jobs {{where}} ORDER BY seq DESC LIMIT ?) ORDER BY seq"
-SQL_COUNTS = "SELECT state, count(*) FROM jobs {where} GROUP BY state"
-SQL_DEPS_OF = "SELECT dep_id FROM deps WHERE job_id = ? ORDER BY rowid"
-# The claim. A waiting job (pending or failed, no unfinished dependency) is *staged* until it is
-# due and *ready* from then on: the claim transaction first promotes the staged jobs that have
-# fallen due (a range of jobs_staged, empty most of the time), so jobs_claim holds only due jobs.
-# Only the promotion sets ready = 1; every update that makes a job wait again sets ready = 0.
-# jobs_claim leads with the queue, and the claim takes the head of each queue it may serve, then
-# the best of those heads: a paused queue, a queue this worker does not serve, or jobs scheduled
-# for later cost nothing however many jobs they hold (a plain priority-ordered index would have
-# to walk past all of them on every claim and poll).
-SQL_WAITING = "state IN ('pending', 'failed') AND waiting_on = 0"
-SQL_READY = f"{SQL_WAITING} AND ready = 1"  # the WHERE of jobs_claim, so INDEXED BY can use it
-SQL_STAGED = f"{SQL_WAITING} AND ready = 0"  # the WHERE of jobs_staged
-SQL_PROMOTE = (f"UPDATE jobs SET ready = 1 WHERE seq IN "
-               f"(SELECT seq FROM jobs INDEXED BY jobs_staged WHERE {SQL_STAGED} AND next_run_at <= ?)")
-# The queues to look at: those of `worker start --queue` (VALUES (?), …), or every queue with a
-# ready job, found by a skip-scan of jobs_claim: one index seek per queue.
-SQL_READY_QUEUES = f"""q(name) AS (
-    SELECT (SELECT queue FROM jobs INDEXED BY jobs_claim WHERE {SQL_READY} ORDER BY queue LIMIT 1)
-    UNION ALL
-    SELECT (SELECT queue FROM jobs INDEXED BY jobs_claim WHERE {SQL_READY} AND queue > q.name ORDER BY queue LIMIT 1)
-    FROM q WHERE q.name IS NOT NULL)"""
-# The best ready job of each such queue that is not paused (NULL for a queue with none). The due
-# check only matters when clocks disagree (a job enqueued by a host whose clock runs ahead).
-SQL_HEADS = f"""WITH RECURSIVE {{queue_set}}
-    SELECT (SELECT seq FROM jobs INDEXED BY jobs_claim WHERE {SQL_READY} AND queue = q.name AND next_run_at <= ?
-            ORDER BY priority DESC, next_run_at, seq LIMIT 1) AS seq
-    FROM q WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))"""
-SQL_DUE = "SELECT id FROM jobs WHERE seq IN ({heads}) ORDER BY priority DESC, next_run_at, seq LIMIT 1"
-# A worker whose registration was removed (presumed dead) cannot claim: its jobs would be orphans.
-SQL_REGISTERED = "SELECT 1 FROM workers WHERE id = ?"
-SQL_CLAIM_SET = "UPDATE jobs SET state = 'processing', worker_id = ?, run_count = run_count + 1, updated_at = ? "
-SQL_CLAIM = SQL_CLAIM_SET + f"WHERE id = ({SQL_DUE}) AND EXISTS ({SQL_REGISTERED}) RETURNING {Job.COLUMNS}"
-SQL_CLAIM_ID = SQL_CLAIM_SET + "WHERE id = ? AND state IN ('pending', 'failed')"
-SQL_ANY_STAGED = f"SELECT 1 FROM jobs INDEXED BY jobs_staged WHERE {SQL_STAGED} AND next_run_at <= ? LIMIT 1"
-# The poller: a ready job in a queue we serve, or a staged job that has fallen due anywhere (a
-# claim promotes it; each job can cause at most one such wake-up).
-SQL_ANY_HEAD = "EXISTS (SELECT 1 FROM ({heads}) WHERE seq IS NOT NULL)"
-SQL_POLL = f"SELECT {SQL_ANY_HEAD} OR EXISTS ({SQL_ANY_STAGED})"
-# --burst: is anything in our queues due within the horizon (ready, or staged and not paused)?
-SQL_DUE_SOON = (f"SELECT {SQL_ANY_HEAD} OR EXISTS (SELECT 1 FROM jobs "
-                f"INDEXED BY jobs_staged WHERE {SQL_STAGED} AND next_run_at <= ? {{queues}} "
-                "AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')))")
-SQL_ANY_PROCESSING = "SELECT 1 FROM jobs WHERE state = 'processing' {queues} LIMIT 1"
-SQL_INSERT_RUN = "INSERT INTO runs (job_id, run_no, worker_id, started_at, due_at) VALUES (?, ?, ?, ?, ?)"
-SQL_FLUSH_OUTPUT = "UPDATE runs SET output = ?, output_bytes = ? WHERE job_id = ? AND run_no = ? AND ended_at IS NULL"
-# Every write after the claim is guarded by the owner and run number, so a worker that lost the
-# job (declared dead, then came back) can never overwrite what happened since.
-SQL_OWNED = "id = ? AND state = 'processing' AND worker_id = ? AND run_count = ?"
-SQL_FINISH_JOB = ("UPDATE jobs SET state = ?, attempts = ?, next_run_at = ?, last_error = ?, exit_code = ?, "
-                  f"worker_id = NULL, updated_at = ?, ready = 0 WHERE {SQL_OWNED}")
-# A cancel names the run it was aimed at (cancel_requested holds its run number, 0 = none): a
-# later run of the same job, after `dlq retry`, is never taken for the canceled one.
-SQL_CANCEL_FLAG = f"SELECT cancel_requested = run_count FROM jobs WHERE {SQL_OWNED}"
-SQL_REQUEUE = ("UPDATE jobs SET state = ?, lost_count = lost_count + ?, last_error = coalesce(?, last_error), "
-               f"next_run_at = ?, worker_id = NULL, updated_at = ?, ready = 0 WHERE {SQL_OWNED}")
-# A run's end is its start plus the duration its worker measured on the monotonic clock, so a
-# wall-clock step while it ran cannot make it negative; a run whose duration nobody measured (a
-# lost worker's) ends at the recorder's wall time, never before it started.
-SQL_FINISH_RUN = ("UPDATE runs SET ended_at = coalesce(started_at + ?, max(?, started_at)), outcome = ?, "
-                  "exit_code = ?, error = ?, output = coalesce(?, output), output_bytes = max(output_bytes, ?) "
-                  "WHERE job_id = ? AND run_no = ?")
-SQL_RELEASE_DEPENDENTS = ("UPDATE jobs SET waiting_on = waiting_on - 1, next_run_at = max(next_run_at, ?), "
-                          "updated_at = ? WHERE id IN (SELECT job_id FROM deps WHERE dep_id = ?) AND waiting_on > 0")
-# A dead job takes every unfinished job below it in the dependency graph with it.
-SQL_KILL_DEPENDENTS = """
-    WITH RECURSIVE down(id, cause) AS (
-        SELECT job_id, dep_id FROM deps WHERE dep_id = ?
-        UNION SELECT deps.job_id, deps.dep_id FROM deps JOIN down ON deps.dep_id = down.id)
-    UPDATE jobs SET state = 'dead', updated_at = ?,
-        last_error = 'dependency ' || (SELECT cause FROM down WHERE down.id = jobs.id LIMIT 1) || ' is dead'
-    WHERE id IN (SELECT id FROM down) AND state IN ('pending', 'failed')"""
-# Recovery of a lost run is decided once: the sweeper that wins it *adopts* the job (worker_id
-# becomes its own, in the transaction that found it lost), so every other sweeper sees a job of a
-# live worker and leaves it alone while the winner kills the run's processes and waits for them to
-# be gone. A run's processes carry the token of the worker that started it (runs.worker_id), which
-# is still known when the adopter itself dies and a third sweeper takes over.
-SQL_HELD_RUNS = ("SELECT jobs.id, jobs.run_count, coalesce(runs.worker_id, jobs.worker_id) FROM jobs "
-                 "LEFT JOIN runs ON runs.job_id = jobs.id AND runs.run_no = jobs.run_count "
-                 "WHERE jobs.state = 'processing' AND jobs.worker_id = ?")
-SQL_ADOPT = ("UPDATE jobs SET worker_id = ?1 WHERE id = ?2 AND run_count = ?3 AND state = 'processing' "
-             "AND worker_id = ?4 AND EXISTS (SELECT 1 FROM workers WHERE id = ?1) "
-             "AND NOT EXISTS (SELECT 1 FROM workers WHERE id = ?4)")
-SQL_RUN_WORKER = "SELECT worker_id FROM runs WHERE job_id = ? AND run_no = ?"
-# The jobs a worker adopted and has not requeued yet: its processing jobs whose run another worker
-# started (a sweeper whose requeue failed finds them here at its next sweep).
-SQL_ADOPTED = ("SELECT jobs.id, jobs.run_count, runs.worker_id FROM jobs "
-               "JOIN runs ON runs.job_id = jobs.id AND runs.run_no = jobs.run_count "
-               "WHERE jobs.state = 'processing' AND jobs.worker_id = ?1 AND runs.worker_id <> ?1")
-SQL_PROCESSING_BY_WORKER = "SELECT worker_id, id FROM jobs WHERE state = 'processing'"
-SQL_CANCEL_REQUESTS = ("SELECT id, run_count FROM jobs WHERE state = 'processing' AND worker_id = ? "
-                       "AND cancel_requested = run_count")
-SQL_ORPHAN_JOBS = ("SELECT id, run_count, lost_count, worker_id FROM jobs WHERE state = 'processing' "
-                   "AND worker_id NOT IN (SELECT id FROM workers)")
-SQL_RUNS = ("SELECT run_no, worker_id, started_at, due_at, ended_at, outcome, exit_code, error, output, output_bytes "
-            "FROM runs WHERE job_id = ? ORDER BY run_no")
-SQL_RUN = ("SELECT run_no, output, output_bytes, ended_at FROM runs WHERE job_id = ? AND (run_no = ? OR ? IS NULL) "
-           "ORDER BY run_no DESC LIMIT 1")
-SQL_RETRY = ("UPDATE jobs SET state = 'pending', attempts = 0, lost_count = 0, cancel_requested = 0, "
-             "next_run_at = ?, last_error = NULL, "
-             "exit_code = NULL, updated_at = ?, ready = 0, "
-             "waiting_on = (SELECT count(*) FROM deps JOIN jobs d ON d.id = deps.dep_id "
-             "WHERE deps.job_id = jobs.id AND d.state <> 'completed') WHERE id = ? AND state = 'dead'")
-SQL_DEAD_DEPS = ("SELECT deps.dep_id FROM deps JOIN jobs d ON d.id = deps.dep_id "
-                 "WHERE deps.job_id = ? AND d.state = 'dead'")
-SQL_CANCEL_WAITING = ("UPDATE jobs SET state = 'dead', last_error = 'canceled', updated_at = ? "
-                      "WHERE id = ? AND state IN ('pending', 'failed')")
-SQL_CANCEL_RUNNING = "UPDATE jobs SET cancel_requested = run_count WHERE id = ? AND state = 'processing'"
-# A job is still needed by a dependent that has not completed, unless it completed itself. (A dead
-# dependent counts: `dlq retry` may revive it, and it must then find its dependency, not run without it.)
-SQL_NEEDED_BY = ("SELECT deps.job_id FROM deps JOIN jobs j ON j.id = deps.job_id JOIN jobs d ON d.id = deps.dep_id "
-                 "WHERE deps.dep_id = ? AND j.state <> 'completed' AND d.state <> 'completed'")
-# Edges in both directions go: a later job reusing the id must not inherit them.
-SQL_DELETE_JOB = ["DELETE FROM runs WHERE job_id = ?", "DELETE FROM deps WHERE job_id = ?1 OR dep_id = ?1",
-                  "DELETE FROM jobs WHERE id = ?"]
-SQL_PURGE_IDS = ("SELECT id FROM jobs WHERE state = ? AND updated_at < ? AND (state = 'completed' OR NOT EXISTS "
-                 "(SELECT 1 FROM deps JOIN jobs j ON j.id = deps.job_id WHERE deps.dep_id = jobs.id "
-                 "AND j.state <> 'completed')) LIMIT ?")
-SQL_PAUSE = "INSERT OR IGNORE INTO paused (queue) VALUES (?)"
-SQL_RESUME = "DELETE FROM paused WHERE queue = ?"
-SQL_RESUME_ALL = "DELETE FROM paused"
-SQL_PAUSED = "SELECT queue FROM paused ORDER BY queue"
-SQL_REGISTER = ("INSERT INTO workers (id, host, pid, proc_start, boot_id, pid_ns, threads, started_at, heartbeat_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
-SQL_HEARTBEAT = "UPDATE workers SET heartbeat_at = ?, beat = beat + 1 WHERE id = ?"
-SQL_STOP_REQUESTED = "SELECT stop_requested FROM workers WHERE id = ?"
-SQL_DEREGISTER = "DELETE FROM workers WHERE id = ?"
-# Deleting on the registration (id and start time: a worker presumed dead registers again under its
-# id) and the beat we judged makes "dead" a decision no heartbeat can race: a worker that beat
-# meanwhile is not deleted, and one that is deleted can no longer beat or claim.
-SQL_DROP_DEAD_WORKER = "DELETE FROM workers WHERE id = ? AND started_at = ? AND beat = ?"
-SQL_WORKERS = ("SELECT id, host, pid, proc_start, boot_id, pid_ns, heartbeat_at, beat, stop_requested, threads, "
-               "started_at FROM workers ORDER BY started_at")
-SQL_REQUEST_STOP = "UPDATE workers SET stop_requested = 1 WHERE id = ?"
-# Stats over the run history, all in SQL; runs_ended limits each query to the window.
-SQL_STATS_OUTCOMES = "SELECT outcome, count(*) FROM runs WHERE ended_at >= ? GROUP BY outcome"
-# The window's durations and waits, read in one pass and sorted in Python: SQLite would sort the
-# window once per percentile query (about 1.3 s each for a million runs), Python sorts a list of
-# floats in a small fraction of that.
-SQL_STATS_TIMES = ("SELECT ended_at - started_at, max(0, started_at - due_at) FROM runs "
-                   "WHERE ended_at >= ? AND outcome IN ('completed', 'failed', 'dead')")
-SQL_OLDEST_ELIGIBLE = (
-    f"SELECT min(e.next_run_at) FROM (SELECT queue, next_run_at FROM jobs INDEXED BY jobs_claim WHERE {SQL_READY} "
-    f"AND next_run_at <= ?1 UNION ALL SELECT queue, next_run_at FROM jobs INDEXED BY jobs_staged WHERE {SQL_STAGED} "
-    "AND next_run_at <= ?1) AS e WHERE NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (e.queue, '*'))")
-SQL_IDENTITY = ("SELECT (SELECT application_id FROM pragma_application_id()), (SELECT count(*) FROM sqlite_master), "
-                "(SELECT user_version FROM pragma_user_version())")
-SQL_CONFIG_GET = "SELECT value FROM config WHERE key = ?"
-SQL_CONFIG_SET = "INSERT INTO config (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
-SQL_CONFIG_ALL = "SELECT key, value FROM config"
+class SqliteSQL:
+    """Every SQLite statement the store runs, each complete where it is defined (a statement with
+    a {placeholder} takes the served queues: see _heads). The PostgreSQL dialect has its own."""
 
-# The dashboard's job table: newest first, one page at a time.
-SQL_PAGE_JOBS = f"SELECT {Job.COLUMNS} FROM jobs {{where}} ORDER BY seq DESC LIMIT ? OFFSET ?"
-# Finished runs per minute since a start time, for the dashboard's chart (runs_ended serves the
-# range). ended_at - start is never negative here, so CAST truncates like floor() (a PostgreSQL
-# class would write floor(), as CAST rounds there).
-SQL_RUNS_PER_MINUTE = ("SELECT CAST((ended_at - ?) / 60 AS INTEGER) AS minute, outcome, count(*) FROM runs "
-                       "WHERE ended_at >= ? AND outcome IN ('completed', 'failed', 'dead') GROUP BY minute, outcome")
-SQL_QUERY_ONLY = "PRAGMA query_only = ON"
+    SQL_INSERT_JOB = (
+        "INSERT INTO jobs (id, command, state, max_retries, timeout_s, cwd, env, created_at, updated_at, next_run_at, "
+        "priority, queue, waiting_on, last_error, ready) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+    SQL_INSERT_DEP = "INSERT OR IGNORE INTO deps (job_id, dep_id) VALUES (?, ?)"
+    SQL_GET_JOB = f"SELECT {Job.COLUMNS} FROM jobs WHERE id = ?"
+    SQL_JOB_STATE = "SELECT state FROM jobs WHERE id = ?"
+    SQL_LIST_JOBS = f"SELECT {Job.COLUMNS} FROM (SELECT * FROM jobs {{where}} ORDER BY seq DESC LIMIT ?) ORDER BY seq"
+    SQL_COUNTS = "SELECT state, count(*) FROM jobs {where} GROUP BY state"
+    SQL_DEPS_OF = "SELECT dep_id FROM deps WHERE job_id = ? ORDER BY rowid"
+    # The claim. A waiting job (pending or failed, no unfinished dependency) is *staged* until it is
+    # due and *ready* from then on: the claim transaction first promotes the staged jobs that have
+    # fallen due (a range of jobs_staged, empty most of the time), so jobs_claim holds only due jobs.
+    # Only the promotion sets ready = 1; every update that makes a job wait again sets ready = 0.
+    # jobs_claim leads with the queue, and the claim takes the head of each queue it may serve, then
+    # the best of those heads: a paused queue, a queue this worker does not serve, or jobs scheduled
+    # for later cost nothing however many jobs they hold (a plain priority-ordered index would have
+    # to walk past all of them on every claim and poll).
+    SQL_WAITING = "state IN ('pending', 'failed') AND waiting_on = 0"
+    SQL_READY = f"{SQL_WAITING} AND ready = 1"  # the WHERE of jobs_claim, so INDEXED BY can use it
+    SQL_STAGED = f"{SQL_WAITING} AND ready = 0"  # the WHERE of jobs_staged
+    SQL_PROMOTE = (f"UPDATE jobs SET ready = 1 WHERE seq IN "
+                   f"(SELECT seq FROM jobs INDEXED BY jobs_staged WHERE {SQL_STAGED} AND next_run_at <= ?)")
+    # The queues to look at: those of `worker start --queue` (VALUES (?), …), or every queue with a
+    # ready job, found by a skip-scan of jobs_claim: one index seek per queue.
+    SQL_READY_QUEUES = f"""q(name) AS (
+        SELECT (SELECT queue FROM jobs INDEXED BY jobs_claim WHERE {SQL_READY} ORDER BY queue LIMIT 1)
+        UNION ALL
+        SELECT (SELECT queue FROM jobs INDEXED BY jobs_claim WHERE {SQL_READY} AND queue > q.name ORDER BY queue LIMIT 1)
+        FROM q WHERE q.name IS NOT NULL)"""
+    # The best ready job of each such queue that is not paused (NULL for a queue with none). The due
+    # check only matters when clocks disagree (a job enqueued by a host whose clock runs ahead).
+    SQL_HEADS = f"""WITH RECURSIVE {{queue_set}}
+        SELECT (SELECT seq FROM jobs INDEXED BY jobs_claim WHERE {SQL_READY} AND queue = q.name AND next_run_at <= ?
+                ORDER BY priority DESC, next_run_at, seq LIMIT 1) AS seq
+        FROM q WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))"""
+    # A worker whose registration was removed (presumed dead) cannot claim: its jobs would be orphans.
+    SQL_REGISTERED = "SELECT 1 FROM workers WHERE id = ?"
+    SQL_CLAIM_SET = "UPDATE jobs SET state = 'processing', worker_id = ?, run_count = run_count + 1, updated_at = ? "
+    # The claim, one statement: the head of each queue it may serve, then the best of those heads
+    # (parameters :worker, :now and, for served queues, :queues, a JSON array of names). The due
+    # check only matters when clocks disagree (a job enqueued by a host whose clock runs ahead).
+    SQL_CLAIM_ANY_QUEUE = """
+    WITH RECURSIVE q(name) AS (  -- every queue with a ready job: one index seek per queue (a skip-scan)
+        SELECT (SELECT queue FROM jobs INDEXED BY jobs_claim
+                WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 ORDER BY queue LIMIT 1)
+        UNION ALL
+        SELECT (SELECT queue FROM jobs INDEXED BY jobs_claim
+                WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue > q.name
+                ORDER BY queue LIMIT 1)
+        FROM q WHERE q.name IS NOT NULL),
+    heads(seq) AS (  -- the best ready job of each such queue that is not paused
+        SELECT (SELECT seq FROM jobs INDEXED BY jobs_claim
+                WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue = q.name
+                AND next_run_at <= :now ORDER BY priority DESC, next_run_at, seq LIMIT 1)
+        FROM q WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*')))
+    UPDATE jobs SET state = 'processing', worker_id = :worker, run_count = run_count + 1, updated_at = :now
+    WHERE id = (SELECT id FROM jobs WHERE seq IN (SELECT seq FROM heads) ORDER BY priority DESC, next_run_at, seq
+                LIMIT 1)
+      AND EXISTS (SELECT 1 FROM workers WHERE id = :worker)
+    RETURNING id, command, state, attempts, max_retries, timeout_s, cwd, env, created_at, updated_at, next_run_at,
+              last_error, exit_code, worker_id, run_count, lost_count, priority, queue, waiting_on"""
+    SQL_CLAIM_FROM_QUEUES = """
+    WITH q(name) AS (SELECT value FROM json_each(:queues)),  -- the queues of `worker start --queue`
+    heads(seq) AS (  -- the best ready job of each such queue that is not paused
+        SELECT (SELECT seq FROM jobs INDEXED BY jobs_claim
+                WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue = q.name
+                AND next_run_at <= :now ORDER BY priority DESC, next_run_at, seq LIMIT 1)
+        FROM q WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*')))
+    UPDATE jobs SET state = 'processing', worker_id = :worker, run_count = run_count + 1, updated_at = :now
+    WHERE id = (SELECT id FROM jobs WHERE seq IN (SELECT seq FROM heads) ORDER BY priority DESC, next_run_at, seq
+                LIMIT 1)
+      AND EXISTS (SELECT 1 FROM workers WHERE id = :worker)
+    RETURNING id, command, state, attempts, max_retries, timeout_s, cwd, env, created_at, updated_at, next_run_at,
+              last_error, exit_code, worker_id, run_count, lost_count, priority, queue, waiting_on"""
+    # Without RETURNING (SQLite < 3.35): the claim's choice, then SQL_CLAIM_ID, in one transaction.
+    SQL_NEXT_DUE_ANY_QUEUE = """
+    WITH RECURSIVE q(name) AS (  -- every queue with a ready job: one index seek per queue (a skip-scan)
+        SELECT (SELECT queue FROM jobs INDEXED BY jobs_claim
+                WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 ORDER BY queue LIMIT 1)
+        UNION ALL
+        SELECT (SELECT queue FROM jobs INDEXED BY jobs_claim
+                WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue > q.name
+                ORDER BY queue LIMIT 1)
+        FROM q WHERE q.name IS NOT NULL),
+    heads(seq) AS (  -- the best ready job of each such queue that is not paused
+        SELECT (SELECT seq FROM jobs INDEXED BY jobs_claim
+                WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue = q.name
+                AND next_run_at <= :now ORDER BY priority DESC, next_run_at, seq LIMIT 1)
+        FROM q WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*')))
+    SELECT id FROM jobs WHERE seq IN (SELECT seq FROM heads) ORDER BY priority DESC, next_run_at, seq LIMIT 1"""
+    SQL_NEXT_DUE_FROM_QUEUES = """
+    WITH q(name) AS (SELECT value FROM json_each(:queues)),  -- the queues of `worker start --queue`
+    heads(seq) AS (  -- the best ready job of each such queue that is not paused
+        SELECT (SELECT seq FROM jobs INDEXED BY jobs_claim
+                WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue = q.name
+                AND next_run_at <= :now ORDER BY priority DESC, next_run_at, seq LIMIT 1)
+        FROM q WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*')))
+    SELECT id FROM jobs WHERE seq IN (SELECT seq FROM heads) ORDER BY priority DESC, next_run_at, seq LIMIT 1"""
+    SQL_CLAIM_ID = SQL_CLAIM_SET + "WHERE id = ? AND state IN ('pending', 'failed')"
+    SQL_ANY_STAGED = f"SELECT 1 FROM jobs INDEXED BY jobs_staged WHERE {SQL_STAGED} AND next_run_at <= ? LIMIT 1"
+    # The poller: a ready job in a queue we serve, or a staged job that has fallen due anywhere (a
+    # claim promotes it; each job can cause at most one such wake-up).
+    SQL_ANY_HEAD = "EXISTS (SELECT 1 FROM ({heads}) WHERE seq IS NOT NULL)"
+    SQL_POLL = f"SELECT {SQL_ANY_HEAD} OR EXISTS ({SQL_ANY_STAGED})"
+    # --burst: is anything in our queues due within the horizon (ready, or staged and not paused)?
+    SQL_DUE_SOON = (f"SELECT {SQL_ANY_HEAD} OR EXISTS (SELECT 1 FROM jobs "
+                    f"INDEXED BY jobs_staged WHERE {SQL_STAGED} AND next_run_at <= ? {{queues}} "
+                    "AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')))")
+    SQL_ANY_PROCESSING = "SELECT 1 FROM jobs WHERE state = 'processing' {queues} LIMIT 1"
+    SQL_INSERT_RUN = "INSERT INTO runs (job_id, run_no, worker_id, started_at, due_at) VALUES (?, ?, ?, ?, ?)"
+    SQL_FLUSH_OUTPUT = "UPDATE runs SET output = ?, output_bytes = ? WHERE job_id = ? AND run_no = ? AND ended_at IS NULL"
+    # Every write after the claim is guarded by the owner and run number, so a worker that lost the
+    # job (declared dead, then came back) can never overwrite what happened since.
+    SQL_OWNED = "id = ? AND state = 'processing' AND worker_id = ? AND run_count = ?"
+    SQL_FINISH_JOB = ("UPDATE jobs SET state = ?, attempts = ?, next_run_at = ?, last_error = ?, exit_code = ?, "
+                      f"worker_id = NULL, updated_at = ?, ready = 0 WHERE {SQL_OWNED}")
+    # A cancel names the run it was aimed at (cancel_requested holds its run number, 0 = none): a
+    # later run of the same job, after `dlq retry`, is never taken for the canceled one.
+    SQL_CANCEL_FLAG = f"SELECT cancel_requested = run_count FROM jobs WHERE {SQL_OWNED}"
+    SQL_REQUEUE = ("UPDATE jobs SET state = ?, lost_count = lost_count + ?, last_error = coalesce(?, last_error), "
+                   f"next_run_at = ?, worker_id = NULL, updated_at = ?, ready = 0 WHERE {SQL_OWNED}")
+    # A run's end is its start plus the duration its worker measured on the monotonic clock, so a
+    # wall-clock step while it ran cannot make it negative; a run whose duration nobody measured (a
+    # lost worker's) ends at the recorder's wall time, never before it started.
+    SQL_FINISH_RUN = ("UPDATE runs SET ended_at = coalesce(started_at + ?, max(?, started_at)), outcome = ?, "
+                      "exit_code = ?, error = ?, output = coalesce(?, output), output_bytes = max(output_bytes, ?) "
+                      "WHERE job_id = ? AND run_no = ?")
+    SQL_RELEASE_DEPENDENTS = ("UPDATE jobs SET waiting_on = waiting_on - 1, next_run_at = max(next_run_at, ?), "
+                              "updated_at = ? WHERE id IN (SELECT job_id FROM deps WHERE dep_id = ?) AND waiting_on > 0")
+    # A dead job takes every unfinished job below it in the dependency graph with it.
+    SQL_KILL_DEPENDENTS = """
+        WITH RECURSIVE down(id, cause) AS (
+            SELECT job_id, dep_id FROM deps WHERE dep_id = ?
+            UNION SELECT deps.job_id, deps.dep_id FROM deps JOIN down ON deps.dep_id = down.id)
+        UPDATE jobs SET state = 'dead', updated_at = ?,
+            last_error = 'dependency ' || (SELECT cause FROM down WHERE down.id = jobs.id LIMIT 1) || ' is dead'
+        WHERE id IN (SELECT id FROM down) AND state IN ('pending', 'failed')"""
+    # Recovery of a lost run is decided once: the sweeper that wins it *adopts* the job (worker_id
+    # becomes its own, in the transaction that found it lost), so every other sweeper sees a job of a
+    # live worker and leaves it alone while the winner kills the run's processes and waits for them to
+    # be gone. A run's processes carry the token of the worker that started it (runs.worker_id), which
+    # is still known when the adopter itself dies and a third sweeper takes over.
+    SQL_HELD_RUNS = ("SELECT jobs.id, jobs.run_count, coalesce(runs.worker_id, jobs.worker_id) FROM jobs "
+                     "LEFT JOIN runs ON runs.job_id = jobs.id AND runs.run_no = jobs.run_count "
+                     "WHERE jobs.state = 'processing' AND jobs.worker_id = ?")
+    SQL_ADOPT = ("UPDATE jobs SET worker_id = ?1 WHERE id = ?2 AND run_count = ?3 AND state = 'processing' "
+                 "AND worker_id = ?4 AND EXISTS (SELECT 1 FROM workers WHERE id = ?1) "
+                 "AND NOT EXISTS (SELECT 1 FROM workers WHERE id = ?4)")
+    SQL_RUN_WORKER = "SELECT worker_id FROM runs WHERE job_id = ? AND run_no = ?"
+    # The jobs a worker adopted and has not requeued yet: its processing jobs whose run another worker
+    # started (a sweeper whose requeue failed finds them here at its next sweep).
+    SQL_ADOPTED = ("SELECT jobs.id, jobs.run_count, runs.worker_id FROM jobs "
+                   "JOIN runs ON runs.job_id = jobs.id AND runs.run_no = jobs.run_count "
+                   "WHERE jobs.state = 'processing' AND jobs.worker_id = ?1 AND runs.worker_id <> ?1")
+    SQL_PROCESSING_BY_WORKER = "SELECT worker_id, id FROM jobs WHERE state = 'processing'"
+    SQL_CANCEL_REQUESTS = ("SELECT id, run_count FROM jobs WHERE state = 'processing' AND worker_id = ? "
+                           "AND cancel_requested = run_count")
+    SQL_ORPHAN_JOBS = ("SELECT id, run_count, lost_count, worker_id FROM jobs WHERE state = 'processing' "
+                       "AND worker_id NOT IN (SELECT id FROM workers)")
+    SQL_RUNS = ("SELECT run_no, worker_id, started_at, due_at, ended_at, outcome, exit_code, error, output, output_bytes "
+                "FROM runs WHERE job_id = ? ORDER BY run_no")
+    SQL_RUN = ("SELECT run_no, output, output_bytes, ended_at FROM runs WHERE job_id = ? AND (run_no = ? OR ? IS NULL) "
+               "ORDER BY run_no DESC LIMIT 1")
+    SQL_RETRY = ("UPDATE jobs SET state = 'pending', attempts = 0, lost_count = 0, cancel_requested = 0, "
+                 "next_run_at = ?, last_error = NULL, "
+                 "exit_code = NULL, updated_at = ?, ready = 0, "
+                 "waiting_on = (SELECT count(*) FROM deps JOIN jobs d ON d.id = deps.dep_id "
+                 "WHERE deps.job_id = jobs.id AND d.state <> 'completed') WHERE id = ? AND state = 'dead'")
+    SQL_DEAD_DEPS = ("SELECT deps.dep_id FROM deps JOIN jobs d ON d.id = deps.dep_id "
+                     "WHERE deps.job_id = ? AND d.state = 'dead'")
+    SQL_CANCEL_WAITING = ("UPDATE jobs SET state = 'dead', last_error = 'canceled', updated_at = ? "
+                          "WHERE id = ? AND state IN ('pending', 'failed')")
+    SQL_CANCEL_RUNNING = "UPDATE jobs SET cancel_requested = run_count WHERE id = ? AND state = 'processing'"
+    # A job is still needed by a dependent that has not completed, unless it completed itself. (A dead
+    # dependent counts: `dlq retry` may revive it, and it must then find its dependency, not run without it.)
+    SQL_NEEDED_BY = ("SELECT deps.job_id FROM deps JOIN jobs j ON j.id = deps.job_id JOIN jobs d ON d.id = deps.dep_id "
+                     "WHERE deps.dep_id = ? AND j.state <> 'completed' AND d.state <> 'completed'")
+    # Edges in both directions go: a later job reusing the id must not inherit them.
+    SQL_DELETE_JOB = ["DELETE FROM runs WHERE job_id = ?", "DELETE FROM deps WHERE job_id = ?1 OR dep_id = ?1",
+                      "DELETE FROM jobs WHERE id = ?"]
+    SQL_PURGE_IDS = ("SELECT id FROM jobs WHERE state = ? AND updated_at < ? AND (state = 'completed' OR NOT EXISTS "
+                     "(SELECT 1 FROM deps JOIN jobs j ON j.id = deps.job_id WHERE deps.dep_id = jobs.id "
+                     "AND j.state <> 'completed')) LIMIT ?")
+    SQL_PAUSE = "INSERT OR IGNORE INTO paused (queue) VALUES (?)"
+    SQL_RESUME = "DELETE FROM paused WHERE queue = ?"
+    SQL_RESUME_ALL = "DELETE FROM paused"
+    SQL_PAUSED = "SELECT queue FROM paused ORDER BY queue"
+    SQL_REGISTER = ("INSERT INTO workers (id, host, pid, proc_start, boot_id, pid_ns, threads, started_at, heartbeat_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
+    SQL_HEARTBEAT = "UPDATE workers SET heartbeat_at = ?, beat = beat + 1 WHERE id = ?"
+    SQL_STOP_REQUESTED = "SELECT stop_requested FROM workers WHERE id = ?"
+    SQL_DEREGISTER = "DELETE FROM workers WHERE id = ?"
+    # Deleting on the registration (id and start time: a worker presumed dead registers again under its
+    # id) and the beat we judged makes "dead" a decision no heartbeat can race: a worker that beat
+    # meanwhile is not deleted, and one that is deleted can no longer beat or claim.
+    SQL_DROP_DEAD_WORKER = "DELETE FROM workers WHERE id = ? AND started_at = ? AND beat = ?"
+    SQL_WORKERS = ("SELECT id, host, pid, proc_start, boot_id, pid_ns, heartbeat_at, beat, stop_requested, threads, "
+                   "started_at FROM workers ORDER BY started_at")
+    SQL_REQUEST_STOP = "UPDATE workers SET stop_requested = 1 WHERE id = ?"
+    # Stats over the run history, all in SQL; runs_ended limits each query to the window.
+    SQL_STATS_OUTCOMES = "SELECT outcome, count(*) FROM runs WHERE ended_at >= ? GROUP BY outcome"
+    # The window's durations and waits, read in one pass and sorted in Python: SQLite would sort the
+    # window once per percentile query (about 1.3 s each for a million runs), Python sorts a list of
+    # floats in a small fraction of that.
+    SQL_STATS_TIMES = ("SELECT ended_at - started_at, max(0, started_at - due_at) FROM runs "
+                       "WHERE ended_at >= ? AND outcome IN ('completed', 'failed', 'dead')")
+    SQL_OLDEST_ELIGIBLE = (
+        f"SELECT min(e.next_run_at) FROM (SELECT queue, next_run_at FROM jobs INDEXED BY jobs_claim WHERE {SQL_READY} "
+        f"AND next_run_at <= ?1 UNION ALL SELECT queue, next_run_at FROM jobs INDEXED BY jobs_staged WHERE {SQL_STAGED} "
+        "AND next_run_at <= ?1) AS e WHERE NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (e.queue, '*'))")
+    SQL_IDENTITY = ("SELECT (SELECT application_id FROM pragma_application_id()), (SELECT count(*) FROM sqlite_master), "
+                    "(SELECT user_version FROM pragma_user_version())")
+    SQL_CONFIG_GET = "SELECT value FROM config WHERE key = ?"
+    SQL_CONFIG_SET = "INSERT INTO config (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+    SQL_CONFIG_ALL = "SELECT key, value FROM config"
+
+    # The dashboard's job table: newest first, one page at a time.
+    SQL_PAGE_JOBS = f"SELECT {Job.COLUMNS} FROM jobs {{where}} ORDER BY seq DESC LIMIT ? OFFSET ?"
+    # Finished runs per minute since a start time, for the dashboard's chart (runs_ended serves the
+    # range). ended_at - start is never negative here, so CAST truncates like floor() (a PostgreSQL
+    # class would write floor(), as CAST rounds there).
+    SQL_RUNS_PER_MINUTE = ("SELECT CAST((ended_at - ?) / 60 AS INTEGER) AS minute, outcome, count(*) FROM runs "
+                           "WHERE ended_at >= ? AND outcome IN ('completed', 'failed', 'dead') GROUP BY minute, outcome")
+    SQL_QUERY_ONLY = "PRAGMA query_only = ON"
+
 
 HAS_RETURNING = sqlite3.sqlite_version_info >= (3, 35, 0)
+Cursor = sqlite3.Cursor  # what a Store's rules are given: a DB-API cursor (execute, fetchone, fetchall, rowcount)
 
 
 class WorkerRow(Record):
@@ -474,8 +538,8 @@ def _where_in_batch(spec: dict) -> str:
 def _heads(queues: tuple) -> str:
     """SQL_HEADS for `worker start --queue` names, or for every queue; its parameters are the
     names, then the time a head must be due by."""
-    queue_set = f"q(name) AS (VALUES {', '.join(['(?)'] * len(queues))})" if queues else SQL_READY_QUEUES
-    return SQL_HEADS.format(queue_set=queue_set)
+    queue_set = f"q(name) AS (VALUES {', '.join(['(?)'] * len(queues))})" if queues else SqliteSQL.SQL_READY_QUEUES
+    return SqliteSQL.SQL_HEADS.format(queue_set=queue_set)
 
 
 def _in_queues(queues: tuple) -> str:
@@ -593,7 +657,372 @@ def _owner(path: str) -> str:
 
 
 class Store:
-    """The one place that talks SQL: every read and write of the queue goes through here."""
+    """The queue's rules over SQL, written once: every read and write of the queue goes through a Store.
+
+    A dialect's subclass (SqliteStore) opens the connection and provides `sql`, its complete
+    statements; `IntegrityError`, its driver's; `write(fn)`, fn(cursor) in one transaction;
+    `read(sql, params)`; `_claim_in(cursor, …)`; `flush_output`; `due_now`; `burst_done`; `close`.
+    """
+    sql: type
+    IntegrityError: type
+
+    # -- jobs -----------------------------------------------------------------------------------
+
+    def enqueue(self, specs: list[dict], now: float) -> list[str]:
+        """Insert validated job specs in one transaction, all or nothing; returns their ids."""
+        def insert(cur):
+            plain: list[dict] = []
+            for spec in specs:
+                if spec["depends_on"]:
+                    self._insert_plain(cur, plain, now)
+                    self._insert_with_deps(cur, spec, now)
+                else:
+                    plain.append(spec)
+            self._insert_plain(cur, plain, now)
+            return [spec["id"] for spec in specs]
+        return self.write(insert)
+
+    def _row(self, spec: dict, waiting_on: int, now: float) -> tuple:
+        due = spec["run_at"] or now
+        ready = not waiting_on and due <= now  # else staged: see self.sql.SQL_PROMOTE
+        return (spec["id"], spec["command"], PENDING, spec["max_retries"], spec["timeout"], spec["cwd"],
+                json.dumps(spec["env"]) if spec["env"] else "{}", now, now, due, spec["priority"], spec["queue"],
+                waiting_on, None, int(ready))
+
+    def _insert_plain(self, cur: Cursor, specs: list[dict], now: float) -> None:
+        """executemany the buffered jobs without dependencies (the fast path of a batch)."""
+        cur.execute("SAVEPOINT batch")
+        try:
+            cur.executemany(self.sql.SQL_INSERT_JOB, [self._row(spec, 0, now) for spec in specs])
+        except self.IntegrityError:
+            # Undo the rows this call inserted, so the first id found taken is really someone else's.
+            cur.execute("ROLLBACK TO batch")
+            taken = next(spec for spec in specs if cur.execute(self.sql.SQL_JOB_STATE, (spec["id"],)).fetchone())
+            raise Conflict(f"{_where_in_batch(taken)}job {taken['id']!r} already exists") from None
+        cur.execute("RELEASE batch")
+        specs.clear()
+
+    def _insert_with_deps(self, cur: Cursor, spec: dict, now: float) -> None:
+        states = {}
+        for dep in spec["depends_on"]:
+            row = cur.execute(self.sql.SQL_JOB_STATE, (dep,)).fetchone()
+            if row is None:
+                raise NotFound(f"{_where_in_batch(spec)}job {spec['id']!r} depends on {dep!r}, which does not exist")
+            states[dep] = row[0]
+        # A job on a dead dependency could only go to the DLQ at once; refused, as `dlq retry` refuses
+        # to revive a dependent alone: retry the dependency first.
+        dead = next((d for d, s in states.items() if s == DEAD), None)
+        if dead is not None:
+            raise Conflict(f"{_where_in_batch(spec)}job {spec['id']!r} depends on {dead!r}, which is dead "
+                           "(dlq retry it first)")
+        waiting = sum(1 for s in states.values() if s != COMPLETED)
+        try:
+            cur.execute(self.sql.SQL_INSERT_JOB, self._row(spec, waiting, now))
+        except self.IntegrityError:
+            raise Conflict(f"{_where_in_batch(spec)}job {spec['id']!r} already exists") from None
+        cur.executemany(self.sql.SQL_INSERT_DEP, [(spec["id"], dep) for dep in spec["depends_on"]])
+
+    def get(self, job_id: str) -> Job:
+        """One job; NotFound if absent."""
+        rows = self.read(self.sql.SQL_GET_JOB, (job_id,))
+        if not rows:
+            raise NotFound(f"no job with id {job_id!r}")
+        return Job.from_row(rows[0])
+
+    def depends_on(self, job_id: str) -> list[str]:
+        """Ids the job depends on, in the order given."""
+        return [r[0] for r in self.read(self.sql.SQL_DEPS_OF, (job_id,))]
+
+    def list_jobs(self, state: str | None = None, limit: int = -1, queue: str | None = None) -> list[Job]:
+        """Jobs oldest first; with a limit, the newest `limit` of them."""
+        where, params = _where(state=state, queue=queue)
+        return [Job.from_row(r) for r in self.read(self.sql.SQL_LIST_JOBS.format(where=where), params + (limit,))]
+
+    def page_jobs(self, state: str | None = None, queue: str | None = None, limit: int = 50,
+                  offset: int = 0) -> list[Job]:
+        """Jobs newest first: `limit` of them after skipping the `offset` newest."""
+        where, params = _where(state=state, queue=queue)
+        return [Job.from_row(r) for r in self.read(self.sql.SQL_PAGE_JOBS.format(where=where), params + (limit, offset))]
+
+    def counts(self, queue: str | None = None) -> dict[str, int]:
+        """Number of jobs in each state (all five keys)."""
+        where, params = _where(queue=queue)
+        counts = dict.fromkeys(STATES, 0)
+        counts.update(self.read(self.sql.SQL_COUNTS.format(where=where), params))
+        return counts
+
+    def runs(self, job_id: str) -> list[dict]:
+        """Every run of a job, oldest first."""
+        keys = ("run", "worker_id", "started_at", "due_at", "ended_at", "outcome", "exit_code", "error", "output",
+                "output_bytes")
+        return [dict(zip(keys, r)) for r in self.read(self.sql.SQL_RUNS, (job_id,))]
+
+    def run_output(self, job_id: str, run_no: int | None = None) -> tuple | None:
+        """(run_no, output tail, total bytes so far, ended_at) of run N or the latest; None if none."""
+        self.get(job_id)
+        rows = self.read(self.sql.SQL_RUN, (job_id, run_no, run_no))
+        return rows[0] if rows else None
+
+    def claim(self, worker_id: str, now: float, queues: tuple = ()) -> Job | None:
+        """Atomically take the best due job for this worker and open its run record."""
+        return self.write(lambda cur: self._claim_in(cur, worker_id, now, queues))
+
+    def finish(self, job: Job, worker_id: str, outcome: Outcome, settings: dict, now: float) -> Job | None:
+        """Record a run's outcome; None if this worker no longer owns the job (nothing written)."""
+        return self.write(lambda cur: self._finish_in(cur, job, worker_id, outcome, settings, now))
+
+    def finish_and_claim(self, job: Job, worker_id: str, outcome: Outcome, settings: dict, now: float,
+                         queues: tuple) -> tuple[Job | None, Job | None]:
+        """finish() and claim() in one transaction: one commit per job instead of two."""
+        def both(cur):
+            return (self._finish_in(cur, job, worker_id, outcome, settings, now),
+                    self._claim_in(cur, worker_id, now, queues))
+        return self.write(both)
+
+    def _finish_in(self, cur: Cursor, job: Job, worker_id: str, outcome: Outcome, settings: dict,
+                   now: float) -> Job | None:
+        state, attempts, next_run_at = failure_rule(job, outcome, settings, now)
+        flag = cur.execute(self.sql.SQL_CANCEL_FLAG, (job.id, worker_id, job.run_count)).fetchone()
+        if flag and flag[0] and state != COMPLETED:
+            # Canceled while running, but it failed before its worker got round to killing it:
+            # the cancel wins over a retry (a run that completed anyway stays completed).
+            state, outcome = DEAD, Outcome(outcome.exit_code, "canceled", outcome.output, outcome.duration_s)
+        cur.execute(self.sql.SQL_FINISH_JOB, (state, attempts, next_run_at, outcome.error, outcome.exit_code, now,
+                                     job.id, worker_id, job.run_count))
+        if cur.rowcount != 1:
+            return None
+        self._close_run(cur, job, state, outcome, now)
+        self._settle_dependents(cur, job.id, state, now)
+        return Job(**{**job.__dict__, "state": state, "attempts": attempts, "next_run_at": next_run_at,
+                      "last_error": outcome.error, "exit_code": outcome.exit_code, "worker_id": None,
+                      "updated_at": now})
+
+    def _close_run(self, cur: Cursor, job: Job, label: str, outcome: Outcome, now: float) -> None:
+        cur.execute(self.sql.SQL_FINISH_RUN, (outcome.duration_s, now, label, outcome.exit_code, outcome.error, outcome.output,
+                                     outcome.output_bytes, job.id, job.run_count))
+
+    def _settle_dependents(self, cur: Cursor, job_id: str, state: str, now: float) -> None:
+        """A completed job may make dependents due; a dead one takes them to the DLQ."""
+        if state == COMPLETED:
+            cur.execute(self.sql.SQL_RELEASE_DEPENDENTS, (now, now, job_id))
+        elif state == DEAD:
+            cur.execute(self.sql.SQL_KILL_DEPENDENTS, (job_id, now))
+
+    def interrupt(self, job: Job, worker_id: str, outcome: Outcome, lost: bool, now: float,
+                  stuck: str | None = None) -> str | None:
+        """End a run the worker cut short (stop, lost worker, cancel); returns the job's new state.
+
+        Not an attempt: a stopped or lost run goes back to pending (a lost one counts toward the
+        poison cap), unless a cancel was asked for, or a leftover process of the run could not be
+        killed (`stuck` says which), which send it to the DLQ.
+        """
+        def requeue(cur):
+            flag = cur.execute(self.sql.SQL_CANCEL_FLAG, (job.id, worker_id, job.run_count)).fetchone()
+            if flag is None:
+                return None
+            state, error = interrupt_rule(job.lost_count + lost, lost, bool(flag[0]), stuck)
+            cur.execute(self.sql.SQL_REQUEUE, (state, int(lost), error, now, now, job.id, worker_id, job.run_count))
+            self._close_run(cur, job, "canceled" if flag[0] else "lost" if lost else "stopped", outcome, now)
+            self._settle_dependents(cur, job.id, state, now)
+            return state
+        return self.write(requeue)
+
+    def retry_dead(self, job_ids: list[str], now: float) -> None:
+        """Move dead jobs back to pending, all or nothing; a dead dependency must be retried with them."""
+        def revive(cur):
+            for job_id in job_ids:
+                row = cur.execute(self.sql.SQL_JOB_STATE, (job_id,)).fetchone()
+                if row is None:
+                    raise NotFound(f"no job with id {job_id!r}")
+                if row[0] != DEAD:
+                    raise Conflict(f"job {job_id!r} is {row[0]}, not dead")
+                blocker = next((d for (d,) in cur.execute(self.sql.SQL_DEAD_DEPS, (job_id,)) if d not in job_ids), None)
+                if blocker:
+                    raise Conflict(f"job {job_id!r} depends on dead job {blocker!r}: retry both together")
+            for job_id in job_ids:  # in the order given; a dependency listed later still counts as unfinished
+                cur.execute(self.sql.SQL_RETRY, (now, now, job_id))
+        self.write(revive)
+
+    def cancel(self, job_ids: list[str], now: float) -> None:
+        """Cancel jobs, all or nothing: waiting ones go to the DLQ now, running ones when their worker kills them."""
+        def cancel(cur):
+            for job_id in job_ids:
+                state = self._state_in(cur, job_id)
+                if state in (COMPLETED, DEAD):
+                    raise Conflict(f"job {job_id!r} is already {state}")
+            for job_id in job_ids:
+                if cur.execute(self.sql.SQL_CANCEL_WAITING, (now, job_id)).rowcount:
+                    cur.execute(self.sql.SQL_KILL_DEPENDENTS, (job_id, now))
+                else:
+                    cur.execute(self.sql.SQL_CANCEL_RUNNING, (job_id,))
+        self.write(cancel)
+
+    def _state_in(self, cur: Cursor, job_id: str) -> str:
+        row = cur.execute(self.sql.SQL_JOB_STATE, (job_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"no job with id {job_id!r}")
+        return row[0]
+
+    def delete(self, job_ids: list[str]) -> None:
+        """Remove jobs and their runs, all or nothing; never a processing job or one still needed."""
+        def delete(cur):
+            for job_id in job_ids:
+                if self._state_in(cur, job_id) == PROCESSING:
+                    raise Conflict(f"job {job_id!r} is processing; cancel it first")
+                needed = [d for (d,) in cur.execute(self.sql.SQL_NEEDED_BY, (job_id,)) if d not in job_ids]
+                if needed:
+                    raise Conflict(f"job {job_id!r} is needed by job(s) not completed: {', '.join(needed)} "
+                                   "(delete them too, or first)")
+            for job_id in job_ids:
+                for sql in self.sql.SQL_DELETE_JOB:
+                    cur.execute(sql, (job_id,))
+        self.write(delete)
+
+    def purge(self, state: str, before: float, limit: int = -1) -> int:
+        """Remove finished jobs in `state` last updated before `before`, with their runs; returns how many.
+        A dead job that a job not completed depends on stays until that job is gone (see self.sql.SQL_NEEDED_BY)."""
+        def purge(cur):
+            ids = [r[0] for r in cur.execute(self.sql.SQL_PURGE_IDS, (state, before, limit))]
+            for job_id in ids:
+                for sql in self.sql.SQL_DELETE_JOB:
+                    cur.execute(sql, (job_id,))
+            return len(ids)
+        return self.write(purge)
+
+    def purge_in_slices(self, state: str, before: float, max_slices: int = 1 << 62) -> int:
+        """purge() in transactions of PURGE_SLICE jobs, so no write lock is held long (a million jobs
+        in one transaction held it 7 s, and every worker's heartbeat with it); returns how many."""
+        total = 0
+        for _ in range(max_slices):
+            removed = self.purge(state, before, PURGE_SLICE)
+            total += removed
+            if removed < PURGE_SLICE:
+                break
+            # A short gap between slices: SQLite does not queue waiting writers, they poll, and one
+            # that polls while we hold the lock waits for the next gap.
+            time.sleep(0.01)
+        return total
+
+    def pause(self, queues: list[str]) -> None:
+        """Stop claims from these queues ('*' = all)."""
+        self.write(lambda cur: cur.executemany(self.sql.SQL_PAUSE, [(q,) for q in queues]))
+
+    def resume(self, queues: list[str]) -> None:
+        """Undo pause for these queues, or for everything when none are named."""
+        if queues:
+            if "*" in self.paused():
+                raise Conflict("every queue is paused; 'resume' without --queue resumes them all")
+            self.write(lambda cur: cur.executemany(self.sql.SQL_RESUME, [(q,) for q in queues]))
+        else:
+            self.write(lambda cur: cur.execute(self.sql.SQL_RESUME_ALL))
+
+    def paused(self) -> list[str]:
+        """Paused queue names ('*' = everything)."""
+        return [r[0] for r in self.read(self.sql.SQL_PAUSED)]
+
+    def stats(self, since: float, now: float) -> dict:
+        """Outcome counts, duration and wait percentiles over runs that ended since `since`."""
+        outcomes = dict(self.read(self.sql.SQL_STATS_OUTCOMES, (since,)))
+        times = self.read(self.sql.SQL_STATS_TIMES, (since,))
+        oldest = self.read(self.sql.SQL_OLDEST_ELIGIBLE, (now,))[0][0]
+        return {"outcomes": outcomes, "duration": percentiles(t[0] for t in times),
+                "wait": percentiles(t[1] for t in times),
+                "oldest_eligible_age_s": None if oldest is None else max(0.0, now - oldest)}
+
+    def runs_per_minute(self, start: float) -> list[tuple]:
+        """(minute from `start`, outcome, count) of the runs that ended completed, failed or dead since `start`."""
+        return self.read(self.sql.SQL_RUNS_PER_MINUTE, (start, start))
+
+    # -- workers --------------------------------------------------------------------------------
+
+    def register(self, worker_id: str, identity: dict, threads: int, now: float) -> None:
+        """Add this worker process to the workers table."""
+        self.write(lambda cur: cur.execute(self.sql.SQL_REGISTER, (
+            worker_id, identity["host"], identity["pid"], identity["proc_start"], identity["boot_id"],
+            identity["pid_ns"], threads, now, now)))
+
+    def heartbeat(self, worker_id: str, now: float) -> bool | None:
+        """Refresh our heartbeat; returns whether a stop was requested, or None if our row is gone."""
+        def beat(cur):
+            if cur.execute(self.sql.SQL_HEARTBEAT, (now, worker_id)).rowcount != 1:
+                return None
+            return bool(cur.execute(self.sql.SQL_STOP_REQUESTED, (worker_id,)).fetchone()[0])
+        return self.write(beat)
+
+    def deregister(self, worker_id: str) -> None:
+        """Remove this worker's row (on a clean exit)."""
+        self.write(lambda cur: cur.execute(self.sql.SQL_DEREGISTER, (worker_id,)))
+
+    def workers(self) -> list[WorkerRow]:
+        """Every registered worker."""
+        return [WorkerRow(*r) for r in self.read(self.sql.SQL_WORKERS)]
+
+    def processing_by_worker(self) -> dict[str, list[str]]:
+        """Worker id -> ids of the jobs it is running."""
+        held: dict[str, list[str]] = {}
+        for worker_id, job_id in self.read(self.sql.SQL_PROCESSING_BY_WORKER):
+            held.setdefault(worker_id, []).append(job_id)
+        return held
+
+    def cancel_requests(self, worker_id: str) -> set[tuple[str, int]]:
+        """(id, run) of this worker's running jobs that a user asked to cancel."""
+        return {(r[0], r[1]) for r in self.read(self.sql.SQL_CANCEL_REQUESTS, (worker_id,))}
+
+    def request_stop(self, worker_ids: list[str]) -> int:
+        """Ask these workers to stop; returns how many were asked."""
+        return self.write(lambda cur: sum(cur.execute(self.sql.SQL_REQUEST_STOP, (w,)).rowcount for w in worker_ids))
+
+    def orphan_jobs(self) -> list[tuple]:
+        """(id, run_count, lost_count, worker_id) of processing jobs whose worker is not registered."""
+        return self.read(self.sql.SQL_ORPHAN_JOBS)
+
+    def drop_worker(self, worker_id: str, beat: int, started_at: float, adopter: str) -> list[tuple] | None:
+        """Deregister a worker judged dead at heartbeat `beat`, hand the jobs it held to `adopter`
+        (see self.sql.SQL_ADOPT) and return their (id, run_count, worker id of the run); None if it beat
+        since (or is gone). One transaction, so the list is final even if the worker comes back and
+        registers again right after."""
+        def drop(cur):
+            if cur.execute(self.sql.SQL_DROP_DEAD_WORKER, (worker_id, started_at, beat)).rowcount != 1:
+                return None
+            return [run for run in cur.execute(self.sql.SQL_HELD_RUNS, (worker_id,)).fetchall()
+                    if cur.execute(self.sql.SQL_ADOPT, (adopter, run[0], run[1], worker_id)).rowcount]
+        return self.write(drop)
+
+    def adopted(self, worker_id: str) -> list[tuple]:
+        """(id, run_count, worker id of the run) of the jobs this worker adopted and has not requeued."""
+        return self.read(self.sql.SQL_ADOPTED, (worker_id,))
+
+    def adopt(self, job_id: str, run_no: int, owner: str, adopter: str) -> str | None:
+        """Take over the recovery of an orphan (a processing job whose worker is not registered);
+        returns the worker id its run was started by, or None if another sweeper took it first."""
+        def take(cur):
+            if not cur.execute(self.sql.SQL_ADOPT, (adopter, job_id, run_no, owner)).rowcount:
+                return None
+            row = cur.execute(self.sql.SQL_RUN_WORKER, (job_id, run_no)).fetchone()
+            return row[0] if row else owner
+        return self.write(take)
+
+    # -- config ---------------------------------------------------------------------------------
+
+    def config_get(self, key: str) -> float | int:
+        """A config value (stored or default)."""
+        rows = self.read(self.sql.SQL_CONFIG_GET, (key,))
+        return json.loads(rows[0][0]) if rows else CONFIG[key][0]
+
+    def config_all(self) -> dict:
+        """Every config value, defaults filled in."""
+        stored = {k: json.loads(v) for k, v in self.read(self.sql.SQL_CONFIG_ALL)}
+        return {key: stored.get(key, default) for key, (default, _) in CONFIG.items()}
+
+    def config_set(self, key: str, value: float | int) -> None:
+        """Store a validated config value."""
+        self.write(lambda cur: cur.execute(self.sql.SQL_CONFIG_SET, (key, json.dumps(value))))
+
+
+class SqliteStore(Store):
+    """A Store on one SQLite file: WAL, BEGIN IMMEDIATE transactions, busy retries."""
+    sql = SqliteSQL
+    IntegrityError = sqlite3.IntegrityError
 
     def __init__(self, path: str, *, durable: bool = True, busy_deadline_s: float = CLI_BUSY_DEADLINE_S,
                  reads_only: bool = False, give_up=lambda: False):
@@ -632,8 +1061,7 @@ class Store:
             self.conn.close()
             raise
 
-    @staticmethod
-    def _connect(path: str) -> sqlite3.Connection:
+    def _connect(self, path: str) -> sqlite3.Connection:
         try:
             _create_private(path)
             return sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
@@ -642,8 +1070,7 @@ class Store:
         except sqlite3.Error as e:
             raise database_error(path, e, opening=True) from None
 
-    @staticmethod
-    def _connect_read_only(path: str) -> tuple[sqlite3.Connection, bool]:
+    def _connect_read_only(self, path: str) -> tuple[sqlite3.Connection, bool]:
         """(connection, frozen) for a database this user may read but not write, creating no file.
 
         With its -wal and -shm present (a connection has it open, or one crashed), mode=ro reads
@@ -701,7 +1128,7 @@ class Store:
     def _check_identity(self) -> None:
         # One statement, so one snapshot: read piecemeal, a migration committing in between
         # would show tables without our application id and look like someone else's file.
-        app, tables, version = self.read(SQL_IDENTITY)[0]
+        app, tables, version = self.read(self.sql.SQL_IDENTITY)[0]
         if app != APPLICATION_ID and (app != 0 or tables or version):
             raise BadDatabase(f"{self.path} is not a queuectl database")
         if version > SCHEMA_VERSION:
@@ -723,7 +1150,7 @@ class Store:
 
     def query_only(self) -> None:
         """Make this connection refuse every write (a Store for a command or request that only reads)."""
-        self.conn.execute(SQL_QUERY_ONLY)
+        self.conn.execute(self.sql.SQL_QUERY_ONLY)
 
     # -- transactions ---------------------------------------------------------------------------
 
@@ -775,143 +1202,41 @@ class Store:
         """Run one read-only statement with busy retries."""
         return self._retry(lambda: self.conn.execute(sql, params).fetchall())
 
-    # -- jobs -----------------------------------------------------------------------------------
-
-    def enqueue(self, specs: list[dict], now: float) -> list[str]:
-        """Insert validated job specs in one transaction, all or nothing; returns their ids."""
-        def insert(cur):
-            plain: list[dict] = []
-            for spec in specs:
-                if spec["depends_on"]:
-                    self._insert_plain(cur, plain, now)
-                    self._insert_with_deps(cur, spec, now)
-                else:
-                    plain.append(spec)
-            self._insert_plain(cur, plain, now)
-            return [spec["id"] for spec in specs]
-        return self.write(insert)
-
-    @staticmethod
-    def _row(spec: dict, waiting_on: int, now: float) -> tuple:
-        due = spec["run_at"] or now
-        ready = not waiting_on and due <= now  # else staged: see SQL_PROMOTE
-        return (spec["id"], spec["command"], PENDING, spec["max_retries"], spec["timeout"], spec["cwd"],
-                json.dumps(spec["env"]) if spec["env"] else "{}", now, now, due, spec["priority"], spec["queue"],
-                waiting_on, None, int(ready))
-
-    def _insert_plain(self, cur: sqlite3.Cursor, specs: list[dict], now: float) -> None:
-        """executemany the buffered jobs without dependencies (the fast path of a batch)."""
-        cur.execute("SAVEPOINT batch")
-        try:
-            cur.executemany(SQL_INSERT_JOB, [self._row(spec, 0, now) for spec in specs])
-        except sqlite3.IntegrityError:
-            # Undo the rows this call inserted, so the first id found taken is really someone else's.
-            cur.execute("ROLLBACK TO batch")
-            taken = next(spec for spec in specs if cur.execute(SQL_JOB_STATE, (spec["id"],)).fetchone())
-            raise Conflict(f"{_where_in_batch(taken)}job {taken['id']!r} already exists") from None
-        cur.execute("RELEASE batch")
-        specs.clear()
-
-    def _insert_with_deps(self, cur: sqlite3.Cursor, spec: dict, now: float) -> None:
-        states = {}
-        for dep in spec["depends_on"]:
-            row = cur.execute(SQL_JOB_STATE, (dep,)).fetchone()
-            if row is None:
-                raise NotFound(f"{_where_in_batch(spec)}job {spec['id']!r} depends on {dep!r}, which does not exist")
-            states[dep] = row[0]
-        # A job on a dead dependency could only go to the DLQ at once; refused, as `dlq retry` refuses
-        # to revive a dependent alone: retry the dependency first.
-        dead = next((d for d, s in states.items() if s == DEAD), None)
-        if dead is not None:
-            raise Conflict(f"{_where_in_batch(spec)}job {spec['id']!r} depends on {dead!r}, which is dead "
-                           "(dlq retry it first)")
-        waiting = sum(1 for s in states.values() if s != COMPLETED)
-        try:
-            cur.execute(SQL_INSERT_JOB, self._row(spec, waiting, now))
-        except sqlite3.IntegrityError:
-            raise Conflict(f"{_where_in_batch(spec)}job {spec['id']!r} already exists") from None
-        cur.executemany(SQL_INSERT_DEP, [(spec["id"], dep) for dep in spec["depends_on"]])
-
-    def get(self, job_id: str) -> Job:
-        """One job; NotFound if absent."""
-        rows = self.read(SQL_GET_JOB, (job_id,))
-        if not rows:
-            raise NotFound(f"no job with id {job_id!r}")
-        return Job.from_row(rows[0])
-
-    def depends_on(self, job_id: str) -> list[str]:
-        """Ids the job depends on, in the order given."""
-        return [r[0] for r in self.read(SQL_DEPS_OF, (job_id,))]
-
-    def list_jobs(self, state: str | None = None, limit: int = -1, queue: str | None = None) -> list[Job]:
-        """Jobs oldest first; with a limit, the newest `limit` of them."""
-        where, params = _where(state=state, queue=queue)
-        return [Job.from_row(r) for r in self.read(SQL_LIST_JOBS.format(where=where), params + (limit,))]
-
-    def page_jobs(self, state: str | None = None, queue: str | None = None, limit: int = 50,
-                  offset: int = 0) -> list[Job]:
-        """Jobs newest first: `limit` of them after skipping the `offset` newest."""
-        where, params = _where(state=state, queue=queue)
-        return [Job.from_row(r) for r in self.read(SQL_PAGE_JOBS.format(where=where), params + (limit, offset))]
-
-    def counts(self, queue: str | None = None) -> dict[str, int]:
-        """Number of jobs in each state (all five keys)."""
-        where, params = _where(queue=queue)
-        counts = dict.fromkeys(STATES, 0)
-        counts.update(self.read(SQL_COUNTS.format(where=where), params))
-        return counts
-
-    def runs(self, job_id: str) -> list[dict]:
-        """Every run of a job, oldest first."""
-        keys = ("run", "worker_id", "started_at", "due_at", "ended_at", "outcome", "exit_code", "error", "output",
-                "output_bytes")
-        return [dict(zip(keys, r)) for r in self.read(SQL_RUNS, (job_id,))]
-
-    def run_output(self, job_id: str, run_no: int | None = None) -> tuple | None:
-        """(run_no, output tail, total bytes so far, ended_at) of run N or the latest; None if none."""
-        self.get(job_id)
-        rows = self.read(SQL_RUN, (job_id, run_no, run_no))
-        return rows[0] if rows else None
-
     def due_now(self, now: float, queues: tuple = ()) -> bool:
         """True if a claim now may find work: the poller's cheap check (a few index seeks)."""
-        return bool(self.read(SQL_POLL.format(heads=_heads(queues)), (*queues, now, now))[0][0])
+        return bool(self.read(self.sql.SQL_POLL.format(heads=_heads(queues)), (*queues, now, now))[0][0])
 
     def burst_done(self, now: float, queues: tuple = ()) -> bool:
         """True when nothing is processing (in these queues) and nothing is due within the burst horizon."""
-        if self.read(SQL_ANY_PROCESSING.format(queues=_in_queues(queues)), queues):
+        if self.read(self.sql.SQL_ANY_PROCESSING.format(queues=_in_queues(queues)), queues):
             return False
         soon = now + BURST_HORIZON_S
-        sql = SQL_DUE_SOON.format(heads=_heads(queues), queues=_in_queues(queues))
+        sql = self.sql.SQL_DUE_SOON.format(heads=_heads(queues), queues=_in_queues(queues))
         return not self.read(sql, (*queues, soon, soon, *queues))[0][0]
 
-    def claim(self, worker_id: str, now: float, queues: tuple = ()) -> Job | None:
-        """Atomically take the best due job for this worker and open its run record."""
-        return self.write(lambda cur: self._claim_in(cur, worker_id, now, queues))
-
     def _claim_in(self, cur: sqlite3.Cursor, worker_id: str, now: float, queues: tuple) -> Job | None:
-        cur.execute(SQL_PROMOTE, (now,))
+        cur.execute(self.sql.SQL_PROMOTE, (now,))
         if HAS_RETURNING:
-            sql = SQL_CLAIM.format(heads=_heads(queues))
-            row = cur.execute(sql, (worker_id, now, *queues, now, worker_id)).fetchone()
+            sql = self.sql.SQL_CLAIM_FROM_QUEUES if queues else self.sql.SQL_CLAIM_ANY_QUEUE
+            row = cur.execute(sql, {"worker": worker_id, "now": now, "queues": json.dumps(queues)}).fetchone()
         else:
             row = self._claim_without_returning(cur, worker_id, now, queues)
         if row is None:
             return None
         job = Job.from_row(row)
-        cur.execute(SQL_INSERT_RUN, (job.id, job.run_count, worker_id, now, job.next_run_at))
+        cur.execute(self.sql.SQL_INSERT_RUN, (job.id, job.run_count, worker_id, now, job.next_run_at))
         return job
 
-    @staticmethod
-    def _claim_without_returning(cur: sqlite3.Cursor, worker_id: str, now: float, queues: tuple) -> tuple | None:
+    def _claim_without_returning(self, cur: sqlite3.Cursor, worker_id: str, now: float, queues: tuple) -> tuple | None:
         # SQLite < 3.35: select then update, still one BEGIN IMMEDIATE transaction, so no other
         # writer can slip in between; the state guard makes the update a no-op if it somehow did.
-        if cur.execute(SQL_REGISTERED, (worker_id,)).fetchone() is None:
+        if cur.execute(self.sql.SQL_REGISTERED, (worker_id,)).fetchone() is None:
             return None
-        found = cur.execute(SQL_DUE.format(heads=_heads(queues)), (*queues, now)).fetchone()
-        if found is None or cur.execute(SQL_CLAIM_ID, (worker_id, now, found[0])).rowcount != 1:
+        sql = self.sql.SQL_NEXT_DUE_FROM_QUEUES if queues else self.sql.SQL_NEXT_DUE_ANY_QUEUE
+        found = cur.execute(sql, {"now": now, "queues": json.dumps(queues)}).fetchone()
+        if found is None or cur.execute(self.sql.SQL_CLAIM_ID, (worker_id, now, found[0])).rowcount != 1:
             return None
-        return cur.execute(SQL_GET_JOB, (found[0],)).fetchone()
+        return cur.execute(self.sql.SQL_GET_JOB, (found[0],)).fetchone()
 
     def flush_output(self, job: Job, tail: bytes, total: int) -> bool:
         """Store a running job's output so far (for `logs --follow`), only if that costs no waiting:
@@ -923,267 +1248,13 @@ class Store:
         # cancel checks.
         self.conn.execute("PRAGMA busy_timeout = 0")
         try:
-            self._transaction(lambda cur: cur.execute(SQL_FLUSH_OUTPUT, (tail, total, job.id, job.run_count)))
+            self._transaction(lambda cur: cur.execute(self.sql.SQL_FLUSH_OUTPUT, (tail, total, job.id, job.run_count)))
             return True
         except sqlite3.Error:
             return False
         finally:
             self.conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
             self.turn.release()
-
-    def finish(self, job: Job, worker_id: str, outcome: Outcome, settings: dict, now: float) -> Job | None:
-        """Record a run's outcome; None if this worker no longer owns the job (nothing written)."""
-        return self.write(lambda cur: self._finish_in(cur, job, worker_id, outcome, settings, now))
-
-    def finish_and_claim(self, job: Job, worker_id: str, outcome: Outcome, settings: dict, now: float,
-                         queues: tuple) -> tuple[Job | None, Job | None]:
-        """finish() and claim() in one transaction: one commit per job instead of two."""
-        def both(cur):
-            return (self._finish_in(cur, job, worker_id, outcome, settings, now),
-                    self._claim_in(cur, worker_id, now, queues))
-        return self.write(both)
-
-    def _finish_in(self, cur: sqlite3.Cursor, job: Job, worker_id: str, outcome: Outcome, settings: dict,
-                   now: float) -> Job | None:
-        state, attempts, next_run_at = failure_rule(job, outcome, settings, now)
-        flag = cur.execute(SQL_CANCEL_FLAG, (job.id, worker_id, job.run_count)).fetchone()
-        if flag and flag[0] and state != COMPLETED:
-            # Canceled while running, but it failed before its worker got round to killing it:
-            # the cancel wins over a retry (a run that completed anyway stays completed).
-            state, outcome = DEAD, Outcome(outcome.exit_code, "canceled", outcome.output, outcome.duration_s)
-        cur.execute(SQL_FINISH_JOB, (state, attempts, next_run_at, outcome.error, outcome.exit_code, now,
-                                     job.id, worker_id, job.run_count))
-        if cur.rowcount != 1:
-            return None
-        self._close_run(cur, job, state, outcome, now)
-        self._settle_dependents(cur, job.id, state, now)
-        return Job(**{**job.__dict__, "state": state, "attempts": attempts, "next_run_at": next_run_at,
-                      "last_error": outcome.error, "exit_code": outcome.exit_code, "worker_id": None,
-                      "updated_at": now})
-
-    @staticmethod
-    def _close_run(cur: sqlite3.Cursor, job: Job, label: str, outcome: Outcome, now: float) -> None:
-        cur.execute(SQL_FINISH_RUN, (outcome.duration_s, now, label, outcome.exit_code, outcome.error, outcome.output,
-                                     outcome.output_bytes, job.id, job.run_count))
-
-    @staticmethod
-    def _settle_dependents(cur: sqlite3.Cursor, job_id: str, state: str, now: float) -> None:
-        """A completed job may make dependents due; a dead one takes them to the DLQ."""
-        if state == COMPLETED:
-            cur.execute(SQL_RELEASE_DEPENDENTS, (now, now, job_id))
-        elif state == DEAD:
-            cur.execute(SQL_KILL_DEPENDENTS, (job_id, now))
-
-    def interrupt(self, job: Job, worker_id: str, outcome: Outcome, lost: bool, now: float,
-                  stuck: str | None = None) -> str | None:
-        """End a run the worker cut short (stop, lost worker, cancel); returns the job's new state.
-
-        Not an attempt: a stopped or lost run goes back to pending (a lost one counts toward the
-        poison cap), unless a cancel was asked for, or a leftover process of the run could not be
-        killed (`stuck` says which), which send it to the DLQ.
-        """
-        def requeue(cur):
-            flag = cur.execute(SQL_CANCEL_FLAG, (job.id, worker_id, job.run_count)).fetchone()
-            if flag is None:
-                return None
-            state, error = interrupt_rule(job.lost_count + lost, lost, bool(flag[0]), stuck)
-            cur.execute(SQL_REQUEUE, (state, int(lost), error, now, now, job.id, worker_id, job.run_count))
-            self._close_run(cur, job, "canceled" if flag[0] else "lost" if lost else "stopped", outcome, now)
-            self._settle_dependents(cur, job.id, state, now)
-            return state
-        return self.write(requeue)
-
-    def retry_dead(self, job_ids: list[str], now: float) -> None:
-        """Move dead jobs back to pending, all or nothing; a dead dependency must be retried with them."""
-        def revive(cur):
-            for job_id in job_ids:
-                row = cur.execute(SQL_JOB_STATE, (job_id,)).fetchone()
-                if row is None:
-                    raise NotFound(f"no job with id {job_id!r}")
-                if row[0] != DEAD:
-                    raise Conflict(f"job {job_id!r} is {row[0]}, not dead")
-                blocker = next((d for (d,) in cur.execute(SQL_DEAD_DEPS, (job_id,)) if d not in job_ids), None)
-                if blocker:
-                    raise Conflict(f"job {job_id!r} depends on dead job {blocker!r}: retry both together")
-            for job_id in job_ids:  # in the order given; a dependency listed later still counts as unfinished
-                cur.execute(SQL_RETRY, (now, now, job_id))
-        self.write(revive)
-
-    def cancel(self, job_ids: list[str], now: float) -> None:
-        """Cancel jobs, all or nothing: waiting ones go to the DLQ now, running ones when their worker kills them."""
-        def cancel(cur):
-            for job_id in job_ids:
-                state = self._state_in(cur, job_id)
-                if state in (COMPLETED, DEAD):
-                    raise Conflict(f"job {job_id!r} is already {state}")
-            for job_id in job_ids:
-                if cur.execute(SQL_CANCEL_WAITING, (now, job_id)).rowcount:
-                    cur.execute(SQL_KILL_DEPENDENTS, (job_id, now))
-                else:
-                    cur.execute(SQL_CANCEL_RUNNING, (job_id,))
-        self.write(cancel)
-
-    @staticmethod
-    def _state_in(cur: sqlite3.Cursor, job_id: str) -> str:
-        row = cur.execute(SQL_JOB_STATE, (job_id,)).fetchone()
-        if row is None:
-            raise NotFound(f"no job with id {job_id!r}")
-        return row[0]
-
-    def delete(self, job_ids: list[str]) -> None:
-        """Remove jobs and their runs, all or nothing; never a processing job or one still needed."""
-        def delete(cur):
-            for job_id in job_ids:
-                if self._state_in(cur, job_id) == PROCESSING:
-                    raise Conflict(f"job {job_id!r} is processing; cancel it first")
-                needed = [d for (d,) in cur.execute(SQL_NEEDED_BY, (job_id,)) if d not in job_ids]
-                if needed:
-                    raise Conflict(f"job {job_id!r} is needed by job(s) not completed: {', '.join(needed)} "
-                                   "(delete them too, or first)")
-            for job_id in job_ids:
-                for sql in SQL_DELETE_JOB:
-                    cur.execute(sql, (job_id,))
-        self.write(delete)
-
-    def purge(self, state: str, before: float, limit: int = -1) -> int:
-        """Remove finished jobs in `state` last updated before `before`, with their runs; returns how many.
-        A dead job that a job not completed depends on stays until that job is gone (see SQL_NEEDED_BY)."""
-        def purge(cur):
-            ids = [r[0] for r in cur.execute(SQL_PURGE_IDS, (state, before, limit))]
-            for job_id in ids:
-                for sql in SQL_DELETE_JOB:
-                    cur.execute(sql, (job_id,))
-            return len(ids)
-        return self.write(purge)
-
-    def purge_in_slices(self, state: str, before: float, max_slices: int = 1 << 62) -> int:
-        """purge() in transactions of PURGE_SLICE jobs, so no write lock is held long (a million jobs
-        in one transaction held it 7 s, and every worker's heartbeat with it); returns how many."""
-        total = 0
-        for _ in range(max_slices):
-            removed = self.purge(state, before, PURGE_SLICE)
-            total += removed
-            if removed < PURGE_SLICE:
-                break
-            # A short gap between slices: SQLite does not queue waiting writers, they poll, and one
-            # that polls while we hold the lock waits for the next gap.
-            time.sleep(0.01)
-        return total
-
-    def pause(self, queues: list[str]) -> None:
-        """Stop claims from these queues ('*' = all)."""
-        self.write(lambda cur: cur.executemany(SQL_PAUSE, [(q,) for q in queues]))
-
-    def resume(self, queues: list[str]) -> None:
-        """Undo pause for these queues, or for everything when none are named."""
-        if queues:
-            if "*" in self.paused():
-                raise Conflict("every queue is paused; 'resume' without --queue resumes them all")
-            self.write(lambda cur: cur.executemany(SQL_RESUME, [(q,) for q in queues]))
-        else:
-            self.write(lambda cur: cur.execute(SQL_RESUME_ALL))
-
-    def paused(self) -> list[str]:
-        """Paused queue names ('*' = everything)."""
-        return [r[0] for r in self.read(SQL_PAUSED)]
-
-    def stats(self, since: float, now: float) -> dict:
-        """Outcome counts, duration and wait percentiles over runs that ended since `since`."""
-        outcomes = dict(self.read(SQL_STATS_OUTCOMES, (since,)))
-        times = self.read(SQL_STATS_TIMES, (since,))
-        oldest = self.read(SQL_OLDEST_ELIGIBLE, (now,))[0][0]
-        return {"outcomes": outcomes, "duration": percentiles(t[0] for t in times),
-                "wait": percentiles(t[1] for t in times),
-                "oldest_eligible_age_s": None if oldest is None else max(0.0, now - oldest)}
-
-    def runs_per_minute(self, start: float) -> list[tuple]:
-        """(minute from `start`, outcome, count) of the runs that ended completed, failed or dead since `start`."""
-        return self.read(SQL_RUNS_PER_MINUTE, (start, start))
-
-    # -- workers --------------------------------------------------------------------------------
-
-    def register(self, worker_id: str, identity: dict, threads: int, now: float) -> None:
-        """Add this worker process to the workers table."""
-        self.write(lambda cur: cur.execute(SQL_REGISTER, (
-            worker_id, identity["host"], identity["pid"], identity["proc_start"], identity["boot_id"],
-            identity["pid_ns"], threads, now, now)))
-
-    def heartbeat(self, worker_id: str, now: float) -> bool | None:
-        """Refresh our heartbeat; returns whether a stop was requested, or None if our row is gone."""
-        def beat(cur):
-            if cur.execute(SQL_HEARTBEAT, (now, worker_id)).rowcount != 1:
-                return None
-            return bool(cur.execute(SQL_STOP_REQUESTED, (worker_id,)).fetchone()[0])
-        return self.write(beat)
-
-    def deregister(self, worker_id: str) -> None:
-        """Remove this worker's row (on a clean exit)."""
-        self.write(lambda cur: cur.execute(SQL_DEREGISTER, (worker_id,)))
-
-    def workers(self) -> list[WorkerRow]:
-        """Every registered worker."""
-        return [WorkerRow(*r) for r in self.read(SQL_WORKERS)]
-
-    def processing_by_worker(self) -> dict[str, list[str]]:
-        """Worker id -> ids of the jobs it is running."""
-        held: dict[str, list[str]] = {}
-        for worker_id, job_id in self.read(SQL_PROCESSING_BY_WORKER):
-            held.setdefault(worker_id, []).append(job_id)
-        return held
-
-    def cancel_requests(self, worker_id: str) -> set[tuple[str, int]]:
-        """(id, run) of this worker's running jobs that a user asked to cancel."""
-        return {(r[0], r[1]) for r in self.read(SQL_CANCEL_REQUESTS, (worker_id,))}
-
-    def request_stop(self, worker_ids: list[str]) -> int:
-        """Ask these workers to stop; returns how many were asked."""
-        return self.write(lambda cur: sum(cur.execute(SQL_REQUEST_STOP, (w,)).rowcount for w in worker_ids))
-
-    def orphan_jobs(self) -> list[tuple]:
-        """(id, run_count, lost_count, worker_id) of processing jobs whose worker is not registered."""
-        return self.read(SQL_ORPHAN_JOBS)
-
-    def drop_worker(self, worker_id: str, beat: int, started_at: float, adopter: str) -> list[tuple] | None:
-        """Deregister a worker judged dead at heartbeat `beat`, hand the jobs it held to `adopter`
-        (see SQL_ADOPT) and return their (id, run_count, worker id of the run); None if it beat
-        since (or is gone). One transaction, so the list is final even if the worker comes back and
-        registers again right after."""
-        def drop(cur):
-            if cur.execute(SQL_DROP_DEAD_WORKER, (worker_id, started_at, beat)).rowcount != 1:
-                return None
-            return [run for run in cur.execute(SQL_HELD_RUNS, (worker_id,)).fetchall()
-                    if cur.execute(SQL_ADOPT, (adopter, run[0], run[1], worker_id)).rowcount]
-        return self.write(drop)
-
-    def adopted(self, worker_id: str) -> list[tuple]:
-        """(id, run_count, worker id of the run) of the jobs this worker adopted and has not requeued."""
-        return self.read(SQL_ADOPTED, (worker_id,))
-
-    def adopt(self, job_id: str, run_no: int, owner: str, adopter: str) -> str | None:
-        """Take over the recovery of an orphan (a processing job whose worker is not registered);
-        returns the worker id its run was started by, or None if another sweeper took it first."""
-        def take(cur):
-            if not cur.execute(SQL_ADOPT, (adopter, job_id, run_no, owner)).rowcount:
-                return None
-            row = cur.execute(SQL_RUN_WORKER, (job_id, run_no)).fetchone()
-            return row[0] if row else owner
-        return self.write(take)
-
-    # -- config ---------------------------------------------------------------------------------
-
-    def config_get(self, key: str) -> float | int:
-        """A config value (stored or default)."""
-        rows = self.read(SQL_CONFIG_GET, (key,))
-        return json.loads(rows[0][0]) if rows else CONFIG[key][0]
-
-    def config_all(self) -> dict:
-        """Every config value, defaults filled in."""
-        stored = {k: json.loads(v) for k, v in self.read(SQL_CONFIG_ALL)}
-        return {key: stored.get(key, default) for key, (default, _) in CONFIG.items()}
-
-    def config_set(self, key: str, value: float | int) -> None:
-        """Store a validated config value."""
-        self.write(lambda cur: cur.execute(SQL_CONFIG_SET, (key, json.dumps(value))))
 
 
 # ==== Core rules =================================================================================
@@ -2092,7 +2163,7 @@ class Supervisor:
 
     def _open(self) -> Store:
         """A connection for one thread: busy waits are long, but end in time for a hard stop."""
-        return Store(self.path, durable=False, busy_deadline_s=30.0, give_up=self.give_up)
+        return SqliteStore(self.path, durable=False, busy_deadline_s=30.0, give_up=self.give_up)
 
     def give_up(self) -> bool:
         """True once a hard stop has left too little time to keep retrying the database: writes are
@@ -2684,7 +2755,7 @@ class Dashboard:
         """A Store for this request alone; query-only for reads."""
         if not os.path.exists(self.path):  # Store() would create a new, empty database
             raise BadDatabase(f"database {self.path} no longer exists")
-        store = Store(self.path, reads_only=read_only)
+        store = SqliteStore(self.path, reads_only=read_only)
         try:
             yield store
         finally:
@@ -3351,7 +3422,7 @@ def open_store(args) -> Store:
     if not os.path.isabs(path) and not _cwd_exists():
         raise BadDatabase(f"cannot open {path}: the current folder no longer exists (give --db a full path)")
     # The dashboard only reads unless its actions are on.
-    return Store(path, reads_only=args.reads_only and not getattr(args, "allow_actions", False))
+    return SqliteStore(path, reads_only=args.reads_only and not getattr(args, "allow_actions", False))
 
 
 def _cwd_exists() -> bool:

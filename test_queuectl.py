@@ -412,7 +412,7 @@ def spec(job_id="j1", command="true", **kw):
 
 @pytest.fixture
 def store(tmp_path):
-    s = queuectl.Store(str(tmp_path / "q.db"))
+    s = queuectl.SqliteStore(str(tmp_path / "q.db"))
     yield s
     s.close()
 
@@ -424,7 +424,7 @@ def register(store, worker_id="w1", now=T0):
 
 def test_new_database_is_0600_wal_and_versioned(tmp_path):
     path = tmp_path / "new.db"
-    s = queuectl.Store(str(path))
+    s = queuectl.SqliteStore(str(path))
     try:
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
         assert s.read("PRAGMA journal_mode")[0][0] == "wal"
@@ -440,7 +440,7 @@ def test_concurrent_first_opens_do_not_race(tmp_path):
 
     def opener():
         try:
-            queuectl.Store(path).close()
+            queuectl.SqliteStore(path).close()
         except Exception as e:  # noqa: BLE001 - any failure is the bug under test
             errors.append(e)
     threads = [threading.Thread(target=opener) for _ in range(8)]
@@ -449,7 +449,7 @@ def test_concurrent_first_opens_do_not_race(tmp_path):
     for t in threads:
         t.join()
     assert errors == []
-    s = queuectl.Store(path)
+    s = queuectl.SqliteStore(path)
     assert s.read("PRAGMA user_version")[0][0] == queuectl.SCHEMA_VERSION
     s.close()
 
@@ -458,9 +458,9 @@ def test_opening_another_store_keeps_this_process_locks(tmp_path):
     # Regression: closing any descriptor of an SQLite file drops the process's POSIX locks, so
     # opening a second Store while the first holds the write lock must not release that lock.
     path = str(tmp_path / "locks.db")
-    holder = queuectl.Store(path)
+    holder = queuectl.SqliteStore(path)
     holder.conn.execute("BEGIN IMMEDIATE")
-    queuectl.Store(path).close()
+    queuectl.SqliteStore(path).close()
     probe = "import sqlite3, sys; c = sqlite3.connect(sys.argv[1], timeout=0); c.execute('BEGIN IMMEDIATE')"
     result = subprocess.run([sys.executable, "-c", probe, path], capture_output=True, text=True)
     holder.conn.execute("ROLLBACK")
@@ -479,13 +479,13 @@ def test_timeout_also_kills_children_that_left_the_group(tmp_path):
 
 def test_newer_schema_is_refused_and_left_untouched(tmp_path):
     path = tmp_path / "future.db"
-    queuectl.Store(str(path)).close()
+    queuectl.SqliteStore(str(path)).close()
     conn = sqlite3.connect(path)
     conn.execute(f"PRAGMA user_version = {queuectl.SCHEMA_VERSION + 1}")
     conn.close()
     before = path.read_bytes()
     with pytest.raises(queuectl.BadDatabase, match="newer"):
-        queuectl.Store(str(path))
+        queuectl.SqliteStore(str(path))
     assert path.read_bytes() == before
 
 
@@ -499,18 +499,18 @@ def folder_state(folder):
 
 def test_a_store_that_only_reads_opens_a_database_it_cannot_write_read_only(tmp_path, monkeypatch):
     path = str(tmp_path / "ro.db")
-    with contextlib.closing(queuectl.Store(path)) as owner:
+    with contextlib.closing(queuectl.SqliteStore(path)) as owner:
         owner.enqueue([spec("a")], T0)
     before = folder_state(tmp_path)
     monkeypatch.setattr(queuectl, "_writable", lambda p: False)  # as for a user who may only read it
-    reader = queuectl.Store(path, reads_only=True)
+    reader = queuectl.SqliteStore(path, reads_only=True)
     try:
         assert (reader.read_only, reader.frozen) == (True, True)  # no -wal: nobody has it open
         assert [j.id for j in reader.list_jobs()] == ["a"]
         with pytest.raises(sqlite3.OperationalError):
             reader.pause(["x"])
         assert folder_state(tmp_path) == before  # nothing written, no -wal or -shm made
-        with contextlib.closing(queuectl.Store(path)) as owner:  # a writer starts meanwhile
+        with contextlib.closing(queuectl.SqliteStore(path)) as owner:  # a writer starts meanwhile
             owner.enqueue([spec("b")], T0)
             reader.refresh()  # what a poll does: the frozen file is read again, now through the -wal
             assert (reader.read_only, reader.frozen) == (True, False)
@@ -555,7 +555,7 @@ def test_an_empty_file_made_by_the_user_becomes_a_0600_database(tmp_path):
     path = tmp_path / "made.db"
     path.touch(mode=0o644)
     os.chmod(path, 0o644)
-    queuectl.Store(str(path)).close()
+    queuectl.SqliteStore(str(path)).close()
     for name in (path, tmp_path / "made.db-wal", tmp_path / "made.db-shm"):
         if name.exists():
             assert stat.S_IMODE(name.stat().st_mode) == 0o600, name
@@ -647,14 +647,14 @@ def test_unregistered_worker_cannot_claim(store):
 
 def test_claim_from_many_threads_never_duplicates(tmp_path):
     path = str(tmp_path / "many.db")
-    s = queuectl.Store(path)
+    s = queuectl.SqliteStore(path)
     register(s)
     for i in range(200):
         s.enqueue([spec(f"j{i}")], T0)
     claimed, lock = [], threading.Lock()
 
     def grab():
-        mine = queuectl.Store(path, durable=False, busy_deadline_s=30)
+        mine = queuectl.SqliteStore(path, durable=False, busy_deadline_s=30)
         while (job := mine.claim("w1", T0)) is not None:
             with lock:
                 claimed.append(job.id)
@@ -788,7 +788,7 @@ def finish_next(store, code=0, now=T0, output="out", ended=None, settings=SETTIN
 @contextlib.contextmanager
 def opened(db):
     """A Store on a CLI test's db file (to build states the CLI cannot reach quickly)."""
-    s = queuectl.Store(db)
+    s = queuectl.SqliteStore(db)
     try:
         yield s
     finally:
@@ -1402,9 +1402,10 @@ def test_kill_run_takes_the_runs_session_even_without_the_token(tmp_path):
     try:
         wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), "the run's child to start")
         child = int(pidfile.read_text())
-        assert len(queuectl.kill_run("w/1/sess").killed) == 2
+        left = queuectl.kill_run("w/1/sess")
+        assert len(left.killed) == 2
         assert leader.wait(timeout=10) == -9
-        assert queuectl.proc_start_time(child) is None  # gone (or a zombie waiting for init)
+        assert queuectl.wait_gone(left, 10)  # the child too (or a zombie waiting for init)
         assert bystander.poll() is None
     finally:
         for proc in (leader, bystander):
@@ -1828,7 +1829,7 @@ def seed_dashboard_queue(path):
     done-1 completed (output with HTML), SCRIPT_ID dead (output with HTML), running-1 processing
     on a live worker (this test process), img-1 and img-2 pending in queue `images`.
     """
-    store = queuectl.Store(path)
+    store = queuectl.SqliteStore(path)
     now = time.time()
     store.register("dash-worker", queuectl.host_identity(), 2, now)
 
@@ -2152,7 +2153,7 @@ def test_minute_buckets_fill_every_minute_of_the_window():
 
 
 def test_runs_per_minute_counts_finished_runs_by_minute(tmp_path):
-    store = queuectl.Store(str(tmp_path / "q.db"))
+    store = queuectl.SqliteStore(str(tmp_path / "q.db"))
     store.register("w", queuectl.host_identity(), 1, 0)
     settings = {**store.config_all(), "backoff_base": 1}
     for n, (code, ended) in enumerate([(0, 6000), (0, 6059.9), (1, 6060), (0, 6150), (0, 5999)]):
@@ -4434,7 +4435,7 @@ def test_worker_stop_signals_nothing(db):
     """`worker stop` writes a flag; even a live-looking row with a stranger's PID gets no signal."""
     bystander = subprocess.Popen(["sleep", "60"])
     try:
-        s = queuectl.Store(db)
+        s = queuectl.SqliteStore(db)
         me = queuectl.host_identity()
         s.register("looks-alive", {**me, "pid": bystander.pid, "proc_start": queuectl.proc_start_time(bystander.pid)},
                    1, time.time())

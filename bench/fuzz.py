@@ -644,7 +644,7 @@ class Sandbox:
 def build_start_state(path: str) -> None:
     """pend, 'ünï-code 😀', child (waits on pend): pending; done: completed; dead1: dead; dead2: dead
     (its dependency is); fail: failed, retrying later; proc: processing on a registered remote worker."""
-    store = q.Store(path)
+    store = q.SqliteStore(path)
     now = time.time()
     defaults = store.config_all()
 

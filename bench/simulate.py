@@ -1121,7 +1121,7 @@ def run_scenarios() -> list[str]:
     failures = []
     for scenario in SCENARIOS:
         folder = tempfile.mkdtemp(prefix="queuectl-scenario-")
-        store = q.Store(os.path.join(folder, "s.db"), durable=False)
+        store = q.SqliteStore(os.path.join(folder, "s.db"), durable=False)
         original_kill = q.kill_run_orphans
         q.kill_run_orphans = lambda token: 0
         q.time = SimClock(time)
@@ -1146,7 +1146,7 @@ class Bench:
         base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
         self.dir = tempfile.mkdtemp(prefix="queuectl-sim-", dir=base)
         path = os.path.join(self.dir, "sim.db")
-        self.stores = [q.Store(path, durable=False, busy_deadline_s=5.0) for _ in range(POOL)]
+        self.stores = [q.SqliteStore(path, durable=False, busy_deadline_s=5.0) for _ in range(POOL)]
 
     def reset(self) -> None:
         self.stores[0].write(lambda cur: [cur.execute(sql) for sql in RESET])
