@@ -1920,8 +1920,9 @@ def run_token(job: Job, worker_id: str) -> str:
     return f"{worker_id}/{job.run_count}/{job.id}"
 
 
-class Worker:
-    """One runner thread's logic: claim a due job, run it, record what happened."""
+class Runner:
+    """One runner thread of a worker process: claim a due job, run it, record what happened.
+    ("Worker" is the process `worker start` starts, with one registration and N runners.)"""
 
     def __init__(self, store: Store, worker_id: str, abort, queues: tuple = (), epoch=lambda: 0,
                  keep_claiming=lambda: False, give_up=lambda: False):
@@ -2142,7 +2143,7 @@ def _ignore_signal(signum, frame) -> None:
     """The Python-level handler of a worker's stop signals: the wake-up byte does the work."""
 
 class Supervisor:
-    """One worker process: registers, runs N Worker threads, heartbeats, sweeps, polls, stops."""
+    """One worker process: registers, runs N Runner threads, heartbeats, sweeps, polls, stops."""
 
     def __init__(self, path: str, count: int, burst: bool, queues: tuple = ()):
         import threading
@@ -2158,7 +2159,7 @@ class Supervisor:
         self.tick = threading.Event()  # never set: the main loop's interruptible sleep
         self.epoch = 0  # bumped at each re-registration; jobs claimed under an older one are killed
         self.stalled_s = 0.0  # how late our heartbeats were committed, in all (see lease_expired)
-        self.workers: list[Worker] = []
+        self.runners: list[Runner] = []
         self.canceled: set[tuple[str, int]] = set()  # (job id, run) of running jobs a user asked to cancel
 
     def _open(self) -> Store:
@@ -2282,7 +2283,7 @@ class Supervisor:
         if mono >= due["sweep"]:
             due["sweep"] = mono + SWEEP_INTERVAL_S
             self.sweeper.sweep(time.time())
-        if mono >= due["cancels"] and any(w.current for w in self.workers):
+        if mono >= due["cancels"] and any(r.current for r in self.runners):
             due["cancels"] = mono + 0.5
             self.canceled = self.store.cancel_requests(self.worker_id)
         if mono >= due["retention"]:
@@ -2298,7 +2299,7 @@ class Supervisor:
 
     def _stop(self, why: str) -> None:
         if not self.stopping.is_set():
-            running = sum(1 for w in self.workers if w.current)
+            running = sum(1 for r in self.runners if r.current)
             log.info("stopping (%s): claiming nothing more, waiting for %d running job(s)", why, running)
             self.stopping.set()
         with self.wake:
@@ -2336,19 +2337,19 @@ class Supervisor:
         if self.store.due_now(now, self.queues):
             with self.wake:
                 self.wake.notify_all()
-        elif self.burst and not self.stopping.is_set() and not any(w.current for w in self.workers) \
+        elif self.burst and not self.stopping.is_set() and not any(r.current for r in self.runners) \
                 and self.store.burst_done(now, self.queues):
             self._stop("burst: queue drained")
 
     # -- runner threads --------------------------------------------------------------------------
 
     def _thread_main(self) -> None:
-        worker, failing = None, Backoff("claim", 5.0)
+        runner, failing = None, Backoff("claim", 5.0)
         # A job claimed together with the last result is ours: run it even if a stop came since.
-        while not self.stopping.is_set() or (worker and worker.prefetched):
+        while not self.stopping.is_set() or (runner and runner.prefetched):
             try:
-                worker = worker or self._new_worker()
-                ran = worker.run_once()
+                runner = runner or self._new_runner()
+                ran = runner.run_once()
                 failing.ok()
             except (QueueError, sqlite3.Error) as e:  # busy or disk full: wait (not woken by the poller)
                 self.stopping.wait(failing.failed(e))
@@ -2356,15 +2357,15 @@ class Supervisor:
             if not ran:
                 with self.wake:
                     self.wake.wait(IDLE_WAIT_S)
-        if worker:
-            worker.store.close()
+        if runner:
+            runner.store.close()
 
-    def _new_worker(self) -> Worker:
+    def _new_runner(self) -> Runner:
         store = self._open()
-        worker = Worker(store, self.worker_id, self.abort_reason, self.queues, lambda: self.epoch,
+        runner = Runner(store, self.worker_id, self.abort_reason, self.queues, lambda: self.epoch,
                         lambda: not self.stopping.is_set(), self.give_up)
-        self.workers.append(worker)
-        return worker
+        self.runners.append(runner)
+        return runner
 
 
 # ==== Dashboard ==================================================================================

@@ -1511,7 +1511,7 @@ def test_a_process_whose_main_thread_exited_is_alive_while_its_other_threads_run
 def test_worker_run_once_with_injected_runner(store):
     register(store)
     store.enqueue([spec("a")], T0)
-    worker = queuectl.Worker(store, "w1", lambda job_id, epoch: None)
+    worker = queuectl.Runner(store, "w1", lambda job_id, epoch: None)
     seen = {}
 
     def fake_runner(job, env, abort, on_output):

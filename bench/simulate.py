@@ -750,7 +750,7 @@ class Simulation:
         self.stats["runs"] += 1
         held = w.slots[slot]  # a job prefetched with this slot's last result, or None
         keep = self.rng.random() < 0.5
-        worker = q.Worker(w.store, w.wid, lambda job_id, epoch: None if epoch == w.reg else
+        worker = q.Runner(w.store, w.wid, lambda job_id, epoch: None if epoch == w.reg else
                           "worker lost its registration", queues=w.queues, epoch=lambda: w.reg,
                           keep_claiming=lambda: keep)
         if held is not None:
