@@ -16,6 +16,7 @@ import sqlite3
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -373,6 +374,70 @@ def ran_db(db, workers, tmp_path):
     enqueue(db, id="p1", command="true")
     return db
 
+
+
+# ---- PostgreSQL server, for the PostgreSQL backend's tests
+# One server for the whole session: $QUEUECTL_TEST_PG (a postgresql:// URL with a host; .ci/run sets it),
+# else a throwaway cluster this session starts with .ci/postgres and removes at the end. Each test then
+# gets its own fresh schema in it (pg_url), dropped at teardown.
+
+PG_HELPER = os.path.join(HERE, ".ci", "postgres")
+PG_SKIP = ("PostgreSQL tests need a server: install postgresql and pip install 'psycopg[binary]', "
+           "or set QUEUECTL_TEST_PG")
+
+
+def pg_unavailable(why):
+    """Skip a test that needs PostgreSQL; under CI=true fail instead, so CI cannot pass without them."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{why}; CI must run the PostgreSQL tests ({PG_SKIP})")
+    pytest.skip(PG_SKIP)
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """URL of a PostgreSQL server for the session (see above); skips when there is none."""
+    try:
+        import psycopg  # noqa: F401  (only the PostgreSQL tests need it)
+    except ImportError:
+        pg_unavailable("psycopg is not installed")
+    url = os.environ.get("QUEUECTL_TEST_PG")
+    if url:
+        yield url
+        return
+    if subprocess.run(["bash", PG_HELPER, "bindir"], capture_output=True).returncode != 0:
+        pg_unavailable("PostgreSQL (initdb) is not installed")
+    folder = tempfile.mkdtemp(prefix="queuectl-pg.", dir="/tmp")  # traversable by the postgres user
+    try:
+        started = subprocess.run(["bash", PG_HELPER, "start", folder], stdin=subprocess.DEVNULL,
+                                 capture_output=True, text=True, timeout=120)
+        assert started.returncode == 0, f".ci/postgres start failed:\n{started.stderr}"
+        yield started.stdout.strip()
+    finally:
+        stopped = subprocess.run(["bash", PG_HELPER, "stop", folder], stdin=subprocess.DEVNULL,
+                                 capture_output=True, text=True, timeout=120)
+        assert stopped.returncode == 0, f".ci/postgres stop failed:\n{stopped.stderr}"
+
+
+@pytest.fixture
+def pg_url(pg_server):
+    """`--db` URL for one test: the session's server with a fresh schema (the backend creates it on
+    first use); the schema is dropped with everything in it at teardown."""
+    import psycopg
+    from psycopg import sql as pgsql
+    schema = f"t_{uuid.uuid4().hex}"
+    yield f"{pg_server}{'&' if '?' in pg_server else '?'}schema={schema}"
+    with psycopg.connect(pg_server, autocommit=True, connect_timeout=30) as conn:
+        conn.execute("SET lock_timeout = '30s'")  # a leftover session holding a lock fails loudly
+        conn.execute(pgsql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(pgsql.Identifier(schema)))
+
+
+def test_throwaway_postgres_server_answers(pg_server):
+    import psycopg
+    with psycopg.connect(pg_server, connect_timeout=30) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+        assert conn.execute("SHOW server_encoding").fetchone() == ("UTF8",)
+        assert conn.execute("SHOW synchronous_commit").fetchone()[0] in (
+            "on", "off", "local", "remote_write", "remote_apply")
 
 # ==== Constants and config validators =============================================================
 
