@@ -638,11 +638,42 @@ def _access_problem(path: str, write: bool) -> str | None:
     return None
 
 
+class _Raced(Exception):
+    """A read-only open met a writer appearing or leaving: try again."""
+
+
+# SQLITE_READONLY, SQLITE_CORRUPT, SQLITE_CANTOPEN: what a read-only open that raced a writer sees
+RACED_READ_ERRORS = (8, 11, 14)
+
+
+def _signature(path: str) -> tuple:
+    """What changes when a writer opens or writes a database: its -wal appearing, its size, mtime, inode."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (None,)
+    return (os.path.exists(f"{path}-wal"), st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _check_regular(path: str, real: str) -> None:
+    """Refuse what is not a regular file before SQLite opens it (a FIFO would block the open)."""
+    import stat
+    try:
+        mode = os.stat(real).st_mode
+    except OSError:
+        return  # missing (created later) or unreadable: the open reports it
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise BadDatabase(f"cannot open {path}: not a regular file")
+
+
 def database_error(path: str, error: sqlite3.Error, *, opening: bool, write: bool = True) -> BadDatabase:
     """An SQLite error as one line that names the file and, when the OS is the cause, its reason."""
-    problem = _access_problem(path, write)
+    problem = _access_problem(os.path.realpath(path), write)
     if problem:
         return BadDatabase(problem)
+    with contextlib.suppress(OSError):
+        if os.statvfs(os.path.dirname(os.path.realpath(path)) or ".").f_bavail == 0:
+            return BadDatabase(f"cannot write {path}: {_reason(28)}")  # ENOSPC
     return BadDatabase(f"{'cannot open' if opening else 'database'} {path}: {error}")
 
 
@@ -1038,9 +1069,30 @@ class SqliteStore(Store):
     # -- opening --------------------------------------------------------------------------------
 
     def _open(self) -> None:
-        self.read_only = self.reads_only and os.path.exists(self.path) and not _writable(self.path)
+        """Open the file. A read-only open can race a writer that appears or leaves (its -wal comes
+        and goes between our look and our read): then it is tried again, for a few seconds."""
+        deadline = time.monotonic() + CLI_BUSY_DEADLINE_S
+        while True:
+            try:
+                self._open_once()
+            except _Raced:
+                if time.monotonic() > deadline:
+                    raise BadDatabase(f"cannot read {self.path}: it keeps changing under a read-only open; "
+                                      "try again") from None
+                time.sleep(0.01)
+                continue
+            if not (self.frozen and self._changed()):
+                return
+            self.conn.close()
+
+    def _open_once(self) -> None:
+        # The real path: SQLite keeps -wal and -shm beside the file a symlink points to.
+        real = os.path.realpath(self.path)
+        _check_regular(self.path, real)
+        self.read_only = self.reads_only and os.path.exists(real) and not _writable(real)
         if self.read_only:
-            self.conn, self.frozen = self._connect_read_only(self.path)
+            self.signature = _signature(real)
+            self.conn, self.frozen = self._connect_read_only(real)
         else:
             self.conn, self.frozen = self._connect(self.path), False
         try:
@@ -1056,10 +1108,16 @@ class SqliteStore(Store):
                 self.query_only()
         except sqlite3.Error as e:
             self.conn.close()
+            if self.read_only and e.sqlite_errorcode & 0xFF in RACED_READ_ERRORS:
+                raise _Raced() from None
             raise database_error(self.path, e, opening=True, write=not self.read_only) from None
         except BaseException:
             self.conn.close()
             raise
+
+    def _changed(self) -> bool:
+        """True if a writer may have touched a frozen (immutable=1) database since we opened it."""
+        return _signature(os.path.realpath(self.path)) != self.signature
 
     def _connect(self, path: str) -> sqlite3.Connection:
         try:
@@ -1199,8 +1257,20 @@ class SqliteStore(Store):
             raise
 
     def read(self, sql: str, params: tuple = ()) -> list[tuple]:
-        """Run one read-only statement with busy retries."""
-        return self._retry(lambda: self.conn.execute(sql, params).fetchall())
+        """Run one read-only statement with busy retries. A frozen Store (see _connect_read_only) that
+        a writer touched while it read reopens and reads again: an immutable read of a changing
+        file may fail ("malformed") or mix old and new pages."""
+        for _ in range(100):
+            try:
+                rows = self._retry(lambda: self.conn.execute(sql, params).fetchall())
+            except sqlite3.DatabaseError:
+                if not (self.frozen and self._changed()):
+                    raise
+                rows = None
+            if not (self.frozen and self._changed()):
+                return rows
+            self.refresh()
+        raise BadDatabase(f"cannot read {self.path}: it keeps changing under a read-only open; try again")
 
     def due_now(self, now: float, queues: tuple = ()) -> bool:
         """True if a claim now may find work: the poller's cheap check (a few index seeks)."""
@@ -3313,13 +3383,14 @@ def build_parser() -> Parser:
 def _command(sub, name: str, func, help: str, *, json_flag: bool = False, ids: str | None = None,
              reads: bool = False):
     """Add a subcommand bound to `func`, with the common --json flag and ID arguments; `reads`: it
-    never writes, so it works on a database this user may only read (see Store)."""
+    never writes, so it works on a database this user may only read (see Store). A `check_<name>`
+    function beside `cmd_<name>` validates the arguments before the database is opened."""
     cmd = sub.add_parser(name, help=help, description=help)
     if ids:
         cmd.add_argument("ids" if ids == "+" else "id", nargs=ids if ids == "+" else None, metavar="ID")
     if json_flag:
         cmd.add_argument("--json", action="store_true", help="print JSON only")
-    cmd.set_defaults(func=func, reads_only=reads)
+    cmd.set_defaults(func=func, reads_only=reads, check=globals().get(func.__name__.replace("cmd_", "check_", 1)))
     return cmd
 
 
@@ -3420,6 +3491,8 @@ def open_store(args) -> Store:
     path = args.db if args.db is not None else os.environ.get("QUEUECTL_DB", "queuectl.db")
     if not _valid_text(path, "--db"):
         raise UsageError("the database path (--db or $QUEUECTL_DB) is empty")
+    if path == ":memory:" or path.startswith("file:"):  # SQLite's own names: a queue must be a file
+        raise UsageError(f"--db {path!r} is not a file path")
     if not os.path.isabs(path) and not _cwd_exists():
         raise BadDatabase(f"cannot open {path}: the current folder no longer exists (give --db a full path)")
     # The dashboard only reads unless its actions are on.
@@ -3534,10 +3607,13 @@ def cmd_delete(args, store: Store) -> None:
     print_ids(ids)
 
 
-def cmd_purge(args, store: Store) -> None:
+def check_purge(args) -> None:
     # A bare `purge` would delete every completed job at once: the user says which, or how old.
     if args.state is None and args.older_than is None:
         raise UsageError("purge needs --older-than DURATION or --state STATE (or both)")
+
+
+def cmd_purge(args, store: Store) -> None:
     state = args.state or COMPLETED
     removed = store.purge_in_slices(state, time.time() - (args.older_than or 0))
     print(f"purged {removed} {state} job{'s' if removed != 1 else ''}")
@@ -3729,18 +3805,24 @@ def cmd_resume(args, store: Store) -> None:
     print("resumed " + (", ".join(args.queue) if args.queue else "all queues"))
 
 
-def cmd_worker_start(args, store: Store) -> int:
+def check_worker_start(args) -> None:
     if not 1 <= args.count <= 256:
         raise UsageError("--count must be from 1 to 256")
+
+
+def cmd_worker_start(args, store: Store) -> int:
     store.close()
     supervisor = Supervisor(store.path, args.count, args.burst, tuple(dict.fromkeys(args.queue)))
     supervisor.install_signals()
     return supervisor.run()
 
 
-def cmd_worker_stop(args, store: Store) -> int:
+def check_worker_stop(args) -> None:
     if args.timeout is not None and not args.wait:
         raise UsageError("worker stop: --timeout needs --wait")
+
+
+def cmd_worker_stop(args, store: Store) -> int:
     asked = {w.id for w in live_workers(store)}  # a dead worker's row would only inflate the count
     n = store.request_stop(sorted(asked))
     print(f"asked {n} worker{'s' if n != 1 else ''} to stop")
@@ -3765,15 +3847,18 @@ def cmd_worker_list(args, store: Store) -> None:
               f"{r['heartbeat_age_s']:>5.1f}s  {', '.join(r['jobs']) or '-'}{state}")
 
 
-def cmd_dashboard(args, store: Store) -> int:
-    import secrets
-    import signal
+def check_dashboard(args) -> None:
     if not 0 <= args.port <= 65535:
         raise UsageError("--port must be from 0 to 65535 (0 = any free port)")
     if args.no_token and args.allow_actions and not loopback_bind(args.bind):
         raise UsageError(f"--no-token with --allow-actions on {args.bind!r}, which other machines can reach, "
                          "would let anyone on the network retry, cancel and delete jobs: drop --no-token, "
                          "or --bind 127.0.0.1")
+
+
+def cmd_dashboard(args, store: Store) -> int:
+    import secrets
+    import signal
     store.close()  # each request opens its own connection
     dashboard = Dashboard(store.path, token=None if args.no_token else secrets.token_urlsafe(24),
                           allow_actions=args.allow_actions)
@@ -3854,6 +3939,8 @@ def _dispatch(args) -> int:
     """Open the database, run the command, turn every failure a user can cause into one line."""
     store = None
     try:
+        if args.check:  # invalid input is refused before the database is opened (or created)
+            args.check(args)
         store = open_store(args)
         return args.func(args, store) or EXIT_OK
     except QueueError as e:

@@ -2919,12 +2919,53 @@ def test_commands_that_only_read_work_on_a_database_this_user_cannot_write(read_
                      "any user who can write it")
     assert folder_state(folder) == before
 
-    if os.geteuid() == 0:  # a writer has it open meanwhile: the reader reads through its -wal and -shm
+    if os.geteuid() == 0:  # a writer has it open meanwhile: the reader reads through its -wal and -shm,
+        link = str(folder.parent / "link.db")  # also through a symlink (SQLite keeps them beside the target)
+        os.symlink(db, link)
         with opened(db) as owner:
             owner.enqueue([spec("new")], time.time())
-            result = run_as_reader(db, "list", "--json")
-            assert result.returncode == 0, result.stderr
-            assert [j["id"] for j in json.loads(result.stdout)] == ["done", "gone", "wait", "new"]
+            for path in (db, link):
+                result = run_as_reader(path, "list", "--json")
+                assert result.returncode == 0, result.stderr
+                assert [j["id"] for j in json.loads(result.stdout)] == ["done", "gone", "wait", "new"], path
+
+
+def test_a_frozen_read_that_a_writer_touched_is_read_again(tmp_path, monkeypatch):
+    """An immutable=1 read of a file a writer opened meanwhile may fail or mix pages: read again."""
+    path = str(tmp_path / "f.db")
+    with opened(path) as s:
+        s.enqueue([spec("a")], T0)
+    monkeypatch.setattr(queuectl, "_writable", lambda path: False)  # as for a user who may only read
+    store = queuectl.SqliteStore(path, reads_only=True)
+    try:
+        assert store.frozen
+        with opened(path) as writer:  # a writer appears: its -wal exists while it has the file open
+            writer.enqueue([spec("b")], T0)
+            assert [j.id for j in store.list_jobs()] == ["a", "b"]  # reopened with mode=ro, through the -wal
+            assert not store.frozen
+    finally:
+        store.close()
+
+
+def test_usage_errors_are_found_before_the_database_is_opened(tmp_path):
+    db = str(tmp_path / "never.db")
+    for args in (("purge",), ("worker", "stop", "--timeout", "5"), ("dashboard", "--port", "70000"),
+                 ("worker", "start", "--count", "0"),
+                 ("dashboard", "--no-token", "--allow-actions", "--bind", "0.0.0.0")):
+        code, _, err = run_main(["--db", db, *args])
+        assert code == 2, (args, err)
+    assert os.listdir(tmp_path) == []  # nothing created
+    for name in (":memory:", "file:x.db?mode=memory"):
+        code, _, err = run_main(["--db", name, "enqueue", '{"command": "true"}'])
+        assert code == 2 and "is not a file path" in err
+
+
+def test_a_fifo_is_refused_as_a_database_at_once(tmp_path):
+    fifo = str(tmp_path / "q.db")
+    os.mkfifo(fifo)
+    result = script(fifo, "status", timeout=30)
+    assert result.returncode == 1
+    assert_one_error(result.stderr, f"cannot open {fifo}: not a regular file")
 
 
 # ---- enqueue: priority, run_at, delay, queue
