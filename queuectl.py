@@ -2118,10 +2118,10 @@ class Sweeper:
         for job_id, run_no, _, owner in self.store.orphan_jobs():
             run_worker = self.store.adopt(job_id, run_no, owner, self.worker_id)
             if run_worker:  # else another sweeper took it first: it is theirs to finish
-                self._begin(job_id, run_no, run_worker, True)
+                self._begin(job_id, run_no, run_worker)
         for job_id, run_no, run_worker in self.store.adopted(self.worker_id):  # one a failed write left behind
             if (job_id, run_no) not in self.recovering:
-                self._begin(job_id, run_no, run_worker, True)
+                self._begin(job_id, run_no, run_worker)
         return self.finish(now)
 
     def is_dead(self, row: WorkerRow, now_mono: float, stale_s: float) -> bool:
@@ -2144,16 +2144,15 @@ class Sweeper:
         # has a newer run number, which the adoption leaves alone. If we die right after, our
         # jobs, adopted ones included, are recovered by the next sweep of another worker.
         self.seen.pop((row.id, row.started_at), None)
-        local = same_namespace(row, self.me)
         for job_id, run_no, run_worker in self.store.drop_worker(row.id, row.beat, row.started_at,
                                                                  self.worker_id) or ():
-            self._begin(job_id, run_no, run_worker, local)
+            self._begin(job_id, run_no, run_worker)
 
-    def _begin(self, job_id: str, run_no: int, run_worker: str, local: bool) -> None:
+    def _begin(self, job_id: str, run_no: int, run_worker: str) -> None:
         # Kill the run's processes first, then requeue: the other order would let a new run overlap
-        # the old. No token (nothing to kill here) for a worker of another host, PID namespace or
-        # boot; an orphan's worker is unknown, so its run is looked for here too.
-        self.recovering[(job_id, run_no)] = (f"{run_worker}/{run_no}/{job_id}" if local else "", Leftovers())
+        # the old. Looked for here whoever held the job last: the dropped worker may be on another
+        # host, and still have adopted a run that a worker of this host started.
+        self.recovering[(job_id, run_no)] = (f"{run_worker}/{run_no}/{job_id}", Leftovers())
 
     def finish(self, now: float) -> int:
         """Kill what is left of each adopted run, wait up to half a second for it to be gone, then
@@ -2314,15 +2313,18 @@ class Supervisor:
         return code
 
     def _finish_recoveries(self) -> None:
-        """Before leaving, requeue the runs we adopted (bounded: a run that will not die stays ours and,
-        once we are gone, is adopted by the next sweeper)."""
+        """Before leaving, requeue the runs we adopted. Their killed processes are waited for even
+        after a hard stop (at most HARD_STOP_S more): once we are gone the next sweeper adopts what is
+        left, and its scan cannot see a killed process whose environment already reads empty."""
         deadline = time.monotonic() + HARD_STOP_S
-        while self.sweeper.recovering and time.monotonic() < min(deadline, self.hard_at + HARD_STOP_S):
+        while self.sweeper.recovering and time.monotonic() < deadline:
             try:
                 self.sweeper.finish(time.time())
             except (QueueError, sqlite3.Error) as e:
                 log.warning("could not requeue adopted jobs (%s); the next worker will", e)
-                return
+                break
+        for _, left in self.sweeper.recovering.values():
+            wait_gone(left, max(0.0, deadline - time.monotonic()))
 
     def _deregister(self) -> None:
         """Remove our row; if the database will not take it, the row of a process that is gone is
