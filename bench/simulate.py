@@ -6,23 +6,40 @@ one), driven from one thread by a seeded random scheduler with a fake clock: a m
 the simulation advances, and a wall clock that follows it but sometimes steps (an NTP correction).
 Several simulated worker processes, each with its own connection, registration and `Sweeper`, live
 on different fake hosts, so every sweeper judges the others by their heartbeat lease, measured on
-the simulated monotonic clock. Each step is one of:
+the simulated monotonic clock. Recovery is by adoption: a sweeper that drops a silent worker takes
+over the runs it held in the same transaction (Store.drop_worker), or takes over an orphan, a
+processing job whose worker row is gone (Store.adopt); it then kills the run's processes, keeps the
+run (Sweeper.recovering) until they are gone, and requeues it as itself. queuectl's kill_run and
+proc_start_time answer from fake processes (FakeProcs): an adopted orphan may have left some on the
+sweeper's host, which take a while to exit once killed (the sweeper polls with time.sleep, and
+simulated time passes), and a few cannot be killed (the job then goes dead). Each step is one of:
 
   tick / jump / wall step   advance the clocks a little, past a lease, or step the wall clock only
+  database stall            a long write holds the database: the clocks advance and every live
+                            worker's heartbeat commits that much late (Supervisor.stalled_s, which
+                            its sweeper does not hold against anyone's lease)
   beat                      a worker's heartbeat; if its registration is gone it aborts the runs it
                             claimed under it and registers again (what `Supervisor` does)
   sweep                     `Sweeper.sweep(now)`, with queuectl's `time.monotonic` answering the
                             simulated clock; between any two of its transactions other steps may
-                            interleave (time passes), and the sweeping process may die there
+                            interleave (time passes), and the sweeping process may die there (what
+                            it kept in memory dies with it: it can only be replaced), or be stopped
+                            there and later resume where it was; or one of its store calls fails
+                            (Busy: the call never ran), ending the sweep, and the worker goes on
   claim / finish            `Store.claim`, then later `Store.finish` with a random outcome
   run                       `Worker.run_once(now)` with a fake command runner, other steps
                             interleaving while "the command runs", and the worker dying mid-run;
                             half the time it keeps claiming (`Store.finish_and_claim`) and the
                             slot's next run_once runs the job claimed with the result
-  cancel poll               a worker kills the runs a user canceled (`Store.interrupt`)
+  cancel poll               a worker kills the runs a user canceled (`Store.interrupt`; a cancel is
+                            aimed at one run)
   crash / come back         a worker stops (no steps, no beats); later it resumes: runs that ended
                             meanwhile report their result with the claim they had, then it beats
-  restart / stop            a crashed process is replaced by a new one; a worker stops (hard)
+  restart / stop            a crashed process is replaced by a new one; a worker stops (hard): it
+                            requeues what its sweeper adopted (Sweeper.finish, within HARD_STOP_S)
+                            and deregisters; a result it could not record, its row if it could not
+                            deregister, and an adopted run it could not requeue are left to crash
+                            recovery
   enqueue / cancel / retry  what users do (jobs with random retries, priorities, dependencies,
                             queues, and some with a run_at a few seconds ahead: staged until due);
                             a batch with a job on a dead dependency must be refused whole
@@ -34,15 +51,26 @@ Each worker serves every queue or only some (`worker start --queue`), as its Wor
 After every step (interleaved ones included) the invariants are checked:
   - nothing lost or invented: the job rows are exactly the jobs enqueued; `Store.counts()` equals
     the rows; attempts <= max(max_retries, 1); lost_count <= 3; a processing job has exactly one
-    open run, its own, and no other job has one;
-  - every claim the model holds and nobody revoked is the row's (worker, run) and vice versa;
-    no job is held by two live owners (a worker is live while not crashed and its registration is
-    current); a claim is taken away (requeued by a sweeper) only after the registration it was
-    made under was dropped; a worker is dropped only after its heartbeat has not moved for more
-    than stale-timeout of the monotonic clock;
-  - a write (finish or interrupt) is accepted exactly when its claim was not taken away;
-  - an orphan (a processing job whose worker row is gone) is requeued only after its run's
-    processes were killed (kill_run_orphans is replaced by a recorder: no real processes here);
+    open run, its own, and no other job has one; no run ends before it started;
+  - every claim or adoption the model holds and nobody took away is the row's (worker, run) and
+    vice versa, and the open run's worker is the one that started it (an adopter holds the job, the
+    run stays its starter's); no job is held by two live owners (a worker is live while not crashed
+    and its registration is current), nor adopted by two sweepers at once;
+  - a claim (or an adoption) is taken away only by an adoption (drop_worker returning the run, or
+    adopt returning its worker), and only after the registration it was made under was dropped;
+    drop_worker adopts exactly the runs the dropped worker held (none if the adopter itself is not
+    registered), and adopt succeeds exactly when the run is still its unregistered owner's and the
+    adopter is registered (else the sweeper leaves it alone); a worker is dropped only after its
+    heartbeat has not moved for more than stale-timeout of the monotonic clock (stall time excluded
+    on top of that, the sweeper is only more conservative);
+  - a write (finish or interrupt) is accepted exactly when its claim was not taken away (or the
+    run was adopted back by a sweeper of its own worker id: the guard knows worker ids, not
+    registrations; the write then ends that adoption); a sweeper's requeue (Store.interrupt as its
+    own worker id) is accepted exactly when it holds its adoption of that run, and closes it: no
+    sweeper requeues a job it did not adopt; Store.adopted lists exactly the runs a sweeper holds
+    by adoption and did not start itself;
+  - an adopted orphan is requeued only after its run's processes were killed (after the adoption)
+    and are gone, or one of them could not be killed and the job goes dead with that error;
   - a claim returns the first eligible job in claim order, and a job whenever one is eligible
     (eligible: waiting, no unfinished dependency, due, in a queue the worker serves and neither that
     queue nor '*' paused); a claim made with a result (Store.finish_and_claim) likewise;
@@ -51,14 +79,16 @@ After every step (interleaved ones included) the invariants are checked:
     and `Store.burst_done` is True exactly when nothing is processing in them and nothing waiting
     in them, unpaused, is due within the burst horizon;
   - once crashes and user actions stop, every queue is resumed and served, and time advances,
-    every job becomes completed or dead.
+    every job becomes completed or dead (a crashed sweeper's adopted runs included: another
+    sweeper drops it and adopts them).
 
 The drain (the last phase: crashes and user actions stop) has the same steps, each still possible,
 weighted by what the model says is useful: a worker beats when its beat is due, claims or runs when
-a job is eligible for it, sweeps when a silent registration or an orphan is left; and its clock
-goes straight to the next moment time brings something (a waiting job falls due, a silent worker's
-lease runs out for a sweeper watching it), at most DRAIN_TICK_S at once. So it ends in some 20-25
-steps, not 100+ of mostly idling; the invariants are checked after each of them as before.
+a job is eligible for it, sweeps when a silent registration, an orphan or an adopted run is left;
+and its clock goes straight to the next moment time brings something (a waiting job falls due, a
+silent worker's lease runs out for a sweeper watching it, an adopted run's killed process is gone),
+at most DRAIN_TICK_S at once. So it ends in some 20-25 steps, not 100+ of mostly idling; the
+invariants are checked after each of them as before.
 
 The checks read the database again only when something was committed since the last check
 (PRAGMA data_version, plus total_changes of the checking connection): a step that wrote nothing
@@ -66,11 +96,11 @@ costs one PRAGMA, since every query would answer as it did. Store.counts() and t
 are checked again when a job row changed (a beat writes the workers table only), the open runs
 whenever anything did, the poller's answers when a row, the paused queues, the live workers' queues
 or the set of due jobs did; the checks against the model, which changes without a write (a crash,
-a revoked claim, an enqueue the model counts), run after every step regardless.
+an enqueue the model counts), run after every step regardless.
 
 `run(seed, steps)` raises AssertionError naming the seed and step; `--seed N` reproduces it exactly
 (add --trace to print every step). Without arguments: many seeds (`--seeds`, `--steps`) over
-`--procs` processes; `--short` (2,000 seeds x 40 steps, about 11 s on 2 cores) is for `make test`.
+`--procs` processes; `--short` (2,000 seeds x 40 steps, about 13 s on 2 cores) is for `make test`.
 The seeds reuse one database (tables emptied between seeds), which behaves as a fresh file would.
 """
 
@@ -96,7 +126,10 @@ BEAT_S = min(2.0, STALE_S / 5)  # a worker beats this often (as Supervisor._hear
 DRAIN_TICK_S = STALE_S / 2  # the drain's clock steps at most this far at once: a live worker's lease survives it
 PAST_EVENT_S = 0.01  # the drain's clock lands this far past an event (a lease runs out once *more* than
                     # stale-timeout has passed)
-SHORT_SEEDS, SHORT_STEPS = 2000, 40  # --short, for `make test`: about 11 s on 2 cores
+SHORT_SEEDS, SHORT_STEPS = 2000, 40  # --short, for `make test`: about 13 s on 2 cores
+# A worker may be hard-stopped with any share of HARD_STOP_S left while a run its sweeper adopted is
+# still exiting; a killed process takes at most TEARDOWN_MAX_S to be gone.
+TEARDOWN_MAX_S = 4.0
 DRAIN_STEPS = 30_000  # a seed whose jobs are not all terminal after this many drain steps fails
 TERMINAL = (q.COMPLETED, q.DEAD)
 WAITING = (q.PENDING, q.FAILED)
@@ -105,7 +138,9 @@ NO_JOBS_QUEUE = "c"  # a queue some workers serve but nobody enqueues into
 SQL_ROWS = ("SELECT id, state, worker_id, run_count, attempts, max_retries, lost_count, waiting_on, "
             "priority, next_run_at, seq, last_error, queue, ready FROM jobs")
 SQL_OPEN_RUNS = "SELECT job_id, run_no, worker_id FROM runs WHERE ended_at IS NULL"
-SQL_INTERRUPTED = "SELECT state, lost_count, attempts, cancel_requested FROM jobs WHERE id = ?"
+# cancel_requested names the run a cancel was aimed at: the flag is whether it is the job's current run
+SQL_INTERRUPTED = "SELECT state, lost_count, attempts, cancel_requested = run_count, last_error FROM jobs WHERE id = ?"
+SQL_RUN_BACKWARDS = "SELECT job_id, run_no, started_at, ended_at FROM runs WHERE ended_at < started_at LIMIT 1"
 SQL_DATA_VERSION = "PRAGMA data_version"  # changes when another connection commits
 SQL_RUN_OUTCOME = "SELECT outcome, worker_id FROM runs WHERE job_id = ? AND run_no = ?"
 SQL_DEAD_DEP = ("SELECT 1 FROM deps JOIN jobs d ON d.id = deps.dep_id WHERE deps.job_id = ? AND d.state = 'dead' "
@@ -125,29 +160,116 @@ class Violation(BaseException):
 
 class SimClock:
     """Stands in for the `time` module inside queuectl: monotonic() is the simulated clock, so the
-    sweeper reads "its own monotonic clock" whenever its code chooses to; the rest is the real module."""
+    sweeper reads "its own monotonic clock" whenever its code chooses to, and sleep() lets that much
+    simulated time pass (the sweeper polling for a killed run's processes to be gone); the rest is
+    the real module."""
 
     def __init__(self, real):
         self.real, self.mono = real, 0.0
+        self.slept = lambda seconds: None  # the simulation's wall clock follows
 
     def monotonic(self) -> float:
         return self.mono
+
+    def sleep(self, seconds: float) -> None:
+        self.mono += seconds
+        self.slept(seconds)
 
     def __getattr__(self, name):
         return getattr(self.real, name)
 
 
-class Claim:
-    """One run a worker believes it holds: the job as claimed, and the registration it was claimed under."""
+class FakeProcs:
+    """A run's processes, as `kill_run` and `proc_start_time` see them (no real processes here).
 
-    def __init__(self, worker: "SimWorker", job: q.Job, reg: int):
+    kill_run(token, left) finds the live processes carrying the token that were not sent SIGKILL
+    yet, and the unkillable ones (their session is still led by the run's shell), records each in
+    `left` and kills it: it is then gone once its teardown has taken its time on the simulated clock.
+    A killed process still tearing down is not found by a later scan (its environment reads empty
+    at once), as in queuectl. One that cannot be killed (a setuid helper) sets left.stuck and never
+    goes. Every token asked for is recorded; an empty token (a worker of another host) finds nothing.
+    """
+
+    BASE = 1 << 23  # fake PIDs start above any real one (pid_max is at most 2**22)
+
+    def __init__(self, clock: SimClock):
+        self.clock = clock
+        self.procs: dict[int, list] = {}  # pid -> [token, teardown_s, killed at (mono) or None, unkillable]
+        self.killed_tokens: set[str] = set()
+
+    def spawn(self, token: str, teardown_s: float, unkillable: bool = False) -> int:
+        pid = self.BASE + len(self.procs)
+        self.procs[pid] = [token, teardown_s, None, unkillable]
+        return pid
+
+    def end(self, pid: int) -> None:
+        """The process exits now (a worker process dying)."""
+        self.procs[pid][1:3] = [0.0, self.clock.mono]
+
+    def alive(self, pid: int) -> bool:
+        _, teardown_s, killed_at, unkillable = self.procs[pid]
+        return unkillable or killed_at is None or self.clock.mono < killed_at + teardown_s
+
+    def of(self, token: str) -> list[int]:
+        """The live processes of this run."""
+        return [pid for pid, p in self.procs.items() if p[0] == token and self.alive(pid)]
+
+    def proc_start_time(self, pid: int, real=q.proc_start_time) -> str | None:
+        if pid < self.BASE:
+            return real(pid)
+        return f"sim{pid}" if pid in self.procs and self.alive(pid) else None
+
+    def kill_run(self, token: str, left: "q.Leftovers | None" = None) -> "q.Leftovers":
+        left = q.Leftovers() if left is None else left
+        if not token:
+            return left
+        self.killed_tokens.add(token)
+        for pid in self.of(token):
+            proc = self.procs[pid]
+            if pid in left.killed or proc[2] is not None and not proc[3]:
+                continue
+            left.killed[pid] = f"sim{pid}"
+            if proc[3]:
+                left.stuck = left.stuck or f"cannot kill leftover process {pid} (sim): permission denied"
+            else:
+                proc[2] = self.clock.mono
+        return left
+
+
+class Patched:
+    """Installs the simulation's clock and processes in queuectl (time, kill_run, proc_start_time)
+    for the duration of a with block, and puts the real ones back."""
+
+    def __init__(self, clock: SimClock, procs: FakeProcs):
+        self.clock, self.procs = clock, procs
+
+    def __enter__(self):
+        self.saved = (q.time, q.kill_run, q.proc_start_time)
+        q.time, q.kill_run, q.proc_start_time = self.clock, self.procs.kill_run, self.procs.proc_start_time
+        return self
+
+    def __exit__(self, *exc):
+        q.time, q.kill_run, q.proc_start_time = self.saved
+
+
+class Claim:
+    """One run a worker believes it holds: the job as claimed, and the registration it was claimed
+    under; or, with `adopted`, a run a sweeper took over to recover it (its worker's id is then the
+    sweeper's, and `reg` the sweeper's registration at the adoption)."""
+
+    def __init__(self, worker: "SimWorker", job: q.Job, reg: int, adopted: "Claim | None" = None,
+                 token: str | None = None):
         self.worker, self.job, self.reg = worker, job, reg
-        self.revoked = False  # a sweeper requeued it (the write guard must now refuse this claim)
+        self.adopted = adopted  # the claim (or adoption) it was taken from, if an adoption
+        self.starter = adopted.starter if adopted else worker.wid  # the worker that started the run
+        self.token = token  # an adopted orphan's run token: its processes must be gone before the requeue
+        self.revoked = False  # a sweeper adopted it (the write guard must now refuse this claim)
         self.closed = False  # its run was recorded by its worker, or abandoned with the process
         self.prefetched = False  # claimed in the same commit as the slot's last result
 
     def __repr__(self) -> str:
-        return f"{self.job.id}#{self.job.run_count}@{self.worker.wid}/reg{self.reg}"
+        return (f"{self.job.id}#{self.job.run_count}@{self.worker.wid}/reg{self.reg}"
+                + (f" (adopted from {self.adopted.worker.wid})" if self.adopted else ""))
 
 
 class HookedStore:
@@ -176,15 +298,16 @@ class SimWorker:
         self.wid = f"simhost{number}:{1000 + number}:sim"
         self.me = {"host": f"simhost{number}", "pid": 1000 + number, "proc_start": "1", "boot_id": "sim-boot",
                    "pid_ns": f"pid:[sim{number}]"}
-        self.sweeper = q.Sweeper(HookedStore(sim, self), self.me, self.wid)
+        self.stalled = 0.0  # how late its heartbeats were committed in all (Supervisor.stalled_s)
+        self.sweeper = q.Sweeper(HookedStore(sim, self), self.me, self.wid, lambda: self.stalled)
         self.slots: list[Claim | None] = [None] * slots
         self.reg = 0  # registration number: bumped at each (re-)registration
         self.registered = False  # the model's belief: our current registration row exists
         self.last_beat = 0.0  # monotonic time of the last accepted beat or registration
         self.crashed = False
+        self.dead = False  # died, not stopped: it never comes back, it can only be replaced
         self.exited = False
         self.inline: Claim | None = None  # the run in progress inside Worker.run_once
-        self.orphan_phase = False  # our sweep is recovering orphans (jobs whose worker row is gone)
 
     def __repr__(self) -> str:
         return self.wid
@@ -213,6 +336,7 @@ class Simulation:
         self.clock = SimClock(time)  # installed as queuectl's `time` by run()
         self.wall = WALL_START
         self.step_no, self.depth, self.active = 0, 0, True
+        self.waited = 0.0  # how long the current sweep polled for killed processes to be gone
         self.busy_main: set = set()  # workers whose main loop is mid-operation (a sweep)
         self.workers: list[SimWorker] = []
         self.claims: dict[str, list[Claim]] = {}  # job id -> every claim made on it
@@ -222,17 +346,20 @@ class Simulation:
         self.paused: set[str] = set()  # the model of the paused table
         self.polled: tuple | None = None  # what check_polls last checked (see there)
         self.due_times: tuple = (None, [])  # (rows, their sorted next_run_at) for check_polls
-        self.killed_tokens: set[str] = set()
+        self.procs = FakeProcs(self.clock)  # installed as queuectl's kill_run and proc_start_time by run()
+        self.clock.slept = self.slept
         self._rows: dict[str, tuple] = {}  # the job rows by id as last read (the same dict while unchanged)
         self.rows_stale = True  # something may have been written since they were read
         self.version: tuple | None = None  # the database's version when the invariants were last checked
         self.audited: dict | None = None  # the rows the per-row rules were last checked on
         self.held: dict = {}  # job id -> (run, worker) of their processing jobs
+        self.open_runs: dict = {}  # job id -> (run, worker that started it) of their open runs
         self.open: dict[str, list[Claim]] = {}  # job id -> claims not closed yet
         self.log: collections.deque = collections.deque(maxlen=25)  # the last steps, for a failure's message
         self.print_trace = trace
-        self.stats = dict.fromkeys(("claims", "finishes", "rejected", "revoked", "drops", "crashes", "comebacks",
-                                    "runs", "sweeps", "prefetched", "scheduled", "pauses"), 0)
+        self.stats = dict.fromkeys(("claims", "finishes", "rejected", "revoked", "drops", "adopted orphans",
+                                    "requeues", "readopted", "leftovers", "stuck", "stalls", "crashes",
+                                    "comebacks", "runs", "sweeps", "prefetched", "scheduled", "pauses"), 0)
 
     @property
     def mono(self) -> float:
@@ -342,13 +469,15 @@ class Simulation:
         active = self.active
         up = [w for w in self.workers if w.up]
         if active:
-            c: list = [(10, self.short_tick), (1, self.long_tick), (0.5, self.wall_step), (2, self.user_enqueue),
-                       (1, self.user_cancel), (1, self.user_retry), (0.5, self.user_pause), (1, self.user_resume)]
+            c: list = [(10, self.short_tick), (1, self.long_tick), (0.5, self.wall_step), (0.3, self.db_stall),
+                       (2, self.user_enqueue), (1, self.user_cancel), (1, self.user_retry), (0.5, self.user_pause),
+                       (1, self.user_resume)]
         else:
             rows = self.rows()
             c = [(10 if self.until_next_event() is not None else 0.5, self.drain_tick)]
             lingering = any(w.registered and not w.up for w in self.workers) or any(
-                not k.revoked and not k.worker.registered for claims in self.open.values() for k in claims)
+                not k.revoked and not k.worker.registered for claims in self.open.values() for k in claims) or any(
+                w.sweeper.recovering for w in up)
         for w in up:
             if w in self.busy_main:
                 continue
@@ -375,7 +504,8 @@ class Simulation:
                         c.append((1.5 if active or claim else work / 2, self.run_once, w, i))
         for w in self.workers:
             if w.crashed and w not in self.busy_main:
-                c += [(1.5 if active else 0.5, self.come_back, w), (0.3, self.restart, w)]
+                c += [] if w.dead else [(1.5 if active else 0.5, self.come_back, w)]
+                c.append((0.3, self.restart, w))
         return c
 
     # -- clocks -------------------------------------------------------------------------------------
@@ -407,11 +537,35 @@ class Simulation:
         for w in self.workers:
             if not w.up:
                 continue
-            for (wid, _), (_, since) in w.sweeper.seen.items():
-                left = since + STALE_S - mono
+            for (wid, _), (_, since, stalled_then) in w.sweeper.seen.items():
+                left = since + STALE_S + (w.stalled - stalled_then) - mono
                 if left >= 0 and (soonest is None or left < soonest) and not self.worker_by_id(wid).up:
                     soonest = left
+            for token, leftovers in w.sweeper.recovering.values():  # an adopted run's processes finish exiting
+                for pid in leftovers.killed:
+                    _, teardown_s, killed_at, unkillable = self.procs.procs[pid]
+                    left = (killed_at or mono) + teardown_s - mono
+                    if not unkillable and left >= 0 and (soonest is None or left < soonest):
+                        soonest = left
         return None if soonest is None else soonest + PAST_EVENT_S
+
+    def db_stall(self) -> None:
+        """A long write (a huge enqueue, a purge) holds the database: nobody can beat meanwhile, and
+        each live worker's heartbeat commits that much late, which its sweeper then does not hold
+        against anyone's lease (Supervisor.stalled_s)."""
+        stall = self.rng.uniform(1, STALE_S)
+        self.mono += stall
+        self.wall += stall
+        for w in self.workers:
+            if w.up:
+                w.stalled += stall
+        self.stats["stalls"] += 1
+        self.trace(f"the database is held for {stall:.2f}s: every live worker's heartbeat is that late")
+
+    def slept(self, seconds: float) -> None:
+        """A sweeper polled (time.sleep) for an adopted run's killed processes to be gone: time passes."""
+        self.wall += seconds
+        self.waited += seconds
 
     def wall_step(self) -> None:
         step = self.rng.choice((-1, 1)) * self.rng.uniform(1, 60)
@@ -555,35 +709,55 @@ class Simulation:
         self.stats["sweeps"] += 1
         self.trace(f"{w} sweeps")
         self.busy_main.add(w)
-        w.orphan_phase = False
+        self.waited = 0.0
         try:
             n = w.sweeper.sweep(self.wall)  # its monotonic clock is the simulation's (SimClock)
-            self.trace(f"{w} swept: {n} recovered")
+            waited = f" (waited {self.waited:.2f}s for killed processes)" if self.waited else ""
+            pending = f", {len(w.sweeper.recovering)} adopted run(s) still exiting" if w.sweeper.recovering else ""
+            self.trace(f"{w} swept: {n} recovered{pending}{waited}")
         except SimCrash:
             self.trace(f"{w} dies in the middle of its sweep")
             self.mark_crashed(w)
+            w.dead = True  # what it held in memory (Sweeper.recovering) died with it
+        except q.Busy as e:
+            self.trace(f"{w}'s sweep fails ({e}); its main loop goes on, as Supervisor._loop does")
         finally:
             self.busy_main.discard(w)
 
     def before_sweeper_call(self, w: SimWorker) -> None:
+        """Before each of the sweeper's transactions: other processes may act (time passes), or the
+        sweeping process dies, or it is stopped (SIGSTOP, a frozen VM) and later resumes right here."""
         if self.depth or not self.active:
             return
         roll = self.rng.random()
-        if roll < 0.03:
+        if roll < 0.015:
             raise SimCrash()
-        if roll < 0.3:
+        if roll < 0.03:
+            self.trace(f"{w} is stopped in the middle of its sweep")
+            self.mark_crashed(w)
+            self.nested(self.rng.randint(1, 6))
+            w.crashed = False
+            self.stats["comebacks"] += 1
+            self.trace(f"{w} resumes its sweep")
+        elif roll < 0.3:
             self.nested(self.rng.randint(1, 4))
+        elif roll < 0.32:
+            raise q.Busy("database is busy (simulated: the call never ran)")
 
     def after_sweeper_call(self, w: SimWorker, name: str, args: tuple, result) -> None:
-        if name == "orphan_jobs":
-            w.orphan_phase = True
-        elif name == "drop_worker" and (result is True or isinstance(result, list)):  # dropped (and its jobs)
-            self.on_dropped(args[0], w)
-        elif name == "interrupt" and result is not None:
-            job, owner = args[0], args[1]
-            self.on_revoked(job.id, owner, job.run_count, w, result)
+        if name == "drop_worker" and result is not None:  # dropped, and the jobs it held adopted
+            self.on_dropped(args[0], w, args[3], result)
+        elif name == "adopt":
+            self.on_adopt(w, *args, result)
+        elif name == "adopted":  # the runs it adopted and has not requeued (one whose requeue failed)
+            expected = sorted((c.job.id, c.job.run_count, c.starter) for c in self.holders()
+                              if c.worker is w and c.adopted and c.starter != w.wid)
+            self.check(sorted(map(tuple, result)) == expected,
+                       f"{w}: Store.adopted() says {sorted(result)}, the model {expected}")
+        elif name == "interrupt":
+            self.on_requeue(w, args, result)
 
-    def on_dropped(self, wid: str, by: SimWorker) -> None:
+    def on_dropped(self, wid: str, by: SimWorker, adopter: str, adopted: list) -> None:
         victim = self.worker_by_id(wid)
         self.stats["drops"] += 1
         silent = self.mono - victim.last_beat
@@ -591,27 +765,95 @@ class Simulation:
         self.check(victim.registered, f"{by} dropped {victim}, which the model says is not registered")
         self.check(silent > STALE_S, f"{by} dropped {victim} whose last beat was only {silent:.2f}s ago "
                                      f"(stale-timeout {STALE_S:g}s of the monotonic clock)")
+        self.check(adopter == by.wid, f"{by} dropped {victim} for adopter {adopter}")
         victim.registered = False
+        # Every run the victim held (claimed, or adopted by its sweeper) is adopted in the same
+        # transaction, unless the adopter's own registration is gone: then they stay orphans.
+        held = sorted((c.job.id, c.job.run_count) for c in self.holders() if c.worker is victim)
+        got = sorted((job_id, run_no) for job_id, run_no, _ in adopted)
+        self.check(got == (held if by.registered else []),
+                   f"{by} dropped {victim} and adopted {got}; {victim} held {held}"
+                   + ("" if by.registered else f", and {by} is not registered (it may adopt none)"))
+        for job_id, run_no, run_worker in adopted:
+            self.on_adopted(by, job_id, run_no, run_worker, None)
 
-    def on_revoked(self, job_id: str, owner: str, run_no: int, by: SimWorker, state: str) -> None:
-        self.stats["revoked"] += 1
-        claim = self.find_claim(job_id, owner, run_no)
-        self.trace(f"{by} requeues {claim} -> {state}")
-        self.check(not claim.closed and not claim.revoked, f"{by} requeued {claim}, already closed/revoked")
-        w = claim.worker
-        self.check(not (w.registered and claim.reg == w.reg),
-                   f"{by} took {claim} away from {w}, whose registration {claim.reg} was never dropped "
+    def on_adopt(self, by: SimWorker, job_id: str, run_no: int, owner: str, adopter: str, result) -> None:
+        """Store.adopt of an orphan: it must succeed exactly when the run is still the owner's, the
+        owner is not registered and the adopter is (else someone adopted it first: leave it alone)."""
+        self.check(adopter == by.wid, f"{by} adopts {job_id} for {adopter}")
+        holder, owner_w = self.holder(job_id), self.worker_by_id(owner)
+        can = (by.registered and not owner_w.registered and holder is not None and holder.worker is owner_w
+               and holder.job.run_count == run_no)
+        self.check((result is not None) == can,
+                   f"{by} adopt({job_id}#{run_no} of {owner}) returned {result!r}, but {holder or 'nobody'} holds it "
+                   f"({owner} registered: {owner_w.registered}, {by} registered: {by.registered})")
+        if result is None:
+            self.trace(f"{by} leaves {job_id}#{run_no} alone: {holder or 'nobody'} holds it")
+            return
+        self.on_adopted(by, job_id, run_no, result, f"{result}/{run_no}/{job_id}")
+
+    def on_adopted(self, by: SimWorker, job_id: str, run_no: int, run_worker: str, token: str | None) -> None:
+        """The claim (or an earlier adoption) is taken away: from now on the job is `by`'s alone."""
+        prev = self.holder(job_id)
+        self.check(prev is not None and prev.job.run_count == run_no,
+                   f"{by} adopted {job_id}#{run_no}, which {prev or 'nobody'} holds")
+        w = prev.worker
+        self.check(not (w.registered and prev.reg == w.reg),
+                   f"{by} took {prev} away from {w}, whose registration {prev.reg} was never dropped "
                    f"(the worker is live: last beat {self.mono - w.last_beat:.2f}s ago)")
-        if by.orphan_phase:  # a job without a worker row: its leftovers are killed before the requeue
-            self.check(f"{owner}/{run_no}/{job_id}" in self.killed_tokens,
-                       f"{by} requeued orphan {claim} without killing its run's processes first")
-        self.check_interrupt_rule(claim, state, lost=True)
-        claim.revoked = True
+        self.check(by.registered, f"{by} adopted {prev} without a registration")
+        self.check(run_worker == prev.starter, f"{by} adopted {prev}: the store says its run was started by "
+                                               f"{run_worker}, the model by {prev.starter}")
+        others = [c for c in self.open[job_id] if c.adopted and not c.revoked and c is not prev]
+        self.check(not others, f"{by} adopted {prev} while {others} hold it too: two adopters at once")
+        prev.revoked = True
+        claim = Claim(by, prev.job, by.reg, adopted=prev, token=token)
+        self.claims[job_id].append(claim)
+        self.open[job_id].append(claim)
+        self.stats["revoked"] += 1
+        if token:  # an orphan: its run may have left processes on this host, and they are killed from now on
+            self.stats["adopted orphans"] += 1
+            self.procs.killed_tokens.discard(token)
+            if self.active and not any(p[0] == token for p in self.procs.procs.values()) and self.rng.random() < 0.3:
+                for _ in range(self.rng.randint(1, 2)):
+                    teardown_s = min(self.rng.expovariate(1 / 0.4), TEARDOWN_MAX_S)
+                    self.procs.spawn(token, teardown_s, unkillable=self.rng.random() < 0.1)
+                    self.stats["leftovers"] += 1
+        self.trace(f"{by} adopts {claim}{' (orphan)' if token else ''}")
+
+    def on_requeue(self, by: SimWorker, args: tuple, result) -> None:
+        """Sweeper._requeue's Store.interrupt, as the sweeper's own worker id: accepted exactly when
+        the sweeper still holds its adoption of the run, which it then closes."""
+        job, owner, lost, stuck = args[0], args[1], args[3], (args[5] if len(args) > 5 else None)
+        self.check(owner == by.wid and lost, f"{by} requeued {job.id} as {owner} (lost {lost}), not as itself")
+        mine = [c for c in self.open.get(job.id, []) if c.worker is by and c.adopted
+                and c.job.run_count == job.run_count]
+        current = [c for c in mine if not c.revoked]
+        if result is None:
+            self.check(not current, f"{by}'s requeue of its adoption {current} was rejected")
+            self.trace(f"{by}'s requeue of {job.id}#{job.run_count} rejected: it does not hold it (any more)")
+        else:
+            self.check(bool(current), f"{by} requeued {job.id}#{job.run_count}, which it did not adopt "
+                                      f"(or whose adoption was taken away): {self.open.get(job.id)}")
+            claim = current[0]
+            self.stats["requeues"] += 1
+            self.trace(f"{by} requeues {claim} -> {result}{f' ({stuck})' if stuck else ''}")
+            if claim.token is not None:  # an orphan: its leftovers are killed, and gone, before the requeue
+                self.check(claim.token in self.procs.killed_tokens,
+                           f"{by} requeued orphan {claim} without killing its run's processes first")
+                alive = self.procs.of(claim.token)  # all gone; or one cannot be killed, and the job goes dead
+                self.check(not alive or stuck and any(self.procs.procs[p][3] for p in alive),
+                           f"{by} requeued orphan {claim} while its run's processes {alive} are not gone")
+            self.check(not stuck or claim.token is not None, f"{by} found {claim} stuck without a token")
+            self.stats["stuck"] += bool(stuck)
+            self.check_interrupt_rule(claim, result, lost=True, stuck=stuck)
+        for claim in mine:
+            self.close(claim)
 
     def cancel_poll(self, w: SimWorker) -> None:
         asked = w.store.cancel_requests(w.wid)
         for i, claim in enumerate(w.slots):
-            if claim is not None and claim is not w.inline and claim.job.id in asked:
+            if claim is not None and claim is not w.inline and (claim.job.id, claim.job.run_count) in asked:
                 self.trace(f"{w} kills canceled {claim}")
                 self.record(w, i, q.Outcome(None, "canceled", b"", 0.1, interrupted="canceled"))
 
@@ -695,18 +937,29 @@ class Simulation:
         """What Worker._write_outcome does, with the acceptance checked against the model."""
         claim = w.slots[slot]
         w.slots[slot] = None
+        self.maybe_stuck(outcome)
         if outcome.interrupted:
-            after = w.store.interrupt(claim.job, w.wid, outcome, False, self.wall)
+            after = w.store.interrupt(claim.job, w.wid, outcome, False, self.wall, outcome.stuck)
         else:
             after = w.store.finish(claim.job, w.wid, outcome, w.store.config_all(), self.wall)
         self.on_recorded(claim, outcome, after)
+
+    def maybe_stuck(self, outcome: q.Outcome) -> q.Outcome:
+        """A run its worker cut short (an abort, a timeout) may leave a process it cannot kill
+        (end_run): Outcome.stuck, and the job must go dead, never be rerun."""
+        if (outcome.interrupted or (outcome.error or "").startswith("timed out")) and self.rng.random() < 0.05:
+            outcome.stuck = "cannot kill leftover process 4242 (sim): permission denied"
+        return outcome
 
     def on_recorded(self, claim: Claim, outcome: q.Outcome, after) -> None:
         self.stats["finishes"] += 1
         accepted = after is not None
         what = outcome.interrupted or outcome.error or "exit 0"
         self.trace(f"{claim.worker} records {claim} ({what}): {'accepted' if accepted else 'rejected'}")
-        if accepted == claim.revoked:
+        own = self.readoption(claim) if accepted and claim.revoked else None
+        if own:
+            self.took_back(claim, own)
+        elif accepted == claim.revoked:
             self.fail(f"{claim.worker}'s write for {claim} was {'accepted' if accepted else 'rejected'}, "
                       f"but the claim was {'revoked' if claim.revoked else 'still its own'}")
         self.close(claim)
@@ -715,30 +968,48 @@ class Simulation:
         elif not outcome.interrupted:
             self.check_finish_rule(claim.job, outcome, after)
         else:
-            self.check_interrupt_rule(claim, after, lost=False)
+            self.check_interrupt_rule(claim, after, lost=False, stuck=outcome.stuck)
 
-    def check_interrupt_rule(self, claim: Claim, state: str, lost: bool) -> None:
-        """A run cut short is not an attempt: back to pending, or to the DLQ if canceled or lost too often."""
+    def readoption(self, claim: Claim) -> Claim | None:
+        """The adoption that holds the claim's run now if it is by the claim's own worker id (the
+        worker was dropped, another sweeper adopted the run and died, and the worker, registered
+        again, dropped that one and adopted the run back): the write guard knows worker ids, not
+        registrations, so the old claim's write is accepted, and ends the adoption."""
+        holder = self.holder(claim.job.id)
+        if holder and holder.adopted and holder.worker is claim.worker and holder.job.run_count == claim.job.run_count:
+            return holder
+        return None
+
+    def took_back(self, claim: Claim, adoption: Claim) -> None:
+        self.stats["readopted"] += 1
+        self.trace(f"{claim}'s write was accepted: {adoption} holds the run under the same worker id")
+        self.close(adoption)
+
+    def check_interrupt_rule(self, claim: Claim, state: str, lost: bool, stuck: str | None = None) -> None:
+        """A run cut short is not an attempt: back to pending, or to the DLQ if canceled, lost too
+        often, or a leftover process of it could not be killed (that error is then the job's)."""
         row = self.user.read(SQL_INTERRUPTED, (claim.job.id,))[0]
         lost_count = claim.job.lost_count + lost
-        expected = (q.DEAD if row[3] or lost_count >= q.LOST_WORKER_CAP else q.PENDING, lost_count,
+        expected = (q.DEAD if stuck or row[3] or lost_count >= q.LOST_WORKER_CAP else q.PENDING, lost_count,
                     claim.job.attempts)
-        self.check((row[0], row[1], row[2]) == expected and state == row[0],
-                   f"{claim} cut short ({'lost' if lost else 'by its worker'}, cancel flag {row[3]}): "
-                   f"(state, lost_count, attempts) = {row[:3]}, expected {expected}")
+        self.check((row[0], row[1], row[2]) == expected and state == row[0] and (not stuck or row[4] == stuck),
+                   f"{claim} cut short ({'lost' if lost else 'by its worker'}, cancel flag {row[3]}, stuck {stuck}): "
+                   f"(state, lost_count, attempts, last_error) = {row[:3] + row[4:]}, expected {expected}")
 
     def check_finish_rule(self, job: q.Job, outcome: q.Outcome, after: q.Job) -> None:
         """DECISIONS.md's retry rule, restated independently of failure_rule: a success completes; a
         failure counts an attempt and retries until max(max_retries, 1) runs, except that a job a user
-        canceled while it ran goes to the DLQ as canceled (the cancel beats a retry)."""
+        canceled while it ran goes to the DLQ as canceled (the cancel beats a retry), and so does one
+        whose run left a process that could not be killed (a retry could overlap it)."""
         canceled = self.user.read(SQL_INTERRUPTED, (job.id,))[0][3]
         if outcome.exit_code == 0 and outcome.error is None:
             expected = (q.COMPLETED, job.attempts)
         else:
             attempts = job.attempts + 1
-            expected = (q.DEAD if canceled or attempts >= max(job.max_retries, 1) else q.FAILED, attempts)
+            dead = canceled or attempts >= max(job.max_retries, 1) or outcome.stuck
+            expected = (q.DEAD if dead else q.FAILED, attempts)
         self.check((after.state, after.attempts) == expected,
-                   f"{job.id} after {outcome.error or 'exit 0'} (cancel flag {canceled}): "
+                   f"{job.id} after {outcome.error or 'exit 0'} (cancel flag {canceled}, stuck {outcome.stuck}): "
                    f"{(after.state, after.attempts)}, expected {expected}")
 
     def run_once(self, w: SimWorker, slot: int) -> None:
@@ -750,7 +1021,7 @@ class Simulation:
         self.stats["runs"] += 1
         held = w.slots[slot]  # a job prefetched with this slot's last result, or None
         keep = self.rng.random() < 0.5
-        worker = q.Runner(w.store, w.wid, lambda job_id, epoch: None if epoch == w.reg else
+        worker = q.Runner(w.store, w.wid, lambda job, epoch: None if epoch == w.reg else
                           "worker lost its registration", queues=w.queues, epoch=lambda: w.reg,
                           keep_claiming=lambda: keep)
         if held is not None:
@@ -770,8 +1041,8 @@ class Simulation:
             if roll < 0.6:
                 self.nested(self.rng.randint(1, 5))
             reason = abort()
-            state["outcome"] = (q.Outcome(None, reason, b"", 0.1, interrupted=reason) if reason
-                                else self.outcome())
+            state["outcome"] = self.maybe_stuck(q.Outcome(None, reason, b"", 0.1, interrupted=reason) if reason
+                                                else self.outcome())
             return state["outcome"]
 
         worker.runner = runner
@@ -801,8 +1072,12 @@ class Simulation:
     def check_inline_result(self, claim: Claim) -> None:
         """run_once does not say whether its write was accepted: the run row tells."""
         outcome, owner = self.user.read(SQL_RUN_OUTCOME, (claim.job.id, claim.job.run_count))[0]
-        if claim.revoked:
-            self.check(outcome in ("lost", "canceled"), f"{claim}: revoked, yet its run was recorded as {outcome!r}")
+        own = self.readoption(claim) if claim.revoked and outcome is not None else None
+        if own:  # its adoption is open, yet the run is closed: this write was accepted
+            self.took_back(claim, own)
+        elif claim.revoked:  # adopted: the adopter has requeued it, or not yet
+            self.check(outcome in (None, "lost", "canceled"),
+                       f"{claim}: adopted, yet its run was recorded as {outcome!r}")
             self.stats["rejected"] += 1
             self.trace(f"{claim.worker} run_once of {claim}: result discarded (run is 'lost')")
         else:
@@ -839,15 +1114,46 @@ class Simulation:
         self.spawn()
 
     def hard_stop(self, w: SimWorker) -> None:
-        """Second signal: kill the runs, put them back, deregister."""
-        self.trace(f"{w} hard stop")
+        """A stop: kill the runs and put them back; requeue what its sweeper adopted (Supervisor.
+        _finish_recoveries: bounded by HARD_STOP_S); deregister. It exits whatever the database
+        does: a result it could not record (the database was busy) stays processing, the row stays
+        if the deregistration failed too, an adopted run not requeued in time stays adopted: all of
+        it is crash recovery's (an orphan's, or a silent worker's)."""
+        self.trace(f"{w} stops (hard)")
         for i, claim in enumerate(w.slots):
-            if claim is not None:
-                self.record(w, i, q.Outcome(None, "worker hard stop", b"", 0.1, interrupted="worker hard stop"))
-        w.store.deregister(w.wid)
-        w.registered, w.exited = False, True
+            if claim is None:
+                continue
+            if self.rng.random() < 0.2:
+                self.trace(f"{w} gives up recording {claim}: left to crash recovery")
+                continue
+            self.record(w, i, q.Outcome(None, "worker hard stop", b"", 0.1, interrupted="worker hard stop"))
+        w.exited = True  # its threads and main loop are done: no more beats, sweeps or claims
         if not any(x.up for x in self.workers):
             self.spawn()
+        deadline = self.mono + self.rng.uniform(0, q.HARD_STOP_S)
+        self.busy_main.add(w)
+        self.waited = 0.0
+        try:
+            while w.sweeper.recovering and self.mono < deadline:
+                n = w.sweeper.finish(self.wall)
+                self.trace(f"{w} finishes its recoveries: {n} requeued, {len(w.sweeper.recovering)} left"
+                           + (f" (waited {self.waited:.2f}s)" if self.waited else ""))
+        except q.Busy as e:
+            self.trace(f"{w} could not requeue the jobs it adopted ({e}): the next worker will")
+        except SimCrash:
+            self.trace(f"{w} dies while it finishes its recoveries")
+            self.mark_crashed(w)
+            w.dead = True
+            return
+        finally:
+            self.busy_main.discard(w)
+        if self.rng.random() < 0.2:
+            self.trace(f"{w} could not deregister: its row stays until a sweeper drops it")
+        else:
+            w.store.deregister(w.wid)
+            w.registered = False
+            self.trace(f"{w} deregisters" + (f", leaving {list(w.sweeper.recovering)} adopted"
+                                             if w.sweeper.recovering else ""))
 
     def nested(self, n: int) -> None:
         """Run n other steps now, in the middle of something (another process's transactions)."""
@@ -865,11 +1171,12 @@ class Simulation:
     def worker_by_id(self, wid: str) -> SimWorker:
         return next(w for w in self.workers if w.wid == wid)
 
-    def find_claim(self, job_id: str, wid: str, run_no: int) -> Claim:
-        for claim in self.open.get(job_id, []):
-            if claim.worker.wid == wid and claim.job.run_count == run_no:
-                return claim
-        self.fail(f"a write was accepted for {job_id}#{run_no}@{wid}, a run nobody holds")
+    def holder(self, job_id: str) -> Claim | None:
+        """The claim or adoption that holds the job now (check_claims: at most one)."""
+        return next((c for c in self.open.get(job_id, ()) if not c.revoked), None)
+
+    def holders(self):
+        return (c for claims in self.open.values() for c in claims if not c.revoked)
 
     def close(self, claim: Claim) -> None:
         claim.closed = True
@@ -918,8 +1225,12 @@ class Simulation:
             if job_id in open_runs:
                 self.fail(f"{job_id} has two open runs")
             open_runs[job_id] = (run_no, wid)
-        if open_runs != self.held:
+        if {j: r[0] for j, r in open_runs.items()} != {j: h[0] for j, h in self.held.items()}:
             self.fail(f"open runs {open_runs} != processing rows {self.held}")
+        self.open_runs = open_runs  # their worker: who started the run (an adopter holds it, but did not start it)
+        backwards = self.user.read(SQL_RUN_BACKWARDS)
+        if backwards:
+            self.fail(f"run {backwards[0][0]}#{backwards[0][1]} ended before it started: {backwards[0][2:]}")
 
     def audit(self, rows: dict) -> dict:
         """Check the per-row rules and Store.counts(); the (run, worker) of each processing job."""
@@ -993,8 +1304,14 @@ class Simulation:
             current = [c for c in claims if not c.revoked]
             if len(current) > 1:
                 self.fail(f"{job_id} has two unrevoked claims: {current}")
+            if sum(1 for c in claims if c.adopted and not c.revoked) > 1:
+                self.fail(f"{job_id} is adopted by two sweepers at once: {claims}")
             if current:
                 owned[job_id] = (current[0].job.run_count, current[0].worker.wid)
+                started_by = self.open_runs.get(job_id, (None, None))[1]
+                if started_by != current[0].starter:
+                    self.fail(f"{current[0]} holds {job_id}, whose open run was started by {started_by}, "
+                              f"not {current[0].starter}")
         if owned != held:
             self.fail(f"unrevoked claims {owned} != processing rows {held}")
 
@@ -1039,7 +1356,7 @@ class _Between:
         return wrapped
 
 
-def scenario_reregistered_worker_same_beat(store: q.Store) -> str | None:
+def scenario_reregistered_worker_same_beat(store: q.Store, procs: FakeProcs) -> str | None:
     """A worker presumed dead registers again under the same id; its beat counter restarts, so a
     sweeper that remembers the old registration's beat sees "unchanged for long" and drops it at once."""
     for w in "WXY":
@@ -1064,7 +1381,7 @@ def scenario_reregistered_worker_same_beat(store: q.Store) -> str | None:
     return None
 
 
-def scenario_claim_between_drop_and_list(store: q.Store) -> str | None:
+def scenario_claim_between_drop_and_list(store: q.Store, procs: FakeProcs) -> str | None:
     """A sweeper drops a worker's row, then lists its jobs in a later transaction: a worker that
     registered again in between (same id) and claimed a job loses that job, though it is alive."""
     store.register("W", _ident("W"), 1, 0.0)
@@ -1088,7 +1405,7 @@ def scenario_claim_between_drop_and_list(store: q.Store) -> str | None:
     return None
 
 
-def scenario_sweeper_stalls_before_reading(store: q.Store) -> str | None:
+def scenario_sweeper_stalls_before_reading(store: q.Store, procs: FakeProcs) -> str | None:
     """The sweeper reads its clock, then the rows: a stall in between (the process stopped, a slow
     read) dates a fresh heartbeat back to the clock reading, and the worker is dropped that much early."""
     store.register("W", _ident("W"), 1, 0.0)
@@ -1111,25 +1428,152 @@ def scenario_sweeper_stalls_before_reading(store: q.Store) -> str | None:
     return None
 
 
+def _local_ident(procs: FakeProcs) -> dict:
+    """A worker on the sweepers' own host and PID namespace: judged by its (fake) PID, not its lease."""
+    pid = procs.spawn("", 0.0)  # its own process: alive until procs.end(pid)
+    return {"host": "host-shared", "pid": pid, "proc_start": f"sim{pid}", "boot_id": "sim-boot",
+            "pid_ns": "ns-shared"}
+
+
+def _lost_runs(store: q.Store, job_id: str) -> list[int]:
+    return [r["run"] for r in store.runs(job_id) if r["outcome"] == "lost"]
+
+
+def scenario_two_sweepers_one_recovery(store: q.Store, procs: FakeProcs) -> str | None:
+    """Two sweepers find the same dead worker, then the same orphan, at once. Exactly one of them
+    adopts the run; its kill leaves a process still exiting, so it keeps the run for a later sweep.
+    The other must leave the job alone, although its own kill scan would find nothing (a killed
+    process's environment reads empty at once): requeued then, it could start while the old run
+    still holds its files. Once the process is gone the adopter requeues it, once."""
+    w_ident, x_ident, y_ident = _local_ident(procs), _local_ident(procs), _local_ident(procs)
+    for name, ident in (("W", w_ident), ("X", x_ident), ("Y", y_ident)):
+        store.register(name, ident, 1, 0.0)
+    _add_job(store, "J", 0.0)
+    store.claim("W", 0.0)
+    procs.spawn("W/1/J", teardown_s=2.0)  # J's shell: 2 s to exit once killed
+    procs.end(w_ident["pid"])  # W dies
+    y = q.Sweeper(store, y_ident, "Y")
+    # X reads the workers (W is dead), then Y sweeps before X acts on it
+    x = q.Sweeper(_Between(store, "workers", lambda: sweep(y, 1.0)), x_ident, "X")
+    sweep(x, 1.0)
+    job = store.get("J")
+    if (job.state, job.worker_id) != (q.PROCESSING, "Y") or list(y.recovering) != [("J", 1)] or x.recovering:
+        return (f"both saw W dead: J should be Y's alone, waiting for its process to exit; J is {job.state} "
+                f"held by {job.worker_id}, Y recovers {list(y.recovering)}, X {list(x.recovering)}")
+    if not q.kill_run("W/1/J").gone():
+        return "a second kill scan of J's run should find nothing (its process was killed, still exiting)"
+    x.store = store
+    sweep(x, 2.0)
+    if store.get("J").state != q.PROCESSING or x.recovering:
+        return f"X requeued J (now {store.get('J').state}), which Y adopted, while J's process is still exiting"
+    sweep(y, 3.5)  # the process is gone
+    job = store.get("J")
+    if (job.state, job.lost_count, _lost_runs(store, "J")) != (q.PENDING, 1, [1]) or y.recovering:
+        return (f"Y should have requeued J once: {job.state}, lost_count {job.lost_count}, "
+                f"lost runs {_lost_runs(store, 'J')}")
+
+    # The same with an orphan: V's row is gone (a hard stop that could not record K's result).
+    v_ident = _local_ident(procs)
+    store.register("V", v_ident, 1, 4.0)
+    store.enqueue([q.validate_job({"id": "K", "command": "true", "queue": "k"}, store.config_all(), "/", 4.0)], 4.0)
+    store.claim("V", 4.0, ("k",))  # K, not J (pending again)
+    procs.spawn("V/1/K", teardown_s=2.0)
+    store.deregister("V")
+    x = q.Sweeper(_Between(store, "orphan_jobs", lambda: sweep(y, 5.0)), x_ident, "X")
+    sweep(x, 5.0)  # X lists K as an orphan; Y sweeps then and adopts it; X's adopt must find it taken
+    job = store.get("K")
+    if (job.state, job.worker_id) != (q.PROCESSING, "Y") or list(y.recovering) != [("K", 1)] or x.recovering:
+        return (f"both saw orphan K: K should be Y's alone, waiting for its process to exit; K is {job.state} held "
+                f"by {job.worker_id}, Y recovers {list(y.recovering)}, X {list(x.recovering)}")
+    x.store = store
+    sweep(x, 6.0)
+    if store.get("K").state != q.PROCESSING:
+        return f"X requeued K (now {store.get('K').state}), which Y adopted, while K's process is still exiting"
+    sweep(y, 7.5)
+    job = store.get("K")
+    if (job.state, job.lost_count, _lost_runs(store, "K")) != (q.PENDING, 1, [1]) or y.recovering:
+        return (f"Y should have requeued K once: {job.state}, lost_count {job.lost_count}, "
+                f"lost runs {_lost_runs(store, 'K')}")
+    return None
+
+
 SCENARIOS = [scenario_reregistered_worker_same_beat, scenario_claim_between_drop_and_list,
-             scenario_sweeper_stalls_before_reading]
+             scenario_sweeper_stalls_before_reading, scenario_two_sweepers_one_recovery]
 
 
-def run_scenarios() -> list[str]:
+# ---- found by the simulation, fixed since: a stop while an adopted run exits, an adopter on another host
+
+def scenario_stop_while_adopted_run_exits(store: q.Store, procs: FakeProcs) -> str | None:
+    """X adopts an orphan and kills its run, whose process takes 3 s to exit; X is hard-stopped with
+    1 s left, so Supervisor._finish_recoveries gives up and X deregisters. The run is an orphan
+    again; Y adopts it, and Y's kill scan cannot find a process already sent SIGKILL (its environment
+    reads empty at once): Y used to requeue it at once, while the old run still held its files. X now
+    waits for its adopted runs' processes before it leaves."""
+    x_ident, y_ident, v_ident = _local_ident(procs), _local_ident(procs), _local_ident(procs)
+    for name, ident in (("X", x_ident), ("Y", y_ident), ("V", v_ident)):
+        store.register(name, ident, 1, 0.0)
+    _add_job(store, "K", 0.0)
+    store.claim("V", 0.0)
+    procs.spawn("V/1/K", teardown_s=3.0)
+    store.deregister("V")  # a hard stop that could not record K's result
+    x = q.Sweeper(store, x_ident, "X")
+    sweep(x, 1.0)  # adopts K, kills its process (gone at 4 s), keeps it
+    supervisor = q.Supervisor.__new__(q.Supervisor)  # only what _finish_recoveries reads
+    supervisor.sweeper, supervisor.hard_at = x, q.time.mono - (q.HARD_STOP_S - 1.0)
+    supervisor._finish_recoveries()
+    store.deregister("X")
+    sweep(q.Sweeper(store, y_ident, "Y"), q.time.mono)
+    if store.get("K").state != q.PROCESSING and procs.of("V/1/K"):
+        return (f"Y requeued K (now {store.get('K').state}) at {q.time.mono:.1f} s while the process X killed "
+                f"at 1 s is still exiting (gone at 4 s): X stopped with its recovery unfinished")
+    return None
+
+
+def scenario_adopter_of_another_host(store: q.Store, procs: FakeProcs) -> str | None:
+    """W's run leaves a process on W's host when W dies. B, on another host, drops W by its lease,
+    adopts the run (nothing to kill there) and dies before requeuing it. X, a worker started since
+    on W's host, drops B by its lease and adopts the run. X used to choose whether to look for the
+    run's processes by B's namespace, not by that of W, which started the run, and requeued it without
+    looking on its own host; now every adopted run is looked for here."""
+    w_ident, x_ident = _local_ident(procs), _local_ident(procs)
+    store.register("W", w_ident, 1, 0.0)
+    store.register("B", _ident("B"), 1, 0.0)
+    _add_job(store, "J", 0.0)
+    store.claim("W", 0.0)
+    procs.spawn("W/1/J", teardown_s=0.1)  # a child that left W's process group: still running
+    procs.end(w_ident["pid"])  # W dies
+    b = q.Sweeper(store, _ident("B"), "B")
+    sweep(b, 0.0)
+    store.heartbeat("B", 19.0)
+    w_row = next(row for row in store.workers() if row.id == "W")
+    store.drop_worker("W", w_row.beat, w_row.started_at, "B")  # B's sweep at 20 s; B dies right after
+    store.register("X", x_ident, 1, 20.0)
+    x = q.Sweeper(store, x_ident, "X")
+    sweep(x, 20.0)
+    store.heartbeat("X", 31.0)
+    sweep(x, 31.0)  # B silent for 12 s: dropped, J adopted and requeued
+    if store.get("J").state != q.PROCESSING and procs.of("W/1/J"):
+        return (f"X requeued J (now {store.get('J').state}) without killing the process W's run left on X's own "
+                f"host (token {'W/1/J'!r} never asked for: {sorted(procs.killed_tokens)})")
+    return None
+
+
+SCENARIOS += [scenario_stop_while_adopted_run_exits, scenario_adopter_of_another_host]
+
+
+def run_scenarios(scenarios: list | None = None) -> list[str]:
     """Run every scenario on a fresh database; the failures, named."""
     _quiet()
     failures = []
-    for scenario in SCENARIOS:
+    for scenario in SCENARIOS if scenarios is None else scenarios:
         folder = tempfile.mkdtemp(prefix="queuectl-scenario-")
         store = q.SqliteStore(os.path.join(folder, "s.db"), durable=False)
-        original_kill = q.kill_run_orphans
-        q.kill_run_orphans = lambda token: 0
-        q.time = SimClock(time)
+        clock = SimClock(time)
+        procs = FakeProcs(clock)
         try:
-            problem = scenario(store)
+            with Patched(clock, procs):
+                problem = scenario(store, procs)
         finally:
-            q.kill_run_orphans = original_kill
-            q.time = time
             store.close()
             shutil.rmtree(folder, ignore_errors=True)
         if problem:
@@ -1166,18 +1610,14 @@ def run(seed: int, steps: int = 200, *, trace: bool = False, bench: Bench | None
     _quiet()
     own = bench is None
     bench = bench or Bench()
-    original_kill = q.kill_run_orphans
     sim = Simulation(bench.stores, seed, steps, trace)
-    q.kill_run_orphans = lambda token: sim.killed_tokens.add(token) or 0  # no real processes here
-    q.time = sim.clock
     try:
-        bench.reset()
-        sim.run()
+        with Patched(sim.clock, sim.procs):  # the simulated clock and processes (no real processes here)
+            bench.reset()
+            sim.run()
     except Violation as e:
         raise AssertionError(str(e)) from None
     finally:
-        q.kill_run_orphans = original_kill
-        q.time = time
         if own:
             bench.close()
     return sim.stats
@@ -1247,7 +1687,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scenarios", action="store_true", help="only the hand-written scenarios (part of --short)")
     args = p.parse_args(argv)
     if args.scenarios or args.short:
-        failed = run_scenarios()
+        failed = run_scenarios(SCENARIOS)
         for failure in failed:
             print(f"simulate: FAILED: {failure}", file=sys.stderr)
         print(f"simulate: {len(SCENARIOS) - len(failed)} of {len(SCENARIOS)} scenarios passed")
