@@ -292,7 +292,8 @@ MIGRATIONS = [
 
 class SqliteSQL:
     """Every SQLite statement the store runs, each complete where it is defined (a statement with
-    a {placeholder} takes the served queues: see _heads). The PostgreSQL dialect has its own."""
+    a {placeholder} takes the served queues: see heads). The PostgreSQL dialect has its own."""
+    PARAM = "?"  # the parameter mark, for clauses the rules build (see _where)
 
     SQL_INSERT_JOB = (
         "INSERT INTO jobs (id, command, state, max_retries, timeout_s, cwd, env, created_at, updated_at, next_run_at, "
@@ -519,6 +520,18 @@ class SqliteSQL:
                            "WHERE ended_at >= ? AND outcome IN ('completed', 'failed', 'dead') GROUP BY minute, outcome")
     SQL_QUERY_ONLY = "PRAGMA query_only = ON"
 
+    @classmethod
+    def heads(cls, queues: tuple) -> str:
+        """SQL_HEADS for `worker start --queue` names, or for every queue; its parameters are the
+        names, then the time a head must be due by."""
+        queue_set = f"q(name) AS (VALUES {', '.join(['(?)'] * len(queues))})" if queues else cls.SQL_READY_QUEUES
+        return cls.SQL_HEADS.format(queue_set=queue_set)
+
+    @staticmethod
+    def in_queues(queues: tuple) -> str:
+        """A queue filter: nothing, or `AND queue IN (?, …)`."""
+        return f"AND queue IN ({', '.join('?' * len(queues))})" if queues else ""
+
 
 HAS_RETURNING = sqlite3.sqlite_version_info >= (3, 35, 0)
 Cursor = sqlite3.Cursor  # what a Store's rules are given: a DB-API cursor (execute, fetchone, fetchall, rowcount)
@@ -535,22 +548,10 @@ def _where_in_batch(spec: dict) -> str:
     return f"{spec['where']}: " if spec.get("where") else ""
 
 
-def _heads(queues: tuple) -> str:
-    """SQL_HEADS for `worker start --queue` names, or for every queue; its parameters are the
-    names, then the time a head must be due by."""
-    queue_set = f"q(name) AS (VALUES {', '.join(['(?)'] * len(queues))})" if queues else SqliteSQL.SQL_READY_QUEUES
-    return SqliteSQL.SQL_HEADS.format(queue_set=queue_set)
-
-
-def _in_queues(queues: tuple) -> str:
-    """A queue filter: nothing, or `AND queue IN (?, …)`."""
-    return f"AND queue IN ({', '.join('?' * len(queues))})" if queues else ""
-
-
-def _where(**equal) -> tuple[str, tuple]:
-    """A WHERE clause of column = ? terms for the given non-None values."""
+def _where(mark: str, **equal) -> tuple[str, tuple]:
+    """A WHERE clause of `column = mark` terms for the given non-None values (mark: the dialect's PARAM)."""
     terms = {k: v for k, v in equal.items() if v is not None}
-    return ("WHERE " + " AND ".join(f"{k} = ?" for k in terms) if terms else ""), tuple(terms.values())
+    return ("WHERE " + " AND ".join(f"{k} = {mark}" for k in terms) if terms else ""), tuple(terms.values())
 
 
 _PROCESS_LOCKS: dict = {}
@@ -690,9 +691,10 @@ def _owner(path: str) -> str:
 class Store:
     """The queue's rules over SQL, written once: every read and write of the queue goes through a Store.
 
-    A dialect's subclass (SqliteStore) opens the connection and provides `sql`, its complete
-    statements; `IntegrityError`, its driver's; `write(fn)`, fn(cursor) in one transaction;
-    `read(sql, params)`; `_claim_in(cursor, …)`; `flush_output`; `due_now`; `burst_done`; `close`.
+    A dialect's subclass (SqliteStore) opens the connection and provides `sql`, its
+    complete statements; `IntegrityError`, its driver's; `path`, the database's name for messages;
+    `write(fn)`, fn(cursor) in one transaction; `read(sql, params)`; `now()`; `_claim_in(cursor, …)`;
+    `flush_output`; `due_now`; `burst_done`; `close`; `query_only`; `refresh`.
     """
     sql: type
     IntegrityError: type
@@ -766,18 +768,18 @@ class Store:
 
     def list_jobs(self, state: str | None = None, limit: int = -1, queue: str | None = None) -> list[Job]:
         """Jobs oldest first; with a limit, the newest `limit` of them."""
-        where, params = _where(state=state, queue=queue)
+        where, params = _where(self.sql.PARAM, state=state, queue=queue)
         return [Job.from_row(r) for r in self.read(self.sql.SQL_LIST_JOBS.format(where=where), params + (limit,))]
 
     def page_jobs(self, state: str | None = None, queue: str | None = None, limit: int = 50,
                   offset: int = 0) -> list[Job]:
         """Jobs newest first: `limit` of them after skipping the `offset` newest."""
-        where, params = _where(state=state, queue=queue)
+        where, params = _where(self.sql.PARAM, state=state, queue=queue)
         return [Job.from_row(r) for r in self.read(self.sql.SQL_PAGE_JOBS.format(where=where), params + (limit, offset))]
 
     def counts(self, queue: str | None = None) -> dict[str, int]:
         """Number of jobs in each state (all five keys)."""
-        where, params = _where(queue=queue)
+        where, params = _where(self.sql.PARAM, queue=queue)
         counts = dict.fromkeys(STATES, 0)
         counts.update(self.read(self.sql.SQL_COUNTS.format(where=where), params))
         return counts
@@ -1066,6 +1068,10 @@ class SqliteStore(Store):
         self.durable, self.reads_only = durable, reads_only
         self._open()
 
+    def now(self) -> float:
+        """The current time in epoch seconds: this machine's clock (the file has no other)."""
+        return time.time()
+
     # -- opening --------------------------------------------------------------------------------
 
     def _open(self) -> None:
@@ -1274,14 +1280,14 @@ class SqliteStore(Store):
 
     def due_now(self, now: float, queues: tuple = ()) -> bool:
         """True if a claim now may find work: the poller's cheap check (a few index seeks)."""
-        return bool(self.read(self.sql.SQL_POLL.format(heads=_heads(queues)), (*queues, now, now))[0][0])
+        return bool(self.read(self.sql.SQL_POLL.format(heads=self.sql.heads(queues)), (*queues, now, now))[0][0])
 
     def burst_done(self, now: float, queues: tuple = ()) -> bool:
         """True when nothing is processing (in these queues) and nothing is due within the burst horizon."""
-        if self.read(self.sql.SQL_ANY_PROCESSING.format(queues=_in_queues(queues)), queues):
+        if self.read(self.sql.SQL_ANY_PROCESSING.format(queues=self.sql.in_queues(queues)), queues):
             return False
         soon = now + BURST_HORIZON_S
-        sql = self.sql.SQL_DUE_SOON.format(heads=_heads(queues), queues=_in_queues(queues))
+        sql = self.sql.SQL_DUE_SOON.format(heads=self.sql.heads(queues), queues=self.sql.in_queues(queues))
         return not self.read(sql, (*queues, soon, soon, *queues))[0][0]
 
     def _claim_in(self, cur: sqlite3.Cursor, worker_id: str, now: float, queues: tuple) -> Job | None:
@@ -1325,6 +1331,7 @@ class SqliteStore(Store):
         finally:
             self.conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
             self.turn.release()
+
 
 
 # ==== Core rules =================================================================================
@@ -2012,7 +2019,7 @@ class Runner:
         """Claim and run at most one job; True if one was run."""
         job, epoch = self.prefetched or (None, self.epoch())
         self.prefetched = None
-        job = job or self.store.claim(self.worker_id, time.time() if now is None else now, self.queues)
+        job = job or self.store.claim(self.worker_id, self.store.now() if now is None else now, self.queues)
         if job is None:
             return False
         self.current = job
@@ -2046,7 +2053,7 @@ class Runner:
         failing = Backoff(f"recording the result of job {job.id}", 0.5)
         while True:
             try:
-                return self._write_outcome(job, outcome, time.time() if now is None else now)
+                return self._write_outcome(job, outcome, self.store.now() if now is None else now)
             except (QueueError, sqlite3.Error) as e:
                 if self.give_up():
                     break
@@ -2297,10 +2304,10 @@ class Supervisor:
     def run(self) -> int:
         """Run until stopped; returns the exit code."""
         import threading
-        self.store.register(self.worker_id, self.me, self.count, time.time())
+        self.store.register(self.worker_id, self.me, self.count, self.store.now())
         log.info("worker started: %s, %d thread(s), db %s", self.worker_id, self.count, self.path)
         self.sweeper = Sweeper(self.store, self.me, self.worker_id, lambda: self.stalled_s)
-        self.sweeper.sweep(time.time())  # recover what a previous crash or boot left, before claiming
+        self.sweeper.sweep(self.store.now())  # recover what a previous crash or boot left, before claiming
         threads = [threading.Thread(target=self._thread_main, daemon=True) for _ in range(self.count)]
         for t in threads:
             t.start()
@@ -2319,7 +2326,7 @@ class Supervisor:
         deadline = time.monotonic() + HARD_STOP_S
         while self.sweeper.recovering and time.monotonic() < min(deadline, self.hard_at + HARD_STOP_S):
             try:
-                self.sweeper.finish(time.time())
+                self.sweeper.finish(self.store.now())
             except (QueueError, sqlite3.Error) as e:
                 log.warning("could not requeue adopted jobs (%s); the next worker will", e)
                 return
@@ -2352,7 +2359,7 @@ class Supervisor:
             due["beat"] = self._beat(due["beat"])
         if mono >= due["sweep"]:
             due["sweep"] = mono + SWEEP_INTERVAL_S
-            self.sweeper.sweep(time.time())
+            self.sweeper.sweep(self.store.now())
         if mono >= due["cancels"] and any(r.current for r in self.runners):
             due["cancels"] = mono + 0.5
             self.canceled = self.store.cancel_requests(self.worker_id)
@@ -2365,7 +2372,7 @@ class Supervisor:
         """Delete completed jobs older than `retention`, in slices so no write lock is held long."""
         keep_s = self.store.config_get("retention")
         if keep_s:  # at most 100,000 jobs a round: the heartbeat runs on this thread too
-            self.store.purge_in_slices(COMPLETED, time.time() - keep_s, max_slices=100_000 // PURGE_SLICE)
+            self.store.purge_in_slices(COMPLETED, self.store.now() - keep_s, max_slices=100_000 // PURGE_SLICE)
 
     def _stop(self, why: str) -> None:
         if not self.stopping.is_set():
@@ -2386,7 +2393,7 @@ class Supervisor:
 
     def _heartbeat(self) -> float:
         """Beat, obey a stop request; returns seconds to the next beat."""
-        stop = self.store.heartbeat(self.worker_id, time.time())
+        stop = self.store.heartbeat(self.worker_id, self.store.now())
         if stop is None:
             self._on_lost_registration()
         elif stop:
@@ -2399,11 +2406,11 @@ class Supervisor:
         # it cannot overlap its rerun), including one whose claim is still being returned.
         log.error("this worker was presumed dead by another; killing its running jobs and re-registering")
         self.epoch += 1
-        self.store.register(self.worker_id, self.me, self.count, time.time())
+        self.store.register(self.worker_id, self.me, self.count, self.store.now())
 
     def _poll(self) -> None:
         """Wake idle threads when a job is due; in burst mode, stop when the queue is drained."""
-        now = time.time()
+        now = self.store.now()
         if self.store.due_now(now, self.queues):
             with self.wake:
                 self.wake.notify_all()
@@ -2659,15 +2666,15 @@ def _api_status(store: Store, q: Query, _: None) -> dict:
 
 
 def _api_stats(store: Store, q: Query, _: None) -> dict:
-    return stats_dict(store, q.duration("since", 3600), time.time())
+    return stats_dict(store, q.duration("since", 3600), store.now())
 
 
 def _api_throughput(store: Store, q: Query, _: None) -> dict:
-    return throughput_dict(store, q.integer("minutes", CHART_MINUTES, 1, 1440), time.time())
+    return throughput_dict(store, q.integer("minutes", CHART_MINUTES, 1, 1440), store.now())
 
 
 def _api_workers(store: Store, q: Query, _: None) -> list[dict]:
-    return worker_dicts(store, time.time())
+    return worker_dicts(store, store.now())
 
 
 def _api_job(store: Store, q: Query, job_id: str) -> dict:
@@ -2689,12 +2696,12 @@ def _api_jobs(store: Store, q: Query, _: None) -> Reply:
 
 
 def _api_retry(store: Store, _: Query, job_id: str) -> dict:
-    store.retry_dead([job_id], time.time())
+    store.retry_dead([job_id], store.now())
     return store.get(job_id).to_dict()
 
 
 def _api_cancel(store: Store, _: Query, job_id: str) -> dict:
-    store.cancel([job_id], time.time())
+    store.cancel([job_id], store.now())
     return store.get(job_id).to_dict()
 
 
@@ -3532,7 +3539,7 @@ def checked_ids(ids: list[str]) -> list[str]:
 # -- jobs ----------------------------------------------------------------------------------------
 
 def cmd_enqueue(args, store: Store) -> None:
-    now, defaults, cwd = time.time(), store.config_all(), current_dir()
+    now, defaults, cwd = store.now(), store.config_all(), current_dir()
     if args.job != "-":
         specs = [validate_job(parse_json(args.job), defaults, cwd, now)]
     else:
@@ -3597,7 +3604,7 @@ def check_batch(specs: list[dict]) -> None:
 
 def cmd_cancel(args, store: Store) -> None:
     ids = checked_ids(args.ids)
-    store.cancel(ids, time.time())
+    store.cancel(ids, store.now())
     print_ids(ids)
 
 
@@ -3615,7 +3622,7 @@ def check_purge(args) -> None:
 
 def cmd_purge(args, store: Store) -> None:
     state = args.state or COMPLETED
-    removed = store.purge_in_slices(state, time.time() - (args.older_than or 0))
+    removed = store.purge_in_slices(state, store.now() - (args.older_than or 0))
     print(f"purged {removed} {state} job{'s' if removed != 1 else ''}")
 
 
@@ -3681,7 +3688,7 @@ def _status_text(store: Store, queue: str | None) -> str:
 
 def live_workers(store: Store) -> list[WorkerRow]:
     """Workers that look alive: same namespace by PID, others by a recent heartbeat (wall clock, display only)."""
-    me, now, stale = host_identity(), time.time(), store.config_get("stale_timeout")
+    me, now, stale = host_identity(), store.now(), store.config_get("stale_timeout")
     return [w for w in store.workers()
             if (not process_gone(w.pid, w.proc_start) if same_namespace(w, me) else now - w.heartbeat_at <= stale)]
 
@@ -3779,7 +3786,7 @@ def write_bytes(data: bytes | None) -> None:
 
 
 def cmd_stats(args, store: Store) -> None:
-    report = stats_dict(store, args.since, time.time())
+    report = stats_dict(store, args.since, store.now())
     if args.json:
         return emit_json(report)
     print(f"window: {args.since:g}s   throughput: {report['throughput_per_min']}/min")
@@ -3837,7 +3844,7 @@ def cmd_worker_stop(args, store: Store) -> int:
 
 
 def cmd_worker_list(args, store: Store) -> None:
-    rows = worker_dicts(store, time.time())
+    rows = worker_dicts(store, store.now())
     if args.json:
         return emit_json(rows)
     print(f"{'ID':<32} {'HOST':<16} {'PID':>7} {'STARTED':<20} {'THREADS':>7} {'BEAT':>6}  JOBS")
@@ -3892,7 +3899,7 @@ def cmd_dlq_list(args, store: Store) -> None:
 
 def cmd_dlq_retry(args, store: Store) -> None:
     ids = checked_ids(args.ids)
-    store.retry_dead(ids, time.time())
+    store.retry_dead(ids, store.now())
     print_ids(ids)
 
 
