@@ -3923,6 +3923,50 @@ def test_stats_bad_since_exits_2(db, since):
     assert out == ""
 
 
+# ---- PostgreSQL (--db postgresql://…)
+
+def test_postgres_cli_round_trip(pg_url, monkeypatch):
+    monkeypatch.delenv("QUEUECTL_DB", raising=False)
+    first = enqueue(pg_url, id="a", command="echo hi", priority=2, queue="q1")
+    assert (first["state"], first["priority"], first["queue"]) == ("pending", 2, "q1")
+    assert ISO_UTC.match(first["created_at"]) and abs(parse_iso(first["created_at"]).timestamp() - time.time()) < 60
+    enqueue(pg_url, id="b", command="true", depends_on=["a"])
+    assert list_ids(pg_url) == ["a", "b"]
+    assert "a" in ok(pg_url, "list") and "echo hi" in ok(pg_url, "show", "a")
+    shown = get_job(pg_url, "b")
+    assert (shown["state"], shown["depends_on"], shown["runs"]) == ("pending", ["a"], [])
+    assert ok(pg_url, "cancel", "a") == "a\n"
+    assert [get_job(pg_url, i)["state"] for i in "ab"] == ["dead", "dead"]
+    assert [j["id"] for j in json.loads(ok(pg_url, "dlq", "list", "--json"))] == ["a", "b"]
+    code, out, err = cli(pg_url, "dlq", "retry", "b")
+    assert code == 1 and "retry both together" in err
+    assert ok(pg_url, "dlq", "retry", "a", "b") == "a\nb\n"
+    assert (get_job(pg_url, "b")["state"], get_job(pg_url, "b")["waiting_on"]) == ("pending", 1)
+    ok(pg_url, "pause", "--queue", "q1")
+    ok(pg_url, "config", "set", "max-retries", "5")
+    status = json.loads(ok(pg_url, "status", "--json"))
+    assert status["jobs"] == {"pending": 2, "processing": 0, "completed": 0, "failed": 0, "dead": 0}
+    assert status["paused"] == ["q1"]
+    monkeypatch.setenv("QUEUECTL_DB", pg_url)  # the same queue, named by the environment
+    code, out, err = run_main(["status", "--json"])
+    assert (code, json.loads(out)) == (0, status)
+    assert run_main(["config", "get", "max-retries"])[1] == "5\n"
+    code, out, err = run_main(["delete", "a"])
+    assert code == 1 and "needed by" in err
+    assert run_main(["delete", "a", "b"])[0] == 0
+    assert run_main(["list", "--json"])[1].strip() == "[]"
+
+
+def test_postgres_dashboard_reads_the_queue(pg_url):
+    enqueue(pg_url, id="a", command="true")
+    dashboard = queuectl.Dashboard(pg_url, token=None)
+    assert dashboard.path == queuectl.database_name(pg_url)
+    reply = dashboard.respond("GET", "/api/status", {"Host": "127.0.0.1"})
+    assert reply.status == 200 and json.loads(reply.body)["jobs"]["pending"] == 1
+    reply = dashboard.respond("GET", "/api/jobs/a", {"Host": "127.0.0.1"})
+    assert reply.status == 200 and json.loads(reply.body)["id"] == "a"
+
+
 # ==== End to end ===================================================================================
 
 def test_burst_worker_runs_a_job_and_captures_its_output(db, workers, tmp_path):
@@ -4584,6 +4628,22 @@ def test_commands_that_wait_on_the_user_exit_130_on_ctrl_c(db, workers):
         assert proc.wait(timeout=WAIT_S) == 130, args
         err = proc.stderr.read().decode()
         assert "Traceback" not in err and "error" not in err, (args, err)
+
+
+# ---- PostgreSQL
+
+def test_postgres_burst_worker_runs_jobs_retries_and_records_output(pg_url, tmp_path):
+    ok(pg_url, "config", "set", "backoff-base", "1")
+    enqueue(pg_url, id="hello", command="echo hi from postgres")
+    enqueue(pg_url, id="bad", command="echo oops; exit 3", max_retries=2)
+    enqueue(pg_url, id="after", command="echo after", depends_on=["hello"])
+    done = script(pg_url, "worker", "start", "--burst", "--count", "2")
+    assert done.returncode == 0, done.stderr
+    assert "postgresql://" in done.stderr and "@127.0.0.1:" in done.stderr  # the log names the database
+    assert [get_job(pg_url, i)["state"] for i in ("hello", "bad", "after")] == ["completed", "dead", "completed"]
+    assert ok(pg_url, "logs", "hello") == "hi from postgres\n"
+    assert [r["outcome"] for r in get_job(pg_url, "bad")["runs"]] == ["failed", "dead"]
+    assert json.loads(ok(pg_url, "worker", "list", "--json")) == []  # deregistered on exit
 
 
 # ==== Faults and security ==========================================================================
