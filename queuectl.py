@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""queuectl: a persistent background job queue for shell commands, in one SQLite file.
+"""queuectl: a persistent background job queue for shell commands, in one SQLite file or PostgreSQL.
 
 Enqueue jobs as JSON, run foreground workers that claim and run them, retry failures with
 exponential backoff, and keep jobs that exhaust their retries in a dead-letter queue (DLQ).
@@ -3886,7 +3886,8 @@ def build_parser() -> Parser:
     """The whole command line."""
     p = Parser(prog="queuectl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"queuectl {__version__}")
-    p.add_argument("--db", help="database file (default: $QUEUECTL_DB or ./queuectl.db)")
+    p.add_argument("--db", help="database file, or postgresql://USER@HOST:PORT/DBNAME?schema=NAME "
+                   "(default: $QUEUECTL_DB or ./queuectl.db)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_job_commands(sub)
     _add_view_commands(sub)

@@ -4646,6 +4646,25 @@ def test_postgres_burst_worker_runs_jobs_retries_and_records_output(pg_url, tmp_
     assert json.loads(ok(pg_url, "worker", "list", "--json")) == []  # deregistered on exit
 
 
+def test_postgres_a_killed_workers_job_is_recovered_by_another_worker(pg_url, tmp_path):
+    pool = Workers(pg_url, tmp_path)
+    try:
+        command = 'if [ -e first ]; then echo second run; else touch first; sleep 60; fi'
+        enqueue(pg_url, id="k1", command=command, cwd=str(tmp_path))
+        victim = pool.start()
+        wait_for(lambda: (tmp_path / "first").exists(), "the first run to start")
+        victim.signal(signal.SIGKILL)
+        assert victim.wait() == -signal.SIGKILL
+        assert get_job(pg_url, "k1")["state"] == "processing"
+        rescuer = pool.start("--burst")
+        assert rescuer.wait(timeout=90) == 0, rescuer.log()
+        job = get_job(pg_url, "k1")
+        assert (job["state"], job["attempts"], job["lost_count"]) == ("completed", 0, 1)
+        assert ok(pg_url, "logs", "k1") == "second run\n"
+    finally:
+        pool.cleanup()
+
+
 # ==== Faults and security ==========================================================================
 
 def hold_write_lock(db):
