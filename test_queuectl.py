@@ -1366,7 +1366,7 @@ def test_postgres_password_never_appears_in_an_error(pg_url):
         queuectl.PostgresStore(with_password(pg_url, secret, unreachable))
     assert secret not in str(raised.value) and secret not in repr(raised.value)
     with contextlib.closing(queuectl.PostgresStore(with_password(pg_url, secret))) as s:  # trust: any password
-        assert secret not in s.path and secret not in repr(s) and ":" + secret not in str(vars(s).get("path"))
+        assert secret not in s.path and secret not in repr(s)
         assert s.path == queuectl.database_name(s.target) and s.path.startswith("postgresql://postgres@127.0.0.1:")
 
 
