@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""queuectl: a persistent background job queue for shell commands, in one SQLite file.
+"""queuectl: a persistent background job queue for shell commands, in one SQLite file or PostgreSQL.
 
 Enqueue jobs as JSON, run foreground workers that claim and run them, retry failures with
 exponential backoff, and keep jobs that exhaust their retries in a dead-letter queue (DLQ).
@@ -292,7 +292,8 @@ MIGRATIONS = [
 
 class SqliteSQL:
     """Every SQLite statement the store runs, each complete where it is defined (a statement with
-    a {placeholder} takes the served queues: see _heads). The PostgreSQL dialect has its own."""
+    a {placeholder} takes the served queues: see heads). The PostgreSQL dialect has its own."""
+    PARAM = "?"  # the parameter mark, for clauses the rules build (see _where)
 
     SQL_INSERT_JOB = (
         "INSERT INTO jobs (id, command, state, max_retries, timeout_s, cwd, env, created_at, updated_at, next_run_at, "
@@ -519,6 +520,18 @@ class SqliteSQL:
                            "WHERE ended_at >= ? AND outcome IN ('completed', 'failed', 'dead') GROUP BY minute, outcome")
     SQL_QUERY_ONLY = "PRAGMA query_only = ON"
 
+    @classmethod
+    def heads(cls, queues: tuple) -> str:
+        """SQL_HEADS for `worker start --queue` names, or for every queue; its parameters are the
+        names, then the time a head must be due by."""
+        queue_set = f"q(name) AS (VALUES {', '.join(['(?)'] * len(queues))})" if queues else cls.SQL_READY_QUEUES
+        return cls.SQL_HEADS.format(queue_set=queue_set)
+
+    @staticmethod
+    def in_queues(queues: tuple) -> str:
+        """A queue filter: nothing, or `AND queue IN (?, …)`."""
+        return f"AND queue IN ({', '.join('?' * len(queues))})" if queues else ""
+
 
 HAS_RETURNING = sqlite3.sqlite_version_info >= (3, 35, 0)
 Cursor = sqlite3.Cursor  # what a Store's rules are given: a DB-API cursor (execute, fetchone, fetchall, rowcount)
@@ -535,22 +548,10 @@ def _where_in_batch(spec: dict) -> str:
     return f"{spec['where']}: " if spec.get("where") else ""
 
 
-def _heads(queues: tuple) -> str:
-    """SQL_HEADS for `worker start --queue` names, or for every queue; its parameters are the
-    names, then the time a head must be due by."""
-    queue_set = f"q(name) AS (VALUES {', '.join(['(?)'] * len(queues))})" if queues else SqliteSQL.SQL_READY_QUEUES
-    return SqliteSQL.SQL_HEADS.format(queue_set=queue_set)
-
-
-def _in_queues(queues: tuple) -> str:
-    """A queue filter: nothing, or `AND queue IN (?, …)`."""
-    return f"AND queue IN ({', '.join('?' * len(queues))})" if queues else ""
-
-
-def _where(**equal) -> tuple[str, tuple]:
-    """A WHERE clause of column = ? terms for the given non-None values."""
+def _where(mark: str, **equal) -> tuple[str, tuple]:
+    """A WHERE clause of `column = mark` terms for the given non-None values (mark: the dialect's PARAM)."""
     terms = {k: v for k, v in equal.items() if v is not None}
-    return ("WHERE " + " AND ".join(f"{k} = ?" for k in terms) if terms else ""), tuple(terms.values())
+    return ("WHERE " + " AND ".join(f"{k} = {mark}" for k in terms) if terms else ""), tuple(terms.values())
 
 
 _PROCESS_LOCKS: dict = {}
@@ -690,9 +691,10 @@ def _owner(path: str) -> str:
 class Store:
     """The queue's rules over SQL, written once: every read and write of the queue goes through a Store.
 
-    A dialect's subclass (SqliteStore) opens the connection and provides `sql`, its complete
-    statements; `IntegrityError`, its driver's; `write(fn)`, fn(cursor) in one transaction;
-    `read(sql, params)`; `_claim_in(cursor, …)`; `flush_output`; `due_now`; `burst_done`; `close`.
+    A dialect's subclass (SqliteStore, PostgresStore) opens the connection and provides `sql`, its
+    complete statements; `IntegrityError`, its driver's; `path`, the database's name for messages;
+    `target`, what open_database() opens it again by; `write(fn)`, fn(cursor) in one transaction; `read(sql, params)`; `now()`; `_claim_in(cursor, …)`;
+    `flush_output`; `due_now`; `burst_done`; `close`; `query_only`; `refresh`.
     """
     sql: type
     IntegrityError: type
@@ -766,18 +768,18 @@ class Store:
 
     def list_jobs(self, state: str | None = None, limit: int = -1, queue: str | None = None) -> list[Job]:
         """Jobs oldest first; with a limit, the newest `limit` of them."""
-        where, params = _where(state=state, queue=queue)
+        where, params = _where(self.sql.PARAM, state=state, queue=queue)
         return [Job.from_row(r) for r in self.read(self.sql.SQL_LIST_JOBS.format(where=where), params + (limit,))]
 
     def page_jobs(self, state: str | None = None, queue: str | None = None, limit: int = 50,
                   offset: int = 0) -> list[Job]:
         """Jobs newest first: `limit` of them after skipping the `offset` newest."""
-        where, params = _where(state=state, queue=queue)
+        where, params = _where(self.sql.PARAM, state=state, queue=queue)
         return [Job.from_row(r) for r in self.read(self.sql.SQL_PAGE_JOBS.format(where=where), params + (limit, offset))]
 
     def counts(self, queue: str | None = None) -> dict[str, int]:
         """Number of jobs in each state (all five keys)."""
-        where, params = _where(queue=queue)
+        where, params = _where(self.sql.PARAM, queue=queue)
         counts = dict.fromkeys(STATES, 0)
         counts.update(self.read(self.sql.SQL_COUNTS.format(where=where), params))
         return counts
@@ -1059,12 +1061,16 @@ class SqliteStore(Store):
                  reads_only: bool = False, give_up=lambda: False):
         """`reads_only`: the caller never writes; an existing database this user cannot write is then
         opened read-only (see _connect_read_only), and every connection refuses writes."""
-        self.path = path
+        self.path = self.target = path
         self.busy_deadline_s = busy_deadline_s
         self.give_up = give_up  # True ends busy retries early (a worker's hard stop)
         self.turn = _process_lock(path)
         self.durable, self.reads_only = durable, reads_only
         self._open()
+
+    def now(self) -> float:
+        """The current time in epoch seconds: this machine's clock (the file has no other)."""
+        return time.time()
 
     # -- opening --------------------------------------------------------------------------------
 
@@ -1274,14 +1280,14 @@ class SqliteStore(Store):
 
     def due_now(self, now: float, queues: tuple = ()) -> bool:
         """True if a claim now may find work: the poller's cheap check (a few index seeks)."""
-        return bool(self.read(self.sql.SQL_POLL.format(heads=_heads(queues)), (*queues, now, now))[0][0])
+        return bool(self.read(self.sql.SQL_POLL.format(heads=self.sql.heads(queues)), (*queues, now, now))[0][0])
 
     def burst_done(self, now: float, queues: tuple = ()) -> bool:
         """True when nothing is processing (in these queues) and nothing is due within the burst horizon."""
-        if self.read(self.sql.SQL_ANY_PROCESSING.format(queues=_in_queues(queues)), queues):
+        if self.read(self.sql.SQL_ANY_PROCESSING.format(queues=self.sql.in_queues(queues)), queues):
             return False
         soon = now + BURST_HORIZON_S
-        sql = self.sql.SQL_DUE_SOON.format(heads=_heads(queues), queues=_in_queues(queues))
+        sql = self.sql.SQL_DUE_SOON.format(heads=self.sql.heads(queues), queues=self.sql.in_queues(queues))
         return not self.read(sql, (*queues, soon, soon, *queues))[0][0]
 
     def _claim_in(self, cur: sqlite3.Cursor, worker_id: str, now: float, queues: tuple) -> Job | None:
@@ -1325,6 +1331,516 @@ class SqliteStore(Store):
         finally:
             self.conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
             self.turn.release()
+
+
+
+# -- PostgreSQL -----------------------------------------------------------------------------------
+#
+# The same tables, columns and rules on a PostgreSQL server, in a schema of their own (`?schema=`,
+# default queuectl). Where SQLite serializes every write transaction (BEGIN IMMEDIATE), PostgreSQL
+# runs them side by side at READ COMMITTED, so the statements lock what a rule decides on: the claim
+# takes its job with FOR UPDATE SKIP LOCKED and its worker row with FOR KEY SHARE (a sweeper's delete
+# of that row waits for the claim, or the claim sees it gone), and a rule that reads a job's state
+# before changing it (SQL_JOB_STATE, SQL_CANCEL_FLAG, SQL_DEAD_DEPS, SQL_PURGE_IDS) reads it FOR
+# UPDATE, so nothing changes that job until the rule commits. Deadlocks between two such rules
+# (`cancel a b` against `cancel b a`) roll one back, and write() runs it again.
+
+PG_MIGRATIONS = [
+    # 1: as SQLite's migration 1; deps gets `seq` for the order a job's dependencies were given in.
+    """
+    CREATE TABLE jobs (
+        seq BIGSERIAL PRIMARY KEY,
+        id TEXT NOT NULL UNIQUE,
+        command TEXT NOT NULL,
+        state TEXT NOT NULL,
+        attempts BIGINT NOT NULL DEFAULT 0,
+        max_retries BIGINT NOT NULL,
+        timeout_s DOUBLE PRECISION NOT NULL,
+        cwd TEXT NOT NULL,
+        env TEXT NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL,
+        next_run_at DOUBLE PRECISION NOT NULL,
+        last_error TEXT,
+        exit_code BIGINT,
+        worker_id TEXT,
+        run_count BIGINT NOT NULL DEFAULT 0,
+        lost_count BIGINT NOT NULL DEFAULT 0,
+        priority BIGINT NOT NULL DEFAULT 0,
+        queue TEXT NOT NULL DEFAULT 'default',
+        waiting_on BIGINT NOT NULL DEFAULT 0,
+        cancel_requested BIGINT NOT NULL DEFAULT 0,
+        ready SMALLINT NOT NULL DEFAULT 0
+    );
+    CREATE INDEX jobs_claim ON jobs (priority DESC, next_run_at, seq)
+        WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1;
+    CREATE INDEX jobs_staged ON jobs (next_run_at)
+        WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0;
+    CREATE INDEX jobs_state ON jobs (state, seq);
+    CREATE INDEX jobs_worker ON jobs (worker_id) WHERE state = 'processing';
+    CREATE INDEX jobs_finished ON jobs (state, updated_at) WHERE state IN ('completed', 'dead');
+    CREATE TABLE deps (
+        seq BIGSERIAL NOT NULL,
+        job_id TEXT NOT NULL,
+        dep_id TEXT NOT NULL,
+        PRIMARY KEY (job_id, dep_id)
+    );
+    CREATE INDEX deps_dep ON deps (dep_id);
+    CREATE TABLE runs (
+        job_id TEXT NOT NULL,
+        run_no BIGINT NOT NULL,
+        worker_id TEXT NOT NULL,
+        started_at DOUBLE PRECISION NOT NULL,
+        due_at DOUBLE PRECISION NOT NULL,
+        ended_at DOUBLE PRECISION,
+        outcome TEXT,
+        exit_code BIGINT,
+        error TEXT,
+        output BYTEA,
+        output_bytes BIGINT NOT NULL DEFAULT 0,
+        PRIMARY KEY (job_id, run_no)
+    );
+    CREATE INDEX runs_ended ON runs (ended_at);
+    CREATE TABLE workers (
+        id TEXT PRIMARY KEY,
+        host TEXT NOT NULL,
+        pid BIGINT NOT NULL,
+        proc_start TEXT,
+        boot_id TEXT,
+        pid_ns TEXT,
+        threads BIGINT NOT NULL,
+        started_at DOUBLE PRECISION NOT NULL,
+        heartbeat_at DOUBLE PRECISION NOT NULL,
+        beat BIGINT NOT NULL DEFAULT 0,
+        stop_requested SMALLINT NOT NULL DEFAULT 0
+    );
+    CREATE TABLE paused (queue TEXT PRIMARY KEY);
+    CREATE TABLE config (key TEXT PRIMARY KEY, value TEXT NOT NULL)
+    """,
+]
+
+
+class PostgresSQL:
+    """Every PostgreSQL statement the store runs, each complete where it is defined; parameters are
+    %s in the order the rules pass them, or %(name)s where a statement takes a dict."""
+    PARAM = "%s"  # the parameter mark, for clauses the rules build (see _where)
+
+    # The schema's own bookkeeping: which tables it holds (one snapshot, so a migration committing
+    # meanwhile cannot show half of them), and its version, in a table that marks it as ours.
+    SQL_IDENTITY = ("SELECT count(*), count(*) FILTER (WHERE tablename = 'queuectl_version') FROM pg_tables "
+                    "WHERE schemaname = %s")
+    SQL_SCHEMA_EXISTS = "SELECT 1 FROM pg_namespace WHERE nspname = %s"
+    SQL_VERSION = "SELECT version FROM queuectl_version"
+    SQL_CREATE_VERSION = "CREATE TABLE queuectl_version (version BIGINT NOT NULL)"
+    SQL_INIT_VERSION = "INSERT INTO queuectl_version (version) VALUES (0)"
+    SQL_SET_VERSION = "UPDATE queuectl_version SET version = %s"
+    # One migration at a time per schema, whoever runs it: a lock keyed by our id and the schema name.
+    SQL_MIGRATION_LOCK = "SELECT pg_advisory_xact_lock(%s, hashtext(%s))"
+    SQL_CLOCK = "SELECT extract(epoch FROM clock_timestamp())::double precision"
+
+    SQL_INSERT_JOB = (
+        "INSERT INTO jobs (id, command, state, max_retries, timeout_s, cwd, env, created_at, updated_at, next_run_at, "
+        "priority, queue, waiting_on, last_error, ready) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
+    SQL_INSERT_DEP = "INSERT INTO deps (job_id, dep_id) VALUES (%s, %s) ON CONFLICT DO NOTHING"
+    SQL_GET_JOB = f"SELECT {Job.COLUMNS} FROM jobs WHERE id = %s"
+    SQL_JOB_STATE = "SELECT state FROM jobs WHERE id = %s FOR UPDATE"  # see the comment above PG_MIGRATIONS
+    # LIMIT NULL is no limit: the rules pass -1 for "all", as SQLite takes it.
+    SQL_LIST_JOBS = (f"SELECT {Job.COLUMNS} FROM (SELECT * FROM jobs {{where}} ORDER BY seq DESC "
+                     "LIMIT nullif(%s, -1)) AS newest ORDER BY seq")
+    SQL_COUNTS = "SELECT state, count(*) FROM jobs {where} GROUP BY state"
+    SQL_DEPS_OF = "SELECT dep_id FROM deps WHERE job_id = %s ORDER BY seq"
+    # The claim keeps SQLite's split (see SqliteSQL): a waiting job is staged until due, then ready,
+    # and the claim transaction first promotes what has fallen due. Rows another claimer is
+    # promoting are skipped, not waited for: that claimer makes them ready.
+    SQL_PROMOTE = """
+    UPDATE jobs SET ready = 1
+    WHERE seq IN (SELECT seq FROM jobs
+                  WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= %s
+                  FOR UPDATE SKIP LOCKED)"""
+    # The claim, one statement (parameters %(worker)s, %(now)s and, for served queues, %(queues)s, a
+    # list of names): the best ready, due job of a queue that is not paused, walking jobs_claim in
+    # claim order and skipping rows other claimers hold; the worker row is read FOR KEY SHARE, so a
+    # sweeper that deletes it (drop_worker) either waits for this claim and then adopts the job, or
+    # has deleted it and this claim takes nothing. The due check only matters when clocks disagree.
+    SQL_CLAIM_ANY_QUEUE = """
+    UPDATE jobs SET state = 'processing', worker_id = %(worker)s, run_count = run_count + 1, updated_at = %(now)s
+    WHERE seq = (SELECT seq FROM jobs
+                 WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND next_run_at <= %(now)s
+                   AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*'))
+                 ORDER BY priority DESC, next_run_at, seq
+                 LIMIT 1
+                 FOR UPDATE SKIP LOCKED)
+      AND EXISTS (SELECT 1 FROM workers WHERE id = %(worker)s FOR KEY SHARE)
+    RETURNING id, command, state, attempts, max_retries, timeout_s, cwd, env, created_at, updated_at, next_run_at,
+              last_error, exit_code, worker_id, run_count, lost_count, priority, queue, waiting_on"""
+    SQL_CLAIM_FROM_QUEUES = """
+    UPDATE jobs SET state = 'processing', worker_id = %(worker)s, run_count = run_count + 1, updated_at = %(now)s
+    WHERE seq = (SELECT seq FROM jobs
+                 WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND next_run_at <= %(now)s
+                   AND queue = ANY(%(queues)s)
+                   AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*'))
+                 ORDER BY priority DESC, next_run_at, seq
+                 LIMIT 1
+                 FOR UPDATE SKIP LOCKED)
+      AND EXISTS (SELECT 1 FROM workers WHERE id = %(worker)s FOR KEY SHARE)
+    RETURNING id, command, state, attempts, max_retries, timeout_s, cwd, env, created_at, updated_at, next_run_at,
+              last_error, exit_code, worker_id, run_count, lost_count, priority, queue, waiting_on"""
+    # The poller, as SQLite's: a ready, due job in an unpaused queue we serve, or a staged job that has
+    # fallen due anywhere (a claim promotes it).
+    SQL_POLL_ANY_QUEUE = """
+    SELECT EXISTS (SELECT 1 FROM jobs
+                   WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND next_run_at <= %(now)s
+                     AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')))
+        OR EXISTS (SELECT 1 FROM jobs
+                   WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= %(now)s)"""
+    SQL_POLL_FROM_QUEUES = """
+    SELECT EXISTS (SELECT 1 FROM jobs
+                   WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND next_run_at <= %(now)s
+                     AND queue = ANY(%(queues)s)
+                     AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')))
+        OR EXISTS (SELECT 1 FROM jobs
+                   WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= %(now)s)"""
+    # --burst: is anything processing in our queues, or due within the horizon (ready or staged) in
+    # one of them that is not paused?
+    SQL_ANY_PROCESSING_ANY_QUEUE = "SELECT 1 FROM jobs WHERE state = 'processing' LIMIT 1"
+    SQL_ANY_PROCESSING_FROM_QUEUES = "SELECT 1 FROM jobs WHERE state = 'processing' AND queue = ANY(%(queues)s) LIMIT 1"
+    SQL_DUE_SOON_ANY_QUEUE = """
+    SELECT EXISTS (SELECT 1 FROM jobs
+                   WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND next_run_at <= %(soon)s
+                     AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')))"""
+    SQL_DUE_SOON_FROM_QUEUES = """
+    SELECT EXISTS (SELECT 1 FROM jobs
+                   WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND next_run_at <= %(soon)s
+                     AND queue = ANY(%(queues)s)
+                     AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')))"""
+    SQL_INSERT_RUN = "INSERT INTO runs (job_id, run_no, worker_id, started_at, due_at) VALUES (%s, %s, %s, %s, %s)"
+    # A flush is worth no wait: a row lock held longer than this makes it give up (see flush_output).
+    SQL_FLUSH_LOCK_TIMEOUT = "SET LOCAL lock_timeout = '50ms'"
+    SQL_FLUSH_OUTPUT = ("UPDATE runs SET output = %s, output_bytes = %s "
+                        "WHERE job_id = %s AND run_no = %s AND ended_at IS NULL")
+    # The guarded writes after the claim, as SQLite's (owner and run number).
+    SQL_FINISH_JOB = ("UPDATE jobs SET state = %s, attempts = %s, next_run_at = %s, last_error = %s, exit_code = %s, "
+                      "worker_id = NULL, updated_at = %s, ready = 0 "
+                      "WHERE id = %s AND state = 'processing' AND worker_id = %s AND run_count = %s")
+    # FOR UPDATE: a cancel cannot land between this read and the write that follows it.
+    SQL_CANCEL_FLAG = ("SELECT cancel_requested = run_count FROM jobs "
+                       "WHERE id = %s AND state = 'processing' AND worker_id = %s AND run_count = %s FOR UPDATE")
+    SQL_REQUEUE = ("UPDATE jobs SET state = %s, lost_count = lost_count + %s, last_error = coalesce(%s, last_error), "
+                   "next_run_at = %s, worker_id = NULL, updated_at = %s, ready = 0 "
+                   "WHERE id = %s AND state = 'processing' AND worker_id = %s AND run_count = %s")
+    SQL_FINISH_RUN = ("UPDATE runs SET ended_at = coalesce(started_at + %s, GREATEST(%s, started_at)), outcome = %s, "
+                      "exit_code = %s, error = %s, output = coalesce(%s, output), "
+                      "output_bytes = GREATEST(output_bytes, %s) WHERE job_id = %s AND run_no = %s")
+    SQL_RELEASE_DEPENDENTS = ("UPDATE jobs SET waiting_on = waiting_on - 1, next_run_at = GREATEST(next_run_at, %s), "
+                              "updated_at = %s WHERE id IN (SELECT job_id FROM deps WHERE dep_id = %s) "
+                              "AND waiting_on > 0")
+    SQL_KILL_DEPENDENTS = """
+        WITH RECURSIVE down(id, cause) AS (
+            SELECT job_id, dep_id FROM deps WHERE dep_id = %s
+            UNION SELECT deps.job_id, deps.dep_id FROM deps JOIN down ON deps.dep_id = down.id)
+        UPDATE jobs SET state = 'dead', updated_at = %s,
+            last_error = 'dependency ' || (SELECT cause FROM down WHERE down.id = jobs.id LIMIT 1) || ' is dead'
+        WHERE id IN (SELECT id FROM down) AND state IN ('pending', 'failed')"""
+    # Recovery by adoption, as SQLite's (parameters: adopter, job id, run number, owner).
+    SQL_HELD_RUNS = ("SELECT jobs.id, jobs.run_count, coalesce(runs.worker_id, jobs.worker_id) FROM jobs "
+                     "LEFT JOIN runs ON runs.job_id = jobs.id AND runs.run_no = jobs.run_count "
+                     "WHERE jobs.state = 'processing' AND jobs.worker_id = %s")
+    SQL_ADOPT = ("UPDATE jobs SET worker_id = adopter.id FROM workers AS adopter "
+                 "WHERE adopter.id = %s AND jobs.id = %s AND jobs.run_count = %s AND jobs.state = 'processing' "
+                 "AND jobs.worker_id = %s AND NOT EXISTS (SELECT 1 FROM workers WHERE workers.id = jobs.worker_id)")
+    SQL_RUN_WORKER = "SELECT worker_id FROM runs WHERE job_id = %s AND run_no = %s"
+    SQL_ADOPTED = ("SELECT jobs.id, jobs.run_count, runs.worker_id FROM jobs "
+                   "JOIN runs ON runs.job_id = jobs.id AND runs.run_no = jobs.run_count "
+                   "WHERE jobs.state = 'processing' AND jobs.worker_id = %s AND runs.worker_id <> jobs.worker_id")
+    SQL_PROCESSING_BY_WORKER = "SELECT worker_id, id FROM jobs WHERE state = 'processing'"
+    SQL_CANCEL_REQUESTS = ("SELECT id, run_count FROM jobs WHERE state = 'processing' AND worker_id = %s "
+                           "AND cancel_requested = run_count")
+    SQL_ORPHAN_JOBS = ("SELECT id, run_count, lost_count, worker_id FROM jobs WHERE state = 'processing' "
+                       "AND worker_id NOT IN (SELECT id FROM workers)")
+    SQL_RUNS = ("SELECT run_no, worker_id, started_at, due_at, ended_at, outcome, exit_code, error, output, output_bytes "
+                "FROM runs WHERE job_id = %s ORDER BY run_no")
+    SQL_RUN = ("SELECT run_no, output, output_bytes, ended_at FROM runs "
+               "WHERE job_id = %s AND (run_no = %s OR %s::bigint IS NULL) ORDER BY run_no DESC LIMIT 1")
+    SQL_RETRY = ("UPDATE jobs SET state = 'pending', attempts = 0, lost_count = 0, cancel_requested = 0, "
+                 "next_run_at = %s, last_error = NULL, exit_code = NULL, updated_at = %s, ready = 0, "
+                 "waiting_on = (SELECT count(*) FROM deps JOIN jobs d ON d.id = deps.dep_id "
+                 "WHERE deps.job_id = jobs.id AND d.state <> 'completed') WHERE id = %s AND state = 'dead'")
+    # Every dependency is locked, not only the dead ones: the waiting_on that SQL_RETRY counts next
+    # must not change before the retry commits.
+    SQL_DEAD_DEPS = ("SELECT dep_id FROM (SELECT d.id AS dep_id, d.state FROM deps JOIN jobs d ON d.id = deps.dep_id "
+                     "WHERE deps.job_id = %s FOR UPDATE OF d) AS locked WHERE state = 'dead'")
+    SQL_CANCEL_WAITING = ("UPDATE jobs SET state = 'dead', last_error = 'canceled', updated_at = %s "
+                          "WHERE id = %s AND state IN ('pending', 'failed')")
+    SQL_CANCEL_RUNNING = "UPDATE jobs SET cancel_requested = run_count WHERE id = %s AND state = 'processing'"
+    SQL_NEEDED_BY = ("SELECT deps.job_id FROM deps JOIN jobs j ON j.id = deps.job_id JOIN jobs d ON d.id = deps.dep_id "
+                     "WHERE deps.dep_id = %s AND j.state <> 'completed' AND d.state <> 'completed'")
+    SQL_DELETE_JOB = ["DELETE FROM runs WHERE job_id = %s", "DELETE FROM deps WHERE %s IN (job_id, dep_id)",
+                      "DELETE FROM jobs WHERE id = %s"]
+    SQL_PURGE_IDS = ("SELECT id FROM jobs WHERE state = %s AND updated_at < %s AND (state = 'completed' OR NOT EXISTS "
+                     "(SELECT 1 FROM deps JOIN jobs j ON j.id = deps.job_id WHERE deps.dep_id = jobs.id "
+                     "AND j.state <> 'completed')) LIMIT nullif(%s, -1) FOR UPDATE")
+    SQL_PAUSE = "INSERT INTO paused (queue) VALUES (%s) ON CONFLICT DO NOTHING"
+    SQL_RESUME = "DELETE FROM paused WHERE queue = %s"
+    SQL_RESUME_ALL = "DELETE FROM paused"
+    SQL_PAUSED = "SELECT queue FROM paused ORDER BY queue"
+    SQL_REGISTER = ("INSERT INTO workers (id, host, pid, proc_start, boot_id, pid_ns, threads, started_at, heartbeat_at) "
+                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)")
+    SQL_HEARTBEAT = "UPDATE workers SET heartbeat_at = %s, beat = beat + 1 WHERE id = %s"
+    SQL_STOP_REQUESTED = "SELECT stop_requested FROM workers WHERE id = %s"
+    SQL_DEREGISTER = "DELETE FROM workers WHERE id = %s"
+    SQL_DROP_DEAD_WORKER = "DELETE FROM workers WHERE id = %s AND started_at = %s AND beat = %s"
+    SQL_WORKERS = ("SELECT id, host, pid, proc_start, boot_id, pid_ns, heartbeat_at, beat, stop_requested, threads, "
+                   "started_at FROM workers ORDER BY started_at")
+    SQL_REQUEST_STOP = "UPDATE workers SET stop_requested = 1 WHERE id = %s"
+    SQL_STATS_OUTCOMES = "SELECT outcome, count(*) FROM runs WHERE ended_at >= %s GROUP BY outcome"
+    SQL_STATS_TIMES = ("SELECT ended_at - started_at, GREATEST(0, started_at - due_at) FROM runs "
+                       "WHERE ended_at >= %s AND outcome IN ('completed', 'failed', 'dead')")
+    # Ready and staged together are every waiting job.
+    SQL_OLDEST_ELIGIBLE = ("SELECT min(next_run_at) FROM jobs WHERE state IN ('pending', 'failed') AND waiting_on = 0 "
+                           "AND next_run_at <= %s AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*'))")
+    SQL_CONFIG_GET = "SELECT value FROM config WHERE key = %s"
+    SQL_CONFIG_SET = ("INSERT INTO config (key, value) VALUES (%s, %s) "
+                      "ON CONFLICT (key) DO UPDATE SET value = excluded.value")
+    SQL_CONFIG_ALL = "SELECT key, value FROM config"
+    SQL_PAGE_JOBS = f"SELECT {Job.COLUMNS} FROM jobs {{where}} ORDER BY seq DESC LIMIT %s OFFSET %s"
+    SQL_RUNS_PER_MINUTE = ("SELECT floor((ended_at - %s) / 60)::bigint AS minute, outcome, count(*) FROM runs "
+                           "WHERE ended_at >= %s AND outcome IN ('completed', 'failed', 'dead') GROUP BY minute, outcome")
+    SQL_QUERY_ONLY = "SET default_transaction_read_only = on"
+
+
+PG_SCHEMA_NAME = re.compile(r"[A-Za-z0-9_]{1,63}")
+PG_ATTEMPTS = 5  # tries of a transaction that a serialization failure or deadlock rolled back
+PG_CONNECT_TIMEOUT_S = 10
+
+
+def is_postgres(target: str) -> bool:
+    """Whether --db names a PostgreSQL database (a URL) rather than an SQLite file."""
+    return target.startswith(("postgresql://", "postgres://"))
+
+
+def _psycopg():
+    """psycopg 3, imported on first use: only a PostgreSQL database needs it."""
+    try:
+        import psycopg
+    except ImportError:
+        raise BadDatabase('PostgreSQL needs psycopg 3: pip install "psycopg[binary]"') from None
+    return psycopg
+
+
+def _pg_target(url: str) -> tuple[str, str, str, str]:
+    """(URL for libpq without `schema`, schema, host:port, display name without the password)."""
+    import getpass
+    from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    schema = next((v for k, v in reversed(query) if k == "schema"), "queuectl")
+    if not PG_SCHEMA_NAME.fullmatch(schema):
+        raise UsageError(f"schema {schema!r} in the database URL: use 1 to 63 letters, digits or underscores")
+    try:
+        port = parts.port or int(os.environ.get("PGPORT") or 5432)
+    except ValueError:
+        raise UsageError("the port in the database URL is not a number from 0 to 65535") from None
+    host = unquote(parts.hostname or "") or os.environ.get("PGHOST") or "localhost"
+    host = f"[{host}]" if ":" in host else host
+    user = unquote(parts.username or "") or os.environ.get("PGUSER") or getpass.getuser()
+    dbname = unquote(parts.path.lstrip("/")) or os.environ.get("PGDATABASE") or user
+    libpq = urlunsplit(parts._replace(query=urlencode([(k, v) for k, v in query if k != "schema"])))
+    return libpq, schema, f"{host}:{port}", f"postgresql://{user}@{host}:{port}/{dbname}?schema={schema}"
+
+
+class PostgresStore(Store):
+    """A Store in one schema of a PostgreSQL database: autocommit connection, explicit transactions.
+    Timestamps come from the database server's clock (see now())."""
+    sql = PostgresSQL
+
+    def __init__(self, url: str, *, durable: bool = True, busy_deadline_s: float = CLI_BUSY_DEADLINE_S,
+                 reads_only: bool = False, give_up=lambda: False):
+        """`url`: postgresql://USER[:PASSWORD]@HOST:PORT/DBNAME?schema=NAME; the password may instead
+        come from PGPASSWORD or ~/.pgpass, as libpq finds it, and never appears in a message."""
+        self.psycopg = _psycopg()
+        self.IntegrityError = self.psycopg.IntegrityError
+        self.target = url  # what open_database() was given, to open more: may hold the password, never shown
+        self._libpq, self.schema, self.server, self.path = _pg_target(url)
+        self.durable, self.reads_only, self.read_only, self.frozen = durable, reads_only, False, False
+        self.busy_deadline_s, self.give_up = busy_deadline_s, give_up
+        self.conn = self._connect()
+        try:
+            self._migrate()
+            if reads_only:
+                self.query_only()
+        except BaseException:
+            self.conn.close()
+            raise
+
+    # -- opening --------------------------------------------------------------------------------
+
+    def _connect(self):
+        try:
+            conn = self.psycopg.connect(self._libpq, autocommit=True, connect_timeout=PG_CONNECT_TIMEOUT_S)
+        except self.psycopg.Error as e:
+            raise BadDatabase(f"cannot connect to PostgreSQL at {self.server}: {self._reason(e)}") from None
+        try:
+            conn.execute(f'SET search_path TO "{self.schema}"')  # a validated identifier: see PG_SCHEMA_NAME
+            # Workers need no durable commits: a lost write only means a job runs again (at-least-once);
+            # an enqueue that printed its id must survive a crash of the server.
+            conn.execute(f"SET synchronous_commit = {'on' if self.durable else 'off'}")
+            before = time.time()
+            server = conn.execute(self.sql.SQL_CLOCK).fetchone()[0]
+            self.clock_offset_s = server - (before + time.time()) / 2
+        except self.psycopg.Error as e:
+            conn.close()
+            raise BadDatabase(f"cannot use PostgreSQL at {self.server}: {self._reason(e)}") from None
+        return conn
+
+    def _reason(self, error: Exception) -> str:
+        """A driver error as one line without the password (libpq's messages do not hold it, but a
+        message is never trusted to leave it out)."""
+        text = " ".join((str(error).strip().splitlines() or [type(error).__name__])[0].split())
+        text = re.sub(r"^connection failed: (connection to server at [^,]*, port \d+ failed: )?", "", text)
+        password = self._password()
+        return text.replace(password, "***") if password else text
+
+    def _password(self) -> str:
+        from urllib.parse import unquote, urlsplit
+        return unquote(urlsplit(self._libpq).password or "") or os.environ.get("PGPASSWORD", "")
+
+    def _migrate(self) -> None:
+        """Check the schema is ours, then bring it up to date; safe against concurrent first uses."""
+        try:
+            if self._version(self.conn) == SCHEMA_VERSION:
+                return
+        except self.psycopg.Error as e:
+            raise self._failure(e) from None
+        self.write(self._apply_migrations)
+
+    def _version(self, cur) -> int:
+        """The schema's version (0: empty or absent); BadDatabase if it holds someone else's tables
+        or was made by a newer queuectl."""
+        tables, ours = cur.execute(self.sql.SQL_IDENTITY, (self.schema,)).fetchone()
+        if tables and not ours:
+            raise BadDatabase(f"{self.path}: schema {self.schema} holds tables that are not queuectl's "
+                              "(name another with ?schema=)")
+        version = cur.execute(self.sql.SQL_VERSION).fetchone()[0] if ours else 0
+        if version > SCHEMA_VERSION:
+            raise BadDatabase(f"{self.path} has schema version {version}, newer than this queuectl "
+                              f"({__version__}, schema {SCHEMA_VERSION}); upgrade queuectl")
+        return version
+
+    def _apply_migrations(self, cur) -> None:
+        # Under the lock, read again: another process may have migrated while we waited.
+        cur.execute(self.sql.SQL_MIGRATION_LOCK, (APPLICATION_ID, self.schema))
+        if cur.execute(self.sql.SQL_SCHEMA_EXISTS, (self.schema,)).fetchone() is None:
+            cur.execute(f'CREATE SCHEMA "{self.schema}"')
+        version = self._version(cur)
+        if not cur.execute(self.sql.SQL_IDENTITY, (self.schema,)).fetchone()[1]:
+            cur.execute(self.sql.SQL_CREATE_VERSION)
+            cur.execute(self.sql.SQL_INIT_VERSION)
+        for number, script in enumerate(PG_MIGRATIONS[version:], start=version + 1):
+            for statement in filter(str.strip, script.split(";")):
+                cur.execute(statement)
+            cur.execute(self.sql.SQL_SET_VERSION, (number,))
+
+    def now(self) -> float:
+        """The current time in epoch seconds on the database server's clock (this machine's clock
+        plus the offset measured at connect), so hosts whose clocks disagree agree on due times."""
+        return time.time() + self.clock_offset_s
+
+    def close(self) -> None:
+        """Close the connection."""
+        self.conn.close()
+
+    def query_only(self) -> None:
+        """Make this connection refuse every write (a Store for a command or request that only reads)."""
+        self.conn.execute(self.sql.SQL_QUERY_ONLY)
+
+    def refresh(self) -> None:
+        """Nothing to do: every read sees the latest commits."""
+
+    # -- transactions ---------------------------------------------------------------------------
+
+    def write(self, fn):
+        """Run fn(cursor) in one transaction; one that a serialization failure or a deadlock rolled
+        back runs again (a few times, then Busy). Other driver errors become one-line BadDatabase."""
+        import random
+        errors = self.psycopg.errors
+        for attempt in range(PG_ATTEMPTS):
+            try:
+                with self._usable().transaction():
+                    return fn(self.conn.cursor())
+            except (errors.SerializationFailure, errors.DeadlockDetected):
+                if attempt == PG_ATTEMPTS - 1 or self.give_up():
+                    raise Busy(f"database is busy: {self.path}: transactions kept conflicting; try again") from None
+                time.sleep(random.uniform(0.005, 0.05) * (attempt + 1))
+            except self.psycopg.Error as e:
+                raise self._failure(e) from None
+
+    def read(self, sql: str, params: tuple | dict = ()) -> list[tuple]:
+        """Run one read-only statement (its own snapshot)."""
+        try:
+            return self._usable().execute(sql, params).fetchall()
+        except self.psycopg.Error as e:
+            raise self._failure(e) from None
+
+    def _usable(self):
+        """The connection, opened again if the last one was lost (a server restart, a dropped link):
+        a worker lives longer than any one connection."""
+        if self.conn.closed or self.conn.broken:
+            self.conn = self._connect()
+            if self.reads_only:
+                self.query_only()
+        return self.conn
+
+    def _failure(self, error: Exception) -> BadDatabase:
+        return BadDatabase(f"database {self.path}: {self._reason(error)}")
+
+    # -- the hooks of the rules -----------------------------------------------------------------
+
+    def due_now(self, now: float, queues: tuple = ()) -> bool:
+        """True if a claim now may find work: the poller's cheap check."""
+        if queues:
+            return self.read(self.sql.SQL_POLL_FROM_QUEUES, {"now": now, "queues": list(queues)})[0][0]
+        return self.read(self.sql.SQL_POLL_ANY_QUEUE, {"now": now})[0][0]
+
+    def burst_done(self, now: float, queues: tuple = ()) -> bool:
+        """True when nothing is processing (in these queues) and nothing is due within the burst horizon."""
+        params = {"soon": now + BURST_HORIZON_S, "queues": list(queues)}
+        if queues:
+            busy = self.read(self.sql.SQL_ANY_PROCESSING_FROM_QUEUES, params)
+            return not busy and not self.read(self.sql.SQL_DUE_SOON_FROM_QUEUES, params)[0][0]
+        busy = self.read(self.sql.SQL_ANY_PROCESSING_ANY_QUEUE)
+        return not busy and not self.read(self.sql.SQL_DUE_SOON_ANY_QUEUE, params)[0][0]
+
+    def _claim_in(self, cur, worker_id: str, now: float, queues: tuple) -> Job | None:
+        cur.execute(self.sql.SQL_PROMOTE, (now,))
+        params = {"worker": worker_id, "now": now, "queues": list(queues)}
+        sql = self.sql.SQL_CLAIM_FROM_QUEUES if queues else self.sql.SQL_CLAIM_ANY_QUEUE
+        row = cur.execute(sql, params).fetchone()
+        if row is None:
+            return None
+        job = Job.from_row(row)
+        cur.execute(self.sql.SQL_INSERT_RUN, (job.id, job.run_count, worker_id, now, job.next_run_at))
+        return job
+
+    def flush_output(self, job: Job, tail: bytes, total: int) -> bool:
+        """Store a running job's output so far (for `logs --follow`), in one short try that never
+        waits for a lock (the caller is the loop that reads the job's pipe); False if it did not."""
+        try:
+            with self._usable().transaction():
+                self.conn.execute(self.sql.SQL_FLUSH_LOCK_TIMEOUT)
+                self.conn.execute(self.sql.SQL_FLUSH_OUTPUT, (tail, total, job.id, job.run_count))
+            return True
+        except self.psycopg.Error:
+            return False
+
+
+def open_database(target: str, **kwargs) -> Store:
+    """The Store for --db: a PostgreSQL URL (postgresql:// or postgres://) or an SQLite file's path."""
+    return PostgresStore(target, **kwargs) if is_postgres(target) else SqliteStore(target, **kwargs)
+
+
+def database_name(target: str) -> str:
+    """How messages name the database of `target` (a URL without its password)."""
+    return _pg_target(target)[3] if is_postgres(target) else target
 
 
 # ==== Core rules =================================================================================
@@ -2012,7 +2528,7 @@ class Runner:
         """Claim and run at most one job; True if one was run."""
         job, epoch = self.prefetched or (None, self.epoch())
         self.prefetched = None
-        job = job or self.store.claim(self.worker_id, time.time() if now is None else now, self.queues)
+        job = job or self.store.claim(self.worker_id, self.store.now() if now is None else now, self.queues)
         if job is None:
             return False
         self.current = job
@@ -2046,7 +2562,7 @@ class Runner:
         failing = Backoff(f"recording the result of job {job.id}", 0.5)
         while True:
             try:
-                return self._write_outcome(job, outcome, time.time() if now is None else now)
+                return self._write_outcome(job, outcome, self.store.now() if now is None else now)
             except (QueueError, sqlite3.Error) as e:
                 if self.give_up():
                     break
@@ -2214,13 +2730,14 @@ def _ignore_signal(signum, frame) -> None:
 class Supervisor:
     """One worker process: registers, runs N Runner threads, heartbeats, sweeps, polls, stops."""
 
-    def __init__(self, path: str, count: int, burst: bool, queues: tuple = ()):
+    def __init__(self, target: str, count: int, burst: bool, queues: tuple = ()):
         import threading
-        self.path, self.count, self.burst, self.queues = path, count, burst, queues
+        self.target, self.count, self.burst, self.queues = target, count, burst, queues
         self.stopping = threading.Event()  # claim nothing more
         self.hard = threading.Event()  # kill running jobs and put them back
         self.hard_at = math.inf  # monotonic time of the hard stop
         self.store = self._open()
+        self.path = self.store.path  # the database's name for the log (no password)
         self.me = host_identity()
         self.worker_id = f"{self.me['host']}:{self.me['pid']}:{os.urandom(3).hex()}"
         self.wake = threading.Condition()
@@ -2233,7 +2750,7 @@ class Supervisor:
 
     def _open(self) -> Store:
         """A connection for one thread: busy waits are long, but end in time for a hard stop."""
-        return SqliteStore(self.path, durable=False, busy_deadline_s=30.0, give_up=self.give_up)
+        return open_database(self.target, durable=False, busy_deadline_s=30.0, give_up=self.give_up)
 
     def give_up(self) -> bool:
         """True once a hard stop has left too little time to keep retrying the database: writes are
@@ -2296,10 +2813,10 @@ class Supervisor:
     def run(self) -> int:
         """Run until stopped; returns the exit code."""
         import threading
-        self.store.register(self.worker_id, self.me, self.count, time.time())
+        self.store.register(self.worker_id, self.me, self.count, self.store.now())
         log.info("worker started: %s, %d thread(s), db %s", self.worker_id, self.count, self.path)
         self.sweeper = Sweeper(self.store, self.me, self.worker_id, lambda: self.stalled_s)
-        self.sweeper.sweep(time.time())  # recover what a previous crash or boot left, before claiming
+        self.sweeper.sweep(self.store.now())  # recover what a previous crash or boot left, before claiming
         threads = [threading.Thread(target=self._thread_main, daemon=True) for _ in range(self.count)]
         for t in threads:
             t.start()
@@ -2319,7 +2836,7 @@ class Supervisor:
         deadline = time.monotonic() + HARD_STOP_S
         while self.sweeper.recovering and time.monotonic() < deadline:
             try:
-                self.sweeper.finish(time.time())
+                self.sweeper.finish(self.store.now())
             except (QueueError, sqlite3.Error) as e:
                 log.warning("could not requeue adopted jobs (%s); the next worker will", e)
                 break
@@ -2354,7 +2871,7 @@ class Supervisor:
             due["beat"] = self._beat(due["beat"])
         if mono >= due["sweep"]:
             due["sweep"] = mono + SWEEP_INTERVAL_S
-            self.sweeper.sweep(time.time())
+            self.sweeper.sweep(self.store.now())
         if mono >= due["cancels"] and any(r.current for r in self.runners):
             due["cancels"] = mono + 0.5
             self.canceled = self.store.cancel_requests(self.worker_id)
@@ -2367,7 +2884,7 @@ class Supervisor:
         """Delete completed jobs older than `retention`, in slices so no write lock is held long."""
         keep_s = self.store.config_get("retention")
         if keep_s:  # at most 100,000 jobs a round: the heartbeat runs on this thread too
-            self.store.purge_in_slices(COMPLETED, time.time() - keep_s, max_slices=100_000 // PURGE_SLICE)
+            self.store.purge_in_slices(COMPLETED, self.store.now() - keep_s, max_slices=100_000 // PURGE_SLICE)
 
     def _stop(self, why: str) -> None:
         if not self.stopping.is_set():
@@ -2388,7 +2905,7 @@ class Supervisor:
 
     def _heartbeat(self) -> float:
         """Beat, obey a stop request; returns seconds to the next beat."""
-        stop = self.store.heartbeat(self.worker_id, time.time())
+        stop = self.store.heartbeat(self.worker_id, self.store.now())
         if stop is None:
             self._on_lost_registration()
         elif stop:
@@ -2401,11 +2918,11 @@ class Supervisor:
         # it cannot overlap its rerun), including one whose claim is still being returned.
         log.error("this worker was presumed dead by another; killing its running jobs and re-registering")
         self.epoch += 1
-        self.store.register(self.worker_id, self.me, self.count, time.time())
+        self.store.register(self.worker_id, self.me, self.count, self.store.now())
 
     def _poll(self) -> None:
         """Wake idle threads when a job is due; in burst mode, stop when the queue is drained."""
-        now = time.time()
+        now = self.store.now()
         if self.store.due_now(now, self.queues):
             with self.wake:
                 self.wake.notify_all()
@@ -2661,15 +3178,15 @@ def _api_status(store: Store, q: Query, _: None) -> dict:
 
 
 def _api_stats(store: Store, q: Query, _: None) -> dict:
-    return stats_dict(store, q.duration("since", 3600), time.time())
+    return stats_dict(store, q.duration("since", 3600), store.now())
 
 
 def _api_throughput(store: Store, q: Query, _: None) -> dict:
-    return throughput_dict(store, q.integer("minutes", CHART_MINUTES, 1, 1440), time.time())
+    return throughput_dict(store, q.integer("minutes", CHART_MINUTES, 1, 1440), store.now())
 
 
 def _api_workers(store: Store, q: Query, _: None) -> list[dict]:
-    return worker_dicts(store, time.time())
+    return worker_dicts(store, store.now())
 
 
 def _api_job(store: Store, q: Query, job_id: str) -> dict:
@@ -2691,12 +3208,12 @@ def _api_jobs(store: Store, q: Query, _: None) -> Reply:
 
 
 def _api_retry(store: Store, _: Query, job_id: str) -> dict:
-    store.retry_dead([job_id], time.time())
+    store.retry_dead([job_id], store.now())
     return store.get(job_id).to_dict()
 
 
 def _api_cancel(store: Store, _: Query, job_id: str) -> dict:
-    store.cancel([job_id], time.time())
+    store.cancel([job_id], store.now())
     return store.get(job_id).to_dict()
 
 
@@ -2724,8 +3241,9 @@ API_ROUTES = {
 class Dashboard:
     """The dashboard's access rules and routes; serve() puts them behind a threaded HTTP server."""
 
-    def __init__(self, path: str, *, token: str | None, allow_actions: bool = False):
-        self.path, self.token, self.allow_actions = path, token, allow_actions
+    def __init__(self, target: str, *, token: str | None, allow_actions: bool = False):
+        self.target, self.token, self.allow_actions = target, token, allow_actions
+        self.path = database_name(target)  # for messages: no password
         self.loopback = True  # set by serve(): a loopback server answers only to loopback host names
         self.cookie = "queuectl_token"  # serve() adds the port: cookies are shared across ports
 
@@ -2826,9 +3344,9 @@ class Dashboard:
     @contextlib.contextmanager
     def _store(self, read_only: bool):
         """A Store for this request alone; query-only for reads."""
-        if not os.path.exists(self.path):  # Store() would create a new, empty database
+        if not is_postgres(self.target) and not os.path.exists(self.target):  # a new, empty file would be made
             raise BadDatabase(f"database {self.path} no longer exists")
-        store = SqliteStore(self.path, reads_only=read_only)
+        store = open_database(self.target, reads_only=read_only)
         try:
             yield store
         finally:
@@ -3370,7 +3888,8 @@ def build_parser() -> Parser:
     """The whole command line."""
     p = Parser(prog="queuectl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"queuectl {__version__}")
-    p.add_argument("--db", help="database file (default: $QUEUECTL_DB or ./queuectl.db)")
+    p.add_argument("--db", help="database file, or postgresql://USER@HOST:PORT/DBNAME?schema=NAME "
+                   "(default: $QUEUECTL_DB or ./queuectl.db)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_job_commands(sub)
     _add_view_commands(sub)
@@ -3489,16 +4008,16 @@ def _queue_arg(text: str) -> str:
 
 
 def open_store(args) -> Store:
-    """The Store named by --db, $QUEUECTL_DB or ./queuectl.db."""
+    """The Store named by --db, $QUEUECTL_DB or ./queuectl.db (a file, or a postgresql:// URL)."""
     path = args.db if args.db is not None else os.environ.get("QUEUECTL_DB", "queuectl.db")
     if not _valid_text(path, "--db"):
         raise UsageError("the database path (--db or $QUEUECTL_DB) is empty")
     if path == ":memory:" or path.startswith("file:"):  # SQLite's own names: a queue must be a file
         raise UsageError(f"--db {path!r} is not a file path")
-    if not os.path.isabs(path) and not _cwd_exists():
+    if not is_postgres(path) and not os.path.isabs(path) and not _cwd_exists():
         raise BadDatabase(f"cannot open {path}: the current folder no longer exists (give --db a full path)")
     # The dashboard only reads unless its actions are on.
-    return SqliteStore(path, reads_only=args.reads_only and not getattr(args, "allow_actions", False))
+    return open_database(path, reads_only=args.reads_only and not getattr(args, "allow_actions", False))
 
 
 def _cwd_exists() -> bool:
@@ -3534,7 +4053,7 @@ def checked_ids(ids: list[str]) -> list[str]:
 # -- jobs ----------------------------------------------------------------------------------------
 
 def cmd_enqueue(args, store: Store) -> None:
-    now, defaults, cwd = time.time(), store.config_all(), current_dir()
+    now, defaults, cwd = store.now(), store.config_all(), current_dir()
     if args.job != "-":
         specs = [validate_job(parse_json(args.job), defaults, cwd, now)]
     else:
@@ -3599,7 +4118,7 @@ def check_batch(specs: list[dict]) -> None:
 
 def cmd_cancel(args, store: Store) -> None:
     ids = checked_ids(args.ids)
-    store.cancel(ids, time.time())
+    store.cancel(ids, store.now())
     print_ids(ids)
 
 
@@ -3617,7 +4136,7 @@ def check_purge(args) -> None:
 
 def cmd_purge(args, store: Store) -> None:
     state = args.state or COMPLETED
-    removed = store.purge_in_slices(state, time.time() - (args.older_than or 0))
+    removed = store.purge_in_slices(state, store.now() - (args.older_than or 0))
     print(f"purged {removed} {state} job{'s' if removed != 1 else ''}")
 
 
@@ -3683,7 +4202,7 @@ def _status_text(store: Store, queue: str | None) -> str:
 
 def live_workers(store: Store) -> list[WorkerRow]:
     """Workers that look alive: same namespace by PID, others by a recent heartbeat (wall clock, display only)."""
-    me, now, stale = host_identity(), time.time(), store.config_get("stale_timeout")
+    me, now, stale = host_identity(), store.now(), store.config_get("stale_timeout")
     return [w for w in store.workers()
             if (not process_gone(w.pid, w.proc_start) if same_namespace(w, me) else now - w.heartbeat_at <= stale)]
 
@@ -3781,7 +4300,7 @@ def write_bytes(data: bytes | None) -> None:
 
 
 def cmd_stats(args, store: Store) -> None:
-    report = stats_dict(store, args.since, time.time())
+    report = stats_dict(store, args.since, store.now())
     if args.json:
         return emit_json(report)
     print(f"window: {args.since:g}s   throughput: {report['throughput_per_min']}/min")
@@ -3814,7 +4333,7 @@ def check_worker_start(args) -> None:
 
 def cmd_worker_start(args, store: Store) -> int:
     store.close()
-    supervisor = Supervisor(store.path, args.count, args.burst, tuple(dict.fromkeys(args.queue)))
+    supervisor = Supervisor(store.target, args.count, args.burst, tuple(dict.fromkeys(args.queue)))
     supervisor.install_signals()
     return supervisor.run()
 
@@ -3839,7 +4358,7 @@ def cmd_worker_stop(args, store: Store) -> int:
 
 
 def cmd_worker_list(args, store: Store) -> None:
-    rows = worker_dicts(store, time.time())
+    rows = worker_dicts(store, store.now())
     if args.json:
         return emit_json(rows)
     print(f"{'ID':<32} {'HOST':<16} {'PID':>7} {'STARTED':<20} {'THREADS':>7} {'BEAT':>6}  JOBS")
@@ -3862,7 +4381,7 @@ def cmd_dashboard(args, store: Store) -> int:
     import secrets
     import signal
     store.close()  # each request opens its own connection
-    dashboard = Dashboard(store.path, token=None if args.no_token else secrets.token_urlsafe(24),
+    dashboard = Dashboard(store.target, token=None if args.no_token else secrets.token_urlsafe(24),
                           allow_actions=args.allow_actions)
     server = dashboard.serve(args.bind, args.port)
     for sig in (signal.SIGINT, signal.SIGTERM):  # Ctrl+C or `kill`: a clean stop, exit 0 (set before the URL
@@ -3894,7 +4413,7 @@ def cmd_dlq_list(args, store: Store) -> None:
 
 def cmd_dlq_retry(args, store: Store) -> None:
     ids = checked_ids(args.ids)
-    store.retry_dead(ids, time.time())
+    store.retry_dead(ids, store.now())
     print_ids(ids)
 
 

@@ -475,8 +475,20 @@ def spec(job_id="j1", command="true", **kw):
     return base
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def store(request, tmp_path):
+    """A fresh Store on each backend: an SQLite file, and a PostgreSQL schema (pg_url)."""
+    if request.param == "sqlite":
+        s = queuectl.SqliteStore(str(tmp_path / "q.db"))
+    else:
+        s = queuectl.PostgresStore(request.getfixturevalue("pg_url"))
+    yield s
+    s.close()
+
+
 @pytest.fixture
-def store(tmp_path):
+def sqlite_store(tmp_path):
+    """A fresh SQLite Store, for tests of what only SQLite has (VM steps, the RETURNING fallback, file locks)."""
     s = queuectl.SqliteStore(str(tmp_path / "q.db"))
     yield s
     s.close()
@@ -626,25 +638,25 @@ def test_an_empty_file_made_by_the_user_becomes_a_0600_database(tmp_path):
             assert stat.S_IMODE(name.stat().st_mode) == 0o600, name
 
 
-def test_claim_without_returning_fallback(store, monkeypatch):
+def test_claim_without_returning_fallback(sqlite_store, monkeypatch):
     monkeypatch.setattr(queuectl, "HAS_RETURNING", False)
-    register(store)
-    store.enqueue([spec("a")], T0)
-    job = store.claim("w1", T0)
+    register(sqlite_store)
+    sqlite_store.enqueue([spec("a")], T0)
+    job = sqlite_store.claim("w1", T0)
     assert (job.id, job.state, job.worker_id) == ("a", "processing", "w1")
-    assert store.claim("w1", T0) is None
+    assert sqlite_store.claim("w1", T0) is None
 
 
-def test_claim_without_returning_fallback_serves_queues_and_promotes_due_jobs(store, monkeypatch):
+def test_claim_without_returning_fallback_serves_queues_and_promotes_due_jobs(sqlite_store, monkeypatch):
     monkeypatch.setattr(queuectl, "HAS_RETURNING", False)
-    register(store)
-    store.enqueue([spec("a", queue="alpha"), spec("b", queue="beta", priority=1),
+    register(sqlite_store)
+    sqlite_store.enqueue([spec("a", queue="alpha"), spec("b", queue="beta", priority=1),
                    spec("later", queue="alpha", priority=9, run_at=T0 + 5)], T0)
-    store.pause(["beta"])
-    assert claim_ids(store, T0, ("alpha", "beta")) == ["a"]
-    assert claim_ids(store, T0 + 5) == ["later"]
-    store.resume(["beta"])
-    assert claim_ids(store, T0 + 5, ("beta",)) == ["b"]
+    sqlite_store.pause(["beta"])
+    assert claim_ids(sqlite_store, T0, ("alpha", "beta")) == ["a"]
+    assert claim_ids(sqlite_store, T0 + 5) == ["later"]
+    sqlite_store.resume(["beta"])
+    assert claim_ids(sqlite_store, T0 + 5, ("beta",)) == ["b"]
 
 
 def test_a_job_scheduled_for_later_is_promoted_when_due_and_keeps_its_priority(store):
@@ -681,27 +693,27 @@ def _vm_steps(store, action) -> int:
     return steps[0]
 
 
-def test_claim_and_poll_do_not_walk_paused_unserved_or_future_jobs(store):
+def test_claim_and_poll_do_not_walk_paused_unserved_or_future_jobs(sqlite_store):
     # Counted in SQLite VM instructions, not seconds, so the test is exact on a loaded machine: a
     # claim that walked past the 30,000 jobs below would cost hundreds of thousands.
-    register(store)
-    store.enqueue([spec(f"p{i}", queue="backfill") for i in range(10_000)], T0)
-    store.enqueue([spec(f"x{i}", queue="elsewhere", priority=9) for i in range(10_000)], T0)
-    store.enqueue([spec(f"f{i}", priority=5, run_at=T0 + 86_400) for i in range(10_000)], T0)
-    store.pause(["backfill"])
-    store.enqueue([spec("due")], T0)
+    register(sqlite_store)
+    sqlite_store.enqueue([spec(f"p{i}", queue="backfill") for i in range(10_000)], T0)
+    sqlite_store.enqueue([spec(f"x{i}", queue="elsewhere", priority=9) for i in range(10_000)], T0)
+    sqlite_store.enqueue([spec(f"f{i}", priority=5, run_at=T0 + 86_400) for i in range(10_000)], T0)
+    sqlite_store.pause(["backfill"])
+    sqlite_store.enqueue([spec("due")], T0)
     mine = ("default", "backfill")
-    assert _vm_steps(store, lambda: store.due_now(T0 + 1, mine)) < 50
-    assert _vm_steps(store, lambda: store.burst_done(T0 + 1, mine)) < 50
+    assert _vm_steps(sqlite_store, lambda: sqlite_store.due_now(T0 + 1, mine)) < 50
+    assert _vm_steps(sqlite_store, lambda: sqlite_store.burst_done(T0 + 1, mine)) < 50
     job = None
 
     def claim():
         nonlocal job
-        job = store.claim("w1", T0 + 1, mine)
-    assert _vm_steps(store, claim) < 50
+        job = sqlite_store.claim("w1", T0 + 1, mine)
+    assert _vm_steps(sqlite_store, claim) < 50
     assert job.id == "due"
-    assert _vm_steps(store, lambda: store.due_now(T0 + 1)) < 50  # all queues: one seek per queue
-    assert store.claim("w1", T0 + 1).id == "x0"
+    assert _vm_steps(sqlite_store, lambda: sqlite_store.due_now(T0 + 1)) < 50  # all queues: one seek per queue
+    assert sqlite_store.claim("w1", T0 + 1).id == "x0"
 
 
 def test_unregistered_worker_cannot_claim(store):
@@ -1225,6 +1237,168 @@ def test_stats_over_a_known_history(store):
     recent = store.stats(T0 + 100, T0 + 180)
     assert {k: recent["outcomes"].get(k, 0) for k in ("completed", "failed", "dead")} == \
         {"completed": 0, "failed": 1, "dead": 1}
+
+
+# ---- PostgreSQL
+
+def with_params(url, **params):
+    """`url` with query parameters added or replaced."""
+    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+    parts = urlsplit(url)
+    query = {**dict(parse_qsl(parts.query)), **params}
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+def with_password(url, password, port=None):
+    """`url` with a password (and another port) in its authority."""
+    from urllib.parse import urlsplit, urlunsplit
+    parts = urlsplit(url)
+    netloc = f"{parts.username}:{password}@{parts.hostname}:{port or parts.port}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_postgres_claim_from_many_threads_never_duplicates(pg_url):
+    with contextlib.closing(queuectl.PostgresStore(pg_url)) as s:
+        register(s)
+        s.enqueue([spec(f"j{i}") for i in range(200)], T0)
+    claimed, lock, errors = [], threading.Lock(), []
+
+    def grab():
+        try:
+            with contextlib.closing(queuectl.PostgresStore(pg_url, durable=False)) as mine:
+                while (job := mine.claim("w1", T0)) is not None:
+                    with lock:
+                        claimed.append(job.id)
+        except Exception as e:  # noqa: BLE001 - any failure is the bug under test
+            errors.append(e)
+    threads = [threading.Thread(target=grab) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert sorted(claimed) == sorted(f"j{i}" for i in range(200))
+    with contextlib.closing(queuectl.PostgresStore(pg_url)) as s:
+        assert s.counts()["processing"] == 200
+        assert sum(len(s.runs(f"j{i}")) for i in range(200)) == 200
+
+
+def test_postgres_concurrent_first_uses_of_a_schema_do_not_race(pg_url):
+    errors = []
+
+    def opener():
+        try:
+            queuectl.PostgresStore(pg_url).close()
+        except Exception as e:  # noqa: BLE001 - any failure is the bug under test
+            errors.append(e)
+    threads = [threading.Thread(target=opener) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    with contextlib.closing(queuectl.PostgresStore(pg_url)) as s:
+        assert s.read("SELECT version FROM queuectl_version") == [(queuectl.SCHEMA_VERSION,)]
+
+
+def test_postgres_schemas_are_independent_queues(pg_url):
+    other_url = with_params(pg_url, schema=f"{queuectl._pg_target(pg_url)[1]}_b")
+    with contextlib.closing(queuectl.PostgresStore(pg_url)) as a, \
+            contextlib.closing(queuectl.PostgresStore(other_url)) as b:
+        try:
+            a.enqueue([spec("same")], T0)
+            b.enqueue([spec("same", command="false"), spec("only-b")], T0)  # the id is free there
+            a.pause(["*"])
+            register(b)
+            assert [j.id for j in a.list_jobs()] == ["same"] and a.get("same").command == "true"
+            assert [j.id for j in b.list_jobs()] == ["same", "only-b"]
+            assert (a.paused(), b.paused()) == (["*"], [])
+            assert b.claim("w1", T0).command == "false"
+            assert a.claim("w1", T0) is None  # no worker registered there (and everything is paused)
+            assert b.path.endswith(f"?schema={b.schema}") and a.schema != b.schema
+        finally:
+            b.write(lambda cur: cur.execute(f'DROP SCHEMA "{b.schema}" CASCADE'))
+
+
+def test_postgres_schema_with_other_tables_or_a_newer_version_is_refused(pg_url):
+    with contextlib.closing(queuectl.PostgresStore(pg_url)) as s:
+        s.write(lambda cur: cur.execute(f"UPDATE queuectl_version SET version = {queuectl.SCHEMA_VERSION + 1}"))
+    with pytest.raises(queuectl.BadDatabase, match="newer"):
+        queuectl.PostgresStore(pg_url)
+    import psycopg
+    foreign = f"{queuectl._pg_target(pg_url)[1]}_f"
+    with psycopg.connect(queuectl._pg_target(pg_url)[0], autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{foreign}"')
+        conn.execute(f'CREATE TABLE "{foreign}".invoices (id int)')
+        try:
+            code, out, err = cli(with_params(pg_url, schema=foreign), "list")
+            assert code == 1 and out == ""
+            assert_one_error(err, "not queuectl's", f"schema={foreign}")
+        finally:
+            conn.execute(f'DROP SCHEMA "{foreign}" CASCADE')
+
+
+def test_postgres_schema_name_must_be_a_plain_identifier(pg_url):
+    for bad in ('x"; DROP TABLE jobs; --', "a-b", "x" * 64, ""):
+        code, out, err = cli(with_params(pg_url, schema=bad), "list")
+        assert code == 2, (bad, err)
+        assert_one_error(err, "schema")
+
+
+def test_postgres_password_never_appears_in_an_error(pg_url):
+    secret = "s3cr3t-Pa55"
+    unreachable = free_port()
+    for url, named in ((with_password(pg_url, secret, unreachable), f"127.0.0.1:{unreachable}"),
+                       (with_password(with_params(pg_url, schema="q"), secret).replace("/postgres?", "/no_such_db?"),
+                        "no_such_db")):
+        code, out, err = cli(url, "status")
+        assert code == 1 and out == ""
+        assert_one_error(err, named)
+        assert secret not in err
+    assert_one_error(err, "cannot connect to PostgreSQL at 127.0.0.1:")
+    with pytest.raises(queuectl.BadDatabase) as raised:
+        queuectl.PostgresStore(with_password(pg_url, secret, unreachable))
+    assert secret not in str(raised.value) and secret not in repr(raised.value)
+    with contextlib.closing(queuectl.PostgresStore(with_password(pg_url, secret))) as s:  # trust: any password
+        assert secret not in s.path and secret not in repr(s)
+        assert s.path == queuectl.database_name(s.target) and s.path.startswith("postgresql://postgres@127.0.0.1:")
+
+
+def test_postgres_without_psycopg_says_how_to_install_it(pg_url, monkeypatch):
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # `import psycopg` now raises ImportError
+    code, out, err = cli(pg_url, "status")
+    assert code == 1 and out == ""
+    assert_one_error(err, 'PostgreSQL needs psycopg 3: pip install "psycopg[binary]"')
+
+
+def test_postgres_flush_output_never_waits_for_a_locked_run(pg_url):
+    import psycopg
+    with contextlib.closing(queuectl.PostgresStore(pg_url)) as s:
+        register(s)
+        s.enqueue([spec("j")], T0)
+        job = s.claim("w1", T0)
+        with psycopg.connect(s._libpq) as other:  # a transaction that holds the run's row
+            other.execute(f'SET search_path TO "{s.schema}"')
+            other.execute("SELECT 1 FROM runs WHERE job_id = 'j' FOR UPDATE")
+            started = time.monotonic()
+            assert s.flush_output(job, b"x", 1) is False
+            assert time.monotonic() - started < 1.0
+        assert s.flush_output(job, b"xy", 2) is True
+        assert s.run_output("j")[1:3] == (b"xy", 2)
+
+
+def test_postgres_time_comes_from_the_server_clock(pg_url):
+    with contextlib.closing(queuectl.PostgresStore(pg_url)) as s:
+        server = s.read("SELECT extract(epoch FROM clock_timestamp())::double precision")[0][0]
+        assert abs(s.now() - server) < 1.0
+        s.clock_offset_s = 3600.0  # a host whose clock runs an hour behind the server's
+        assert s.now() == pytest.approx(time.time() + 3600.0, abs=1.0)
 
 
 # ==== Core rules ====
@@ -1795,21 +1969,21 @@ def test_a_cancel_applies_to_the_run_it_was_aimed_at(store):
     assert supervisor.abort_reason(second, 0) is None  # a stale set never kills a later run
 
 
-def test_flush_output_never_waits_for_a_busy_database(store):
-    register(store)
-    store.enqueue([spec("j")], T0)
-    job = store.claim("w1", T0)
-    other = sqlite3.connect(store.path, isolation_level=None)
+def test_flush_output_never_waits_for_a_busy_database(sqlite_store):
+    register(sqlite_store)
+    sqlite_store.enqueue([spec("j")], T0)
+    job = sqlite_store.claim("w1", T0)
+    other = sqlite3.connect(sqlite_store.path, isolation_level=None)
     other.execute("BEGIN IMMEDIATE")
     try:
         started = time.monotonic()
-        assert store.flush_output(job, b"x", 1) is False
+        assert sqlite_store.flush_output(job, b"x", 1) is False
         assert time.monotonic() - started < queuectl.BUSY_TIMEOUT_S  # no busy wait at all (it is 1 s)
     finally:
         other.execute("ROLLBACK")
         other.close()
-    assert store.read("PRAGMA busy_timeout") == [(int(queuectl.BUSY_TIMEOUT_S * 1000),)]
-    assert store.flush_output(job, b"x", 1) is True
+    assert sqlite_store.read("PRAGMA busy_timeout") == [(int(queuectl.BUSY_TIMEOUT_S * 1000),)]
+    assert sqlite_store.flush_output(job, b"x", 1) is True
 
 
 def test_run_duration_comes_from_the_monotonic_clock(store):
@@ -3749,6 +3923,50 @@ def test_stats_bad_since_exits_2(db, since):
     assert out == ""
 
 
+# ---- PostgreSQL (--db postgresql://…)
+
+def test_postgres_cli_round_trip(pg_url, monkeypatch):
+    monkeypatch.delenv("QUEUECTL_DB", raising=False)
+    first = enqueue(pg_url, id="a", command="echo hi", priority=2, queue="q1")
+    assert (first["state"], first["priority"], first["queue"]) == ("pending", 2, "q1")
+    assert ISO_UTC.match(first["created_at"]) and abs(parse_iso(first["created_at"]).timestamp() - time.time()) < 60
+    enqueue(pg_url, id="b", command="true", depends_on=["a"])
+    assert list_ids(pg_url) == ["a", "b"]
+    assert "a" in ok(pg_url, "list") and "echo hi" in ok(pg_url, "show", "a")
+    shown = get_job(pg_url, "b")
+    assert (shown["state"], shown["depends_on"], shown["runs"]) == ("pending", ["a"], [])
+    assert ok(pg_url, "cancel", "a") == "a\n"
+    assert [get_job(pg_url, i)["state"] for i in "ab"] == ["dead", "dead"]
+    assert [j["id"] for j in json.loads(ok(pg_url, "dlq", "list", "--json"))] == ["a", "b"]
+    code, out, err = cli(pg_url, "dlq", "retry", "b")
+    assert code == 1 and "retry both together" in err
+    assert ok(pg_url, "dlq", "retry", "a", "b") == "a\nb\n"
+    assert (get_job(pg_url, "b")["state"], get_job(pg_url, "b")["waiting_on"]) == ("pending", 1)
+    ok(pg_url, "pause", "--queue", "q1")
+    ok(pg_url, "config", "set", "max-retries", "5")
+    status = json.loads(ok(pg_url, "status", "--json"))
+    assert status["jobs"] == {"pending": 2, "processing": 0, "completed": 0, "failed": 0, "dead": 0}
+    assert status["paused"] == ["q1"]
+    monkeypatch.setenv("QUEUECTL_DB", pg_url)  # the same queue, named by the environment
+    code, out, err = run_main(["status", "--json"])
+    assert (code, json.loads(out)) == (0, status)
+    assert run_main(["config", "get", "max-retries"])[1] == "5\n"
+    code, out, err = run_main(["delete", "a"])
+    assert code == 1 and "needed by" in err
+    assert run_main(["delete", "a", "b"])[0] == 0
+    assert run_main(["list", "--json"])[1].strip() == "[]"
+
+
+def test_postgres_dashboard_reads_the_queue(pg_url):
+    enqueue(pg_url, id="a", command="true")
+    dashboard = queuectl.Dashboard(pg_url, token=None)
+    assert dashboard.path == queuectl.database_name(pg_url)
+    reply = dashboard.respond("GET", "/api/status", {"Host": "127.0.0.1"})
+    assert reply.status == 200 and json.loads(reply.body)["jobs"]["pending"] == 1
+    reply = dashboard.respond("GET", "/api/jobs/a", {"Host": "127.0.0.1"})
+    assert reply.status == 200 and json.loads(reply.body)["id"] == "a"
+
+
 # ==== End to end ===================================================================================
 
 def test_burst_worker_runs_a_job_and_captures_its_output(db, workers, tmp_path):
@@ -4410,6 +4628,41 @@ def test_commands_that_wait_on_the_user_exit_130_on_ctrl_c(db, workers):
         assert proc.wait(timeout=WAIT_S) == 130, args
         err = proc.stderr.read().decode()
         assert "Traceback" not in err and "error" not in err, (args, err)
+
+
+# ---- PostgreSQL
+
+def test_postgres_burst_worker_runs_jobs_retries_and_records_output(pg_url, tmp_path):
+    ok(pg_url, "config", "set", "backoff-base", "1")
+    enqueue(pg_url, id="hello", command="echo hi from postgres")
+    enqueue(pg_url, id="bad", command="echo oops; exit 3", max_retries=2)
+    enqueue(pg_url, id="after", command="echo after", depends_on=["hello"])
+    done = script(pg_url, "worker", "start", "--burst", "--count", "2")
+    assert done.returncode == 0, done.stderr
+    assert "postgresql://" in done.stderr and "@127.0.0.1:" in done.stderr  # the log names the database
+    assert [get_job(pg_url, i)["state"] for i in ("hello", "bad", "after")] == ["completed", "dead", "completed"]
+    assert ok(pg_url, "logs", "hello") == "hi from postgres\n"
+    assert [r["outcome"] for r in get_job(pg_url, "bad")["runs"]] == ["failed", "dead"]
+    assert json.loads(ok(pg_url, "worker", "list", "--json")) == []  # deregistered on exit
+
+
+def test_postgres_a_killed_workers_job_is_recovered_by_another_worker(pg_url, tmp_path):
+    pool = Workers(pg_url, tmp_path)
+    try:
+        command = 'if [ -e first ]; then echo second run; else touch first; sleep 60; fi'
+        enqueue(pg_url, id="k1", command=command, cwd=str(tmp_path))
+        victim = pool.start()
+        wait_for(lambda: (tmp_path / "first").exists(), "the first run to start")
+        victim.signal(signal.SIGKILL)
+        assert victim.wait() == -signal.SIGKILL
+        assert get_job(pg_url, "k1")["state"] == "processing"
+        rescuer = pool.start("--burst")
+        assert rescuer.wait(timeout=90) == 0, rescuer.log()
+        job = get_job(pg_url, "k1")
+        assert (job["state"], job["attempts"], job["lost_count"]) == ("completed", 0, 1)
+        assert ok(pg_url, "logs", "k1") == "second run\n"
+    finally:
+        pool.cleanup()
 
 
 # ==== Faults and security ==========================================================================
