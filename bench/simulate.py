@@ -1519,7 +1519,7 @@ def scenario_stop_while_adopted_run_exits(store: q.Store, procs: FakeProcs) -> s
     x = q.Sweeper(store, x_ident, "X")
     sweep(x, 1.0)  # adopts K, kills its process (gone at 4 s), keeps it
     supervisor = q.Supervisor.__new__(q.Supervisor)  # only what _finish_recoveries reads
-    supervisor.sweeper, supervisor.hard_at = x, q.time.mono - (q.HARD_STOP_S - 1.0)
+    supervisor.sweeper, supervisor.store, supervisor.hard_at = x, store, q.time.mono - (q.HARD_STOP_S - 1.0)
     supervisor._finish_recoveries()
     store.deregister("X")
     sweep(q.Sweeper(store, y_ident, "Y"), q.time.mono)
