@@ -3902,16 +3902,16 @@ def build_parser() -> Parser:
 
 
 def _command(sub, name: str, func, help: str, *, json_flag: bool = False, ids: str | None = None,
-             reads: bool = False):
+             reads: bool = False, check=None):
     """Add a subcommand bound to `func`, with the common --json flag and ID arguments; `reads`: it
-    never writes, so it works on a database this user may only read (see Store). A `check_<name>`
-    function beside `cmd_<name>` validates the arguments before the database is opened."""
+    never writes, so it works on a database this user may only read (see Store); `check(args)`
+    validates the arguments before the database is opened, so invalid input creates nothing."""
     cmd = sub.add_parser(name, help=help, description=help)
     if ids:
         cmd.add_argument("ids" if ids == "+" else "id", nargs=ids if ids == "+" else None, metavar="ID")
     if json_flag:
         cmd.add_argument("--json", action="store_true", help="print JSON only")
-    cmd.set_defaults(func=func, reads_only=reads, check=globals().get(func.__name__.replace("cmd_", "check_", 1)))
+    cmd.set_defaults(func=func, reads_only=reads, check=check)
     return cmd
 
 
@@ -3920,7 +3920,8 @@ def _add_job_commands(sub) -> None:
     e.add_argument("job", metavar="JSON", help="a job object, or - to read JSON Lines or a JSON array from stdin")
     _command(sub, "cancel", cmd_cancel, "cancel jobs: waiting ones go to the DLQ, running ones are killed", ids="+")
     _command(sub, "delete", cmd_delete, "remove jobs that are not processing, with their runs", ids="+")
-    pg = _command(sub, "purge", cmd_purge, "remove finished jobs and their runs; needs --older-than, --state or both")
+    pg = _command(sub, "purge", cmd_purge, "remove finished jobs and their runs; needs --older-than, --state or both",
+                  check=check_purge)
     pg.add_argument("--state", choices=(COMPLETED, DEAD), default=None,
                     help="which finished jobs (default completed)")
     pg.add_argument("--older-than", type=_duration_arg, default=None, metavar="DURATION",
@@ -3953,7 +3954,8 @@ def _add_operating_commands(sub) -> None:
 
 
 def _add_dashboard_command(sub) -> None:
-    d = _command(sub, "dashboard", cmd_dashboard, "serve a live web view of the queue and its JSON API", reads=True)
+    d = _command(sub, "dashboard", cmd_dashboard, "serve a live web view of the queue and its JSON API", reads=True,
+                 check=check_dashboard)
     d.add_argument("--bind", default="127.0.0.1", metavar="ADDRESS", help="address to listen on (default 127.0.0.1)")
     d.add_argument("--port", type=int, default=8321, help="port (default 8321; 0 = any free port)")
     d.add_argument("--allow-actions", action="store_true", help="allow retry, cancel and delete from the page")
@@ -3961,12 +3963,12 @@ def _add_dashboard_command(sub) -> None:
 
 
 def _add_worker_commands(w) -> None:
-    ws = _command(w, "start", cmd_worker_start, "run a worker in the foreground")
+    ws = _command(w, "start", cmd_worker_start, "run a worker in the foreground", check=check_worker_start)
     ws.add_argument("--count", type=int, default=1, help="threads, each running one job at a time")
     ws.add_argument("--burst", action="store_true", help="exit once the due work is drained")
     ws.add_argument("--queue", type=_queue_arg, action="append", default=[],
                     help="claim only from this queue; repeat it for more (default: every queue)")
-    wt = _command(w, "stop", cmd_worker_stop, "ask every running worker to stop gracefully")
+    wt = _command(w, "stop", cmd_worker_stop, "ask every running worker to stop gracefully", check=check_worker_stop)
     wt.add_argument("--wait", action="store_true", help="return once they have exited")
     wt.add_argument("--timeout", type=_seconds_arg, default=None, help="with --wait: give up after S seconds")
     _command(w, "list", cmd_worker_list, "registered workers and what they run", json_flag=True, reads=True)
