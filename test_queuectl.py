@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import sqlite3
@@ -4663,6 +4664,113 @@ def test_postgres_a_killed_workers_job_is_recovered_by_another_worker(pg_url, tm
         assert ok(pg_url, "logs", "k1") == "second run\n"
     finally:
         pool.cleanup()
+
+
+# ---- several hosts on one PostgreSQL queue
+
+class Host:
+    """A worker process on a host of its own: its own hostname and PID namespace (`unshare`, as root),
+    so other workers judge it by its heartbeat lease only, as a worker on another machine."""
+
+    def __init__(self, workers, name, db):
+        command = f"hostname {name} && exec {shlex.quote(sys.executable)} {shlex.quote(QUEUECTL)} " \
+                  f"--db {shlex.quote(db)} worker start"
+        self.log_path = workers.folder / f"{name}.stderr"
+        with open(self.log_path, "wb") as err:
+            # --kill-child: the namespace's first process (the worker) gets SIGKILL if unshare dies
+            self.popen = subprocess.Popen(["unshare", "--uts", "--pid", "--fork", "--mount-proc", "--kill-child",
+                                           "sh", "-c", command], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                          stderr=err, env=child_env(**{TAG_VAR: workers.tag}), start_new_session=True)
+        workers.others.append(self.popen)
+        self.proc = WorkerProc(self.popen, self.log_path)
+
+    def worker_pid(self):
+        """The worker's PID as this host sees it (the namespace's PID 1: unshare's child)."""
+        return wait_for(lambda: _first_child(self.popen.pid), "the namespace's first process")
+
+
+def _first_child(pid):
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            children = f.read().split()
+    except OSError:
+        return None
+    return int(children[0]) if children else None
+
+
+def _run_processes(token):
+    """PIDs of live processes carrying QUEUECTL_RUN=token (seen from this host's /proc)."""
+    needle = f"QUEUECTL_RUN={token}".encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            with contextlib.suppress(OSError):
+                with open(f"/proc/{name}/environ", "rb") as f:
+                    if needle in f.read().split(b"\0") and not pid_gone(int(name)):
+                        found.append(int(name))
+    return found
+
+
+@pytest.fixture
+def hosts(pg_url, workers):
+    """Start workers on hosts of their own sharing one PostgreSQL queue (root and unshare needed)."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        message = "the several-hosts tests need root and unshare (PID and UTS namespaces)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    ok(pg_url, "config", "set", "stale-timeout", "2")
+    return lambda name: Host(workers, name, pg_url)
+
+
+def test_a_job_of_a_killed_host_reruns_on_another_host_once_the_old_run_is_gone(pg_url, hosts, tmp_path):
+    """Host A is SIGKILLed mid-job (its processes die with it); host B judges A by its lease and
+    reruns the job within stale-timeout plus a few seconds, and the rerun's `flock -n` finds the old
+    run's lock free."""
+    job = ('if [ -e first ]; then flock -n lock true && echo rerun >> runs; '
+           'else touch first; exec flock lock sh -c "echo run >> runs; exec sleep 60"; fi')
+    enqueue(pg_url, id="j", command=job, cwd=str(tmp_path), max_retries=1)
+    a = hosts("host-a")
+    wait_for(lambda: (tmp_path / "runs").exists(), "host A to run the job")
+    b = hosts("host-b")
+    b.proc.wait_log("worker started")
+    killed_at = time.monotonic()
+    os.kill(a.worker_pid(), signal.SIGKILL)
+    wait_for(lambda: state_of(pg_url, "j") in ("completed", "dead"), "the rerun on host B", timeout=60)
+    rerun_after_s = time.monotonic() - killed_at
+    job = get_job(pg_url, "j")
+    assert job["state"] == "completed", job  # dead would mean the rerun met the old run's lock
+    assert (tmp_path / "runs").read_text() == "run\nrerun\n"
+    runs = json.loads(ok(pg_url, "show", "j", "--json"))["runs"]
+    assert [r["outcome"] for r in runs] == ["lost", "completed"]
+    assert runs[0]["worker_id"].startswith("host-a:") and runs[1]["worker_id"].startswith("host-b:")
+    print(f"rerun {rerun_after_s:.1f} s after the kill (stale-timeout 2 s)")
+
+
+def test_a_frozen_host_loses_its_job_and_kills_its_stale_run_when_thawed(pg_url, hosts, tmp_path):
+    """Host A is frozen (SIGSTOP) past its lease while its job runs: nothing can stop that job while A
+    is frozen, so B reruns it; once thawed, A finds its registration gone, kills its stale run at
+    once, and its late result is discarded."""
+    job = 'echo run >> runs; if [ "$(wc -l < runs)" -ge 2 ]; then exit 0; fi; exec sleep 60'
+    enqueue(pg_url, id="j", command=job, cwd=str(tmp_path))
+    a = hosts("host-a")
+    wait_for(lambda: (tmp_path / "runs").exists(), "host A to run the job")
+    token = f"{json.loads(ok(pg_url, 'show', 'j', '--json'))['runs'][0]['worker_id']}/1/j"
+    assert _run_processes(token)
+    b = hosts("host-b")
+    b.proc.wait_log("worker started")
+    worker = a.worker_pid()
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        wait_for(lambda: state_of(pg_url, "j") == "completed", "the rerun on host B", timeout=60)
+        assert _run_processes(token), "A's run goes on while A is frozen"
+    finally:
+        os.kill(worker, signal.SIGCONT)
+    wait_for(lambda: not _run_processes(token), "A to kill its stale run once thawed", timeout=30)
+    a.proc.wait_log("presumed dead")
+    job = get_job(pg_url, "j")
+    assert job["state"] == "completed" and job["run_count"] == 2
+    assert [r["outcome"] for r in json.loads(ok(pg_url, "show", "j", "--json"))["runs"]] == ["lost", "completed"]
 
 
 # ==== Faults and security ==========================================================================
