@@ -322,7 +322,8 @@ class SqliteSQL:
     SQL_READY_QUEUES = f"""q(name) AS (
         SELECT (SELECT queue FROM jobs INDEXED BY jobs_claim WHERE {SQL_READY} ORDER BY queue LIMIT 1)
         UNION ALL
-        SELECT (SELECT queue FROM jobs INDEXED BY jobs_claim WHERE {SQL_READY} AND queue > q.name ORDER BY queue LIMIT 1)
+        SELECT (SELECT queue FROM jobs INDEXED BY jobs_claim WHERE {SQL_READY} AND queue > q.name
+                ORDER BY queue LIMIT 1)
         FROM q WHERE q.name IS NOT NULL)"""
     # The best ready job of each such queue that is not paused (NULL for a queue with none). The due
     # check only matters when clocks disagree (a job enqueued by a host whose clock runs ahead).
@@ -405,7 +406,8 @@ class SqliteSQL:
                     "AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')))")
     SQL_ANY_PROCESSING = "SELECT 1 FROM jobs WHERE state = 'processing' {queues} LIMIT 1"
     SQL_INSERT_RUN = "INSERT INTO runs (job_id, run_no, worker_id, started_at, due_at) VALUES (?, ?, ?, ?, ?)"
-    SQL_FLUSH_OUTPUT = "UPDATE runs SET output = ?, output_bytes = ? WHERE job_id = ? AND run_no = ? AND ended_at IS NULL"
+    SQL_FLUSH_OUTPUT = ("UPDATE runs SET output = ?, output_bytes = ? "
+                        "WHERE job_id = ? AND run_no = ? AND ended_at IS NULL")
     # Every write after the claim is guarded by the owner and run number, so a worker that lost the
     # job (declared dead, then came back) can never overwrite what happened since.
     SQL_OWNED = "id = ? AND state = 'processing' AND worker_id = ? AND run_count = ?"
@@ -423,7 +425,8 @@ class SqliteSQL:
                       "exit_code = ?, error = ?, output = coalesce(?, output), output_bytes = max(output_bytes, ?) "
                       "WHERE job_id = ? AND run_no = ?")
     SQL_RELEASE_DEPENDENTS = ("UPDATE jobs SET waiting_on = waiting_on - 1, next_run_at = max(next_run_at, ?), "
-                              "updated_at = ? WHERE id IN (SELECT job_id FROM deps WHERE dep_id = ?) AND waiting_on > 0")
+                              "updated_at = ? WHERE id IN (SELECT job_id FROM deps WHERE dep_id = ?) "
+                              "AND waiting_on > 0")
     # A dead job takes every unfinished job below it in the dependency graph with it.
     SQL_KILL_DEPENDENTS = """
         WITH RECURSIVE down(id, cause) AS (
@@ -454,8 +457,8 @@ class SqliteSQL:
                            "AND cancel_requested = run_count")
     SQL_ORPHAN_JOBS = ("SELECT id, run_count, lost_count, worker_id FROM jobs WHERE state = 'processing' "
                        "AND worker_id NOT IN (SELECT id FROM workers)")
-    SQL_RUNS = ("SELECT run_no, worker_id, started_at, due_at, ended_at, outcome, exit_code, error, output, output_bytes "
-                "FROM runs WHERE job_id = ? ORDER BY run_no")
+    SQL_RUNS = ("SELECT run_no, worker_id, started_at, due_at, ended_at, outcome, exit_code, error, output, "
+                "output_bytes FROM runs WHERE job_id = ? ORDER BY run_no")
     SQL_RUN = ("SELECT run_no, output, output_bytes, ended_at FROM runs WHERE job_id = ? AND (run_no = ? OR ? IS NULL) "
                "ORDER BY run_no DESC LIMIT 1")
     SQL_RETRY = ("UPDATE jobs SET state = 'pending', attempts = 0, lost_count = 0, cancel_requested = 0, "
@@ -482,8 +485,8 @@ class SqliteSQL:
     SQL_RESUME = "DELETE FROM paused WHERE queue = ?"
     SQL_RESUME_ALL = "DELETE FROM paused"
     SQL_PAUSED = "SELECT queue FROM paused ORDER BY queue"
-    SQL_REGISTER = ("INSERT INTO workers (id, host, pid, proc_start, boot_id, pid_ns, threads, started_at, heartbeat_at) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
+    SQL_REGISTER = ("INSERT INTO workers (id, host, pid, proc_start, boot_id, pid_ns, threads, started_at, "
+                    "heartbeat_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
     SQL_HEARTBEAT = "UPDATE workers SET heartbeat_at = ?, beat = beat + 1 WHERE id = ?"
     SQL_STOP_REQUESTED = "SELECT stop_requested FROM workers WHERE id = ?"
     SQL_DEREGISTER = "DELETE FROM workers WHERE id = ?"
@@ -502,13 +505,15 @@ class SqliteSQL:
     SQL_STATS_TIMES = ("SELECT ended_at - started_at, max(0, started_at - due_at) FROM runs "
                        "WHERE ended_at >= ? AND outcome IN ('completed', 'failed', 'dead')")
     SQL_OLDEST_ELIGIBLE = (
-        f"SELECT min(e.next_run_at) FROM (SELECT queue, next_run_at FROM jobs INDEXED BY jobs_claim WHERE {SQL_READY} "
-        f"AND next_run_at <= ?1 UNION ALL SELECT queue, next_run_at FROM jobs INDEXED BY jobs_staged WHERE {SQL_STAGED} "
-        "AND next_run_at <= ?1) AS e WHERE NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (e.queue, '*'))")
-    SQL_IDENTITY = ("SELECT (SELECT application_id FROM pragma_application_id()), (SELECT count(*) FROM sqlite_master), "
-                    "(SELECT user_version FROM pragma_user_version())")
+        f"SELECT min(e.next_run_at) FROM (SELECT queue, next_run_at FROM jobs INDEXED BY jobs_claim "
+        f"WHERE {SQL_READY} AND next_run_at <= ?1 UNION ALL SELECT queue, next_run_at FROM jobs "
+        f"INDEXED BY jobs_staged WHERE {SQL_STAGED} AND next_run_at <= ?1) AS e "
+        "WHERE NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (e.queue, '*'))")
+    SQL_IDENTITY = ("SELECT (SELECT application_id FROM pragma_application_id()), "
+                    "(SELECT count(*) FROM sqlite_master), (SELECT user_version FROM pragma_user_version())")
     SQL_CONFIG_GET = "SELECT value FROM config WHERE key = ?"
-    SQL_CONFIG_SET = "INSERT INTO config (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+    SQL_CONFIG_SET = ("INSERT INTO config (key, value) VALUES (?, ?) "
+                      "ON CONFLICT (key) DO UPDATE SET value = excluded.value")
     SQL_CONFIG_ALL = "SELECT key, value FROM config"
 
     # The dashboard's job table: newest first, one page at a time.
@@ -517,7 +522,8 @@ class SqliteSQL:
     # range). ended_at - start is never negative here, so CAST truncates like floor() (a PostgreSQL
     # class would write floor(), as CAST rounds there).
     SQL_RUNS_PER_MINUTE = ("SELECT CAST((ended_at - ?) / 60 AS INTEGER) AS minute, outcome, count(*) FROM runs "
-                           "WHERE ended_at >= ? AND outcome IN ('completed', 'failed', 'dead') GROUP BY minute, outcome")
+                           "WHERE ended_at >= ? AND outcome IN ('completed', 'failed', 'dead') "
+                           "GROUP BY minute, outcome")
     SQL_QUERY_ONLY = "PRAGMA query_only = ON"
 
     @classmethod
@@ -2177,7 +2183,8 @@ def _search_program(name: str, cwd: str, path: bytes) -> bytes | None:
     name_b, cwd_b = os.fsencode(name), os.fsencode(cwd)
     dirs = [b""] if "/" in name else path.split(b":")
     for folder in dirs:
-        candidate = os.path.join(folder, name_b) if os.path.isabs(folder) else os.path.join(cwd_b, folder or b".", name_b)
+        relative = not os.path.isabs(folder)
+        candidate = os.path.join(cwd_b, folder or b".", name_b) if relative else os.path.join(folder, name_b)
         if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return candidate
     return None
