@@ -694,10 +694,14 @@ class Store:
     A dialect's subclass (SqliteStore, PostgresStore) opens the connection and provides `sql`, its
     complete statements; `IntegrityError`, its driver's; `path`, the database's name for messages;
     `target`, what open_database() opens it again by; `write(fn)`, fn(cursor) in one transaction; `read(sql, params)`; `now()`; `_claim_in(cursor, …)`;
-    `flush_output`; `due_now`; `burst_done`; `close`; `query_only`; `refresh`.
+    `flush_output`; `due_now`; `burst_done`; `close`; `query_only`; `refresh`; `_wake_workers(cursor)`,
+    called inside each transaction that makes a job due now; and, where `notifies` is true,
+    `wait_notified(timeout_s)`.
     """
     sql: type
     IntegrityError: type
+    notifies = False  # can a worker wait for _wake_workers() instead of only polling?
+    cut_off_kills = False  # must a worker that cannot heartbeat kill its runs (see Supervisor.cut_off)?
 
     # -- jobs -----------------------------------------------------------------------------------
 
@@ -705,13 +709,17 @@ class Store:
         """Insert validated job specs in one transaction, all or nothing; returns their ids."""
         def insert(cur):
             plain: list[dict] = []
+            due = False
             for spec in specs:
                 if spec["depends_on"]:
                     self._insert_plain(cur, plain, now)
-                    self._insert_with_deps(cur, spec, now)
+                    due |= self._insert_with_deps(cur, spec, now)
                 else:
                     plain.append(spec)
+                    due |= (spec["run_at"] or now) <= now
             self._insert_plain(cur, plain, now)
+            if due:
+                self._wake_workers(cur)
             return [spec["id"] for spec in specs]
         return self.write(insert)
 
@@ -735,7 +743,8 @@ class Store:
         cur.execute("RELEASE batch")
         specs.clear()
 
-    def _insert_with_deps(self, cur: Cursor, spec: dict, now: float) -> None:
+    def _insert_with_deps(self, cur: Cursor, spec: dict, now: float) -> bool:
+        """Insert one job with dependencies; returns whether it is due now (all of them completed)."""
         states = {}
         for dep in spec["depends_on"]:
             row = cur.execute(self.sql.SQL_JOB_STATE, (dep,)).fetchone()
@@ -754,6 +763,7 @@ class Store:
         except self.IntegrityError:
             raise Conflict(f"{_where_in_batch(spec)}job {spec['id']!r} already exists") from None
         cur.executemany(self.sql.SQL_INSERT_DEP, [(spec["id"], dep) for dep in spec["depends_on"]])
+        return not waiting and (spec["run_at"] or now) <= now
 
     def get(self, job_id: str) -> Job:
         """One job; NotFound if absent."""
@@ -837,7 +847,8 @@ class Store:
     def _settle_dependents(self, cur: Cursor, job_id: str, state: str, now: float) -> None:
         """A completed job may make dependents due; a dead one takes them to the DLQ."""
         if state == COMPLETED:
-            cur.execute(self.sql.SQL_RELEASE_DEPENDENTS, (now, now, job_id))
+            if cur.execute(self.sql.SQL_RELEASE_DEPENDENTS, (now, now, job_id)).rowcount:
+                self._wake_workers(cur)  # maybe one was waiting for this one alone
         elif state == DEAD:
             cur.execute(self.sql.SQL_KILL_DEPENDENTS, (job_id, now))
 
@@ -857,6 +868,8 @@ class Store:
             cur.execute(self.sql.SQL_REQUEUE, (state, int(lost), error, now, now, job.id, worker_id, job.run_count))
             self._close_run(cur, job, "canceled" if flag[0] else "lost" if lost else "stopped", outcome, now)
             self._settle_dependents(cur, job.id, state, now)
+            if state == PENDING:
+                self._wake_workers(cur)
             return state
         return self.write(requeue)
 
@@ -874,6 +887,7 @@ class Store:
                     raise Conflict(f"job {job_id!r} depends on dead job {blocker!r}: retry both together")
             for job_id in job_ids:  # in the order given; a dependency listed later still counts as unfinished
                 cur.execute(self.sql.SQL_RETRY, (now, now, job_id))
+            self._wake_workers(cur)
         self.write(revive)
 
     def cancel(self, job_ids: list[str], now: float) -> None:
@@ -942,12 +956,15 @@ class Store:
 
     def resume(self, queues: list[str]) -> None:
         """Undo pause for these queues, or for everything when none are named."""
-        if queues:
-            if "*" in self.paused():
-                raise Conflict("every queue is paused; 'resume' without --queue resumes them all")
-            self.write(lambda cur: cur.executemany(self.sql.SQL_RESUME, [(q,) for q in queues]))
-        else:
-            self.write(lambda cur: cur.execute(self.sql.SQL_RESUME_ALL))
+        def resume(cur):
+            if queues:
+                cur.executemany(self.sql.SQL_RESUME, [(q,) for q in queues])
+            else:
+                cur.execute(self.sql.SQL_RESUME_ALL)
+            self._wake_workers(cur)
+        if queues and "*" in self.paused():
+            raise Conflict("every queue is paused; 'resume' without --queue resumes them all")
+        self.write(resume)
 
     def paused(self) -> list[str]:
         """Paused queue names ('*' = everything)."""
@@ -1278,6 +1295,9 @@ class SqliteStore(Store):
             self.refresh()
         raise BadDatabase(f"cannot read {self.path}: it keeps changing under a read-only open; try again")
 
+    def _wake_workers(self, cur: sqlite3.Cursor) -> None:
+        """Nothing: SQLite's workers poll (a poll is a few index seeks in a local file)."""
+
     def due_now(self, now: float, queues: tuple = ()) -> bool:
         """True if a claim now may find work: the poller's cheap check (a few index seeks)."""
         return bool(self.read(self.sql.SQL_POLL.format(heads=self.sql.heads(queues)), (*queues, now, now))[0][0])
@@ -1606,6 +1626,11 @@ class PostgresSQL:
     SQL_RUNS_PER_MINUTE = ("SELECT floor((ended_at - %s) / 60)::bigint AS minute, outcome, count(*) FROM runs "
                            "WHERE ended_at >= %s AND outcome IN ('completed', 'failed', 'dead') GROUP BY minute, outcome")
     SQL_QUERY_ONLY = "SET default_transaction_read_only = on"
+    # Wake-ups: a transaction that makes a job due now notifies the queue's channel, and each worker
+    # process listens on it (see PostgresStore.wait_notified). pg_notify inside the transaction is
+    # delivered at its commit, and not at all if it rolls back.
+    SQL_NOTIFY = "SELECT pg_notify(%s, '')"
+    SQL_LISTEN = 'LISTEN "{channel}"'
 
 
 PG_SCHEMA_NAME = re.compile(r"[A-Za-z0-9_]{1,63}")
@@ -1652,6 +1677,8 @@ class PostgresStore(Store):
     """A Store in one schema of a PostgreSQL database: autocommit connection, explicit transactions.
     Timestamps come from the database server's clock (see now())."""
     sql = PostgresSQL
+    notifies = True
+    cut_off_kills = True
 
     def __init__(self, url: str, *, durable: bool = True, busy_deadline_s: float = CLI_BUSY_DEADLINE_S,
                  reads_only: bool = False, give_up=lambda: False):
@@ -1661,6 +1688,10 @@ class PostgresStore(Store):
         self.IntegrityError = self.psycopg.IntegrityError
         self.target = url  # what open_database() was given, to open more: may hold the password, never shown
         self._libpq, self.schema, self.server, self.path = _pg_target(url)
+        # A channel name is at most 63 bytes: two long schema names may share one, which only costs
+        # their workers a needless wake-up now and then.
+        self.channel = f"queuectl_{self.schema}"[:63]
+        self.listening = None  # the connection that LISTENs, once wait_notified() has been called
         self.durable, self.reads_only, self.read_only, self.frozen = durable, reads_only, False, False
         self.busy_deadline_s, self.give_up = busy_deadline_s, give_up
         self.conn = self._connect()
@@ -1794,6 +1825,24 @@ class PostgresStore(Store):
         return BadDatabase(f"database {self.path}: {self._reason(error)}")
 
     # -- the hooks of the rules -----------------------------------------------------------------
+
+    def _wake_workers(self, cur) -> None:
+        """Notify the listening workers when this transaction commits: a job is due now."""
+        cur.execute(self.sql.SQL_NOTIFY, (self.channel,))
+
+    def wait_notified(self, timeout_s: float) -> bool:
+        """Wait up to timeout_s for a wake-up on this queue's channel; True if one came. This Store's
+        connection then serves only that. After (re)connecting, LISTEN and return True at once: a
+        wake-up sent while we were not listening is lost, so the caller should look for work."""
+        try:
+            conn = self._usable()
+            if conn is not self.listening:
+                conn.execute(self.sql.SQL_LISTEN.format(channel=self.channel))
+                self.listening = conn
+                return True
+            return any(True for _ in conn.notifies(timeout=timeout_s, stop_after=1))
+        except self.psycopg.Error as e:
+            raise self._failure(e) from None
 
     def due_now(self, now: float, queues: tuple = ()) -> bool:
         """True if a claim now may find work: the poller's cheap check."""
@@ -2741,6 +2790,7 @@ class Supervisor:
         self.me = host_identity()
         self.worker_id = f"{self.me['host']}:{self.me['pid']}:{os.urandom(3).hex()}"
         self.wake = threading.Condition()
+        self.wakes = 0  # wake-ups sent to idle runner threads so far (see _wake_runners)
         self.signals = 0  # SIGINT and SIGTERM deliveries so far
         self.tick = threading.Event()  # never set: the main loop's interruptible sleep
         self.epoch = 0  # bumped at each re-registration; jobs claimed under an older one are killed
@@ -2817,6 +2867,8 @@ class Supervisor:
         log.info("worker started: %s, %d thread(s), db %s", self.worker_id, self.count, self.path)
         self.sweeper = Sweeper(self.store, self.me, self.worker_id, lambda: self.stalled_s)
         self.sweeper.sweep(self.store.now())  # recover what a previous crash or boot left, before claiming
+        if self.store.notifies:
+            self._start_listener()
         threads = [threading.Thread(target=self._thread_main, daemon=True) for _ in range(self.count)]
         for t in threads:
             t.start()
@@ -2891,7 +2943,12 @@ class Supervisor:
             running = sum(1 for r in self.runners if r.current)
             log.info("stopping (%s): claiming nothing more, waiting for %d running job(s)", why, running)
             self.stopping.set()
+        self._wake_runners()
+
+    def _wake_runners(self) -> None:
+        """Wake the idle runner threads: a job may be due, or we are stopping."""
         with self.wake:
+            self.wakes += 1
             self.wake.notify_all()
 
     def _beat(self, due_mono: float) -> float:
@@ -2924,11 +2981,38 @@ class Supervisor:
         """Wake idle threads when a job is due; in burst mode, stop when the queue is drained."""
         now = self.store.now()
         if self.store.due_now(now, self.queues):
-            with self.wake:
-                self.wake.notify_all()
+            self._wake_runners()
         elif self.burst and not self.stopping.is_set() and not any(r.current for r in self.runners) \
                 and self.store.burst_done(now, self.queues):
             self._stop("burst: queue drained")
+
+    # -- wake-ups by NOTIFY (PostgreSQL) ---------------------------------------------------------
+
+    def _start_listener(self) -> None:
+        """One more connection, which LISTENs: a transaction that makes a job due notifies it, and
+        idle runner threads are woken at once instead of at the next poll. LISTEN runs before the
+        runner threads start, so no job enqueued after their first claim waits for the poll."""
+        import threading
+        listener = self._open()
+        listener.wait_notified(0)
+        threading.Thread(target=self._listen, args=(listener,), name="listener", daemon=True).start()
+
+    def _listen(self, listener: Store | None) -> None:
+        # A wake-up is only a hint: the poll still finds every due job, so a lost connection costs
+        # latency, never a job. It is opened again with backoff, and LISTENs again.
+        failing = Backoff("listening for wake-ups", 5.0)
+        while not self.stopping.is_set():
+            try:
+                listener = listener or self._open()
+                woken = listener.wait_notified(1.0)
+                failing.ok()
+            except QueueError as e:
+                self.stopping.wait(failing.failed(e))
+                continue
+            if woken:
+                self._wake_runners()
+        if listener:
+            listener.close()
 
     # -- runner threads --------------------------------------------------------------------------
 
@@ -2936,6 +3020,7 @@ class Supervisor:
         runner, failing = None, Backoff("claim", 5.0)
         # A job claimed together with the last result is ours: run it even if a stop came since.
         while not self.stopping.is_set() or (runner and runner.prefetched):
+            seen = self.wakes  # read before the claim: a wake-up sent during it is not lost
             try:
                 runner = runner or self._new_runner()
                 ran = runner.run_once()
@@ -2945,7 +3030,7 @@ class Supervisor:
                 continue
             if not ran:
                 with self.wake:
-                    self.wake.wait(IDLE_WAIT_S)
+                    self.wake.wait_for(lambda: self.wakes != seen, IDLE_WAIT_S)
         if runner:
             runner.store.close()
 

@@ -1401,6 +1401,63 @@ def test_postgres_time_comes_from_the_server_clock(pg_url):
         assert s.now() == pytest.approx(time.time() + 3600.0, abs=1.0)
 
 
+def wake_ups_since(listening, sender, channel):
+    """How many wake-ups `listening` (a connection that LISTENs on channel) got since the last call:
+    a marker is notified last, and notifications arrive in commit order, so every wake-up committed
+    before it has arrived once the marker has. Nothing here waits for a notification that never comes."""
+    sender.execute("SELECT pg_notify(%s, 'marker')", (channel,))
+    count = 0
+    for note in listening.notifies(timeout=WAIT_S):
+        if note.payload == "marker":
+            return count
+        count += 1
+    raise AssertionError("the marker notification never arrived")
+
+
+def test_postgres_a_commit_that_makes_a_job_due_notifies_the_queues_channel(pg_url):
+    import psycopg
+    with contextlib.closing(queuectl.PostgresStore(pg_url)) as s, \
+            psycopg.connect(queuectl._pg_target(pg_url)[0], autocommit=True) as listening, \
+            psycopg.connect(queuectl._pg_target(pg_url)[0], autocommit=True) as sender:
+        channel = s.channel
+        assert channel == f"queuectl_{s.schema}"
+        listening.execute(f'LISTEN "{channel}"')
+        register(s)
+        s.enqueue([spec("later", run_at=T0 + 60)], T0)
+        with pytest.raises(queuectl.Conflict):
+            s.enqueue([spec("x"), spec("later")], T0)  # rolled back: nothing is sent
+        assert wake_ups_since(listening, sender, channel) == 0
+        s.enqueue([spec("a"), spec("b", depends_on=["a"])], T0)
+        assert wake_ups_since(listening, sender, channel) == 1  # one per transaction
+        s.enqueue([spec("c", depends_on=["a"])], T0)
+        assert wake_ups_since(listening, sender, channel) == 0  # it waits for a
+        a = s.claim("w1", T0)
+        assert wake_ups_since(listening, sender, channel) == 0
+        s.finish(a, "w1", outcome(), SETTINGS, T0)  # releases b and c
+        assert wake_ups_since(listening, sender, channel) == 1
+        b = s.claim("w1", T0)
+        s.finish(b, "w1", outcome(1, "exit code 1"), SETTINGS, T0)  # a retry after its backoff: polled
+        assert wake_ups_since(listening, sender, channel) == 0
+        c = s.claim("w1", T0)
+        assert s.interrupt(c, "w1", LOST, True, T0) == "pending"  # recovery requeues it
+        assert wake_ups_since(listening, sender, channel) == 1
+        s.enqueue([spec("d", run_at=T0 + 60)], T0)
+        s.cancel(["d"], T0)
+        assert (s.get("d").state, wake_ups_since(listening, sender, channel)) == ("dead", 0)
+        s.retry_dead(["d"], T0)
+        assert wake_ups_since(listening, sender, channel) == 1
+        s.pause(["*"])
+        assert wake_ups_since(listening, sender, channel) == 0
+        s.resume([])
+        assert wake_ups_since(listening, sender, channel) == 1
+
+
+def test_sqlite_store_sends_no_wake_ups(tmp_path):
+    with contextlib.closing(queuectl.SqliteStore(str(tmp_path / "q.db"))) as s:
+        assert not s.notifies and not s.cut_off_kills
+        s.enqueue([spec("a")], T0)  # _wake_workers is a no-op there
+
+
 # ==== Core rules ====
 
 @pytest.mark.parametrize("attempts,base,cap,expected", [
@@ -1939,6 +1996,51 @@ def test_lease_time_excludes_the_time_our_own_heartbeat_was_stalled(store):
     assert store.get("a").state == "processing"
     assert sweeper.sweep(T0, now_mono=1017.7) == 1  # 10.1 s of its own silence
     assert queuectl.lease_expired(0.0, 12.0, 10, stalled_s=1.9) and not queuectl.lease_expired(0.0, 12.0, 10, 2.0)
+
+
+class InProcessWorker:
+    """A Supervisor run in a thread of the test, whose poll and idle wait are an hour: only a wake-up
+    makes an idle runner thread claim. `idle` is set each time a runner's claim found nothing."""
+
+    def __init__(self, target, monkeypatch):
+        monkeypatch.setattr(queuectl, "POLL_INTERVAL_S", 3600.0)
+        monkeypatch.setattr(queuectl, "IDLE_WAIT_S", 3600.0)
+        self.idle = threading.Event()
+        real_run_once = queuectl.Runner.run_once
+
+        def run_once(runner, now=None):
+            ran = real_run_once(runner, now)
+            if not ran:
+                self.idle.set()
+            return ran
+        monkeypatch.setattr(queuectl.Runner, "run_once", run_once)
+        self.supervisor = queuectl.Supervisor(target, 1, False)
+        self.thread = threading.Thread(target=self.supervisor.run, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        wait_for(self.idle.is_set, "the runner thread's first claim")
+        return self
+
+    def __exit__(self, *exc):
+        self.supervisor._stop("test over")
+        self.supervisor.tick.set()  # end the main loop's hour-long wait
+        self.thread.join(WAIT_S)
+        self.supervisor.store.close()
+
+
+def test_postgres_a_notification_wakes_an_idle_worker_before_its_poll(pg_url, monkeypatch):
+    with InProcessWorker(pg_url, monkeypatch), contextlib.closing(queuectl.PostgresStore(pg_url)) as s:
+        s.enqueue([spec("a")], s.now())
+        wait_for(lambda: s.get("a").state == "completed", "the job to be claimed and run", timeout=20)
+
+
+def test_sqlite_workers_poll_and_do_not_listen(tmp_path, monkeypatch):
+    started = []
+    monkeypatch.setattr(queuectl.Supervisor, "_start_listener", lambda self: started.append(self))
+    with InProcessWorker(str(tmp_path / "q.db"), monkeypatch):
+        pass
+    assert started == []
 
 
 def test_a_heartbeat_that_came_late_counts_as_stalled(tmp_path, monkeypatch):
