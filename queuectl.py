@@ -85,6 +85,7 @@ IDLE_WAIT_S = 5.0  # an idle thread waits for the poller's wake-up; this is only
 SWEEP_INTERVAL_S = 1.0  # how often each worker process looks for dead workers
 BUSY_TIMEOUT_S = 1.0  # SQLite's own busy wait per attempt; we retry on top of it
 CLI_BUSY_DEADLINE_S = 5.0  # a CLI command gives up (exit 1) after retrying this long
+CUT_OFF = "worker cut off from the database"  # why a worker killed runs it could no longer hold (lost runs)
 HARD_STOP_S = 5.0  # a hard-stopped worker exits this long after the signal at most, whatever the database does
 
 
@@ -2620,7 +2621,8 @@ class Runner:
 
     def _write_outcome(self, job: Job, outcome: Outcome, now: float) -> None:
         if outcome.interrupted:
-            state = self.store.interrupt(job, self.worker_id, outcome, False, now, outcome.stuck)
+            lost = outcome.interrupted == CUT_OFF  # as if the worker had died: counts toward the poison cap
+            state = self.store.interrupt(job, self.worker_id, outcome, lost, now, outcome.stuck)
             log.info("job %s %s (%s)", job.id, f"-> {state}" if state else "no longer ours", outcome.error)
             return
         if not self.keep_claiming():
@@ -2795,6 +2797,9 @@ class Supervisor:
         self.tick = threading.Event()  # never set: the main loop's interruptible sleep
         self.epoch = 0  # bumped at each re-registration; jobs claimed under an older one are killed
         self.stalled_s = 0.0  # how late our heartbeats were committed, in all (see lease_expired)
+        self.beat_ok_at = time.monotonic()  # when the last heartbeat that went through was sent
+        self.stale_s = float(CONFIG["stale_timeout"][0])  # stale-timeout as last read (see cut_off)
+        self.was_cut_off = False
         self.runners: list[Runner] = []
         self.canceled: set[tuple[str, int]] = set()  # (job id, run) of running jobs a user asked to cancel
 
@@ -2856,6 +2861,8 @@ class Supervisor:
             return "worker hard stop"
         if epoch != self.epoch:
             return "worker lost its registration"
+        if self.cut_off():
+            return CUT_OFF
         return "canceled" if (job.id, job.run_count) in self.canceled else None
 
     # -- main loop -------------------------------------------------------------------------------
@@ -2863,6 +2870,8 @@ class Supervisor:
     def run(self) -> int:
         """Run until stopped; returns the exit code."""
         import threading
+        self.stale_s = self.store.config_get("stale_timeout")
+        self.beat_ok_at = time.monotonic()
         self.store.register(self.worker_id, self.me, self.count, self.store.now())
         log.info("worker started: %s, %d thread(s), db %s", self.worker_id, self.count, self.path)
         self.sweeper = Sweeper(self.store, self.me, self.worker_id, lambda: self.stalled_s)
@@ -2911,6 +2920,7 @@ class Supervisor:
         failing, pause = Backoff("housekeeping", 1.0), POLL_INTERVAL_S
         while any(t.is_alive() for t in threads) and time.monotonic() < self.hard_at + HARD_STOP_S:
             self.tick.wait(pause)
+            self._note_cut_off()
             try:
                 self._housekeeping(due, time.monotonic())
                 failing.ok()
@@ -2962,12 +2972,34 @@ class Supervisor:
 
     def _heartbeat(self) -> float:
         """Beat, obey a stop request; returns seconds to the next beat."""
+        sent = time.monotonic()
         stop = self.store.heartbeat(self.worker_id, self.store.now())
         if stop is None:
             self._on_lost_registration()
         elif stop:
             self._stop("worker stop")
-        return max(0.2, min(2.0, self.store.config_get("stale_timeout") / 5))
+        self.beat_ok_at = sent  # when it was sent: no sweeper can have seen it earlier
+        self.stale_s = self.store.config_get("stale_timeout")
+        return max(0.2, min(2.0, self.stale_s / 5))
+
+    def cut_off(self) -> bool:
+        """True when this worker has not got a heartbeat through for half of stale-timeout (on our
+        monotonic clock) and must kill its running jobs. A sweeper on another host reruns them once
+        our heartbeat has stood still for stale-timeout, so they die before a rerun can start: they
+        are recorded as lost when the database is back (a write a rerun made stale is discarded).
+        PostgreSQL only: an SQLite heartbeat fails only when the file fails everyone, and sweepers
+        discount that time (stalled_s), so nobody reruns our jobs meanwhile."""
+        return self.store.cut_off_kills and time.monotonic() - self.beat_ok_at > self.stale_s / 2
+
+    def _note_cut_off(self) -> None:
+        cut = self.cut_off()
+        if cut and not self.was_cut_off:
+            log.error("no heartbeat for %.1fs (half of stale-timeout): killing %d running job(s), "
+                      "to be recorded as lost when the database is back", time.monotonic() - self.beat_ok_at,
+                      sum(1 for r in self.runners if r.current))
+        elif self.was_cut_off and not cut:
+            log.warning("heartbeat works again; claiming again")
+        self.was_cut_off = cut
 
     def _on_lost_registration(self) -> None:
         # Another worker declared us dead (we were paused past the lease) and requeued our jobs.
@@ -3021,6 +3053,9 @@ class Supervisor:
         # A job claimed together with the last result is ours: run it even if a stop came since.
         while not self.stopping.is_set() or (runner and runner.prefetched):
             seen = self.wakes  # read before the claim: a wake-up sent during it is not lost
+            if self.cut_off() and not (runner and runner.prefetched):  # it would be killed at once
+                self.stopping.wait(0.1)  # until a heartbeat goes through
+                continue
             try:
                 runner = runner or self._new_runner()
                 ran = runner.run_once()
