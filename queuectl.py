@@ -20,6 +20,7 @@ commands:
 # that needs them: every command pays for what it imports, and `enqueue` should start fast.
 import argparse
 import contextlib
+import functools
 import json
 import math
 import os
@@ -60,6 +61,7 @@ MAX_ID_CHARS = 200
 MAX_RETRIES_LIMIT = 1_000_000
 MAX_SECONDS = 10 * 365 * 86400  # caps timeouts and delays: keeps every number finite and storable
 OUTPUT_TAIL_BYTES = 64 * 1024
+PR_SET_PDEATHSIG, SIGKILL = 1, 9  # Linux's prctl option, and the signal it asks for (see _die_with_runner)
 # A command made only of these words is exec'd without a shell (see direct_argv); the first word
 # may not contain '=', which would make it a variable assignment.
 PLAIN_COMMAND = re.compile(r"[ \t]*[A-Za-z0-9_./:@%+,-]+(?:[ \t]+[A-Za-z0-9_./:@%+,=-]+)*[ \t]*")
@@ -2173,7 +2175,7 @@ def _spawn(job: Job, env: dict):
     # start_new_session: the job gets its own process group, so the terminal's Ctrl+C meant for
     # the worker never reaches it, and killpg() reaches all of its children.
     options = dict(cwd=job.cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                   start_new_session=True)
+                   start_new_session=True, preexec_fn=_die_with_runner())
     direct = direct_argv(job.command, job.cwd, env)
     if direct:
         try:
@@ -2182,6 +2184,39 @@ def _spawn(job: Job, env: dict):
         except OSError:
             pass  # e.g. a script without #!: the shell knows what to do (run it as a shell script)
     return subprocess.Popen(["/bin/sh", "-c", job.command], env=env, **options)
+
+
+def _die_with_runner():
+    """A preexec_fn that makes the job's first process get SIGKILL when the thread that forked it
+    ends (prctl PR_SET_PDEATHSIG), so a worker killed with SIGKILL takes its jobs' shells with it at
+    once; None where there is no prctl (not Linux).
+
+    The signal follows the *thread*, not the process: jobs are started by runner threads, which
+    live as long as the worker process (one only leaves when its job has ended and the worker is
+    stopping). It survives exec, except of a setuid or setgid program. Processes the job starts
+    do not inherit it: those are found by their run's token at the next sweep on this host (see
+    kill_run). preexec_fn costs Python's fast (vfork) spawn, so prctl is looked up here, before
+    the fork, and the child only calls it.
+    """
+    prctl, parent = _prctl(), os.getpid()
+    if prctl is None:
+        return None
+
+    def set_parent_death_signal() -> None:
+        prctl(PR_SET_PDEATHSIG, SIGKILL)
+        if os.getppid() != parent:  # the worker died before prctl: nothing would signal us now
+            os.kill(os.getpid(), SIGKILL)
+    return set_parent_death_signal
+
+
+@functools.cache
+def _prctl():
+    """libc's prctl through ctypes, or None."""
+    try:
+        import ctypes
+        return ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
+    except (ImportError, OSError, AttributeError):
+        return None
 
 
 def direct_argv(command: str, cwd: str, env: dict) -> tuple[str, list[str]] | None:

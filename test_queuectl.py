@@ -4304,6 +4304,21 @@ def write_locked(db):
         conn.close()
 
 
+def job_leaders(tag, worker_pid):
+    """Pids of the first processes of the jobs a worker started (each leads its own session)."""
+    return [pid for pid in tagged_pids(tag) if pid != worker_pid and queuectl._session(pid) == pid]
+
+
+@pytest.mark.parametrize("command", ["sleep 60", "sh -c 'sleep 60; true'"])
+def test_a_sigkilled_worker_takes_its_jobs_first_process_with_it(db, workers, tmp_path, command):
+    enqueue(db, id="j", command=command, cwd=str(tmp_path))
+    worker = workers.start()
+    [first] = wait_for(lambda: job_leaders(workers.tag, worker.popen.pid), "the job to start")
+    worker.signal(signal.SIGKILL)
+    assert worker.wait() == -signal.SIGKILL
+    wait_for(lambda: pid_gone(first), "the job's first process to die with its worker", timeout=10)
+
+
 def test_a_hard_stop_exits_130_while_the_database_cannot_be_written(db, workers, tmp_path):
     """The results cannot be written: a hard stop still ends the worker within seconds, and the
     unrecorded run is left to crash recovery."""
