@@ -20,6 +20,7 @@ commands:
 # that needs them: every command pays for what it imports, and `enqueue` should start fast.
 import argparse
 import contextlib
+import functools
 import json
 import math
 import os
@@ -60,6 +61,7 @@ MAX_ID_CHARS = 200
 MAX_RETRIES_LIMIT = 1_000_000
 MAX_SECONDS = 10 * 365 * 86400  # caps timeouts and delays: keeps every number finite and storable
 OUTPUT_TAIL_BYTES = 64 * 1024
+PR_SET_PDEATHSIG, SIGKILL = 1, 9  # Linux's prctl option, and the signal it asks for (see _die_with_runner)
 # A command made only of these words is exec'd without a shell (see direct_argv); the first word
 # may not contain '=', which would make it a variable assignment.
 PLAIN_COMMAND = re.compile(r"[ \t]*[A-Za-z0-9_./:@%+,-]+(?:[ \t]+[A-Za-z0-9_./:@%+,=-]+)*[ \t]*")
@@ -85,6 +87,7 @@ IDLE_WAIT_S = 5.0  # an idle thread waits for the poller's wake-up; this is only
 SWEEP_INTERVAL_S = 1.0  # how often each worker process looks for dead workers
 BUSY_TIMEOUT_S = 1.0  # SQLite's own busy wait per attempt; we retry on top of it
 CLI_BUSY_DEADLINE_S = 5.0  # a CLI command gives up (exit 1) after retrying this long
+CUT_OFF = "worker cut off from the database"  # why a worker killed runs it could no longer hold (lost runs)
 HARD_STOP_S = 5.0  # a hard-stopped worker exits this long after the signal at most, whatever the database does
 
 
@@ -700,10 +703,14 @@ class Store:
     A dialect's subclass (SqliteStore, PostgresStore) opens the connection and provides `sql`, its
     complete statements; `IntegrityError`, its driver's; `path`, the database's name for messages;
     `target`, what open_database() opens it again by; `write(fn)`, fn(cursor) in one transaction; `read(sql, params)`; `now()`; `_claim_in(cursor, …)`;
-    `flush_output`; `due_now`; `burst_done`; `close`; `query_only`; `refresh`.
+    `flush_output`; `due_now`; `burst_done`; `close`; `query_only`; `refresh`; `_wake_workers(cursor)`,
+    called inside each transaction that makes a job due now; and, where `notifies` is true,
+    `wait_notified(timeout_s)`.
     """
     sql: type
     IntegrityError: type
+    notifies = False  # can a worker wait for _wake_workers() instead of only polling?
+    cut_off_kills = False  # must a worker that cannot heartbeat kill its runs (see Supervisor.cut_off)?
 
     # -- jobs -----------------------------------------------------------------------------------
 
@@ -711,13 +718,17 @@ class Store:
         """Insert validated job specs in one transaction, all or nothing; returns their ids."""
         def insert(cur):
             plain: list[dict] = []
+            due = False
             for spec in specs:
                 if spec["depends_on"]:
                     self._insert_plain(cur, plain, now)
-                    self._insert_with_deps(cur, spec, now)
+                    due |= self._insert_with_deps(cur, spec, now)
                 else:
                     plain.append(spec)
+                    due |= (spec["run_at"] or now) <= now
             self._insert_plain(cur, plain, now)
+            if due:
+                self._wake_workers(cur)
             return [spec["id"] for spec in specs]
         return self.write(insert)
 
@@ -741,7 +752,8 @@ class Store:
         cur.execute("RELEASE batch")
         specs.clear()
 
-    def _insert_with_deps(self, cur: Cursor, spec: dict, now: float) -> None:
+    def _insert_with_deps(self, cur: Cursor, spec: dict, now: float) -> bool:
+        """Insert one job with dependencies; returns whether it is due now (all of them completed)."""
         states = {}
         for dep in spec["depends_on"]:
             row = cur.execute(self.sql.SQL_JOB_STATE, (dep,)).fetchone()
@@ -760,6 +772,7 @@ class Store:
         except self.IntegrityError:
             raise Conflict(f"{_where_in_batch(spec)}job {spec['id']!r} already exists") from None
         cur.executemany(self.sql.SQL_INSERT_DEP, [(spec["id"], dep) for dep in spec["depends_on"]])
+        return not waiting and (spec["run_at"] or now) <= now
 
     def get(self, job_id: str) -> Job:
         """One job; NotFound if absent."""
@@ -843,7 +856,8 @@ class Store:
     def _settle_dependents(self, cur: Cursor, job_id: str, state: str, now: float) -> None:
         """A completed job may make dependents due; a dead one takes them to the DLQ."""
         if state == COMPLETED:
-            cur.execute(self.sql.SQL_RELEASE_DEPENDENTS, (now, now, job_id))
+            if cur.execute(self.sql.SQL_RELEASE_DEPENDENTS, (now, now, job_id)).rowcount:
+                self._wake_workers(cur)  # maybe one was waiting for this one alone
         elif state == DEAD:
             cur.execute(self.sql.SQL_KILL_DEPENDENTS, (job_id, now))
 
@@ -863,6 +877,8 @@ class Store:
             cur.execute(self.sql.SQL_REQUEUE, (state, int(lost), error, now, now, job.id, worker_id, job.run_count))
             self._close_run(cur, job, "canceled" if flag[0] else "lost" if lost else "stopped", outcome, now)
             self._settle_dependents(cur, job.id, state, now)
+            if state == PENDING:
+                self._wake_workers(cur)
             return state
         return self.write(requeue)
 
@@ -880,6 +896,7 @@ class Store:
                     raise Conflict(f"job {job_id!r} depends on dead job {blocker!r}: retry both together")
             for job_id in job_ids:  # in the order given; a dependency listed later still counts as unfinished
                 cur.execute(self.sql.SQL_RETRY, (now, now, job_id))
+            self._wake_workers(cur)
         self.write(revive)
 
     def cancel(self, job_ids: list[str], now: float) -> None:
@@ -948,12 +965,15 @@ class Store:
 
     def resume(self, queues: list[str]) -> None:
         """Undo pause for these queues, or for everything when none are named."""
-        if queues:
-            if "*" in self.paused():
-                raise Conflict("every queue is paused; 'resume' without --queue resumes them all")
-            self.write(lambda cur: cur.executemany(self.sql.SQL_RESUME, [(q,) for q in queues]))
-        else:
-            self.write(lambda cur: cur.execute(self.sql.SQL_RESUME_ALL))
+        def resume(cur):
+            if queues:
+                cur.executemany(self.sql.SQL_RESUME, [(q,) for q in queues])
+            else:
+                cur.execute(self.sql.SQL_RESUME_ALL)
+            self._wake_workers(cur)
+        if queues and "*" in self.paused():
+            raise Conflict("every queue is paused; 'resume' without --queue resumes them all")
+        self.write(resume)
 
     def paused(self) -> list[str]:
         """Paused queue names ('*' = everything)."""
@@ -1284,6 +1304,9 @@ class SqliteStore(Store):
             self.refresh()
         raise BadDatabase(f"cannot read {self.path}: it keeps changing under a read-only open; try again")
 
+    def _wake_workers(self, cur: sqlite3.Cursor) -> None:
+        """Nothing: SQLite's workers poll (a poll is a few index seeks in a local file)."""
+
     def due_now(self, now: float, queues: tuple = ()) -> bool:
         """True if a claim now may find work: the poller's cheap check (a few index seeks)."""
         return bool(self.read(self.sql.SQL_POLL.format(heads=self.sql.heads(queues)), (*queues, now, now))[0][0])
@@ -1612,6 +1635,11 @@ class PostgresSQL:
     SQL_RUNS_PER_MINUTE = ("SELECT floor((ended_at - %s) / 60)::bigint AS minute, outcome, count(*) FROM runs "
                            "WHERE ended_at >= %s AND outcome IN ('completed', 'failed', 'dead') GROUP BY minute, outcome")
     SQL_QUERY_ONLY = "SET default_transaction_read_only = on"
+    # Wake-ups: a transaction that makes a job due now notifies the queue's channel, and each worker
+    # process listens on it (see PostgresStore.wait_notified). pg_notify inside the transaction is
+    # delivered at its commit, and not at all if it rolls back.
+    SQL_NOTIFY = "SELECT pg_notify(%s, '')"
+    SQL_LISTEN = 'LISTEN "{channel}"'
 
 
 PG_SCHEMA_NAME = re.compile(r"[A-Za-z0-9_]{1,63}")
@@ -1658,6 +1686,8 @@ class PostgresStore(Store):
     """A Store in one schema of a PostgreSQL database: autocommit connection, explicit transactions.
     Timestamps come from the database server's clock (see now())."""
     sql = PostgresSQL
+    notifies = True
+    cut_off_kills = True
 
     def __init__(self, url: str, *, durable: bool = True, busy_deadline_s: float = CLI_BUSY_DEADLINE_S,
                  reads_only: bool = False, give_up=lambda: False):
@@ -1667,6 +1697,10 @@ class PostgresStore(Store):
         self.IntegrityError = self.psycopg.IntegrityError
         self.target = url  # what open_database() was given, to open more: may hold the password, never shown
         self._libpq, self.schema, self.server, self.path = _pg_target(url)
+        # A channel name is at most 63 bytes: two long schema names may share one, which only costs
+        # their workers a needless wake-up now and then.
+        self.channel = f"queuectl_{self.schema}"[:63]
+        self.listening = None  # the connection that LISTENs, once wait_notified() has been called
         self.durable, self.reads_only, self.read_only, self.frozen = durable, reads_only, False, False
         self.busy_deadline_s, self.give_up = busy_deadline_s, give_up
         self.conn = self._connect()
@@ -1800,6 +1834,24 @@ class PostgresStore(Store):
         return BadDatabase(f"database {self.path}: {self._reason(error)}")
 
     # -- the hooks of the rules -----------------------------------------------------------------
+
+    def _wake_workers(self, cur) -> None:
+        """Notify the listening workers when this transaction commits: a job is due now."""
+        cur.execute(self.sql.SQL_NOTIFY, (self.channel,))
+
+    def wait_notified(self, timeout_s: float) -> bool:
+        """Wait up to timeout_s for a wake-up on this queue's channel; True if one came. This Store's
+        connection then serves only that. After (re)connecting, LISTEN and return True at once: a
+        wake-up sent while we were not listening is lost, so the caller should look for work."""
+        try:
+            conn = self._usable()
+            if conn is not self.listening:
+                conn.execute(self.sql.SQL_LISTEN.format(channel=self.channel))
+                self.listening = conn
+                return True
+            return any(True for _ in conn.notifies(timeout=timeout_s, stop_after=1))
+        except self.psycopg.Error as e:
+            raise self._failure(e) from None
 
     def due_now(self, now: float, queues: tuple = ()) -> bool:
         """True if a claim now may find work: the poller's cheap check."""
@@ -2129,7 +2181,7 @@ def _spawn(job: Job, env: dict):
     # start_new_session: the job gets its own process group, so the terminal's Ctrl+C meant for
     # the worker never reaches it, and killpg() reaches all of its children.
     options = dict(cwd=job.cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                   start_new_session=True)
+                   start_new_session=True, preexec_fn=_die_with_runner())
     direct = direct_argv(job.command, job.cwd, env)
     if direct:
         try:
@@ -2138,6 +2190,39 @@ def _spawn(job: Job, env: dict):
         except OSError:
             pass  # e.g. a script without #!: the shell knows what to do (run it as a shell script)
     return subprocess.Popen(["/bin/sh", "-c", job.command], env=env, **options)
+
+
+def _die_with_runner():
+    """A preexec_fn that makes the job's first process get SIGKILL when the thread that forked it
+    ends (prctl PR_SET_PDEATHSIG), so a worker killed with SIGKILL takes its jobs' shells with it at
+    once; None where there is no prctl (not Linux).
+
+    The signal follows the *thread*, not the process: jobs are started by runner threads, which
+    live as long as the worker process (one only leaves when its job has ended and the worker is
+    stopping). It survives exec, except of a setuid or setgid program. Processes the job starts
+    do not inherit it: those are found by their run's token at the next sweep on this host (see
+    kill_run). preexec_fn costs Python's fast (vfork) spawn, so prctl is looked up here, before
+    the fork, and the child only calls it.
+    """
+    prctl, parent = _prctl(), os.getpid()
+    if prctl is None:
+        return None
+
+    def set_parent_death_signal() -> None:
+        prctl(PR_SET_PDEATHSIG, SIGKILL)
+        if os.getppid() != parent:  # the worker died before prctl: nothing would signal us now
+            os.kill(os.getpid(), SIGKILL)
+    return set_parent_death_signal
+
+
+@functools.cache
+def _prctl():
+    """libc's prctl through ctypes, or None."""
+    try:
+        import ctypes
+        return ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
+    except (ImportError, OSError, AttributeError):
+        return None
 
 
 def direct_argv(command: str, cwd: str, env: dict) -> tuple[str, list[str]] | None:
@@ -2578,7 +2663,8 @@ class Runner:
 
     def _write_outcome(self, job: Job, outcome: Outcome, now: float) -> None:
         if outcome.interrupted:
-            state = self.store.interrupt(job, self.worker_id, outcome, False, now, outcome.stuck)
+            lost = outcome.interrupted == CUT_OFF  # as if the worker had died: counts toward the poison cap
+            state = self.store.interrupt(job, self.worker_id, outcome, lost, now, outcome.stuck)
             log.info("job %s %s (%s)", job.id, f"-> {state}" if state else "no longer ours", outcome.error)
             return
         if not self.keep_claiming():
@@ -2748,10 +2834,14 @@ class Supervisor:
         self.me = host_identity()
         self.worker_id = f"{self.me['host']}:{self.me['pid']}:{os.urandom(3).hex()}"
         self.wake = threading.Condition()
+        self.wakes = 0  # wake-ups sent to idle runner threads so far (see _wake_runners)
         self.signals = 0  # SIGINT and SIGTERM deliveries so far
         self.tick = threading.Event()  # never set: the main loop's interruptible sleep
         self.epoch = 0  # bumped at each re-registration; jobs claimed under an older one are killed
         self.stalled_s = 0.0  # how late our heartbeats were committed, in all (see lease_expired)
+        self.beat_ok_at = time.monotonic()  # when the last heartbeat that went through was sent
+        self.stale_s = float(CONFIG["stale_timeout"][0])  # stale-timeout as last read (see cut_off)
+        self.was_cut_off = False
         self.runners: list[Runner] = []
         self.canceled: set[tuple[str, int]] = set()  # (job id, run) of running jobs a user asked to cancel
 
@@ -2813,6 +2903,8 @@ class Supervisor:
             return "worker hard stop"
         if epoch != self.epoch:
             return "worker lost its registration"
+        if self.cut_off():
+            return CUT_OFF
         return "canceled" if (job.id, job.run_count) in self.canceled else None
 
     # -- main loop -------------------------------------------------------------------------------
@@ -2820,10 +2912,14 @@ class Supervisor:
     def run(self) -> int:
         """Run until stopped; returns the exit code."""
         import threading
+        self.stale_s = self.store.config_get("stale_timeout")
+        self.beat_ok_at = time.monotonic()
         self.store.register(self.worker_id, self.me, self.count, self.store.now())
         log.info("worker started: %s, %d thread(s), db %s", self.worker_id, self.count, self.path)
         self.sweeper = Sweeper(self.store, self.me, self.worker_id, lambda: self.stalled_s)
         self.sweeper.sweep(self.store.now())  # recover what a previous crash or boot left, before claiming
+        if self.store.notifies:
+            self._start_listener()
         threads = [threading.Thread(target=self._thread_main, daemon=True) for _ in range(self.count)]
         for t in threads:
             t.start()
@@ -2866,6 +2962,7 @@ class Supervisor:
         failing, pause = Backoff("housekeeping", 1.0), POLL_INTERVAL_S
         while any(t.is_alive() for t in threads) and time.monotonic() < self.hard_at + HARD_STOP_S:
             self.tick.wait(pause)
+            self._note_cut_off()
             try:
                 self._housekeeping(due, time.monotonic())
                 failing.ok()
@@ -2898,7 +2995,12 @@ class Supervisor:
             running = sum(1 for r in self.runners if r.current)
             log.info("stopping (%s): claiming nothing more, waiting for %d running job(s)", why, running)
             self.stopping.set()
+        self._wake_runners()
+
+    def _wake_runners(self) -> None:
+        """Wake the idle runner threads: a job may be due, or we are stopping."""
         with self.wake:
+            self.wakes += 1
             self.wake.notify_all()
 
     def _beat(self, due_mono: float) -> float:
@@ -2912,12 +3014,34 @@ class Supervisor:
 
     def _heartbeat(self) -> float:
         """Beat, obey a stop request; returns seconds to the next beat."""
+        sent = time.monotonic()
         stop = self.store.heartbeat(self.worker_id, self.store.now())
         if stop is None:
             self._on_lost_registration()
         elif stop:
             self._stop("worker stop")
-        return max(0.2, min(2.0, self.store.config_get("stale_timeout") / 5))
+        self.beat_ok_at = sent  # when it was sent: no sweeper can have seen it earlier
+        self.stale_s = self.store.config_get("stale_timeout")
+        return max(0.2, min(2.0, self.stale_s / 5))
+
+    def cut_off(self) -> bool:
+        """True when this worker has not got a heartbeat through for half of stale-timeout (on our
+        monotonic clock) and must kill its running jobs. A sweeper on another host reruns them once
+        our heartbeat has stood still for stale-timeout, so they die before a rerun can start: they
+        are recorded as lost when the database is back (a write a rerun made stale is discarded).
+        PostgreSQL only: an SQLite heartbeat fails only when the file fails everyone, and sweepers
+        discount that time (stalled_s), so nobody reruns our jobs meanwhile."""
+        return self.store.cut_off_kills and time.monotonic() - self.beat_ok_at > self.stale_s / 2
+
+    def _note_cut_off(self) -> None:
+        cut = self.cut_off()
+        if cut and not self.was_cut_off:
+            log.error("no heartbeat for %.1fs (half of stale-timeout): killing %d running job(s), "
+                      "to be recorded as lost when the database is back", time.monotonic() - self.beat_ok_at,
+                      sum(1 for r in self.runners if r.current))
+        elif self.was_cut_off and not cut:
+            log.warning("heartbeat works again; claiming again")
+        self.was_cut_off = cut
 
     def _on_lost_registration(self) -> None:
         # Another worker declared us dead (we were paused past the lease) and requeued our jobs.
@@ -2931,11 +3055,38 @@ class Supervisor:
         """Wake idle threads when a job is due; in burst mode, stop when the queue is drained."""
         now = self.store.now()
         if self.store.due_now(now, self.queues):
-            with self.wake:
-                self.wake.notify_all()
+            self._wake_runners()
         elif self.burst and not self.stopping.is_set() and not any(r.current for r in self.runners) \
                 and self.store.burst_done(now, self.queues):
             self._stop("burst: queue drained")
+
+    # -- wake-ups by NOTIFY (PostgreSQL) ---------------------------------------------------------
+
+    def _start_listener(self) -> None:
+        """One more connection, which LISTENs: a transaction that makes a job due notifies it, and
+        idle runner threads are woken at once instead of at the next poll. LISTEN runs before the
+        runner threads start, so no job enqueued after their first claim waits for the poll."""
+        import threading
+        listener = self._open()
+        listener.wait_notified(0)
+        threading.Thread(target=self._listen, args=(listener,), name="listener", daemon=True).start()
+
+    def _listen(self, listener: Store | None) -> None:
+        # A wake-up is only a hint: the poll still finds every due job, so a lost connection costs
+        # latency, never a job. It is opened again with backoff, and LISTENs again.
+        failing = Backoff("listening for wake-ups", 5.0)
+        while not self.stopping.is_set():
+            try:
+                listener = listener or self._open()
+                woken = listener.wait_notified(1.0)
+                failing.ok()
+            except QueueError as e:
+                self.stopping.wait(failing.failed(e))
+                continue
+            if woken:
+                self._wake_runners()
+        if listener:
+            listener.close()
 
     # -- runner threads --------------------------------------------------------------------------
 
@@ -2943,6 +3094,10 @@ class Supervisor:
         runner, failing = None, Backoff("claim", 5.0)
         # A job claimed together with the last result is ours: run it even if a stop came since.
         while not self.stopping.is_set() or (runner and runner.prefetched):
+            seen = self.wakes  # read before the claim: a wake-up sent during it is not lost
+            if self.cut_off() and not (runner and runner.prefetched):  # it would be killed at once
+                self.stopping.wait(0.1)  # until a heartbeat goes through
+                continue
             try:
                 runner = runner or self._new_runner()
                 ran = runner.run_once()
@@ -2952,7 +3107,7 @@ class Supervisor:
                 continue
             if not ran:
                 with self.wake:
-                    self.wake.wait(IDLE_WAIT_S)
+                    self.wake.wait_for(lambda: self.wakes != seen, IDLE_WAIT_S)
         if runner:
             runner.store.close()
 

@@ -432,6 +432,60 @@ def pg_url(pg_server):
         conn.execute(pgsql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(pgsql.Identifier(schema)))
 
 
+class OwnServer:
+    """A PostgreSQL cluster of one test (.ci/postgres), which the test may stop and start again on the
+    same port, as a server restart or an outage looks to a worker."""
+
+    def __init__(self, folder):
+        from urllib.parse import urlsplit
+        self.folder = folder
+        started = subprocess.run(["bash", PG_HELPER, "start", folder], stdin=subprocess.DEVNULL,
+                                 capture_output=True, text=True, timeout=120)
+        assert started.returncode == 0, f".ci/postgres start failed:\n{started.stderr}"
+        self.server = started.stdout.strip()
+        self.url = f"{self.server}?schema=own"
+        self.port = urlsplit(self.server).port
+        self.bindir = subprocess.run(["bash", PG_HELPER, "bindir"], capture_output=True, text=True).stdout.strip()
+
+    def pg_ctl(self, *args):
+        command = [f"{self.bindir}/pg_ctl", "-D", f"{self.folder}/data", *args]
+        if os.getuid() == 0:  # as .ci/postgres does: the cluster's owner runs it
+            command = ["runuser", "-u", "postgres", "--", *command]
+        done = subprocess.run(command, cwd="/", stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stderr
+
+    def stop(self):
+        self.pg_ctl("stop", "-m", "fast", "-w", "-t", "60")
+
+    def start(self):
+        self.pg_ctl("start", "-l", f"{self.folder}/log", "-w", "-t", "60", "-o", f"-p {self.port}")
+
+
+@pytest.fixture
+def own_pg(pg_server):
+    """A PostgreSQL server for this test alone (see OwnServer), removed at teardown."""
+    if subprocess.run(["bash", PG_HELPER, "bindir"], capture_output=True).returncode != 0:
+        pg_unavailable("PostgreSQL (initdb) is not installed")
+    folder = tempfile.mkdtemp(prefix="queuectl-own.", dir="/tmp")
+    try:
+        yield OwnServer(folder)
+    finally:
+        stopped = subprocess.run(["bash", PG_HELPER, "stop", folder], stdin=subprocess.DEVNULL,
+                                 capture_output=True, text=True, timeout=120)
+        assert stopped.returncode == 0, f".ci/postgres stop failed:\n{stopped.stderr}"
+
+
+def terminate_other_sessions(pg_url):
+    """Drop every other client connection to the test server's database (as a proxy or a server
+    restart would): returns how many were dropped."""
+    import psycopg
+    with psycopg.connect(queuectl._pg_target(pg_url)[0], autocommit=True) as conn:
+        return conn.execute("SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
+                            "WHERE pid <> pg_backend_pid() AND backend_type = 'client backend' "
+                            "AND datname = current_database()").fetchone()[0]
+
+
 def test_throwaway_postgres_server_answers(pg_server):
     import psycopg
     with psycopg.connect(pg_server, connect_timeout=30) as conn:
@@ -1402,6 +1456,63 @@ def test_postgres_time_comes_from_the_server_clock(pg_url):
         assert s.now() == pytest.approx(time.time() + 3600.0, abs=1.0)
 
 
+def wake_ups_since(listening, sender, channel):
+    """How many wake-ups `listening` (a connection that LISTENs on channel) got since the last call:
+    a marker is notified last, and notifications arrive in commit order, so every wake-up committed
+    before it has arrived once the marker has. Nothing here waits for a notification that never comes."""
+    sender.execute("SELECT pg_notify(%s, 'marker')", (channel,))
+    count = 0
+    for note in listening.notifies(timeout=WAIT_S):
+        if note.payload == "marker":
+            return count
+        count += 1
+    raise AssertionError("the marker notification never arrived")
+
+
+def test_postgres_a_commit_that_makes_a_job_due_notifies_the_queues_channel(pg_url):
+    import psycopg
+    with contextlib.closing(queuectl.PostgresStore(pg_url)) as s, \
+            psycopg.connect(queuectl._pg_target(pg_url)[0], autocommit=True) as listening, \
+            psycopg.connect(queuectl._pg_target(pg_url)[0], autocommit=True) as sender:
+        channel = s.channel
+        assert channel == f"queuectl_{s.schema}"
+        listening.execute(f'LISTEN "{channel}"')
+        register(s)
+        s.enqueue([spec("later", run_at=T0 + 60)], T0)
+        with pytest.raises(queuectl.Conflict):
+            s.enqueue([spec("x"), spec("later")], T0)  # rolled back: nothing is sent
+        assert wake_ups_since(listening, sender, channel) == 0
+        s.enqueue([spec("a"), spec("b", depends_on=["a"])], T0)
+        assert wake_ups_since(listening, sender, channel) == 1  # one per transaction
+        s.enqueue([spec("c", depends_on=["a"])], T0)
+        assert wake_ups_since(listening, sender, channel) == 0  # it waits for a
+        a = s.claim("w1", T0)
+        assert wake_ups_since(listening, sender, channel) == 0
+        s.finish(a, "w1", outcome(), SETTINGS, T0)  # releases b and c
+        assert wake_ups_since(listening, sender, channel) == 1
+        b = s.claim("w1", T0)
+        s.finish(b, "w1", outcome(1, "exit code 1"), SETTINGS, T0)  # a retry after its backoff: polled
+        assert wake_ups_since(listening, sender, channel) == 0
+        c = s.claim("w1", T0)
+        assert s.interrupt(c, "w1", LOST, True, T0) == "pending"  # recovery requeues it
+        assert wake_ups_since(listening, sender, channel) == 1
+        s.enqueue([spec("d", run_at=T0 + 60)], T0)
+        s.cancel(["d"], T0)
+        assert (s.get("d").state, wake_ups_since(listening, sender, channel)) == ("dead", 0)
+        s.retry_dead(["d"], T0)
+        assert wake_ups_since(listening, sender, channel) == 1
+        s.pause(["*"])
+        assert wake_ups_since(listening, sender, channel) == 0
+        s.resume([])
+        assert wake_ups_since(listening, sender, channel) == 1
+
+
+def test_sqlite_store_sends_no_wake_ups(tmp_path):
+    with contextlib.closing(queuectl.SqliteStore(str(tmp_path / "q.db"))) as s:
+        assert not s.notifies and not s.cut_off_kills
+        s.enqueue([spec("a")], T0)  # _wake_workers is a no-op there
+
+
 # ==== Core rules ====
 
 @pytest.mark.parametrize("attempts,base,cap,expected", [
@@ -1942,6 +2053,63 @@ def test_lease_time_excludes_the_time_our_own_heartbeat_was_stalled(store):
     assert queuectl.lease_expired(0.0, 12.0, 10, stalled_s=1.9) and not queuectl.lease_expired(0.0, 12.0, 10, 2.0)
 
 
+class InProcessWorker:
+    """A Supervisor run in a thread of the test, whose poll and idle wait are an hour: only a wake-up
+    makes an idle runner thread claim. `idle` is set each time a runner's claim found nothing."""
+
+    def __init__(self, target, monkeypatch):
+        monkeypatch.setattr(queuectl, "POLL_INTERVAL_S", 3600.0)
+        monkeypatch.setattr(queuectl, "IDLE_WAIT_S", 3600.0)
+        self.idle = threading.Event()
+        real_run_once = queuectl.Runner.run_once
+
+        def run_once(runner, now=None):
+            ran = real_run_once(runner, now)
+            if not ran:
+                self.idle.set()
+            return ran
+        monkeypatch.setattr(queuectl.Runner, "run_once", run_once)
+        self.supervisor = queuectl.Supervisor(target, 1, False)
+        self.thread = threading.Thread(target=self.supervisor.run, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        wait_for(self.idle.is_set, "the runner thread's first claim")
+        return self
+
+    def __exit__(self, *exc):
+        self.supervisor._stop("test over")
+        self.supervisor.tick.set()  # end the main loop's hour-long wait
+        self.thread.join(WAIT_S)
+        self.supervisor.store.close()
+
+
+def test_postgres_a_notification_wakes_an_idle_worker_before_its_poll(pg_url, monkeypatch):
+    with InProcessWorker(pg_url, monkeypatch), contextlib.closing(queuectl.PostgresStore(pg_url)) as s:
+        s.enqueue([spec("a")], s.now())
+        wait_for(lambda: s.get("a").state == "completed", "the job to be claimed and run", timeout=20)
+
+
+def test_postgres_a_worker_listens_again_after_its_connections_were_dropped(pg_url, monkeypatch):
+    with InProcessWorker(pg_url, monkeypatch) as worker:
+        assert terminate_other_sessions(pg_url) >= 3  # the worker's, its runner's, its listener's
+        with contextlib.closing(queuectl.PostgresStore(pg_url)) as s:
+            s.enqueue([spec("a")], s.now())
+            wait_for(lambda: s.get("a").state == "completed", "the job to be claimed and run", timeout=20)
+        supervisor = worker.supervisor
+        with pytest.raises(queuectl.BadDatabase, match="terminating connection"):  # its main loop sleeps:
+            supervisor.store.heartbeat(supervisor.worker_id, T0)  # its connection is found dropped now,
+        assert supervisor.store.heartbeat(supervisor.worker_id, T0) is False  # and opened again at next use
+
+
+def test_sqlite_workers_poll_and_do_not_listen(tmp_path, monkeypatch):
+    started = []
+    monkeypatch.setattr(queuectl.Supervisor, "_start_listener", lambda self: started.append(self))
+    with InProcessWorker(str(tmp_path / "q.db"), monkeypatch):
+        pass
+    assert started == []
+
+
 def test_a_heartbeat_that_came_late_counts_as_stalled(tmp_path, monkeypatch):
     supervisor = queuectl.Supervisor(str(tmp_path / "s.db"), 1, False)
     try:
@@ -1966,6 +2134,7 @@ def test_a_cancel_applies_to_the_run_it_was_aimed_at(store):
     assert store.cancel_requests("w1") == set()
     supervisor = queuectl.Supervisor.__new__(queuectl.Supervisor)  # only abort_reason's state
     supervisor.hard, supervisor.epoch, supervisor.canceled = threading.Event(), 0, {("j", 1)}
+    supervisor.store, supervisor.beat_ok_at, supervisor.stale_s = store, time.monotonic(), 10.0
     assert supervisor.abort_reason(first, 0) == "canceled"
     assert supervisor.abort_reason(second, 0) is None  # a stale set never kills a later run
 
@@ -4136,6 +4305,21 @@ def write_locked(db):
         conn.close()
 
 
+def job_leaders(tag, worker_pid):
+    """Pids of the first processes of the jobs a worker started (each leads its own session)."""
+    return [pid for pid in tagged_pids(tag) if pid != worker_pid and queuectl._session(pid) == pid]
+
+
+@pytest.mark.parametrize("command", ["sleep 60", "sh -c 'sleep 60; true'"])
+def test_a_sigkilled_worker_takes_its_jobs_first_process_with_it(db, workers, tmp_path, command):
+    enqueue(db, id="j", command=command, cwd=str(tmp_path))
+    worker = workers.start()
+    [first] = wait_for(lambda: job_leaders(workers.tag, worker.popen.pid), "the job to start")
+    worker.signal(signal.SIGKILL)
+    assert worker.wait() == -signal.SIGKILL
+    wait_for(lambda: pid_gone(first), "the job's first process to die with its worker", timeout=10)
+
+
 def test_a_hard_stop_exits_130_while_the_database_cannot_be_written(db, workers, tmp_path):
     """The results cannot be written: a hard stop still ends the worker within seconds, and the
     unrecorded run is left to crash recovery."""
@@ -4645,6 +4829,72 @@ def test_postgres_burst_worker_runs_jobs_retries_and_records_output(pg_url, tmp_
     assert ok(pg_url, "logs", "hello") == "hi from postgres\n"
     assert [r["outcome"] for r in get_job(pg_url, "bad")["runs"]] == ["failed", "dead"]
     assert json.loads(ok(pg_url, "worker", "list", "--json")) == []  # deregistered on exit
+
+
+def test_postgres_a_short_outage_costs_a_running_job_nothing(pg_url, tmp_path):
+    pool = Workers(pg_url, tmp_path)
+    try:
+        enqueue(pg_url, id="long", command=BLOCKING_JOB, cwd=str(tmp_path))
+        worker = pool.start()
+        wait_for(lambda: (tmp_path / "started").exists(), "the job to start")
+        assert terminate_other_sessions(pg_url) >= 3  # the worker's connections: dropped, not refused
+        worker.wait_log("failed")  # it noticed, and reconnects
+        (tmp_path / "release").touch()
+        wait_for(lambda: get_job(pg_url, "long")["state"] == "completed", "the job to complete")
+        job = get_job(pg_url, "long")
+        assert [(r["outcome"], r["output"]) for r in job["runs"]] == [("completed", "finished\n")]
+        assert job["lost_count"] == 0 and worker.popen.poll() is None
+        assert "killing" not in worker.log()
+    finally:
+        pool.cleanup()
+
+
+def test_postgres_a_worker_cut_off_from_the_server_kills_its_jobs_before_its_lease_ends(own_pg, tmp_path):
+    url, stale_s = own_pg.url, 3.0
+    ok(url, "config", "set", "stale-timeout", str(stale_s))
+    pool = Workers(url, tmp_path)
+    try:
+        enqueue(url, id="long", command=BLOCKING_JOB, cwd=str(tmp_path))
+        worker = pool.start()
+        wait_for(lambda: (tmp_path / "started").exists(), "the job to start")
+        first = int((tmp_path / "sh.pid").read_text())
+        own_pg.stop()
+        stopped = time.monotonic()  # the worker's last heartbeat went through before this
+        wait_for(lambda: pid_gone(first), "the job to be killed", timeout=4 * stale_s)
+        assert time.monotonic() - stopped < stale_s, "killed too late: a rerun elsewhere could overlap it"
+        assert worker.popen.poll() is None  # the worker stays up
+        (tmp_path / "started").unlink()
+        own_pg.start()
+        wait_for(lambda: (tmp_path / "started").exists(), "the job to run again")
+        (tmp_path / "release").touch()
+        wait_for(lambda: get_job(url, "long")["state"] == "completed", "the rerun to complete")
+        job = get_job(url, "long")
+        assert [r["outcome"] for r in job["runs"]] == ["lost", "completed"]
+        assert (job["lost_count"], job["runs"][0]["error"]) == (1, "worker cut off from the database")
+        assert "half of stale-timeout" in worker.log() and worker.popen.poll() is None
+    finally:
+        pool.cleanup()
+
+
+def test_sqlite_worker_never_kills_its_jobs_for_a_failing_heartbeat(tmp_path):
+    supervisor = queuectl.Supervisor(str(tmp_path / "s.db"), 1, False)
+    try:
+        supervisor.beat_ok_at = time.monotonic() - 3600  # an hour without a heartbeat
+        assert not supervisor.cut_off() and supervisor.abort_reason(make_job(), 0) is None
+    finally:
+        supervisor.store.close()
+
+
+def test_postgres_a_worker_that_cannot_heartbeat_kills_at_half_the_stale_timeout(pg_url):
+    supervisor = queuectl.Supervisor(pg_url, 1, False)
+    try:
+        supervisor.stale_s = 4.0
+        supervisor.beat_ok_at = time.monotonic() - 1.9
+        assert supervisor.abort_reason(make_job(), 0) is None
+        supervisor.beat_ok_at = time.monotonic() - 2.1
+        assert supervisor.abort_reason(make_job(), 0) == queuectl.CUT_OFF
+    finally:
+        supervisor.store.close()
 
 
 def test_postgres_a_killed_workers_job_is_recovered_by_another_worker(pg_url, tmp_path):
