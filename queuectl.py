@@ -703,8 +703,9 @@ class Store:
     A dialect's subclass (SqliteStore, PostgresStore) opens the connection and provides `sql`, its
     complete statements; `IntegrityError`, its driver's; `path`, the database's name for messages;
     `target`, what open_database() opens it again by; `write(fn)`, fn(cursor) in one transaction;
-    `read(sql, params)`; `now()`; `_claim_in(cursor, …)`; `flush_output`; `due_now`; `burst_done`; `close`; `query_only`; `refresh`; `_wake_workers(cursor)`,
-    called inside each transaction that makes a job due now; and, where `notifies` is true,
+    `read(sql, params)`; `now()`; `_claim_in(cursor, …)`; `flush_output`; `due_now`; `burst_done`;
+    `close`; `query_only`; `refresh`; `_wake_workers(cursor)`, called inside each transaction that
+    makes a job due now; and, where `notifies` is true,
     `wait_notified(timeout_s)`.
     """
     sql: type
@@ -795,7 +796,8 @@ class Store:
                   offset: int = 0) -> list[Job]:
         """Jobs newest first: `limit` of them after skipping the `offset` newest."""
         where, params = _where(self.sql.PARAM, state=state, queue=queue)
-        return [Job.from_row(r) for r in self.read(self.sql.SQL_PAGE_JOBS.format(where=where), params + (limit, offset))]
+        rows = self.read(self.sql.SQL_PAGE_JOBS.format(where=where), params + (limit, offset))
+        return [Job.from_row(r) for r in rows]
 
     def counts(self, queue: str | None = None) -> dict[str, int]:
         """Number of jobs in each state (all five keys)."""
@@ -851,8 +853,8 @@ class Store:
                       "updated_at": now})
 
     def _close_run(self, cur: Cursor, job: Job, label: str, outcome: Outcome, now: float) -> None:
-        cur.execute(self.sql.SQL_FINISH_RUN, (outcome.duration_s, now, label, outcome.exit_code, outcome.error, outcome.output,
-                                     outcome.output_bytes, job.id, job.run_count))
+        cur.execute(self.sql.SQL_FINISH_RUN, (outcome.duration_s, now, label, outcome.exit_code, outcome.error,
+                                              outcome.output, outcome.output_bytes, job.id, job.run_count))
 
     def _settle_dependents(self, cur: Cursor, job_id: str, state: str, now: float) -> None:
         """A completed job may make dependents due; a dead one takes them to the DLQ."""
@@ -1470,7 +1472,8 @@ class PostgresSQL:
 
     SQL_INSERT_JOB = (
         "INSERT INTO jobs (id, command, state, max_retries, timeout_s, cwd, env, created_at, updated_at, next_run_at, "
-        "priority, queue, waiting_on, last_error, ready) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
+        "priority, queue, waiting_on, last_error, ready) "
+        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
     SQL_INSERT_DEP = "INSERT INTO deps (job_id, dep_id) VALUES (%s, %s) ON CONFLICT DO NOTHING"
     SQL_GET_JOB = f"SELECT {Job.COLUMNS} FROM jobs WHERE id = %s"
     SQL_JOB_STATE = "SELECT state FROM jobs WHERE id = %s FOR UPDATE"  # see the comment above PG_MIGRATIONS
@@ -1587,8 +1590,8 @@ class PostgresSQL:
                            "AND cancel_requested = run_count")
     SQL_ORPHAN_JOBS = ("SELECT id, run_count, lost_count, worker_id FROM jobs WHERE state = 'processing' "
                        "AND worker_id NOT IN (SELECT id FROM workers)")
-    SQL_RUNS = ("SELECT run_no, worker_id, started_at, due_at, ended_at, outcome, exit_code, error, output, output_bytes "
-                "FROM runs WHERE job_id = %s ORDER BY run_no")
+    SQL_RUNS = ("SELECT run_no, worker_id, started_at, due_at, ended_at, outcome, exit_code, error, output, "
+                "output_bytes FROM runs WHERE job_id = %s ORDER BY run_no")
     SQL_RUN = ("SELECT run_no, output, output_bytes, ended_at FROM runs "
                "WHERE job_id = %s AND (run_no = %s OR %s::bigint IS NULL) ORDER BY run_no DESC LIMIT 1")
     SQL_RETRY = ("UPDATE jobs SET state = 'pending', attempts = 0, lost_count = 0, cancel_requested = 0, "
@@ -1613,8 +1616,8 @@ class PostgresSQL:
     SQL_RESUME = "DELETE FROM paused WHERE queue = %s"
     SQL_RESUME_ALL = "DELETE FROM paused"
     SQL_PAUSED = "SELECT queue FROM paused ORDER BY queue"
-    SQL_REGISTER = ("INSERT INTO workers (id, host, pid, proc_start, boot_id, pid_ns, threads, started_at, heartbeat_at) "
-                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)")
+    SQL_REGISTER = ("INSERT INTO workers (id, host, pid, proc_start, boot_id, pid_ns, threads, started_at, "
+                    "heartbeat_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)")
     SQL_HEARTBEAT = "UPDATE workers SET heartbeat_at = %s, beat = beat + 1 WHERE id = %s"
     SQL_STOP_REQUESTED = "SELECT stop_requested FROM workers WHERE id = %s"
     SQL_DEREGISTER = "DELETE FROM workers WHERE id = %s"
@@ -1627,14 +1630,16 @@ class PostgresSQL:
                        "WHERE ended_at >= %s AND outcome IN ('completed', 'failed', 'dead')")
     # Ready and staged together are every waiting job.
     SQL_OLDEST_ELIGIBLE = ("SELECT min(next_run_at) FROM jobs WHERE state IN ('pending', 'failed') AND waiting_on = 0 "
-                           "AND next_run_at <= %s AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*'))")
+                           "AND next_run_at <= %s "
+                           "AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*'))")
     SQL_CONFIG_GET = "SELECT value FROM config WHERE key = %s"
     SQL_CONFIG_SET = ("INSERT INTO config (key, value) VALUES (%s, %s) "
                       "ON CONFLICT (key) DO UPDATE SET value = excluded.value")
     SQL_CONFIG_ALL = "SELECT key, value FROM config"
     SQL_PAGE_JOBS = f"SELECT {Job.COLUMNS} FROM jobs {{where}} ORDER BY seq DESC LIMIT %s OFFSET %s"
     SQL_RUNS_PER_MINUTE = ("SELECT floor((ended_at - %s) / 60)::bigint AS minute, outcome, count(*) FROM runs "
-                           "WHERE ended_at >= %s AND outcome IN ('completed', 'failed', 'dead') GROUP BY minute, outcome")
+                           "WHERE ended_at >= %s AND outcome IN ('completed', 'failed', 'dead') "
+                           "GROUP BY minute, outcome")
     SQL_QUERY_ONLY = "SET default_transaction_read_only = on"
     # Wake-ups: a transaction that makes a job due now notifies the queue's channel, and each worker
     # process listens on it (see PostgresStore.wait_notified). pg_notify inside the transaction is
