@@ -746,7 +746,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, help="jobs in all (default: 14 per second of chaos, at least 200)")
     p.add_argument("--enqueuers", type=int, default=3, help="concurrent enqueuers (default 3)")
     p.add_argument("--short", action="store_true",
-                   help="about 20-25 s in all, for make test: 16 s of kills every 0.2-1 s, 450 jobs")
+                   help="about 20-25 s in all, for make test: 16 s of kills every 0.2-1 s, 450 jobs "
+                   "(with --pg: 12 s, 300 jobs, as each process costs more)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--kill-every", type=float, nargs=2, default=(0.2, 2.0), metavar=("MIN", "MAX"),
                    help="seconds between kills (default 0.2 2)")
@@ -763,7 +764,7 @@ def main(argv: list[str] | None = None) -> int:
         print("torture: --pg takes a postgresql:// URL", file=sys.stderr)
         return 2
     if args.short:
-        args.seconds, args.jobs = 16.0, args.jobs or 450
+        args.seconds, args.jobs = (12.0, args.jobs or 300) if args.pg else (16.0, args.jobs or 450)
         args.kill_every = (0.2, 1.0) if tuple(args.kill_every) == (0.2, 2.0) else args.kill_every
     jobs = args.jobs or max(200, int(args.seconds * 14))
     summary = run(args.seconds, jobs, args.enqueuers, args.seed, args.keep, tuple(args.kill_every),
