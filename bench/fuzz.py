@@ -848,8 +848,19 @@ def run(cases: int, seed: int, *, first: int = 0, verbose: bool = False, pg: str
     code) and the failures."""
     box = PgSandbox(pg) if pg else Sandbox()
     result: dict = {"cases": 0, "by_kind": {}, "exit_codes": {0: 0, 1: 0, 2: 0}, "failures": []}
+    # Ctrl-C mostly lands inside main(), which turns it into exit 130: noted here, it ends the run
+    # after that case (and close() still removes the database: a PostgreSQL schema is dropped).
+    import signal
+    interrupted: list = []
+
+    def on_sigint(signum, frame):
+        interrupted.append(signum)
+        raise KeyboardInterrupt
+    previous = signal.signal(signal.SIGINT, on_sigint) if signal.getsignal(signal.SIGINT) is signal.default_int_handler else None
     try:
         for n in range(first, first + cases):
+            if interrupted:
+                raise KeyboardInterrupt
             case = make_case(seed, n)
             encoding = "ascii" if random.Random(f"enc:{seed}:{n}").random() < 0.15 else "utf-8"
             code, problems = check_case(box, case, encoding)
@@ -861,6 +872,8 @@ def run(cases: int, seed: int, *, first: int = 0, verbose: bool = False, pg: str
                 if verbose:
                     print(result["failures"][-1], file=sys.stderr)
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
         box.close()
     return result
 

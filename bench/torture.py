@@ -226,6 +226,8 @@ class Enqueuers:
         self.busy_retries = 0
         self.errors: list[str] = []
         self.lock = threading.Lock()
+        self.stopped = False  # set by stop(), under the lock: no enqueue process starts after it
+        self.procs: set = set()  # the enqueue processes running now
         self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(len(plan))]
 
     def start(self) -> None:
@@ -237,7 +239,22 @@ class Enqueuers:
             t.join(max(0.0, deadline - time.monotonic()))
         return not any(t.is_alive() for t in self.threads)
 
+    def stop(self) -> None:
+        """Kill the enqueue processes running and start no more (a run that failed midway: its
+        PostgreSQL schema is about to be dropped, and an enqueue would make it again)."""
+        with self.lock:
+            self.stopped = True
+            running = list(self.procs)
+        for proc in running:
+            proc.kill()
+        for t in self.threads:
+            t.join(10)
+
     def _run(self, index: int) -> None:
+        with contextlib.suppress(Stopped):
+            self._send_all(index)
+
+    def _send_all(self, index: int) -> None:
         rng = random.Random(f"{self.seed}:enqueuer:{index}")
         jobs = self.plan[index]
         started, sent = time.monotonic(), 0
@@ -275,12 +292,31 @@ class Enqueuers:
         else:
             argv, data = ["enqueue", "-"], "".join(json.dumps(s) + "\n" for s in specs).encode()
         while True:
-            p = subprocess.run([PY, QUEUECTL, "--db", self.db] + argv, input=data, capture_output=True, timeout=120)
+            p = self._spawn([PY, QUEUECTL, "--db", self.db] + argv, data)
             if p.returncode == 1 and b"database is busy" in p.stderr:
                 with self.lock:
                     self.busy_retries += 1  # nothing was stored: the same jobs again
                 continue
             return p
+
+    def _spawn(self, argv: list[str], data: bytes | None) -> subprocess.CompletedProcess:
+        """subprocess.run(argv, input=data, capture_output=True, timeout=120), killable by stop()."""
+        with self.lock:
+            if self.stopped:
+                raise Stopped
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE if data is not None else subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            self.procs.add(proc)
+        try:
+            out, err = proc.communicate(data, timeout=120)
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        finally:
+            with self.lock:
+                self.procs.discard(proc)
+        return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
     def _refusal(self, p: subprocess.CompletedProcess) -> str | None:
         """The child a refused enqueue names when its dependency is dead (or was itself refused, so
@@ -291,6 +327,10 @@ class Enqueuers:
         with self.lock:
             self.refused[match[1]] = (match[2], match[3])
         return match[1]
+
+
+class Stopped(Exception):
+    """An enqueuer told to stop (Enqueuers.stop)."""
 
 
 # ==== workers and the killer =======================================================================
@@ -460,14 +500,19 @@ def run(seconds: float, jobs: int, enqueuers: int, seed: int, keep: bool = False
     if pg is None:
         return _run(seconds, jobs, enqueuers, seed, keep, kill_interval, drain_deadline_s, probes, None)
     url = with_schema(pg, f"torture_{uuid.uuid4().hex}")
-    workers: list = []
+    started: list = []  # the run's Workers and Enqueuers, once made
     try:
-        return _run(seconds, jobs, enqueuers, seed, keep, kill_interval, drain_deadline_s, probes, url, workers)
+        return _run(seconds, jobs, enqueuers, seed, keep, kill_interval, drain_deadline_s, probes, url, started)
     finally:
-        for w in workers[0].procs if workers else ():  # left running only when the run failed: no session may hold a lock
-            if w["proc"].poll() is None:
-                w["proc"].kill()
-                w["proc"].wait()
+        # Left running only when the run failed: stop them, so none holds a lock or makes the schema again.
+        for part in started:
+            if isinstance(part, Enqueuers):
+                part.stop()
+            else:
+                for w in part.procs:
+                    if w["proc"].poll() is None:
+                        w["proc"].kill()
+                        w["proc"].wait()
         try:
             drop_schema(url)
         except Exception as e:  # noqa: BLE001 - reported, never hiding the run's own outcome
@@ -495,9 +540,9 @@ def _run(seconds: float, jobs: int, enqueuers: int, seed: int, keep: bool, kill_
     kinds = {job["id"]: job["_kind"] for part in plan for job in part}
     parents = {job["id"]: job["depends_on"][0] for part in plan for job in part if "depends_on" in job}
     workers = Workers(paths["db"], paths["logs"], rng)
-    if started is not None:
-        started.append(workers)
     enq = Enqueuers(paths["db"], plan, seconds * 0.7, seed)
+    if started is not None:
+        started += [workers, enq]
     if url is None:
         still_locked = probe_orphan_kill(QUEUECTL, tmp, probes)
         log(f"orphan-kill probe: {still_locked} of {probes} killed runs still held their lock when kill_run() and wait_gone() returned")
