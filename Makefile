@@ -19,13 +19,23 @@ demo:  ## enqueue a few jobs (one failing), drain them with a burst worker, show
 	$(PYTHON) queuectl.py --db $(DEMO_DB) dlq list
 	$(PYTHON) queuectl.py --db $(DEMO_DB) logs hello
 
-test:  ## everything CI runs: pytest, the smoke test, and short fuzz, simulation, torture and benchmark runs
+# With $QUEUECTL_TEST_PG (a PostgreSQL server's URL; .ci/run sets it), `test` runs the short fuzz and
+# torture runs again on that server (about 30 s together). The URL is not echoed: it may hold a password.
+test:  ## everything CI runs: pytest, the smoke test, short fuzz, simulation, torture and benchmark runs; fuzz and torture again on PostgreSQL if $QUEUECTL_TEST_PG is set
 	$(PYTHON) -m pytest -q test_queuectl.py
 	$(PYTHON) smoke_test.py
 	$(PYTHON) bench/fuzz.py --short
 	$(PYTHON) bench/simulate.py --short
 	$(PYTHON) bench/torture.py --short
 	$(PYTHON) bench/bench.py --tiny
+	@if [ -n "$$QUEUECTL_TEST_PG" ]; then \
+		echo '$(PYTHON) bench/fuzz.py --short --pg $$QUEUECTL_TEST_PG' && \
+		$(PYTHON) bench/fuzz.py --short --pg "$$QUEUECTL_TEST_PG" && \
+		echo '$(PYTHON) bench/torture.py --short --pg $$QUEUECTL_TEST_PG' && \
+		$(PYTHON) bench/torture.py --short --pg "$$QUEUECTL_TEST_PG"; \
+	else \
+		echo "QUEUECTL_TEST_PG is not set: the PostgreSQL fuzz and torture runs are skipped"; \
+	fi
 
 smoke:  ## end-to-end smoke test with real worker processes
 	$(PYTHON) smoke_test.py

@@ -26,6 +26,12 @@ exactly the jobs it printed.
 
 Every case has its own random generator seeded from (seed, case number) and starts from the same
 database, so `--seed S --case N` replays one case exactly; a failing case prints its input.
+
+With --pg URL (a PostgreSQL server), the database is a fresh schema of that server (?schema=fuzz_<hex>),
+dropped at the end (on failure too). The starting jobs are made through queuectl's Store, every case
+runs main() with the schema's URL, the dump is read through a Store on the same schema, and a case
+that changed the database is undone by putting the starting rows back in one transaction (every table
+emptied and refilled, the id sequences set back), PostgreSQL's counterpart of copying the file back.
 """
 
 import argparse
@@ -40,6 +46,8 @@ import sqlite3
 import sys
 import tempfile
 import time
+import uuid
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -641,10 +649,83 @@ class Sandbox:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def with_schema(server: str, schema: str) -> str:
+    """The server's URL naming `schema` (any schema= it had is replaced)."""
+    parts = urlsplit(server)
+    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "schema"]
+    return urlunsplit(parts._replace(query=urlencode(query + [("schema", schema)])))
+
+
+def without_schema(url: str) -> str:
+    """The URL for libpq (psycopg): queuectl's `schema` parameter removed."""
+    parts = urlsplit(url)
+    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "schema"]
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+class PgSandbox(Sandbox):
+    """The same starting database in a fresh schema of a PostgreSQL server; a Store on it reads the
+    dump and puts the starting rows back. close() drops the schema."""
+    SEQUENCES = (("jobs", "seq"), ("deps", "seq"))
+
+    def __init__(self, server: str):
+        self.dir = None
+        self.path = with_schema(server, f"fuzz_{uuid.uuid4().hex}")
+        self.store = None
+        try:
+            build_start_state(self.path)
+            self.store = q.open_database(self.path)
+            self.pristine_rows = {table.split()[0]: self.store.read(f"SELECT * FROM {table}") for table in TABLES}
+            self.pristine_seqs = []
+            for table, column in self.SEQUENCES:
+                name = self.store.read("SELECT pg_get_serial_sequence(%s, %s)", (table, column))[0][0]
+                last, called = self.store.read(f"SELECT last_value, is_called FROM {name}")[0]
+                self.pristine_seqs.append((name, last, called))
+            self.pristine_print = self.fingerprint()
+        except BaseException:
+            self.close()
+            raise
+
+    def rows(self, sql: str) -> list[tuple]:
+        return self.store.read(sql)
+
+    def fingerprint(self) -> str:
+        digest = hashlib.sha256()
+        for table in TABLES:
+            for row in self.store.read(f"SELECT * FROM {table}"):
+                digest.update(repr(row).encode("utf-8", "surrogatepass"))
+            digest.update(b"|")
+        return digest.hexdigest()
+
+    def count_jobs(self) -> int:
+        return self.store.read("SELECT count(*) FROM jobs")[0][0]
+
+    def restore(self) -> None:
+        def put_back(cur):
+            cur.execute("TRUNCATE " + ", ".join(self.pristine_rows))
+            for table, rows in self.pristine_rows.items():
+                if rows:
+                    marks = ", ".join(["%s"] * len(rows[0]))
+                    cur.executemany(f"INSERT INTO {table} VALUES ({marks})", rows)
+            for name, last, called in self.pristine_seqs:
+                cur.execute("SELECT setval(%s, %s, %s)", (name, last, called))
+        self.store.write(put_back)
+
+    def close(self) -> None:
+        import psycopg
+        from psycopg import sql as pgsql
+        if self.store is not None:
+            self.store.close()
+        schema = dict(parse_qsl(urlsplit(self.path).query))["schema"]
+        with psycopg.connect(without_schema(self.path), autocommit=True, connect_timeout=30) as conn:
+            conn.execute("SET lock_timeout = '30s'")  # a leftover session holding a lock fails loudly
+            conn.execute(pgsql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(pgsql.Identifier(schema)))
+
+
 def build_start_state(path: str) -> None:
     """pend, 'ünï-code 😀', child (waits on pend): pending; done: completed; dead1: dead; dead2: dead
     (its dependency is); fail: failed, retrying later; proc: processing on a registered remote worker."""
-    store = q.SqliteStore(path)
+    store = q.open_database(path)  # an SQLite file, or a PostgreSQL URL with its schema
     now = time.time()
     defaults = store.config_all()
 
@@ -743,7 +824,7 @@ def check_case(box: Sandbox, case: Case, encoding: str) -> tuple[int | None, lis
     return code, problems
 
 
-def describe(case: Case, seed: int, n: int, encoding: str) -> str:
+def describe(case: Case, seed: int, n: int, encoding: str, pg: str | None = None) -> str:
     """The exact input of a case, to reproduce it by hand or with --case."""
     stdin = case.stdin
     shown = repr(stdin if stdin is None or len(stdin) <= 2000 else stdin[:2000]) + (
@@ -751,15 +832,35 @@ def describe(case: Case, seed: int, n: int, encoding: str) -> str:
     argv = repr(case.argv) if len(repr(case.argv)) <= 3000 else repr(case.argv)[:3000] + " ...(truncated)"
     return (f"case {n} of seed {seed} ({case.kind}, stdout encoding {encoding}):\n"
             f"    argv after --db DB: {argv}\n    stdin: {shown}\n"
-            f"    replay: python3 bench/fuzz.py --seed {seed} --case {n}")
+            f"    replay: python3 bench/fuzz.py --seed {seed} --case {n}" + (f" --pg {redacted(pg)}" if pg else ""))
 
 
-def run(cases: int, seed: int, *, first: int = 0, verbose: bool = False) -> dict:
-    """Run `cases` cases of `seed`; returns counts (by kind and exit code) and the failures."""
-    box = Sandbox()
+def redacted(url: str) -> str:
+    """A server URL as messages show it: without its password."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)))
+
+
+def run(cases: int, seed: int, *, first: int = 0, verbose: bool = False, pg: str | None = None) -> dict:
+    """Run `cases` cases of `seed` (pg: on that PostgreSQL server); returns counts (by kind and exit
+    code) and the failures."""
+    box = PgSandbox(pg) if pg else Sandbox()
     result: dict = {"cases": 0, "by_kind": {}, "exit_codes": {0: 0, 1: 0, 2: 0}, "failures": []}
+    # Ctrl-C mostly lands inside main(), which turns it into exit 130: noted here, it ends the run
+    # after that case (and close() still removes the database: a PostgreSQL schema is dropped).
+    import signal
+    interrupted: list = []
+
+    def on_sigint(signum, frame):
+        interrupted.append(signum)
+        raise KeyboardInterrupt
+    previous = signal.signal(signal.SIGINT, on_sigint) if signal.getsignal(signal.SIGINT) is signal.default_int_handler else None
     try:
         for n in range(first, first + cases):
+            if interrupted:
+                raise KeyboardInterrupt
             case = make_case(seed, n)
             encoding = "ascii" if random.Random(f"enc:{seed}:{n}").random() < 0.15 else "utf-8"
             code, problems = check_case(box, case, encoding)
@@ -767,10 +868,12 @@ def run(cases: int, seed: int, *, first: int = 0, verbose: bool = False) -> dict
             result["exit_codes"][code] = result["exit_codes"].get(code, 0) + 1
             result["by_kind"][case.kind] = result["by_kind"].get(case.kind, 0) + 1
             if problems:
-                result["failures"].append(describe(case, seed, n, encoding) + "\n    " + "\n    ".join(problems))
+                result["failures"].append(describe(case, seed, n, encoding, pg) + "\n    " + "\n    ".join(problems))
                 if verbose:
                     print(result["failures"][-1], file=sys.stderr)
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
         box.close()
     return result
 
@@ -780,22 +883,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cases", type=int, default=5000, help="how many cases (default 5000)")
     p.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
     p.add_argument("--case", type=int, help="replay only this case number")
-    p.add_argument("--short", action="store_true", help="the bounded run of `make test` (1500 cases)")
+    p.add_argument("--short", action="store_true",
+                   help="the bounded run of `make test` (1500 cases; 600 with --pg, where a case costs 2-3 times more)")
     p.add_argument("--max-failures", type=int, default=20, help="print at most this many failures (default 20)")
+    p.add_argument("--pg", metavar="URL", help="run on this PostgreSQL server (postgresql://USER@HOST:PORT/DB), "
+                   "in a fresh schema fuzz_<hex> dropped at the end; needs psycopg 3")
     args = p.parse_args(argv)
+    if args.pg is not None and not q.is_postgres(args.pg):
+        p.error("--pg takes a postgresql:// URL")
     if args.short:
-        args.cases = 1500
+        args.cases = 600 if args.pg else 1500
     started = time.monotonic()
     if args.case is not None:
-        result = run(1, args.seed, first=args.case)
+        result = run(1, args.seed, first=args.case, pg=args.pg)
     else:
-        result = run(args.cases, args.seed)
+        result = run(args.cases, args.seed, pg=args.pg)
     took = time.monotonic() - started
     for failure in result["failures"][:args.max_failures]:
         print(f"fuzz: FAILED: {failure}\n", file=sys.stderr)
     kinds = ", ".join(f"{k} {v}" for k, v in sorted(result["by_kind"].items()))
     codes = ", ".join(f"exit {k}: {v}" for k, v in result["exit_codes"].items() if v)
-    print(f"fuzz: {result['cases']} cases (seed {args.seed}) in {took:.1f}s: {kinds}; {codes}; "
+    where = " on PostgreSQL" if args.pg else ""
+    print(f"fuzz: {result['cases']} cases (seed {args.seed}){where} in {took:.1f}s: {kinds}; {codes}; "
           f"{len(result['failures'])} failed")
     return 1 if result["failures"] else 0
 

@@ -22,7 +22,8 @@ queue. Then, with no timing in any check:
   - every completed job's id is in the results file; a job's extra result lines (reruns) are
     explained by its own runs that were cut short after it started (outcome lost or stopped): at
     most one extra line per such run;
-  - no run is left open, PRAGMA integrity_check is ok, `status --json` counts equal the rows;
+  - no run is left open, PRAGMA integrity_check is ok (PostgreSQL: the invariant queries below),
+    `status --json` counts equal the rows;
   - no worker exited on its own or printed a traceback, and no enqueue failed except "busy" and a
     child refused because its dependency is dead (or was refused itself): it is sent again without it;
   - before the run, an orphan-kill probe: runs under flock are killed with kill_run() and wait_gone() (the
@@ -31,9 +32,20 @@ queue. Then, with no timing in any check:
 A summary follows (jobs, kills by kind, recoveries = runs with outcome 'lost', reruns, overlaps, lost);
 exit 1 on any violation.
 
+With --pg URL (a PostgreSQL server), the run uses a fresh schema of that server (?schema=torture_<hex>)
+instead of an SQLite file: every process gets the schema's URL as --db, the checks read the rows through
+queuectl's Store, and the schema is dropped at the end (on failure too, after the run's workers are
+killed). PostgreSQL has no PRAGMA integrity_check; in its place, queries check invariants the rows must
+keep (INVARIANTS: no run or dependency of a missing job, known states only, unique ids, each job's
+run_count equal to its runs numbered 1..run_count, a completed job's last run completed, an open run
+exactly for each processing job) and that no index of the schema is invalid. The orphan-kill probe does
+not touch the database and is skipped (the SQLite run covers it). Enqueues that exit "database is
+busy" are sent again on both backends (PostgreSQL's after transactions kept conflicting).
+
   python3 bench/torture.py                 # the long form: 300 s of chaos (make torture)
   python3 bench/torture.py --short         # about 20-25 s in all, same checks (make test)
   python3 bench/torture.py --seconds 60 --seed 7 --json
+  python3 bench/torture.py --short --pg postgresql://postgres@127.0.0.1:5432/postgres
 """
 
 import argparse
@@ -52,7 +64,9 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from datetime import datetime, timezone
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUEUECTL = os.path.join(ROOT, "queuectl.py")  # run() points this at a copy taken when the run starts
@@ -65,6 +79,99 @@ KINDS = {"quick": 0.62, "flaky": 0.2, "slow_first": 0.04, "doomed": 0.06, "alway
 
 def log(msg: str) -> None:
     print(f"torture: {msg}", file=sys.stderr, flush=True)
+
+
+# ==== PostgreSQL mode ===============================================================================
+
+def is_pg(db: str) -> bool:
+    return db.startswith(("postgresql://", "postgres://"))
+
+
+def with_schema(server: str, schema: str) -> str:
+    """The server's URL naming `schema` (any schema= it had is replaced)."""
+    parts = urlsplit(server)
+    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "schema"]
+    return urlunsplit(parts._replace(query=urlencode(query + [("schema", schema)])))
+
+
+def without_schema(url: str) -> str:
+    """The URL for libpq (psycopg): queuectl's `schema` parameter removed."""
+    parts = urlsplit(url)
+    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "schema"]
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+def shown(db: str) -> str:
+    """The database as messages show it: a URL without its password."""
+    if not is_pg(db):
+        return db
+    parts = urlsplit(db)
+    if parts.password is None:
+        return db
+    return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)))
+
+
+def drop_schema(url: str) -> None:
+    """Drop the run's schema with everything in it (nothing to do if it was never made)."""
+    import psycopg
+    from psycopg import sql as pgsql
+    schema = dict(parse_qsl(urlsplit(url).query))["schema"]
+    with psycopg.connect(without_schema(url), autocommit=True, connect_timeout=30) as conn:
+        conn.execute("SET lock_timeout = '30s'")  # a leftover session holding a lock fails loudly
+        conn.execute(pgsql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(pgsql.Identifier(schema)))
+
+
+def load_queuectl(path: str):
+    """The queuectl module from `path` (the run's copy), for kill_run() and the Store; loaded once."""
+    if path in _MODULES:
+        return _MODULES[path]
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("queuectl_torture", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    _MODULES[path] = module
+    return module
+
+
+_MODULES: dict = {}
+
+
+# What PostgreSQL checks in place of PRAGMA integrity_check: each query counts the rows that break one
+# invariant, and must give 0. Plain SQL that SQLite runs too.
+INVARIANTS = {
+    "runs of a job that does not exist":
+        "SELECT count(*) FROM runs r WHERE NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = r.job_id)",
+    "dependency rows naming a job that does not exist":
+        "SELECT count(*) FROM deps d WHERE NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = d.job_id) "
+        "OR NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = d.dep_id)",
+    "jobs in an unknown state":
+        "SELECT count(*) FROM jobs WHERE state NOT IN ('pending', 'processing', 'completed', 'failed', 'dead')",
+    "duplicate job ids or seqs":
+        "SELECT (count(*) - count(DISTINCT id)) + (count(*) - count(DISTINCT seq)) FROM jobs",
+    "jobs whose run_count is not the number of their runs, numbered 1..run_count":
+        "SELECT count(*) FROM jobs j WHERE j.run_count <> (SELECT count(*) FROM runs r WHERE r.job_id = j.id) "
+        "OR j.run_count <> coalesce((SELECT max(run_no) FROM runs r WHERE r.job_id = j.id), 0) "
+        "OR EXISTS (SELECT 1 FROM runs r WHERE r.job_id = j.id AND r.run_no < 1)",
+    "completed jobs whose last run did not complete":
+        "SELECT count(*) FROM jobs j WHERE j.state = 'completed' AND NOT EXISTS "
+        "(SELECT 1 FROM runs r WHERE r.job_id = j.id AND r.run_no = j.run_count AND r.outcome = 'completed')",
+    "processing jobs without an open run, or open runs not their job's processing one":
+        "SELECT (SELECT count(*) FROM jobs j WHERE j.state = 'processing' AND NOT EXISTS "
+        "(SELECT 1 FROM runs r WHERE r.job_id = j.id AND r.run_no = j.run_count AND r.outcome IS NULL)) + "
+        "(SELECT count(*) FROM runs r WHERE r.outcome IS NULL AND NOT EXISTS (SELECT 1 FROM jobs j "
+        "WHERE j.id = r.job_id AND j.state = 'processing' AND j.run_count = r.run_no))",
+}
+PG_INVALID_INDEXES = ("SELECT count(*) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+                      "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                      "WHERE n.nspname = current_schema() AND NOT (i.indisvalid AND i.indisready)")
+
+
+def pg_integrity(store) -> str:
+    """'ok', or the invariants the rows break (with how many rows break each)."""
+    broken = [f"{name}: {n}" for name, sql in INVARIANTS.items() if (n := store.read(sql)[0][0])]
+    if n := store.read(PG_INVALID_INDEXES)[0][0]:
+        broken.append(f"invalid indexes: {n}")
+    return "; ".join(broken) or "ok"
 
 
 # ==== the plan: every job decided up front from the seed ==========================================
@@ -119,6 +226,8 @@ class Enqueuers:
         self.busy_retries = 0
         self.errors: list[str] = []
         self.lock = threading.Lock()
+        self.stopped = False  # set by stop(), under the lock: no enqueue process starts after it
+        self.procs: set = set()  # the enqueue processes running now
         self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(len(plan))]
 
     def start(self) -> None:
@@ -130,7 +239,22 @@ class Enqueuers:
             t.join(max(0.0, deadline - time.monotonic()))
         return not any(t.is_alive() for t in self.threads)
 
+    def stop(self) -> None:
+        """Kill the enqueue processes running and start no more (a run that failed midway: its
+        PostgreSQL schema is about to be dropped, and an enqueue would make it again)."""
+        with self.lock:
+            self.stopped = True
+            running = list(self.procs)
+        for proc in running:
+            proc.kill()
+        for t in self.threads:
+            t.join(10)
+
     def _run(self, index: int) -> None:
+        with contextlib.suppress(Stopped):
+            self._send_all(index)
+
+    def _send_all(self, index: int) -> None:
         rng = random.Random(f"{self.seed}:enqueuer:{index}")
         jobs = self.plan[index]
         started, sent = time.monotonic(), 0
@@ -168,12 +292,31 @@ class Enqueuers:
         else:
             argv, data = ["enqueue", "-"], "".join(json.dumps(s) + "\n" for s in specs).encode()
         while True:
-            p = subprocess.run([PY, QUEUECTL, "--db", self.db] + argv, input=data, capture_output=True, timeout=120)
+            p = self._spawn([PY, QUEUECTL, "--db", self.db] + argv, data)
             if p.returncode == 1 and b"database is busy" in p.stderr:
                 with self.lock:
                     self.busy_retries += 1  # nothing was stored: the same jobs again
                 continue
             return p
+
+    def _spawn(self, argv: list[str], data: bytes | None) -> subprocess.CompletedProcess:
+        """subprocess.run(argv, input=data, capture_output=True, timeout=120), killable by stop()."""
+        with self.lock:
+            if self.stopped:
+                raise Stopped
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE if data is not None else subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            self.procs.add(proc)
+        try:
+            out, err = proc.communicate(data, timeout=120)
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        finally:
+            with self.lock:
+                self.procs.discard(proc)
+        return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
     def _refusal(self, p: subprocess.CompletedProcess) -> str | None:
         """The child a refused enqueue names when its dependency is dead (or was itself refused, so
@@ -184,6 +327,10 @@ class Enqueuers:
         with self.lock:
             self.refused[match[1]] = (match[2], match[3])
         return match[1]
+
+
+class Stopped(Exception):
+    """An enqueuer told to stop (Enqueuers.stop)."""
 
 
 # ==== workers and the killer =======================================================================
@@ -316,10 +463,7 @@ def probe_orphan_kill(queuectl_path: str, folder: str, n: int) -> int:
     `flock` carrying a QUEUECTL_RUN token, waits until /proc/locks shows the lock, calls
     kill_run(token), wait_gone() and looks at /proc/locks at once. 0 is the only right answer.
     """
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("queuectl_probe", queuectl_path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_queuectl(queuectl_path)
     lock = os.path.join(folder, "probe.lock")
     open(lock, "w").close()
     tag = f":{os.stat(lock).st_ino} "
@@ -349,15 +493,41 @@ def probe_orphan_kill(queuectl_path: str, folder: str, n: int) -> int:
 # ==== the run ======================================================================================
 
 def run(seconds: float, jobs: int, enqueuers: int, seed: int, keep: bool = False,
-        kill_interval: tuple[float, float] = (0.2, 2.0), drain_deadline_s: float = 600.0, probes: int = 100) -> dict:
-    """One torture run; returns the summary (with "violations": a list, empty when all held)."""
+        kill_interval: tuple[float, float] = (0.2, 2.0), drain_deadline_s: float = 600.0, probes: int = 100,
+        pg: str | None = None) -> dict:
+    """One torture run; returns the summary (with "violations": a list, empty when all held).
+    pg: a PostgreSQL server's URL; the run then uses a fresh schema there, dropped at the end."""
+    if pg is None:
+        return _run(seconds, jobs, enqueuers, seed, keep, kill_interval, drain_deadline_s, probes, None)
+    url = with_schema(pg, f"torture_{uuid.uuid4().hex}")
+    started: list = []  # the run's Workers and Enqueuers, once made
+    try:
+        return _run(seconds, jobs, enqueuers, seed, keep, kill_interval, drain_deadline_s, probes, url, started)
+    finally:
+        # Left running only when the run failed: stop them, so none holds a lock or makes the schema again.
+        for part in started:
+            if isinstance(part, Enqueuers):
+                part.stop()
+            else:
+                for w in part.procs:
+                    if w["proc"].poll() is None:
+                        w["proc"].kill()
+                        w["proc"].wait()
+        try:
+            drop_schema(url)
+        except Exception as e:  # noqa: BLE001 - reported, never hiding the run's own outcome
+            log(f"could not drop the schema of {shown(url)}: {e}")
+
+
+def _run(seconds: float, jobs: int, enqueuers: int, seed: int, keep: bool, kill_interval: tuple[float, float],
+         drain_deadline_s: float, probes: int, url: str | None, started: list | None = None) -> dict:
     global QUEUECTL
     rng = random.Random(seed)
     tmp = tempfile.mkdtemp(prefix="queuectl-torture-")
     # Every process of the run uses a copy of queuectl.py taken now: edits made to the file while
     # the run goes on cannot mix two versions in one run.
     QUEUECTL = shutil.copy(os.path.join(ROOT, "queuectl.py"), os.path.join(tmp, "queuectl.py"))
-    paths = {"dir": tmp, "db": os.path.join(tmp, "q.db"), "results": os.path.join(tmp, "results"),
+    paths = {"dir": tmp, "db": url or os.path.join(tmp, "q.db"), "results": os.path.join(tmp, "results"),
              "overlaps": os.path.join(tmp, "overlaps"), "locks": os.path.join(tmp, "locks"),
              "logs": os.path.join(tmp, "logs")}
     os.makedirs(paths["locks"])
@@ -371,10 +541,16 @@ def run(seconds: float, jobs: int, enqueuers: int, seed: int, keep: bool = False
     parents = {job["id"]: job["depends_on"][0] for part in plan for job in part if "depends_on" in job}
     workers = Workers(paths["db"], paths["logs"], rng)
     enq = Enqueuers(paths["db"], plan, seconds * 0.7, seed)
-    still_locked = probe_orphan_kill(QUEUECTL, tmp, probes)
-    log(f"orphan-kill probe: {still_locked} of {probes} killed runs still held their lock when kill_run() and wait_gone() returned")
+    if started is not None:
+        started += [workers, enq]
+    if url is None:
+        still_locked = probe_orphan_kill(QUEUECTL, tmp, probes)
+        log(f"orphan-kill probe: {still_locked} of {probes} killed runs still held their lock when kill_run() and wait_gone() returned")
+    else:
+        still_locked, probes = 0, 0
+        log("orphan-kill probe skipped on PostgreSQL: it does not touch the database (the SQLite run covers it)")
     began = time.monotonic()
-    log(f"db {paths['db']}: {jobs} jobs, {enqueuers} enqueuers, {seconds:g}s of kills every "
+    log(f"db {shown(paths['db'])}: {jobs} jobs, {enqueuers} enqueuers, {seconds:g}s of kills every "
         f"{kill_interval[0]:g}-{kill_interval[1]:g}s (seed {seed})")
     workers.top_up()
     enq.start()
@@ -398,12 +574,14 @@ def run(seconds: float, jobs: int, enqueuers: int, seed: int, keep: bool = False
     drain_s = time.monotonic() - drain_started
     summary = check(paths, kinds, parents, enq, workers, drained and enqueued_all)
     summary["orphan_kill_probe"] = {"runs": probes, "still_locked": still_locked}
+    if url is not None:
+        summary["backend"] = "postgresql"
     if still_locked:
         summary["violations"].append(
             f"orphan-kill probe: {still_locked} of {probes} runs still held their flock right after kill_run() and wait_gone() "
             "returned: a sweeper that requeues then lets the rerun overlap the dying run")
     summary.update(seconds=seconds, seed=seed, total_s=round(time.monotonic() - began, 1), drain_s=round(drain_s, 1),
-                   kill_interval_s=list(kill_interval), machine=machine())
+                   kill_interval_s=list(kill_interval), machine=machine(url))
     if not enqueued_all:
         summary["violations"].append("the enqueuers did not finish within 120 s after the chaos")
     if summary["violations"] or keep:
@@ -440,23 +618,44 @@ def drain(db: str, workers: Workers, deadline: float) -> bool:
 
 
 def unfinished(db: str) -> int:
+    if is_pg(db):
+        with pg_store(db) as store:
+            return store.read("SELECT count(*) FROM jobs WHERE state NOT IN ('completed', 'dead')")[0][0]
     with sqlite3.connect(db) as conn:
         return conn.execute("SELECT count(*) FROM jobs WHERE state NOT IN ('completed', 'dead')").fetchone()[0]
+
+
+@contextlib.contextmanager
+def pg_store(url: str):
+    """queuectl's Store (of the run's copy) on the run's schema, for the checks' reads."""
+    store = load_queuectl(QUEUECTL).open_database(url, reads_only=True)
+    try:
+        yield store
+    finally:
+        store.close()
 
 
 # ==== the checks ===================================================================================
 
 def check(paths: dict, kinds: dict, parents: dict, enq: Enqueuers, workers: Workers, drained: bool) -> dict:
     v: list[str] = []
-    conn = sqlite3.connect(paths["db"])
-    rows = {r[0]: r[1:] for r in conn.execute("SELECT id, state, last_error, attempts, lost_count FROM jobs")}
+    if is_pg(paths["db"]):
+        with pg_store(paths["db"]) as store:
+            rows = {r[0]: r[1:] for r in store.read("SELECT id, state, last_error, attempts, lost_count FROM jobs")}
+            runs_rows = store.read("SELECT job_id, coalesce(outcome, 'open'), count(*) FROM runs GROUP BY job_id, outcome")
+            integrity = pg_integrity(store)  # no PRAGMA integrity_check: the invariants and the indexes
+            by_state = dict(store.read("SELECT state, count(*) FROM jobs GROUP BY state"))
+    else:
+        conn = sqlite3.connect(paths["db"])
+        rows = {r[0]: r[1:] for r in conn.execute("SELECT id, state, last_error, attempts, lost_count FROM jobs")}
+        runs_rows = conn.execute("SELECT job_id, coalesce(outcome, 'open'), count(*) FROM runs "
+                                 "GROUP BY job_id, outcome").fetchall()
+        integrity = conn.execute("PRAGMA integrity_check").fetchone()[0]
+        by_state = dict(conn.execute("SELECT state, count(*) FROM jobs GROUP BY state").fetchall())
+        conn.close()
     runs: dict[str, dict] = {}
-    for job_id, outcome, n in conn.execute("SELECT job_id, coalesce(outcome, 'open'), count(*) FROM runs "
-                                           "GROUP BY job_id, outcome"):
+    for job_id, outcome, n in runs_rows:
         runs.setdefault(job_id, {})[outcome] = n
-    integrity = conn.execute("PRAGMA integrity_check").fetchone()[0]
-    by_state = dict(conn.execute("SELECT state, count(*) FROM jobs GROUP BY state").fetchall())
-    conn.close()
     with open(paths["results"]) as f:
         lines = f.read().split()
     with open(paths["overlaps"]) as f:
@@ -511,7 +710,7 @@ def check(paths: dict, kinds: dict, parents: dict, enq: Enqueuers, workers: Work
     if open_runs:
         v.append(f"{open_runs} runs are still open")
     if integrity != "ok":
-        v.append(f"PRAGMA integrity_check: {integrity}")
+        v.append(f"{'invariants' if is_pg(paths['db']) else 'PRAGMA integrity_check'}: {integrity}")
     status = json.loads(cli(paths["db"], "status", "--json").stdout)
     expected_counts = {s: by_state.get(s, 0) for s in ("pending", "processing", "completed", "failed", "dead")}
     if status["jobs"] != expected_counts:
@@ -541,14 +740,18 @@ def check(paths: dict, kinds: dict, parents: dict, enq: Enqueuers, workers: Work
     }
 
 
-def machine() -> dict:
+def machine(url: str | None = None) -> dict:
     """Where and on what the run happened (the queuectl.py digest names the code that was tortured)."""
     with open(QUEUECTL, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()[:12]
-    return {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "cores": os.cpu_count(),
-            "queuectl_sha256": digest,
-            "python": platform.python_version(), "sqlite": sqlite3.sqlite_version,
-            "kernel": platform.release(), "flock": shutil.which("flock") is not None}
+    found = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "cores": os.cpu_count(),
+             "queuectl_sha256": digest,
+             "python": platform.python_version(), "sqlite": sqlite3.sqlite_version,
+             "kernel": platform.release(), "flock": shutil.which("flock") is not None}
+    if url is not None:
+        with pg_store(url) as store:
+            found["postgresql"] = store.read("SHOW server_version")[0][0]
+    return found
 
 
 def print_summary(s: dict) -> None:
@@ -562,14 +765,20 @@ def print_summary(s: dict) -> None:
     print(f"  reruns: {s['reruns']} completed jobs wrote their result more than once ({s['rerun_lines']} extra lines), "
           "each explained by a run of its own cut short by a kill or hard stop after it started")
     probe = s["orphan_kill_probe"]
-    print(f"  orphan-kill probe: {probe['still_locked']} of {probe['runs']} killed runs still held their lock when "
-          "kill_run() and wait_gone() returned (must be 0)")
-    print(f"  overlaps: {s['overlaps']} (must be 0)   lost: {s['lost']} (must be 0)   integrity: {s['integrity']}   "
+    pg = s.get("backend") == "postgresql"
+    if pg:
+        print("  orphan-kill probe: skipped on PostgreSQL (it does not touch the database; the SQLite run covers it)")
+    else:
+        print(f"  orphan-kill probe: {probe['still_locked']} of {probe['runs']} killed runs still held their lock when "
+              "kill_run() and wait_gone() returned (must be 0)")
+    integrity = "invariants" if pg else "integrity"
+    print(f"  overlaps: {s['overlaps']} (must be 0)   lost: {s['lost']} (must be 0)   {integrity}: {s['integrity']}   "
           f"busy enqueue retries: {s['enqueue_busy_retries']}   enqueues refused on a dead dependency: "
           f"{s['refused_enqueues']}")
     m = s["machine"]
     print(f"  {s['seconds']:g}s of chaos, drain {s['drain_s']}s, {s['total_s']}s in all; seed {s['seed']}; "
-          f"{m['date']}, {m['cores']} cores, Python {m['python']}, SQLite {m['sqlite']}, "
+          f"{m['date']}, {m['cores']} cores, Python {m['python']}, "
+          + (f"PostgreSQL {m['postgresql']}, " if pg else f"SQLite {m['sqlite']}, ") +
           f"queuectl.py sha256 {m['queuectl_sha256']}")
     for violation in s["violations"]:
         print(f"  VIOLATION: {violation}")
@@ -582,23 +791,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, help="jobs in all (default: 14 per second of chaos, at least 200)")
     p.add_argument("--enqueuers", type=int, default=3, help="concurrent enqueuers (default 3)")
     p.add_argument("--short", action="store_true",
-                   help="about 20-25 s in all, for make test: 16 s of kills every 0.2-1 s, 450 jobs")
+                   help="about 20-25 s in all, for make test: 16 s of kills every 0.2-1 s, 450 jobs "
+                   "(with --pg: 12 s, 300 jobs, as each process costs more)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--kill-every", type=float, nargs=2, default=(0.2, 2.0), metavar=("MIN", "MAX"),
                    help="seconds between kills (default 0.2 2)")
     p.add_argument("--probes", type=int, default=100, help="orphan-kill probes before the run (default 100)")
     p.add_argument("--keep", action="store_true", help="keep the temporary folder (db, logs, results)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON only")
+    p.add_argument("--pg", metavar="URL", help="run on this PostgreSQL server (postgresql://USER@HOST:PORT/DB), "
+                   "in a fresh schema torture_<hex> dropped at the end; needs psycopg 3")
     args = p.parse_args(argv)
     if shutil.which("flock") is None:
         print("torture: needs flock(1) (util-linux)", file=sys.stderr)
         return 2
+    if args.pg is not None and not is_pg(args.pg):
+        print("torture: --pg takes a postgresql:// URL", file=sys.stderr)
+        return 2
     if args.short:
-        args.seconds, args.jobs = 16.0, args.jobs or 450
+        args.seconds, args.jobs = (12.0, args.jobs or 300) if args.pg else (16.0, args.jobs or 450)
         args.kill_every = (0.2, 1.0) if tuple(args.kill_every) == (0.2, 2.0) else args.kill_every
     jobs = args.jobs or max(200, int(args.seconds * 14))
     summary = run(args.seconds, jobs, args.enqueuers, args.seed, args.keep, tuple(args.kill_every),
-                  drain_deadline_s=120.0 if args.short else 600.0, probes=args.probes)
+                  drain_deadline_s=120.0 if args.short else 600.0, probes=args.probes, pg=args.pg)
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
