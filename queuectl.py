@@ -1664,6 +1664,11 @@ def _psycopg():
         import psycopg
     except ImportError:
         raise BadDatabase('PostgreSQL needs psycopg 3: pip install "psycopg[binary]"') from None
+    import logging
+    # psycopg logs, as a warning, the end of a pipeline that an error aborted ("error ignored
+    # terminating <Pipeline …>") after the error itself was raised and handled (a duplicate id in a
+    # batch): a command's failure is one line, and that line is ours.
+    logging.getLogger("psycopg").setLevel(logging.ERROR)
     return psycopg
 
 
