@@ -999,11 +999,16 @@ def parallel_once(b: Bench, db: str, procs: int, n: int, tag: str) -> dict:
     after = b.counts(db)
     if after["completed"] - before["completed"] != n:
         raise BenchError(f"parallel {tag}: {after['completed'] - before['completed']} of {n} jobs completed")
-    claims = []
+    claims, spans = [], []
     for log in logs:
         with open(os.path.join(b.tmp, log), errors="replace") as f:
             claims.append(sum(1 for line in f if " claimed" in line))
-    return {"rate": n / wall, "wall_s": wall, "claims": claims}
+        spans.append(log_span(os.path.join(b.tmp, log)))
+    # Jobs/s from the first claim to the last completion of any process: the rate without the
+    # processes' start-up and exit (None if the logs have no timestamps to read).
+    firsts, lasts = [f for f, _ in spans if f is not None], [x for _, x in spans if x is not None]
+    steady = n / (max(lasts) - min(firsts)) if firsts and lasts and max(lasts) > min(firsts) else None
+    return {"rate": n / wall, "wall_s": wall, "claims": claims, "steady_rate": steady}
 
 
 def bench_parallel(b: Bench) -> None:
@@ -1030,8 +1035,11 @@ def bench_parallel(b: Bench) -> None:
         b.add(f"{key}_two_rate", two_label, med(r["rate"] for r in twos), "jobs/s",
               f"{n} jobs; each run's seconds {walls(twos)}; jobs claimed by each process: "
               + ", ".join("/".join(map(str, r["claims"])) for r in twos), pg=pg)
+        steady = [t["steady_rate"] / o["steady_rate"] for o, t in zip(ones, twos)
+                  if t["steady_rate"] and o["steady_rate"]]
         b.add(f"{key}_ratio", ratio_label, med(t["rate"] / o["rate"] for o, t in zip(ones, twos)), "x",
-              f"median of {reps} paired runs; the ceiling is 2", pg=pg)
+              f"median of {reps} paired runs; the ceiling is 2"
+              + (f"; first claim to last completion: {med(steady):.2f}" if steady else ""), pg=pg)
 
     measure(False)
     b.pg_measure([("pg_parallel_one_rate", one_label, "jobs/s"), ("pg_parallel_two_rate", two_label, "jobs/s"),
