@@ -52,11 +52,32 @@ BLOCKING_JOB = ('echo $$ > sh.pid; touch started; i=0; '
                 'echo finished')
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def db(request, tmp_path, monkeypatch):
+    """`--db` of a fresh, empty queue on each backend: an SQLite file in a temp folder, and a PostgreSQL
+    schema (pg_url); $QUEUECTL_DB cleared so it cannot interfere."""
+    monkeypatch.delenv("QUEUECTL_DB", raising=False)
+    if request.param == "postgres":
+        return request.getfixturevalue("pg_url")
+    return str(tmp_path / "queue.db")
+
+
 @pytest.fixture
-def db(tmp_path, monkeypatch):
-    """Path of a fresh database in a temp folder; $QUEUECTL_DB cleared so it cannot interfere."""
+def sqlite_db(tmp_path, monkeypatch):
+    """Path of a fresh SQLite database file, for tests of what only a file has (its modes, WAL, locks,
+    corruption, permissions)."""
     monkeypatch.delenv("QUEUECTL_DB", raising=False)
     return str(tmp_path / "queue.db")
+
+
+def is_pg(db):
+    return queuectl.is_postgres(db)
+
+
+# For a test of argument or input checks that refuse a request in Python before anything is written
+# (argparse, validate_job, a bad id or duration): it cannot differ between backends, so it runs on
+# SQLite only; `db` and the fixtures built on it (seeded_db, states_db, ...) get only its sqlite param.
+sqlite_only = pytest.mark.parametrize("db", ["sqlite"], indirect=True)
 
 
 def run_main(argv, stdin=None):
@@ -138,7 +159,7 @@ def snapshot(db):
 
 
 def sql(db, statement, params=()):
-    """Run one statement on the db file directly (to age a row or count runs); returns the rows."""
+    """Run one statement on an SQLite db file directly, with sqlite3 (PRAGMAs); returns the rows."""
     conn = sqlite3.connect(db, timeout=30)
     try:
         with conn:
@@ -147,9 +168,22 @@ def sql(db, statement, params=()):
         conn.close()
 
 
+def db_sql(db, statement, params=()):
+    """Run one plain-SQL statement that both dialects accept (parameters as ?) in one transaction of
+    the backend's own Store (to age a row or count runs); returns the rows, [] if it returns none."""
+    with opened(db) as s:
+        if is_pg(db):
+            statement = statement.replace("?", "%s")
+
+        def run(cur):
+            cur.execute(statement, params)
+            return [tuple(row) for row in cur.fetchall()] if cur.description else []
+        return s.write(run)
+
+
 def run_counts(db):
     """job id -> number of rows in its run history, straight from the runs table."""
-    return dict(sql(db, "SELECT job_id, count(*) FROM runs GROUP BY job_id"))
+    return dict(db_sql(db, "SELECT job_id, count(*) FROM runs GROUP BY job_id"))
 
 
 def parse_iso(text):
@@ -329,10 +363,18 @@ class Workers:
                     pipe.close()
 
 
+def the_db(request):
+    """The `--db` of the test asking: its sqlite_db if it uses that, else its db (either backend), else
+    its pg_url; so fixtures built on it (workers, dashboard) follow the test's own choice."""
+    name = next(name for name in ("sqlite_db", "db", "pg_url") if name in request.fixturenames)
+    return request.getfixturevalue(name)
+
+
 @pytest.fixture
-def workers(db, tmp_path):
-    """Factory for worker processes on `db`; everything they started is killed at teardown."""
-    pool = Workers(db, tmp_path)
+def workers(request, tmp_path):
+    """Factory for worker processes on the test's db (see the_db); everything they started is killed
+    at teardown."""
+    pool = Workers(the_db(request), tmp_path)
     try:
         yield pool
     finally:
@@ -919,8 +961,8 @@ def finish_next(store, code=0, now=T0, output="out", ended=None, settings=SETTIN
 
 @contextlib.contextmanager
 def opened(db):
-    """A Store on a CLI test's db file (to build states the CLI cannot reach quickly)."""
-    s = queuectl.SqliteStore(db)
+    """A Store on a CLI test's db, either backend (to build states the CLI cannot reach quickly)."""
+    s = queuectl.open_database(db)
     try:
         yield s
     finally:
@@ -2238,7 +2280,7 @@ def seed_dashboard_queue(path):
     done-1 completed (output with HTML), SCRIPT_ID dead (output with HTML), running-1 processing
     on a live worker (this test process), img-1 and img-2 pending in queue `images`.
     """
-    store = queuectl.SqliteStore(path)
+    store = queuectl.open_database(path)
     now = time.time()
     store.register("dash-worker", queuectl.host_identity(), 2, now)
 
@@ -2308,11 +2350,10 @@ class DashboardUnderTest:
         self.thread.join(timeout=10)
 
 
-@pytest.fixture
-def dashboard(tmp_path, monkeypatch):
-    """start(**options) -> a DashboardUnderTest on a seeded queue (`.path`, `.store`); all stopped at teardown."""
-    monkeypatch.delenv("QUEUECTL_DB", raising=False)
-    path = str(tmp_path / "dash.db")
+@contextlib.contextmanager
+def dashboards(path):
+    """start(**options) -> a DashboardUnderTest on a seeded queue at `path` (`.path`, `.store`); all
+    stopped at the end."""
     store = seed_dashboard_queue(path)
     started = []
 
@@ -2322,10 +2363,26 @@ def dashboard(tmp_path, monkeypatch):
         started.append(server)
         return server
 
-    yield start
-    for server in started:
-        server.close()
-    store.close()
+    try:
+        yield start
+    finally:
+        for server in started:
+            server.close()
+        store.close()
+
+
+@pytest.fixture
+def dashboard(db):
+    """Dashboards on a seeded queue in `db` (either backend): see dashboards()."""
+    with dashboards(db) as start:
+        yield start
+
+
+@pytest.fixture
+def sqlite_dashboard(sqlite_db):
+    """Dashboards on a seeded queue in an SQLite file, for what only SQLite shows (PRAGMA data_version)."""
+    with dashboards(sqlite_db) as start:
+        yield start
 
 
 def cli_json(capsys, path, *args):
@@ -2482,8 +2539,8 @@ def raw_http(d, data):
         return sock.recv(200)
 
 
-def test_dashboard_get_never_writes(dashboard):
-    d = dashboard(allow_actions=True)
+def test_dashboard_get_never_writes(sqlite_dashboard):
+    d = sqlite_dashboard(allow_actions=True)
     before = d.store.read("PRAGMA data_version")  # changes when another connection commits
     for path in ("/", "/api/status", "/api/stats", "/api/throughput", "/api/jobs", "/api/workers",
                  "/api/jobs/done-1", "/api/jobs/done-1/logs", "/api/jobs/img-1/retry", "/api/jobs/img-1/cancel"):
@@ -2498,7 +2555,7 @@ def test_dashboard_get_requests_use_query_only_connections(dashboard, monkeypatc
     d = dashboard(allow_actions=True)
     monkeypatch.setitem(queuectl.API_ROUTES, ("GET", "/api/status"), (lambda store, q, _: store.pause(["x"]), ()))
     status, _, body = d.request("/api/status")
-    assert status == 500 and "readonly" in body["error"]
+    assert status == 500 and re.search("read-?only", body["error"]), body  # SQLite: readonly; PostgreSQL: read-only
     assert d.store.paused() == []
 
 
@@ -2575,10 +2632,9 @@ def test_runs_per_minute_counts_finished_runs_by_minute(tmp_path):
     store.close()
 
 
-def start_dashboard_process(tmp_path, *args):
-    """`queuectl dashboard --port 0 ARGS` as a process; returns it and the URL it printed."""
-    path = str(tmp_path / "cli.db")
-    proc = subprocess.Popen([sys.executable, queuectl.__file__, "--db", path, "dashboard", "--port", "0", *args],
+def start_dashboard_process(db, *args):
+    """`queuectl --db DB dashboard --port 0 ARGS` as a process; returns it and the URL it printed."""
+    proc = subprocess.Popen([sys.executable, queuectl.__file__, "--db", db, "dashboard", "--port", "0", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return proc, proc.stdout.readline().strip()
 
@@ -2593,10 +2649,10 @@ def stop_dashboard_process(proc, sig):
     return proc.returncode, err
 
 
-def test_dashboard_command_prints_the_url_and_stops_cleanly_on_ctrl_c(tmp_path):
+def test_dashboard_command_prints_the_url_and_stops_cleanly_on_ctrl_c(db):
     import signal
     import urllib.request
-    proc, url = start_dashboard_process(tmp_path)
+    proc, url = start_dashboard_process(db)
     assert url.startswith("http://127.0.0.1:") and "/?token=" in url, url
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     with opener.open(url.replace("/?", "/api/status?"), timeout=30) as res:
@@ -2605,18 +2661,18 @@ def test_dashboard_command_prints_the_url_and_stops_cleanly_on_ctrl_c(tmp_path):
     assert code == 0 and "Traceback" not in err and "stopped" in err and "warning" not in err, err
 
 
-def test_dashboard_command_warns_when_not_on_loopback_and_stops_on_sigterm(tmp_path):
+def test_dashboard_command_warns_when_not_on_loopback_and_stops_on_sigterm(sqlite_db):
     import signal
-    proc, url = start_dashboard_process(tmp_path, "--bind", "0.0.0.0", "--no-token")
+    proc, url = start_dashboard_process(sqlite_db, "--bind", "0.0.0.0", "--no-token")
     assert url.startswith("http://") and "token" not in url, url
     code, err = stop_dashboard_process(proc, signal.SIGTERM)
     assert code == 0 and "warning" in err and "0.0.0.0" in err and "Traceback" not in err, err
 
 
-def test_dashboard_command_rejects_a_bad_port_and_a_port_in_use(tmp_path, dashboard, capsys):
+def test_dashboard_command_rejects_a_bad_port_and_a_port_in_use(tmp_path, sqlite_dashboard, capsys):
     assert queuectl.main(["--db", str(tmp_path / "x.db"), "dashboard", "--port", "70000"]) == 2
     assert "--port" in capsys.readouterr().err
-    busy = dashboard()
+    busy = sqlite_dashboard()
     port = str(busy.server.server_address[1])
     assert queuectl.main(["--db", str(tmp_path / "x.db"), "dashboard", "--port", port]) == 1
     assert "cannot listen" in capsys.readouterr().err
@@ -2809,6 +2865,7 @@ BAD_ENQUEUE = [  # (test id, JSON text, fragment the error must name or None)
 ]
 
 
+@sqlite_only
 @pytest.mark.parametrize("text, fragment", [case[1:] for case in BAD_ENQUEUE],
                          ids=[case[0] for case in BAD_ENQUEUE])
 def test_enqueue_rejects_bad_input_and_changes_nothing(seeded_db, text, fragment):
@@ -2854,6 +2911,7 @@ def test_list_state_filter(ran_db):
     assert "bad1" in text and "ok1" not in text and "p1" not in text
 
 
+@sqlite_only
 def test_list_unknown_state_lists_the_valid_ones(ran_db):
     code, out, err = cli(ran_db, "list", "--state", "bogus")
     assert (code, out) == (2, "")
@@ -2972,6 +3030,7 @@ def test_config_set_every_key(db):
     assert "backoff-base = 1.5" in ok(db, "config", "list")
 
 
+@sqlite_only
 @pytest.mark.parametrize("key, value", [
     ("max-retries", "-1"), ("max-retries", "1.5"), ("max-retries", "abc"), ("max-retries", ""),
     ("max-retries", "nan"), ("backoff-base", "0.5"), ("backoff-base", "0"), ("backoff-base", "nan"),
@@ -2988,6 +3047,7 @@ def test_config_set_rejects_bad_values(seeded_db, key, value):
     assert snapshot(seeded_db) == before
 
 
+@sqlite_only
 @pytest.mark.parametrize("values", [[], ["1", "2"]])
 def test_config_set_takes_exactly_one_value(seeded_db, values):
     before = snapshot(seeded_db)
@@ -2996,6 +3056,7 @@ def test_config_set_takes_exactly_one_value(seeded_db, values):
     assert_one_error(err, "exactly one value", f"got {len(values)}")
     assert snapshot(seeded_db) == before
 
+@sqlite_only
 @pytest.mark.parametrize("args", [("set", "bogus", "1"), ("get", "bogus"), ("set", "max-retry", "1")])
 def test_config_unknown_key_lists_the_valid_keys(seeded_db, args):
     before = snapshot(seeded_db)
@@ -3023,6 +3084,7 @@ def test_worker_stop_timeout_without_wait_exits_2_and_asks_no_worker(db):
 
 # ---- global options, argparse, the db file
 
+@sqlite_only
 def test_version(db):
     code, out, err = cli(db, "--version")
     assert code == 0, err
@@ -3032,16 +3094,19 @@ def test_version(db):
     assert result.returncode == 0 and queuectl.__version__ in result.stdout
 
 
+@sqlite_only
 def test_help_exits_0(db):
     code, out, err = cli(db, "--help")
     assert code == 0 and "enqueue" in out
 
 
+@sqlite_only
 def test_worker_start_help_says_queue_may_be_repeated(db):
     code, out, err = cli(db, "worker", "start", "--help")
     assert code == 0 and "repeat" in out.split("--queue", 2)[-1], out
 
 
+@sqlite_only
 @pytest.mark.parametrize("args", [("bogus",), ("show",), ("enqueue",), ("dlq", "retry"),
                                   ("config", "set", "max-retries"), ("list", "--limit", "x"),
                                   ("status", "--bogus")])
@@ -3050,6 +3115,7 @@ def test_argparse_errors_exit_2(db, args):
     assert_argparse_error(code, err)
 
 
+@sqlite_only
 def test_argparse_error_from_the_real_script_is_named_queuectl(db):
     result = script(db, "bogus")
     assert_argparse_error(result.returncode, result.stderr)
@@ -3083,16 +3149,16 @@ def test_a_relative_db_in_a_deleted_folder_exits_1_with_a_clear_error(tmp_path):
     assert_one_error(proc.stderr, "queuectl.db", "current folder no longer exists")
 
 
-def test_db_file_is_created_with_mode_0600(db):
+def test_db_file_is_created_with_mode_0600(sqlite_db):
     old_umask = os.umask(0o022)
     try:
-        ok(db, "enqueue", '{"command": "true"}')
+        ok(sqlite_db, "enqueue", '{"command": "true"}')
     finally:
         os.umask(old_umask)
-    assert os.stat(db).st_mode & 0o777 == 0o600
+    assert os.stat(sqlite_db).st_mode & 0o777 == 0o600
     for suffix in ("-wal", "-shm"):
-        if os.path.exists(db + suffix):
-            assert os.stat(db + suffix).st_mode & 0o077 == 0, suffix
+        if os.path.exists(sqlite_db + suffix):
+            assert os.stat(sqlite_db + suffix).st_mode & 0o077 == 0, suffix
 
 
 DB_COMMANDS = [("status",), ("list",), ("enqueue", '{"command": "true"}'),
@@ -3100,14 +3166,14 @@ DB_COMMANDS = [("status",), ("list",), ("enqueue", '{"command": "true"}'),
 
 
 @pytest.mark.parametrize("args", DB_COMMANDS, ids=lambda args: "-".join(args[:2]))
-def test_a_file_that_is_not_a_database_is_refused_untouched(db, args):
+def test_a_file_that_is_not_a_database_is_refused_untouched(sqlite_db, args):
     garbage = b"this is not a database\n\x00\xff" * 200
-    with open(db, "wb") as f:
+    with open(sqlite_db, "wb") as f:
         f.write(garbage)
-    code, out, err = cli(db, *args)
+    code, out, err = cli(sqlite_db, *args)
     assert (code, out) == (1, "")
     assert_one_error(err)
-    with open(db, "rb") as f:
+    with open(sqlite_db, "rb") as f:
         assert f.read() == garbage
 
 
@@ -3122,30 +3188,30 @@ def _foreign_db(path):
 
 
 @pytest.mark.parametrize("args", DB_COMMANDS, ids=lambda args: "-".join(args[:2]))
-def test_another_apps_sqlite_db_is_refused_untouched(db, args):
-    before = _foreign_db(db)
-    code, out, err = cli(db, *args)
+def test_another_apps_sqlite_db_is_refused_untouched(sqlite_db, args):
+    before = _foreign_db(sqlite_db)
+    code, out, err = cli(sqlite_db, *args)
     assert (code, out) == (1, "")
     assert_one_error(err)
-    with open(db, "rb") as f:
+    with open(sqlite_db, "rb") as f:
         assert f.read() == before
-    assert not os.path.exists(db + "-wal") or os.path.getsize(db + "-wal") == 0
+    assert not os.path.exists(sqlite_db + "-wal") or os.path.getsize(sqlite_db + "-wal") == 0
 
 
-def test_a_db_with_a_newer_schema_is_refused_untouched(db):
-    enqueue(db, id="old", command="true")
-    conn = sqlite3.connect(db)
+def test_a_db_with_a_newer_schema_is_refused_untouched(sqlite_db):
+    enqueue(sqlite_db, id="old", command="true")
+    conn = sqlite3.connect(sqlite_db)
     version = conn.execute("PRAGMA user_version").fetchone()[0]
     conn.execute(f"PRAGMA user_version = {version + 1000}")
     conn.commit()
     conn.close()
-    with open(db, "rb") as f:
+    with open(sqlite_db, "rb") as f:
         before = f.read()
     for args in DB_COMMANDS:
-        code, out, err = cli(db, *args)
+        code, out, err = cli(sqlite_db, *args)
         assert (code, out) == (1, ""), args
         assert_one_error(err)
-    with open(db, "rb") as f:
+    with open(sqlite_db, "rb") as f:
         assert f.read() == before
 
 
@@ -3388,6 +3454,7 @@ BAD_SCHEDULING = [  # (test id, fields, fragment the error must name)
 ]
 
 
+@sqlite_only
 @pytest.mark.parametrize("fields, fragment", [case[1:] for case in BAD_SCHEDULING],
                          ids=[case[0] for case in BAD_SCHEDULING])
 def test_enqueue_rejects_bad_scheduling_fields(seeded_db, fields, fragment):
@@ -3415,6 +3482,7 @@ def test_list_and_status_by_queue(db):
     assert re.search(r"pending\s+2\b", ok(db, "status", "--queue", "alpha"))
 
 
+@sqlite_only
 @pytest.mark.parametrize("args", [("list", "--queue", "a b"), ("list", "--queue", ""),
                                   ("status", "--queue", "q" * 65), ("status", "--queue", "a/b"),
                                   ("worker", "start", "--queue", "bad name", "--burst"),
@@ -3558,6 +3626,7 @@ BAD_BATCH_LINE = [  # line 3 (after a good line and a blank one) is bad in each
 ]
 
 
+@sqlite_only
 @pytest.mark.parametrize("bad", [case[1] for case in BAD_BATCH_LINE], ids=[case[0] for case in BAD_BATCH_LINE])
 def test_batch_with_an_invalid_line_stores_nothing_and_names_the_line(seeded_db, bad):
     before = snapshot(seeded_db)
@@ -3568,6 +3637,7 @@ def test_batch_with_an_invalid_line_stores_nothing_and_names_the_line(seeded_db,
     assert snapshot(seeded_db) == before
 
 
+@sqlite_only
 def test_batch_array_with_an_invalid_item_names_it(seeded_db):
     before = snapshot(seeded_db)
     data = json.dumps([{"id": "good", "command": "true"}, {"id": "bad", "command": ""}])
@@ -3577,6 +3647,7 @@ def test_batch_array_with_an_invalid_item_names_it(seeded_db):
     assert snapshot(seeded_db) == before
 
 
+@sqlite_only
 def test_batch_array_item_that_is_a_string_is_refused_naming_it(seeded_db):
     before = snapshot(seeded_db)
     data = json.dumps([{"id": "good", "command": "true"}, json.dumps({"id": "s", "command": "true"})])
@@ -3586,6 +3657,7 @@ def test_batch_array_item_that_is_a_string_is_refused_naming_it(seeded_db):
     assert snapshot(seeded_db) == before
 
 
+@sqlite_only
 @pytest.mark.parametrize("data", [b'{"id": "a", "command": "true"}\n{"id": "b", "command": "echo \xff"}\n',
                                   b'\xfe\xff[]', b'[{"id": "a", "command": "true"}]\xc3'],
                          ids=["jsonl", "bom-like", "array-truncated-char"])
@@ -3597,6 +3669,7 @@ def test_batch_that_is_not_utf8_exits_2(seeded_db, data):
     assert snapshot(seeded_db) == before
 
 
+@sqlite_only
 def test_batch_with_an_id_twice_exits_2_naming_the_line(seeded_db):
     before = snapshot(seeded_db)
     data = _j(id="dup", command="true") + "\n\n" + _j(id="other", command="true") + "\n" + \
@@ -3638,6 +3711,7 @@ def test_batch_dependency_on_a_later_job_fails_naming_the_line(seeded_db):
     assert snapshot(seeded_db) == before
 
 
+@sqlite_only
 def test_batch_dependency_on_itself_exits_2(seeded_db):
     before = snapshot(seeded_db)
     code, out, err = cli(seeded_db, "enqueue", "-", stdin=jsonl({"id": "me", "command": "true",
@@ -3647,6 +3721,7 @@ def test_batch_dependency_on_itself_exits_2(seeded_db):
     assert snapshot(seeded_db) == before
 
 
+@sqlite_only
 def test_batch_that_is_json_but_not_an_array_or_lines_exits_2(seeded_db):
     before = snapshot(seeded_db)
     for data in ('[{"command": "true"}', '"just a string"', "[1, 2]"):
@@ -3724,6 +3799,7 @@ def test_logs_of_an_unknown_run_exits_1(history_db, job_id, run):
     assert_one_error(err, job_id)
 
 
+@sqlite_only
 @pytest.mark.parametrize("run", ["0", "-1", "x"])
 def test_logs_with_a_bad_run_number_exits_2(history_db, run):
     code, out, err = cli(history_db, "logs", "h1", "--run", run)
@@ -3812,6 +3888,7 @@ def test_cancel_refuses_finished_or_unknown_jobs_changing_nothing(states_db, ids
     assert snapshot(states_db) == before
 
 
+@sqlite_only
 @pytest.mark.parametrize("command", [("cancel",), ("delete",), ("wait",), ("dlq", "retry")])
 @pytest.mark.parametrize("bad_id", ["a\x01b", "", "i" * 201], ids=["control", "empty", "201-chars"])
 def test_bad_ids_exit_2_changing_nothing(states_db, command, bad_id):
@@ -3869,7 +3946,7 @@ def test_delete_removes_nothing_when_any_id_fails(states_db, ids):
 
 def age(db, job_id, seconds):
     """Make a job look last updated `seconds` ago."""
-    sql(db, "UPDATE jobs SET updated_at = ? WHERE id = ?", (time.time() - seconds, job_id))
+    db_sql(db, "UPDATE jobs SET updated_at = ? WHERE id = ?", (time.time() - seconds, job_id))
 
 
 def test_purge_removes_completed_jobs_by_default(states_db):
@@ -3901,6 +3978,7 @@ def test_purge_older_than_keeps_recent_jobs(states_db):
     assert list_ids(states_db) == ["fail", "wait", "done2"]
 
 
+@sqlite_only
 @pytest.mark.parametrize("args", [("--older-than", "1w"), ("--older-than", "-1h"), ("--older-than", "abc"),
                                   ("--older-than", ""), ("--older-than", "99999d"), ("--state", "pending"),
                                   ("--state", "failed"), ("--state", "processing")])
@@ -3970,6 +4048,7 @@ def test_wait_for_an_unknown_job_exits_1(states_db):
     assert_one_error(err, "missing")
 
 
+@sqlite_only
 @pytest.mark.parametrize("timeout", ["-1", "abc", "nan", "inf"])
 def test_wait_bad_timeout_exits_2(states_db, timeout):
     code, out, err = cli(states_db, "wait", "done", "--timeout", timeout)
@@ -4010,6 +4089,7 @@ def test_resume_one_queue_while_everything_is_paused_is_refused(db):
 
 # ---- retention (config)
 
+@sqlite_only
 @pytest.mark.parametrize("text, seconds", [("1s", 1), ("30s", 30), ("15m", 900), ("12h", 43200), ("7d", 604800),
                                            ("0", 0), ("45", 45)])
 def test_config_retention_takes_durations(db, text, seconds):
@@ -4017,6 +4097,7 @@ def test_config_retention_takes_durations(db, text, seconds):
     assert json.loads(ok(db, "config", "list", "--json"))["retention"] == seconds
 
 
+@sqlite_only
 @pytest.mark.parametrize("value", ["-1", "1w", "abc", "", "nan", "99999d"])
 def test_config_retention_rejects_bad_values(seeded_db, value):
     before = snapshot(seeded_db)
@@ -4086,6 +4167,7 @@ def test_stats_over_a_known_history_cli(db):
         assert fragment in text, fragment
 
 
+@sqlite_only
 @pytest.mark.parametrize("since", ["abc", "-1h", "1w", "", "99999d", "1h30m"])
 def test_stats_bad_since_exits_2(db, since):
     code, out, err = cli(db, "stats", "--since", since, "--json")
@@ -4125,16 +4207,6 @@ def test_postgres_cli_round_trip(pg_url, monkeypatch):
     assert code == 1 and "needed by" in err
     assert run_main(["delete", "a", "b"])[0] == 0
     assert run_main(["list", "--json"])[1].strip() == "[]"
-
-
-def test_postgres_dashboard_reads_the_queue(pg_url):
-    enqueue(pg_url, id="a", command="true")
-    dashboard = queuectl.Dashboard(pg_url, token=None)
-    assert dashboard.path == queuectl.database_name(pg_url)
-    reply = dashboard.respond("GET", "/api/status", {"Host": "127.0.0.1"})
-    assert reply.status == 200 and json.loads(reply.body)["jobs"]["pending"] == 1
-    reply = dashboard.respond("GET", "/api/jobs/a", {"Host": "127.0.0.1"})
-    assert reply.status == 200 and json.loads(reply.body)["id"] == "a"
 
 
 # ==== End to end ===================================================================================
@@ -4332,14 +4404,14 @@ def test_a_sigkilled_worker_takes_its_jobs_first_process_with_it(pg_url, pg_work
     wait_for(lambda: pid_gone(first), "the job's first process to die with its worker", timeout=10)
 
 
-def test_a_hard_stop_exits_130_while_the_database_cannot_be_written(db, workers, tmp_path):
+def test_a_hard_stop_exits_130_while_the_database_cannot_be_written(sqlite_db, workers, tmp_path):
     """The results cannot be written: a hard stop still ends the worker within seconds, and the
     unrecorded run is left to crash recovery."""
-    enqueue(db, id="run", command=BLOCKING_JOB, cwd=str(tmp_path))
+    enqueue(sqlite_db, id="run", command=BLOCKING_JOB, cwd=str(tmp_path))
     worker = workers.start()
     _wait_started(tmp_path)
     shell_pid = int((tmp_path / "sh.pid").read_text())
-    with write_locked(db):
+    with write_locked(sqlite_db):
         worker.signal(signal.SIGTERM)
         worker.wait_log("stopping")
         worker.signal(signal.SIGTERM)
@@ -4348,30 +4420,28 @@ def test_a_hard_stop_exits_130_while_the_database_cannot_be_written(db, workers,
     rescuer = workers.start("--burst")
     (tmp_path / "release").touch()
     assert rescuer.wait() == 0, rescuer.log()
-    assert get_job(db, "run")["state"] == "completed"
+    assert get_job(sqlite_db, "run")["state"] == "completed"
 
 
-def test_a_hard_stop_still_records_what_it_can_write_in_time(db, workers, tmp_path):
+def test_a_hard_stop_still_records_what_it_can_write_in_time(sqlite_db, workers, tmp_path):
     """The database is locked for a moment when the hard stop comes: the worker keeps trying for most
     of its 5 s, so the killed run is recorded as stopped, not left to crash recovery as lost."""
-    enqueue(db, id="run", command=BLOCKING_JOB, cwd=str(tmp_path))
+    enqueue(sqlite_db, id="run", command=BLOCKING_JOB, cwd=str(tmp_path))
     worker = workers.start()
     _wait_started(tmp_path)
     shell_pid = int((tmp_path / "sh.pid").read_text())
-    with write_locked(db):
+    with write_locked(sqlite_db):
         worker.signal(signal.SIGQUIT)
         wait_for(lambda: pid_gone(shell_pid), "the job's shell to be killed", timeout=10)
         time.sleep(1.5)  # on purpose: the lock outlasts the worker's first busy wait (1 s)
     assert worker.wait() == 130, worker.log()
-    job = get_job(db, "run")
+    job = get_job(sqlite_db, "run")
     assert (job["state"], job["lost_count"]) == ("pending", 0)
-    assert json.loads(ok(db, "show", "run", "--json"))["runs"][0]["outcome"] == "stopped"
+    assert json.loads(ok(sqlite_db, "show", "run", "--json"))["runs"][0]["outcome"] == "stopped"
 
 
-@pytest.mark.parametrize("locked", [False, True], ids=["free", "database-locked"])
-def test_every_delivered_signal_counts(db, workers, tmp_path, locked):
-    """Two SIGTERMs, the second sent as soon as the first was delivered (not handled): a hard stop,
-    even while the main thread is blocked in SQLite, where Python runs no handler."""
+def _two_sigterms_as_soon_as_delivered(db, workers, tmp_path, locked):
+    """Two SIGTERMs, the second sent as soon as the first was delivered (not handled): a hard stop."""
     enqueue(db, id="run", command=BLOCKING_JOB, cwd=str(tmp_path))
     worker = workers.start()
     _wait_started(tmp_path)
@@ -4382,6 +4452,15 @@ def test_every_delivered_signal_counts(db, workers, tmp_path, locked):
                      "the signal to be delivered")
         assert worker.wait(timeout=30) == 130, worker.log()
     assert not (tmp_path / "release").exists()
+
+
+def test_every_delivered_signal_counts(db, workers, tmp_path):
+    _two_sigterms_as_soon_as_delivered(db, workers, tmp_path, locked=False)
+
+
+def test_every_delivered_signal_counts_while_the_database_is_locked(sqlite_db, workers, tmp_path):
+    """... even while the main thread is blocked in SQLite, where Python runs no handler."""
+    _two_sigterms_as_soon_as_delivered(sqlite_db, workers, tmp_path, locked=True)
 
 
 def test_sigquit_is_a_hard_stop(db, workers, tmp_path):
@@ -4459,7 +4538,7 @@ def test_a_killed_workers_job_is_recovered_by_another_worker(db, workers, tmp_pa
     rescuer = workers.start("--burst")
     assert rescuer.wait(timeout=90) == 0, rescuer.log()
     job = get_job(db, "k1")
-    assert (job["state"], job["attempts"]) == ("completed", 0)
+    assert (job["state"], job["attempts"], job["lost_count"]) == ("completed", 0, 1)
     assert ok(db, "logs", "k1") == "second run\n"
 
 
@@ -4806,11 +4885,13 @@ def test_status_watch_json_prints_one_json_object_a_line(db, capsys):
     assert len(lines) == 2 and all(json.loads(line)["jobs"]["pending"] == 1 for line in lines)
 
 
-def has_open(pid, path):
-    """Whether process pid holds `path` open: a command that has opened its database is past start-up."""
-    fd_dir, target = f"/proc/{pid}/fd", os.path.realpath(path)
+def has_open(pid, db):
+    """Whether process pid holds its database open: a command that has opened it is past start-up. An
+    SQLite file shows among its open files; a PostgreSQL connection as its one socket."""
+    fd_dir = f"/proc/{pid}/fd"
+    opened = (lambda link: link.startswith("socket:")) if is_pg(db) else os.path.realpath(db).__eq__
     with contextlib.suppress(OSError):
-        return any(os.readlink(os.path.join(fd_dir, fd)) == target for fd in os.listdir(fd_dir))
+        return any(opened(os.readlink(os.path.join(fd_dir, fd))) for fd in os.listdir(fd_dir))
     return False
 
 
@@ -4907,25 +4988,6 @@ def test_postgres_a_worker_that_cannot_heartbeat_kills_at_half_the_stale_timeout
         assert supervisor.abort_reason(make_job(), 0) == queuectl.CUT_OFF
     finally:
         supervisor.store.close()
-
-
-def test_postgres_a_killed_workers_job_is_recovered_by_another_worker(pg_url, tmp_path):
-    pool = Workers(pg_url, tmp_path)
-    try:
-        command = 'if [ -e first ]; then echo second run; else touch first; sleep 60; fi'
-        enqueue(pg_url, id="k1", command=command, cwd=str(tmp_path))
-        victim = pool.start()
-        wait_for(lambda: (tmp_path / "first").exists(), "the first run to start")
-        victim.signal(signal.SIGKILL)
-        assert victim.wait() == -signal.SIGKILL
-        assert get_job(pg_url, "k1")["state"] == "processing"
-        rescuer = pool.start("--burst")
-        assert rescuer.wait(timeout=90) == 0, rescuer.log()
-        job = get_job(pg_url, "k1")
-        assert (job["state"], job["attempts"], job["lost_count"]) == ("completed", 0, 1)
-        assert ok(pg_url, "logs", "k1") == "second run\n"
-    finally:
-        pool.cleanup()
 
 
 # ---- several hosts on one PostgreSQL queue
@@ -5047,24 +5109,24 @@ def hold_write_lock(db):
     return holder
 
 
-def test_busy_database_fails_enqueue_but_not_the_running_worker(db, workers, tmp_path):
+def test_busy_database_fails_enqueue_but_not_the_running_worker(sqlite_db, workers, tmp_path):
     done = tmp_path / "done"
-    enqueue(db, id="slow", command=f"sleep 1; touch {done}")
+    enqueue(sqlite_db, id="slow", command=f"sleep 1; touch {done}")
     worker = workers.start()
-    wait_for(lambda: state_of(db, "slow") == "processing", "the job to start")
-    holder = hold_write_lock(db)
+    wait_for(lambda: state_of(sqlite_db, "slow") == "processing", "the job to start")
+    holder = hold_write_lock(sqlite_db)
     try:
-        result = script(db, "enqueue", '{"id": "blocked", "command": "true"}')
+        result = script(sqlite_db, "enqueue", '{"id": "blocked", "command": "true"}')
         assert result.returncode == 1 and result.stdout == ""
         assert_one_error(result.stderr, "database is busy")
     finally:
         holder.stdin.close()  # the lock is released once enqueue has given up
         holder.wait()
         holder.stdout.close()
-    wait_for(lambda: state_of(db, "slow") == "completed", "the job to be recorded after the lock")
+    wait_for(lambda: state_of(sqlite_db, "slow") == "completed", "the job to be recorded after the lock")
     assert done.exists() and worker.popen.poll() is None
     assert "Traceback" not in worker.log()
-    assert [j["id"] for j in json.loads(ok(db, "list", "--json"))] == ["slow"]  # nothing half-stored
+    assert [j["id"] for j in json.loads(ok(sqlite_db, "list", "--json"))] == ["slow"]  # nothing half-stored
 
 
 def limited_fsize(max_bytes):
@@ -5073,46 +5135,46 @@ def limited_fsize(max_bytes):
     return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (max_bytes, max_bytes))
 
 
-def test_full_disk_on_enqueue_is_a_clear_error_and_stores_nothing(db):
-    ok(db, "enqueue", '{"id": "before", "command": "true"}')
-    ok(db, "status")  # last connection closed: the WAL is checkpointed away
-    size = os.path.getsize(db)
+def test_full_disk_on_enqueue_is_a_clear_error_and_stores_nothing(sqlite_db):
+    ok(sqlite_db, "enqueue", '{"id": "before", "command": "true"}')
+    ok(sqlite_db, "status")  # last connection closed: the WAL is checkpointed away
+    size = os.path.getsize(sqlite_db)
     batch = "".join(json.dumps({"command": "echo " + "x" * 60000}) + "\n" for _ in range(40)).encode()
-    result = subprocess.run([sys.executable, QUEUECTL, "--db", db, "enqueue", "-"], input=batch,
+    result = subprocess.run([sys.executable, QUEUECTL, "--db", sqlite_db, "enqueue", "-"], input=batch,
                             capture_output=True, env=child_env(), preexec_fn=limited_fsize(size + 64 * 1024))
     assert result.returncode == 1 and result.stdout == b""
     assert "Traceback" not in result.stderr.decode()
     assert len(result.stderr.decode().strip().splitlines()) == 1
-    assert sql(db, "PRAGMA integrity_check") == [("ok",)]
-    assert list_ids(db) == ["before"]
-    ok(db, "enqueue", '{"id": "after", "command": "true"}')  # space is back: work resumes
-    assert list_ids(db) == ["before", "after"]
+    assert sql(sqlite_db, "PRAGMA integrity_check") == [("ok",)]
+    assert list_ids(sqlite_db) == ["before"]
+    ok(sqlite_db, "enqueue", '{"id": "after", "command": "true"}')  # space is back: work resumes
+    assert list_ids(sqlite_db) == ["before", "after"]
 
 
-def test_a_result_that_cannot_be_written_is_kept_and_retried(db, workers, tmp_path):
+def test_a_result_that_cannot_be_written_is_kept_and_retried(sqlite_db, workers, tmp_path):
     """The database refuses the worker's write after the command ran (file-size limit); once it
     accepts writes again the worker records the result: the job is neither lost nor recorded wrong."""
     import resource
-    ok(db, "status")
+    ok(sqlite_db, "status")
     pool_env = child_env(**{TAG_VAR: workers.tag})
     log_path = tmp_path / "limited.stderr"
     with open(log_path, "wb") as err:
-        popen = subprocess.Popen([sys.executable, QUEUECTL, "--db", db, "worker", "start"], stdin=subprocess.DEVNULL,
+        popen = subprocess.Popen([sys.executable, QUEUECTL, "--db", sqlite_db, "worker", "start"], stdin=subprocess.DEVNULL,
                                  stdout=subprocess.DEVNULL, stderr=err, env=pool_env, start_new_session=True)
     worker = WorkerProc(popen, log_path)
     workers.procs.append(worker)
     worker.wait_log("worker started")
     # From now on the worker cannot grow any file: its result write must fail.
-    limit = max(os.path.getsize(db), os.path.getsize(db + "-wal")) + 4096
+    limit = max(os.path.getsize(sqlite_db), os.path.getsize(sqlite_db + "-wal")) + 4096
     resource.prlimit(popen.pid, resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
-    enqueue(db, id="big", command="head -c 200000 /dev/zero | tr '\\0' y; echo END")
+    enqueue(sqlite_db, id="big", command="head -c 200000 /dev/zero | tr '\\0' y; echo END")
     worker.wait_log("recording the result of job big failed")
-    assert state_of(db, "big") == "processing"
+    assert state_of(sqlite_db, "big") == "processing"
     resource.prlimit(popen.pid, resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
-    wait_for(lambda: state_of(db, "big") == "completed", "the kept result to be written")
-    job = get_job(db, "big")
+    wait_for(lambda: state_of(sqlite_db, "big") == "completed", "the kept result to be written")
+    job = get_job(sqlite_db, "big")
     assert job["attempts"] == 0 and job["run_count"] == 1 and job["output"].endswith("yEND\n")
-    assert sql(db, "PRAGMA integrity_check") == [("ok",)]
+    assert sql(sqlite_db, "PRAGMA integrity_check") == [("ok",)]
 
 
 def test_truncated_database_is_refused_and_left_untouched(tmp_path):
@@ -5164,7 +5226,7 @@ def test_worker_stop_signals_nothing(db):
     """`worker stop` writes a flag; even a live-looking row with a stranger's PID gets no signal."""
     bystander = subprocess.Popen(["sleep", "60"])
     try:
-        s = queuectl.SqliteStore(db)
+        s = queuectl.open_database(db)
         me = queuectl.host_identity()
         s.register("looks-alive", {**me, "pid": bystander.pid, "proc_start": queuectl.proc_start_time(bystander.pid)},
                    1, time.time())
@@ -5176,11 +5238,11 @@ def test_worker_stop_signals_nothing(db):
         bystander.wait()
 
 
-def test_database_wal_and_shm_are_private_while_workers_run(db, workers):
+def test_database_wal_and_shm_are_private_while_workers_run(sqlite_db, workers):
     worker = workers.start()
     worker.wait_log("worker started")
-    wait_for(lambda: os.path.exists(db + "-wal") and os.path.exists(db + "-shm"), "the WAL files")
-    for path in (db, db + "-wal", db + "-shm"):
+    wait_for(lambda: os.path.exists(sqlite_db + "-wal") and os.path.exists(sqlite_db + "-shm"), "the WAL files")
+    for path in (sqlite_db, sqlite_db + "-wal", sqlite_db + "-shm"):
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600, path
 
 
