@@ -1736,6 +1736,10 @@ class PostgresStore(Store):
             # Workers need no durable commits: a lost write only means a job runs again (at-least-once);
             # an enqueue that printed its id must survive a crash of the server.
             conn.execute(f"SET synchronous_commit = {'on' if self.durable else 'off'}")
+            # A statement waits for a lock at most as long as SQLite's busy wait; write() retries
+            # until its deadline, so a table another session holds locked ends in Busy, and a hard
+            # stop's give_up() is heard, instead of a statement that waits forever.
+            conn.execute(f"SET lock_timeout = '{int(BUSY_TIMEOUT_S * 1000)}ms'")
             before = time.time()
             server = conn.execute(self.sql.SQL_CLOCK).fetchone()[0]
             self.clock_offset_s = server - (before + time.time()) / 2
@@ -1812,19 +1816,25 @@ class PostgresStore(Store):
 
     def write(self, fn):
         """Run fn(cursor) in one transaction; one that a serialization failure or a deadlock rolled
-        back runs again (a few times, then Busy). Other driver errors become one-line BadDatabase."""
+        back runs again (a few times, then Busy), and one that waited too long for a lock runs again
+        until busy_deadline_s (then Busy). Other driver errors become one-line BadDatabase."""
         import random
         errors = self.psycopg.errors
-        for attempt in range(PG_ATTEMPTS):
+        deadline, conflicts = time.monotonic() + self.busy_deadline_s, 0
+        while True:
             try:
                 with self._usable().transaction():
                     return fn(self.conn.cursor())
             except (errors.SerializationFailure, errors.DeadlockDetected):
-                if attempt == PG_ATTEMPTS - 1 or self.give_up():
+                conflicts += 1
+                if conflicts == PG_ATTEMPTS or self.give_up():
                     raise Busy(f"database is busy: {self.path}: transactions kept conflicting; try again") from None
-                time.sleep(random.uniform(0.005, 0.05) * (attempt + 1))
+            except errors.LockNotAvailable:
+                if time.monotonic() >= deadline or self.give_up():
+                    raise Busy(f"database is busy: {self.path} stayed locked by another session; try again") from None
             except self.psycopg.Error as e:
                 raise self._failure(e) from None
+            time.sleep(random.uniform(0.005, 0.05) * (conflicts + 1))
 
     def read(self, sql: str, params: tuple | dict = ()) -> list[tuple]:
         """Run one read-only statement (its own snapshot)."""

@@ -4377,6 +4377,35 @@ def write_locked(db):
         conn.close()
 
 
+@contextlib.contextmanager
+def pg_tables_locked(pg_url):
+    """Another session holds queuectl's tables locked against every write (LOCK TABLE … EXCLUSIVE)."""
+    import psycopg
+    from urllib.parse import parse_qsl, urlsplit
+    parts = urlsplit(pg_url)
+    schema = dict(parse_qsl(parts.query))["schema"]
+    with psycopg.connect(parts._replace(query="").geturl(), connect_timeout=30) as conn:
+        conn.execute(f'LOCK TABLE "{schema}".jobs, "{schema}".runs, "{schema}".workers IN EXCLUSIVE MODE')
+        yield
+        conn.rollback()
+
+
+def test_postgres_locked_tables_end_in_busy_and_a_hard_stop_still_stops(pg_url, pg_workers, tmp_path):
+    """A statement waits for a lock no longer than SQLite's busy wait: a command gives up with
+    "database is busy" (exit 1), and a hard-stopped worker exits 130 within seconds."""
+    enqueue(pg_url, id="run", command=BLOCKING_JOB, cwd=str(tmp_path))
+    worker = pg_workers.start()
+    _wait_started(tmp_path)
+    with pg_tables_locked(pg_url):
+        result = script(pg_url, "enqueue", '{"id": "blocked", "command": "true"}', timeout=60)
+        assert result.returncode == 1, result.stderr
+        assert_one_error(result.stderr, "database is busy")
+        worker.signal(signal.SIGTERM)
+        worker.wait_log("stopping")
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 130, worker.log()
+    assert [j["id"] for j in json.loads(ok(pg_url, "list", "--json"))] == ["run"]  # nothing half-stored
+
 def job_leaders(tag, worker_pid):
     """Pids of the first processes of the jobs a worker started (each leads its own session)."""
     return [pid for pid in tagged_pids(tag) if pid != worker_pid and queuectl._session(pid) == pid]
