@@ -862,7 +862,14 @@ class Store:
             if cur.execute(self.sql.SQL_RELEASE_DEPENDENTS, (now, now, job_id)).rowcount:
                 self._wake_workers(cur)  # maybe one was waiting for this one alone
         elif state == DEAD:
-            cur.execute(self.sql.SQL_KILL_DEPENDENTS, (job_id, now))
+            self._kill_dependents(cur, job_id, now)
+
+    def _kill_dependents(self, cur: Cursor, job_id: str, now: float) -> None:
+        """Send every unfinished job below a dead one to the DLQ. Repeated until it finds none: on
+        PostgreSQL each statement sees the commits made before it began, and a dependent enqueued on
+        the chain while this one waited for a lock is seen only by the next statement."""
+        while cur.execute(self.sql.SQL_KILL_DEPENDENTS, (job_id, now)).rowcount:
+            pass
 
     def interrupt(self, job: Job, worker_id: str, outcome: Outcome, lost: bool, now: float,
                   stuck: str | None = None) -> str | None:
@@ -911,7 +918,7 @@ class Store:
                     raise Conflict(f"job {job_id!r} is already {state}")
             for job_id in job_ids:
                 if cur.execute(self.sql.SQL_CANCEL_WAITING, (now, job_id)).rowcount:
-                    cur.execute(self.sql.SQL_KILL_DEPENDENTS, (job_id, now))
+                    self._kill_dependents(cur, job_id, now)
                 else:
                     cur.execute(self.sql.SQL_CANCEL_RUNNING, (job_id,))
         self.write(cancel)
@@ -1664,6 +1671,10 @@ def _psycopg():
         import psycopg
     except ImportError:
         raise BadDatabase('PostgreSQL needs psycopg 3: pip install "psycopg[binary]"') from None
+    if tuple(int(part) for part in re.findall(r"\d+", psycopg.__version__)[:2]) < (3, 2):
+        # 3.2 added the notifies(timeout=…) that the workers' wake-up listener waits with
+        raise BadDatabase(f'PostgreSQL needs psycopg 3.2 or later (found {psycopg.__version__}): '
+                          'pip install -U "psycopg[binary]"')
     import logging
     # psycopg logs, as a warning, the end of a pipeline that an error aborted ("error ignored
     # terminating <Pipeline …>") after the error itself was raised and handled (a duplicate id in a
@@ -1676,13 +1687,23 @@ def _pg_target(url: str) -> tuple[str, str, str, str]:
     """(URL for libpq without `schema`, schema, host:port, display name without the password)."""
     import getpass
     from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:  # a bracket outside an IPv6 address, a port that is no number
+        raise UsageError("the database URL is not a valid postgresql://USER@HOST:PORT/DBNAME URL") from None
+    if parts.netloc.count("@") > 1:
+        # libpq splits USER:PASSWORD@HOST at the first @, urlsplit at the last: each would take
+        # part of the password for the host, and print it in its error
+        raise UsageError("the database URL has more than one '@': write an '@' in the user or password as %40")
     query = parse_qsl(parts.query, keep_blank_values=True)
-    schema = next((v for k, v in reversed(query) if k == "schema"), "queuectl")
+    if [k for k, _ in query].count("schema") > 1:
+        raise UsageError("the database URL names ?schema= more than once")
+    schema = next((v for k, v in query if k == "schema"), "queuectl")
     if not PG_SCHEMA_NAME.fullmatch(schema):
         raise UsageError(f"schema {schema!r} in the database URL: use 1 to 63 letters, digits or underscores")
     try:
-        port = parts.port or int(os.environ.get("PGPORT") or 5432)
+        port = port or int(os.environ.get("PGPORT") or 5432)
     except ValueError:
         raise UsageError("the port in the database URL is not a number from 0 to 65535") from None
     host = unquote(parts.hostname or "") or os.environ.get("PGHOST") or "localhost"
@@ -2767,8 +2788,8 @@ class Sweeper:
         stopped moving for stale_s (less the time our own heartbeat could not be written)."""
         if same_namespace(row, self.me):
             return process_gone(row.pid, row.proc_start)
-        if previous_boot(row, self.me):
-            return True
+        if previous_boot(row, self.me) and not self.store.shared_by_hosts:
+            return True  # a local file: a row with our hostname and another boot id is an earlier boot
         key = (row.id, row.started_at)  # one registration: a re-registered worker starts afresh
         stalled = self.stalled()
         beat, since, stalled_then = self.seen.get(key, (None, now_mono, stalled))

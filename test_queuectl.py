@@ -1467,6 +1467,68 @@ def test_postgres_password_never_appears_in_an_error(pg_url):
         assert s.path == queuectl.database_name(s.target) and s.path.startswith("postgresql://postgres@127.0.0.1:")
 
 
+def test_postgres_urls_that_libpq_and_we_would_read_apart_are_refused(pg_url):
+    """A raw '@' in the password: libpq splits at the first '@', urlsplit at the last, and either
+    error would print part of the password as a host name. A bracket, or ?schema= twice: exit 2."""
+    port = free_port()
+    for url, says in ((f"postgresql://pw:p@ssw0rdVerySecret@127.0.0.1:{port}/postgres", "%40"),
+                      (f"postgresql://pw:Se[cretPW@127.0.0.1:{port}/postgres", "not a valid"),
+                      (f"{pg_url}&schema=other", "more than once")):
+        code, out, err = cli(url, "status")
+        assert code == 2 and out == "", (url, err)
+        assert_one_error(err, says)
+        assert "ssw0rd" not in err and "Se[cret" not in err and "Traceback" not in err
+
+
+def test_postgres_another_host_with_our_hostname_is_judged_by_its_lease(pg_url):
+    """Our hostname and another boot id is an earlier boot of this machine only for a local file:
+    on PostgreSQL it may be another machine with the same name (a cloned VM)."""
+    me = queuectl.host_identity()
+    with contextlib.closing(queuectl.PostgresStore(pg_url)) as s:
+        s.register("twin", {**me, "boot_id": "another-machine", "pid_ns": "pid:[1]"}, 1, T0)
+        register(s, "me")
+        s.enqueue([spec("j")], T0)
+        s.claim("twin", T0)
+        sweeper = queuectl.Sweeper(s, me, "me")
+        assert sweeper.sweep(T0, now_mono=1000.0) == 0
+        assert sweeper.sweep(T0, now_mono=1005.0) == 0 and s.get("j").state == "processing"
+        assert sweeper.sweep(T0, now_mono=1011.0) == 1  # its lease ran out
+
+def test_postgres_needs_psycopg_3_2(pg_url, monkeypatch):
+    import psycopg
+    monkeypatch.setattr(psycopg, "__version__", "3.1.18")
+    code, out, err = cli(pg_url, "status")
+    assert code == 1
+    assert_one_error(err, "PostgreSQL needs psycopg 3.2 or later (found 3.1.18)")
+
+
+def test_postgres_a_job_enqueued_on_a_chain_whose_head_dies_meanwhile_goes_dead_too(pg_url):
+    """PostgreSQL runs writes side by side: C is enqueued on B (B -> A) while A dies. The cascade's
+    first statement did not see C, which committed while it waited for B's lock; C must not wait
+    forever on a dead chain."""
+    with contextlib.closing(queuectl.PostgresStore(pg_url)) as s, \
+            contextlib.closing(queuectl.PostgresStore(pg_url)) as other:
+        register(s)
+        s.enqueue([spec("a", max_retries=1)], T0)
+        s.enqueue([{**spec("b"), "depends_on": ["a"]}], T0)
+        job = s.claim("w1", T0)
+        inserted, finished = threading.Event(), threading.Event()
+
+        def enqueue_c(cur):  # holds B's row lock (taken by the enqueue) until A's death waits on it
+            other._insert_with_deps(cur, {**spec("c"), "depends_on": ["b"]}, T0)
+            inserted.set()
+            finished.wait(0.5)  # A's cascade waits on B meanwhile, for less than lock_timeout (1 s)
+        t = threading.Thread(target=lambda: other.write(enqueue_c))
+        t.start()
+        inserted.wait(30)
+        s.finish(job, "w1", outcome(1, "exit code 1"), SETTINGS, T0 + 1)
+        finished.set()
+        t.join()
+        assert [(s.get(i).state, s.get(i).last_error) for i in "abc"] == [
+            ("dead", "exit code 1"), ("dead", "dependency a is dead"), ("dead", "dependency b is dead")]
+
+
+
 def test_postgres_without_psycopg_says_how_to_install_it(pg_url, monkeypatch):
     monkeypatch.setitem(sys.modules, "psycopg", None)  # `import psycopg` now raises ImportError
     code, out, err = cli(pg_url, "status")
