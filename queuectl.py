@@ -867,8 +867,9 @@ class Store:
     def _kill_dependents(self, cur: Cursor, job_id: str, now: float) -> None:
         """Send every unfinished job below a dead one to the DLQ. Repeated until it finds none: on
         PostgreSQL each statement sees the commits made before it began, and a dependent enqueued on
-        the chain while this one waited for a lock is seen only by the next statement."""
-        while cur.execute(self.sql.SQL_KILL_DEPENDENTS, (job_id, now)).rowcount:
+        the chain while this one waited for a lock is seen only by the next statement. (SQLite has
+        one writer, and its driver reports -1 rows for a statement that starts with WITH.)"""
+        while cur.execute(self.sql.SQL_KILL_DEPENDENTS, (job_id, now)).rowcount > 0:
             pass
 
     def interrupt(self, job: Job, worker_id: str, outcome: Outcome, lost: bool, now: float,
