@@ -5283,7 +5283,10 @@ def test_truncated_database_is_refused_and_left_untouched(tmp_path):
     assert open(path, "rb").read() == before
 
 
-def test_a_worker_from_an_earlier_boot_of_this_host_is_dead_at_once(store):
+def test_a_worker_from_an_earlier_boot_of_this_host_is_dead_at_once(sqlite_store):
+    """Only for a local file: on PostgreSQL our hostname with another boot id may be another machine
+    (see test_postgres_another_host_with_our_hostname_is_judged_by_its_lease)."""
+    store = sqlite_store
     me = queuectl.host_identity()
     if not me["boot_id"]:
         pytest.skip("no /proc/sys/kernel/random/boot_id on this system: only the lease applies")
