@@ -608,21 +608,26 @@ def test_new_database_is_0600_wal_and_versioned(tmp_path):
         s.close()
 
 
-def test_concurrent_first_opens_do_not_race(tmp_path):
-    path = str(tmp_path / "race.db")
+def open_concurrently(open_store, n=8):
+    """Open (and close) a Store from n threads at once; the errors they met."""
     errors = []
 
     def opener():
         try:
-            queuectl.SqliteStore(path).close()
+            open_store().close()
         except Exception as e:  # noqa: BLE001 - any failure is the bug under test
             errors.append(e)
-    threads = [threading.Thread(target=opener) for _ in range(8)]
+    threads = [threading.Thread(target=opener) for _ in range(n)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert errors == []
+    return errors
+
+
+def test_concurrent_first_opens_do_not_race(tmp_path):
+    path = str(tmp_path / "race.db")
+    assert open_concurrently(lambda: queuectl.SqliteStore(path)) == []
     s = queuectl.SqliteStore(path)
     assert s.read("PRAGMA user_version")[0][0] == queuectl.SCHEMA_VERSION
     s.close()
@@ -1387,19 +1392,7 @@ def test_postgres_claim_from_many_threads_never_duplicates(pg_url):
 
 
 def test_postgres_concurrent_first_uses_of_a_schema_do_not_race(pg_url):
-    errors = []
-
-    def opener():
-        try:
-            queuectl.PostgresStore(pg_url).close()
-        except Exception as e:  # noqa: BLE001 - any failure is the bug under test
-            errors.append(e)
-    threads = [threading.Thread(target=opener) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    assert open_concurrently(lambda: queuectl.PostgresStore(pg_url)) == []
     with contextlib.closing(queuectl.PostgresStore(pg_url)) as s:
         assert s.read("SELECT version FROM queuectl_version") == [(queuectl.SCHEMA_VERSION,)]
 

@@ -656,13 +656,6 @@ def with_schema(server: str, schema: str) -> str:
     return urlunsplit(parts._replace(query=urlencode(query + [("schema", schema)])))
 
 
-def without_schema(url: str) -> str:
-    """The URL for libpq (psycopg): queuectl's `schema` parameter removed."""
-    parts = urlsplit(url)
-    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "schema"]
-    return urlunsplit(parts._replace(query=urlencode(query)))
-
-
 class PgSandbox(Sandbox):
     """The same starting database in a fresh schema of a PostgreSQL server; a Store on it reads the
     dump and puts the starting rows back. close() drops the schema."""
@@ -717,7 +710,8 @@ class PgSandbox(Sandbox):
         if self.store is not None:
             self.store.close()
         schema = dict(parse_qsl(urlsplit(self.path).query))["schema"]
-        with psycopg.connect(without_schema(self.path), autocommit=True, connect_timeout=30) as conn:
+        libpq_url = q._pg_target(self.path)[0]  # the URL without queuectl's schema= parameter
+        with psycopg.connect(libpq_url, autocommit=True, connect_timeout=30) as conn:
             conn.execute("SET lock_timeout = '30s'")  # a leftover session holding a lock fails loudly
             conn.execute(pgsql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(pgsql.Identifier(schema)))
 
@@ -836,11 +830,8 @@ def describe(case: Case, seed: int, n: int, encoding: str, pg: str | None = None
 
 
 def redacted(url: str) -> str:
-    """A server URL as messages show it: without its password."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)))
+    """A server URL as messages show it: without its password (as queuectl names a database)."""
+    return q.database_name(url)
 
 
 def run(cases: int, seed: int, *, first: int = 0, verbose: bool = False, pg: str | None = None) -> dict:
