@@ -36,13 +36,23 @@ __version__ = "1.0.0"
 class _Log:
     """logging.getLogger("queuectl"), imported on first use: only workers log, and the import
     costs every other command start-up time."""
+    # `worker start --quiet`: the routine lines of each job (claimed, completed) are not written.
+    # Those call sites test this first, so a quiet worker pays neither for the line nor for its arguments.
+    quiet = False
 
     def __getattr__(self, name: str):
         import logging
-        return getattr(logging.getLogger("queuectl"), name)
+        method = getattr(logging.getLogger("queuectl"), name)
+        setattr(self, name, method)  # later calls find it at once (the logger object never changes)
+        return method
 
 
 log = _Log()
+
+
+def event(name: str, **fields) -> dict:
+    """The `extra=` of a log call: the event's name and fields, which `--log-format json` writes out."""
+    return {"event": name, "fields": fields}
 
 
 # ==== Constants ==================================================================================
@@ -2214,9 +2224,9 @@ def end_run(proc, token: str) -> str | None:
     if left.stuck is None and proc.returncode is None:
         left.stuck = f"cannot kill process {proc.pid} ({_read(f'/proc/{proc.pid}/comm') or '?'}): it does not exit"
     if left.stuck:
-        log.warning("%s", left.stuck)
+        log.warning("%s", left.stuck, extra=event("kill_failed", run=token, error=left.stuck))
     elif not wait_gone(left, 5.0):
-        log.warning("some killed processes of run %s are still exiting", token)
+        log.warning("some killed processes of run %s are still exiting", token, extra=event("kill_slow", run=token))
     return left.stuck
 
 
@@ -2682,14 +2692,17 @@ class Runner:
         return True
 
     def _run(self, job: Job, epoch: int) -> Outcome:
-        log.info("job %s claimed (attempt %d): %s", job.id, job.attempts + 1, _short(job.command))
+        if not log.quiet:
+            log.info("job %s claimed (attempt %d): %s", job.id, job.attempts + 1, _short(job.command),
+                     extra=event("job_claimed", job_id=job.id, attempt=job.attempts + 1, command=job.command))
         env = {"QUEUECTL_JOB_ID": job.id, "QUEUECTL_ATTEMPT": str(job.attempts + 1),
                "QUEUECTL_RUN": run_token(job, self.worker_id)}
         try:
             return self.runner(job, env, lambda: self.abort(job, epoch),
                                lambda tail, total: self._flush(job, tail, total))
         except Exception as e:  # noqa: BLE001 - a claimed job must always get a recorded outcome
-            log.exception("job %s: internal error while running", job.id)
+            log.exception("job %s: internal error while running", job.id,
+                          extra=event("job_internal_error", job_id=job.id, error=repr(e)))
             return Outcome(None, f"internal error: {e!r}", b"", 0.0)
 
     def _flush(self, job: Job, tail: bytes, total: int) -> None:
@@ -2697,7 +2710,7 @@ class Runner:
         try:
             self.store.flush_output(job, tail, total)
         except (QueueError, sqlite3.Error) as e:
-            log.debug("job %s: output not flushed (%s)", job.id, e)
+            log.debug("job %s: output not flushed (%s)", job.id, e, extra=event("output_not_flushed", job_id=job.id))
 
     def _record(self, job: Job, outcome: Outcome, now: float | None) -> None:
         """Write the outcome, retrying until the database takes it: a finished run is never dropped,
@@ -2710,13 +2723,16 @@ class Runner:
                 if self.give_up():
                     break
                 time.sleep(failing.failed(e))
-        log.warning("job %s: result not recorded (hard stop); crash recovery will run it again", job.id)
+        log.warning("job %s: result not recorded (hard stop); crash recovery will run it again", job.id,
+                    extra=event("result_not_recorded", job_id=job.id, attempt=job.attempts + 1))
 
     def _write_outcome(self, job: Job, outcome: Outcome, now: float) -> None:
         if outcome.interrupted:
             lost = outcome.interrupted == CUT_OFF  # as if the worker had died: counts toward the poison cap
             state = self.store.interrupt(job, self.worker_id, outcome, lost, now, outcome.stuck)
-            log.info("job %s %s (%s)", job.id, f"-> {state}" if state else "no longer ours", outcome.error)
+            log.info("job %s %s (%s)", job.id, f"-> {state}" if state else "no longer ours", outcome.error,
+                     extra=event("job_interrupted", job_id=job.id, attempt=job.attempts + 1, state=state,
+                                 error=outcome.error))
             return
         if not self.keep_claiming():
             return _log_result(job, self.store.finish(job, self.worker_id, outcome, self._settings(), now), outcome)
@@ -2736,14 +2752,25 @@ class Runner:
 
 def _log_result(job: Job, after: Job | None, outcome: Outcome) -> None:
     if after is None:
-        log.warning("job %s: result discarded, this worker no longer owns it", job.id)
+        log.warning("job %s: result discarded, this worker no longer owns it", job.id,
+                    extra=_run_event("result_discarded", job, outcome))
     elif after.state == COMPLETED:
-        log.info("job %s completed in %.2fs", job.id, outcome.duration_s)
+        if not log.quiet:  # the hot path: a quiet worker builds nothing for it
+            log.info("job %s completed in %.2fs", job.id, outcome.duration_s,
+                     extra=_run_event("job_completed", job, outcome))
     elif after.state == FAILED:
-        log.info("job %s failed (%s); retry %d in %.0fs", job.id, outcome.error, after.attempts + 1,
-                 max(0.0, after.next_run_at - time.time()))
+        retry_in_s = max(0.0, after.next_run_at - time.time())
+        log.info("job %s failed (%s); retry %d in %.0fs", job.id, outcome.error, after.attempts + 1, retry_in_s,
+                 extra=_run_event("job_failed", job, outcome, retry_in_s=round(retry_in_s, 3)))
     else:
-        log.info("job %s dead after %d attempts: %s", job.id, after.attempts, outcome.error)
+        log.info("job %s dead after %d attempts: %s", job.id, after.attempts, outcome.error,
+                 extra=_run_event("job_dead", job, outcome))
+
+
+def _run_event(name: str, job: Job, outcome: Outcome, **more) -> dict:
+    """A log event about a run that ended: the job, which attempt it was, and how it ended."""
+    return event(name, job_id=job.id, attempt=job.attempts + 1, exit_code=outcome.exit_code, error=outcome.error,
+                 duration_s=round(outcome.duration_s, 6), **more)
 
 
 def _short(text: str, width: int = 60) -> str:
@@ -2839,7 +2866,8 @@ class Sweeper:
         state = self.store.interrupt(job, self.worker_id, lost, True, now, left.stuck)
         if state:
             log.warning("job %s recovered from lost worker -> %s%s", job_id, state,
-                        f" ({left.stuck})" if left.stuck else "")
+                        f" ({left.stuck})" if left.stuck else "",
+                        extra=event("job_recovered", job_id=job_id, run=run_no, state=state, error=left.stuck))
         return 1 if state else 0
 
 
@@ -2855,14 +2883,16 @@ class Backoff:
         """Count a failure; returns how long to wait before trying again."""
         self.count += 1
         if self.count == 1 or time.monotonic() - self.logged_at >= 30.0:
-            log.warning("%s failed: %s; retrying (%d failure(s) in a row)", self.what, error, self.count)
+            log.warning("%s failed: %s; retrying (%d failure(s) in a row)", self.what, error, self.count,
+                        extra=event("retrying", what=self.what, error=str(error), failures=self.count))
             self.logged_at = time.monotonic()
         return min(self.high, 0.05 * 2 ** min(self.count, 10))
 
     def ok(self) -> None:
         """A try succeeded: say so if it had been failing, and start over."""
         if self.count:
-            log.warning("%s works again after %d failure(s)", self.what, self.count)
+            log.warning("%s works again after %d failure(s)", self.what, self.count,
+                        extra=event("works_again", what=self.what, failures=self.count))
             self.count = 0
 
 
@@ -2942,8 +2972,9 @@ class Supervisor:
         if signum != signal.SIGQUIT:
             self.signals += 1
         if (signum == signal.SIGQUIT or self.signals >= 2) and not self.hard.is_set():
-            log.warning("%s: killing running jobs and putting them back",
-                        "SIGQUIT" if signum == signal.SIGQUIT else "second signal")
+            why = "SIGQUIT" if signum == signal.SIGQUIT else "second signal"
+            log.warning("%s: killing running jobs and putting them back", why,
+                        extra=event("hard_stop", reason=why))
             self.hard_at = time.monotonic()
             self.hard.set()
         self._stop("signal")
@@ -2966,7 +2997,9 @@ class Supervisor:
         self.stale_s = self.store.config_get("stale_timeout")
         self.beat_ok_at = time.monotonic()
         self.store.register(self.worker_id, self.me, self.count, self.store.now())
-        log.info("worker started: %s, %d thread(s), db %s", self.worker_id, self.count, self.path)
+        log.info("worker started: %s, %d thread(s), db %s", self.worker_id, self.count, self.path,
+                 extra=event("worker_started", worker_id=self.worker_id, threads=self.count, db=self.path,
+                             queues=list(self.queues) or None))
         self.sweeper = Sweeper(self.store, self.me, self.worker_id, lambda: self.stalled_s)
         self.sweeper.sweep(self.store.now())  # recover what a previous crash or boot left, before claiming
         if self.store.notifies:
@@ -2980,7 +3013,7 @@ class Supervisor:
         self._finish_recoveries()
         self._deregister()
         code = EXIT_INTERRUPTED if self.hard.is_set() else EXIT_OK
-        log.info("worker exited (%d)", code)
+        log.info("worker exited (%d)", code, extra=event("worker_exited", worker_id=self.worker_id, exit_code=code))
         return code
 
     def _finish_recoveries(self) -> None:
@@ -2992,7 +3025,8 @@ class Supervisor:
             try:
                 self.sweeper.finish(self.store.now())
             except (QueueError, sqlite3.Error) as e:
-                log.warning("could not requeue adopted jobs (%s); the next worker will", e)
+                log.warning("could not requeue adopted jobs (%s); the next worker will", e,
+                            extra=event("requeue_failed", error=str(e)))
                 break
         for _, left in self.sweeper.recovering.values():
             wait_gone(left, max(0.0, deadline - time.monotonic()))
@@ -3005,7 +3039,8 @@ class Supervisor:
         except (QueueError, sqlite3.Error) as e:
             if not self.hard.is_set():
                 raise
-            log.warning("could not deregister (%s); other workers will recover what is left", e)
+            log.warning("could not deregister (%s); other workers will recover what is left", e,
+                        extra=event("deregister_failed", error=str(e)))
 
     def _loop(self, threads: list) -> None:
         # monotonic time of each task's next run; registering was our first heartbeat
@@ -3044,7 +3079,8 @@ class Supervisor:
     def _stop(self, why: str) -> None:
         if not self.stopping.is_set():
             running = sum(1 for r in self.runners if r.current)
-            log.info("stopping (%s): claiming nothing more, waiting for %d running job(s)", why, running)
+            log.info("stopping (%s): claiming nothing more, waiting for %d running job(s)", why, running,
+                     extra=event("worker_stopping", reason=why, running=running))
             self.stopping.set()
         self._wake_runners()
 
@@ -3087,18 +3123,20 @@ class Supervisor:
     def _note_cut_off(self) -> None:
         cut = self.cut_off()
         if cut and not self.was_cut_off:
+            late, running = time.monotonic() - self.beat_ok_at, sum(1 for r in self.runners if r.current)
             log.error("no heartbeat for %.1fs (half of stale-timeout): killing %d running job(s), "
-                      "to be recorded as lost when the database is back", time.monotonic() - self.beat_ok_at,
-                      sum(1 for r in self.runners if r.current))
+                      "to be recorded as lost when the database is back", late, running,
+                      extra=event("heartbeat_lost", seconds=round(late, 3), running=running))
         elif self.was_cut_off and not cut:
-            log.warning("heartbeat works again; claiming again")
+            log.warning("heartbeat works again; claiming again", extra=event("heartbeat_back"))
         self.was_cut_off = cut
 
     def _on_lost_registration(self) -> None:
         # Another worker declared us dead (we were paused past the lease) and requeued our jobs.
         # A new epoch makes every run claimed under the old registration abort within 250 ms (so
         # it cannot overlap its rerun), including one whose claim is still being returned.
-        log.error("this worker was presumed dead by another; killing its running jobs and re-registering")
+        log.error("this worker was presumed dead by another; killing its running jobs and re-registering",
+                  extra=event("registration_lost", worker_id=self.worker_id))
         self.epoch += 1
         self.store.register(self.worker_id, self.me, self.count, self.store.now())
 
@@ -3497,7 +3535,7 @@ class Dashboard:
         except sqlite3.Error as e:
             return json_reply({"error": str(database_error(self.path, e, opening=False, write=method == "POST"))}, 500)
         except Exception:  # a bug: report it, keep serving
-            log.exception("dashboard: %s %s failed", method, target)
+            log.exception("dashboard: %s %s failed", method, target, extra=event("dashboard_error"))
             return json_reply({"error": "internal error (see the dashboard's stderr)"}, 500)
 
     def _respond(self, method: str, target: str, headers) -> Reply:
@@ -3590,7 +3628,7 @@ class DashboardServer:
         self.server_name, self.server_port = self.server_address[:2]
 
     def handle_error(self, request, client_address) -> None:
-        log.exception("dashboard: request from %s failed", client_address[0])
+        log.exception("dashboard: request from %s failed", client_address[0], extra=event("dashboard_error"))
 
 
 class DashboardHandler:
@@ -4181,6 +4219,10 @@ def _add_worker_commands(w) -> None:
     ws.add_argument("--burst", action="store_true", help="exit once the due work is drained")
     ws.add_argument("--queue", type=_queue_arg, action="append", default=[],
                     help="claim only from this queue; repeat it for more (default: every queue)")
+    ws.add_argument("--quiet", "-q", action="store_true",
+                    help="log only starts, stops, failures, deaths and recoveries (not each job claimed or completed)")
+    ws.add_argument("--log-format", choices=("text", "json"), default="text",
+                    help="text lines (default), or one JSON object a line for log shippers")
     wt = _command(w, "stop", cmd_worker_stop, "ask every running worker to stop gracefully", check=check_worker_stop)
     wt.add_argument("--wait", action="store_true", help="return once they have exited")
     wt.add_argument("--timeout", type=_seconds_arg, default=None, help="with --wait: give up after S seconds")
@@ -4667,7 +4709,7 @@ def main(argv: list[str] | None = None) -> int:
     except QueueError as e:
         return _fail(e)
     if args.command in ("worker", "dashboard"):
-        configure_logging()
+        configure_logging(args)
     return _dispatch(args)
 
 
@@ -4696,11 +4738,34 @@ def _dispatch(args) -> int:
             store.close()
 
 
-def configure_logging() -> None:
-    """Worker log lines on stderr, one per job event."""
+def configure_logging(args) -> None:
+    """Worker log lines on stderr, one per job event: text, or with `--log-format json` JSON Lines;
+    `--quiet` leaves out each job's routine lines (claimed, completed)."""
     import logging
+    log.quiet = getattr(args, "quiet", False)
+    if getattr(args, "log_format", "text") == "json":
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(JsonLines())
+        logging.basicConfig(handlers=[handler], level=logging.INFO)
+        return
     logging.basicConfig(format="%(asctime)s queuectl[%(process)d]: %(message)s", level=logging.INFO,
                         stream=sys.stderr)
+
+
+class JsonLines:
+    """A logging formatter (duck-typed: logging is imported only by workers) that writes one JSON
+    object a line: ts, level, event, message, pid, then the event's fields (job_id, attempt,
+    exit_code, error, ...), and traceback for a logged exception. A line from a call that names
+    no event (another library's) has the event "log"."""
+
+    def format(self, record) -> str:
+        line = {"ts": iso(record.created), "level": record.levelname.lower(),
+                "event": getattr(record, "event", "log"), "message": record.getMessage(), "pid": record.process,
+                **getattr(record, "fields", {})}
+        if record.exc_info:
+            import traceback
+            line["traceback"] = "".join(traceback.format_exception(*record.exc_info)).rstrip()
+        return json.dumps(line, ensure_ascii=False, default=str)
 
 
 def _fail(error: QueueError) -> int:
