@@ -70,7 +70,10 @@ MAX_COMMAND_BYTES = 131_071  # Linux MAX_ARG_STRLEN (one argv string) less its t
 MAX_ID_CHARS = 200
 MAX_RETRIES_LIMIT = 1_000_000
 MAX_SECONDS = 10 * 365 * 86400  # caps timeouts and delays: keeps every number finite and storable
-OUTPUT_TAIL_BYTES = 64 * 1024
+OUTPUT_TAIL_BYTES = 64 * 1024  # the default of config output-limit
+MIN_OUTPUT_LIMIT, MAX_OUTPUT_LIMIT = 1024, 64 * 1024 * 1024
+SIZE = re.compile(r"(\d+)[ \t]*(KiB|MiB|K|M|k|m|B)?")
+SIZE_UNITS = {"B": 1, "K": 1024, "k": 1024, "KiB": 1024, "M": 1024 ** 2, "m": 1024 ** 2, "MiB": 1024 ** 2}
 PR_SET_PDEATHSIG, SIGKILL = 1, 9  # Linux's prctl option, and the signal it asks for (see _die_with_runner)
 # A command made only of these words is exec'd without a shell (see direct_argv); the first word
 # may not contain '=', which would make it a variable assignment.
@@ -120,6 +123,12 @@ def _check(value: float, ok: bool, rule: str) -> float:
     return value
 
 
+def _output_limit(size: int) -> int:
+    if not MIN_OUTPUT_LIMIT <= size <= MAX_OUTPUT_LIMIT:
+        raise UsageError(f"{size} bytes is not from 1024 (1 KiB) to 67108864 (64 MiB)")
+    return size
+
+
 # key -> (default, validator taking the CLI string and returning the stored value)
 CONFIG = {
     "max_retries": (3, lambda s: _check(v := _parse_number(s, integer=True), 0 <= v <= MAX_RETRIES_LIMIT,
@@ -130,6 +139,8 @@ CONFIG = {
     "stale_timeout": (10, lambda s: _check(v := _parse_number(s), 1 <= v <= 86400, "seconds from 1 to 86400")),
     "job_timeout": (0, lambda s: _check(v := _parse_number(s), 0 <= v <= MAX_SECONDS, "seconds >= 0 (0 = none)")),
     "retention": (7 * 86400, lambda s: parse_duration(s)),  # completed jobs kept this long; 0 = forever
+    # the tail of each run's output that is kept, in bytes
+    "output_limit": (OUTPUT_TAIL_BYTES, lambda s: _output_limit(parse_size(s))),
 }
 
 
@@ -224,6 +235,22 @@ class Outcome:
 def text(output: bytes | None) -> str | None:
     """Captured output as text (invalid UTF-8 shown as U+FFFD)."""
     return None if output is None else output.decode("utf-8", "replace")
+
+
+def parse_size(text: str) -> int:
+    """'65536', '64K', '64KiB', '1M', '1MiB' -> bytes (K and M are 1024 and 1024²)."""
+    match = SIZE.fullmatch(text.strip())
+    if not match or len(match[1]) > 12:
+        raise UsageError(f"not a size: {text!r} (use bytes, or e.g. 64K, 512KiB, 1M, 16MiB)")
+    return int(match[1]) * SIZE_UNITS[match[2] or "B"]
+
+
+def size_text(n: int) -> str:
+    """Bytes for people: '512 B', '64 KiB', '14.2 MiB' (one decimal, none when it is 0)."""
+    for unit, scale in (("GiB", 1024 ** 3), ("MiB", 1024 ** 2), ("KiB", 1024)):
+        if n >= scale:
+            return f"{round(n / scale, 1):g} {unit}"
+    return f"{n} B"
 
 
 # ==== Storage ====================================================================================
@@ -2182,8 +2209,9 @@ def parse_json(text: str) -> object:
 
 # ==== Execution ==================================================================================
 
-def run_command(job: Job, env_extra: dict, abort, on_output=None, *, die_with_worker: bool = False) -> Outcome:
-    """Run a job's command in its own session; keep the last OUTPUT_TAIL_BYTES of its output.
+def run_command(job: Job, env_extra: dict, abort, on_output=None, *, die_with_worker: bool = False,
+                keep_bytes: int = OUTPUT_TAIL_BYTES) -> Outcome:
+    """Run a job's command in its own session; keep the last `keep_bytes` of its output (output-limit).
 
     `abort()` is polled while the command runs; when it returns a reason the process group is
     killed and the outcome is marked interrupted. `on_output(tail, total)` is called at most every
@@ -2198,7 +2226,7 @@ def run_command(job: Job, env_extra: dict, abort, on_output=None, *, die_with_wo
     except OSError as e:
         error = f"cannot start: {e.strerror}: {job.cwd}" if isinstance(e, FileNotFoundError) else f"cannot start: {e}"
         return Outcome(None, error, b"", time.monotonic() - started)
-    capture = _Capture(proc, started, on_output)
+    capture = _Capture(proc, started, on_output, keep_bytes)
     reason = capture.collect(job.timeout, abort)
     stuck = end_run(proc, env_extra.get("QUEUECTL_RUN", "")) if reason else None
     proc.stdout.close()
@@ -2360,9 +2388,9 @@ def _worker_env() -> dict[bytes, bytes]:
 class _Capture:
     """Reads a running job's output pipe into a bounded tail, waking on output or on exit."""
 
-    def __init__(self, proc, started: float, on_output):
+    def __init__(self, proc, started: float, on_output, keep_bytes: int):
         import select
-        self.proc, self.started, self.on_output = proc, started, on_output
+        self.proc, self.started, self.on_output, self.keep_bytes = proc, started, on_output, keep_bytes
         self.fd = proc.stdout.fileno()
         self.poller = select.poll()
         self.poller.register(self.fd, select.POLLIN | select.POLLHUP)
@@ -2412,7 +2440,7 @@ class _Capture:
             self.poller.unregister(self.fd)  # a closed pipe would wake poll() forever
         self.total += len(chunk)
         self.tail += chunk
-        del self.tail[:-OUTPUT_TAIL_BYTES]
+        del self.tail[:-self.keep_bytes]  # from the front: bytearray makes that cheap, whatever the size
 
     def _maybe_flush(self) -> None:
         # Short jobs never get here often enough to flush: they pay nothing for --follow.
@@ -2672,8 +2700,7 @@ class Runner:
         self.epoch = epoch  # the registration the claim was made under
         self.keep_claiming = keep_claiming  # claim the next job in the same commit as a result?
         self.prefetched: tuple[Job, int] | None = None  # (job, epoch) claimed with the last result
-        # injectable for tests and simulation; jobs die with their worker where other hosts may rerun them
-        self.runner = functools.partial(run_command, die_with_worker=store.shared_by_hosts)
+        self.runner = self._run_command  # injectable for tests and simulation
         self.current: Job | None = None
         self.settings, self.settings_at = {}, -math.inf
 
@@ -2704,6 +2731,11 @@ class Runner:
             log.exception("job %s: internal error while running", job.id,
                           extra=event("job_internal_error", job_id=job.id, error=repr(e)))
             return Outcome(None, f"internal error: {e!r}", b"", 0.0)
+
+    def _run_command(self, job: Job, env: dict, abort, on_output) -> Outcome:
+        # Jobs die with their worker where other hosts may rerun them; output-limit as last read.
+        return run_command(job, env, abort, on_output, die_with_worker=self.store.shared_by_hosts,
+                           keep_bytes=self._settings()["output_limit"])
 
     def _flush(self, job: Job, tail: bytes, total: int) -> None:
         """Best effort: a busy database must not stall the job's output pipe."""
@@ -3270,7 +3302,14 @@ def logs_dict(store: Store, job_id: str, run_no: int | None) -> dict:
     if run is None and run_no is not None:
         raise NotFound(f"job {job_id!r} has no run {run_no}")
     number, output, total, ended = run or (None, None, 0, None)
-    return {"id": job_id, "run": number, "output": text(output), "output_bytes": total, "ended_at": iso(ended)}
+    return {"id": job_id, "run": number, "output": text(output), "output_bytes": total,
+            "output_kept_bytes": len(output or b""), "ended_at": iso(ended)}
+
+
+def cut_note(run: dict) -> str | None:
+    """'last 64 KiB of 14.2 MiB' when a run printed more than was kept (output-limit), else None."""
+    kept, total = run["output_kept_bytes"], run["output_bytes"]
+    return f"last {size_text(kept)} of {size_text(total)}" if total > kept else None
 
 
 # -- throughput per minute (the chart) ----------------------------------------------------------
@@ -3879,8 +3918,12 @@ function secs(v) {
   if (v === null || v === undefined) return "–";
   return v < 1 ? `${Math.round(v * 1000)} ms` : v < 120 ? `${v.toFixed(2)} s` : `${(v / 60).toFixed(1)} min`;
 }
-const bytes = (n) => (n < 1024 ? `${n} B`
-  : n < 1048576 ? `${(n / 1024).toFixed(1)} KiB` : `${(n / 1048576).toFixed(1)} MiB`);
+const bytes = (n) => {  // as the CLI writes sizes: 512 B, 64 KiB, 14.2 MiB
+  for (const [unit, scale] of [["GiB", 2 ** 30], ["MiB", 2 ** 20], ["KiB", 1024]]) {
+    if (n >= scale) return `${+(n / scale).toFixed(1)} ${unit}`;
+  }
+  return `${n} B`;
+};
 const num = (n) => Number(n).toLocaleString("en-US");
 
 // The API
@@ -4043,7 +4086,9 @@ function runOutput(r) {
   const text = r.output === null || r.output === "" ? "(no output)"
     : r.output.length > TAIL_CHARS ? "[… earlier output not shown …]\\n" + r.output.slice(-TAIL_CHARS) : r.output;
   const details = h("details", { open: !view.closed.has(key) },
-    h("summary", {}, `run ${r.run} output, ${bytes(r.output_bytes)}${r.ended_at ? "" : " (running)"}`),
+    h("summary", {}, `run ${r.run} output, ${r.output_bytes > r.output_kept_bytes
+      ? `last ${bytes(r.output_kept_bytes)} of ${bytes(r.output_bytes)}` : bytes(r.output_bytes)}`
+      + (r.ended_at ? "" : " (running)")),
     h("pre", {}, text));
   details.addEventListener("toggle", () => (details.open ? view.closed.delete(key) : view.closed.add(key)));
   return details;
@@ -4484,7 +4529,8 @@ def cmd_list(args, store: Store) -> None:
 def run_dict(run: dict) -> dict:
     """One run as users see it in --json output."""
     ended = run["ended_at"]
-    return {**run, "output": text(run["output"]), "started_at": iso(run["started_at"]), "due_at": iso(run["due_at"]),
+    return {**run, "output": text(run["output"]), "output_kept_bytes": len(run["output"] or b""),
+            "started_at": iso(run["started_at"]), "due_at": iso(run["due_at"]),
             "ended_at": iso(ended), "duration_s": None if ended is None else round(ended - run["started_at"], 6)}
 
 
@@ -4501,7 +4547,8 @@ def cmd_show(args, store: Store) -> None:
         took = "running" if r["duration_s"] is None else f"{r['duration_s']:.2f}s"
         print(f"  #{r['run']:<3} {r['started_at']}  {took:>9}  {r['outcome'] or 'running':<10} "
               f"exit={r['exit_code']}  {r['error'] or ''}".rstrip())
-    print("output:" + ("" if output else " (none)"))
+    note = cut_note(runs[-1]) if runs else None
+    print("output:" + ("" if output else " (none)") + (f" {note}" if note else ""))
     if output:
         print(output, end="" if output.endswith("\n") else "\n")
 
@@ -4514,8 +4561,19 @@ def cmd_logs(args, store: Store) -> None:
     if run is None and args.run is not None:
         raise NotFound(f"job {args.id!r} has no run {args.run}")
     if not args.follow:
-        return write_bytes(run[1] if run else None)
+        write_bytes(run[1] if run else None)
+        return _note_cut(run)
     follow_output(store, args.id, run)
+
+
+def _note_cut(run: tuple | None) -> None:
+    """One line on stderr when the run printed more than was kept: stdout stays exactly the kept bytes."""
+    run_no, output, total, _ = run or (None, b"", 0, None)
+    kept = len(output or b"")
+    if total > kept:
+        sys.stdout.flush()
+        print(f"queuectl: note: run {run_no} printed {size_text(total)}; this is its last {size_text(kept)} "
+              "(config output-limit)", file=sys.stderr)
 
 
 def follow_output(store: Store, job_id: str, run: tuple | None) -> None:
@@ -4537,8 +4595,10 @@ def follow_output(store: Store, job_id: str, run: tuple | None) -> None:
 def _print_new(output: bytes, total: int, printed: int) -> int:
     """Write the part of a tail not printed yet; returns the new printed count."""
     new = total - printed
-    if new > len(output):
-        sys.stdout.write(f"[... {new - len(output)} bytes not kept ...]\n")
+    if new > len(output):  # on stderr, as for `logs` without --follow: stdout is only the job's bytes
+        sys.stdout.flush()
+        print(f"queuectl: note: {size_text(new - len(output))} of output not kept here (config output-limit)",
+              file=sys.stderr, flush=True)
     if new > 0:
         write_bytes(output[-min(new, len(output)):])
         sys.stdout.flush()
