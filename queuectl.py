@@ -8,12 +8,13 @@ A worker killed with SIGKILL loses nothing: another worker recovers its jobs.
 commands:
   enqueue JSON | -        add a job, e.g. '{"id": "a", "command": "echo hi"}', or a batch from stdin
   worker start|stop|list  run workers in the foreground / ask every worker to stop / list them
-  status, list, show, logs, stats, wait
+  status, list, show, logs, stats, metrics, wait
   cancel, delete, purge   operate on jobs
   pause, resume           stop and restart claims from queues
   dlq list|retry          the dead-letter queue
   dashboard               a live web view of the queue and a JSON API (http://127.0.0.1:8321)
-  config set|get|list     max-retries, backoff-base, backoff-max, stale-timeout, job-timeout, retention
+  config set|get|list     max-retries, backoff-base, backoff-max, stale-timeout, job-timeout, retention,
+                          output-limit
 """
 
 # Heavy modules (subprocess, threading, signal, select) are imported only by the worker code
@@ -549,6 +550,13 @@ class SqliteSQL:
         f"WHERE {SQL_READY} AND next_run_at <= ?1 UNION ALL SELECT queue, next_run_at FROM jobs "
         f"INDEXED BY jobs_staged WHERE {SQL_STAGED} AND next_run_at <= ?1) AS e "
         "WHERE NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (e.queue, '*'))")
+    # `metrics`: jobs by queue and state, and the oldest eligible job of each queue (as above, by queue).
+    SQL_QUEUE_COUNTS = "SELECT queue, state, count(*) FROM jobs GROUP BY queue, state"
+    SQL_OLDEST_ELIGIBLE_BY_QUEUE = (
+        f"SELECT e.queue, min(e.next_run_at) FROM (SELECT queue, next_run_at FROM jobs INDEXED BY jobs_claim "
+        f"WHERE {SQL_READY} AND next_run_at <= ?1 UNION ALL SELECT queue, next_run_at FROM jobs "
+        f"INDEXED BY jobs_staged WHERE {SQL_STAGED} AND next_run_at <= ?1) AS e "
+        "WHERE NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (e.queue, '*')) GROUP BY e.queue")
     SQL_IDENTITY = ("SELECT (SELECT application_id FROM pragma_application_id()), "
                     "(SELECT count(*) FROM sqlite_master), (SELECT user_version FROM pragma_user_version())")
     SQL_CONFIG_GET = "SELECT value FROM config WHERE key = ?"
@@ -1029,12 +1037,24 @@ class Store:
 
     def stats(self, since: float, now: float) -> dict:
         """Outcome counts, duration and wait percentiles over runs that ended since `since`."""
-        outcomes = dict(self.read(self.sql.SQL_STATS_OUTCOMES, (since,)))
+        outcomes = self.outcomes(since)
         times = self.read(self.sql.SQL_STATS_TIMES, (since,))
         oldest = self.read(self.sql.SQL_OLDEST_ELIGIBLE, (now,))[0][0]
         return {"outcomes": outcomes, "duration": percentiles(t[0] for t in times),
                 "wait": percentiles(t[1] for t in times),
                 "oldest_eligible_age_s": None if oldest is None else max(0.0, now - oldest)}
+
+    def outcomes(self, since: float) -> dict[str, int]:
+        """Runs that ended since `since`, counted by outcome."""
+        return dict(self.read(self.sql.SQL_STATS_OUTCOMES, (since,)))
+
+    def queue_counts(self) -> list[tuple[str, str, int]]:
+        """(queue, state, jobs) for every queue and state that has jobs."""
+        return self.read(self.sql.SQL_QUEUE_COUNTS)
+
+    def oldest_eligible_by_queue(self, now: float) -> dict[str, float]:
+        """Queue -> next_run_at of its longest-waiting eligible job (due, no unfinished dependency, not paused)."""
+        return dict(self.read(self.sql.SQL_OLDEST_ELIGIBLE_BY_QUEUE, (now,)))
 
     def runs_per_minute(self, start: float) -> list[tuple]:
         """(minute from `start`, outcome, count) of the runs that ended completed, failed or dead since `start`."""
@@ -1677,6 +1697,11 @@ class PostgresSQL:
     SQL_OLDEST_ELIGIBLE = ("SELECT min(next_run_at) FROM jobs WHERE state IN ('pending', 'failed') AND waiting_on = 0 "
                            "AND next_run_at <= %s "
                            "AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*'))")
+    SQL_QUEUE_COUNTS = "SELECT queue, state, count(*) FROM jobs GROUP BY queue, state"
+    SQL_OLDEST_ELIGIBLE_BY_QUEUE = (
+        "SELECT queue, min(next_run_at) FROM jobs WHERE state IN ('pending', 'failed') AND waiting_on = 0 "
+        "AND next_run_at <= %s AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')) "
+        "GROUP BY queue")
     SQL_CONFIG_GET = "SELECT value FROM config WHERE key = %s"
     SQL_CONFIG_SET = ("INSERT INTO config (key, value) VALUES (%s, %s) "
                       "ON CONFLICT (key) DO UPDATE SET value = excluded.value")
@@ -3335,6 +3360,51 @@ def throughput_dict(store: Store, minutes: int, now: float) -> dict:
             "buckets": minute_buckets(store.runs_per_minute(start), start, minutes)}
 
 
+# -- metrics (Prometheus text exposition format) --------------------------------------------------
+
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+RUN_OUTCOMES = (COMPLETED, FAILED, DEAD, "lost", "stopped", "canceled")
+METRICS_WINDOWS = (("1m", 60), ("1h", 3600))  # queuectl_runs_finished's window label -> seconds
+
+
+def metrics_text(store: Store, now: float) -> str:
+    """`queuectl metrics` and GET /metrics: the queue as Prometheus gauges."""
+    rows, paused = store.queue_counts(), set(store.paused())
+    queues, counts = sorted({queue for queue, _, _ in rows}), {(queue, state): n for queue, state, n in rows}
+    oldest = store.oldest_eligible_by_queue(now)
+    finished = {window: store.outcomes(now - seconds) for window, seconds in METRICS_WINDOWS}
+    p50, p95 = (None if v is None else round(v, 6) for v in store.stats(now - 3600, now)["duration"][1:])
+    families = (
+        ("queuectl_jobs", "Jobs by queue and state (every state of each queue that has jobs).",
+         [({"queue": q, "state": state}, counts.get((q, state), 0)) for q in queues for state in STATES]),
+        ("queuectl_workers", "Worker processes that look alive.", [({}, len(live_workers(store)))]),
+        ("queuectl_oldest_due_age_seconds", "Seconds the longest-waiting job that is due and may run has waited, "
+         "by queue (0 when none waits; no sample for a paused queue).",
+         [({"queue": q}, round(max(0.0, now - oldest[q]), 3) if q in oldest else 0)
+          for q in queues if not paused & {q, "*"}]),
+        ("queuectl_runs_finished", "Runs that ended within the window (1m or 1h), by outcome.",
+         [({"outcome": o, "window": w}, finished[w].get(o, 0)) for w, _ in METRICS_WINDOWS for o in RUN_OUTCOMES]),
+        ("queuectl_run_duration_seconds", "Duration quantiles of the runs that ended completed, failed or dead "
+         "in the last hour (NaN when none did).", [({"quantile": "0.5"}, p50), ({"quantile": "0.95"}, p95)]),
+    )
+    return "".join(_metric(*family) for family in families)
+
+
+def _metric(name: str, help_text: str, samples: list[tuple[dict, float | int | None]]) -> str:
+    """One metric family: HELP and TYPE lines, then a line per sample (None is written NaN)."""
+    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
+    for labels, value in samples:
+        label_text = ",".join(f'{k}="{prometheus_escape(str(v))}"' for k, v in labels.items())
+        lines.append(f"{name}{{{label_text}}} {'NaN' if value is None else value!r}" if labels
+                     else f"{name} {'NaN' if value is None else value!r}")
+    return "\n".join(lines) + "\n"
+
+
+def prometheus_escape(value: str) -> str:
+    """A label value as the exposition format writes it: backslash, double quote and newline escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
 # -- requests: query parameters, paths, replies -------------------------------------------------
 
 class Query:
@@ -3475,6 +3545,10 @@ def _api_throughput(store: Store, q: Query, _: None) -> dict:
     return throughput_dict(store, q.integer("minutes", CHART_MINUTES, 1, 1440), store.now())
 
 
+def _api_metrics(store: Store, q: Query, _: None) -> Reply:
+    return Reply(200, metrics_text(store, store.now()).encode(), METRICS_CONTENT_TYPE)
+
+
 def _api_workers(store: Store, q: Query, _: None) -> list[dict]:
     return worker_dicts(store, store.now())
 
@@ -3520,6 +3594,7 @@ API_ROUTES = {
     ("GET", "/api/jobs/ID"): (_api_job, ()),
     ("GET", "/api/jobs/ID/logs"): (_api_logs, ("run",)),
     ("GET", "/api/workers"): (_api_workers, ()),
+    ("GET", "/metrics"): (_api_metrics, ()),
     ("POST", "/api/jobs/ID/retry"): (_api_retry, ()),
     ("POST", "/api/jobs/ID/cancel"): (_api_cancel, ()),
     ("POST", "/api/jobs/ID/delete"): (_api_delete, ()),
@@ -4241,6 +4316,8 @@ def _add_view_commands(sub) -> None:
     st = _command(sub, "stats", cmd_stats, "throughput, durations and waits over a window", json_flag=True,
                   reads=True)
     st.add_argument("--since", type=_duration_arg, default=3600, metavar="DURATION", help="window (default 1h)")
+    _command(sub, "metrics", cmd_metrics, "the queue's gauges in Prometheus text format (for a textfile collector)",
+             reads=True)
 
 
 def _add_operating_commands(sub) -> None:
@@ -4625,6 +4702,10 @@ def cmd_stats(args, store: Store) -> None:
     print("duration: " + "  ".join(f"{k} {_secs(v)}" for k, v in report["duration_s"].items()))
     print("wait:     " + "  ".join(f"{k} {_secs(v)}" for k, v in report["wait_s"].items()))
     print(f"oldest eligible job waiting: {_secs(report['oldest_eligible_age_s'])}")
+
+
+def cmd_metrics(args, store: Store) -> None:
+    sys.stdout.write(metrics_text(store, store.now()))
 
 
 def _secs(value: float | None) -> str:
