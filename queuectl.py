@@ -3395,9 +3395,12 @@ def _metric(name: str, help_text: str, samples: list[tuple[dict, float | int | N
     lines = [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
     for labels, value in samples:
         label_text = ",".join(f'{k}="{prometheus_escape(str(v))}"' for k, v in labels.items())
-        lines.append(f"{name}{{{label_text}}} {'NaN' if value is None else value!r}" if labels
-                     else f"{name} {'NaN' if value is None else value!r}")
+        lines.append(f"{name}{{{label_text}}} {_number(value)}" if labels else f"{name} {_number(value)}")
     return "\n".join(lines) + "\n"
+
+
+def _number(value: float | int | None) -> str:
+    return "NaN" if value is None else repr(value)
 
 
 def prometheus_escape(value: str) -> str:

@@ -7,6 +7,7 @@ every wait polls with a deadline, so they stay deterministic on a slow, noisy ma
 import contextlib
 import io
 import json
+import math
 import os
 import re
 import shlex
@@ -34,9 +35,10 @@ QUEUECTL = os.path.join(HERE, "queuectl.py")
 # ==== Helpers ======================================================================================
 
 STATES = ("pending", "processing", "completed", "failed", "dead")
-CONFIG_KEYS = ("max-retries", "backoff-base", "backoff-max", "stale-timeout", "job-timeout", "retention")
+CONFIG_KEYS = ("max-retries", "backoff-base", "backoff-max", "stale-timeout", "job-timeout", "retention",
+               "output-limit")
 CONFIG_DEFAULTS = {"max-retries": 3, "backoff-base": 2, "backoff-max": 3600,
-                   "stale-timeout": 10, "job-timeout": 0, "retention": 604800}
+                   "stale-timeout": 10, "job-timeout": 0, "retention": 604800, "output-limit": 65536}
 JOB_KEYS = {"id", "command", "state", "attempts", "max_retries", "timeout", "cwd", "env",
             "created_at", "updated_at", "next_run_at", "last_error", "exit_code", "worker_id",
             "run_count"}
@@ -2530,10 +2532,10 @@ def test_dashboard_logs_of_a_run(dashboard):
     d = dashboard()
     latest = d.get("/api/jobs/done-1/logs")
     assert latest == {"id": "done-1", "run": 1, "output": "hello <b>world</b>\n", "output_bytes": 19,
-                      "ended_at": latest["ended_at"]}
+                      "output_kept_bytes": 19, "ended_at": latest["ended_at"]}
     assert d.get("/api/jobs/done-1/logs?run=1") == latest
     assert d.get("/api/jobs/img-1/logs") == {"id": "img-1", "run": None, "output": None, "output_bytes": 0,
-                                             "ended_at": None}
+                                             "output_kept_bytes": 0, "ended_at": None}
     assert d.get("/api/jobs/running-1/logs")["ended_at"] is None
 
 
@@ -3073,7 +3075,7 @@ def test_config_accepts_hyphens_and_underscores(db, set_key, get_key):
 
 def test_config_set_every_key(db):
     values = {"max-retries": "0", "backoff-base": "1.5", "backoff-max": "0", "stale-timeout": "1.5",
-              "job-timeout": "30", "retention": "2"}
+              "job-timeout": "30", "retention": "2", "output-limit": "2048"}
     for key, value in values.items():
         ok(db, "config", "set", key, value)
     stored = json.loads(ok(db, "config", "list", "--json"))
@@ -5413,3 +5415,297 @@ def test_bench_rejects_counts_that_would_leave_an_empty_sample(bench, capsys):
             bench.parse_args([option, "0"])
     assert bench.main(["--tiny", "--check"]) == 2
     assert "no verdict" in capsys.readouterr().err
+
+
+# ==== Worker logs, output kept, metrics ==========================================================
+
+# ---- worker start --quiet and --log-format json
+
+TEXT_LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} queuectl\[\d+\]: (.*)$")
+
+
+def run_log_demo(db, workers, *flags):
+    """A burst worker with FLAGS over `ok` (completes) and `bad` (fails, then dies); returns its stderr."""
+    ok(db, "config", "set", "backoff-base", "1")
+    enqueue(db, id="ok", command="echo hi")
+    enqueue(db, id="bad", command="exit 3", max_retries=2)
+    worker = workers.start("--burst", *flags)
+    assert worker.wait() == 0, worker.log()
+    return worker.log()
+
+
+def test_worker_default_log_lines_keep_their_text_format(db, workers):
+    messages = [TEXT_LOG_LINE.match(line)[1] for line in run_log_demo(db, workers).splitlines()]
+    assert messages[0].startswith("worker started: ") and messages[-1] == "worker exited (0)"
+    assert "job ok claimed (attempt 1): echo hi" in messages
+    assert any(re.fullmatch(r"job ok completed in \d+\.\d\ds", m) for m in messages), messages
+    assert any(re.fullmatch(r"job bad failed \(exit code 3\); retry 2 in \d+s", m) for m in messages), messages
+
+
+def test_worker_quiet_logs_only_starts_stops_failures_and_deaths(db, workers):
+    log_text = run_log_demo(db, workers, "--quiet")
+    messages = [TEXT_LOG_LINE.match(line)[1] for line in log_text.splitlines()]
+    assert messages[0].startswith("worker started: ") and messages[-1] == "worker exited (0)"
+    assert any(m.startswith("job bad failed (exit code 3)") for m in messages), messages
+    assert any(m.startswith("job bad dead after") for m in messages), messages
+    assert any(m.startswith("stopping (burst: queue drained)") for m in messages), messages
+    assert not any("claimed" in m or "completed" in m for m in messages), messages
+    assert state_of(db, "ok") == "completed"  # quiet is only quiet: the job ran
+
+
+def test_worker_log_format_json_writes_one_object_a_line(db, workers):
+    lines = [json.loads(line) for line in run_log_demo(db, workers, "--log-format", "json").splitlines()]
+    for line in lines:
+        assert ISO_UTC.match(line["ts"]) and line["level"] in ("info", "warning", "error"), line
+        assert isinstance(line["pid"], int) and line["message"], line
+    events = [line["event"] for line in lines]
+    assert events[0] == "worker_started" and events[-2:] == ["worker_stopping", "worker_exited"], events
+    by_event = {(line["event"], line.get("job_id"), line.get("attempt")): line for line in lines}
+    assert by_event["job_claimed", "ok", 1]["command"] == "echo hi"
+    done = by_event["job_completed", "ok", 1]
+    assert (done["exit_code"], done["error"]) == (0, None) and done["duration_s"] >= 0
+    failed = by_event["job_failed", "bad", 1]
+    assert (failed["exit_code"], failed["error"]) == (3, "exit code 3") and failed["retry_in_s"] >= 0
+    dead = by_event["job_dead", "bad", 2]
+    assert (dead["exit_code"], dead["error"]) == (3, "exit code 3")
+    assert lines[-1]["exit_code"] == 0 and lines[0]["worker_id"] == lines[-1]["worker_id"]
+
+
+def test_worker_quiet_json_leaves_out_the_routine_events(db, workers):
+    events = [json.loads(line)["event"]
+              for line in run_log_demo(db, workers, "-q", "--log-format", "json").splitlines()]
+    assert "job_failed" in events and "job_dead" in events and "worker_exited" in events
+    assert "job_claimed" not in events and "job_completed" not in events
+
+
+def test_a_quiet_worker_builds_nothing_for_the_lines_it_does_not_write(store, monkeypatch, caplog):
+    register(store)
+    store.enqueue([spec("a"), spec("b")], T0)
+    runner = queuectl.Runner(store, "w1", lambda job, epoch: None)
+    runner.runner = lambda job, env, abort, on_output: outcome(0)
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("formatting work for a line that is not written")
+    for name in ("_short", "_run_event"):
+        monkeypatch.setattr(queuectl, name, must_not_run)
+    monkeypatch.setattr(queuectl.log, "quiet", True)
+    with caplog.at_level("INFO", logger="queuectl"):
+        assert runner.run_once(now=T0)
+    assert caplog.records == [] and store.get("a").state == "completed"
+    monkeypatch.undo()  # the same step, not quiet: the lines and their events are there
+    with caplog.at_level("INFO", logger="queuectl"):
+        assert runner.run_once(now=T0)
+    assert [r.event for r in caplog.records] == ["job_claimed", "job_completed"]
+    assert caplog.records[1].fields == {"job_id": "b", "attempt": 1, "exit_code": 0, "error": None,
+                                        "duration_s": 0.01}
+
+
+def test_json_log_lines_carry_tracebacks_and_other_libraries_lines_on_one_line():
+    import logging
+    try:
+        raise ValueError("bad\nthing")
+    except ValueError:
+        record = logging.makeLogRecord({"msg": "job %s: internal error", "args": ("x",), "levelname": "ERROR",
+                                        "exc_info": sys.exc_info(), "created": T0, "process": 7,
+                                        **queuectl.event("job_internal_error", job_id="x")})
+    text = queuectl.JsonLines().format(record)
+    assert "\n" not in text
+    line = json.loads(text)
+    assert (line["ts"], line["level"], line["event"], line["job_id"]) == ("2027-01-15T08:00:00.000Z", "error",
+                                                                          "job_internal_error", "x")
+    assert line["message"] == "job x: internal error" and "ValueError: bad\nthing" in line["traceback"]
+    other = json.loads(queuectl.JsonLines().format(logging.makeLogRecord({"msg": "from psycopg", "created": T0})))
+    assert other["event"] == "log" and other["message"] == "from psycopg"
+
+
+@sqlite_only
+def test_worker_start_help_shows_the_log_options_and_refuses_a_bad_format(db):
+    code, out, _ = cli(db, "worker", "start", "--help")
+    assert code == 0 and "--quiet" in out and "--log-format {text,json}" in out
+    code, _, err = cli(db, "worker", "start", "--log-format", "xml")
+    assert_argparse_error(code, err)
+    assert not os.path.exists(db)
+
+
+# ---- output-limit: the tail of each run's output that is kept
+
+def test_run_command_keeps_the_tail_it_is_asked_to_keep():
+    job = make_job(command="seq 1 3000", timeout=0.0, cwd="/", env={})
+    out = queuectl.run_command(job, {"QUEUECTL_RUN": f"test/{os.getpid()}/{time.monotonic()}"}, lambda: None,
+                               keep_bytes=1024)
+    full = "".join(f"{i}\n" for i in range(1, 3001)).encode()
+    assert (out.output, out.output_bytes) == (full[-1024:], len(full))
+
+
+@sqlite_only
+def test_output_limit_takes_sizes_and_refuses_others(db):
+    for value, stored in (("1024", 1024), ("64K", 65536), ("512KiB", 524288), ("1M", 1048576), ("64MiB", 67108864)):
+        ok(db, "config", "set", "output-limit", value)
+        assert ok(db, "config", "get", "output_limit") == f"{stored}\n"
+    before = snapshot(db)
+    for value, fragment in (("1023", "1024 (1 KiB)"), ("67108865", "64 MiB"), ("65M", "64 MiB"),
+                            ("1.5K", "not a size"), ("64KB", "not a size"), ("-1", "not a size")):
+        code, _, err = cli(db, "config", "set", "output-limit", value)
+        assert code == 2, (value, err)
+        assert_one_error(err, "output-limit", fragment)
+    assert snapshot(db) == before
+
+
+def test_a_run_that_printed_more_than_the_limit_keeps_the_exact_tail_and_says_so(db, workers):
+    ok(db, "config", "set", "output-limit", "1K")
+    enqueue(db, id="big", command="seq 1 20000")
+    enqueue(db, id="small", command="echo small")
+    assert workers.start("--burst").wait() == 0
+    full = "".join(f"{i}\n" for i in range(1, 20001))
+    code, out, err = cli(db, "logs", "big")
+    assert (code, out) == (0, full[-1024:])  # stdout: exactly the kept bytes
+    assert err == f"queuectl: note: run 1 printed {queuectl.size_text(len(full))}; this is its last 1 KiB " \
+                  "(config output-limit)\n" and queuectl.size_text(len(full)) == "106.3 KiB"
+    run = get_job(db, "big")["runs"][-1]
+    assert (run["output_bytes"], run["output_kept_bytes"], run["output"]) == (len(full), 1024, full[-1024:])
+    shown = ok(db, "show", "big")
+    assert "\noutput: last 1 KiB of 106.3 KiB\n" + full[-1024:] in shown
+    assert cli(db, "logs", "small") == (0, "small\n", "")  # within the limit: no note
+    assert "\noutput:\nsmall\n" in ok(db, "show", "small")
+    assert get_job(db, "small")["runs"][-1]["output_kept_bytes"] == 6
+
+
+def test_the_limit_applies_to_runs_that_start_after_it_is_set(db, workers):
+    enqueue(db, id="before", command="seq 1 20000")
+    assert workers.start("--burst").wait() == 0
+    ok(db, "config", "set", "output-limit", "2K")
+    enqueue(db, id="after", command="seq 1 20000")
+    assert workers.start("--burst").wait() == 0
+    assert get_job(db, "before")["runs"][-1]["output_kept_bytes"] == 65536  # the default: 64 KiB
+    assert get_job(db, "after")["runs"][-1]["output_kept_bytes"] == 2048
+
+
+def test_logs_follow_notes_a_gap_on_stderr_and_writes_only_job_bytes_to_stdout(capsys):
+    assert queuectl._print_new(b"0123456789", 30, 0) == 30
+    out, err = capsys.readouterr()
+    assert out == "0123456789"
+    assert err == "queuectl: note: 20 B of output not kept here (config output-limit)\n"
+
+
+def test_sizes_read_as_people_write_them():
+    assert [queuectl.size_text(n) for n in (0, 1023, 1024, 1536, 65536, 14_889_779, 3 * 2**30)] == [
+        "0 B", "1023 B", "1 KiB", "1.5 KiB", "64 KiB", "14.2 MiB", "3 GiB"]
+
+
+def add_cut_run(store, job_id, kept, total):
+    """A completed job whose run printed `total` bytes of which the last `kept` were kept."""
+    now = store.now()
+    spec_ = queuectl.validate_job({"id": job_id, "command": "yes", "queue": "cut"}, store.config_all(), "/tmp", now)
+    store.enqueue([spec_], now)
+    job = store.claim("dash-worker", now, ("cut",))
+    assert job.id == job_id
+    done = queuectl.Outcome(0, None, b"y\n" * (kept // 2), 0.5)
+    done.output_bytes = total
+    store.finish(job, "dash-worker", done, store.config_all(), now + 0.5)
+
+
+def test_dashboard_api_gives_the_kept_and_printed_sizes(dashboard):
+    d = dashboard()
+    add_cut_run(d.store, "cut-1", 1024, 14_889_779)
+    run = d.get("/api/jobs/cut-1")["runs"][-1]
+    assert (run["output_bytes"], run["output_kept_bytes"], len(run["output"])) == (14_889_779, 1024, 1024)
+    logs = d.get("/api/jobs/cut-1/logs")
+    assert (logs["output_bytes"], logs["output_kept_bytes"]) == (14_889_779, 1024)
+
+
+def test_dashboard_in_a_real_browser_says_when_output_was_cut(sqlite_dashboard, tmp_path):
+    d = sqlite_dashboard()
+    add_cut_run(d.store, "cut-1", 1024, 14_889_779)
+    dom = chromium_dom(f"{d.base}/?token={DASH_TOKEN}#job=cut-1", tmp_path)
+    assert "run 1 output, last 1 KiB of 14.2 MiB</summary>" in dom
+    dom = chromium_dom(f"{d.base}/?token={DASH_TOKEN}#job=done-1", tmp_path)
+    assert "run 1 output, 19 B</summary>" in dom
+
+
+# ---- metrics: Prometheus text exposition
+
+def prometheus_families(text):
+    """name -> {frozenset(labels.items()): value}, parsed by prometheus_client's own parser."""
+    try:
+        from prometheus_client.parser import text_string_to_metric_families
+    except ImportError:
+        if os.environ.get("CI") == "true":
+            pytest.fail("prometheus_client is missing; CI must run the metrics parser test (pip install "
+                        "prometheus_client)")
+        pytest.skip("metrics parser test skipped: pip install prometheus_client")
+    families = {}
+    for family in text_string_to_metric_families(text):
+        assert family.type == "gauge" and family.documentation, family
+        families[family.name] = {frozenset(s.labels.items()): s.value for s in family.samples}
+    return families
+
+
+def sample(families, name, **labels):
+    return families[name][frozenset(labels.items())]
+
+
+def test_metrics_count_jobs_workers_waits_and_runs(store):
+    now = T0
+    register(store)
+    store.enqueue([spec("slow", queue="a"), spec("fast", queue="a"), spec("bad", queue="a", max_retries=0)], now - 4000)
+    # one run ended within the hour, two within the minute
+    for code, duration, ended in ((0, 2.0, now - 1800), (0, 0.5, now - 30), (3, 0.5, now - 20)):
+        job = store.claim("w1", ended - duration)
+        store.finish(job, "w1", outcome(code, None if code == 0 else "exit code 3", "x", duration), SETTINGS, ended)
+    store.enqueue([spec("due", queue="b", run_at=now - 90), spec("later", queue="b", run_at=now + 90)], now - 100)
+    store.enqueue([spec("held", queue="p")], now - 500)
+    store.pause(["p"])
+    store.deregister("w1")
+    text = queuectl.metrics_text(store, now)
+    families = prometheus_families(text)
+    assert set(families) == {"queuectl_jobs", "queuectl_workers", "queuectl_oldest_due_age_seconds",
+                             "queuectl_runs_finished", "queuectl_run_duration_seconds"}
+    assert sample(families, "queuectl_jobs", queue="a", state="completed") == 2
+    assert sample(families, "queuectl_jobs", queue="a", state="dead") == 1
+    assert sample(families, "queuectl_jobs", queue="a", state="pending") == 0  # every state of a queue
+    assert sample(families, "queuectl_jobs", queue="b", state="pending") == 2
+    assert len(families["queuectl_jobs"]) == 3 * 5
+    assert sample(families, "queuectl_workers") == len(queuectl.live_workers(store)) == 0
+    assert families["queuectl_oldest_due_age_seconds"] == {frozenset({("queue", "a")}): 0,
+                                                           frozenset({("queue", "b")}): 90}  # p is paused
+    assert sample(families, "queuectl_runs_finished", outcome="completed", window="1m") == 1
+    assert sample(families, "queuectl_runs_finished", outcome="dead", window="1m") == 1
+    assert sample(families, "queuectl_runs_finished", outcome="completed", window="1h") == 2
+    assert sample(families, "queuectl_runs_finished", outcome="lost", window="1h") == 0
+    assert len(families["queuectl_runs_finished"]) == 2 * 6
+    assert sample(families, "queuectl_run_duration_seconds", quantile="0.5") == 0.5
+    assert sample(families, "queuectl_run_duration_seconds", quantile="0.95") == 2.0
+    for name in families:
+        assert f"# HELP {name} " in text and f"# TYPE {name} gauge\n" in text
+
+
+def test_metrics_cli_on_an_empty_queue(db):
+    families = prometheus_families(ok(db, "metrics"))
+    assert families["queuectl_jobs"] == {} and sample(families, "queuectl_workers") == 0
+    assert math.isnan(sample(families, "queuectl_run_duration_seconds", quantile="0.5"))
+    assert sample(families, "queuectl_runs_finished", outcome="completed", window="1h") == 0
+
+
+def test_metrics_label_values_are_escaped():
+    assert queuectl.prometheus_escape('a\\b"c\nd') == 'a\\\\b\\"c\\nd'
+    text = queuectl._metric("queuectl_test", "A test.", [({"queue": 'x"\\\ny'}, 1), ({"queue": "plain"}, None)])
+    families = prometheus_families(text)
+    assert sample(families, "queuectl_test", queue='x"\\\ny') == 1
+    assert math.isnan(sample(families, "queuectl_test", queue="plain"))
+
+
+def test_dashboard_metrics_need_the_token_and_are_prometheus_text(dashboard):
+    d = dashboard()
+    for auth in (None, "wrong"):
+        status, _, body = d.request("/metrics" + ("?token=wrong" if auth else ""), auth=None)
+        assert status == 403 and "token" in body["error"]
+    status, headers, body = d.request("/metrics", auth="header")
+    assert status == 200 and headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+    families = prometheus_families(body)
+    assert sample(families, "queuectl_jobs", queue="images", state="pending") == 2
+    assert sample(families, "queuectl_workers") == 1  # the seeded worker is this test process
+    open_one = DashboardUnderTest(d.path, token=None)
+    try:
+        assert open_one.request("/metrics", auth=None)[0] == 200  # --no-token
+    finally:
+        open_one.close()
