@@ -247,11 +247,14 @@ def parse_size(text: str) -> int:
 
 
 def size_text(n: int) -> str:
-    """Bytes for people: '512 B', '64 KiB', '14.2 MiB' (one decimal, none when it is 0)."""
-    for unit, scale in (("GiB", 1024 ** 3), ("MiB", 1024 ** 2), ("KiB", 1024)):
-        if n >= scale:
-            return f"{round(n / scale, 1):g} {unit}"
-    return f"{n} B"
+    """Bytes for people: '512 B', '64 KiB', '14.2 MiB' (one decimal, none when it is 0; the dashboard's
+    bytes() writes the same)."""
+    value, unit = float(n), "B"
+    for bigger in ("KiB", "MiB", "GiB"):
+        if round(value, 1) < 1024:
+            break
+        value, unit = value / 1024, bigger
+    return f"{n} B" if unit == "B" else f"{round(value, 1):g} {unit}"
 
 
 # ==== Storage ====================================================================================
@@ -3996,11 +3999,11 @@ function secs(v) {
   if (v === null || v === undefined) return "–";
   return v < 1 ? `${Math.round(v * 1000)} ms` : v < 120 ? `${v.toFixed(2)} s` : `${(v / 60).toFixed(1)} min`;
 }
-const bytes = (n) => {  // as the CLI writes sizes: 512 B, 64 KiB, 14.2 MiB
-  for (const [unit, scale] of [["GiB", 2 ** 30], ["MiB", 2 ** 20], ["KiB", 1024]]) {
-    if (n >= scale) return `${+(n / scale).toFixed(1)} ${unit}`;
-  }
-  return `${n} B`;
+const bytes = (n) => {  // as the CLI writes sizes (size_text): 512 B, 64 KiB, 14.2 MiB
+  const units = ["B", "KiB", "MiB", "GiB"];
+  let value = n, unit = 0;
+  while (unit < 3 && +value.toFixed(1) >= 1024) { value /= 1024; unit += 1; }
+  return unit ? `${+value.toFixed(1)} ${units[unit]}` : `${n} B`;
 };
 const num = (n) => Number(n).toLocaleString("en-US");
 

@@ -5588,8 +5588,8 @@ def test_logs_follow_notes_a_gap_on_stderr_and_writes_only_job_bytes_to_stdout(c
 
 
 def test_sizes_read_as_people_write_them():
-    assert [queuectl.size_text(n) for n in (0, 1023, 1024, 1536, 65536, 14_889_779, 3 * 2**30)] == [
-        "0 B", "1023 B", "1 KiB", "1.5 KiB", "64 KiB", "14.2 MiB", "3 GiB"]
+    assert [queuectl.size_text(n) for n in (0, 1023, 1024, 1536, 65536, 14_889_779, 2**20 - 20, 3 * 2**30)] == [
+        "0 B", "1023 B", "1 KiB", "1.5 KiB", "64 KiB", "14.2 MiB", "1 MiB", "3 GiB"]
 
 
 def add_cut_run(store, job_id, kept, total):
