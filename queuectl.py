@@ -75,8 +75,8 @@ MAX_DEPS = 1000
 MAX_EPOCH = 253_402_300_799  # 9999-12-31T23:59:59Z
 DEFAULT_QUEUE = "default"
 QUEUE_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
-DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)")
-DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw]?)", re.ASCII)  # see parse_duration
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 PURGE_SLICE = 2000  # jobs that purge and retention delete per transaction: tens of ms of write lock
 RETENTION_INTERVAL_S = 30.0  # how often workers delete completed jobs older than `retention`
 OUTPUT_FLUSH_S = 1.0  # a running job's output reaches the database at most this often (logs --follow)
@@ -110,16 +110,24 @@ def _check(value: float, ok: bool, rule: str) -> float:
     return value
 
 
+def seconds_key(low: float, high: float, rule: str):
+    """The validator of a config key measured in seconds: a duration (90, 15m, 2h, 1d, 1w) from low to high."""
+    def validate(text: str) -> float | int:
+        value = parse_duration(text)
+        return _check(value, low <= value <= high, rule)
+    return validate
+
+
 # key -> (default, validator taking the CLI string and returning the stored value)
 CONFIG = {
     "max_retries": (3, lambda s: _check(v := _parse_number(s, integer=True), 0 <= v <= MAX_RETRIES_LIMIT,
                                         f"an integer from 0 to {MAX_RETRIES_LIMIT}")),
     "backoff_base": (2, lambda s: _check(v := _parse_number(s), 1 <= v <= 1000, "from 1 to 1000")),
-    "backoff_max": (3600, lambda s: _check(v := _parse_number(s), 0 <= v <= MAX_SECONDS, "seconds >= 0")),
+    "backoff_max": (3600, seconds_key(0, MAX_SECONDS, "seconds >= 0")),
     # At least 1 s: heartbeats come at most every 0.2 s, and a lease must span several of them.
-    "stale_timeout": (10, lambda s: _check(v := _parse_number(s), 1 <= v <= 86400, "seconds from 1 to 86400")),
-    "job_timeout": (0, lambda s: _check(v := _parse_number(s), 0 <= v <= MAX_SECONDS, "seconds >= 0 (0 = none)")),
-    "retention": (7 * 86400, lambda s: parse_duration(s)),  # completed jobs kept this long; 0 = forever
+    "stale_timeout": (10, seconds_key(1, 86400, "seconds from 1 to 86400 (1d)")),
+    "job_timeout": (0, seconds_key(0, MAX_SECONDS, "seconds >= 0 (0 = none)")),
+    "retention": (7 * 86400, seconds_key(0, MAX_SECONDS, "seconds >= 0 (0 = forever)")),  # completed jobs kept this long
 }
 
 
@@ -2065,14 +2073,20 @@ def valid_queue(value: object, what: str) -> str:
     return value
 
 
-def parse_duration(text: str) -> float:
-    """'30s', '15m', '12h', '7d' or plain seconds -> seconds."""
-    match = DURATION.fullmatch(text.strip())
-    if not match:
-        raise UsageError(f"not a duration: {text!r} (use e.g. 30s, 15m, 12h, 7d)")
-    seconds = float(match[1]) * DURATION_UNITS[match[2] or "s"]
-    if seconds > MAX_SECONDS:
-        raise UsageError(f"duration too long: {text!r}")
+def parse_duration(value: object, what: str = "") -> float | int:
+    """Seconds from a number (a JSON field) or a string of a number with at most one unit: 90, '90',
+    '90s', '15m', '2h', '1d', '1w'. The one parser of every time span queuectl takes (job fields, flags,
+    config keys); UsageError naming the value (and `what`, e.g. "field 'delay'", when given)."""
+    where = f"{what}: " if what else ""
+    match = DURATION.fullmatch(value.strip()) if isinstance(value, str) else None
+    if match:
+        seconds = float(match[1]) * DURATION_UNITS[match[2] or "s"]
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = value
+    else:
+        raise UsageError(f"{where}not a duration: {value!r} (use seconds, or one unit: 90s, 15m, 2h, 1d, 1w)")
+    if not 0 <= seconds <= MAX_SECONDS:  # also refuses NaN
+        raise UsageError(f"{where}duration out of range: {value!r} (0 to {MAX_SECONDS} seconds, 10 years)")
     return int(seconds) if seconds == int(seconds) else seconds
 
 
@@ -2113,9 +2127,7 @@ def _valid_int(value: object, field: str, low: int, high: int) -> int:
 
 
 def _valid_seconds(value: object, field: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_SECONDS:
-        raise UsageError(f"field {field!r} must be a number of seconds from 0 to {MAX_SECONDS}")
-    return float(value)
+    return float(parse_duration(value, f"field {field!r}"))
 
 
 def _valid_cwd(value: object) -> str:
@@ -4138,9 +4150,10 @@ def _add_job_commands(sub) -> None:
     pg.add_argument("--state", choices=(COMPLETED, DEAD), default=None,
                     help="which finished jobs (default completed)")
     pg.add_argument("--older-than", type=_duration_arg, default=None, metavar="DURATION",
-                    help="only those last changed longer ago than this, e.g. 30s, 15m, 12h, 7d (default: any age)")
+                    help="only those last changed longer ago than this, e.g. 3600, 15m, 12h, 7d, 1w (default: any age)")
     wt = _command(sub, "wait", cmd_wait, "block until the jobs are completed or dead", ids="+", reads=True)
-    wt.add_argument("--timeout", type=_seconds_arg, default=None, help="give up after S seconds (exit 1)")
+    wt.add_argument("--timeout", type=_duration_arg, default=None, metavar="DURATION",
+                    help="give up after this long (exit 1), e.g. 90, 30s, 15m")
 
 
 def _add_view_commands(sub) -> None:
@@ -4157,7 +4170,7 @@ def _add_view_commands(sub) -> None:
     lg.add_argument("--follow", "-f", action="store_true", help="stream a running job's output until it ends")
     st = _command(sub, "stats", cmd_stats, "throughput, durations and waits over a window", json_flag=True,
                   reads=True)
-    st.add_argument("--since", type=_duration_arg, default=3600, metavar="DURATION", help="window (default 1h)")
+    st.add_argument("--since", type=_duration_arg, default=3600, metavar="DURATION", help="window, e.g. 900, 15m, 1d, 1w (default 1h)")
 
 
 def _add_operating_commands(sub) -> None:
@@ -4183,7 +4196,8 @@ def _add_worker_commands(w) -> None:
                     help="claim only from this queue; repeat it for more (default: every queue)")
     wt = _command(w, "stop", cmd_worker_stop, "ask every running worker to stop gracefully", check=check_worker_stop)
     wt.add_argument("--wait", action="store_true", help="return once they have exited")
-    wt.add_argument("--timeout", type=_seconds_arg, default=None, help="with --wait: give up after S seconds")
+    wt.add_argument("--timeout", type=_duration_arg, default=None, metavar="DURATION",
+                    help="with --wait: give up after this long, e.g. 90, 30s, 15m")
     _command(w, "list", cmd_worker_list, "registered workers and what they run", json_flag=True, reads=True)
 
 
@@ -4204,13 +4218,6 @@ def _add_dlq_and_config(sub) -> None:
 def _duration_arg(text: str) -> float:
     try:
         return parse_duration(text)
-    except UsageError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _seconds_arg(text: str) -> float:
-    try:
-        return _valid_seconds(_parse_number(text), "--timeout")
     except UsageError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
