@@ -1721,7 +1721,8 @@ def test_validate_job_queue_names_and_depends_on():
 
 
 @pytest.mark.parametrize("text, seconds", [("30s", 30), ("15m", 900), ("12h", 43200), ("7d", 604800),
-                                           ("90", 90), ("1w", 604800), (90, 90), (1.5, 1.5), ("1.5h", 5400), ("0", 0), (" 2m ", 120)])
+                                           ("90", 90), ("1w", 604800), (90, 90), (1.5, 1.5), ("1.5h", 5400),
+                                           ("0", 0), (" 2m ", 120)])
 def test_parse_duration(text, seconds):
     assert queuectl.parse_duration(text) == seconds
 
