@@ -127,7 +127,8 @@ CONFIG = {
     # At least 1 s: heartbeats come at most every 0.2 s, and a lease must span several of them.
     "stale_timeout": (10, seconds_key(1, 86400, "seconds from 1 to 86400 (1d)")),
     "job_timeout": (0, seconds_key(0, MAX_SECONDS, "seconds >= 0 (0 = none)")),
-    "retention": (7 * 86400, seconds_key(0, MAX_SECONDS, "seconds >= 0 (0 = forever)")),  # completed jobs kept this long
+    # How long completed jobs are kept; 0 = forever.
+    "retention": (7 * 86400, seconds_key(0, MAX_SECONDS, "seconds >= 0 (0 = forever)")),
 }
 
 
@@ -2022,7 +2023,9 @@ def validate_job(obj: object, defaults: dict, cwd: str, now: float) -> dict:
         raise UsageError("job must be a JSON object")
     unknown = obj.keys() - JOB_FIELD_SET
     if unknown:
-        raise UsageError(f"unknown field {min(unknown)!r} (fields: {', '.join(JOB_FIELDS)})")
+        name = min(unknown)
+        hint = did_you_mean(name, JOB_FIELDS) or f"(fields: {', '.join(JOB_FIELDS)})"
+        raise UsageError(f"unknown field {name!r} {hint}")
     if "command" not in obj:
         raise UsageError("field 'command' is required")
     if "run_at" in obj and "delay" in obj:
@@ -2039,6 +2042,13 @@ def validate_job(obj: object, defaults: dict, cwd: str, now: float) -> dict:
         "run_at": _valid_run_at(obj, now),
         "depends_on": _valid_deps(obj["depends_on"]) if "depends_on" in obj else [],
     }
+
+
+def did_you_mean(name: str, valid) -> str:
+    """"(did you mean 'x'?)" for the valid name nearest a mistyped one, or "" if none is near."""
+    import difflib  # only on this error path: it costs a few ms to import
+    close = difflib.get_close_matches(name, list(valid), n=1)
+    return f"(did you mean {close[0]!r}?)" if close else ""
 
 
 def _valid_run_at(obj: dict, now: float) -> float | None:
@@ -2755,7 +2765,8 @@ def _log_result(job: Job, after: Job | None, outcome: Outcome) -> None:
         log.info("job %s failed (%s); retry %d in %.0fs", job.id, outcome.error, after.attempts + 1,
                  max(0.0, after.next_run_at - time.time()))
     else:
-        log.info("job %s dead after %d attempts: %s", job.id, after.attempts, outcome.error)
+        log.info("job %s dead after %d attempt%s: %s", job.id, after.attempts, "s" if after.attempts != 1 else "",
+                 outcome.error)
 
 
 def _short(text: str, width: int = 60) -> str:
@@ -4170,7 +4181,8 @@ def _add_view_commands(sub) -> None:
     lg.add_argument("--follow", "-f", action="store_true", help="stream a running job's output until it ends")
     st = _command(sub, "stats", cmd_stats, "throughput, durations and waits over a window", json_flag=True,
                   reads=True)
-    st.add_argument("--since", type=_duration_arg, default=3600, metavar="DURATION", help="window, e.g. 900, 15m, 1d, 1w (default 1h)")
+    st.add_argument("--since", type=_duration_arg, default=3600, metavar="DURATION",
+                    help="window, e.g. 900, 15m, 1d, 1w (default 1h)")
 
 
 def _add_operating_commands(sub) -> None:
@@ -4254,7 +4266,9 @@ def config_key(name: str) -> str:
     """Normalise a config key (hyphens or underscores); UsageError listing the valid keys."""
     key = name.replace("-", "_")
     if key not in CONFIG:
-        raise UsageError(f"unknown config key {name!r} (valid: {', '.join(k.replace('_', '-') for k in CONFIG)})")
+        keys = [k.replace("_", "-") for k in CONFIG]
+        hint = did_you_mean(name.replace("_", "-"), keys) or f"(valid: {', '.join(keys)})"
+        raise UsageError(f"unknown config key {name!r} {hint}")
     return key
 
 
@@ -4429,13 +4443,40 @@ def live_workers(store: Store) -> list[WorkerRow]:
             if (not process_gone(w.pid, w.proc_start) if same_namespace(w, me) else now - w.heartbeat_at <= stale)]
 
 
-def print_jobs(jobs: list[Job], as_json: bool) -> None:
+def print_jobs(store: Store, jobs: list[Job], as_json: bool) -> None:
     if as_json:
         return emit_json([j.to_dict() for j in jobs])
-    print(f"{'ID':<20} {'STATE':<11} {'ATTEMPTS':>8}  {'QUEUE':<10} {'UPDATED':<24} COMMAND")
+    now, paused = store.now(), store.paused()
+    print(f"{'ID':<20} {'STATE':<11} {'ATTEMPTS':>8}  {'QUEUE':<10} {'DUE':<16} {'UPDATED':<24} COMMAND")
     for j in jobs:
-        print(f"{j.id:<20} {j.state:<11} {j.attempts:>4}/{j.max_retries:<3}  {j.queue:<10} {iso(j.updated_at):<24} "
-              f"{_short(j.command)}")
+        counted, limit = attempts_shown(j)
+        print(f"{_short(j.id, 20):<20} {j.state:<11} {counted:>4}/{limit:<3}  {_short(j.queue, 10):<10} "
+              f"{due_text(j, now, paused):<16} {iso(j.updated_at):<24} {_short(j.command)}")
+
+
+def attempts_shown(job: Job) -> tuple[int, int]:
+    """ATTEMPTS as people read it: the runs that count against the limit, the one running or the one
+    that completed included (`attempts` counts failed runs only), over max(max_retries, 1)."""
+    return job.attempts + (job.state in (PROCESSING, COMPLETED)), max(job.max_retries, 1)
+
+
+def due_text(job: Job, now: float, paused: list[str]) -> str:
+    """When a waiting job may run: 'now', 'in 4m', a local date and time a day or more ahead, 'after 2 jobs'
+    (dependencies not completed), 'paused' (due, in a paused queue); '-' for a job that is not waiting."""
+    if job.state not in (PENDING, FAILED):
+        return "-"
+    if job.waiting_on:
+        return f"after {job.waiting_on} job{'s' if job.waiting_on != 1 else ''}"
+    left = job.next_run_at - now
+    if left <= 0:
+        return "paused" if job.queue in paused or "*" in paused else "now"
+    if left >= 86400:  # local time, as `run_at` without an offset is read
+        return datetime.fromtimestamp(job.next_run_at).strftime("%Y-%m-%d %H:%M")
+    if left < 60:
+        return f"in {math.ceil(left)}s"
+    if left < 3600:
+        return f"in {math.ceil(left / 60)}m"
+    return f"in {int(left // 3600)}h {int(left % 3600 // 60)}m"
 
 
 def cmd_list(args, store: Store) -> None:
@@ -4443,7 +4484,7 @@ def cmd_list(args, store: Store) -> None:
         raise UsageError(f"unknown state {args.state!r} (valid: {', '.join(STATES)})")
     if args.limit is not None and not 0 <= args.limit <= 2**62:
         raise UsageError("--limit must be from 0 to 2**62")
-    print_jobs(store.list_jobs(args.state, -1 if args.limit is None else args.limit, args.queue), args.json)
+    print_jobs(store, store.list_jobs(args.state, -1 if args.limit is None else args.limit, args.queue), args.json)
 
 
 def run_dict(run: dict) -> dict:
@@ -4459,8 +4500,11 @@ def cmd_show(args, store: Store) -> None:
     if args.json:
         return emit_json(details)
     runs, output = details.pop("runs"), details.pop("output")
+    due = due_text(store.get(args.id), store.now(), store.paused())
     for key, value in details.items():
         print(f"{key + ':':<13} {value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)}")
+        if key == "next_run_at":
+            print(f"{'due:':<13} {due}")
     print(f"runs:         {len(runs)}")
     for r in runs:
         took = "running" if r["duration_s"] is None else f"{r['duration_s']:.2f}s"
@@ -4630,7 +4674,7 @@ def _dashboard_notes(dashboard: Dashboard, args) -> None:
 
 
 def cmd_dlq_list(args, store: Store) -> None:
-    print_jobs(store.list_jobs(DEAD), args.json)
+    print_jobs(store, store.list_jobs(DEAD), args.json)
 
 
 def cmd_dlq_retry(args, store: Store) -> None:
