@@ -4154,6 +4154,7 @@ def _command(sub, name: str, func, help: str, *, json_flag: bool = False, ids: s
 def _add_job_commands(sub) -> None:
     e = _command(sub, "enqueue", cmd_enqueue, "add a job, or with '-' a batch from stdin", json_flag=True)
     e.add_argument("job", metavar="JSON", help="a job object, or - to read JSON Lines or a JSON array from stdin")
+    _add_add_command(sub)
     _command(sub, "cancel", cmd_cancel, "cancel jobs: waiting ones go to the DLQ, running ones are killed", ids="+")
     _command(sub, "delete", cmd_delete, "remove jobs that are not processing, with their runs", ids="+")
     pg = _command(sub, "purge", cmd_purge, "remove finished jobs and their runs; needs --older-than, --state or both",
@@ -4165,6 +4166,27 @@ def _add_job_commands(sub) -> None:
     wt = _command(sub, "wait", cmd_wait, "block until the jobs are completed or dead", ids="+", reads=True)
     wt.add_argument("--timeout", type=_duration_arg, default=None, metavar="DURATION",
                     help="give up after this long (exit 1), e.g. 90, 30s, 15m")
+
+
+def _add_add_command(sub) -> None:
+    a = _command(sub, "add", cmd_add, "add a job from a command line, without JSON: add [OPTIONS] -- COMMAND [ARG...]",
+                 json_flag=True)
+    # REMAINDER: everything from the first word of the command on is the command, options included.
+    a.add_argument("words", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG...]",
+                   help="one word: a shell command as written ('make -j4 && make install'); several: run as "
+                        "exactly that argument list (quoted with shlex.join)")
+    a.add_argument("--id", help="the job's id (default: a random one)")
+    a.add_argument("--queue", help=f"queue (default {DEFAULT_QUEUE})")
+    a.add_argument("--priority", type=int, metavar="N", help="higher runs first (default 0)")
+    a.add_argument("--max-retries", type=int, metavar="N", help="runs before the DLQ (default: config max-retries)")
+    a.add_argument("--timeout", metavar="DURATION", help="kill a run after this long, e.g. 90, 30s, 15m (0 = none)")
+    a.add_argument("--delay", metavar="DURATION", help="run no sooner than this from now, e.g. 90, 15m, 2h, 1d")
+    a.add_argument("--run-at", metavar="TIME", help="run no sooner than this ISO-8601 time (local without offset) "
+                   "or Unix time")
+    a.add_argument("--depends-on", action="append", default=[], metavar="ID",
+                   help="run after this job completed; repeat it for more")
+    a.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="set a variable; repeatable")
+    a.add_argument("--cwd", metavar="DIR", help="folder to run in (default: the current one)")
 
 
 def _add_view_commands(sub) -> None:
@@ -4291,16 +4313,73 @@ def checked_ids(ids: list[str]) -> list[str]:
 def cmd_enqueue(args, store: Store) -> None:
     now, defaults, cwd = store.now(), store.config_all(), current_dir()
     if args.job != "-":
-        specs = [validate_job(parse_json(args.job), defaults, cwd, now)]
-    else:
-        specs = [{**_numbered(where, lambda: validate_job(item, defaults, cwd, now)), "where": where}
-                 for where, item in read_batch(sys.stdin.buffer.read())]
-        check_batch(specs)
+        return enqueue_and_print(store, [validate_job(parse_json(args.job), defaults, cwd, now)], now, args.json)
+    specs = [{**_numbered(where, lambda: validate_job(item, defaults, cwd, now)), "where": where}
+             for where, item in read_batch(sys.stdin.buffer.read())]
+    check_batch(specs)
+    enqueue_and_print(store, specs, now, args.json, batch=True)
+
+
+def cmd_add(args, store: Store) -> None:
+    now = store.now()
+    enqueue_and_print(store, [validate_job(add_job_object(args), store.config_all(), current_dir(), now)], now,
+                      args.json)
+
+
+def enqueue_and_print(store: Store, specs: list[dict], now: float, as_json: bool, batch: bool = False) -> None:
+    """Enqueue validated specs; print their ids, or the jobs with --json (one object unless a batch)."""
     ids = store.enqueue(specs, now)
-    if args.json:
+    note_paused(store, [spec["queue"] for spec in specs])
+    if as_json:
         jobs = [store.get(i).to_dict() for i in ids]
-        return emit_json(jobs[0] if args.job != "-" else jobs)
+        return emit_json(jobs if batch else jobs[0])
     print_ids(ids)
+
+
+def note_paused(store: Store, queues: list[str]) -> None:
+    """A note on stderr when jobs went into a paused queue: they wait, and nothing else would say why."""
+    paused = store.paused()
+    stuck = list(dict.fromkeys(q for q in queues if q in paused or "*" in paused))
+    if not stuck:
+        return
+    if "*" in paused:
+        return print("queuectl: note: every queue is paused; jobs wait for `queuectl resume`", file=sys.stderr)
+    which = f"queue {stuck[0]!r} is" if len(stuck) == 1 else f"queues {', '.join(map(repr, stuck))} are"
+    print(f"queuectl: note: {which} paused; jobs wait for `queuectl resume --queue NAME`", file=sys.stderr)
+
+
+def add_job_object(args) -> dict:
+    """`add`'s options and command line as the JSON object `enqueue` takes, so both are validated alike."""
+    words = args.words[1:] if args.words[:1] == ["--"] else args.words
+    if not words:
+        raise UsageError("add: give the command after --, e.g. queuectl add -- make test")
+    import shlex
+    obj = {"command": words[0] if len(words) == 1 else shlex.join(words)}
+    for field in ("id", "queue", "priority", "max_retries", "timeout", "delay"):
+        if getattr(args, field) is not None:
+            obj[field] = getattr(args, field)
+    if args.run_at is not None:  # a Unix time, or an ISO-8601 string
+        obj["run_at"] = float(args.run_at) if re.fullmatch(r"\d+(\.\d+)?", args.run_at, re.ASCII) else args.run_at
+    if args.cwd is not None:  # relative to the current folder here, where `enqueue` wants an absolute path
+        obj["cwd"] = os.path.join(current_dir(), args.cwd) if current_dir() else args.cwd
+    if args.depends_on:
+        obj["depends_on"] = args.depends_on
+    if args.env:
+        obj["env"] = env_pairs(args.env)
+    return obj
+
+
+def env_pairs(pairs: list[str]) -> dict:
+    """--env NAME=VALUE options as a dict; each name at most once."""
+    env: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise UsageError(f"--env wants NAME=VALUE: {pair!r}")
+        if name in env:
+            raise UsageError(f"--env {name} given twice")
+        env[name] = value
+    return env
 
 
 def current_dir() -> str:
