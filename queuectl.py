@@ -53,7 +53,7 @@ STATES = (PENDING, PROCESSING, COMPLETED, FAILED, DEAD)
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 4
 APPLICATION_ID = 0x51435431  # "QCT1": marks a SQLite file as a queuectl database
 
 MAX_COMMAND_BYTES = 131_071  # Linux MAX_ARG_STRLEN (one argv string) less its terminating NUL
@@ -300,6 +300,10 @@ MIGRATIONS = [
     CREATE TABLE paused (queue TEXT PRIMARY KEY);
     CREATE TABLE config (key TEXT PRIMARY KEY, value TEXT NOT NULL);
     """,
+    "",  # 2 and 3: numbers other changes took
+    "",
+    # 4: the queues a worker serves (`worker start --queue`), a JSON list; NULL = every queue.
+    "ALTER TABLE workers ADD COLUMN queues TEXT",
 ]
 
 class SqliteSQL:
@@ -480,6 +484,17 @@ class SqliteSQL:
                  "WHERE deps.job_id = jobs.id AND d.state <> 'completed') WHERE id = ? AND state = 'dead'")
     SQL_DEAD_DEPS = ("SELECT deps.dep_id FROM deps JOIN jobs d ON d.id = deps.dep_id "
                      "WHERE deps.job_id = ? AND d.state = 'dead'")
+    # `dlq retry --all`: the dead jobs (of a queue, or of all when it is NULL) and, in any queue, the dead
+    # jobs they depend on, up the graph: a chain is revived together.
+    SQL_DEAD_CHAINS = """
+        WITH RECURSIVE chain(id) AS (
+            SELECT id FROM jobs WHERE state = 'dead' AND queue = coalesce(?, queue)
+            UNION SELECT deps.dep_id FROM deps JOIN chain ON deps.job_id = chain.id
+                JOIN jobs d ON d.id = deps.dep_id WHERE d.state = 'dead')
+        SELECT id FROM jobs WHERE id IN (SELECT id FROM chain) ORDER BY seq"""
+    # `cancel --all`: every job that has not finished (of a queue, or of all when it is NULL).
+    SQL_UNFINISHED = ("SELECT id FROM jobs WHERE state IN ('pending', 'failed', 'processing') "
+                      "AND queue = coalesce(?, queue) ORDER BY seq")
     SQL_CANCEL_WAITING = ("UPDATE jobs SET state = 'dead', last_error = 'canceled', updated_at = ? "
                           "WHERE id = ? AND state IN ('pending', 'failed')")
     SQL_CANCEL_RUNNING = "UPDATE jobs SET cancel_requested = run_count WHERE id = ? AND state = 'processing'"
@@ -498,7 +513,7 @@ class SqliteSQL:
     SQL_RESUME_ALL = "DELETE FROM paused"
     SQL_PAUSED = "SELECT queue FROM paused ORDER BY queue"
     SQL_REGISTER = ("INSERT INTO workers (id, host, pid, proc_start, boot_id, pid_ns, threads, started_at, "
-                    "heartbeat_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
+                    "heartbeat_at, queues) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
     SQL_HEARTBEAT = "UPDATE workers SET heartbeat_at = ?, beat = beat + 1 WHERE id = ?"
     SQL_STOP_REQUESTED = "SELECT stop_requested FROM workers WHERE id = ?"
     SQL_DEREGISTER = "DELETE FROM workers WHERE id = ?"
@@ -507,7 +522,7 @@ class SqliteSQL:
     # meanwhile is not deleted, and one that is deleted can no longer beat or claim.
     SQL_DROP_DEAD_WORKER = "DELETE FROM workers WHERE id = ? AND started_at = ? AND beat = ?"
     SQL_WORKERS = ("SELECT id, host, pid, proc_start, boot_id, pid_ns, heartbeat_at, beat, stop_requested, threads, "
-                   "started_at FROM workers ORDER BY started_at")
+                   "started_at, queues FROM workers ORDER BY started_at")
     SQL_REQUEST_STOP = "UPDATE workers SET stop_requested = 1 WHERE id = ?"
     # Stats over the run history, all in SQL; runs_ended limits each query to the window.
     SQL_STATS_OUTCOMES = "SELECT outcome, count(*) FROM runs WHERE ended_at >= ? GROUP BY outcome"
@@ -558,7 +573,7 @@ Cursor = sqlite3.Cursor  # what a Store's rules are given: a DB-API cursor (exec
 class WorkerRow(Record):
     """A registered worker process as stored."""
     FIELDS = ("id", "host", "pid", "proc_start", "boot_id", "pid_ns", "heartbeat_at", "beat", "stop_requested",
-              "threads", "started_at")
+              "threads", "started_at", "queues")  # queues: JSON list, or None for every queue
 
 
 def _where_in_batch(spec: dict) -> str:
@@ -904,20 +919,32 @@ class Store:
 
     def retry_dead(self, job_ids: list[str], now: float) -> None:
         """Move dead jobs back to pending, all or nothing; a dead dependency must be retried with them."""
-        def revive(cur):
-            for job_id in job_ids:
-                row = cur.execute(self.sql.SQL_JOB_STATE, (job_id,)).fetchone()
-                if row is None:
-                    raise NotFound(f"no job with id {job_id!r}")
-                if row[0] != DEAD:
-                    raise Conflict(f"job {job_id!r} is {row[0]}, not dead")
-                blocker = next((d for (d,) in cur.execute(self.sql.SQL_DEAD_DEPS, (job_id,)) if d not in job_ids), None)
-                if blocker:
-                    raise Conflict(f"job {job_id!r} depends on dead job {blocker!r}: retry both together")
-            for job_id in job_ids:  # in the order given; a dependency listed later still counts as unfinished
-                cur.execute(self.sql.SQL_RETRY, (now, now, job_id))
+        self.write(lambda cur: self._revive(cur, job_ids, now))
+
+    def retry_all_dead(self, queue: str | None, now: float) -> list[str]:
+        """`dlq retry --all`: every dead job (of `queue`) and the dead jobs it depends on, in any queue,
+        revived in one transaction; returns their ids, oldest first."""
+        def revive_all(cur):
+            ids = [r[0] for r in cur.execute(self.sql.SQL_DEAD_CHAINS, (queue,)).fetchall()]
+            self._revive(cur, ids, now)
+            return ids
+        return self.write(revive_all)
+
+    def _revive(self, cur: Cursor, job_ids: list[str], now: float) -> None:
+        wanted = set(job_ids)
+        for job_id in job_ids:
+            row = cur.execute(self.sql.SQL_JOB_STATE, (job_id,)).fetchone()
+            if row is None:
+                raise NotFound(f"no job with id {job_id!r}")
+            if row[0] != DEAD:
+                raise Conflict(f"job {job_id!r} is {row[0]}, not dead")
+            blocker = next((d for (d,) in cur.execute(self.sql.SQL_DEAD_DEPS, (job_id,)) if d not in wanted), None)
+            if blocker:
+                raise Conflict(f"job {job_id!r} depends on dead job {blocker!r}: retry both together")
+        for job_id in job_ids:  # in the order given; a dependency listed later still counts as unfinished
+            cur.execute(self.sql.SQL_RETRY, (now, now, job_id))
+        if job_ids:
             self._wake_workers(cur)
-        self.write(revive)
 
     def cancel(self, job_ids: list[str], now: float) -> None:
         """Cancel jobs, all or nothing: waiting ones go to the DLQ now, running ones when their worker kills them."""
@@ -932,6 +959,20 @@ class Store:
                 else:
                     cur.execute(self.sql.SQL_CANCEL_RUNNING, (job_id,))
         self.write(cancel)
+
+    def cancel_all(self, queue: str | None, now: float) -> list[str]:
+        """`cancel --all`: cancel every job (of `queue`) that has not finished, in one transaction, as
+        cancel() does; returns the ids canceled, oldest first (one that finished meanwhile is left alone)."""
+        def cancel(cur):
+            ids = [r[0] for r in cur.execute(self.sql.SQL_UNFINISHED, (queue,)).fetchall()]
+            waiting = [i for i in ids if cur.execute(self.sql.SQL_CANCEL_WAITING, (now, i)).rowcount]
+            running = [i for i in ids if cur.execute(self.sql.SQL_CANCEL_RUNNING, (i,)).rowcount]
+            # Only after every cancel: a dependent that is canceled too says 'canceled', not 'dependency x is dead'.
+            for job_id in waiting:
+                self._kill_dependents(cur, job_id, now)
+            done = {*waiting, *running}
+            return [i for i in ids if i in done]
+        return self.write(cancel)
 
     def _state_in(self, cur: Cursor, job_id: str) -> str:
         row = cur.execute(self.sql.SQL_JOB_STATE, (job_id,)).fetchone()
@@ -1014,11 +1055,11 @@ class Store:
 
     # -- workers --------------------------------------------------------------------------------
 
-    def register(self, worker_id: str, identity: dict, threads: int, now: float) -> None:
-        """Add this worker process to the workers table."""
+    def register(self, worker_id: str, identity: dict, threads: int, now: float, queues: tuple = ()) -> None:
+        """Add this worker process to the workers table, with the queues it serves (none named: all)."""
         self.write(lambda cur: cur.execute(self.sql.SQL_REGISTER, (
             worker_id, identity["host"], identity["pid"], identity["proc_start"], identity["boot_id"],
-            identity["pid_ns"], threads, now, now)))
+            identity["pid_ns"], threads, now, now, json.dumps(list(queues)) if queues else None)))
 
     def heartbeat(self, worker_id: str, now: float) -> bool | None:
         """Refresh our heartbeat; returns whether a stop was requested, or None if our row is gone."""
@@ -1466,6 +1507,10 @@ PG_MIGRATIONS = [
     CREATE TABLE paused (queue TEXT PRIMARY KEY);
     CREATE TABLE config (key TEXT PRIMARY KEY, value TEXT NOT NULL)
     """,
+    "",  # 2 and 3: numbers other changes took
+    "",
+    # 4: as SQLite's migration 4.
+    "ALTER TABLE workers ADD COLUMN queues TEXT",
 ]
 
 
@@ -1619,6 +1664,16 @@ class PostgresSQL:
     # must not change before the retry commits.
     SQL_DEAD_DEPS = ("SELECT dep_id FROM (SELECT d.id AS dep_id, d.state FROM deps JOIN jobs d ON d.id = deps.dep_id "
                      "WHERE deps.job_id = %s FOR UPDATE OF d) AS locked WHERE state = 'dead'")
+    # The jobs it finds are locked by SQL_JOB_STATE and SQL_DEAD_DEPS, one by one, as `dlq retry ID...` does.
+    SQL_DEAD_CHAINS = """
+        WITH RECURSIVE chain(id) AS (
+            SELECT id FROM jobs WHERE state = 'dead' AND queue = coalesce(%s, queue)
+            UNION SELECT deps.dep_id FROM deps JOIN chain ON deps.job_id = chain.id
+                JOIN jobs d ON d.id = deps.dep_id WHERE d.state = 'dead')
+        SELECT id FROM jobs WHERE id IN (SELECT id FROM chain) ORDER BY seq"""
+    # No lock: each cancel below is an UPDATE guarded by the state, so a job that finished meanwhile is left.
+    SQL_UNFINISHED = ("SELECT id FROM jobs WHERE state IN ('pending', 'failed', 'processing') "
+                      "AND queue = coalesce(%s, queue) ORDER BY seq")
     SQL_CANCEL_WAITING = ("UPDATE jobs SET state = 'dead', last_error = 'canceled', updated_at = %s "
                           "WHERE id = %s AND state IN ('pending', 'failed')")
     SQL_CANCEL_RUNNING = "UPDATE jobs SET cancel_requested = run_count WHERE id = %s AND state = 'processing'"
@@ -1634,13 +1689,13 @@ class PostgresSQL:
     SQL_RESUME_ALL = "DELETE FROM paused"
     SQL_PAUSED = "SELECT queue FROM paused ORDER BY queue"
     SQL_REGISTER = ("INSERT INTO workers (id, host, pid, proc_start, boot_id, pid_ns, threads, started_at, "
-                    "heartbeat_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)")
+                    "heartbeat_at, queues) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
     SQL_HEARTBEAT = "UPDATE workers SET heartbeat_at = %s, beat = beat + 1 WHERE id = %s"
     SQL_STOP_REQUESTED = "SELECT stop_requested FROM workers WHERE id = %s"
     SQL_DEREGISTER = "DELETE FROM workers WHERE id = %s"
     SQL_DROP_DEAD_WORKER = "DELETE FROM workers WHERE id = %s AND started_at = %s AND beat = %s"
     SQL_WORKERS = ("SELECT id, host, pid, proc_start, boot_id, pid_ns, heartbeat_at, beat, stop_requested, threads, "
-                   "started_at FROM workers ORDER BY started_at")
+                   "started_at, queues FROM workers ORDER BY started_at")
     SQL_REQUEST_STOP = "UPDATE workers SET stop_requested = 1 WHERE id = %s"
     SQL_STATS_OUTCOMES = "SELECT outcome, count(*) FROM runs WHERE ended_at >= %s GROUP BY outcome"
     SQL_STATS_TIMES = ("SELECT ended_at - started_at, GREATEST(0, started_at - due_at) FROM runs "
@@ -2988,8 +3043,9 @@ class Supervisor:
         import threading
         self.stale_s = self.store.config_get("stale_timeout")
         self.beat_ok_at = time.monotonic()
-        self.store.register(self.worker_id, self.me, self.count, self.store.now())
-        log.info("worker started: %s, %d thread(s), db %s", self.worker_id, self.count, self.path)
+        self.store.register(self.worker_id, self.me, self.count, self.store.now(), self.queues)
+        serves = f"queue{'s' if len(self.queues) > 1 else ''} {', '.join(self.queues)}" if self.queues else "all queues"
+        log.info("worker started: %s, %d thread(s), %s, db %s", self.worker_id, self.count, serves, self.path)
         self.sweeper = Sweeper(self.store, self.me, self.worker_id, lambda: self.stalled_s)
         self.sweeper.sweep(self.store.now())  # recover what a previous crash or boot left, before claiming
         if self.store.notifies:
@@ -3123,7 +3179,7 @@ class Supervisor:
         # it cannot overlap its rerun), including one whose claim is still being returned.
         log.error("this worker was presumed dead by another; killing its running jobs and re-registering")
         self.epoch += 1
-        self.store.register(self.worker_id, self.me, self.count, self.store.now())
+        self.store.register(self.worker_id, self.me, self.count, self.store.now(), self.queues)
 
     def _poll(self) -> None:
         """Wake idle threads when a job is due; in burst mode, stop when the queue is drained."""
@@ -3239,7 +3295,8 @@ def worker_dicts(store: Store, now: float) -> list[dict]:
     return [{"id": w.id, "host": w.host, "pid": w.pid, "started_at": iso(w.started_at),
              "heartbeat_at": iso(w.heartbeat_at), "heartbeat_age_s": round(max(0.0, now - w.heartbeat_at), 3),
              "threads": w.threads, "alive": w.id in live, "stopping": bool(w.stop_requested),
-             "jobs": held.get(w.id, [])} for w in store.workers()]
+             "queues": json.loads(w.queues) if w.queues else None, "jobs": held.get(w.id, [])}
+            for w in store.workers()]
 
 
 def show_dict(store: Store, job_id: str) -> dict:
@@ -3448,6 +3505,11 @@ def _api_retry(store: Store, _: Query, job_id: str) -> dict:
     return store.get(job_id).to_dict()
 
 
+def _api_retry_all(store: Store, q: Query, _: None) -> dict:
+    """The page's "Retry all dead" (of its queue filter): `dlq retry --all [--queue Q]`."""
+    return {"ids": store.retry_all_dead(q.queue(), store.now())}
+
+
 def _api_cancel(store: Store, _: Query, job_id: str) -> dict:
     store.cancel([job_id], store.now())
     return store.get(job_id).to_dict()
@@ -3469,6 +3531,7 @@ API_ROUTES = {
     ("POST", "/api/jobs/ID/retry"): (_api_retry, ()),
     ("POST", "/api/jobs/ID/cancel"): (_api_cancel, ()),
     ("POST", "/api/jobs/ID/delete"): (_api_delete, ()),
+    ("POST", "/api/dlq/retry"): (_api_retry_all, ("queue",)),
 }
 
 
@@ -4155,7 +4218,9 @@ def _add_job_commands(sub) -> None:
     e = _command(sub, "enqueue", cmd_enqueue, "add a job, or with '-' a batch from stdin", json_flag=True)
     e.add_argument("job", metavar="JSON", help="a job object, or - to read JSON Lines or a JSON array from stdin")
     _add_add_command(sub)
-    _command(sub, "cancel", cmd_cancel, "cancel jobs: waiting ones go to the DLQ, running ones are killed", ids="+")
+    c = _command(sub, "cancel", cmd_cancel, "cancel jobs: waiting ones go to the DLQ, running ones are killed",
+                 check=check_bulk)
+    _bulk_arguments(c, "every job that has not finished")
     _command(sub, "delete", cmd_delete, "remove jobs that are not processing, with their runs", ids="+")
     pg = _command(sub, "purge", cmd_purge, "remove finished jobs and their runs; needs --older-than, --state or both",
                   check=check_purge)
@@ -4238,7 +4303,8 @@ def _add_worker_commands(w) -> None:
 def _add_dlq_and_config(sub) -> None:
     d = sub.add_parser("dlq", help="the dead-letter queue").add_subparsers(dest="action", required=True)
     _command(d, "list", cmd_dlq_list, "dead jobs", json_flag=True, reads=True)
-    _command(d, "retry", cmd_dlq_retry, "move dead jobs back to pending", ids="+")
+    r = _command(d, "retry", cmd_dlq_retry, "move dead jobs back to pending", check=check_bulk)
+    _bulk_arguments(r, "every dead job, with the dead jobs it depends on (in any queue)")
     c = sub.add_parser("config", help="settings").add_subparsers(dest="action", required=True)
     cs = _command(c, "set", cmd_config_set, "set a value")
     cs.add_argument("key")
@@ -4247,6 +4313,13 @@ def _add_dlq_and_config(sub) -> None:
     cs.add_argument("value", nargs=argparse.REMAINDER, help="the value (one)")
     _command(c, "get", cmd_config_get, "print a value", reads=True).add_argument("key")
     _command(c, "list", cmd_config_list, "every value", json_flag=True, reads=True)
+
+
+def _bulk_arguments(cmd, every: str) -> None:
+    """IDs, or --all [--queue Q]: the arguments of a command that acts on many jobs (see check_bulk)."""
+    cmd.add_argument("ids", nargs="*", metavar="ID")
+    cmd.add_argument("--all", action="store_true", help=every)
+    cmd.add_argument("--queue", type=_queue_arg, help="with --all: only the jobs of this queue")
 
 
 def _duration_arg(text: str) -> float:
@@ -4431,7 +4504,18 @@ def check_batch(specs: list[dict]) -> None:
         seen.add(spec["id"])
 
 
+def check_bulk(args) -> None:
+    """IDs or --all, not both; --queue only with --all."""
+    name = "dlq retry" if args.command == "dlq" else args.command
+    if bool(args.ids) == args.all:
+        raise UsageError(f"{name}: give job ids or --all" + (", not both" if args.all else ""))
+    if args.queue is not None and not args.all:
+        raise UsageError(f"{name}: --queue needs --all")
+
+
 def cmd_cancel(args, store: Store) -> None:
+    if args.all:
+        return print_ids(store.cancel_all(args.queue, store.now()))
     ids = checked_ids(args.ids)
     store.cancel(ids, store.now())
     print_ids(ids)
@@ -4677,8 +4761,13 @@ def check_worker_start(args) -> None:
 
 
 def cmd_worker_start(args, store: Store) -> int:
+    queues = tuple(dict.fromkeys(args.queue))
+    empty = [q for q in queues if not any(store.counts(q).values())]
+    if empty:  # most often a misspelt name: nothing would ever tell
+        print(f"queuectl: note: queue{'s' if len(empty) > 1 else ''} {', '.join(map(repr, empty))} "
+              f"{'has' if len(empty) == 1 else 'have'} no jobs yet (is the name right?)", file=sys.stderr)
     store.close()
-    supervisor = Supervisor(store.target, args.count, args.burst, tuple(dict.fromkeys(args.queue)))
+    supervisor = Supervisor(store.target, args.count, args.burst, queues)
     supervisor.install_signals()
     return supervisor.run()
 
@@ -4706,11 +4795,12 @@ def cmd_worker_list(args, store: Store) -> None:
     rows = worker_dicts(store, store.now())
     if args.json:
         return emit_json(rows)
-    print(f"{'ID':<32} {'HOST':<16} {'PID':>7} {'STARTED':<20} {'THREADS':>7} {'BEAT':>6}  JOBS")
+    print(f"{'ID':<32} {'HOST':<16} {'PID':>7} {'STARTED':<20} {'THREADS':>7} {'BEAT':>6}  {'QUEUES':<16} JOBS")
     for r in rows:
         state = "" if r["alive"] else " (dead?)"
+        queues = _short(",".join(r["queues"]), 16) if r["queues"] else "(all)"
         print(f"{r['id']:<32} {r['host']:<16} {r['pid']:>7} {r['started_at']:<20} {r['threads']:>7} "
-              f"{r['heartbeat_age_s']:>5.1f}s  {', '.join(r['jobs']) or '-'}{state}")
+              f"{r['heartbeat_age_s']:>5.1f}s  {queues:<16} {', '.join(r['jobs']) or '-'}{state}")
 
 
 def check_dashboard(args) -> None:
@@ -4757,6 +4847,8 @@ def cmd_dlq_list(args, store: Store) -> None:
 
 
 def cmd_dlq_retry(args, store: Store) -> None:
+    if args.all:
+        return print_ids(store.retry_all_dead(args.queue, store.now()))
     ids = checked_ids(args.ids)
     store.retry_dead(ids, store.now())
     print_ids(ids)
