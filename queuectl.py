@@ -3843,15 +3843,16 @@ pre { margin: 4px 0 0; max-height: 260px; overflow: auto; background: var(--code
         <option value="failed">failed</option><option value="dead">dead</option>
       </select>
       <input id="queue" placeholder="queue (all)" aria-label="queue" size="14" spellcheck="false">
+      <button id="retryall" class="retry" hidden>Retry all dead</button>
       <div class="pager"><span id="range"></span><button id="prev">‹ newer</button>
         <button id="next">older ›</button></div>
     </div>
     <table>
-      <colgroup><col class="w24"><col class="w14"><col class="w11"><col class="w10">
-        <col class="w12"><col></colgroup>
-      <thead><tr><th>id</th><th>state</th><th>queue</th><th class="num">attempts</th><th>updated</th>
+      <colgroup><col class="w18"><col class="w11"><col class="w10"><col class="w9">
+        <col class="w12"><col class="w11"><col></colgroup>
+      <thead><tr><th>id</th><th>state</th><th>queue</th><th class="num">attempts</th><th>due</th><th>updated</th>
         <th>command</th></tr></thead>
-      <tbody id="jobs"><tr><td colspan="6" class="empty">loading…</td></tr></tbody>
+      <tbody id="jobs"><tr><td colspan="7" class="empty">loading…</td></tr></tbody>
     </table>
   </section>
   <section class="card" id="jobview">
@@ -3876,9 +3877,9 @@ pre { margin: 4px 0 0; max-height: 260px; overflow: auto; background: var(--code
     <h2>Workers</h2>
     <table>
       <colgroup><col class="w18"><col class="w9"><col class="w9"><col class="w12">
-        <col class="w10"><col></colgroup>
+        <col class="w10"><col class="w17"><col></colgroup>
       <thead><tr><th>host</th><th class="num">pid</th><th class="num">threads</th><th class="num">heartbeat age</th>
-        <th>status</th><th>jobs</th></tr></thead>
+        <th>status</th><th>queues</th><th>jobs</th></tr></thead>
       <tbody id="workers"></tbody>
     </table>
   </section>
@@ -3890,7 +3891,7 @@ const meta = (name) => document.querySelector(`meta[name="${name}"]`).content;
 const TOKEN = meta("queuectl-token"), ACTIONS = meta("queuectl-actions") === "1";
 const STATES = ["pending", "processing", "completed", "failed", "dead"], OUTCOMES = ["completed", "failed", "dead"];
 const PAGE = 25, REFRESH_MS = 1500, TAIL_CHARS = 16384, QUEUE_NAME = /^[A-Za-z0-9._-]{0,64}$/;
-const view = { state: "", queue: "", offset: 0, job: null, closed: new Set() };
+const view = { state: "", queue: "", offset: 0, job: null, closed: new Set(), paused: [] };
 const drawn = {};  // the JSON each panel last drew: an unchanged panel is left alone
 
 history.replaceState(null, "", location.pathname + location.hash);  // the token stays out of the address bar
@@ -3930,6 +3931,19 @@ function secs(v) {
 const bytes = (n) => (n < 1024 ? `${n} B`
   : n < 1048576 ? `${(n / 1024).toFixed(1)} KiB` : `${(n / 1048576).toFixed(1)} MiB`);
 const num = (n) => Number(n).toLocaleString("en-US");
+// As `queuectl list`: ATTEMPTS counts the run going on or the one that completed; DUE says what a job waits for.
+const attempts = (j) => (`${j.attempts + (["processing", "completed"].includes(j.state) ? 1 : 0)}/`
+  + Math.max(j.max_retries, 1));
+function due(j) {
+  if (!["pending", "failed"].includes(j.state)) return "–";
+  if (j.waiting_on) return `after ${j.waiting_on} job${j.waiting_on === 1 ? "" : "s"}`;
+  const left = (Date.parse(j.next_run_at) - Date.now()) / 1000, d = new Date(j.next_run_at);
+  if (left <= 0) return view.paused.includes("*") || view.paused.includes(j.queue) ? "paused" : "now";
+  if (left >= 86400) return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${hhmm(j.next_run_at)}`;
+  if (left < 60) return `in ${Math.ceil(left)}s`;
+  if (left < 3600) return `in ${Math.ceil(left / 60)}m`;
+  return `in ${Math.floor(left / 3600)}h ${Math.floor((left % 3600) / 60)}m`;
+}
 
 // The API
 async function api(path, method = "GET") {
@@ -3949,7 +3963,7 @@ async function loadStatus() {
   const [status] = await api("/api/status");
   for (const state of STATES) $("#n-" + state).textContent = num(status.jobs[state]);
   $("#n-workers").textContent = num(status.active_workers);
-  const paused = status.paused;
+  const paused = view.paused = status.paused;
   $("#paused").textContent = !paused.length ? ""
     : "paused: " + (paused.includes("*") ? "all queues" : paused.join(", "));
   for (const option of $("#state").options) {
@@ -4021,14 +4035,16 @@ async function loadJobs() {
   $("#range").textContent = total ? `${num(view.offset + 1)}–${num(view.offset + jobs.length)} of ${num(total)}` : "";
   $("#prev").disabled = view.offset === 0;
   $("#next").disabled = view.offset + jobs.length >= total;
-  if (!changed("jobs", [jobs, view.job])) return;
-  const rows = jobs.map((j) => h("tr",
+  $("#retryall").textContent = "Retry all dead" + (view.queue ? ` in ${view.queue}` : "");
+  const dues = jobs.map(due);
+  if (!changed("jobs", [jobs, dues, view.job])) return;
+  const rows = jobs.map((j, i) => h("tr",
     { className: "job" + (j.id === view.job ? " selected" : ""), onclick: () => selectJob(j.id) },
     h("td", { className: "id" }, j.id), h("td", {}, badge(j.state)), h("td", {}, j.queue),
-    h("td", { className: "num" }, `${j.attempts}/${j.max_retries}`), h("td", {}, when(j.updated_at)),
+    h("td", { className: "num" }, attempts(j)), h("td", {}, dues[i]), h("td", {}, when(j.updated_at)),
     h("td", { className: "cmd" }, j.command)));
   $("#jobs").replaceChildren(...(rows.length ? rows
-    : [h("tr", {}, h("td", { colSpan: 6, className: "empty" }, "no jobs"))]));
+    : [h("tr", {}, h("td", { colSpan: 7, className: "empty" }, "no jobs"))]));
 }
 
 // Job view
@@ -4071,7 +4087,8 @@ function jobFields(j) {
   return [
     ["state", badge(j.state)], ["queue", j.queue], ["priority", j.priority],
     ["command", h("span", { className: "mono" }, j.command)],
-    ["attempts", `${j.attempts} of ${j.max_retries}`], ["timeout", j.timeout ? secs(j.timeout) : "none"],
+    ["attempts", attempts(j).replace("/", " of ")], ["due", due(j)],
+    ["timeout", j.timeout ? secs(j.timeout) : "none"],
     ["cwd", h("span", { className: "mono" }, j.cwd)], ["env", h("span", { className: "mono" }, JSON.stringify(j.env))],
     ["created", when(j.created_at)], ["updated", when(j.updated_at)], ["due", when(j.next_run_at)],
     ["last error", none(j.last_error)], ["exit code", none(j.exit_code)], ["worker", none(j.worker_id)],
@@ -4130,10 +4147,11 @@ async function loadWorkers() {
     const status = !w.alive ? badge("dead?", "gone") : w.stopping ? badge("stopping") : badge("alive");
     return h("tr", {}, h("td", {}, w.host), h("td", { className: "num" }, w.pid),
       h("td", { className: "num" }, w.threads),
-      h("td", { className: "num" }, `${w.heartbeat_age_s.toFixed(1)} s`), h("td", {}, status), jobs);
+      h("td", { className: "num" }, `${w.heartbeat_age_s.toFixed(1)} s`), h("td", {}, status),
+      h("td", w.queues ? {} : { className: "muted" }, w.queues ? w.queues.join(", ") : "all"), jobs);
   });
   $("#workers").replaceChildren(...(rows.length ? rows
-    : [h("tr", {}, h("td", { colSpan: 6, className: "empty" },
+    : [h("tr", {}, h("td", { colSpan: 7, className: "empty" },
                      "no workers registered (start one: queuectl worker start)"))]));
 }
 
@@ -4159,6 +4177,19 @@ $("#queue").oninput = (e) => {
   const ok = QUEUE_NAME.test(e.target.value);
   e.target.classList.toggle("invalid", !ok);
   if (ok) { view.queue = e.target.value; view.offset = 0; reloadJobs(); }
+};
+$("#retryall").hidden = !ACTIONS;
+$("#retryall").onclick = async () => {
+  const which = view.queue ? ` of queue ${view.queue}` : "";
+  if (!confirm(`Retry every dead job${which}, with the dead jobs they depend on?`)) return;
+  try {
+    await api("/api/dlq/retry?" + new URLSearchParams({ queue: view.queue }), "POST");
+    setBanner("");
+  } catch (e) {
+    setBanner(`Retry all dead failed: ${e.message}`);
+  }
+  drawn.job = drawn.jobs = null;
+  update();
 };
 $("#prev").onclick = () => { view.offset = Math.max(0, view.offset - PAGE); reloadJobs(); };
 $("#next").onclick = () => { view.offset += PAGE; reloadJobs(); };
