@@ -114,7 +114,9 @@ def seconds_key(low: float, high: float, rule: str):
     """The validator of a config key measured in seconds: a duration (90, 15m, 2h, 1d, 1w) from low to high."""
     def validate(text: str) -> float | int:
         value = parse_duration(text)
-        return _check(value, low <= value <= high, rule)
+        if not low <= value <= high:
+            raise UsageError(f"value {text!r} must be {rule}")
+        return value
     return validate
 
 
