@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """queuectl: a persistent background job queue for shell commands, in one SQLite file or PostgreSQL.
 
-Enqueue jobs as JSON, run foreground workers that claim and run them, retry failures with
+Enqueue jobs as JSON or command lines, run foreground workers that claim and run them, retry failures with
 exponential backoff, and keep jobs that exhaust their retries in a dead-letter queue (DLQ).
 A worker killed with SIGKILL loses nothing: another worker recovers its jobs.
 
 commands:
   enqueue JSON | -        add a job, e.g. '{"id": "a", "command": "echo hi"}', or a batch from stdin
+  add [OPTIONS] -- CMD    add a job from a command line, e.g. add --queue q --delay 15m -- make test
   worker start|stop|list  run workers in the foreground / ask every worker to stop / list them
   status, list, show, logs, stats, wait
   cancel, delete, purge   operate on jobs
