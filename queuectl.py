@@ -4090,10 +4090,10 @@ function jobFields(j) {
   return [
     ["state", badge(j.state)], ["queue", j.queue], ["priority", j.priority],
     ["command", h("span", { className: "mono" }, j.command)],
-    ["attempts", attempts(j).replace("/", " of ")], ["due", due(j)],
-    ["timeout", j.timeout ? secs(j.timeout) : "none"],
+    ["attempts", attempts(j).replace("/", " of ")], ["timeout", j.timeout ? secs(j.timeout) : "none"],
     ["cwd", h("span", { className: "mono" }, j.cwd)], ["env", h("span", { className: "mono" }, JSON.stringify(j.env))],
-    ["created", when(j.created_at)], ["updated", when(j.updated_at)], ["due", when(j.next_run_at)],
+    ["created", when(j.created_at)], ["updated", when(j.updated_at)], ["due", due(j)],
+    ["next run at", when(j.next_run_at)],
     ["last error", none(j.last_error)], ["exit code", none(j.exit_code)], ["worker", none(j.worker_id)],
     ["runs", j.run_count], ["lost", j.lost_count], ["depends on", none(j.depends_on.join(", "))],
     ["waiting on", j.waiting_on],
