@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """queuectl: a persistent background job queue for shell commands, in one SQLite file or PostgreSQL.
 
-Enqueue jobs as JSON, run foreground workers that claim and run them, retry failures with
+Enqueue jobs as JSON or command lines, run foreground workers that claim and run them, retry failures with
 exponential backoff, and keep jobs that exhaust their retries in a dead-letter queue (DLQ).
 A worker killed with SIGKILL loses nothing: another worker recovers its jobs.
 
 commands:
   enqueue JSON | -        add a job, e.g. '{"id": "a", "command": "echo hi"}', or a batch from stdin
+  add [OPTIONS] -- CMD    add a job from a command line, e.g. add --queue q --delay 15m -- make test
   worker start|stop|list  run workers in the foreground / ask every worker to stop / list them
   status, list, show, logs, stats, metrics, wait
   cancel, delete, purge   operate on jobs
@@ -64,7 +65,7 @@ STATES = (PENDING, PROCESSING, COMPLETED, FAILED, DEAD)
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 4
 APPLICATION_ID = 0x51435431  # "QCT1": marks a SQLite file as a queuectl database
 
 MAX_COMMAND_BYTES = 131_071  # Linux MAX_ARG_STRLEN (one argv string) less its terminating NUL
@@ -89,8 +90,8 @@ MAX_DEPS = 1000
 MAX_EPOCH = 253_402_300_799  # 9999-12-31T23:59:59Z
 DEFAULT_QUEUE = "default"
 QUEUE_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
-DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)")
-DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw]?)", re.ASCII)  # see parse_duration
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 PURGE_SLICE = 2000  # jobs that purge and retention delete per transaction: tens of ms of write lock
 RETENTION_INTERVAL_S = 30.0  # how often workers delete completed jobs older than `retention`
 OUTPUT_FLUSH_S = 1.0  # a running job's output reaches the database at most this often (logs --follow)
@@ -130,16 +131,27 @@ def _output_limit(size: int) -> int:
     return size
 
 
+def seconds_key(low: float, high: float, rule: str):
+    """The validator of a config key measured in seconds: a duration (90, 15m, 2h, 1d, 1w) from low to high."""
+    def validate(text: str) -> float | int:
+        value = parse_duration(text)
+        if not low <= value <= high:
+            raise UsageError(f"value {text!r} must be {rule}")
+        return value
+    return validate
+
+
 # key -> (default, validator taking the CLI string and returning the stored value)
 CONFIG = {
     "max_retries": (3, lambda s: _check(v := _parse_number(s, integer=True), 0 <= v <= MAX_RETRIES_LIMIT,
                                         f"an integer from 0 to {MAX_RETRIES_LIMIT}")),
     "backoff_base": (2, lambda s: _check(v := _parse_number(s), 1 <= v <= 1000, "from 1 to 1000")),
-    "backoff_max": (3600, lambda s: _check(v := _parse_number(s), 0 <= v <= MAX_SECONDS, "seconds >= 0")),
+    "backoff_max": (3600, seconds_key(0, MAX_SECONDS, "seconds >= 0")),
     # At least 1 s: heartbeats come at most every 0.2 s, and a lease must span several of them.
-    "stale_timeout": (10, lambda s: _check(v := _parse_number(s), 1 <= v <= 86400, "seconds from 1 to 86400")),
-    "job_timeout": (0, lambda s: _check(v := _parse_number(s), 0 <= v <= MAX_SECONDS, "seconds >= 0 (0 = none)")),
-    "retention": (7 * 86400, lambda s: parse_duration(s)),  # completed jobs kept this long; 0 = forever
+    "stale_timeout": (10, seconds_key(1, 86400, "seconds from 1 to 86400 (1d)")),
+    "job_timeout": (0, seconds_key(0, MAX_SECONDS, "seconds >= 0 (0 = none)")),
+    # How long completed jobs are kept; 0 = forever.
+    "retention": (7 * 86400, seconds_key(0, MAX_SECONDS, "seconds >= 0 (0 = forever)")),
     # the tail of each run's output that is kept, in bytes
     "output_limit": (OUTPUT_TAIL_BYTES, lambda s: _output_limit(parse_size(s))),
 }
@@ -332,6 +344,10 @@ MIGRATIONS = [
     CREATE TABLE paused (queue TEXT PRIMARY KEY);
     CREATE TABLE config (key TEXT PRIMARY KEY, value TEXT NOT NULL);
     """,
+    "",  # 2 and 3: numbers other changes took
+    "",
+    # 4: the queues a worker serves (`worker start --queue`), a JSON list; NULL = every queue.
+    "ALTER TABLE workers ADD COLUMN queues TEXT",
 ]
 
 class SqliteSQL:
@@ -512,6 +528,17 @@ class SqliteSQL:
                  "WHERE deps.job_id = jobs.id AND d.state <> 'completed') WHERE id = ? AND state = 'dead'")
     SQL_DEAD_DEPS = ("SELECT deps.dep_id FROM deps JOIN jobs d ON d.id = deps.dep_id "
                      "WHERE deps.job_id = ? AND d.state = 'dead'")
+    # `dlq retry --all`: the dead jobs (of a queue, or of all when it is NULL) and, in any queue, the dead
+    # jobs they depend on, up the graph: a chain is revived together.
+    SQL_DEAD_CHAINS = """
+        WITH RECURSIVE chain(id) AS (
+            SELECT id FROM jobs WHERE state = 'dead' AND queue = coalesce(?, queue)
+            UNION SELECT deps.dep_id FROM deps JOIN chain ON deps.job_id = chain.id
+                JOIN jobs d ON d.id = deps.dep_id WHERE d.state = 'dead')
+        SELECT id FROM jobs WHERE id IN (SELECT id FROM chain) ORDER BY seq"""
+    # `cancel --all`: every job that has not finished (of a queue, or of all when it is NULL).
+    SQL_UNFINISHED = ("SELECT id FROM jobs WHERE state IN ('pending', 'failed', 'processing') "
+                      "AND queue = coalesce(?, queue) ORDER BY seq")
     SQL_CANCEL_WAITING = ("UPDATE jobs SET state = 'dead', last_error = 'canceled', updated_at = ? "
                           "WHERE id = ? AND state IN ('pending', 'failed')")
     SQL_CANCEL_RUNNING = "UPDATE jobs SET cancel_requested = run_count WHERE id = ? AND state = 'processing'"
@@ -530,7 +557,7 @@ class SqliteSQL:
     SQL_RESUME_ALL = "DELETE FROM paused"
     SQL_PAUSED = "SELECT queue FROM paused ORDER BY queue"
     SQL_REGISTER = ("INSERT INTO workers (id, host, pid, proc_start, boot_id, pid_ns, threads, started_at, "
-                    "heartbeat_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
+                    "heartbeat_at, queues) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
     SQL_HEARTBEAT = "UPDATE workers SET heartbeat_at = ?, beat = beat + 1 WHERE id = ?"
     SQL_STOP_REQUESTED = "SELECT stop_requested FROM workers WHERE id = ?"
     SQL_DEREGISTER = "DELETE FROM workers WHERE id = ?"
@@ -539,7 +566,7 @@ class SqliteSQL:
     # meanwhile is not deleted, and one that is deleted can no longer beat or claim.
     SQL_DROP_DEAD_WORKER = "DELETE FROM workers WHERE id = ? AND started_at = ? AND beat = ?"
     SQL_WORKERS = ("SELECT id, host, pid, proc_start, boot_id, pid_ns, heartbeat_at, beat, stop_requested, threads, "
-                   "started_at FROM workers ORDER BY started_at")
+                   "started_at, queues FROM workers ORDER BY started_at")
     SQL_REQUEST_STOP = "UPDATE workers SET stop_requested = 1 WHERE id = ?"
     # Stats over the run history, all in SQL; runs_ended limits each query to the window.
     SQL_STATS_OUTCOMES = "SELECT outcome, count(*) FROM runs WHERE ended_at >= ? GROUP BY outcome"
@@ -597,7 +624,7 @@ Cursor = sqlite3.Cursor  # what a Store's rules are given: a DB-API cursor (exec
 class WorkerRow(Record):
     """A registered worker process as stored."""
     FIELDS = ("id", "host", "pid", "proc_start", "boot_id", "pid_ns", "heartbeat_at", "beat", "stop_requested",
-              "threads", "started_at")
+              "threads", "started_at", "queues")  # queues: JSON list, or None for every queue
 
 
 def _where_in_batch(spec: dict) -> str:
@@ -943,20 +970,32 @@ class Store:
 
     def retry_dead(self, job_ids: list[str], now: float) -> None:
         """Move dead jobs back to pending, all or nothing; a dead dependency must be retried with them."""
-        def revive(cur):
-            for job_id in job_ids:
-                row = cur.execute(self.sql.SQL_JOB_STATE, (job_id,)).fetchone()
-                if row is None:
-                    raise NotFound(f"no job with id {job_id!r}")
-                if row[0] != DEAD:
-                    raise Conflict(f"job {job_id!r} is {row[0]}, not dead")
-                blocker = next((d for (d,) in cur.execute(self.sql.SQL_DEAD_DEPS, (job_id,)) if d not in job_ids), None)
-                if blocker:
-                    raise Conflict(f"job {job_id!r} depends on dead job {blocker!r}: retry both together")
-            for job_id in job_ids:  # in the order given; a dependency listed later still counts as unfinished
-                cur.execute(self.sql.SQL_RETRY, (now, now, job_id))
+        self.write(lambda cur: self._revive(cur, job_ids, now))
+
+    def retry_all_dead(self, queue: str | None, now: float) -> list[str]:
+        """`dlq retry --all`: every dead job (of `queue`) and the dead jobs it depends on, in any queue,
+        revived in one transaction; returns their ids, oldest first."""
+        def revive_all(cur):
+            ids = [r[0] for r in cur.execute(self.sql.SQL_DEAD_CHAINS, (queue,)).fetchall()]
+            self._revive(cur, ids, now)
+            return ids
+        return self.write(revive_all)
+
+    def _revive(self, cur: Cursor, job_ids: list[str], now: float) -> None:
+        wanted = set(job_ids)
+        for job_id in job_ids:
+            row = cur.execute(self.sql.SQL_JOB_STATE, (job_id,)).fetchone()
+            if row is None:
+                raise NotFound(f"no job with id {job_id!r}")
+            if row[0] != DEAD:
+                raise Conflict(f"job {job_id!r} is {row[0]}, not dead")
+            blocker = next((d for (d,) in cur.execute(self.sql.SQL_DEAD_DEPS, (job_id,)) if d not in wanted), None)
+            if blocker:
+                raise Conflict(f"job {job_id!r} depends on dead job {blocker!r}: retry both together")
+        for job_id in job_ids:  # in the order given; a dependency listed later still counts as unfinished
+            cur.execute(self.sql.SQL_RETRY, (now, now, job_id))
+        if job_ids:
             self._wake_workers(cur)
-        self.write(revive)
 
     def cancel(self, job_ids: list[str], now: float) -> None:
         """Cancel jobs, all or nothing: waiting ones go to the DLQ now, running ones when their worker kills them."""
@@ -971,6 +1010,20 @@ class Store:
                 else:
                     cur.execute(self.sql.SQL_CANCEL_RUNNING, (job_id,))
         self.write(cancel)
+
+    def cancel_all(self, queue: str | None, now: float) -> list[str]:
+        """`cancel --all`: cancel every job (of `queue`) that has not finished, in one transaction, as
+        cancel() does; returns the ids canceled, oldest first (one that finished meanwhile is left alone)."""
+        def cancel(cur):
+            ids = [r[0] for r in cur.execute(self.sql.SQL_UNFINISHED, (queue,)).fetchall()]
+            waiting = [i for i in ids if cur.execute(self.sql.SQL_CANCEL_WAITING, (now, i)).rowcount]
+            running = [i for i in ids if cur.execute(self.sql.SQL_CANCEL_RUNNING, (i,)).rowcount]
+            # Only after every cancel: a dependent that is canceled too says 'canceled', not 'dependency x is dead'.
+            for job_id in waiting:
+                self._kill_dependents(cur, job_id, now)
+            done = {*waiting, *running}
+            return [i for i in ids if i in done]
+        return self.write(cancel)
 
     def _state_in(self, cur: Cursor, job_id: str) -> str:
         row = cur.execute(self.sql.SQL_JOB_STATE, (job_id,)).fetchone()
@@ -1065,11 +1118,11 @@ class Store:
 
     # -- workers --------------------------------------------------------------------------------
 
-    def register(self, worker_id: str, identity: dict, threads: int, now: float) -> None:
-        """Add this worker process to the workers table."""
+    def register(self, worker_id: str, identity: dict, threads: int, now: float, queues: tuple = ()) -> None:
+        """Add this worker process to the workers table, with the queues it serves (none named: all)."""
         self.write(lambda cur: cur.execute(self.sql.SQL_REGISTER, (
             worker_id, identity["host"], identity["pid"], identity["proc_start"], identity["boot_id"],
-            identity["pid_ns"], threads, now, now)))
+            identity["pid_ns"], threads, now, now, json.dumps(list(queues)) if queues else None)))
 
     def heartbeat(self, worker_id: str, now: float) -> bool | None:
         """Refresh our heartbeat; returns whether a stop was requested, or None if our row is gone."""
@@ -1517,6 +1570,10 @@ PG_MIGRATIONS = [
     CREATE TABLE paused (queue TEXT PRIMARY KEY);
     CREATE TABLE config (key TEXT PRIMARY KEY, value TEXT NOT NULL)
     """,
+    "",  # 2 and 3: numbers other changes took
+    "",
+    # 4: as SQLite's migration 4.
+    "ALTER TABLE workers ADD COLUMN queues TEXT",
 ]
 
 
@@ -1670,6 +1727,16 @@ class PostgresSQL:
     # must not change before the retry commits.
     SQL_DEAD_DEPS = ("SELECT dep_id FROM (SELECT d.id AS dep_id, d.state FROM deps JOIN jobs d ON d.id = deps.dep_id "
                      "WHERE deps.job_id = %s FOR UPDATE OF d) AS locked WHERE state = 'dead'")
+    # The jobs it finds are locked by SQL_JOB_STATE and SQL_DEAD_DEPS, one by one, as `dlq retry ID...` does.
+    SQL_DEAD_CHAINS = """
+        WITH RECURSIVE chain(id) AS (
+            SELECT id FROM jobs WHERE state = 'dead' AND queue = coalesce(%s, queue)
+            UNION SELECT deps.dep_id FROM deps JOIN chain ON deps.job_id = chain.id
+                JOIN jobs d ON d.id = deps.dep_id WHERE d.state = 'dead')
+        SELECT id FROM jobs WHERE id IN (SELECT id FROM chain) ORDER BY seq"""
+    # No lock: each cancel below is an UPDATE guarded by the state, so a job that finished meanwhile is left.
+    SQL_UNFINISHED = ("SELECT id FROM jobs WHERE state IN ('pending', 'failed', 'processing') "
+                      "AND queue = coalesce(%s, queue) ORDER BY seq")
     SQL_CANCEL_WAITING = ("UPDATE jobs SET state = 'dead', last_error = 'canceled', updated_at = %s "
                           "WHERE id = %s AND state IN ('pending', 'failed')")
     SQL_CANCEL_RUNNING = "UPDATE jobs SET cancel_requested = run_count WHERE id = %s AND state = 'processing'"
@@ -1685,13 +1752,13 @@ class PostgresSQL:
     SQL_RESUME_ALL = "DELETE FROM paused"
     SQL_PAUSED = "SELECT queue FROM paused ORDER BY queue"
     SQL_REGISTER = ("INSERT INTO workers (id, host, pid, proc_start, boot_id, pid_ns, threads, started_at, "
-                    "heartbeat_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)")
+                    "heartbeat_at, queues) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
     SQL_HEARTBEAT = "UPDATE workers SET heartbeat_at = %s, beat = beat + 1 WHERE id = %s"
     SQL_STOP_REQUESTED = "SELECT stop_requested FROM workers WHERE id = %s"
     SQL_DEREGISTER = "DELETE FROM workers WHERE id = %s"
     SQL_DROP_DEAD_WORKER = "DELETE FROM workers WHERE id = %s AND started_at = %s AND beat = %s"
     SQL_WORKERS = ("SELECT id, host, pid, proc_start, boot_id, pid_ns, heartbeat_at, beat, stop_requested, threads, "
-                   "started_at FROM workers ORDER BY started_at")
+                   "started_at, queues FROM workers ORDER BY started_at")
     SQL_REQUEST_STOP = "UPDATE workers SET stop_requested = 1 WHERE id = %s"
     SQL_STATS_OUTCOMES = "SELECT outcome, count(*) FROM runs WHERE ended_at >= %s GROUP BY outcome"
     SQL_STATS_TIMES = ("SELECT ended_at - started_at, GREATEST(0, started_at - due_at) FROM runs "
@@ -2079,7 +2146,9 @@ def validate_job(obj: object, defaults: dict, cwd: str, now: float) -> dict:
         raise UsageError("job must be a JSON object")
     unknown = obj.keys() - JOB_FIELD_SET
     if unknown:
-        raise UsageError(f"unknown field {min(unknown)!r} (fields: {', '.join(JOB_FIELDS)})")
+        name = min(unknown)
+        hint = did_you_mean(name, JOB_FIELDS) or f"(fields: {', '.join(JOB_FIELDS)})"
+        raise UsageError(f"unknown field {name!r} {hint}")
     if "command" not in obj:
         raise UsageError("field 'command' is required")
     if "run_at" in obj and "delay" in obj:
@@ -2096,6 +2165,13 @@ def validate_job(obj: object, defaults: dict, cwd: str, now: float) -> dict:
         "run_at": _valid_run_at(obj, now),
         "depends_on": _valid_deps(obj["depends_on"]) if "depends_on" in obj else [],
     }
+
+
+def did_you_mean(name: str, valid) -> str:
+    """"(did you mean 'x'?)" for the valid name nearest a mistyped one, or "" if none is near."""
+    import difflib  # only on this error path: it costs a few ms to import
+    close = difflib.get_close_matches(name, list(valid), n=1)
+    return f"(did you mean {close[0]!r}?)" if close else ""
 
 
 def _valid_run_at(obj: dict, now: float) -> float | None:
@@ -2130,14 +2206,20 @@ def valid_queue(value: object, what: str) -> str:
     return value
 
 
-def parse_duration(text: str) -> float:
-    """'30s', '15m', '12h', '7d' or plain seconds -> seconds."""
-    match = DURATION.fullmatch(text.strip())
-    if not match:
-        raise UsageError(f"not a duration: {text!r} (use e.g. 30s, 15m, 12h, 7d)")
-    seconds = float(match[1]) * DURATION_UNITS[match[2] or "s"]
-    if seconds > MAX_SECONDS:
-        raise UsageError(f"duration too long: {text!r}")
+def parse_duration(value: object, what: str = "") -> float | int:
+    """Seconds from a number (a JSON field) or a string of a number with at most one unit: 90, '90',
+    '90s', '15m', '2h', '1d', '1w'. The one parser of every time span queuectl takes (job fields, flags,
+    config keys); UsageError naming the value (and `what`, e.g. "field 'delay'", when given)."""
+    where = f"{what}: " if what else ""
+    match = DURATION.fullmatch(value.strip()) if isinstance(value, str) else None
+    if match:
+        seconds = float(match[1]) * DURATION_UNITS[match[2] or "s"]
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = value
+    else:
+        raise UsageError(f"{where}not a duration: {value!r} (use seconds, or one unit: 90s, 15m, 2h, 1d, 1w)")
+    if not 0 <= seconds <= MAX_SECONDS:  # also refuses NaN
+        raise UsageError(f"{where}duration out of range: {value!r} (0 to {MAX_SECONDS} seconds, 10 years)")
     return int(seconds) if seconds == int(seconds) else seconds
 
 
@@ -2178,9 +2260,7 @@ def _valid_int(value: object, field: str, low: int, high: int) -> int:
 
 
 def _valid_seconds(value: object, field: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_SECONDS:
-        raise UsageError(f"field {field!r} must be a number of seconds from 0 to {MAX_SECONDS}")
-    return float(value)
+    return float(parse_duration(value, f"field {field!r}"))
 
 
 def _valid_cwd(value: object) -> str:
@@ -2823,8 +2903,8 @@ def _log_result(job: Job, after: Job | None, outcome: Outcome) -> None:
         log.info("job %s failed (%s); retry %d in %.0fs", job.id, outcome.error, after.attempts + 1, retry_in_s,
                  extra=_run_event("job_failed", job, outcome, retry_in_s=round(retry_in_s, 3)))
     else:
-        log.info("job %s dead after %d attempts: %s", job.id, after.attempts, outcome.error,
-                 extra=_run_event("job_dead", job, outcome))
+        log.info("job %s dead after %d attempt%s: %s", job.id, after.attempts, "s" if after.attempts != 1 else "",
+                 outcome.error, extra=_run_event("job_dead", job, outcome))
 
 
 def _run_event(name: str, job: Job, outcome: Outcome, **more) -> dict:
@@ -3056,8 +3136,9 @@ class Supervisor:
         import threading
         self.stale_s = self.store.config_get("stale_timeout")
         self.beat_ok_at = time.monotonic()
-        self.store.register(self.worker_id, self.me, self.count, self.store.now())
-        log.info("worker started: %s, %d thread(s), db %s", self.worker_id, self.count, self.path,
+        self.store.register(self.worker_id, self.me, self.count, self.store.now(), self.queues)
+        serves = f"queue{'s' if len(self.queues) > 1 else ''} {', '.join(self.queues)}" if self.queues else "all queues"
+        log.info("worker started: %s, %d thread(s), %s, db %s", self.worker_id, self.count, serves, self.path,
                  extra=event("worker_started", worker_id=self.worker_id, threads=self.count, db=self.path,
                              queues=list(self.queues) or None))
         self.sweeper = Sweeper(self.store, self.me, self.worker_id, lambda: self.stalled_s)
@@ -3198,7 +3279,7 @@ class Supervisor:
         log.error("this worker was presumed dead by another; killing its running jobs and re-registering",
                   extra=event("registration_lost", worker_id=self.worker_id))
         self.epoch += 1
-        self.store.register(self.worker_id, self.me, self.count, self.store.now())
+        self.store.register(self.worker_id, self.me, self.count, self.store.now(), self.queues)
 
     def _poll(self) -> None:
         """Wake idle threads when a job is due; in burst mode, stop when the queue is drained."""
@@ -3314,7 +3395,8 @@ def worker_dicts(store: Store, now: float) -> list[dict]:
     return [{"id": w.id, "host": w.host, "pid": w.pid, "started_at": iso(w.started_at),
              "heartbeat_at": iso(w.heartbeat_at), "heartbeat_age_s": round(max(0.0, now - w.heartbeat_at), 3),
              "threads": w.threads, "alive": w.id in live, "stopping": bool(w.stop_requested),
-             "jobs": held.get(w.id, [])} for w in store.workers()]
+             "queues": json.loads(w.queues) if w.queues else None, "jobs": held.get(w.id, [])}
+            for w in store.workers()]
 
 
 def show_dict(store: Store, job_id: str) -> dict:
@@ -3582,6 +3664,11 @@ def _api_retry(store: Store, _: Query, job_id: str) -> dict:
     return store.get(job_id).to_dict()
 
 
+def _api_retry_all(store: Store, q: Query, _: None) -> dict:
+    """The page's "Retry all dead" (of its queue filter): `dlq retry --all [--queue Q]`."""
+    return {"ids": store.retry_all_dead(q.queue(), store.now())}
+
+
 def _api_cancel(store: Store, _: Query, job_id: str) -> dict:
     store.cancel([job_id], store.now())
     return store.get(job_id).to_dict()
@@ -3604,6 +3691,7 @@ API_ROUTES = {
     ("POST", "/api/jobs/ID/retry"): (_api_retry, ()),
     ("POST", "/api/jobs/ID/cancel"): (_api_cancel, ()),
     ("POST", "/api/jobs/ID/delete"): (_api_delete, ()),
+    ("POST", "/api/dlq/retry"): (_api_retry_all, ("queue",)),
 }
 
 
@@ -3915,15 +4003,16 @@ pre { margin: 4px 0 0; max-height: 260px; overflow: auto; background: var(--code
         <option value="failed">failed</option><option value="dead">dead</option>
       </select>
       <input id="queue" placeholder="queue (all)" aria-label="queue" size="14" spellcheck="false">
+      <button id="retryall" class="retry" hidden>Retry all dead</button>
       <div class="pager"><span id="range"></span><button id="prev">‹ newer</button>
         <button id="next">older ›</button></div>
     </div>
     <table>
-      <colgroup><col class="w24"><col class="w14"><col class="w11"><col class="w10">
-        <col class="w12"><col></colgroup>
-      <thead><tr><th>id</th><th>state</th><th>queue</th><th class="num">attempts</th><th>updated</th>
+      <colgroup><col class="w18"><col class="w11"><col class="w10"><col class="w9">
+        <col class="w12"><col class="w11"><col></colgroup>
+      <thead><tr><th>id</th><th>state</th><th>queue</th><th class="num">attempts</th><th>due</th><th>updated</th>
         <th>command</th></tr></thead>
-      <tbody id="jobs"><tr><td colspan="6" class="empty">loading…</td></tr></tbody>
+      <tbody id="jobs"><tr><td colspan="7" class="empty">loading…</td></tr></tbody>
     </table>
   </section>
   <section class="card" id="jobview">
@@ -3948,9 +4037,9 @@ pre { margin: 4px 0 0; max-height: 260px; overflow: auto; background: var(--code
     <h2>Workers</h2>
     <table>
       <colgroup><col class="w18"><col class="w9"><col class="w9"><col class="w12">
-        <col class="w10"><col></colgroup>
+        <col class="w10"><col class="w17"><col></colgroup>
       <thead><tr><th>host</th><th class="num">pid</th><th class="num">threads</th><th class="num">heartbeat age</th>
-        <th>status</th><th>jobs</th></tr></thead>
+        <th>status</th><th>queues</th><th>jobs</th></tr></thead>
       <tbody id="workers"></tbody>
     </table>
   </section>
@@ -3962,7 +4051,7 @@ const meta = (name) => document.querySelector(`meta[name="${name}"]`).content;
 const TOKEN = meta("queuectl-token"), ACTIONS = meta("queuectl-actions") === "1";
 const STATES = ["pending", "processing", "completed", "failed", "dead"], OUTCOMES = ["completed", "failed", "dead"];
 const PAGE = 25, REFRESH_MS = 1500, TAIL_CHARS = 16384, QUEUE_NAME = /^[A-Za-z0-9._-]{0,64}$/;
-const view = { state: "", queue: "", offset: 0, job: null, closed: new Set() };
+const view = { state: "", queue: "", offset: 0, job: null, closed: new Set(), paused: [] };
 const drawn = {};  // the JSON each panel last drew: an unchanged panel is left alone
 
 history.replaceState(null, "", location.pathname + location.hash);  // the token stays out of the address bar
@@ -4006,6 +4095,19 @@ const bytes = (n) => {  // as the CLI writes sizes (size_text): 512 B, 64 KiB, 1
   return unit ? `${+value.toFixed(1)} ${units[unit]}` : `${n} B`;
 };
 const num = (n) => Number(n).toLocaleString("en-US");
+// As `queuectl list`: ATTEMPTS counts the run going on or the one that completed; DUE says what a job waits for.
+const attempts = (j) => (`${j.attempts + (["processing", "completed"].includes(j.state) ? 1 : 0)}/`
+  + Math.max(j.max_retries, 1));
+function due(j) {
+  if (!["pending", "failed"].includes(j.state)) return "–";
+  if (j.waiting_on) return `after ${j.waiting_on} job${j.waiting_on === 1 ? "" : "s"}`;
+  const left = (Date.parse(j.next_run_at) - Date.now()) / 1000, d = new Date(j.next_run_at);
+  if (left <= 0) return view.paused.includes("*") || view.paused.includes(j.queue) ? "paused" : "now";
+  if (left >= 86400) return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${hhmm(j.next_run_at)}`;
+  if (left < 60) return `in ${Math.ceil(left)}s`;
+  if (left < 3600) return `in ${Math.ceil(left / 60)}m`;
+  return `in ${Math.floor(left / 3600)}h ${Math.floor((left % 3600) / 60)}m`;
+}
 
 // The API
 async function api(path, method = "GET") {
@@ -4025,7 +4127,7 @@ async function loadStatus() {
   const [status] = await api("/api/status");
   for (const state of STATES) $("#n-" + state).textContent = num(status.jobs[state]);
   $("#n-workers").textContent = num(status.active_workers);
-  const paused = status.paused;
+  const paused = view.paused = status.paused;
   $("#paused").textContent = !paused.length ? ""
     : "paused: " + (paused.includes("*") ? "all queues" : paused.join(", "));
   for (const option of $("#state").options) {
@@ -4097,14 +4199,16 @@ async function loadJobs() {
   $("#range").textContent = total ? `${num(view.offset + 1)}–${num(view.offset + jobs.length)} of ${num(total)}` : "";
   $("#prev").disabled = view.offset === 0;
   $("#next").disabled = view.offset + jobs.length >= total;
-  if (!changed("jobs", [jobs, view.job])) return;
-  const rows = jobs.map((j) => h("tr",
+  $("#retryall").textContent = "Retry all dead" + (view.queue ? ` in ${view.queue}` : "");
+  const dues = jobs.map(due);
+  if (!changed("jobs", [jobs, dues, view.job])) return;
+  const rows = jobs.map((j, i) => h("tr",
     { className: "job" + (j.id === view.job ? " selected" : ""), onclick: () => selectJob(j.id) },
     h("td", { className: "id" }, j.id), h("td", {}, badge(j.state)), h("td", {}, j.queue),
-    h("td", { className: "num" }, `${j.attempts}/${j.max_retries}`), h("td", {}, when(j.updated_at)),
+    h("td", { className: "num" }, attempts(j)), h("td", {}, dues[i]), h("td", {}, when(j.updated_at)),
     h("td", { className: "cmd" }, j.command)));
   $("#jobs").replaceChildren(...(rows.length ? rows
-    : [h("tr", {}, h("td", { colSpan: 6, className: "empty" }, "no jobs"))]));
+    : [h("tr", {}, h("td", { colSpan: 7, className: "empty" }, "no jobs"))]));
 }
 
 // Job view
@@ -4147,9 +4251,10 @@ function jobFields(j) {
   return [
     ["state", badge(j.state)], ["queue", j.queue], ["priority", j.priority],
     ["command", h("span", { className: "mono" }, j.command)],
-    ["attempts", `${j.attempts} of ${j.max_retries}`], ["timeout", j.timeout ? secs(j.timeout) : "none"],
+    ["attempts", attempts(j).replace("/", " of ")], ["timeout", j.timeout ? secs(j.timeout) : "none"],
     ["cwd", h("span", { className: "mono" }, j.cwd)], ["env", h("span", { className: "mono" }, JSON.stringify(j.env))],
-    ["created", when(j.created_at)], ["updated", when(j.updated_at)], ["due", when(j.next_run_at)],
+    ["created", when(j.created_at)], ["updated", when(j.updated_at)], ["due", due(j)],
+    ["next run at", when(j.next_run_at)],
     ["last error", none(j.last_error)], ["exit code", none(j.exit_code)], ["worker", none(j.worker_id)],
     ["runs", j.run_count], ["lost", j.lost_count], ["depends on", none(j.depends_on.join(", "))],
     ["waiting on", j.waiting_on],
@@ -4208,10 +4313,11 @@ async function loadWorkers() {
     const status = !w.alive ? badge("dead?", "gone") : w.stopping ? badge("stopping") : badge("alive");
     return h("tr", {}, h("td", {}, w.host), h("td", { className: "num" }, w.pid),
       h("td", { className: "num" }, w.threads),
-      h("td", { className: "num" }, `${w.heartbeat_age_s.toFixed(1)} s`), h("td", {}, status), jobs);
+      h("td", { className: "num" }, `${w.heartbeat_age_s.toFixed(1)} s`), h("td", {}, status),
+      h("td", w.queues ? {} : { className: "muted" }, w.queues ? w.queues.join(", ") : "all"), jobs);
   });
   $("#workers").replaceChildren(...(rows.length ? rows
-    : [h("tr", {}, h("td", { colSpan: 6, className: "empty" },
+    : [h("tr", {}, h("td", { colSpan: 7, className: "empty" },
                      "no workers registered (start one: queuectl worker start)"))]));
 }
 
@@ -4237,6 +4343,19 @@ $("#queue").oninput = (e) => {
   const ok = QUEUE_NAME.test(e.target.value);
   e.target.classList.toggle("invalid", !ok);
   if (ok) { view.queue = e.target.value; view.offset = 0; reloadJobs(); }
+};
+$("#retryall").hidden = !ACTIONS;
+$("#retryall").onclick = async () => {
+  const which = view.queue ? ` of queue ${view.queue}` : "";
+  if (!confirm(`Retry every dead job${which}, with the dead jobs they depend on?`)) return;
+  try {
+    await api("/api/dlq/retry?" + new URLSearchParams({ queue: view.queue }), "POST");
+    setBanner("");
+  } catch (e) {
+    setBanner(`Retry all dead failed: ${e.message}`);
+  }
+  drawn.job = drawn.jobs = null;
+  update();
 };
 $("#prev").onclick = () => { view.offset = Math.max(0, view.offset - PAGE); reloadJobs(); };
 $("#next").onclick = () => { view.offset += PAGE; reloadJobs(); };
@@ -4295,16 +4414,41 @@ def _command(sub, name: str, func, help: str, *, json_flag: bool = False, ids: s
 def _add_job_commands(sub) -> None:
     e = _command(sub, "enqueue", cmd_enqueue, "add a job, or with '-' a batch from stdin", json_flag=True)
     e.add_argument("job", metavar="JSON", help="a job object, or - to read JSON Lines or a JSON array from stdin")
-    _command(sub, "cancel", cmd_cancel, "cancel jobs: waiting ones go to the DLQ, running ones are killed", ids="+")
+    _add_add_command(sub)
+    c = _command(sub, "cancel", cmd_cancel, "cancel jobs: waiting ones go to the DLQ, running ones are killed",
+                 check=check_bulk)
+    _bulk_arguments(c, "every job that has not finished")
     _command(sub, "delete", cmd_delete, "remove jobs that are not processing, with their runs", ids="+")
     pg = _command(sub, "purge", cmd_purge, "remove finished jobs and their runs; needs --older-than, --state or both",
                   check=check_purge)
     pg.add_argument("--state", choices=(COMPLETED, DEAD), default=None,
                     help="which finished jobs (default completed)")
     pg.add_argument("--older-than", type=_duration_arg, default=None, metavar="DURATION",
-                    help="only those last changed longer ago than this, e.g. 30s, 15m, 12h, 7d (default: any age)")
+                    help="only those last changed longer ago than this, e.g. 3600, 15m, 12h, 7d, 1w (default: any age)")
     wt = _command(sub, "wait", cmd_wait, "block until the jobs are completed or dead", ids="+", reads=True)
-    wt.add_argument("--timeout", type=_seconds_arg, default=None, help="give up after S seconds (exit 1)")
+    wt.add_argument("--timeout", type=_duration_arg, default=None, metavar="DURATION",
+                    help="give up after this long (exit 1), e.g. 90, 30s, 15m")
+
+
+def _add_add_command(sub) -> None:
+    a = _command(sub, "add", cmd_add, "add a job from a command line, without JSON: add [OPTIONS] -- COMMAND [ARG...]",
+                 json_flag=True)
+    # REMAINDER: everything from the first word of the command on is the command, options included.
+    a.add_argument("words", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG...]",
+                   help="one word: a shell command as written ('make -j4 && make install'); several: run as "
+                        "exactly that argument list (quoted with shlex.join)")
+    a.add_argument("--id", help="the job's id (default: a random one)")
+    a.add_argument("--queue", help=f"queue (default {DEFAULT_QUEUE})")
+    a.add_argument("--priority", type=int, metavar="N", help="higher runs first (default 0)")
+    a.add_argument("--max-retries", type=int, metavar="N", help="runs before the DLQ (default: config max-retries)")
+    a.add_argument("--timeout", metavar="DURATION", help="kill a run after this long, e.g. 90, 30s, 15m (0 = none)")
+    a.add_argument("--delay", metavar="DURATION", help="run no sooner than this from now, e.g. 90, 15m, 2h, 1d")
+    a.add_argument("--run-at", metavar="TIME", help="run no sooner than this ISO-8601 time (local without offset) "
+                   "or Unix time")
+    a.add_argument("--depends-on", action="append", default=[], metavar="ID",
+                   help="run after this job completed; repeat it for more")
+    a.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="set a variable; repeatable")
+    a.add_argument("--cwd", metavar="DIR", help="folder to run in (default: the current one)")
 
 
 def _add_view_commands(sub) -> None:
@@ -4321,7 +4465,8 @@ def _add_view_commands(sub) -> None:
     lg.add_argument("--follow", "-f", action="store_true", help="stream a running job's output until it ends")
     st = _command(sub, "stats", cmd_stats, "throughput, durations and waits over a window", json_flag=True,
                   reads=True)
-    st.add_argument("--since", type=_duration_arg, default=3600, metavar="DURATION", help="window (default 1h)")
+    st.add_argument("--since", type=_duration_arg, default=3600, metavar="DURATION",
+                    help="window, e.g. 900, 15m, 1d, 1w (default 1h)")
     _command(sub, "metrics", cmd_metrics, "the queue's gauges in Prometheus text format (for a textfile collector)",
              reads=True)
 
@@ -4353,14 +4498,16 @@ def _add_worker_commands(w) -> None:
                     help="text lines (default), or one JSON object a line for log shippers")
     wt = _command(w, "stop", cmd_worker_stop, "ask every running worker to stop gracefully", check=check_worker_stop)
     wt.add_argument("--wait", action="store_true", help="return once they have exited")
-    wt.add_argument("--timeout", type=_seconds_arg, default=None, help="with --wait: give up after S seconds")
+    wt.add_argument("--timeout", type=_duration_arg, default=None, metavar="DURATION",
+                    help="with --wait: give up after this long, e.g. 90, 30s, 15m")
     _command(w, "list", cmd_worker_list, "registered workers and what they run", json_flag=True, reads=True)
 
 
 def _add_dlq_and_config(sub) -> None:
     d = sub.add_parser("dlq", help="the dead-letter queue").add_subparsers(dest="action", required=True)
     _command(d, "list", cmd_dlq_list, "dead jobs", json_flag=True, reads=True)
-    _command(d, "retry", cmd_dlq_retry, "move dead jobs back to pending", ids="+")
+    r = _command(d, "retry", cmd_dlq_retry, "move dead jobs back to pending", check=check_bulk)
+    _bulk_arguments(r, "every dead job, with the dead jobs it depends on (in any queue)")
     c = sub.add_parser("config", help="settings").add_subparsers(dest="action", required=True)
     cs = _command(c, "set", cmd_config_set, "set a value")
     cs.add_argument("key")
@@ -4371,16 +4518,16 @@ def _add_dlq_and_config(sub) -> None:
     _command(c, "list", cmd_config_list, "every value", json_flag=True, reads=True)
 
 
+def _bulk_arguments(cmd, every: str) -> None:
+    """IDs, or --all [--queue Q]: the arguments of a command that acts on many jobs (see check_bulk)."""
+    cmd.add_argument("ids", nargs="*", metavar="ID")
+    cmd.add_argument("--all", action="store_true", help=every)
+    cmd.add_argument("--queue", type=_queue_arg, help="with --all: only the jobs of this queue")
+
+
 def _duration_arg(text: str) -> float:
     try:
         return parse_duration(text)
-    except UsageError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _seconds_arg(text: str) -> float:
-    try:
-        return _valid_seconds(_parse_number(text), "--timeout")
     except UsageError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
@@ -4417,7 +4564,9 @@ def config_key(name: str) -> str:
     """Normalise a config key (hyphens or underscores); UsageError listing the valid keys."""
     key = name.replace("-", "_")
     if key not in CONFIG:
-        raise UsageError(f"unknown config key {name!r} (valid: {', '.join(k.replace('_', '-') for k in CONFIG)})")
+        keys = [k.replace("_", "-") for k in CONFIG]
+        hint = did_you_mean(name.replace("_", "-"), keys) or f"(valid: {', '.join(keys)})"
+        raise UsageError(f"unknown config key {name!r} {hint}")
     return key
 
 
@@ -4440,16 +4589,73 @@ def checked_ids(ids: list[str]) -> list[str]:
 def cmd_enqueue(args, store: Store) -> None:
     now, defaults, cwd = store.now(), store.config_all(), current_dir()
     if args.job != "-":
-        specs = [validate_job(parse_json(args.job), defaults, cwd, now)]
-    else:
-        specs = [{**_numbered(where, lambda: validate_job(item, defaults, cwd, now)), "where": where}
-                 for where, item in read_batch(sys.stdin.buffer.read())]
-        check_batch(specs)
+        return enqueue_and_print(store, [validate_job(parse_json(args.job), defaults, cwd, now)], now, args.json)
+    specs = [{**_numbered(where, lambda: validate_job(item, defaults, cwd, now)), "where": where}
+             for where, item in read_batch(sys.stdin.buffer.read())]
+    check_batch(specs)
+    enqueue_and_print(store, specs, now, args.json, batch=True)
+
+
+def cmd_add(args, store: Store) -> None:
+    now = store.now()
+    enqueue_and_print(store, [validate_job(add_job_object(args), store.config_all(), current_dir(), now)], now,
+                      args.json)
+
+
+def enqueue_and_print(store: Store, specs: list[dict], now: float, as_json: bool, batch: bool = False) -> None:
+    """Enqueue validated specs; print their ids, or the jobs with --json (one object unless a batch)."""
     ids = store.enqueue(specs, now)
-    if args.json:
+    note_paused(store, [spec["queue"] for spec in specs])
+    if as_json:
         jobs = [store.get(i).to_dict() for i in ids]
-        return emit_json(jobs[0] if args.job != "-" else jobs)
+        return emit_json(jobs if batch else jobs[0])
     print_ids(ids)
+
+
+def note_paused(store: Store, queues: list[str]) -> None:
+    """A note on stderr when jobs went into a paused queue: they wait, and nothing else would say why."""
+    paused = store.paused()
+    stuck = list(dict.fromkeys(q for q in queues if q in paused or "*" in paused))
+    if not stuck:
+        return
+    if "*" in paused:
+        return print("queuectl: note: every queue is paused; jobs wait for `queuectl resume`", file=sys.stderr)
+    which = f"queue {stuck[0]!r} is" if len(stuck) == 1 else f"queues {', '.join(map(repr, stuck))} are"
+    print(f"queuectl: note: {which} paused; jobs wait for `queuectl resume --queue NAME`", file=sys.stderr)
+
+
+def add_job_object(args) -> dict:
+    """`add`'s options and command line as the JSON object `enqueue` takes, so both are validated alike."""
+    words = args.words[1:] if args.words[:1] == ["--"] else args.words
+    if not words:
+        raise UsageError("add: give the command after --, e.g. queuectl add -- make test")
+    import shlex
+    obj = {"command": words[0] if len(words) == 1 else shlex.join(words)}
+    for field in ("id", "queue", "priority", "max_retries", "timeout", "delay"):
+        if getattr(args, field) is not None:
+            obj[field] = getattr(args, field)
+    if args.run_at is not None:  # a Unix time, or an ISO-8601 string
+        obj["run_at"] = float(args.run_at) if re.fullmatch(r"\d+(\.\d+)?", args.run_at, re.ASCII) else args.run_at
+    if args.cwd is not None:  # relative to the current folder here, where `enqueue` wants an absolute path
+        obj["cwd"] = os.path.join(current_dir(), args.cwd) if current_dir() else args.cwd
+    if args.depends_on:
+        obj["depends_on"] = args.depends_on
+    if args.env:
+        obj["env"] = env_pairs(args.env)
+    return obj
+
+
+def env_pairs(pairs: list[str]) -> dict:
+    """--env NAME=VALUE options as a dict; each name at most once."""
+    env: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise UsageError(f"--env wants NAME=VALUE: {pair!r}")
+        if name in env:
+            raise UsageError(f"--env {name} given twice")
+        env[name] = value
+    return env
 
 
 def current_dir() -> str:
@@ -4501,7 +4707,18 @@ def check_batch(specs: list[dict]) -> None:
         seen.add(spec["id"])
 
 
+def check_bulk(args) -> None:
+    """IDs or --all, not both; --queue only with --all."""
+    name = "dlq retry" if args.command == "dlq" else args.command
+    if bool(args.ids) == args.all:
+        raise UsageError(f"{name}: give job ids or --all" + (", not both" if args.all else ""))
+    if args.queue is not None and not args.all:
+        raise UsageError(f"{name}: --queue needs --all")
+
+
 def cmd_cancel(args, store: Store) -> None:
+    if args.all:
+        return print_ids(store.cancel_all(args.queue, store.now()))
     ids = checked_ids(args.ids)
     store.cancel(ids, store.now())
     print_ids(ids)
@@ -4592,13 +4809,40 @@ def live_workers(store: Store) -> list[WorkerRow]:
             if (not process_gone(w.pid, w.proc_start) if same_namespace(w, me) else now - w.heartbeat_at <= stale)]
 
 
-def print_jobs(jobs: list[Job], as_json: bool) -> None:
+def print_jobs(store: Store, jobs: list[Job], as_json: bool) -> None:
     if as_json:
         return emit_json([j.to_dict() for j in jobs])
-    print(f"{'ID':<20} {'STATE':<11} {'ATTEMPTS':>8}  {'QUEUE':<10} {'UPDATED':<24} COMMAND")
+    now, paused = store.now(), store.paused()
+    print(f"{'ID':<20} {'STATE':<11} {'ATTEMPTS':>8}  {'QUEUE':<10} {'DUE':<16} {'UPDATED':<24} COMMAND")
     for j in jobs:
-        print(f"{j.id:<20} {j.state:<11} {j.attempts:>4}/{j.max_retries:<3}  {j.queue:<10} {iso(j.updated_at):<24} "
-              f"{_short(j.command)}")
+        counted, limit = attempts_shown(j)
+        print(f"{_short(j.id, 20):<20} {j.state:<11} {counted:>4}/{limit:<3}  {_short(j.queue, 10):<10} "
+              f"{due_text(j, now, paused):<16} {iso(j.updated_at):<24} {_short(j.command)}")
+
+
+def attempts_shown(job: Job) -> tuple[int, int]:
+    """ATTEMPTS as people read it: the runs that count against the limit, the one running or the one
+    that completed included (`attempts` counts failed runs only), over max(max_retries, 1)."""
+    return job.attempts + (job.state in (PROCESSING, COMPLETED)), max(job.max_retries, 1)
+
+
+def due_text(job: Job, now: float, paused: list[str]) -> str:
+    """When a waiting job may run: 'now', 'in 4m', a local date and time a day or more ahead, 'after 2 jobs'
+    (dependencies not completed), 'paused' (due, in a paused queue); '-' for a job that is not waiting."""
+    if job.state not in (PENDING, FAILED):
+        return "-"
+    if job.waiting_on:
+        return f"after {job.waiting_on} job{'s' if job.waiting_on != 1 else ''}"
+    left = job.next_run_at - now
+    if left <= 0:
+        return "paused" if job.queue in paused or "*" in paused else "now"
+    if left >= 86400:  # local time, as `run_at` without an offset is read
+        return datetime.fromtimestamp(job.next_run_at).strftime("%Y-%m-%d %H:%M")
+    if left < 60:
+        return f"in {math.ceil(left)}s"
+    if left < 3600:
+        return f"in {math.ceil(left / 60)}m"
+    return f"in {int(left // 3600)}h {int(left % 3600 // 60)}m"
 
 
 def cmd_list(args, store: Store) -> None:
@@ -4606,7 +4850,7 @@ def cmd_list(args, store: Store) -> None:
         raise UsageError(f"unknown state {args.state!r} (valid: {', '.join(STATES)})")
     if args.limit is not None and not 0 <= args.limit <= 2**62:
         raise UsageError("--limit must be from 0 to 2**62")
-    print_jobs(store.list_jobs(args.state, -1 if args.limit is None else args.limit, args.queue), args.json)
+    print_jobs(store, store.list_jobs(args.state, -1 if args.limit is None else args.limit, args.queue), args.json)
 
 
 def run_dict(run: dict) -> dict:
@@ -4623,8 +4867,11 @@ def cmd_show(args, store: Store) -> None:
     if args.json:
         return emit_json(details)
     runs, output = details.pop("runs"), details.pop("output")
+    due = due_text(store.get(args.id), store.now(), store.paused())
     for key, value in details.items():
         print(f"{key + ':':<13} {value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)}")
+        if key == "next_run_at":
+            print(f"{'due:':<13} {due}")
     print(f"runs:         {len(runs)}")
     for r in runs:
         took = "running" if r["duration_s"] is None else f"{r['duration_s']:.2f}s"
@@ -4736,8 +4983,13 @@ def check_worker_start(args) -> None:
 
 
 def cmd_worker_start(args, store: Store) -> int:
+    queues = tuple(dict.fromkeys(args.queue))
+    empty = [q for q in queues if not any(store.counts(q).values())]
+    if empty:  # most often a misspelt name: nothing would ever tell
+        print(f"queuectl: note: queue{'s' if len(empty) > 1 else ''} {', '.join(map(repr, empty))} "
+              f"{'has' if len(empty) == 1 else 'have'} no jobs yet (is the name right?)", file=sys.stderr)
     store.close()
-    supervisor = Supervisor(store.target, args.count, args.burst, tuple(dict.fromkeys(args.queue)))
+    supervisor = Supervisor(store.target, args.count, args.burst, queues)
     supervisor.install_signals()
     return supervisor.run()
 
@@ -4765,11 +5017,12 @@ def cmd_worker_list(args, store: Store) -> None:
     rows = worker_dicts(store, store.now())
     if args.json:
         return emit_json(rows)
-    print(f"{'ID':<32} {'HOST':<16} {'PID':>7} {'STARTED':<20} {'THREADS':>7} {'BEAT':>6}  JOBS")
+    print(f"{'ID':<32} {'HOST':<16} {'PID':>7} {'STARTED':<20} {'THREADS':>7} {'BEAT':>6}  {'QUEUES':<16} JOBS")
     for r in rows:
         state = "" if r["alive"] else " (dead?)"
+        queues = _short(",".join(r["queues"]), 16) if r["queues"] else "(all)"
         print(f"{r['id']:<32} {r['host']:<16} {r['pid']:>7} {r['started_at']:<20} {r['threads']:>7} "
-              f"{r['heartbeat_age_s']:>5.1f}s  {', '.join(r['jobs']) or '-'}{state}")
+              f"{r['heartbeat_age_s']:>5.1f}s  {queues:<16} {', '.join(r['jobs']) or '-'}{state}")
 
 
 def check_dashboard(args) -> None:
@@ -4812,10 +5065,12 @@ def _dashboard_notes(dashboard: Dashboard, args) -> None:
 
 
 def cmd_dlq_list(args, store: Store) -> None:
-    print_jobs(store.list_jobs(DEAD), args.json)
+    print_jobs(store, store.list_jobs(DEAD), args.json)
 
 
 def cmd_dlq_retry(args, store: Store) -> None:
+    if args.all:
+        return print_ids(store.retry_all_dead(args.queue, store.now()))
     ids = checked_ids(args.ids)
     store.retry_dead(ids, store.now())
     print_ids(ids)

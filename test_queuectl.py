@@ -1723,12 +1723,14 @@ def test_validate_job_queue_names_and_depends_on():
 
 
 @pytest.mark.parametrize("text, seconds", [("30s", 30), ("15m", 900), ("12h", 43200), ("7d", 604800),
-                                           ("90", 90), ("1.5h", 5400), ("0", 0), (" 2m ", 120)])
+                                           ("90", 90), ("1w", 604800), (90, 90), (1.5, 1.5), ("1.5h", 5400),
+                                           ("0", 0), (" 2m ", 120)])
 def test_parse_duration(text, seconds):
     assert queuectl.parse_duration(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["", "h", "1w", "-1h", "1 h", "1e3", "1.h", "99999d", "nan", "1h30m"])
+@pytest.mark.parametrize("text", ["", "h", "1y", "1W", "\u0663h", "-1h", "1 h", "1e3", "1.h", "99999d", "nan", "1h30m",
+                                  True, None, -1, 10**12])
 def test_parse_duration_rejects(text):
     with pytest.raises(queuectl.UsageError):
         queuectl.parse_duration(text)
@@ -2783,6 +2785,9 @@ def test_dashboard_in_a_real_browser_shows_the_queue_from_the_api(dashboard, tmp
     assert 'class="completed"></rect>' in dom and 'class="dead"></rect>' in dom  # the chart, from /api/throughput
     assert "Retry</button>" in dom  # --allow-actions: the dead job can be retried
     assert ">running-1</button>" in dom  # the worker's current job, in the workers table
+    assert '<button id="retryall" class="retry">Retry all dead</button>' in dom  # shown with --allow-actions
+    assert '<td class="num">1/1</td>' in dom and '<td class="num">0/3</td><td>now</td>' in dom  # attempts, due
+    assert '<td class="muted">all</td>' in dom  # the worker serves every queue
 
 
 # ==== CLI ==========================================================================================
@@ -2901,7 +2906,7 @@ BAD_ENQUEUE = [  # (test id, JSON text, fragment the error must name or None)
     ("infinity-timeout", '{"command": "true", "timeout": Infinity}', None),
     ("timeout-1e309", '{"command": "true", "timeout": 1e309}', None),
     ("negative-timeout", _j(command="true", timeout=-1), "timeout"),
-    ("string-timeout", _j(command="true", timeout="5"), "timeout"),
+    ("unit-less-timeout", _j(command="true", timeout="5x"), "timeout"),
     ("relative-cwd", _j(command="true", cwd="tmp"), "cwd"),
     ("cwd-not-string", _j(command="true", cwd=5), "cwd"),
     ("env-array", _j(command="true", env=["A=1"]), "env"),
@@ -3114,7 +3119,7 @@ def test_config_set_takes_exactly_one_value(seeded_db, values):
     assert snapshot(seeded_db) == before
 
 @sqlite_only
-@pytest.mark.parametrize("args", [("set", "bogus", "1"), ("get", "bogus"), ("set", "max-retry", "1")])
+@pytest.mark.parametrize("args", [("set", "bogus", "1"), ("get", "bogus"), ("set", "xyz-wq", "1")])
 def test_config_unknown_key_lists_the_valid_keys(seeded_db, args):
     before = snapshot(seeded_db)
     code, out, err = cli(seeded_db, "config", *args)
@@ -3488,7 +3493,7 @@ BAD_SCHEDULING = [  # (test id, fields, fragment the error must name)
     ("run-at-bool", {"run_at": True}, "run_at"),
     ("run-at-list", {"run_at": [2030]}, "run_at"),
     ("delay-negative", {"delay": -1}, "delay"),
-    ("delay-string", {"delay": "10"}, "delay"),
+    ("delay-string", {"delay": "10x"}, "delay"),
     ("delay-bool", {"delay": True}, "delay"),
     ("delay-huge", {"delay": 1e10}, "delay"),
     ("priority-string", {"priority": "1"}, "priority"),
@@ -4036,7 +4041,7 @@ def test_purge_older_than_keeps_recent_jobs(states_db):
 
 
 @sqlite_only
-@pytest.mark.parametrize("args", [("--older-than", "1w"), ("--older-than", "-1h"), ("--older-than", "abc"),
+@pytest.mark.parametrize("args", [("--older-than", "1y"), ("--older-than", "-1h"), ("--older-than", "abc"),
                                   ("--older-than", ""), ("--older-than", "99999d"), ("--state", "pending"),
                                   ("--state", "failed"), ("--state", "processing")])
 def test_purge_bad_arguments_exit_2(states_db, args):
@@ -4155,7 +4160,7 @@ def test_config_retention_takes_durations(db, text, seconds):
 
 
 @sqlite_only
-@pytest.mark.parametrize("value", ["-1", "1w", "abc", "", "nan", "99999d"])
+@pytest.mark.parametrize("value", ["-1", "1y", "abc", "", "nan", "99999d"])
 def test_config_retention_rejects_bad_values(seeded_db, value):
     before = snapshot(seeded_db)
     code, out, err = cli(seeded_db, "config", "set", "retention", value)
@@ -4225,7 +4230,7 @@ def test_stats_over_a_known_history_cli(db):
 
 
 @sqlite_only
-@pytest.mark.parametrize("since", ["abc", "-1h", "1w", "", "99999d", "1h30m"])
+@pytest.mark.parametrize("since", ["abc", "-1h", "1y", "", "99999d", "1h30m"])
 def test_stats_bad_since_exits_2(db, since):
     code, out, err = cli(db, "stats", "--since", since, "--json")
     assert_argparse_error(code, err)
@@ -5709,3 +5714,318 @@ def test_dashboard_metrics_need_the_token_and_are_prometheus_text(dashboard):
         assert open_one.request("/metrics", auth=None)[0] == 200  # --no-token
     finally:
         open_one.close()
+
+# ==== Everyday use: add, durations, acting on many jobs, what a job waits for =======================
+
+# ---- durations
+
+@pytest.mark.parametrize("key,text,stored", [
+    ("backoff-max", "2h", 7200), ("stale-timeout", "1m", 60), ("job-timeout", "90s", 90), ("retention", "1w", 604800),
+    ("job-timeout", "1.5", 1.5), ("stale-timeout", "1d", 86400)])
+def test_config_keys_in_seconds_take_durations_and_print_seconds(db, key, text, stored):
+    ok(db, "config", "set", key, text)
+    assert ok(db, "config", "get", key) == f"{stored}\n"
+    assert json.loads(ok(db, "config", "list", "--json"))[key] == stored
+
+
+@sqlite_only
+@pytest.mark.parametrize("key,text", [("job-timeout", "5x"), ("stale-timeout", "2d"), ("retention", "1y"),
+                                      ("backoff-max", "-1m"), ("stale-timeout", "0s")])
+def test_config_bad_duration_exits_2_naming_the_value(seeded_db, key, text):
+    before = snapshot(seeded_db)
+    code, out, err = cli(seeded_db, "config", "set", key, text)
+    assert (code, out) == (2, "")
+    assert_one_error(err, key, repr(text))
+    assert snapshot(seeded_db) == before
+
+
+def delay_of(job):
+    """Seconds from a job's creation to its due time, from its JSON."""
+    return (parse_iso(job["next_run_at"]) - parse_iso(job["created_at"])).total_seconds()
+
+
+def test_job_delay_and_timeout_take_durations_and_show_seconds(db):
+    job = enqueue(db, id="d", command="true", delay="15m", timeout="2h")
+    assert job["timeout"] == 7200
+    assert delay_of(job) == pytest.approx(900, abs=0.01)
+    week = enqueue(db, id="w", command="true", delay="1w", timeout=90)
+    assert delay_of(week) == pytest.approx(604800, abs=0.01)
+    assert week["timeout"] == 90
+
+
+@sqlite_only
+@pytest.mark.parametrize("field,value", [("delay", "5x"), ("timeout", "1y"), ("delay", "-5m"), ("timeout", "15 m"),
+                                         ("delay", True), ("timeout", "99999d")])
+def test_job_bad_duration_exits_2_naming_field_and_value(seeded_db, field, value):
+    before = snapshot(seeded_db)
+    code, out, err = cli(seeded_db, "enqueue", json.dumps({"command": "true", field: value}))
+    assert (code, out) == (2, "")
+    assert_one_error(err, f"field '{field}'", repr(value))
+    assert snapshot(seeded_db) == before
+
+
+@sqlite_only
+def test_duration_flags_take_units_and_name_a_bad_value(db):
+    enqueue(db, id="done", command="true")
+    with opened(db) as s:
+        register(s, now=time.time())
+        finish_next(s, 0, time.time())
+    assert ok(db, "wait", "done", "--timeout", "1m") == ""
+    assert json.loads(ok(db, "stats", "--since", "1w", "--json"))["window_s"] == 604800
+    assert ok(db, "purge", "--older-than", "1w") == "purged 0 completed jobs\n"
+    for args in (("wait", "done", "--timeout", "5x"), ("worker", "stop", "--wait", "--timeout", "1y"),
+                 ("purge", "--older-than", "2 d"), ("add", "--timeout", "3q", "--", "true")):
+        code, out, err = cli(db, *args)
+        assert (code, out) == (2, ""), args
+        assert f"'{args[-1] if args[0] != 'add' else '3q'}'" in err and "Traceback" not in err, err
+
+
+# ---- add
+
+def test_add_joins_several_words_with_shell_quoting_and_runs_exactly_them(db, workers, tmp_path):
+    out = ok(db, "add", "--id", "p", "--cwd", str(tmp_path), "--", "printf", "%s|", "my file", "c$d", "-n")
+    assert out == "p\n"
+    assert get_job(db, "p")["command"] == "printf '%s|' 'my file' 'c$d' -n"
+    assert workers.start("--burst").wait() == 0
+    assert ok(db, "logs", "p") == "my file|c$d|-n|"
+
+
+def test_add_takes_one_word_as_a_shell_command_as_written(db):
+    job = json.loads(ok(db, "add", "--json", "--", "make -j4 && make install"))
+    assert job["command"] == "make -j4 && make install" and job["state"] == "pending"
+    assert json.loads(ok(db, "add", "--json", "ls", "-la", "--queue", "x"))["command"] == "ls -la --queue x"
+
+
+def test_add_options_are_the_job_fields(db, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    ok(db, "add", "--id", "first", "--", "true")
+    job = json.loads(ok(db, "add", "--json", "--id", "j", "--queue", "q1", "--priority", "5", "--max-retries", "7",
+                        "--timeout", "2m", "--delay", "1h", "--depends-on", "first", "--depends-on", "first",
+                        "--env", "A=1", "--env", "B=x=y", "--cwd", "sub", "--", "echo", "hi"))
+    assert {k: job[k] for k in ("id", "queue", "priority", "max_retries", "timeout", "env", "cwd", "waiting_on")} == {
+        "id": "j", "queue": "q1", "priority": 5, "max_retries": 7, "timeout": 120, "env": {"A": "1", "B": "x=y"},
+        "cwd": str(tmp_path / "sub"), "waiting_on": 1}
+    assert delay_of(job) == pytest.approx(3600, abs=0.01)
+    assert json.loads(ok(db, "show", "j", "--json"))["depends_on"] == ["first"]
+    at = json.loads(ok(db, "add", "--json", "--run-at", "2000000000", "--", "true"))
+    assert parse_iso(at["next_run_at"]).timestamp() == 2_000_000_000
+    iso_at = json.loads(ok(db, "add", "--json", "--run-at", "2033-05-18T03:33:20+00:00", "--", "true"))
+    assert parse_iso(iso_at["next_run_at"]).timestamp() == 2_000_000_000
+
+
+@sqlite_only
+@pytest.mark.parametrize("args,fragments", [
+    ((), ("add", "--")), (("--",), ("add", "--")), (("--env", "A", "--", "true"), ("NAME=VALUE", "'A'")),
+    (("--env", "A=1", "--env", "A=2", "--", "true"), ("A", "twice")), (("--priority", "x", "--", "true"), ("'x'",)),
+    (("--delay", "5m", "--run-at", "2030-01-01T00:00", "--", "true"), ("run_at", "delay")),
+    (("--id", "keep", "--", "true"), ("keep", "exists")), (("--depends-on", "nope", "--", "true"), ("nope",)),
+    (("--queue", "a b", "--", "true"), ("'a b'",)), (("--", " "), ("blank",))])
+def test_add_refuses_bad_input_like_enqueue_and_changes_nothing(seeded_db, args, fragments):
+    before = snapshot(seeded_db)
+    code, out, err = cli(seeded_db, "add", *args)
+    assert code in (1, 2) and out == "", (code, out, err)
+    assert_one_error(err, *fragments)
+    assert snapshot(seeded_db) == before
+
+
+def test_help_of_changed_commands_shows_the_new_options():
+    for argv, options in ((["add"], ("--id", "--queue", "--priority", "--max-retries", "--timeout", "--delay",
+                                     "--run-at", "--depends-on", "--env", "--cwd", "--json", "COMMAND")),
+                          (["cancel"], ("--all", "--queue")), (["dlq", "retry"], ("--all", "--queue")),
+                          (["wait"], ("--timeout DURATION",)), (["worker", "stop"], ("--timeout DURATION",)),
+                          (["stats"], ("1w",)), (["purge"], ("1w",))):
+        code, out, _ = run_main([*argv, "--help"])
+        assert code == 0
+        for option in options:
+            assert option in out, (argv, option)
+
+
+# ---- acting on many jobs
+
+def dead_chain_db(db):
+    """root (default) dead; child (q2) depends on root, dead with it; lone (q2) dead; fine (default) completed;
+    wait (q3) pending."""
+    now = time.time()
+    with opened(db) as s:
+        register(s, now=now)
+        s.enqueue([spec("root", "exit 1", max_retries=0)], now)
+        s.enqueue([spec("child", queue="q2", depends_on=["root"])], now)
+        finish_next(s, 1, now)
+        s.enqueue([spec("lone", "exit 1", max_retries=0, queue="q2")], now)
+        finish_next(s, 1, now)
+        s.enqueue([spec("fine")], now)
+        finish_next(s, 0, now)
+        s.enqueue([spec("wait", queue="q3")], now)
+    return db
+
+
+def test_dlq_retry_all_of_a_queue_revives_the_chains_it_needs(db):
+    dead_chain_db(db)
+    assert ok(db, "dlq", "retry", "--all", "--queue", "q2") == "root\nchild\nlone\n"
+    jobs = {j["id"]: j for j in json.loads(ok(db, "list", "--json"))}
+    assert {i: (j["state"], j["waiting_on"]) for i, j in jobs.items()} == {
+        "root": ("pending", 0), "child": ("pending", 1), "lone": ("pending", 0), "fine": ("completed", 0),
+        "wait": ("pending", 0)}
+    assert ok(db, "dlq", "retry", "--all") == ""  # none left: nothing printed, exit 0
+
+
+def test_dlq_retry_all_revives_every_dead_job(db):
+    dead_chain_db(db)
+    assert ok(db, "dlq", "retry", "--all") == "root\nchild\nlone\n"
+    assert ok(db, "dlq", "list", "--json") == "[]\n"
+    assert ok(db, "dlq", "retry", "--all", "--queue", "default") == ""
+
+
+def test_cancel_all_of_a_queue_cancels_what_has_not_finished(db):
+    dead_chain_db(db)
+    now = time.time()
+    with opened(db) as s:
+        s.enqueue([spec("p1"), spec("run"), spec("dep", queue="q3", depends_on=["p1"])], now)
+        assert s.claim("w1", now, ("default",)).id == "p1"  # p1 runs; run and dep wait
+        s.retry_dead(["root", "child"], now)  # root pending, child waiting on it
+    assert ok(db, "cancel", "--all", "--queue", "default") == "root\np1\nrun\n"
+    states = {j["id"]: (j["state"], j["last_error"]) for j in json.loads(ok(db, "list", "--json"))}
+    assert states["root"] == states["run"] == ("dead", "canceled")
+    assert states["p1"] == ("processing", None)  # its worker kills it and records the cancel
+    assert states["child"] == ("dead", "dependency root is dead")  # another queue: the dependency rule
+    assert states["wait"] == ("pending", None) and states["fine"][0] == "completed"
+    with opened(db) as s:
+        assert s.cancel_requests("w1") == {("p1", 1)}
+    assert ok(db, "cancel", "--all") == "wait\np1\ndep\n"
+    assert {j["id"]: j["last_error"] for j in json.loads(ok(db, "list", "--json"))}["dep"] == "canceled"
+    assert ok(db, "cancel", "--all") == "p1\n"  # still running: asked again
+
+
+@sqlite_only
+@pytest.mark.parametrize("args", [("cancel",), ("cancel", "a", "--all"), ("cancel", "a", "--queue", "q"),
+                                  ("dlq", "retry"), ("dlq", "retry", "a", "--all"), ("dlq", "retry", "--queue", "q"),
+                                  ("cancel", "--all", "--queue", "a b")])
+def test_bulk_commands_want_ids_or_all(seeded_db, args):
+    before = snapshot(seeded_db)
+    code, out, err = cli(seeded_db, *args)
+    assert (code, out) == (2, ""), err
+    assert "Traceback" not in err and err.startswith(ERROR_PREFIX) or "usage" in err
+    assert snapshot(seeded_db) == before
+
+
+def test_dashboard_retry_all_dead_respects_the_queue_filter(dashboard):
+    d = dashboard(allow_actions=True)
+    assert d.request("/api/dlq/retry?queue=images", method="POST", auth="header")[::2] == (200, {"ids": []})
+    assert d.store.get(SCRIPT_ID).state == "dead"
+    assert d.request("/api/dlq/retry", method="POST", auth="header")[::2] == (200, {"ids": [SCRIPT_ID]})
+    assert d.store.get(SCRIPT_ID).state == "pending"
+    assert d.request("/api/dlq/retry?queue=a%20b", method="POST", auth="header")[0] == 400
+    assert d.request("/api/dlq/retry?state=dead", method="POST", auth="header")[0] == 400
+    assert d.request("/api/dlq/retry")[0] == 405
+
+
+def test_dashboard_retry_all_dead_needs_allow_actions(dashboard):
+    d = dashboard()
+    assert d.request("/api/dlq/retry", method="POST", auth="header")[0] == 403
+    assert d.store.get(SCRIPT_ID).state == "dead"
+
+
+# ---- what a job waits for
+
+def a_job(**fields):
+    base = {"id": "j", "command": "true", "state": "pending", "attempts": 0, "max_retries": 3, "timeout": 0.0,
+            "cwd": "/", "env": {}, "created_at": T0, "updated_at": T0, "next_run_at": T0, "last_error": None,
+            "exit_code": None, "worker_id": None, "run_count": 0, "lost_count": 0, "priority": 0, "queue": "default",
+            "waiting_on": 0}
+    return queuectl.Job(**{**base, **fields})
+
+
+@pytest.mark.parametrize("fields,paused,text", [
+    ({}, [], "now"), ({"next_run_at": T0 - 5}, [], "now"), ({"next_run_at": T0 + 44.2}, [], "in 45s"),
+    ({"next_run_at": T0 + 230}, [], "in 4m"), ({"next_run_at": T0 + 3 * 3600 + 20 * 60}, [], "in 3h 20m"),
+    ({"waiting_on": 2}, [], "after 2 jobs"), ({"waiting_on": 1, "next_run_at": T0 + 99}, [], "after 1 job"),
+    ({}, ["default"], "paused"), ({}, ["*"], "paused"), ({}, ["other"], "now"), ({"state": "failed"}, [], "now"),
+    ({"state": "processing"}, [], "-"), ({"state": "completed"}, [], "-"), ({"state": "dead"}, ["*"], "-")])
+def test_due_text(fields, paused, text):
+    assert queuectl.due_text(a_job(**fields), T0, paused) == text
+
+
+def test_due_text_a_day_or_more_ahead_is_a_local_date_and_time(local_tz):
+    local_tz("Asia/Kolkata")  # UTC+05:30
+    job = a_job(next_run_at=T0 + 2 * 86400)  # T0 is 2027-01-15T08:00:00Z
+    assert queuectl.due_text(job, T0, []) == "2027-01-17 13:30"
+
+
+@pytest.mark.parametrize("state,attempts,max_retries,shown", [
+    ("completed", 0, 3, (1, 3)), ("completed", 0, 0, (1, 1)), ("completed", 2, 3, (3, 3)), ("pending", 0, 3, (0, 3)),
+    ("failed", 1, 3, (1, 3)), ("processing", 1, 3, (2, 3)), ("dead", 1, 0, (1, 1)), ("dead", 3, 3, (3, 3))])
+def test_attempts_shown(state, attempts, max_retries, shown):
+    assert queuectl.attempts_shown(a_job(state=state, attempts=attempts, max_retries=max_retries)) == shown
+
+
+def list_rows(db):
+    """`list` as {id cell: row}, checking every row lines up with the header."""
+    header, *rows = ok(db, "list").splitlines()
+    starts = [header.index(name) for name in ("STATE", "ATTEMPTS", "QUEUE", "DUE", "UPDATED", "COMMAND")]
+    for row in rows:
+        assert all(row[i - 1] == " " and row[i] != " " for i in starts if i != starts[1]), (header, row)
+    return {row.split(" ")[0]: row for row in rows}
+
+
+def test_list_shows_due_and_attempts_aligned_with_long_ids_cut(db):
+    long_id = "a-job-id-much-longer-than-twenty-characters"
+    enqueue(db, id=long_id, command="true", queue="a-queue-name-longer-than-ten", delay="4m")
+    enqueue(db, id="after", command="true", depends_on=[long_id])
+    enqueue(db, id="once", command="true", max_retries=0)
+    with opened(db) as s:
+        register(s, now=time.time())
+        finish_next(s, 0, time.time())  # once: completed on its first run
+    rows = list_rows(db)
+    cut = long_id[:19] + "…"
+    assert set(rows) == {cut, "after", "once"}
+    assert " in 4m " in rows[cut] and " a-queue-n… " in rows[cut] and " 0/3 " in rows[cut]
+    assert " after 1 job " in rows["after"]
+    assert " 1/1 " in rows["once"] and " completed " in rows["once"]
+    assert json.loads(ok(db, "list", "--json"))[2]["attempts"] == 0  # JSON keeps its meaning
+    assert "\ndue:          after 1 job\n" in ok(db, "show", "after")
+
+
+def test_enqueue_and_add_into_a_paused_queue_say_so_on_stderr(db):
+    ok(db, "pause", "--queue", "night")
+    code, out, err = cli(db, "enqueue", '{"id": "n", "command": "true", "queue": "night"}')
+    assert (code, out) == (0, "n\n")
+    assert err == "queuectl: note: queue 'night' is paused; jobs wait for `queuectl resume --queue NAME`\n"
+    assert cli(db, "add", "--", "true")[2] == ""  # another queue: nothing to say
+    batch = '{"command": "true", "queue": "night"}\n{"command": "true", "queue": "day"}\n'
+    assert cli(db, "enqueue", "-", stdin=batch)[2].count("note: queue 'night' is paused") == 1
+    ok(db, "pause")
+    code, out, err = cli(db, "add", "--json", "--", "true")
+    assert code == 0 and json.loads(out)["state"] == "pending"
+    assert err == "queuectl: note: every queue is paused; jobs wait for `queuectl resume`\n"
+
+
+def test_workers_say_which_queues_they_serve(db, workers):
+    enqueue(db, id="bad", command="exit 3", max_retries=0, queue="a")
+    worker = workers.start("--burst", "--queue", "a", "--queue", "b")
+    assert worker.wait() == 0
+    log = worker.log()
+    assert "queuectl: note: queue 'b' has no jobs yet" in log
+    assert re.search(r"worker started: \S+, 1 thread\(s\), queues a, b, db ", log), log
+    assert "job bad dead after 1 attempt: exit code 3" in log
+    with opened(db) as s:
+        s.register("some", queuectl.host_identity(), 1, s.now(), ("x",))
+        s.register("every", queuectl.host_identity(), 1, s.now())
+    listed = {w["id"]: w["queues"] for w in json.loads(ok(db, "worker", "list", "--json"))}
+    assert listed == {"some": ["x"], "every": None}
+    table = ok(db, "worker", "list")
+    assert "QUEUES" in table and " (all) " in table
+
+
+def test_a_version_1_database_upgrades_to_record_worker_queues(db, monkeypatch):
+    with monkeypatch.context() as m:
+        m.setattr(queuectl, "MIGRATIONS", queuectl.MIGRATIONS[:1])
+        m.setattr(queuectl, "PG_MIGRATIONS", queuectl.PG_MIGRATIONS[:1])
+        m.setattr(queuectl, "SCHEMA_VERSION", 1)
+        with opened(db) as s:
+            s.enqueue([spec("old")], s.now())
+    with opened(db) as s:
+        version = "SELECT version FROM queuectl_version" if is_pg(db) else "PRAGMA user_version"
+        assert s.read(version)[0][0] == queuectl.SCHEMA_VERSION == 4
+        s.register("w", queuectl.host_identity(), 1, s.now(), ("q",))
+        assert s.workers()[0].queues == '["q"]' and s.get("old").state == "pending"
