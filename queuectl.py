@@ -85,9 +85,13 @@ BURST_HORIZON_S = 60.0  # --burst waits for jobs due within this many seconds
 POLL_INTERVAL_S = 0.05  # how often an idle worker process checks for due jobs (one poller per process)
 IDLE_WAIT_S = 5.0  # an idle thread waits for the poller's wake-up; this is only a safety net
 SWEEP_INTERVAL_S = 1.0  # how often each worker process looks for dead workers
+# A run of a worker that none of its runners holds for this long is a claim whose answer was lost
+# (see Holdings); handing a claim's answer to its runner takes milliseconds.
+STRAY_GRACE_S = 5.0
 BUSY_TIMEOUT_S = 1.0  # SQLite's own busy wait per attempt; we retry on top of it
 CLI_BUSY_DEADLINE_S = 5.0  # a CLI command gives up (exit 1) after retrying this long
 CUT_OFF = "worker cut off from the database"  # why a worker killed runs it could no longer hold (lost runs)
+CLAIM_ANSWER_LOST = "claim answer lost"  # the error of a run recovered as a stray (see Holdings)
 HARD_STOP_S = 5.0  # a hard-stopped worker exits this long after the signal at most, whatever the database does
 
 
@@ -455,6 +459,11 @@ class SqliteSQL:
     SQL_ADOPTED = ("SELECT jobs.id, jobs.run_count, runs.worker_id FROM jobs "
                    "JOIN runs ON runs.job_id = jobs.id AND runs.run_no = jobs.run_count "
                    "WHERE jobs.state = 'processing' AND jobs.worker_id = ?1 AND runs.worker_id <> ?1")
+    # The runs a worker started and still holds: each must be known to one of its runners, or it is a
+    # claim whose answer was lost (see Holdings).
+    SQL_OWN_RUNS = ("SELECT jobs.id, jobs.run_count FROM jobs "
+                    "JOIN runs ON runs.job_id = jobs.id AND runs.run_no = jobs.run_count "
+                    "WHERE jobs.state = 'processing' AND jobs.worker_id = ? AND runs.worker_id = jobs.worker_id")
     SQL_PROCESSING_BY_WORKER = "SELECT worker_id, id FROM jobs WHERE state = 'processing'"
     SQL_CANCEL_REQUESTS = ("SELECT id, run_count FROM jobs WHERE state = 'processing' AND worker_id = ? "
                            "AND cancel_requested = run_count")
@@ -1062,6 +1071,10 @@ class Store:
         """(id, run_count, worker id of the run) of the jobs this worker adopted and has not requeued."""
         return self.read(self.sql.SQL_ADOPTED, (worker_id,))
 
+    def own_runs(self, worker_id: str) -> list[tuple]:
+        """(id, run_count) of the processing jobs whose run this worker started and still holds."""
+        return [(job_id, run_no) for job_id, run_no in self.read(self.sql.SQL_OWN_RUNS, (worker_id,))]
+
     def adopt(self, job_id: str, run_no: int, owner: str, adopter: str) -> str | None:
         """Take over the recovery of an orphan (a processing job whose worker is not registered);
         returns the worker id its run was started by, or None if another sweeper took it first."""
@@ -1593,6 +1606,9 @@ class PostgresSQL:
     SQL_ADOPTED = ("SELECT jobs.id, jobs.run_count, runs.worker_id FROM jobs "
                    "JOIN runs ON runs.job_id = jobs.id AND runs.run_no = jobs.run_count "
                    "WHERE jobs.state = 'processing' AND jobs.worker_id = %s AND runs.worker_id <> jobs.worker_id")
+    SQL_OWN_RUNS = ("SELECT jobs.id, jobs.run_count FROM jobs "
+                    "JOIN runs ON runs.job_id = jobs.id AND runs.run_no = jobs.run_count "
+                    "WHERE jobs.state = 'processing' AND jobs.worker_id = %s AND runs.worker_id = jobs.worker_id")
     SQL_PROCESSING_BY_WORKER = "SELECT worker_id, id FROM jobs WHERE state = 'processing'"
     SQL_CANCEL_REQUESTS = ("SELECT id, run_count FROM jobs WHERE state = 'processing' AND worker_id = %s "
                            "AND cancel_requested = run_count")
@@ -2648,12 +2664,58 @@ def run_token(job: Job, worker_id: str) -> str:
     return f"{worker_id}/{job.run_count}/{job.id}"
 
 
+class Holdings:
+    """The runs a worker's runners hold, from the answer of the claim that took the job until its
+    result is written, and the claims the worker took back.
+
+    A claim is one transaction; if the connection drops after the server committed it but before
+    the runner read the answer, the job is `processing` under this live worker and no runner knows
+    it. The sweeper takes such a run back (see Sweeper._take_back_strays) and requeues it. One lock
+    orders "a runner takes the job its claim returned" against "the worker takes a run back": a run
+    a runner holds is never taken back, and a run taken back is never run, however late its answer.
+    """
+
+    def __init__(self):
+        import threading
+        self.lock = threading.Lock()
+        self.held: set[tuple[str, int]] = set()  # (job id, run)
+        self.taken_back: dict[tuple[str, int], float] = {}  # (job id, run) -> monotonic time taken back
+
+    def take(self, job: Job) -> bool:
+        """A claim answered `job`: True if the runner may run it, False if the worker took it back."""
+        with self.lock:
+            if (job.id, job.run_count) in self.taken_back:
+                return False
+            self.held.add((job.id, job.run_count))
+            return True
+
+    def release(self, job: Job) -> None:
+        """The runner is done with this run (its result written, or given up by a hard stop)."""
+        with self.lock:
+            self.held.discard((job.id, job.run_count))
+
+    def holds(self, key: tuple[str, int]) -> bool:
+        """Whether a runner holds this run now."""
+        with self.lock:
+            return key in self.held
+
+    def take_back(self, key: tuple[str, int], now_mono: float) -> bool:
+        """Take a run no runner holds away from the runners; False if one holds it after all."""
+        with self.lock:
+            if key in self.held:
+                return False
+            # A late answer arrives within the connection's timeouts, far sooner than an hour.
+            self.taken_back = {k: at for k, at in self.taken_back.items() if now_mono - at < 3600}
+            self.taken_back[key] = now_mono
+            return True
+
+
 class Runner:
     """One runner thread of a worker process: claim a due job, run it, record what happened.
     ("Worker" is the process `worker start` starts, with one registration and N runners.)"""
 
     def __init__(self, store: Store, worker_id: str, abort, queues: tuple = (), epoch=lambda: 0,
-                 keep_claiming=lambda: False, give_up=lambda: False):
+                 keep_claiming=lambda: False, give_up=lambda: False, holdings: Holdings | None = None):
         self.store = store
         self.worker_id = worker_id
         self.abort = abort  # abort(job, epoch) -> reason to kill the running job, or None
@@ -2666,20 +2728,30 @@ class Runner:
         self.runner = functools.partial(run_command, die_with_worker=store.shared_by_hosts)
         self.current: Job | None = None
         self.settings, self.settings_at = {}, -math.inf
+        self.holdings = holdings or Holdings()  # shared by the worker's runners and its sweeper
 
     def run_once(self, now: float | None = None) -> bool:
         """Claim and run at most one job; True if one was run."""
         job, epoch = self.prefetched or (None, self.epoch())
         self.prefetched = None
-        job = job or self.store.claim(self.worker_id, self.store.now() if now is None else now, self.queues)
+        job = job or self._held(self.store.claim(self.worker_id, self.store.now() if now is None else now,
+                                                 self.queues))
         if job is None:
             return False
         self.current = job
         try:
             self._record(job, self._run(job, epoch), now)
         finally:
+            self.holdings.release(job)
             self.current = self.prefetched and self.prefetched[0]  # a prefetched job is already ours
         return True
+
+    def _held(self, job: Job | None) -> Job | None:
+        """The job a claim answered, unless its answer came so late that the worker took it back."""
+        if job is None or self.holdings.take(job):
+            return job
+        log.warning("job %s: claim answered after the worker took it back; not run here", job.id)
+        return None
 
     def _run(self, job: Job, epoch: int) -> Outcome:
         log.info("job %s claimed (attempt %d): %s", job.id, job.attempts + 1, _short(job.command))
@@ -2723,6 +2795,7 @@ class Runner:
         epoch = self.epoch()
         after, following = self.store.finish_and_claim(job, self.worker_id, outcome, self._settings(), now,
                                                         self.queues)
+        following = self._held(following)
         self.prefetched = following and (following, epoch)
         _log_result(job, after, outcome)
 
@@ -2754,11 +2827,14 @@ def _short(text: str, width: int = 60) -> str:
 class Sweeper:
     """Finds workers that died and makes their jobs runnable again, killing their leftovers first."""
 
-    def __init__(self, store: Store, me: dict, worker_id: str, stalled=lambda: 0.0):
+    def __init__(self, store: Store, me: dict, worker_id: str, stalled=lambda: 0.0,
+                 holdings: Holdings | None = None):
         self.store = store
         self.me = me
         self.worker_id = worker_id
         self.stalled = stalled  # seconds our own heartbeat was late in all: not held against anyone's lease
+        self.holdings = holdings  # what our runners hold; None: no runners, no stray runs to look for
+        self.strays: dict[tuple[str, int], float] = {}  # our runs no runner held -> monotonic time first seen
         # (id, started_at) -> (beat, monotonic time it last changed, stalled() then)
         self.seen: dict[tuple, tuple[int, float, float]] = {}
         # runs this worker adopted and has not requeued yet: (job id, run) -> (run token or "", leftovers)
@@ -2782,7 +2858,22 @@ class Sweeper:
         for job_id, run_no, run_worker in self.store.adopted(self.worker_id):  # one a failed write left behind
             if (job_id, run_no) not in self.recovering:
                 self._begin(job_id, run_no, run_worker)
+        if self.holdings:
+            self._take_back_strays(now_mono)
         return self.finish(now)
+
+    def _take_back_strays(self, now_mono: float) -> None:
+        # Our own runs that no runner holds: claims whose answer was lost with the connection (see
+        # Holdings). One seen so for STRAY_GRACE_S is recovered like a lost worker's run (its token
+        # is looked for too, though it never started), so a claim being handed over is left alone.
+        unheld = [key for key in self.store.own_runs(self.worker_id)
+                  if key not in self.recovering and not self.holdings.holds(key)]
+        self.strays = {key: self.strays.get(key, now_mono) for key in unheld}
+        for (job_id, run_no), since in self.strays.items():
+            if now_mono - since >= STRAY_GRACE_S and self.holdings.take_back((job_id, run_no), now_mono):
+                log.warning("job %s: claimed by this worker, but no runner got the claim's answer; requeueing",
+                            job_id)
+                self._begin(job_id, run_no, self.worker_id)
 
     def is_dead(self, row: WorkerRow, now_mono: float, stale_s: float) -> bool:
         """Same namespace: its PID tells at once; an earlier boot: dead. Otherwise: its heartbeat
@@ -2835,11 +2926,13 @@ class Sweeper:
         job = self.store.get(job_id)
         if job.run_count != run_no:
             return 0
-        lost = Outcome(None, "worker lost", None, None, interrupted="worker lost")
+        stray = self.holdings is not None and (job_id, run_no) in self.holdings.taken_back
+        why = CLAIM_ANSWER_LOST if stray else "worker lost"
+        lost = Outcome(None, why, None, None, interrupted=why)
         state = self.store.interrupt(job, self.worker_id, lost, True, now, left.stuck)
         if state:
-            log.warning("job %s recovered from lost worker -> %s%s", job_id, state,
-                        f" ({left.stuck})" if left.stuck else "")
+            log.warning("job %s recovered from %s -> %s%s", job_id, "a lost claim answer" if stray else "lost worker",
+                        state, f" ({left.stuck})" if left.stuck else "")
         return 1 if state else 0
 
 
@@ -2894,6 +2987,7 @@ class Supervisor:
         self.stale_s = float(CONFIG["stale_timeout"][0])  # stale-timeout as last read (see cut_off)
         self.was_cut_off = False
         self.runners: list[Runner] = []
+        self.holdings = Holdings()  # the runs our runners hold, and claims taken back (see Holdings)
         self.canceled: set[tuple[str, int]] = set()  # (job id, run) of running jobs a user asked to cancel
 
     def _open(self) -> Store:
@@ -2967,7 +3061,7 @@ class Supervisor:
         self.beat_ok_at = time.monotonic()
         self.store.register(self.worker_id, self.me, self.count, self.store.now())
         log.info("worker started: %s, %d thread(s), db %s", self.worker_id, self.count, self.path)
-        self.sweeper = Sweeper(self.store, self.me, self.worker_id, lambda: self.stalled_s)
+        self.sweeper = Sweeper(self.store, self.me, self.worker_id, lambda: self.stalled_s, self.holdings)
         self.sweeper.sweep(self.store.now())  # recover what a previous crash or boot left, before claiming
         if self.store.notifies:
             self._start_listener()
@@ -3165,7 +3259,7 @@ class Supervisor:
     def _new_runner(self) -> Runner:
         store = self._open()
         runner = Runner(store, self.worker_id, self.abort_reason, self.queues, lambda: self.epoch,
-                        lambda: not self.stopping.is_set(), self.give_up)
+                        lambda: not self.stopping.is_set(), self.give_up, self.holdings)
         self.runners.append(runner)
         return runner
 

@@ -5413,3 +5413,62 @@ def test_bench_rejects_counts_that_would_leave_an_empty_sample(bench, capsys):
             bench.parse_args([option, "0"])
     assert bench.main(["--tiny", "--check"]) == 2
     assert "no verdict" in capsys.readouterr().err
+
+
+# ==== Robustness of a worker's database connection: lost claim answers, hung connections ==========
+
+def test_a_run_no_runner_holds_is_taken_back_after_the_grace_never_a_held_one(store):
+    me = queuectl.host_identity()
+    store.register("me", me, 1, T0)
+    store.enqueue([spec("held"), spec("stray")], T0)
+    holdings = queuectl.Holdings()
+    assert holdings.take(store.claim("me", T0))
+    stray = store.claim("me", T0)  # committed, but its answer never reached a runner
+    sweeper = queuectl.Sweeper(store, me, "me", holdings=holdings)
+    assert sweeper.sweep(T0, now_mono=1000.0) == 0  # first seen unheld
+    assert sweeper.sweep(T0, now_mono=1000.0 + queuectl.STRAY_GRACE_S - 0.5) == 0  # maybe being handed over
+    assert sweeper.sweep(T0 + 1, now_mono=1000.0 + queuectl.STRAY_GRACE_S + 3600) == 1
+    assert store.get("held").state == "processing"  # held for an hour by a runner: never taken back
+    job = store.get("stray")
+    assert (job.state, job.attempts, job.lost_count, job.worker_id) == ("pending", 0, 1, None)
+    assert [(r["outcome"], r["error"]) for r in store.runs("stray")] == [("lost", "claim answer lost")]
+    assert not holdings.take(stray)  # its answer, arriving now, is not run
+    again = store.claim("me", T0 + 2)
+    assert (again.id, again.run_count) == ("stray", 2) and holdings.take(again)  # the rerun is a new run
+    assert sweeper.sweep(T0 + 3, now_mono=1000.0 + 2 * queuectl.STRAY_GRACE_S + 7200) == 0
+
+
+def test_a_runner_does_not_run_a_claim_answered_after_it_was_taken_back(store):
+    register(store, "me")
+    store.enqueue([spec("a")], T0)
+    holdings = queuectl.Holdings()
+    assert holdings.take_back(("a", 1), 0.0)  # the worker gave up waiting for this claim's answer
+    runner = queuectl.Runner(store, "me", lambda job, epoch: None, holdings=holdings)
+    ran = []
+    runner.runner = lambda job, env, abort, on_output: ran.append(job.id) or outcome()
+    assert runner.run_once(now=T0) is False and ran == []
+    assert (store.get("a").state, runner.current) == ("processing", None)  # left to the sweeper
+
+
+def test_a_claim_whose_answer_was_lost_is_requeued_and_runs_once(db, workers, tmp_path):
+    ok(db, "config", "set", "backoff-base", "1")
+    enqueue(db, id="busy", command=BLOCKING_JOB, cwd=str(tmp_path))
+    worker = workers.start("--count", "1")
+    wait_for(lambda: (tmp_path / "started").exists(), "the busy job to start")
+    worker_id = json.loads(ok(db, "worker", "list", "--json"))[0]["id"]
+    enqueue(db, id="target", command="echo ran >> ran.txt", cwd=str(tmp_path))
+    store = queuectl.open_database(db)
+    try:
+        # What a claim whose answer was lost with the connection leaves: committed for this worker,
+        # unknown to its runners (its only runner is busy with the other job).
+        assert store.claim(worker_id, store.now()).id == "target"
+    finally:
+        store.close()
+    worker.wait_log("no runner got the claim's answer")
+    assert state_of(db, "busy") == "processing"  # running longer than the grace: never taken back
+    (tmp_path / "release").touch()
+    wait_for(lambda: state_of(db, "target") == "completed", "the requeued job to run")
+    job = get_job(db, "target")
+    assert [(r["outcome"], r["error"]) for r in job["runs"]] == [("lost", "claim answer lost"), ("completed", None)]
+    assert (tmp_path / "ran.txt").read_text() == "ran\n"
+    assert [r["outcome"] for r in get_job(db, "busy")["runs"]] == ["completed"]
