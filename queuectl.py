@@ -1101,6 +1101,10 @@ class Store:
         """Store a validated config value."""
         self.write(lambda cur: cur.execute(self.sql.SQL_CONFIG_SET, (key, json.dumps(value))))
 
+    def set_lease(self, stale_s: float) -> None:
+        """A worker's stale-timeout changed: PostgreSQL bounds its connection's waits by it; a local
+        file cannot hang that way."""
+
 
 class SqliteStore(Store):
     """A Store on one SQLite file: WAL, BEGIN IMMEDIATE transactions, busy retries."""
@@ -1675,6 +1679,7 @@ class PostgresSQL:
 PG_SCHEMA_NAME = re.compile(r"[A-Za-z0-9_]{1,63}")
 PG_ATTEMPTS = 5  # tries of a transaction that a serialization failure or deadlock rolled back
 PG_CONNECT_TIMEOUT_S = 10
+PG_KEEPALIVE_PROBES = 3  # unanswered TCP keepalive probes before a worker's connection is given up
 
 
 def is_postgres(target: str) -> bool:
@@ -1698,6 +1703,22 @@ def _psycopg():
     # batch): a command's failure is one line, and that line is ours.
     logging.getLogger("psycopg").setLevel(logging.ERROR)
     return psycopg
+
+
+def pg_lease_params(stale_s: float) -> dict[str, int]:
+    """libpq parameters of a worker whose lease is stale_s: a connection whose server vanished without
+    a word (its host gone, packets dropped, no reset) fails within about stale_s/4, and the worker
+    reconnects with backoff, instead of a read that waits until the kernel gives up (some 15 minutes
+    with data unacknowledged, forever without). tcp_user_timeout bounds data the server does not
+    acknowledge; keepalive probes, an answer that never comes. libpq counts keepalives and
+    connect_timeout in whole seconds (psycopg waits at least 2 s to connect), so for a stale-timeout
+    under about 8 s a hung connection takes 1-3 s to fail."""
+    bound_s = stale_s / 4
+    idle_s = max(1, int(bound_s / 2))
+    return {"keepalives": 1, "keepalives_idle": idle_s,
+            "keepalives_interval": max(1, int(bound_s / 2 / PG_KEEPALIVE_PROBES)),
+            "keepalives_count": PG_KEEPALIVE_PROBES, "tcp_user_timeout": max(1, round(bound_s * 1000)),
+            "connect_timeout": min(PG_CONNECT_TIMEOUT_S, max(2, math.ceil(bound_s)))}
 
 
 def _pg_target(url: str) -> tuple[str, str, str, str]:
@@ -1740,9 +1761,10 @@ class PostgresStore(Store):
     cut_off_kills = True
 
     def __init__(self, url: str, *, durable: bool = True, busy_deadline_s: float = CLI_BUSY_DEADLINE_S,
-                 reads_only: bool = False, give_up=lambda: False):
+                 reads_only: bool = False, give_up=lambda: False, lease_s: float | None = None):
         """`url`: postgresql://USER[:PASSWORD]@HOST:PORT/DBNAME?schema=NAME; the password may instead
-        come from PGPASSWORD or ~/.pgpass, as libpq finds it, and never appears in a message."""
+        come from PGPASSWORD or ~/.pgpass, as libpq finds it, and never appears in a message.
+        `lease_s`: a worker's stale-timeout, which bounds how long its connection may hang (see set_lease)."""
         self.psycopg = _psycopg()
         self.IntegrityError = self.psycopg.IntegrityError
         self.target = url  # what open_database() was given, to open more: may hold the password, never shown
@@ -1753,6 +1775,7 @@ class PostgresStore(Store):
         self.listening = None  # the connection that LISTENs, once wait_notified() has been called
         self.durable, self.reads_only, self.read_only, self.frozen = durable, reads_only, False, False
         self.busy_deadline_s, self.give_up = busy_deadline_s, give_up
+        self.lease_s = self.conn_lease_s = lease_s  # the lease wanted, and the one the connection was opened for
         self.conn = self._connect()
         try:
             self._migrate()
@@ -1766,7 +1789,9 @@ class PostgresStore(Store):
 
     def _connect(self):
         try:
-            conn = self.psycopg.connect(self._libpq, autocommit=True, connect_timeout=PG_CONNECT_TIMEOUT_S)
+            lease_s = self.lease_s
+            conn = self.psycopg.connect(self._libpq, autocommit=True, **self._connect_params(lease_s))
+            self.conn_lease_s = lease_s
         except self.psycopg.Error as e:
             raise BadDatabase(f"cannot connect to PostgreSQL at {self.server}: {self._reason(e)}") from None
         try:
@@ -1785,6 +1810,20 @@ class PostgresStore(Store):
             conn.close()
             raise BadDatabase(f"cannot use PostgreSQL at {self.server}: {self._reason(e)}") from None
         return conn
+
+    def _connect_params(self, lease_s: float | None) -> dict:
+        """Our libpq parameters, less those the user chose: one set in the URL (or connect_timeout in
+        PGCONNECT_TIMEOUT) wins. A worker's connection gets pg_lease_params (see set_lease)."""
+        ours = {"connect_timeout": PG_CONNECT_TIMEOUT_S, **(pg_lease_params(lease_s) if lease_s else {})}
+        given = set(self.psycopg.conninfo.conninfo_to_dict(self._libpq))
+        if os.environ.get("PGCONNECT_TIMEOUT"):
+            given.add("connect_timeout")
+        return {key: value for key, value in ours.items() if key not in given}
+
+    def set_lease(self, stale_s: float) -> None:
+        """Bound how long this worker's connection may hang, from its stale-timeout (pg_lease_params).
+        A changed value reopens the connection at its next use (not inside a flush_output)."""
+        self.lease_s = stale_s
 
     def _reason(self, error: Exception) -> str:
         """A driver error as one line without the password (libpq's messages do not hold it, but a
@@ -1884,7 +1923,8 @@ class PostgresStore(Store):
     def _usable(self):
         """The connection, opened again if the last one was lost (a server restart, a dropped link):
         a worker lives longer than any one connection."""
-        if self.conn.closed or self.conn.broken:
+        if self.conn.closed or self.conn.broken or self.conn_lease_s != self.lease_s:
+            self.conn.close()
             self.conn = self._connect()
             if self.reads_only:
                 self.query_only()
@@ -1941,7 +1981,8 @@ class PostgresStore(Store):
 
     def flush_output(self, job: Job, tail: bytes, total: int) -> bool:
         """Store a running job's output so far (for `logs --follow`), in one short try that never
-        waits for a lock (the caller is the loop that reads the job's pipe); False if it did not."""
+        waits for a lock (it is only worth a short delay); False if it did not. A worker calls it from a
+        thread of its own (see Runner._flush): a connection that hangs here cannot delay a job's kill."""
         try:
             with self._usable().transaction():
                 self.conn.execute(self.sql.SQL_FLUSH_LOCK_TIMEOUT)
@@ -1951,9 +1992,10 @@ class PostgresStore(Store):
             return False
 
 
-def open_database(target: str, **kwargs) -> Store:
-    """The Store for --db: a PostgreSQL URL (postgresql:// or postgres://) or an SQLite file's path."""
-    return PostgresStore(target, **kwargs) if is_postgres(target) else SqliteStore(target, **kwargs)
+def open_database(target: str, lease_s: float | None = None, **kwargs) -> Store:
+    """The Store for --db: a PostgreSQL URL (postgresql:// or postgres://) or an SQLite file's path.
+    `lease_s`: a worker's stale-timeout, which bounds how long its PostgreSQL connection may hang."""
+    return PostgresStore(target, lease_s=lease_s, **kwargs) if is_postgres(target) else SqliteStore(target, **kwargs)
 
 
 def database_name(target: str) -> str:
@@ -2729,6 +2771,7 @@ class Runner:
         self.current: Job | None = None
         self.settings, self.settings_at = {}, -math.inf
         self.holdings = holdings or Holdings()  # shared by the worker's runners and its sweeper
+        self.flushing = None  # the thread of the output flush under way, where flushes have one (see _flush)
 
     def run_once(self, now: float | None = None) -> bool:
         """Claim and run at most one job; True if one was run."""
@@ -2763,9 +2806,24 @@ class Runner:
         except Exception as e:  # noqa: BLE001 - a claimed job must always get a recorded outcome
             log.exception("job %s: internal error while running", job.id)
             return Outcome(None, f"internal error: {e!r}", b"", 0.0)
+        finally:
+            if self.flushing:  # the result goes through the same connection: no two transactions at once
+                self.flushing.join()
 
     def _flush(self, job: Job, tail: bytes, total: int) -> None:
-        """Best effort: a busy database must not stall the job's output pipe."""
+        """Best effort: a busy database must not stall the job's output pipe. The loop that calls this
+        also asks abort() every 250 ms, which must kill the job on time when the worker is cut off from
+        the database (PostgreSQL): there a flush runs on a thread of its own, so a connection that hangs
+        cannot hold that loop up, and a flush due while the last one is still under way is skipped."""
+        if not self.store.cut_off_kills:
+            return self._flush_now(job, tail, total)
+        if self.flushing is None or not self.flushing.is_alive():
+            import threading
+            self.flushing = threading.Thread(target=self._flush_now, args=(job, tail, total), name="flush",
+                                             daemon=True)
+            self.flushing.start()
+
+    def _flush_now(self, job: Job, tail: bytes, total: int) -> None:
         try:
             self.store.flush_output(job, tail, total)
         except (QueueError, sqlite3.Error) as e:
@@ -2973,6 +3031,7 @@ class Supervisor:
         self.stopping = threading.Event()  # claim nothing more
         self.hard = threading.Event()  # kill running jobs and put them back
         self.hard_at = math.inf  # monotonic time of the hard stop
+        self.stale_s = float(CONFIG["stale_timeout"][0])  # stale-timeout as last read (see cut_off)
         self.store = self._open()
         self.path = self.store.path  # the database's name for the log (no password)
         self.me = host_identity()
@@ -2984,7 +3043,6 @@ class Supervisor:
         self.epoch = 0  # bumped at each re-registration; jobs claimed under an older one are killed
         self.stalled_s = 0.0  # how late our heartbeats were committed, in all (see lease_expired)
         self.beat_ok_at = time.monotonic()  # when the last heartbeat that went through was sent
-        self.stale_s = float(CONFIG["stale_timeout"][0])  # stale-timeout as last read (see cut_off)
         self.was_cut_off = False
         self.runners: list[Runner] = []
         self.holdings = Holdings()  # the runs our runners hold, and claims taken back (see Holdings)
@@ -2992,7 +3050,8 @@ class Supervisor:
 
     def _open(self) -> Store:
         """A connection for one thread: busy waits are long, but end in time for a hard stop."""
-        return open_database(self.target, durable=False, busy_deadline_s=30.0, give_up=self.give_up)
+        return open_database(self.target, durable=False, busy_deadline_s=30.0, give_up=self.give_up,
+                             lease_s=self.stale_s)
 
     def give_up(self) -> bool:
         """True once a hard stop has left too little time to keep retrying the database: writes are
@@ -3057,7 +3116,7 @@ class Supervisor:
     def run(self) -> int:
         """Run until stopped; returns the exit code."""
         import threading
-        self.stale_s = self.store.config_get("stale_timeout")
+        self._read_stale_timeout()
         self.beat_ok_at = time.monotonic()
         self.store.register(self.worker_id, self.me, self.count, self.store.now())
         log.info("worker started: %s, %d thread(s), db %s", self.worker_id, self.count, self.path)
@@ -3166,8 +3225,17 @@ class Supervisor:
         elif stop:
             self._stop("worker stop")
         self.beat_ok_at = sent  # when it was sent: no sweeper can have seen it earlier
-        self.stale_s = self.store.config_get("stale_timeout")
+        self._read_stale_timeout()
         return max(0.2, min(2.0, self.stale_s / 5))
+
+    def _read_stale_timeout(self) -> None:
+        """Read stale-timeout; a new value also bounds how long our connections may hang (the
+        listener's keeps the value it was opened with: it only carries wake-ups, which the poll backs)."""
+        stale_s, before = self.store.config_get("stale_timeout"), self.stale_s
+        self.stale_s = stale_s  # first: a runner that opens its connection meanwhile gets the new value
+        if stale_s != before:
+            for store in [self.store, *(runner.store for runner in self.runners)]:
+                store.set_lease(stale_s)
 
     def cut_off(self) -> bool:
         """True when this worker has not got a heartbeat through for half of stale-timeout (on our

@@ -5472,3 +5472,103 @@ def test_a_claim_whose_answer_was_lost_is_requeued_and_runs_once(db, workers, tm
     assert [(r["outcome"], r["error"]) for r in job["runs"]] == [("lost", "claim answer lost"), ("completed", None)]
     assert (tmp_path / "ran.txt").read_text() == "ran\n"
     assert [r["outcome"] for r in get_job(db, "busy")["runs"]] == ["completed"]
+
+
+def test_a_worker_connection_is_bounded_by_a_quarter_of_stale_timeout():
+    for stale_s in (8, 10, 60, 3600):
+        params = queuectl.pg_lease_params(stale_s)
+        assert params["keepalives"] == 1 and params["tcp_user_timeout"] == stale_s * 250
+        probing_s = params["keepalives_idle"] + params["keepalives_interval"] * params["keepalives_count"]
+        assert probing_s <= max(stale_s / 4, 4) and params["connect_timeout"] <= max(2, stale_s / 4 + 1)
+    small = queuectl.pg_lease_params(1)  # libpq's whole seconds: the floor, still below the lease
+    assert (small["tcp_user_timeout"], small["keepalives_idle"], small["connect_timeout"]) == (250, 1, 2)
+
+
+def socket_options(store):
+    """(TCP_USER_TIMEOUT ms, SO_KEEPALIVE, TCP_KEEPIDLE s, TCP_KEEPCNT) of a PostgresStore's socket."""
+    import socket
+    with socket.socket(fileno=os.dup(store.conn.pgconn.socket)) as s:
+        return (s.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT),
+                s.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+                s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+                s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT))
+
+
+def test_postgres_worker_connections_get_timeouts_from_the_lease_and_the_url_wins(pg_url, monkeypatch):
+    monkeypatch.delenv("PGCONNECT_TIMEOUT", raising=False)
+    command = queuectl.PostgresStore(pg_url)
+    worker = queuectl.PostgresStore(pg_url, lease_s=10.0)
+    chosen = queuectl.PostgresStore(f"{pg_url}&tcp_user_timeout=1234&keepalives_idle=7&connect_timeout=30",
+                                    lease_s=10.0)
+    try:
+        assert "tcp_user_timeout" not in command.conn.info.get_parameters()  # a command: as before
+        assert command.conn.info.get_parameters()["connect_timeout"] == "10"
+        params = worker.conn.info.get_parameters()
+        assert {k: params.get(k) for k in ("keepalives", "keepalives_idle", "tcp_user_timeout", "connect_timeout")} \
+            == {"keepalives": "1", "keepalives_idle": "1", "tcp_user_timeout": "2500", "connect_timeout": "3"}
+        assert socket_options(worker) == (2500, 1, 1, 3)  # what the kernel was told
+        params = chosen.conn.info.get_parameters()
+        assert (params["tcp_user_timeout"], params["keepalives_idle"], params["connect_timeout"]) == \
+            ("1234", "7", "30")
+        assert socket_options(chosen) == (1234, 1, 7, 3)
+        worker.set_lease(60.0)  # `config set stale-timeout 60`: the connection is reopened at its next use
+        assert worker.config_get("stale_timeout") == 10
+        assert socket_options(worker) == (15000, 1, 7, 3)
+    finally:
+        for store in (command, worker, chosen):
+            store.close()
+
+
+def test_postgres_a_flush_that_hangs_in_the_database_does_not_delay_a_kill(pg_url, monkeypatch):
+    # A flush whose statement does not answer (as over a connection that hangs) runs on a thread of
+    # its own: the job's loop still asks abort() and kills it while that flush is blocked.
+    monkeypatch.setattr(queuectl.PostgresSQL, "SQL_FLUSH_OUTPUT",
+                        "SELECT pg_sleep(3), %s::bytea, %s::bigint, %s::text, %s::bigint")
+    monkeypatch.setattr(queuectl, "OUTPUT_FLUSH_S", 0.1)
+    store = queuectl.PostgresStore(pg_url)
+    try:
+        register(store, "me")
+        store.enqueue([spec("chatty", command="i=0; while [ $i -lt 400 ]; do echo x; sleep 0.05; i=$((i+1)); done")],
+                      store.now())
+        killed_while_flushing = []
+
+        def abort(job, epoch):
+            return queuectl.CUT_OFF if runner.flushing and runner.flushing.is_alive() else None
+
+        def run(*args):
+            result = queuectl.run_command(*args)
+            killed_while_flushing.append(runner.flushing.is_alive())
+            return result
+        runner = queuectl.Runner(store, "me", abort)
+        runner.runner = run
+        assert runner.run_once() is True
+        assert killed_while_flushing == [True]
+        job = store.get("chatty")
+        assert (job.state, job.lost_count) == ("pending", 1)
+        assert [(r["outcome"], r["error"]) for r in store.runs("chatty")] == [("lost", queuectl.CUT_OFF)]
+    finally:
+        store.close()
+
+
+def test_postgres_a_heartbeat_blocked_by_a_lock_fences_the_job_which_then_runs_again(pg_url, workers, tmp_path):
+    import psycopg
+    stale_s = 3.0
+    ok(pg_url, "config", "set", "stale-timeout", str(stale_s))
+    enqueue(pg_url, id="long", command=BLOCKING_JOB, cwd=str(tmp_path))
+    worker = workers.start()
+    wait_for(lambda: (tmp_path / "started").exists(), "the job to start")
+    first = int((tmp_path / "sh.pid").read_text())
+    worker_id = json.loads(ok(pg_url, "worker", "list", "--json"))[0]["id"]
+    libpq, schema = queuectl._pg_target(pg_url)[:2]
+    with psycopg.connect(libpq) as holder:  # its transaction holds the worker's row until the end of the block
+        holder.execute(f'SELECT 1 FROM "{schema}".workers WHERE id = %s FOR UPDATE', (worker_id,))
+        locked = time.monotonic()  # no heartbeat goes through after this
+        wait_for(lambda: pid_gone(first), "the job to be killed", timeout=4 * stale_s)
+        assert time.monotonic() - locked < stale_s, "killed too late: a rerun elsewhere could overlap it"
+        (tmp_path / "started").unlink()
+    wait_for(lambda: (tmp_path / "started").exists(), "the job to run again")
+    (tmp_path / "release").touch()
+    wait_for(lambda: state_of(pg_url, "long") == "completed", "the rerun to complete")
+    job = get_job(pg_url, "long")
+    assert [(r["outcome"], r["error"]) for r in job["runs"]] == [("lost", queuectl.CUT_OFF), ("completed", None)]
+    assert "half of stale-timeout" in worker.log() and worker.popen.poll() is None
