@@ -1073,7 +1073,7 @@ class Store:
 
     def own_runs(self, worker_id: str) -> list[tuple]:
         """(id, run_count) of the processing jobs whose run this worker started and still holds."""
-        return [(job_id, run_no) for job_id, run_no in self.read(self.sql.SQL_OWN_RUNS, (worker_id,))]
+        return self.read(self.sql.SQL_OWN_RUNS, (worker_id,))
 
     def adopt(self, job_id: str, run_no: int, owner: str, adopter: str) -> str | None:
         """Take over the recovery of an orphan (a processing job whose worker is not registered);
@@ -1822,7 +1822,7 @@ class PostgresStore(Store):
 
     def set_lease(self, stale_s: float) -> None:
         """Bound how long this worker's connection may hang, from its stale-timeout (pg_lease_params).
-        A changed value reopens the connection at its next use (not inside a flush_output)."""
+        A changed value reopens the connection at its next use."""
         self.lease_s = stale_s
 
     def _reason(self, error: Exception) -> str:
