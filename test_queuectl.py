@@ -5570,5 +5570,7 @@ def test_postgres_a_heartbeat_blocked_by_a_lock_fences_the_job_which_then_runs_a
     (tmp_path / "release").touch()
     wait_for(lambda: state_of(pg_url, "long") == "completed", "the rerun to complete")
     job = get_job(pg_url, "long")
+    # (Its main loop may have spent the whole cut-off retrying the locked heartbeat, so the cut-off's
+    # log line is not asked for: the runner's own check killed the job, and the run says why.)
     assert [(r["outcome"], r["error"]) for r in job["runs"]] == [("lost", queuectl.CUT_OFF), ("completed", None)]
-    assert "half of stale-timeout" in worker.log() and worker.popen.poll() is None
+    assert worker.popen.poll() is None
