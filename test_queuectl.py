@@ -5451,7 +5451,6 @@ def test_a_runner_does_not_run_a_claim_answered_after_it_was_taken_back(store):
 
 
 def test_a_claim_whose_answer_was_lost_is_requeued_and_runs_once(db, workers, tmp_path):
-    ok(db, "config", "set", "backoff-base", "1")
     enqueue(db, id="busy", command=BLOCKING_JOB, cwd=str(tmp_path))
     worker = workers.start("--count", "1")
     wait_for(lambda: (tmp_path / "started").exists(), "the busy job to start")
@@ -5480,7 +5479,7 @@ def test_a_worker_connection_is_bounded_by_a_quarter_of_stale_timeout():
         assert params["keepalives"] == 1 and params["tcp_user_timeout"] == stale_s * 250
         probing_s = params["keepalives_idle"] + params["keepalives_interval"] * params["keepalives_count"]
         assert probing_s <= max(stale_s / 4, 4) and params["connect_timeout"] <= max(2, stale_s / 4 + 1)
-    small = queuectl.pg_lease_params(1)  # libpq's whole seconds: the floor, still below the lease
+    small = queuectl.pg_lease_params(1)  # libpq's whole seconds set a floor for small leases
     assert (small["tcp_user_timeout"], small["keepalives_idle"], small["connect_timeout"]) == (250, 1, 2)
 
 
