@@ -5573,3 +5573,32 @@ def test_postgres_a_heartbeat_blocked_by_a_lock_fences_the_job_which_then_runs_a
     # log line is not asked for: the runner's own check killed the job, and the run says why.)
     assert [(r["outcome"], r["error"]) for r in job["runs"]] == [("lost", queuectl.CUT_OFF), ("completed", None)]
     assert worker.popen.poll() is None
+
+
+def test_a_claim_that_fails_after_its_commit_is_run_once_by_the_same_worker(db, tmp_path, monkeypatch):
+    import threading
+    enqueue(db, id="j", command="echo ran >> ran.txt", cwd=str(tmp_path))
+    real_claim, failed = queuectl.Store.claim, []
+
+    def claim(self, worker_id, now, queues=()):
+        job = real_claim(self, worker_id, now, queues)
+        if job and not failed:  # the first claim commits, then its answer is lost
+            failed.append(job.id)
+            raise queuectl.BadDatabase("connection lost after the commit (injected)")
+        return job
+    monkeypatch.setattr(queuectl.Store, "claim", claim)
+    supervisor, exits = queuectl.Supervisor(db, 1, True), []
+    burst = threading.Thread(target=lambda: exits.append(supervisor.run()), daemon=True)
+    burst.start()
+    burst.join(WAIT_S)
+    try:
+        assert exits == [0], "the burst worker did not drain the queue"  # it waited for the stray, not forever
+    finally:
+        if burst.is_alive():
+            supervisor.on_signal(signal.SIGQUIT)
+            burst.join(WAIT_S)
+        supervisor.store.close()
+    assert failed == ["j"]
+    job = get_job(db, "j")
+    assert [(r["outcome"], r["error"]) for r in job["runs"]] == [("lost", "claim answer lost"), ("completed", None)]
+    assert (tmp_path / "ran.txt").read_text() == "ran\n"
