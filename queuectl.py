@@ -100,9 +100,13 @@ BURST_HORIZON_S = 60.0  # --burst waits for jobs due within this many seconds
 POLL_INTERVAL_S = 0.05  # how often an idle worker process checks for due jobs (one poller per process)
 IDLE_WAIT_S = 5.0  # an idle thread waits for the poller's wake-up; this is only a safety net
 SWEEP_INTERVAL_S = 1.0  # how often each worker process looks for dead workers
+# A run of a worker that none of its runners holds for this long is a claim whose answer was lost
+# (see Holdings); handing a claim's answer to its runner takes milliseconds.
+STRAY_GRACE_S = 5.0
 BUSY_TIMEOUT_S = 1.0  # SQLite's own busy wait per attempt; we retry on top of it
 CLI_BUSY_DEADLINE_S = 5.0  # a CLI command gives up (exit 1) after retrying this long
 CUT_OFF = "worker cut off from the database"  # why a worker killed runs it could no longer hold (lost runs)
+CLAIM_ANSWER_LOST = "claim answer lost"  # the error of a run recovered as a stray (see Holdings)
 HARD_STOP_S = 5.0  # a hard-stopped worker exits this long after the signal at most, whatever the database does
 
 
@@ -512,6 +516,11 @@ class SqliteSQL:
     SQL_ADOPTED = ("SELECT jobs.id, jobs.run_count, runs.worker_id FROM jobs "
                    "JOIN runs ON runs.job_id = jobs.id AND runs.run_no = jobs.run_count "
                    "WHERE jobs.state = 'processing' AND jobs.worker_id = ?1 AND runs.worker_id <> ?1")
+    # The runs a worker started and still holds: each must be known to one of its runners, or it is a
+    # claim whose answer was lost (see Holdings).
+    SQL_OWN_RUNS = ("SELECT jobs.id, jobs.run_count FROM jobs "
+                    "JOIN runs ON runs.job_id = jobs.id AND runs.run_no = jobs.run_count "
+                    "WHERE jobs.state = 'processing' AND jobs.worker_id = ? AND runs.worker_id = jobs.worker_id")
     SQL_PROCESSING_BY_WORKER = "SELECT worker_id, id FROM jobs WHERE state = 'processing'"
     SQL_CANCEL_REQUESTS = ("SELECT id, run_count FROM jobs WHERE state = 'processing' AND worker_id = ? "
                            "AND cancel_requested = run_count")
@@ -1175,6 +1184,10 @@ class Store:
         """(id, run_count, worker id of the run) of the jobs this worker adopted and has not requeued."""
         return self.read(self.sql.SQL_ADOPTED, (worker_id,))
 
+    def own_runs(self, worker_id: str) -> list[tuple]:
+        """(id, run_count) of the processing jobs whose run this worker started and still holds."""
+        return self.read(self.sql.SQL_OWN_RUNS, (worker_id,))
+
     def adopt(self, job_id: str, run_no: int, owner: str, adopter: str) -> str | None:
         """Take over the recovery of an orphan (a processing job whose worker is not registered);
         returns the worker id its run was started by, or None if another sweeper took it first."""
@@ -1200,6 +1213,10 @@ class Store:
     def config_set(self, key: str, value: float | int) -> None:
         """Store a validated config value."""
         self.write(lambda cur: cur.execute(self.sql.SQL_CONFIG_SET, (key, json.dumps(value))))
+
+    def set_lease(self, stale_s: float) -> None:
+        """A worker's stale-timeout changed: PostgreSQL bounds its connection's waits by it; a local
+        file cannot hang that way."""
 
 
 class SqliteStore(Store):
@@ -1710,6 +1727,9 @@ class PostgresSQL:
     SQL_ADOPTED = ("SELECT jobs.id, jobs.run_count, runs.worker_id FROM jobs "
                    "JOIN runs ON runs.job_id = jobs.id AND runs.run_no = jobs.run_count "
                    "WHERE jobs.state = 'processing' AND jobs.worker_id = %s AND runs.worker_id <> jobs.worker_id")
+    SQL_OWN_RUNS = ("SELECT jobs.id, jobs.run_count FROM jobs "
+                    "JOIN runs ON runs.job_id = jobs.id AND runs.run_no = jobs.run_count "
+                    "WHERE jobs.state = 'processing' AND jobs.worker_id = %s AND runs.worker_id = jobs.worker_id")
     SQL_PROCESSING_BY_WORKER = "SELECT worker_id, id FROM jobs WHERE state = 'processing'"
     SQL_CANCEL_REQUESTS = ("SELECT id, run_count FROM jobs WHERE state = 'processing' AND worker_id = %s "
                            "AND cancel_requested = run_count")
@@ -1791,6 +1811,7 @@ class PostgresSQL:
 PG_SCHEMA_NAME = re.compile(r"[A-Za-z0-9_]{1,63}")
 PG_ATTEMPTS = 5  # tries of a transaction that a serialization failure or deadlock rolled back
 PG_CONNECT_TIMEOUT_S = 10
+PG_KEEPALIVE_PROBES = 3  # unanswered TCP keepalive probes before a worker's connection is given up
 
 
 def is_postgres(target: str) -> bool:
@@ -1814,6 +1835,22 @@ def _psycopg():
     # batch): a command's failure is one line, and that line is ours.
     logging.getLogger("psycopg").setLevel(logging.ERROR)
     return psycopg
+
+
+def pg_lease_params(stale_s: float) -> dict[str, int]:
+    """libpq parameters of a worker whose lease is stale_s: a connection whose server vanished without
+    a word (its host gone, packets dropped, no reset) fails within about stale_s/4, and the worker
+    reconnects with backoff, instead of a read that waits until the kernel gives up (some 15 minutes
+    with data unacknowledged, forever without). tcp_user_timeout bounds data the server does not
+    acknowledge; keepalive probes, an answer that never comes. libpq counts keepalives and
+    connect_timeout in whole seconds (psycopg waits at least 2 s to connect), so for a stale-timeout
+    under about 8 s a hung connection takes 1-3 s to fail."""
+    bound_s = stale_s / 4
+    idle_s = max(1, int(bound_s / 2))
+    return {"keepalives": 1, "keepalives_idle": idle_s,
+            "keepalives_interval": max(1, int(bound_s / 2 / PG_KEEPALIVE_PROBES)),
+            "keepalives_count": PG_KEEPALIVE_PROBES, "tcp_user_timeout": max(1, round(bound_s * 1000)),
+            "connect_timeout": min(PG_CONNECT_TIMEOUT_S, max(2, math.ceil(bound_s)))}
 
 
 def _pg_target(url: str) -> tuple[str, str, str, str]:
@@ -1856,9 +1893,10 @@ class PostgresStore(Store):
     cut_off_kills = True
 
     def __init__(self, url: str, *, durable: bool = True, busy_deadline_s: float = CLI_BUSY_DEADLINE_S,
-                 reads_only: bool = False, give_up=lambda: False):
+                 reads_only: bool = False, give_up=lambda: False, lease_s: float | None = None):
         """`url`: postgresql://USER[:PASSWORD]@HOST:PORT/DBNAME?schema=NAME; the password may instead
-        come from PGPASSWORD or ~/.pgpass, as libpq finds it, and never appears in a message."""
+        come from PGPASSWORD or ~/.pgpass, as libpq finds it, and never appears in a message.
+        `lease_s`: a worker's stale-timeout, which bounds how long its connection may hang (see set_lease)."""
         self.psycopg = _psycopg()
         self.IntegrityError = self.psycopg.IntegrityError
         self.target = url  # what open_database() was given, to open more: may hold the password, never shown
@@ -1869,6 +1907,7 @@ class PostgresStore(Store):
         self.listening = None  # the connection that LISTENs, once wait_notified() has been called
         self.durable, self.reads_only, self.read_only, self.frozen = durable, reads_only, False, False
         self.busy_deadline_s, self.give_up = busy_deadline_s, give_up
+        self.lease_s = self.conn_lease_s = lease_s  # the lease wanted, and the one the connection was opened for
         self.conn = self._connect()
         try:
             self._migrate()
@@ -1882,7 +1921,9 @@ class PostgresStore(Store):
 
     def _connect(self):
         try:
-            conn = self.psycopg.connect(self._libpq, autocommit=True, connect_timeout=PG_CONNECT_TIMEOUT_S)
+            lease_s = self.lease_s
+            conn = self.psycopg.connect(self._libpq, autocommit=True, **self._connect_params(lease_s))
+            self.conn_lease_s = lease_s
         except self.psycopg.Error as e:
             raise BadDatabase(f"cannot connect to PostgreSQL at {self.server}: {self._reason(e)}") from None
         try:
@@ -1901,6 +1942,20 @@ class PostgresStore(Store):
             conn.close()
             raise BadDatabase(f"cannot use PostgreSQL at {self.server}: {self._reason(e)}") from None
         return conn
+
+    def _connect_params(self, lease_s: float | None) -> dict:
+        """Our libpq parameters, less those the user chose: one set in the URL (or connect_timeout in
+        PGCONNECT_TIMEOUT) wins. A worker's connection gets pg_lease_params (see set_lease)."""
+        ours = {"connect_timeout": PG_CONNECT_TIMEOUT_S, **(pg_lease_params(lease_s) if lease_s else {})}
+        given = set(self.psycopg.conninfo.conninfo_to_dict(self._libpq))
+        if os.environ.get("PGCONNECT_TIMEOUT"):
+            given.add("connect_timeout")
+        return {key: value for key, value in ours.items() if key not in given}
+
+    def set_lease(self, stale_s: float) -> None:
+        """Bound how long this worker's connection may hang, from its stale-timeout (pg_lease_params).
+        A changed value reopens the connection at its next use."""
+        self.lease_s = stale_s
 
     def _reason(self, error: Exception) -> str:
         """A driver error as one line without the password (libpq's messages do not hold it, but a
@@ -2000,7 +2055,8 @@ class PostgresStore(Store):
     def _usable(self):
         """The connection, opened again if the last one was lost (a server restart, a dropped link):
         a worker lives longer than any one connection."""
-        if self.conn.closed or self.conn.broken:
+        if self.conn.closed or self.conn.broken or self.conn_lease_s != self.lease_s:
+            self.conn.close()
             self.conn = self._connect()
             if self.reads_only:
                 self.query_only()
@@ -2057,7 +2113,8 @@ class PostgresStore(Store):
 
     def flush_output(self, job: Job, tail: bytes, total: int) -> bool:
         """Store a running job's output so far (for `logs --follow`), in one short try that never
-        waits for a lock (the caller is the loop that reads the job's pipe); False if it did not."""
+        waits for a lock (it is only worth a short delay); False if it did not. A worker calls it from a
+        thread of its own (see Runner._flush): a connection that hangs here cannot delay a job's kill."""
         try:
             with self._usable().transaction():
                 self.conn.execute(self.sql.SQL_FLUSH_LOCK_TIMEOUT)
@@ -2067,9 +2124,10 @@ class PostgresStore(Store):
             return False
 
 
-def open_database(target: str, **kwargs) -> Store:
-    """The Store for --db: a PostgreSQL URL (postgresql:// or postgres://) or an SQLite file's path."""
-    return PostgresStore(target, **kwargs) if is_postgres(target) else SqliteStore(target, **kwargs)
+def open_database(target: str, lease_s: float | None = None, **kwargs) -> Store:
+    """The Store for --db: a PostgreSQL URL (postgresql:// or postgres://) or an SQLite file's path.
+    `lease_s`: a worker's stale-timeout, which bounds how long its PostgreSQL connection may hang."""
+    return PostgresStore(target, lease_s=lease_s, **kwargs) if is_postgres(target) else SqliteStore(target, **kwargs)
 
 
 def database_name(target: str) -> str:
@@ -2794,12 +2852,58 @@ def run_token(job: Job, worker_id: str) -> str:
     return f"{worker_id}/{job.run_count}/{job.id}"
 
 
+class Holdings:
+    """The runs a worker's runners hold, from the answer of the claim that took the job until its
+    result is written, and the claims the worker took back.
+
+    A claim is one transaction; if the connection drops after the server committed it but before
+    the runner read the answer, the job is `processing` under this live worker and no runner knows
+    it. The sweeper takes such a run back (see Sweeper._take_back_strays) and requeues it. One lock
+    orders "a runner takes the job its claim returned" against "the worker takes a run back": a run
+    a runner holds is never taken back, and a run taken back is never run, however late its answer.
+    """
+
+    def __init__(self):
+        import threading
+        self.lock = threading.Lock()
+        self.held: set[tuple[str, int]] = set()  # (job id, run)
+        self.taken_back: dict[tuple[str, int], float] = {}  # (job id, run) -> monotonic time taken back
+
+    def take(self, job: Job) -> bool:
+        """A claim answered `job`: True if the runner may run it, False if the worker took it back."""
+        with self.lock:
+            if (job.id, job.run_count) in self.taken_back:
+                return False
+            self.held.add((job.id, job.run_count))
+            return True
+
+    def release(self, job: Job) -> None:
+        """The runner is done with this run (its result written, or given up by a hard stop)."""
+        with self.lock:
+            self.held.discard((job.id, job.run_count))
+
+    def holds(self, key: tuple[str, int]) -> bool:
+        """Whether a runner holds this run now."""
+        with self.lock:
+            return key in self.held
+
+    def take_back(self, key: tuple[str, int], now_mono: float) -> bool:
+        """Take a run no runner holds away from the runners; False if one holds it after all."""
+        with self.lock:
+            if key in self.held:
+                return False
+            # A late answer arrives within the connection's timeouts, far sooner than an hour.
+            self.taken_back = {k: at for k, at in self.taken_back.items() if now_mono - at < 3600}
+            self.taken_back[key] = now_mono
+            return True
+
+
 class Runner:
     """One runner thread of a worker process: claim a due job, run it, record what happened.
     ("Worker" is the process `worker start` starts, with one registration and N runners.)"""
 
     def __init__(self, store: Store, worker_id: str, abort, queues: tuple = (), epoch=lambda: 0,
-                 keep_claiming=lambda: False, give_up=lambda: False):
+                 keep_claiming=lambda: False, give_up=lambda: False, holdings: Holdings | None = None):
         self.store = store
         self.worker_id = worker_id
         self.abort = abort  # abort(job, epoch) -> reason to kill the running job, or None
@@ -2811,20 +2915,31 @@ class Runner:
         self.runner = self._run_command  # injectable for tests and simulation
         self.current: Job | None = None
         self.settings, self.settings_at = {}, -math.inf
+        self.holdings = holdings or Holdings()  # shared by the worker's runners and its sweeper
+        self.flushing = None  # the thread of the output flush under way, where flushes have one (see _flush)
 
     def run_once(self, now: float | None = None) -> bool:
         """Claim and run at most one job; True if one was run."""
         job, epoch = self.prefetched or (None, self.epoch())
         self.prefetched = None
-        job = job or self.store.claim(self.worker_id, self.store.now() if now is None else now, self.queues)
+        job = job or self._held(self.store.claim(self.worker_id, self.store.now() if now is None else now,
+                                                 self.queues))
         if job is None:
             return False
         self.current = job
         try:
             self._record(job, self._run(job, epoch), now)
         finally:
+            self.holdings.release(job)
             self.current = self.prefetched and self.prefetched[0]  # a prefetched job is already ours
         return True
+
+    def _held(self, job: Job | None) -> Job | None:
+        """The job a claim answered, unless its answer came so late that the worker took it back."""
+        if job is None or self.holdings.take(job):
+            return job
+        log.warning("job %s: claim answered after the worker took it back; not run here", job.id)
+        return None
 
     def _run(self, job: Job, epoch: int) -> Outcome:
         if not log.quiet:
@@ -2839,6 +2954,9 @@ class Runner:
             log.exception("job %s: internal error while running", job.id,
                           extra=event("job_internal_error", job_id=job.id, error=repr(e)))
             return Outcome(None, f"internal error: {e!r}", b"", 0.0)
+        finally:
+            if self.flushing:  # the result goes through the same connection: no two transactions at once
+                self.flushing.join()
 
     def _run_command(self, job: Job, env: dict, abort, on_output) -> Outcome:
         # Jobs die with their worker where other hosts may rerun them; output-limit as last read.
@@ -2846,7 +2964,19 @@ class Runner:
                            keep_bytes=self._settings()["output_limit"])
 
     def _flush(self, job: Job, tail: bytes, total: int) -> None:
-        """Best effort: a busy database must not stall the job's output pipe."""
+        """Best effort: a busy database must not stall the job's output pipe. The loop that calls this
+        also asks abort() every 250 ms, which must kill the job on time when the worker is cut off from
+        the database (PostgreSQL): there a flush runs on a thread of its own, so a connection that hangs
+        cannot hold that loop up, and a flush due while the last one is still under way is skipped."""
+        if not self.store.cut_off_kills:
+            return self._flush_now(job, tail, total)
+        if self.flushing is None or not self.flushing.is_alive():
+            import threading
+            self.flushing = threading.Thread(target=self._flush_now, args=(job, tail, total), name="flush",
+                                             daemon=True)
+            self.flushing.start()
+
+    def _flush_now(self, job: Job, tail: bytes, total: int) -> None:
         try:
             self.store.flush_output(job, tail, total)
         except (QueueError, sqlite3.Error) as e:
@@ -2879,6 +3009,7 @@ class Runner:
         epoch = self.epoch()
         after, following = self.store.finish_and_claim(job, self.worker_id, outcome, self._settings(), now,
                                                         self.queues)
+        following = self._held(following)
         self.prefetched = following and (following, epoch)
         _log_result(job, after, outcome)
 
@@ -2921,11 +3052,14 @@ def _short(text: str, width: int = 60) -> str:
 class Sweeper:
     """Finds workers that died and makes their jobs runnable again, killing their leftovers first."""
 
-    def __init__(self, store: Store, me: dict, worker_id: str, stalled=lambda: 0.0):
+    def __init__(self, store: Store, me: dict, worker_id: str, stalled=lambda: 0.0,
+                 holdings: Holdings | None = None):
         self.store = store
         self.me = me
         self.worker_id = worker_id
         self.stalled = stalled  # seconds our own heartbeat was late in all: not held against anyone's lease
+        self.holdings = holdings  # what our runners hold; None: no runners, no stray runs to look for
+        self.strays: dict[tuple[str, int], float] = {}  # our runs no runner held -> monotonic time first seen
         # (id, started_at) -> (beat, monotonic time it last changed, stalled() then)
         self.seen: dict[tuple, tuple[int, float, float]] = {}
         # runs this worker adopted and has not requeued yet: (job id, run) -> (run token or "", leftovers)
@@ -2949,7 +3083,22 @@ class Sweeper:
         for job_id, run_no, run_worker in self.store.adopted(self.worker_id):  # one a failed write left behind
             if (job_id, run_no) not in self.recovering:
                 self._begin(job_id, run_no, run_worker)
+        if self.holdings:
+            self._take_back_strays(now_mono)
         return self.finish(now)
+
+    def _take_back_strays(self, now_mono: float) -> None:
+        # Our own runs that no runner holds: claims whose answer was lost with the connection (see
+        # Holdings). One seen so for STRAY_GRACE_S is recovered like a lost worker's run (its token
+        # is looked for too, though it never started), so a claim being handed over is left alone.
+        unheld = [key for key in self.store.own_runs(self.worker_id)
+                  if key not in self.recovering and not self.holdings.holds(key)]
+        self.strays = {key: self.strays.get(key, now_mono) for key in unheld}
+        for (job_id, run_no), since in self.strays.items():
+            if now_mono - since >= STRAY_GRACE_S and self.holdings.take_back((job_id, run_no), now_mono):
+                log.warning("job %s: claimed by this worker, but no runner got the claim's answer; requeueing",
+                            job_id)
+                self._begin(job_id, run_no, self.worker_id)
 
     def is_dead(self, row: WorkerRow, now_mono: float, stale_s: float) -> bool:
         """Same namespace: its PID tells at once; an earlier boot: dead. Otherwise: its heartbeat
@@ -3002,11 +3151,13 @@ class Sweeper:
         job = self.store.get(job_id)
         if job.run_count != run_no:
             return 0
-        lost = Outcome(None, "worker lost", None, None, interrupted="worker lost")
+        stray = self.holdings is not None and (job_id, run_no) in self.holdings.taken_back
+        why = CLAIM_ANSWER_LOST if stray else "worker lost"
+        lost = Outcome(None, why, None, None, interrupted=why)
         state = self.store.interrupt(job, self.worker_id, lost, True, now, left.stuck)
         if state:
-            log.warning("job %s recovered from lost worker -> %s%s", job_id, state,
-                        f" ({left.stuck})" if left.stuck else "",
+            log.warning("job %s recovered from %s -> %s%s", job_id, "a lost claim answer" if stray else "lost worker",
+                        state, f" ({left.stuck})" if left.stuck else "",
                         extra=event("job_recovered", job_id=job_id, run=run_no, state=state, error=left.stuck))
         return 1 if state else 0
 
@@ -3050,6 +3201,7 @@ class Supervisor:
         self.stopping = threading.Event()  # claim nothing more
         self.hard = threading.Event()  # kill running jobs and put them back
         self.hard_at = math.inf  # monotonic time of the hard stop
+        self.stale_s = float(CONFIG["stale_timeout"][0])  # stale-timeout as last read (see cut_off)
         self.store = self._open()
         self.path = self.store.path  # the database's name for the log (no password)
         self.me = host_identity()
@@ -3061,14 +3213,15 @@ class Supervisor:
         self.epoch = 0  # bumped at each re-registration; jobs claimed under an older one are killed
         self.stalled_s = 0.0  # how late our heartbeats were committed, in all (see lease_expired)
         self.beat_ok_at = time.monotonic()  # when the last heartbeat that went through was sent
-        self.stale_s = float(CONFIG["stale_timeout"][0])  # stale-timeout as last read (see cut_off)
         self.was_cut_off = False
         self.runners: list[Runner] = []
+        self.holdings = Holdings()  # the runs our runners hold, and claims taken back (see Holdings)
         self.canceled: set[tuple[str, int]] = set()  # (job id, run) of running jobs a user asked to cancel
 
     def _open(self) -> Store:
         """A connection for one thread: busy waits are long, but end in time for a hard stop."""
-        return open_database(self.target, durable=False, busy_deadline_s=30.0, give_up=self.give_up)
+        return open_database(self.target, durable=False, busy_deadline_s=30.0, give_up=self.give_up,
+                             lease_s=self.stale_s)
 
     def give_up(self) -> bool:
         """True once a hard stop has left too little time to keep retrying the database: writes are
@@ -3134,14 +3287,14 @@ class Supervisor:
     def run(self) -> int:
         """Run until stopped; returns the exit code."""
         import threading
-        self.stale_s = self.store.config_get("stale_timeout")
+        self._read_stale_timeout()
         self.beat_ok_at = time.monotonic()
         self.store.register(self.worker_id, self.me, self.count, self.store.now(), self.queues)
         serves = f"queue{'s' if len(self.queues) > 1 else ''} {', '.join(self.queues)}" if self.queues else "all queues"
         log.info("worker started: %s, %d thread(s), %s, db %s", self.worker_id, self.count, serves, self.path,
                  extra=event("worker_started", worker_id=self.worker_id, threads=self.count, db=self.path,
                              queues=list(self.queues) or None))
-        self.sweeper = Sweeper(self.store, self.me, self.worker_id, lambda: self.stalled_s)
+        self.sweeper = Sweeper(self.store, self.me, self.worker_id, lambda: self.stalled_s, self.holdings)
         self.sweeper.sweep(self.store.now())  # recover what a previous crash or boot left, before claiming
         if self.store.notifies:
             self._start_listener()
@@ -3249,8 +3402,17 @@ class Supervisor:
         elif stop:
             self._stop("worker stop")
         self.beat_ok_at = sent  # when it was sent: no sweeper can have seen it earlier
-        self.stale_s = self.store.config_get("stale_timeout")
+        self._read_stale_timeout()
         return max(0.2, min(2.0, self.stale_s / 5))
+
+    def _read_stale_timeout(self) -> None:
+        """Read stale-timeout; a new value also bounds how long our connections may hang (the
+        listener's keeps the value it was opened with: it only carries wake-ups, which the poll backs)."""
+        stale_s, before = self.store.config_get("stale_timeout"), self.stale_s
+        self.stale_s = stale_s  # first: a runner that opens its connection meanwhile gets the new value
+        if stale_s != before:
+            for store in [self.store, *(runner.store for runner in self.runners)]:
+                store.set_lease(stale_s)
 
     def cut_off(self) -> bool:
         """True when this worker has not got a heartbeat through for half of stale-timeout (on our
@@ -3344,7 +3506,7 @@ class Supervisor:
     def _new_runner(self) -> Runner:
         store = self._open()
         runner = Runner(store, self.worker_id, self.abort_reason, self.queues, lambda: self.epoch,
-                        lambda: not self.stopping.is_set(), self.give_up)
+                        lambda: not self.stopping.is_set(), self.give_up, self.holdings)
         self.runners.append(runner)
         return runner
 

@@ -6029,3 +6029,191 @@ def test_a_version_1_database_upgrades_to_record_worker_queues(db, monkeypatch):
         assert s.read(version)[0][0] == queuectl.SCHEMA_VERSION == 4
         s.register("w", queuectl.host_identity(), 1, s.now(), ("q",))
         assert s.workers()[0].queues == '["q"]' and s.get("old").state == "pending"
+
+# ==== Robustness of a worker's database connection: lost claim answers, hung connections ==========
+
+def test_a_run_no_runner_holds_is_taken_back_after_the_grace_never_a_held_one(store):
+    me = queuectl.host_identity()
+    store.register("me", me, 1, T0)
+    store.enqueue([spec("held"), spec("stray")], T0)
+    holdings = queuectl.Holdings()
+    assert holdings.take(store.claim("me", T0))
+    stray = store.claim("me", T0)  # committed, but its answer never reached a runner
+    sweeper = queuectl.Sweeper(store, me, "me", holdings=holdings)
+    assert sweeper.sweep(T0, now_mono=1000.0) == 0  # first seen unheld
+    assert sweeper.sweep(T0, now_mono=1000.0 + queuectl.STRAY_GRACE_S - 0.5) == 0  # maybe being handed over
+    assert sweeper.sweep(T0 + 1, now_mono=1000.0 + queuectl.STRAY_GRACE_S + 3600) == 1
+    assert store.get("held").state == "processing"  # held for an hour by a runner: never taken back
+    job = store.get("stray")
+    assert (job.state, job.attempts, job.lost_count, job.worker_id) == ("pending", 0, 1, None)
+    assert [(r["outcome"], r["error"]) for r in store.runs("stray")] == [("lost", "claim answer lost")]
+    assert not holdings.take(stray)  # its answer, arriving now, is not run
+    again = store.claim("me", T0 + 2)
+    assert (again.id, again.run_count) == ("stray", 2) and holdings.take(again)  # the rerun is a new run
+    assert sweeper.sweep(T0 + 3, now_mono=1000.0 + 2 * queuectl.STRAY_GRACE_S + 7200) == 0
+
+
+def test_a_runner_does_not_run_a_claim_answered_after_it_was_taken_back(store):
+    register(store, "me")
+    store.enqueue([spec("a")], T0)
+    holdings = queuectl.Holdings()
+    assert holdings.take_back(("a", 1), 0.0)  # the worker gave up waiting for this claim's answer
+    runner = queuectl.Runner(store, "me", lambda job, epoch: None, holdings=holdings)
+    ran = []
+    runner.runner = lambda job, env, abort, on_output: ran.append(job.id) or outcome()
+    assert runner.run_once(now=T0) is False and ran == []
+    assert (store.get("a").state, runner.current) == ("processing", None)  # left to the sweeper
+
+
+def test_a_claim_whose_answer_was_lost_is_requeued_and_runs_once(db, workers, tmp_path):
+    enqueue(db, id="busy", command=BLOCKING_JOB, cwd=str(tmp_path))
+    worker = workers.start("--count", "1")
+    wait_for(lambda: (tmp_path / "started").exists(), "the busy job to start")
+    worker_id = json.loads(ok(db, "worker", "list", "--json"))[0]["id"]
+    enqueue(db, id="target", command="echo ran >> ran.txt", cwd=str(tmp_path))
+    store = queuectl.open_database(db)
+    try:
+        # What a claim whose answer was lost with the connection leaves: committed for this worker,
+        # unknown to its runners (its only runner is busy with the other job).
+        assert store.claim(worker_id, store.now()).id == "target"
+    finally:
+        store.close()
+    worker.wait_log("no runner got the claim's answer")
+    assert state_of(db, "busy") == "processing"  # running longer than the grace: never taken back
+    (tmp_path / "release").touch()
+    wait_for(lambda: state_of(db, "target") == "completed", "the requeued job to run")
+    job = get_job(db, "target")
+    assert [(r["outcome"], r["error"]) for r in job["runs"]] == [("lost", "claim answer lost"), ("completed", None)]
+    assert (tmp_path / "ran.txt").read_text() == "ran\n"
+    assert [r["outcome"] for r in get_job(db, "busy")["runs"]] == ["completed"]
+
+
+def test_a_worker_connection_is_bounded_by_a_quarter_of_stale_timeout():
+    for stale_s in (8, 10, 60, 3600):
+        params = queuectl.pg_lease_params(stale_s)
+        assert params["keepalives"] == 1 and params["tcp_user_timeout"] == stale_s * 250
+        probing_s = params["keepalives_idle"] + params["keepalives_interval"] * params["keepalives_count"]
+        assert probing_s <= max(stale_s / 4, 4) and params["connect_timeout"] <= max(2, stale_s / 4 + 1)
+    small = queuectl.pg_lease_params(1)  # libpq's whole seconds set a floor for small leases
+    assert (small["tcp_user_timeout"], small["keepalives_idle"], small["connect_timeout"]) == (250, 1, 2)
+
+
+def socket_options(store):
+    """(TCP_USER_TIMEOUT ms, SO_KEEPALIVE, TCP_KEEPIDLE s, TCP_KEEPCNT) of a PostgresStore's socket."""
+    import socket
+    with socket.socket(fileno=os.dup(store.conn.pgconn.socket)) as s:
+        return (s.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT),
+                s.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+                s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+                s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT))
+
+
+def test_postgres_worker_connections_get_timeouts_from_the_lease_and_the_url_wins(pg_url, monkeypatch):
+    monkeypatch.delenv("PGCONNECT_TIMEOUT", raising=False)
+    command = queuectl.PostgresStore(pg_url)
+    worker = queuectl.PostgresStore(pg_url, lease_s=10.0)
+    chosen = queuectl.PostgresStore(f"{pg_url}&tcp_user_timeout=1234&keepalives_idle=7&connect_timeout=30",
+                                    lease_s=10.0)
+    try:
+        assert "tcp_user_timeout" not in command.conn.info.get_parameters()  # a command: as before
+        assert command.conn.info.get_parameters()["connect_timeout"] == "10"
+        params = worker.conn.info.get_parameters()
+        assert {k: params.get(k) for k in ("keepalives", "keepalives_idle", "tcp_user_timeout", "connect_timeout")} \
+            == {"keepalives": "1", "keepalives_idle": "1", "tcp_user_timeout": "2500", "connect_timeout": "3"}
+        assert socket_options(worker) == (2500, 1, 1, 3)  # what the kernel was told
+        params = chosen.conn.info.get_parameters()
+        assert (params["tcp_user_timeout"], params["keepalives_idle"], params["connect_timeout"]) == \
+            ("1234", "7", "30")
+        assert socket_options(chosen) == (1234, 1, 7, 3)
+        worker.set_lease(60.0)  # `config set stale-timeout 60`: the connection is reopened at its next use
+        assert worker.config_get("stale_timeout") == 10
+        assert socket_options(worker) == (15000, 1, 7, 3)
+    finally:
+        for store in (command, worker, chosen):
+            store.close()
+
+
+def test_postgres_a_flush_that_hangs_in_the_database_does_not_delay_a_kill(pg_url, monkeypatch):
+    # A flush whose statement does not answer (as over a connection that hangs) runs on a thread of
+    # its own: the job's loop still asks abort() and kills it while that flush is blocked.
+    monkeypatch.setattr(queuectl.PostgresSQL, "SQL_FLUSH_OUTPUT",
+                        "SELECT pg_sleep(3), %s::bytea, %s::bigint, %s::text, %s::bigint")
+    monkeypatch.setattr(queuectl, "OUTPUT_FLUSH_S", 0.1)
+    store = queuectl.PostgresStore(pg_url)
+    try:
+        register(store, "me")
+        store.enqueue([spec("chatty", command="i=0; while [ $i -lt 400 ]; do echo x; sleep 0.05; i=$((i+1)); done")],
+                      store.now())
+        killed_while_flushing = []
+
+        def abort(job, epoch):
+            return queuectl.CUT_OFF if runner.flushing and runner.flushing.is_alive() else None
+
+        def run(*args):
+            result = queuectl.run_command(*args)
+            killed_while_flushing.append(runner.flushing.is_alive())
+            return result
+        runner = queuectl.Runner(store, "me", abort)
+        runner.runner = run
+        assert runner.run_once() is True
+        assert killed_while_flushing == [True]
+        job = store.get("chatty")
+        assert (job.state, job.lost_count) == ("pending", 1)
+        assert [(r["outcome"], r["error"]) for r in store.runs("chatty")] == [("lost", queuectl.CUT_OFF)]
+    finally:
+        store.close()
+
+
+def test_postgres_a_heartbeat_blocked_by_a_lock_fences_the_job_which_then_runs_again(pg_url, workers, tmp_path):
+    import psycopg
+    stale_s = 3.0
+    ok(pg_url, "config", "set", "stale-timeout", str(stale_s))
+    enqueue(pg_url, id="long", command=BLOCKING_JOB, cwd=str(tmp_path))
+    worker = workers.start()
+    wait_for(lambda: (tmp_path / "started").exists(), "the job to start")
+    first = int((tmp_path / "sh.pid").read_text())
+    worker_id = json.loads(ok(pg_url, "worker", "list", "--json"))[0]["id"]
+    libpq, schema = queuectl._pg_target(pg_url)[:2]
+    with psycopg.connect(libpq) as holder:  # its transaction holds the worker's row until the end of the block
+        holder.execute(f'SELECT 1 FROM "{schema}".workers WHERE id = %s FOR UPDATE', (worker_id,))
+        locked = time.monotonic()  # no heartbeat goes through after this
+        wait_for(lambda: pid_gone(first), "the job to be killed", timeout=4 * stale_s)
+        assert time.monotonic() - locked < stale_s, "killed too late: a rerun elsewhere could overlap it"
+        (tmp_path / "started").unlink()
+    wait_for(lambda: (tmp_path / "started").exists(), "the job to run again")
+    (tmp_path / "release").touch()
+    wait_for(lambda: state_of(pg_url, "long") == "completed", "the rerun to complete")
+    job = get_job(pg_url, "long")
+    # (Its main loop may have spent the whole cut-off retrying the locked heartbeat, so the cut-off's
+    # log line is not asked for: the runner's own check killed the job, and the run says why.)
+    assert [(r["outcome"], r["error"]) for r in job["runs"]] == [("lost", queuectl.CUT_OFF), ("completed", None)]
+    assert worker.popen.poll() is None
+
+
+def test_a_claim_that_fails_after_its_commit_is_run_once_by_the_same_worker(db, tmp_path, monkeypatch):
+    import threading
+    enqueue(db, id="j", command="echo ran >> ran.txt", cwd=str(tmp_path))
+    real_claim, failed = queuectl.Store.claim, []
+
+    def claim(self, worker_id, now, queues=()):
+        job = real_claim(self, worker_id, now, queues)
+        if job and not failed:  # the first claim commits, then its answer is lost
+            failed.append(job.id)
+            raise queuectl.BadDatabase("connection lost after the commit (injected)")
+        return job
+    monkeypatch.setattr(queuectl.Store, "claim", claim)
+    supervisor, exits = queuectl.Supervisor(db, 1, True), []
+    burst = threading.Thread(target=lambda: exits.append(supervisor.run()), daemon=True)
+    burst.start()
+    burst.join(WAIT_S)
+    try:
+        assert exits == [0], "the burst worker did not drain the queue"  # it waited for the stray, not forever
+    finally:
+        if burst.is_alive():
+            supervisor.on_signal(signal.SIGQUIT)
+            burst.join(WAIT_S)
+        supervisor.store.close()
+    assert failed == ["j"]
+    job = get_job(db, "j")
+    assert [(r["outcome"], r["error"]) for r in job["runs"]] == [("lost", "claim answer lost"), ("completed", None)]
+    assert (tmp_path / "ran.txt").read_text() == "ran\n"
