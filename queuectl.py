@@ -311,14 +311,15 @@ class SqliteSQL:
     SQL_COUNTS = "SELECT state, count(*) FROM jobs {where} GROUP BY state"
     SQL_DEPS_OF = "SELECT dep_id FROM deps WHERE job_id = ? ORDER BY rowid"
     # `wait --all` ({queue}: nothing, or AND queue = ?). The jobs it answers for are those unfinished
-    # when it starts, read with the highest seq so far in one statement (one snapshot): a job enqueued
-    # later has a higher seq. Its dead ones are found by a range of jobs_state between the lowest seq
-    # it answers for and that highest seq, so an old dead-letter queue is not read at every poll.
-    SQL_UNFINISHED = ("SELECT id, seq, (SELECT max(seq) FROM jobs) FROM jobs "
+    # when it starts, known by their seq (8 bytes each, not an id), read with the highest seq so far in
+    # one statement (one snapshot): a job enqueued later has a higher seq. Its dead ones are found by a
+    # range of jobs_state between the lowest seq it answers for and that highest seq, so an old
+    # dead-letter queue is not read at every poll.
+    SQL_UNFINISHED = ("SELECT seq, (SELECT max(seq) FROM jobs) FROM jobs "
                       "WHERE state IN ('pending', 'failed', 'processing') {queue}")
     SQL_WAIT_COUNTS = ("SELECT (SELECT count(*) FROM jobs WHERE state IN ('pending', 'failed', 'processing') {queue}), "
                        "(SELECT count(*) FROM jobs WHERE seq > ? {queue})")
-    SQL_DEAD_BETWEEN = "SELECT id FROM jobs WHERE state = 'dead' AND seq BETWEEN ? AND ? {queue} ORDER BY seq"
+    SQL_DEAD_BETWEEN = "SELECT id, seq FROM jobs WHERE state = 'dead' AND seq BETWEEN ? AND ? {queue} ORDER BY seq"
     # The claim. A waiting job (pending or failed, no unfinished dependency) is *staged* until it is
     # due and *ready* from then on: the claim transaction first promotes the staged jobs that have
     # fallen due (a range of jobs_staged, empty most of the time), so jobs_claim holds only due jobs.
@@ -829,22 +830,22 @@ class Store:
         counts.update(self.read(self.sql.SQL_COUNTS.format(where=where), params))
         return counts
 
-    def unfinished(self, queue: str | None) -> tuple[dict[str, int], int]:
-        """The jobs pending, failed or processing now (of `queue`, or of every queue) as id -> seq, and
+    def unfinished(self, queue: str | None) -> tuple[set[int], int]:
+        """The seqs of the jobs pending, failed or processing now (of `queue`, or of every queue), and
         the highest seq so far (0 if none), read in one snapshot: what `wait --all` answers for."""
         clause, params = _and_queue(self.sql.PARAM, queue)
         rows = self.read(self.sql.SQL_UNFINISHED.format(queue=clause), params)
-        return {r[0]: r[1] for r in rows}, (rows[0][2] if rows else 0)
+        return {r[0] for r in rows}, (rows[0][1] if rows else 0)
 
     def wait_counts(self, queue: str | None, after_seq: int) -> tuple[int, int]:
         """(jobs pending, failed or processing now, jobs enqueued after seq `after_seq` still here)."""
         clause, params = _and_queue(self.sql.PARAM, queue)
         return tuple(self.read(self.sql.SQL_WAIT_COUNTS.format(queue=clause), params + (after_seq,) + params)[0])
 
-    def dead_between(self, queue: str | None, low_seq: int, high_seq: int) -> list[str]:
-        """Ids of the dead jobs whose seq is from `low_seq` to `high_seq`, in enqueue order."""
+    def dead_between(self, queue: str | None, low_seq: int, high_seq: int) -> list[tuple[str, int]]:
+        """(id, seq) of the dead jobs whose seq is from `low_seq` to `high_seq`, in enqueue order."""
         clause, params = _and_queue(self.sql.PARAM, queue)
-        return [r[0] for r in self.read(self.sql.SQL_DEAD_BETWEEN.format(queue=clause), (low_seq, high_seq) + params)]
+        return self.read(self.sql.SQL_DEAD_BETWEEN.format(queue=clause), (low_seq, high_seq) + params)
 
     def runs(self, job_id: str) -> list[dict]:
         """Every run of a job, oldest first."""
@@ -1536,11 +1537,11 @@ class PostgresSQL:
     # `wait --all`, as SQLite's. A job whose insert commits after the first statement's snapshot with
     # a lower seq than its max (sequences are handed out before commit) is neither answered for nor
     # counted as arrived: the progress line's total may lag by it; the exit code cannot be wrong.
-    SQL_UNFINISHED = ("SELECT id, seq, (SELECT max(seq) FROM jobs) FROM jobs "
+    SQL_UNFINISHED = ("SELECT seq, (SELECT max(seq) FROM jobs) FROM jobs "
                       "WHERE state IN ('pending', 'failed', 'processing') {queue}")
     SQL_WAIT_COUNTS = ("SELECT (SELECT count(*) FROM jobs WHERE state IN ('pending', 'failed', 'processing') {queue}), "
                        "(SELECT count(*) FROM jobs WHERE seq > %s {queue})")
-    SQL_DEAD_BETWEEN = "SELECT id FROM jobs WHERE state = 'dead' AND seq BETWEEN %s AND %s {queue} ORDER BY seq"
+    SQL_DEAD_BETWEEN = "SELECT id, seq FROM jobs WHERE state = 'dead' AND seq BETWEEN %s AND %s {queue} ORDER BY seq"
     # The claim keeps SQLite's split (see SqliteSQL): a waiting job is staged until due, then ready,
     # and the claim transaction first promotes what has fallen due. Rows another claimer is
     # promoting are skipped, not waited for: that claimer makes them ready.
@@ -4589,11 +4590,11 @@ def wait_ids(store: Store, ids: list[str], deadline: float | None, progress: "Pr
 def wait_all(store: Store, queue: str | None, deadline: float | None, progress: "Progress") -> int:
     """`wait --all`: until no job (of `queue`) is pending, failed or processing, jobs enqueued meanwhile
     included; 1 if any job unfinished at the start ended dead (naming up to ten), or at the deadline."""
-    answered, high = store.unfinished(queue)  # id -> seq of the jobs whose end decides the exit code
-    low = min(answered.values(), default=0)
+    answered, high = store.unfinished(queue)  # the seqs of the jobs whose end decides the exit code
+    low = min(answered, default=0)
 
     def dead() -> list[str]:
-        return [i for i in store.dead_between(queue, low, high) if i in answered] if answered else []
+        return [i for i, seq in store.dead_between(queue, low, high) if seq in answered] if answered else []
     while True:
         store.refresh()
         unfinished, arrived = store.wait_counts(queue, high)
