@@ -28,7 +28,7 @@ import re
 import sqlite3
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 
 __version__ = "1.0.0"
@@ -734,7 +734,7 @@ class Store:
 
     # -- jobs -----------------------------------------------------------------------------------
 
-    def enqueue(self, specs: list[dict], now: float, stored=lambda count: None) -> list[str]:
+    def enqueue(self, specs: list[dict], now: float, stored: Callable[[int], None] = lambda count: None) -> list[str]:
         """Insert validated job specs in one transaction, all or nothing; returns their ids. `stored(count)`
         hears how many are inserted so far (not committed yet), for a progress line."""
         def insert(cur):
@@ -998,7 +998,7 @@ class Store:
         return self.write(purge)
 
     def purge_in_slices(self, state: str, before: float, max_slices: int = 1 << 62,
-                        purged=lambda count: None) -> int:
+                        purged: Callable[[int], None] = lambda count: None) -> int:
         """purge() in transactions of PURGE_SLICE jobs, so no write lock is held long (a million jobs
         in one transaction held it 7 s, and every worker's heartbeat with it); returns how many.
         `purged(count)` hears the running total after each slice, for a progress line."""
@@ -4463,7 +4463,7 @@ def enqueue_batch(store: Store, progress: "Progress", now: float, defaults: dict
     return store.enqueue(specs, now, stored=lambda n: count(stored=n))
 
 
-def read_stdin(read=lambda lines: None) -> bytearray:
+def read_stdin(read: Callable[[int], None] = lambda lines: None) -> bytearray:
     """All of stdin's bytes; `read(lines)` hears how many lines have come so far, for a progress line."""
     data, lines = bytearray(), 0
     while chunk := sys.stdin.buffer.read1(1 << 20):
