@@ -5693,7 +5693,7 @@ def test_wait_all_queue_waits_for_that_queue_only(db, monkeypatch):
     after_snapshot(monkeypatch, settle)
     assert cli(db, "wait", "--all", "--queue", "a") == (0, "", "")
     assert state_of(db, "a1") == "completed"
-    monkeypatch.undo()
+    after_snapshot(monkeypatch, lambda: None)
     code, out, err = cli(db, "wait", "--all", "--timeout", "0.3")  # b2 is still pending
     assert (code, out) == (1, "")
     assert_one_error(err, "timed out: 1 job still")
