@@ -5521,12 +5521,14 @@ def finish_due(db, code=0):
     return done
 
 
-def after_snapshot(monkeypatch, action):
-    """Make an in-process `wait --all` run `action()` right after it has read which jobs it answers for."""
-    real = queuectl.Store.unfinished
+UNFINISHED = queuectl.Store.unfinished
 
+
+def after_snapshot(monkeypatch, action):
+    """Make an in-process `wait --all` run `action()` right after it has read which jobs it answers for
+    (instead of any action set before)."""
     def spy(self, queue):
-        found = real(self, queue)
+        found = UNFINISHED(self, queue)
         action()
         return found
     monkeypatch.setattr(queuectl.Store, "unfinished", spy)
