@@ -30,7 +30,7 @@ import re
 import sqlite3
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 
 __version__ = "1.0.0"
@@ -93,6 +93,9 @@ QUEUE_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw]?)", re.ASCII)  # see parse_duration
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 PURGE_SLICE = 2000  # jobs that purge and retention delete per transaction: tens of ms of write lock
+BATCH_PROGRESS_LINES = 10_000  # `enqueue -` shows its progress line on a terminal past this many lines
+WAIT_POLL_S = 0.25  # how often `wait` looks again (and redraws its progress line)
+INSERT_SLICE = 10_000  # jobs a batch inserts per executemany, so its progress line can count them stored
 RETENTION_INTERVAL_S = 30.0  # how often workers delete completed jobs older than `retention`
 OUTPUT_FLUSH_S = 1.0  # a running job's output reaches the database at most this often (logs --follow)
 LOST_WORKER_CAP = 3  # a job whose worker is lost this many times goes to the DLQ
@@ -368,6 +371,16 @@ class SqliteSQL:
     SQL_LIST_JOBS = f"SELECT {Job.COLUMNS} FROM (SELECT * FROM jobs {{where}} ORDER BY seq DESC LIMIT ?) ORDER BY seq"
     SQL_COUNTS = "SELECT state, count(*) FROM jobs {where} GROUP BY state"
     SQL_DEPS_OF = "SELECT dep_id FROM deps WHERE job_id = ? ORDER BY rowid"
+    # `wait --all` ({queue}: nothing, or AND queue = ?). The jobs it answers for are those unfinished
+    # when it starts, known by their seq (8 bytes each, not an id), read with the highest seq so far in
+    # one statement (one snapshot): a job enqueued later has a higher seq. Its dead ones are found by a
+    # range of jobs_state between the lowest seq it answers for and that highest seq, so an old
+    # dead-letter queue is not read at every poll.
+    SQL_UNFINISHED_SEQS = ("SELECT seq, (SELECT max(seq) FROM jobs) FROM jobs "
+                      "WHERE state IN ('pending', 'failed', 'processing') {queue}")
+    SQL_WAIT_COUNTS = ("SELECT (SELECT count(*) FROM jobs WHERE state IN ('pending', 'failed', 'processing') {queue}), "
+                       "(SELECT count(*) FROM jobs WHERE seq > ? {queue})")
+    SQL_DEAD_BETWEEN = "SELECT id, seq FROM jobs WHERE state = 'dead' AND seq BETWEEN ? AND ? {queue} ORDER BY seq"
     # The claim. A waiting job (pending or failed, no unfinished dependency) is *staged* until it is
     # due and *ready* from then on: the claim transaction first promotes the staged jobs that have
     # fallen due (a range of jobs_staged, empty most of the time), so jobs_claim holds only due jobs.
@@ -647,6 +660,11 @@ def _where(mark: str, **equal) -> tuple[str, tuple]:
     return ("WHERE " + " AND ".join(f"{k} = {mark}" for k in terms) if terms else ""), tuple(terms.values())
 
 
+def _and_queue(mark: str, queue: str | None) -> tuple[str, tuple]:
+    """`AND queue = mark` and its parameter, or nothing for every queue (mark: the dialect's PARAM)."""
+    return (f"AND queue = {mark}", (queue,)) if queue is not None else ("", ())
+
+
 _PROCESS_LOCKS: dict = {}
 
 
@@ -800,19 +818,25 @@ class Store:
 
     # -- jobs -----------------------------------------------------------------------------------
 
-    def enqueue(self, specs: list[dict], now: float) -> list[str]:
-        """Insert validated job specs in one transaction, all or nothing; returns their ids."""
+    def enqueue(self, specs: list[dict], now: float, stored: Callable[[int], None] = lambda count: None) -> list[str]:
+        """Insert validated job specs in one transaction, all or nothing; returns their ids. `stored(count)`
+        hears how many are inserted so far (not committed yet), for a progress line."""
         def insert(cur):
             plain: list[dict] = []
             due = False
-            for spec in specs:
+            for count, spec in enumerate(specs, start=1):
                 if spec["depends_on"]:
                     self._insert_plain(cur, plain, now)
                     due |= self._insert_with_deps(cur, spec, now)
+                    stored(count)
                 else:
                     plain.append(spec)
                     due |= (spec["run_at"] or now) <= now
+                    if len(plain) == INSERT_SLICE:
+                        self._insert_plain(cur, plain, now)
+                        stored(count)
             self._insert_plain(cur, plain, now)
+            stored(len(specs))
             if due:
                 self._wake_workers(cur)
             return [spec["id"] for spec in specs]
@@ -889,6 +913,23 @@ class Store:
         counts = dict.fromkeys(STATES, 0)
         counts.update(self.read(self.sql.SQL_COUNTS.format(where=where), params))
         return counts
+
+    def unfinished(self, queue: str | None) -> tuple[set[int], int]:
+        """The seqs of the jobs pending, failed or processing now (of `queue`, or of every queue), and
+        the highest seq so far (0 if none), read in one snapshot: what `wait --all` answers for."""
+        clause, params = _and_queue(self.sql.PARAM, queue)
+        rows = self.read(self.sql.SQL_UNFINISHED_SEQS.format(queue=clause), params)
+        return {r[0] for r in rows}, (rows[0][1] if rows else 0)
+
+    def wait_counts(self, queue: str | None, after_seq: int) -> tuple[int, int]:
+        """(jobs pending, failed or processing now, jobs enqueued after seq `after_seq` still here)."""
+        clause, params = _and_queue(self.sql.PARAM, queue)
+        return tuple(self.read(self.sql.SQL_WAIT_COUNTS.format(queue=clause), params + (after_seq,) + params)[0])
+
+    def dead_between(self, queue: str | None, low_seq: int, high_seq: int) -> list[tuple[str, int]]:
+        """(id, seq) of the dead jobs whose seq is from `low_seq` to `high_seq`, in enqueue order."""
+        clause, params = _and_queue(self.sql.PARAM, queue)
+        return self.read(self.sql.SQL_DEAD_BETWEEN.format(queue=clause), (low_seq, high_seq) + params)
 
     def runs(self, job_id: str) -> list[dict]:
         """Every run of a job, oldest first."""
@@ -1066,13 +1107,16 @@ class Store:
             return len(ids)
         return self.write(purge)
 
-    def purge_in_slices(self, state: str, before: float, max_slices: int = 1 << 62) -> int:
+    def purge_in_slices(self, state: str, before: float, max_slices: int = 1 << 62,
+                        purged: Callable[[int], None] = lambda count: None) -> int:
         """purge() in transactions of PURGE_SLICE jobs, so no write lock is held long (a million jobs
-        in one transaction held it 7 s, and every worker's heartbeat with it); returns how many."""
+        in one transaction held it 7 s, and every worker's heartbeat with it); returns how many.
+        `purged(count)` hears the running total after each slice, for a progress line."""
         total = 0
         for _ in range(max_slices):
             removed = self.purge(state, before, PURGE_SLICE)
             total += removed
+            purged(total)
             if removed < PURGE_SLICE:
                 break
             # A short gap between slices: SQLite does not queue waiting writers, they poll, and one
@@ -1624,6 +1668,14 @@ class PostgresSQL:
                      "LIMIT nullif(%s, -1)) AS newest ORDER BY seq")
     SQL_COUNTS = "SELECT state, count(*) FROM jobs {where} GROUP BY state"
     SQL_DEPS_OF = "SELECT dep_id FROM deps WHERE job_id = %s ORDER BY seq"
+    # `wait --all`, as SQLite's. A job whose insert commits after the first statement's snapshot with
+    # a lower seq than its max (sequences are handed out before commit) is neither answered for nor
+    # counted as arrived: the progress line's total may lag by it; the exit code cannot be wrong.
+    SQL_UNFINISHED_SEQS = ("SELECT seq, (SELECT max(seq) FROM jobs) FROM jobs "
+                      "WHERE state IN ('pending', 'failed', 'processing') {queue}")
+    SQL_WAIT_COUNTS = ("SELECT (SELECT count(*) FROM jobs WHERE state IN ('pending', 'failed', 'processing') {queue}), "
+                       "(SELECT count(*) FROM jobs WHERE seq > %s {queue})")
+    SQL_DEAD_BETWEEN = "SELECT id, seq FROM jobs WHERE state = 'dead' AND seq BETWEEN %s AND %s {queue} ORDER BY seq"
     # The claim keeps SQLite's split (see SqliteSQL): a waiting job is staged until due, then ready,
     # and the claim transaction first promotes what has fallen due. Rows another claimer is
     # promoting are skipped, not waited for: that claimer makes them ready.
@@ -4576,6 +4628,7 @@ def _command(sub, name: str, func, help: str, *, json_flag: bool = False, ids: s
 def _add_job_commands(sub) -> None:
     e = _command(sub, "enqueue", cmd_enqueue, "add a job, or with '-' a batch from stdin", json_flag=True)
     e.add_argument("job", metavar="JSON", help="a job object, or - to read JSON Lines or a JSON array from stdin")
+    _progress_flag(e)
     _add_add_command(sub)
     c = _command(sub, "cancel", cmd_cancel, "cancel jobs: waiting ones go to the DLQ, running ones are killed",
                  check=check_bulk)
@@ -4587,9 +4640,17 @@ def _add_job_commands(sub) -> None:
                     help="which finished jobs (default completed)")
     pg.add_argument("--older-than", type=_duration_arg, default=None, metavar="DURATION",
                     help="only those last changed longer ago than this, e.g. 3600, 15m, 12h, 7d, 1w (default: any age)")
-    wt = _command(sub, "wait", cmd_wait, "block until the jobs are completed or dead", ids="+", reads=True)
+    _progress_flag(pg)
+    wt = _command(sub, "wait", cmd_wait, "block until the jobs, or with --all a whole queue, are completed or dead",
+                  reads=True, check=check_wait)
+    wt.add_argument("ids", nargs="*", metavar="ID")
+    wt.add_argument("--all", action="store_true",
+                    help="until no job is pending, failed or processing (scheduled for later counts as unfinished)")
+    wt.add_argument("--queue", type=_queue_arg, help="with --all: only this queue")
     wt.add_argument("--timeout", type=_duration_arg, default=None, metavar="DURATION",
                     help="give up after this long (exit 1), e.g. 90, 30s, 15m")
+    _progress_flag(wt)
+
 
 
 def _add_add_command(sub) -> None:
@@ -4611,6 +4672,10 @@ def _add_add_command(sub) -> None:
                    help="run after this job completed; repeat it for more")
     a.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="set a variable; repeatable")
     a.add_argument("--cwd", metavar="DIR", help="folder to run in (default: the current one)")
+
+
+def _progress_flag(cmd) -> None:
+    cmd.add_argument("--no-progress", action="store_true", help="no live progress line on a terminal")
 
 
 def _add_view_commands(sub) -> None:
@@ -4746,16 +4811,114 @@ def checked_ids(ids: list[str]) -> list[str]:
     return list(dict.fromkeys(_valid_id(i, "ID") for i in ids))
 
 
+# -- progress ------------------------------------------------------------------------------------
+
+class Progress:
+    """One live line on stderr for long work, redrawn in place at most four times a second and erased by
+    close() (or the end of a `with`), so only the command's result stays. It is on only when stderr is a
+    terminal, without --no-progress, QUEUECTL_NO_PROGRESS=1 or TERM=dumb: off, it writes nothing."""
+    REDRAW_S = 0.25
+    RATE_WINDOW_S = 10.0  # rate() measures over about this long, once it has a second of counts
+
+    def __init__(self, on: bool, stream=None, clock=time.monotonic):
+        self.on, self.stream, self.clock = on, stream if stream is not None else sys.stderr, clock
+        self.drawn_at: float | None = None  # when the line was last drawn; None: never
+        self.visible = False
+        self.counts: list[tuple[float, int]] = []  # (clock, count) for rate()
+
+    @classmethod
+    def for_command(cls, args) -> "Progress":
+        """A Progress on this process's stderr, on where the user wants it (see the class)."""
+        on = (not getattr(args, "no_progress", False) and sys.stderr.isatty()
+              and os.environ.get("QUEUECTL_NO_PROGRESS", "") in ("", "0") and os.environ.get("TERM") != "dumb")
+        return cls(on)
+
+    @property
+    def drawn(self) -> bool:
+        """Whether the line was ever drawn."""
+        return self.drawn_at is not None
+
+    def show(self, text: str) -> None:
+        """Draw `text` as the line, unless the last drawing is less than REDRAW_S old."""
+        if not self.on:
+            return
+        now = self.clock()
+        if self.drawn_at is not None and now - self.drawn_at < self.REDRAW_S:
+            return
+        # To column 0, the text cut to the width (a wrapped line could not be redrawn in place), and
+        # ESC [ K erases what a longer earlier text left to the right.
+        self._write("\r" + text[:self._columns() - 1] + "\x1b[K")
+        self.drawn_at, self.visible = now, True
+
+    def close(self) -> None:
+        """Erase the line."""
+        if self.visible:
+            self._write("\r\x1b[K")
+            self.visible = False
+
+    def __enter__(self) -> "Progress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()  # before main() prints an error line, and on Ctrl+C
+
+    def rate(self, count: int) -> float | None:
+        """Per second, how fast `count` grew over the last RATE_WINDOW_S; None until a second has passed."""
+        now = self.clock()
+        self.counts.append((now, count))
+        while len(self.counts) > 2 and now - self.counts[1][0] >= self.RATE_WINDOW_S:
+            self.counts.pop(0)
+        first_at, first = self.counts[0]
+        return None if now - first_at < 1.0 else max(0.0, (count - first) / (now - first_at))
+
+    def _columns(self) -> int:
+        try:
+            columns = os.get_terminal_size(self.stream.fileno()).columns
+        except (OSError, ValueError):
+            columns = 0
+        return columns if columns > 1 else 80  # a pseudo-terminal nobody sized reports 0
+
+    def _write(self, text: str) -> None:
+        with contextlib.suppress(OSError):  # a terminal that went away must not fail the command itself
+            self.stream.write(text)
+            self.stream.flush()
+
+
+def waiting_line(finished: int, total: int, dead: int, rate: float | None) -> str:
+    """`wait`'s progress: `waiting: 312/1000 finished, 2 dead · 41/s · about 17s left` (rate and
+    estimate once the rate is known, the estimate while the rate is above zero)."""
+    line = f"waiting: {finished}/{total} finished, {dead} dead"
+    if rate is None:
+        return line
+    line += f" · {rate:.0f}/s" if rate >= 10 else f" · {rate:.1f}/s"
+    if rate > 0 and total > finished:
+        line += f" · about {_about((total - finished) / rate)} left"
+    return line
+
+
+def _about(seconds: float) -> str:
+    """A rough duration: 17s, 4m 05s, 2h 10m."""
+    s = math.ceil(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60:02d}s"
+    return f"{s // 3600}h {s % 3600 // 60:02d}m"
+
+
 # -- jobs ----------------------------------------------------------------------------------------
 
 def cmd_enqueue(args, store: Store) -> None:
     now, defaults, cwd = store.now(), store.config_all(), current_dir()
     if args.job != "-":
         return enqueue_and_print(store, [validate_job(parse_json(args.job), defaults, cwd, now)], now, args.json)
-    specs = [{**_numbered(where, lambda: validate_job(item, defaults, cwd, now)), "where": where}
-             for where, item in read_batch(sys.stdin.buffer.read())]
-    check_batch(specs)
-    enqueue_and_print(store, specs, now, args.json, batch=True)
+    started, progress = time.monotonic(), Progress.for_command(args)
+    with progress:
+        specs, ids = enqueue_batch(store, progress, now, defaults, cwd)
+    print_enqueued(store, specs, ids, args.json, batch=True)
+    if progress.drawn:  # a long batch on a terminal: its live line is gone, one line says how it went
+        sys.stdout.flush()
+        print(f"queuectl: enqueued {len(ids)} jobs in {time.monotonic() - started:.1f}s", file=sys.stderr)
 
 
 def cmd_add(args, store: Store) -> None:
@@ -4764,14 +4927,47 @@ def cmd_add(args, store: Store) -> None:
                       args.json)
 
 
-def enqueue_and_print(store: Store, specs: list[dict], now: float, as_json: bool, batch: bool = False) -> None:
-    """Enqueue validated specs; print their ids, or the jobs with --json (one object unless a batch)."""
-    ids = store.enqueue(specs, now)
+def enqueue_and_print(store: Store, specs: list[dict], now: float, as_json: bool) -> None:
+    """Enqueue one validated job; print its id, or the job with --json."""
+    print_enqueued(store, specs, store.enqueue(specs, now), as_json)
+
+
+def print_enqueued(store: Store, specs: list[dict], ids: list[str], as_json: bool, batch: bool = False) -> None:
+    """Print the ids, or the jobs with --json (one object unless a batch); note a paused queue on stderr."""
     note_paused(store, [spec["queue"] for spec in specs])
     if as_json:
         jobs = [store.get(i).to_dict() for i in ids]
         return emit_json(jobs if batch else jobs[0])
     print_ids(ids)
+
+
+def enqueue_batch(store: Store, progress: "Progress", now: float, defaults: dict, cwd: str) -> tuple[list, list]:
+    """`enqueue -`: read, validate and store stdin's jobs (all or none); past BATCH_PROGRESS_LINES lines
+    (or items of one JSON array) the progress line counts them. Returns the specs and their ids."""
+    counts = {"read": 0, "validated": 0, "stored": 0}
+
+    def count(**now_at):
+        counts.update(now_at)
+        if counts["read"] > BATCH_PROGRESS_LINES or counts["validated"] > BATCH_PROGRESS_LINES:
+            progress.show("enqueue: read {read} lines · validated {validated} · stored {stored}".format(**counts))
+    specs = []
+    for where, item in read_batch(read_stdin(lambda lines: count(read=lines))):
+        specs.append({**_numbered(where, lambda: validate_job(item, defaults, cwd, now)), "where": where})
+        if len(specs) % 1000 == 0:
+            count(validated=len(specs))
+    count(validated=len(specs))
+    check_batch(specs)
+    return specs, store.enqueue(specs, now, stored=lambda n: count(stored=n))
+
+
+def read_stdin(read: Callable[[int], None] = lambda lines: None) -> bytearray:
+    """All of stdin's bytes; `read(lines)` hears how many lines have come so far, for a progress line."""
+    data, lines = bytearray(), 0
+    while chunk := sys.stdin.buffer.read1(1 << 20):
+        data += chunk
+        lines += chunk.count(b"\n")
+        read(lines)
+    return data
 
 
 def note_paused(store: Store, queues: list[str]) -> None:
@@ -4900,25 +5096,80 @@ def check_purge(args) -> None:
 
 def cmd_purge(args, store: Store) -> None:
     state = args.state or COMPLETED
-    removed = store.purge_in_slices(state, store.now() - (args.older_than or 0))
+
+    def purged(count: int) -> None:
+        if count >= PURGE_SLICE:  # a full slice: more may follow, so the line is worth showing
+            progress.show(f"purge: {count} {state} jobs deleted so far")
+    with Progress.for_command(args) as progress:
+        removed = store.purge_in_slices(state, store.now() - (args.older_than or 0), purged=purged)
     print(f"purged {removed} {state} job{'s' if removed != 1 else ''}")
 
 
+def check_wait(args) -> None:
+    if args.all and args.ids:
+        raise UsageError("wait: give job ids or --all, not both")
+    if not args.all and not args.ids:
+        raise UsageError("wait: give the ids of the jobs to wait for, or --all")
+    if args.queue is not None and not args.all:
+        raise UsageError("wait: --queue needs --all (ids name their jobs already)")
+
+
 def cmd_wait(args, store: Store) -> int:
-    ids = checked_ids(args.ids)
     deadline = None if args.timeout is None else time.monotonic() + args.timeout
+    with Progress.for_command(args) as progress:
+        if args.all:
+            return wait_all(store, args.queue, deadline, progress)
+        return wait_ids(store, checked_ids(args.ids), deadline, progress)
+
+
+def wait_ids(store: Store, ids: list[str], deadline: float | None, progress: "Progress") -> int:
+    """`wait ID…`: until every named job is completed or dead; 1 naming the dead ones, or at the deadline
+    the unfinished ones."""
     while True:
         store.refresh()
         jobs = [store.get(i) for i in ids]
-        if all(j.state in (COMPLETED, DEAD) for j in jobs):  # every one has finished, one way or the other
-            dead = [j for j in jobs if j.state == DEAD]
+        dead = [j for j in jobs if j.state == DEAD]
+        waiting = [j.id for j in jobs if j.state not in (COMPLETED, DEAD)]
+        if not waiting:  # every one has finished, one way or the other
             if dead:
                 raise QueueError("dead: " + "; ".join(f"job {j.id!r}: {j.last_error}" for j in dead))
             return EXIT_OK
         if deadline is not None and time.monotonic() > deadline:
-            waiting = [j.id for j in jobs if j.state not in (COMPLETED, DEAD)]
             raise QueueError(f"timed out waiting for {', '.join(waiting)}")
-        time.sleep(0.2)
+        finished = len(jobs) - len(waiting)
+        progress.show(waiting_line(finished, len(jobs), len(dead), progress.rate(finished)))
+        time.sleep(WAIT_POLL_S)
+
+
+def wait_all(store: Store, queue: str | None, deadline: float | None, progress: "Progress") -> int:
+    """`wait --all`: until no job (of `queue`) is pending, failed or processing, jobs enqueued meanwhile
+    included; 1 if any job unfinished at the start ended dead (naming up to ten), or at the deadline."""
+    answered, high = store.unfinished(queue)  # the seqs of the jobs whose end decides the exit code
+    low = min(answered, default=0)
+
+    def dead() -> list[str]:
+        return [i for i, seq in store.dead_between(queue, low, high) if seq in answered] if answered else []
+    while True:
+        store.refresh()
+        unfinished, arrived = store.wait_counts(queue, high)
+        if not unfinished:  # counted before reading the dead, so a job that just died is among them
+            return _dead_verdict(dead(), len(answered))
+        if deadline is not None and time.monotonic() > deadline:
+            where = f" in queue {queue!r}" if queue is not None else ""
+            raise QueueError(f"timed out: {unfinished} job{'s' if unfinished != 1 else ''}{where} still pending, "
+                             "failed or processing")
+        if progress.on:
+            total = max(len(answered) + arrived, unfinished)
+            progress.show(waiting_line(total - unfinished, total, len(dead()), progress.rate(total - unfinished)))
+        time.sleep(WAIT_POLL_S)
+
+
+def _dead_verdict(dead: list[str], answered: int) -> int:
+    """0 if none of the jobs `wait --all` answers for ended dead, else QueueError naming the first ten."""
+    if not dead:
+        return EXIT_OK
+    named = ", ".join(repr(i) for i in dead[:10]) + (f" and {len(dead) - 10} more" if len(dead) > 10 else "")
+    raise QueueError(f"{len(dead)} of the {answered} jobs waited for ended dead: {named}")
 
 
 # -- views ---------------------------------------------------------------------------------------

@@ -6217,3 +6217,390 @@ def test_a_claim_that_fails_after_its_commit_is_run_once_by_the_same_worker(db, 
     job = get_job(db, "j")
     assert [(r["outcome"], r["error"]) for r in job["runs"]] == [("lost", "claim answer lost"), ("completed", None)]
     assert (tmp_path / "ran.txt").read_text() == "ran\n"
+
+# ==== Progress line and wait --all =================================================================
+# `wait --all` on both backends, and the live progress line of `wait`, `enqueue -` and `purge`: run
+# under a pseudo-terminal for what a person sees, and with pipes for what a script sees (nothing new).
+
+def screen(raw):
+    """The non-blank lines a terminal shows after `raw`: CR goes to column 0, ESC [ K erases to the end
+    of the line, LF goes one line down (the terminal's own CR LF for a newline comes as both)."""
+    lines, row, col, i = [""], 0, 0, 0
+    while i < len(raw):
+        if raw.startswith("\x1b[K", i):
+            lines[row], i = lines[row][:col], i + 3
+            continue
+        ch = raw[i]
+        if ch == "\r":
+            col = 0
+        elif ch == "\n":
+            row += 1
+            lines += [""] * (row + 1 - len(lines))
+        else:
+            line = lines[row].ljust(col)
+            lines[row], col = line[:col] + ch + line[col + 1:], col + 1
+        i += 1
+    return [line for line in lines if line.strip()]
+
+
+def test_screen_follows_carriage_returns_and_erases():
+    assert screen("\rwaiting: 1/2\x1b[K\rwaiting: 2/2\x1b[K\r\x1b[Kdone\r\n") == ["done"]
+    assert screen("abc\rx\r\n") == ["xbc"]
+
+
+class TerminalRun:
+    """The real script with stderr on a pseudo-terminal (stdout to a file, stdin from one): `raw()` is
+    everything it wrote to the terminal so far."""
+
+    def __init__(self, folder, db, *args, stdin_path=os.devnull, **env):
+        master, slave = os.openpty()
+        self.out_path, self.master, self.chunks = folder / f"stdout.{uuid.uuid4().hex}", master, []
+        environ = child_env(TERM="xterm")
+        environ.pop("QUEUECTL_NO_PROGRESS", None)
+        environ.update(env)
+        try:
+            with open(stdin_path, "rb") as stdin, open(self.out_path, "wb") as out:
+                self.popen = subprocess.Popen([sys.executable, QUEUECTL, "--db", db, *args], stdin=stdin,
+                                              stdout=out, stderr=slave, env=environ,
+                                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        finally:
+            os.close(slave)
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        while True:
+            try:
+                chunk = os.read(self.master, 65536)
+            except OSError:  # EIO: every writer of the terminal has closed it
+                return
+            if not chunk:
+                return
+            self.chunks.append(chunk)
+
+    def raw(self):
+        return b"".join(self.chunks).decode("utf-8", "replace")
+
+    def wait_raw(self, fragment):
+        wait_for(lambda: fragment in self.raw(), f"{fragment!r} on the terminal; got {self.raw()!r}")
+
+    def finish(self, timeout=WAIT_S):
+        """Wait for the exit; return (exit code, stdout, raw terminal output)."""
+        code = self.popen.wait(timeout=timeout)
+        self.reader.join(timeout)
+        os.close(self.master)
+        with open(self.out_path) as f:
+            return code, f.read(), self.raw()
+
+    def kill(self):
+        if self.popen.poll() is None:
+            self.popen.kill()
+            self.popen.wait()
+
+
+@pytest.fixture
+def terminal(tmp_path):
+    """Factory for TerminalRun on the test's db; whatever still runs is killed at teardown."""
+    runs = []
+
+    def start(db, *args, **kw):
+        runs.append(TerminalRun(tmp_path, db, *args, **kw))
+        return runs[-1]
+    yield start
+    for run in runs:
+        run.kill()
+
+
+def finish_due(db, code=0):
+    """Claim and finish every due job with exit `code`, as a worker would; returns their ids."""
+    done = []
+    with opened(db) as s:
+        register(s, "tw", now=time.time())
+        while (job := s.claim("tw", time.time())) is not None:
+            s.finish(job, "tw", outcome(code, None if code == 0 else f"exit code {code}", "", 0.0), SETTINGS,
+                     time.time())
+            done.append(job.id)
+        s.deregister("tw")
+    return done
+
+
+UNFINISHED = queuectl.Store.unfinished
+
+
+def after_snapshot(monkeypatch, action):
+    """Make an in-process `wait --all` run `action()` right after it has read which jobs it answers for
+    (instead of any action set before)."""
+    def spy(self, queue):
+        found = UNFINISHED(self, queue)
+        action()
+        return found
+    monkeypatch.setattr(queuectl.Store, "unfinished", spy)
+
+
+# ---- Progress, the line itself
+
+def test_progress_redraws_at_most_four_times_a_second_and_erases_the_line():
+    clock, stream = [0.0], io.StringIO()
+    progress = queuectl.Progress(True, stream, clock=lambda: clock[0])
+    for at, text in ((0.0, "one"), (0.1, "two"), (0.24, "three"), (0.26, "four"), (0.4, "five")):
+        clock[0] = at
+        progress.show(text)
+    assert stream.getvalue() == "\rone\x1b[K\rfour\x1b[K"
+    assert progress.drawn
+    with progress:
+        progress.show("x" * 500)  # cut to the width (80 when it cannot be read), so it never wraps
+    assert stream.getvalue().endswith("\r\x1b[K")
+    assert screen(stream.getvalue()) == []
+    assert max(len(part) for part in stream.getvalue().split("\r")) <= 80 + 3
+
+
+def test_progress_off_writes_nothing():
+    stream = io.StringIO()
+    with queuectl.Progress(False, stream) as progress:
+        progress.show("waiting: 0/1 finished, 0 dead")
+    assert (stream.getvalue(), progress.drawn) == ("", False)
+
+
+def test_progress_rate_over_the_last_seconds_and_the_estimate():
+    clock = [100.0]
+    progress = queuectl.Progress(True, io.StringIO(), clock=lambda: clock[0])
+    assert progress.rate(0) is None
+    clock[0] = 100.5
+    assert progress.rate(5) is None  # less than a second of counts: not known yet
+    clock[0] = 101.0
+    assert progress.rate(10) == pytest.approx(10.0)
+    for second in range(2, 31):  # 10 a second for 10 s, then 1 a second: the window forgets the fast start
+        clock[0] = 100.0 + second
+        count = 10 * min(second, 10) + max(0, second - 10)
+        rate = progress.rate(count)
+    assert rate == pytest.approx(1.0)
+    assert progress.rate(count - 50) == 0.0  # a count that went down (a job revived) is no negative rate
+
+
+def test_waiting_line_shows_counts_then_rate_then_estimate():
+    line = queuectl.waiting_line
+    assert line(0, 5, 0, None) == "waiting: 0/5 finished, 0 dead"
+    assert line(312, 1000, 2, 41.0) == "waiting: 312/1000 finished, 2 dead · 41/s · about 17s left"
+    assert line(3, 5, 0, 0.0) == "waiting: 3/5 finished, 0 dead · 0.0/s"  # stalled: no estimate
+    assert line(1, 1000, 0, 4.0).endswith(" · 4.0/s · about 4m 10s left")
+    assert line(0, 100_000, 0, 12.5).endswith(" · 12/s · about 2h 13m left")
+
+
+@pytest.mark.parametrize("env, flag, tty, on", [
+    ({}, False, True, True), ({}, False, False, False), ({}, True, True, False),
+    ({"QUEUECTL_NO_PROGRESS": "1"}, False, True, False), ({"QUEUECTL_NO_PROGRESS": "0"}, False, True, True),
+    ({"TERM": "dumb"}, False, True, False)])
+def test_progress_is_on_only_on_a_terminal_that_wants_it(monkeypatch, env, flag, tty, on):
+    class Stderr(io.StringIO):
+        def isatty(self):
+            return tty
+    monkeypatch.setattr(sys, "stderr", Stderr())
+    monkeypatch.delenv("QUEUECTL_NO_PROGRESS", raising=False)
+    monkeypatch.setenv("TERM", "xterm")
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    import argparse
+    assert queuectl.Progress.for_command(argparse.Namespace(no_progress=flag)).on is on
+
+
+# ---- wait --all
+
+def test_wait_all_on_a_queue_with_nothing_unfinished_exits_0_at_once(db):
+    assert cli(db, "wait", "--all") == (0, "", "")
+    enqueue(db, id="old", command="true")
+    ok(db, "cancel", "old")  # dead before the wait started: not one of the jobs it answers for
+    assert finish_due(db) == []
+    assert cli(db, "wait", "--all") == (0, "", "")
+
+
+@sqlite_only
+@pytest.mark.parametrize("args, fragment", [(["--all", "a"], "not both"), ([], "--all"),
+                                            (["a", "--queue", "q"], "--queue needs --all"),
+                                            (["--all", "--queue", "bad name"], "queue")])
+def test_wait_all_bad_arguments_exit_2_and_create_nothing(db, args, fragment):
+    code, out, err = cli(db, "wait", *args)
+    assert (code, out) == (2, "")
+    assert fragment in err and "Traceback" not in err
+    assert not os.path.exists(db)
+
+
+def test_wait_all_blocks_until_a_queue_drains(db, workers, tmp_path, monkeypatch):
+    for n in range(3):
+        enqueue(db, id=f"j{n}", command="true", cwd=str(tmp_path))
+    code, out, err = cli(db, "wait", "--all", "--timeout", "0.3")
+    assert (code, out) == (1, "")
+    assert_one_error(err, "timed out: 3 jobs still pending, failed or processing")
+    burst = []
+    after_snapshot(monkeypatch, lambda: burst.append(workers.start("--burst")))  # a real worker drains it
+    assert cli(db, "wait", "--all") == (0, "", "")
+    assert [state_of(db, f"j{n}") for n in range(3)] == ["completed"] * 3
+    assert burst[0].wait() == 0
+
+
+def test_wait_all_exits_1_naming_a_job_that_went_dead(db, workers, tmp_path, monkeypatch):
+    enqueue(db, id="good", command="true", cwd=str(tmp_path))
+    enqueue(db, id="bad", command="exit 3", max_retries=0, cwd=str(tmp_path))
+    after_snapshot(monkeypatch, lambda: workers.start("--burst"))
+    code, out, err = cli(db, "wait", "--all")
+    assert (code, out) == (1, "")
+    assert_one_error(err, "1 of the 2 jobs waited for ended dead: 'bad'")
+    assert (state_of(db, "good"), state_of(db, "bad")) == ("completed", "dead")
+
+
+def test_wait_all_names_at_most_ten_dead_jobs(db, monkeypatch):
+    ids = [f"d{n:02d}" for n in range(12)]
+    for job_id in ids:
+        enqueue(db, id=job_id, command="true")
+    after_snapshot(monkeypatch, lambda: ok(db, "cancel", *ids))
+    code, out, err = cli(db, "wait", "--all")
+    assert (code, out) == (1, "")
+    assert_one_error(err, "12 of the 12 jobs waited for ended dead: 'd00', 'd01'", "'d09' and 2 more")
+    assert "'d10'" not in err and "'d11'" not in err
+
+
+def test_wait_all_counts_a_job_scheduled_for_later_as_unfinished(db):
+    enqueue(db, id="now", command="true")
+    enqueue(db, id="later", command="true", delay=3600)
+    assert finish_due(db) == ["now"]
+    code, out, err = cli(db, "wait", "--all", "--timeout", "0.3")
+    assert (code, out) == (1, "")
+    assert_one_error(err, "timed out: 1 job still pending, failed or processing")
+
+
+def test_wait_all_waits_for_jobs_enqueued_meanwhile_but_answers_only_for_the_first(db, monkeypatch):
+    enqueue(db, id="early", command="true")
+
+    def meanwhile():
+        enqueue(db, id="late", command="true")
+        with opened(db) as s:
+            s.cancel(["late"], time.time())  # a job it did not answer for ends dead ...
+        enqueue(db, id="later", command="true")  # ... and one more arrives, still pending
+        assert finish_due(db) == ["early", "later"]
+    after_snapshot(monkeypatch, meanwhile)
+    assert cli(db, "wait", "--all") == (0, "", "")
+    assert [state_of(db, i) for i in ("early", "late", "later")] == ["completed", "dead", "completed"]
+
+
+def test_wait_all_queue_waits_for_that_queue_only(db, monkeypatch):
+    enqueue(db, id="a1", command="true", queue="a")
+    enqueue(db, id="b1", command="true", queue="b")
+    enqueue(db, id="b2", command="true", queue="b")
+    code, out, err = cli(db, "wait", "--all", "--queue", "b", "--timeout", "0.3")
+    assert (code, out) == (1, "")
+    assert_one_error(err, "timed out: 2 jobs in queue 'b' still pending, failed or processing")
+
+    def settle():
+        ok(db, "cancel", "b1")  # dead, but in another queue than the one waited for
+        with opened(db) as s:
+            register(s, "tw", now=time.time())
+            job = s.claim("tw", time.time(), ("a",))
+            s.finish(job, "tw", outcome(0, None, "", 0.0), SETTINGS, time.time())
+    after_snapshot(monkeypatch, settle)
+    assert cli(db, "wait", "--all", "--queue", "a") == (0, "", "")
+    assert state_of(db, "a1") == "completed"
+    after_snapshot(monkeypatch, lambda: None)
+    code, out, err = cli(db, "wait", "--all", "--timeout", "0.3")  # b2 is still pending
+    assert (code, out) == (1, "")
+    assert_one_error(err, "timed out: 1 job still")
+
+
+def test_wait_ids_keeps_its_contract_next_to_all(db):
+    enqueue(db, id="p", command="true")
+    code, out, err = cli(db, "wait", "p", "--timeout", "0.3")
+    assert (code, out) == (1, "")
+    assert_one_error(err, "timed out waiting for p")
+    finish_due(db)
+    assert cli(db, "wait", "p") == (0, "", "")
+
+
+# ---- on a terminal, and off one
+
+def test_wait_draws_a_live_line_on_a_terminal_and_leaves_only_the_result(db, terminal):
+    enqueue(db, id="p", command="true")
+    for args, result in ((["p"], "queuectl: error: timed out waiting for p"),
+                         (["--all"], "queuectl: error: timed out: 1 job still pending, failed or processing")):
+        code, out, raw = terminal(db, "wait", *args, "--timeout", "1").finish()
+        assert (code, out) == (1, "")
+        assert "\rwaiting: 0/1 finished, 0 dead" in raw and "\x1b[K" in raw
+        assert screen(raw) == [result]
+    run = terminal(db, "wait", "--all")
+    run.wait_raw("waiting: 0/1 finished, 0 dead")
+    assert finish_due(db) == ["p"]
+    code, out, raw = run.finish()
+    assert (code, out, screen(raw)) == (0, "", [])  # success: the line is gone, nothing else was written
+
+
+@sqlite_only
+@pytest.mark.parametrize("args, env", [(["--no-progress"], {}), ([], {"QUEUECTL_NO_PROGRESS": "1"}),
+                                       ([], {"TERM": "dumb"})])
+def test_progress_switched_off_on_a_terminal_writes_only_the_result(db, terminal, args, env):
+    enqueue(db, id="p", command="true")
+    code, out, raw = terminal(db, "wait", "p", "--timeout", "0.5", *args, **env).finish()
+    assert (code, out, raw) == (1, "", "queuectl: error: timed out waiting for p\r\n")
+
+
+def test_wait_interrupted_on_a_terminal_erases_its_line(db, terminal):
+    enqueue(db, id="p", command="true")
+    run = terminal(db, "wait", "p")
+    run.wait_raw("waiting: ")
+    run.popen.send_signal(signal.SIGINT)
+    code, out, raw = run.finish()
+    assert (code, out, screen(raw)) == (130, "", [])
+
+
+def test_wait_off_a_terminal_writes_nothing_extra(db):
+    enqueue(db, id="p", command="true")
+    for args, error in ((["p"], "timed out waiting for p"),
+                        (["--all"], "timed out: 1 job still pending, failed or processing")):
+        result = script(db, "wait", *args, "--timeout", "0.5")
+        assert (result.returncode, result.stdout, result.stderr) == (1, "", f"{ERROR_PREFIX}{error}\n")
+
+
+def batch_file(folder, lines):
+    path = folder / f"batch{lines}.jsonl"
+    path.write_text("".join(json.dumps({"id": f"b{n}", "command": "true"}) + "\n" for n in range(lines)))
+    return path
+
+
+def test_enqueue_batch_over_10000_lines_counts_on_a_terminal_then_says_how_it_went(db, terminal, tmp_path):
+    code, out, raw = terminal(db, "enqueue", "-", stdin_path=batch_file(tmp_path, 10_001)).finish()
+    assert code == 0
+    assert out.split() == [f"b{n}" for n in range(10_001)]
+    assert re.search(r"\renqueue: read \d+ lines · validated \d+ · stored \d+\x1b\[K", raw), raw[:300]
+    [final] = screen(raw)
+    assert re.fullmatch(r"queuectl: enqueued 10001 jobs in \d+\.\ds", final), final
+
+
+def test_enqueue_batch_of_10000_lines_or_off_a_terminal_writes_nothing_extra(db, terminal, tmp_path):
+    code, out, raw = terminal(db, "enqueue", "-", stdin_path=batch_file(tmp_path, 10_000)).finish()
+    assert (code, raw) == (0, "")
+    assert len(out.split()) == 10_000
+    ok(db, "delete", *out.split())
+    result = script_stdin(db, batch_file(tmp_path, 10_001).read_bytes(), "enqueue", "-")
+    assert (result.returncode, result.stderr) == (0, "")
+    assert len(result.stdout.split()) == 10_001
+
+
+def completed_jobs(db, count):
+    """`count` completed jobs, made fast: a batch, then marked completed in one statement."""
+    batch = "".join(json.dumps({"id": f"c{n}", "command": "true"}) + "\n" for n in range(count))
+    assert cli(db, "enqueue", "-", stdin=batch)[0] == 0
+    db_sql(db, "UPDATE jobs SET state = 'completed', ready = 0, updated_at = ?", (time.time() - 10,))
+
+
+def test_purge_in_slices_counts_on_a_terminal_and_erases_the_line(db, terminal):
+    completed_jobs(db, 2 * queuectl.PURGE_SLICE + 1)
+    code, out, raw = terminal(db, "purge", "--state", "completed").finish()
+    assert (code, out) == (0, f"purged {2 * queuectl.PURGE_SLICE + 1} completed jobs\n")
+    assert f"\rpurge: {queuectl.PURGE_SLICE} completed jobs deleted so far\x1b[K" in raw
+    assert screen(raw) == []
+
+
+def test_purge_off_a_terminal_or_in_one_slice_writes_nothing_extra(db, terminal):
+    completed_jobs(db, 5)
+    code, out, raw = terminal(db, "purge", "--state", "completed").finish()
+    assert (code, out, raw) == (0, "purged 5 completed jobs\n", "")
+    completed_jobs(db, queuectl.PURGE_SLICE + 1)
+    result = script(db, "purge", "--state", "completed")
+    assert (result.returncode, result.stdout, result.stderr) == (0, f"purged {queuectl.PURGE_SLICE + 1} completed "
+                                                                    "jobs\n", "")
