@@ -214,7 +214,8 @@ class Schedule(Record):
         """The schedule as `schedule list --json` shows it (no next slot while paused)."""
         return {"id": self.id, "cron": self.cron, "every": self.every_s, "tz": self.tz, "overlap": self.overlap,
                 "paused": self.paused, "next_run_at": None if self.paused else iso(self.next_run_at),
-                "last_run_at": iso(self.last_run_at), "last_job_id": self.last_job_id, "job": self.job}
+                "last_run_at": iso(self.last_run_at), "last_job_id": self.last_job_id,
+                "last_job_state": self.last_job_state, "job": self.job}
 
 
 class Outcome:
@@ -1140,10 +1141,12 @@ class Store:
         """Store a validated schedule; Conflict if its id is taken."""
         row = tuple(schedule.__dict__[key] for key in Schedule.FIELDS[:-1])
         row = row[:5] + (json.dumps(schedule.job),) + row[6:7] + (int(schedule.paused),) + row[8:]
-        try:
-            self.write(lambda cur: cur.execute(self.sql.SQL_INSERT_SCHEDULE, row))
-        except self.IntegrityError:
-            raise Conflict(f"schedule {schedule.id!r} already exists") from None
+        def insert(cur):
+            try:
+                cur.execute(self.sql.SQL_INSERT_SCHEDULE, row)
+            except self.IntegrityError:
+                raise Conflict(f"schedule {schedule.id!r} already exists") from None
+        self.write(insert)
 
     def schedules(self, schedule_id: str | None = None) -> list[Schedule]:
         """Every schedule by id (or the one named), each with its last job's state."""
@@ -2374,7 +2377,7 @@ def parse_json(text: str) -> object:
 
 SCHEDULE_FIELDS = ("id", "cron", "every", "tz", "overlap")
 TEMPLATE_FIELDS = ("command", "max_retries", "timeout", "cwd", "env", "priority", "queue")
-MAX_SCHEDULE_ID_CHARS = MAX_ID_CHARS - len("@2026-12-01T02:00:00Z")  # 170: a slot's job id fits
+MAX_SCHEDULE_ID_CHARS = 170  # with "@2026-12-01T02:00:00Z" a slot's job id stays within MAX_ID_CHARS
 OVERLAPS = ("skip", "allow")
 SCHEDULE_CHECK_S = 1.0  # a worker looks for due schedules at least this often (one indexed lookup)
 CRON_YEARS = 401  # the Gregorian calendar repeats every 400 years: no slot in 401 means none ever
@@ -3888,6 +3891,10 @@ def _api_workers(store: Store, q: Query, _: None) -> list[dict]:
     return worker_dicts(store, store.now())
 
 
+def _api_schedules(store: Store, q: Query, _: None) -> list[dict]:
+    return [schedule.to_dict() for schedule in store.schedules()]
+
+
 def _api_job(store: Store, q: Query, job_id: str) -> dict:
     return show_dict(store, job_id)
 
@@ -3929,6 +3936,7 @@ API_ROUTES = {
     ("GET", "/api/jobs/ID"): (_api_job, ()),
     ("GET", "/api/jobs/ID/logs"): (_api_logs, ("run",)),
     ("GET", "/api/workers"): (_api_workers, ()),
+    ("GET", "/api/schedules"): (_api_schedules, ()),
     ("POST", "/api/jobs/ID/retry"): (_api_retry, ()),
     ("POST", "/api/jobs/ID/cancel"): (_api_cancel, ()),
     ("POST", "/api/jobs/ID/delete"): (_api_delete, ()),
@@ -4282,6 +4290,16 @@ pre { margin: 4px 0 0; max-height: 260px; overflow: auto; background: var(--code
       <tbody id="workers"></tbody>
     </table>
   </section>
+  <section class="card wide">
+    <h2>Schedules</h2>
+    <table>
+      <colgroup><col class="w14"><col class="w12"><col class="w12"><col class="w15">
+        <col class="w24"><col class="w10"><col></colgroup>
+      <thead><tr><th>id</th><th>schedule</th><th>zone</th><th>next slot</th><th>last job</th><th>state</th>
+        <th>command</th></tr></thead>
+      <tbody id="schedules"></tbody>
+    </table>
+  </section>
 </main>
 <script nonce="{{NONCE}}">
 "use strict";
@@ -4537,9 +4555,26 @@ async function loadWorkers() {
                      "no workers registered (start one: queuectl worker start)"))]));
 }
 
+// Schedules: the next slot, and the last job with its state (click it to open it)
+async function loadSchedules() {
+  const [schedules] = await api("/api/schedules");
+  if (!changed("schedules", schedules)) return;
+  const rows = schedules.map((s) => {
+    const last = !s.last_job_id ? h("span", { className: "muted" }, "none yet")
+      : h("button", { className: "link", onclick: () => selectJob(s.last_job_id) }, s.last_job_id);
+    const state = s.last_job_id ? badge(s.last_job_state || "deleted", s.last_job_state || "gone") : "";
+    const spec = s.cron || `every ${s.every}s`;
+    return h("tr", {}, h("td", { className: "id" }, s.id), h("td", { className: "mono" }, spec), h("td", {}, s.tz), h("td", {}, s.paused ? badge("paused", "stopping") : when(s.next_run_at)), h("td", {}, last),
+      h("td", {}, state), h("td", { className: "cmd" }, s.job.command));
+  });
+  $("#schedules").replaceChildren(...(rows.length ? rows
+    : [h("tr", {}, h("td", { colSpan: 7, className: "empty" }, "no schedules (add one: queuectl schedule add)"))]));
+}
+
 // Refresh loop: every panel every REFRESH_MS, with fetch; the page never reloads.
 async function update() {
-  const results = await Promise.allSettled([loadStatus(), loadChart(), loadJobs(), loadWorkers(), loadJob()]);
+  const results = await Promise.allSettled([loadStatus(), loadChart(), loadJobs(), loadWorkers(), loadSchedules(),
+                                            loadJob()]);
   const failure = results.find((r) => r.status === "rejected");
   setBanner(failure ? failure.reason.message : "");
   $("#live").textContent = failure ? "not updating" : `live, updated ${when(new Date().toISOString())}`;
