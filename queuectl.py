@@ -587,7 +587,7 @@ class SqliteSQL:
     # Moved only from the slot it was read at, so a slot is never passed twice.
     SQL_SCHEDULE_FIRED = ("UPDATE schedules SET next_run_at = ?, last_run_at = coalesce(?, last_run_at), "
                           "last_job_id = coalesce(?, last_job_id) WHERE id = ? AND next_run_at = ?")
-    SQL_SCHEDULE_PAUSED = "SELECT paused FROM schedules WHERE id = ?"
+    SQL_SCHEDULE_TO_CHANGE = f"SELECT {Schedule.COLUMNS}, NULL FROM schedules WHERE id = ?"
     SQL_PAUSE_SCHEDULE = "UPDATE schedules SET paused = 1 WHERE id = ?"
     SQL_RESUME_SCHEDULE = "UPDATE schedules SET paused = 0, next_run_at = ? WHERE id = ?"
     SQL_REMOVE_SCHEDULE = "DELETE FROM schedules WHERE id = ?"
@@ -1139,8 +1139,10 @@ class Store:
 
     def add_schedule(self, schedule: Schedule) -> None:
         """Store a validated schedule; Conflict if its id is taken."""
-        row = tuple(schedule.__dict__[key] for key in Schedule.FIELDS[:-1])
-        row = row[:5] + (json.dumps(schedule.job),) + row[6:7] + (int(schedule.paused),) + row[8:]
+        row = (schedule.id, schedule.cron, schedule.every_s, schedule.tz, schedule.overlap, json.dumps(schedule.job),
+               schedule.created_at, int(schedule.paused), schedule.next_run_at, schedule.last_run_at,
+               schedule.last_job_id)
+
         def insert(cur):
             try:
                 cur.execute(self.sql.SQL_INSERT_SCHEDULE, row)
@@ -1195,7 +1197,7 @@ class Store:
     def pause_schedules(self, schedule_ids: list[str]) -> None:
         """Pause schedules, all or nothing: their slots pass without jobs."""
         def pause(cur):
-            self._schedules_exist(cur, schedule_ids)
+            self._schedules_in(cur, schedule_ids)
             cur.executemany(self.sql.SQL_PAUSE_SCHEDULE, [(i,) for i in schedule_ids])
         self.write(pause)
 
@@ -1203,30 +1205,26 @@ class Store:
         """Resume paused schedules, all or nothing, from their first slot after `now`: slots missed
         while paused do not fire. A schedule that is not paused is left as it is."""
         def resume(cur):
-            paused = self._schedules_exist(cur, schedule_ids)
-            for schedule_id in schedule_ids:
-                if paused[schedule_id]:
-                    schedule = Schedule.from_row(cur.execute(self.sql.SQL_SCHEDULES.format(
-                        where=_where(self.sql.PARAM, id=schedule_id)[0]), (schedule_id,)).fetchone())
-                    cur.execute(self.sql.SQL_RESUME_SCHEDULE, (next_slot(schedule, now), schedule_id))
+            for schedule in self._schedules_in(cur, schedule_ids):
+                if schedule.paused:
+                    cur.execute(self.sql.SQL_RESUME_SCHEDULE, (next_slot(schedule, now), schedule.id))
         self.write(resume)
 
     def remove_schedules(self, schedule_ids: list[str]) -> None:
         """Remove schedules, all or nothing; the jobs they made stay."""
         def remove(cur):
-            self._schedules_exist(cur, schedule_ids)
+            self._schedules_in(cur, schedule_ids)
             cur.executemany(self.sql.SQL_REMOVE_SCHEDULE, [(i,) for i in schedule_ids])
         self.write(remove)
 
-    def _schedules_exist(self, cur: Cursor, schedule_ids: list[str]) -> dict[str, bool]:
-        """id -> paused for each (locked on PostgreSQL); NotFound naming the first unknown one."""
-        paused = {}
-        for schedule_id in schedule_ids:
-            row = cur.execute(self.sql.SQL_SCHEDULE_PAUSED, (schedule_id,)).fetchone()
-            if row is None:
-                raise NotFound(f"no schedule with id {schedule_id!r}")
-            paused[schedule_id] = bool(row[0])
-        return paused
+    def _schedules_in(self, cur: Cursor, schedule_ids: list[str]) -> list[Schedule]:
+        """The named schedules, read to be changed (locked on PostgreSQL); NotFound naming the first
+        unknown one, before anything is changed."""
+        rows = [cur.execute(self.sql.SQL_SCHEDULE_TO_CHANGE, (i,)).fetchone() for i in schedule_ids]
+        missing = next((i for i, row in zip(schedule_ids, rows) if row is None), None)
+        if missing is not None:
+            raise NotFound(f"no schedule with id {missing!r}")
+        return [Schedule.from_row(row) for row in rows]
 
     # -- config ---------------------------------------------------------------------------------
 
@@ -1843,7 +1841,7 @@ class PostgresSQL:
         "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING")
     SQL_SCHEDULE_FIRED = ("UPDATE schedules SET next_run_at = %s, last_run_at = coalesce(%s, last_run_at), "
                           "last_job_id = coalesce(%s, last_job_id) WHERE id = %s AND next_run_at = %s")
-    SQL_SCHEDULE_PAUSED = "SELECT paused FROM schedules WHERE id = %s FOR UPDATE"
+    SQL_SCHEDULE_TO_CHANGE = f"SELECT {Schedule.COLUMNS}, NULL FROM schedules WHERE id = %s FOR UPDATE"
     SQL_PAUSE_SCHEDULE = "UPDATE schedules SET paused = 1 WHERE id = %s"
     SQL_RESUME_SCHEDULE = "UPDATE schedules SET paused = 0, next_run_at = %s WHERE id = %s"
     SQL_REMOVE_SCHEDULE = "DELETE FROM schedules WHERE id = %s"
@@ -2563,8 +2561,9 @@ def local_zone_name() -> str:
 def _valid_zone(obj: dict) -> str:
     """`tz`, or this machine's zone when it is absent; either must be a zone name known here."""
     if "tz" in obj:
+        _valid_text(obj["tz"], "tz")
         try:
-            zone_of(_valid_text(obj["tz"], "tz"))
+            zone_of(obj["tz"])
         except UsageError as e:
             raise UsageError(f"field 'tz': {e}") from None
         return obj["tz"]
@@ -4563,9 +4562,9 @@ async function loadSchedules() {
     const last = !s.last_job_id ? h("span", { className: "muted" }, "none yet")
       : h("button", { className: "link", onclick: () => selectJob(s.last_job_id) }, s.last_job_id);
     const state = s.last_job_id ? badge(s.last_job_state || "deleted", s.last_job_state || "gone") : "";
-    const spec = s.cron || `every ${s.every}s`;
-    return h("tr", {}, h("td", { className: "id" }, s.id), h("td", { className: "mono" }, spec), h("td", {}, s.tz), h("td", {}, s.paused ? badge("paused", "stopping") : when(s.next_run_at)), h("td", {}, last),
-      h("td", {}, state), h("td", { className: "cmd" }, s.job.command));
+    const spec = s.cron || `every ${s.every}s`, next = s.paused ? badge("paused", "stopping") : when(s.next_run_at);
+    return h("tr", {}, h("td", { className: "id" }, s.id), h("td", { className: "mono" }, spec), h("td", {}, s.tz),
+      h("td", {}, next), h("td", {}, last), h("td", {}, state), h("td", { className: "cmd" }, s.job.command));
   });
   $("#schedules").replaceChildren(...(rows.length ? rows
     : [h("tr", {}, h("td", { colSpan: 7, className: "empty" }, "no schedules (add one: queuectl schedule add)"))]));
@@ -5215,12 +5214,12 @@ def cmd_schedule_list(args, store: Store) -> None:
     schedules = store.schedules()
     if args.json:
         return emit_json([s.to_dict() for s in schedules])
-    print(f"{'ID':<16} {'SCHEDULE':<16} {'TZ':<16} {'OVERLAP':<7}  {'NEXT':<20}  {'LAST JOB':<36} COMMAND")
+    print(f"{'ID':<16} {'SCHEDULE':<14} {'TZ':<16} {'OVERLAP':<7} {'NEXT':<20}  {'LAST JOB':<36} COMMAND")
     for s in schedules:
         spec = s.cron if s.cron else f"every {every_text(s.every_s)}"
         upcoming = "paused" if s.paused else slot_text(s.next_run_at) if s.next_run_at is not None else "-"
         last = f"{s.last_job_id} ({s.last_job_state or 'gone'})" if s.last_job_id else "-"
-        print(f"{s.id:<16} {spec:<16} {s.tz:<16} {s.overlap:<7}  {upcoming:<20}  {last:<36} "
+        print(f"{s.id:<16} {spec:<14} {s.tz:<16} {s.overlap:<7} {upcoming:<20}  {last:<36} "
               f"{_short(s.job['command'])}")
 
 
