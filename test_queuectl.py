@@ -6001,3 +6001,43 @@ def test_a_stopping_worker_fires_nothing(db):
         assert [i.partition("@")[0] for i in list_ids(db)] == ["a"]
     finally:
         supervisor.store.close()
+
+
+def brute_force_slots(expr, tz, start, end):
+    """The slots in (start, end] found minute by minute from the DST rules themselves, independently of
+    wall_instant: a minute fires if its wall time matches and is the first occurrence of that wall
+    time, or if it is the first minute after a jump forward over a wall time that matches."""
+    cron, zone = queuectl.parse_cron(expr), queuectl.zone_of(tz)
+
+    def matches(wall):
+        return (wall.minute in cron.minutes and wall.hour in cron.hours and wall.month in cron.months
+                and queuectl.cron_day_matches(cron, wall.date()))
+    from datetime import timedelta
+    found, at = [], start - start % 60 + 60
+    while at <= end:
+        here = datetime.fromtimestamp(at, zone)
+        wall, before = here.replace(tzinfo=None), datetime.fromtimestamp(at - 60, zone).replace(tzinfo=None)
+        skipped, step = [], before + timedelta(minutes=1)
+        while step < wall:  # wall times the clock jumped over
+            skipped.append(step)
+            step += timedelta(minutes=1)
+        if (matches(wall) and here.fold == 0) or any(matches(w) for w in skipped):
+            found.append(at)
+        at += 60
+    return found
+
+
+@pytest.mark.parametrize("tz,around", [
+    ("Europe/Berlin", "2026-03-29T01:00:00Z"), ("Europe/Berlin", "2026-10-25T01:00:00Z"),
+    ("America/New_York", "2026-03-08T07:00:00Z"), ("America/New_York", "2026-11-01T06:00:00Z"),
+    ("Australia/Lord_Howe", "2026-04-04T15:00:00Z"), ("Australia/Lord_Howe", "2026-10-03T15:30:00Z"),  # 30 min
+    ("America/Sao_Paulo", "2018-11-04T03:00:00Z"), ("America/Sao_Paulo", "2019-02-17T02:00:00Z"),  # at midnight
+    ("Pacific/Apia", "2011-12-30T10:00:00Z"),  # a whole day skipped
+])
+def test_cron_slots_around_dst_transitions_equal_a_minute_by_minute_reference(tz, around):
+    start, end = utc(around) - 86400, utc(around) + 86400
+    for expr in ("*/15 * * * *", "30 2 * * *", "0 0 * * *", "45 1 * * *", "*/7 1-3 * * *", "0,30 23 * * *"):
+        cron, zone, at, slots = queuectl.parse_cron(expr), queuectl.zone_of(tz), start, []
+        while (at := queuectl.next_cron_slot(cron, zone, at)) <= end:
+            slots.append(at)
+        assert slots == brute_force_slots(expr, tz, start, end), (expr, tz)
