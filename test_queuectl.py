@@ -6041,3 +6041,40 @@ def test_cron_slots_around_dst_transitions_equal_a_minute_by_minute_reference(tz
         while (at := queuectl.next_cron_slot(cron, zone, at)) <= end:
             slots.append(at)
         assert slots == brute_force_slots(expr, tz, start, end), (expr, tz)
+
+
+@sqlite_only
+def test_schedule_add_survives_hostile_input_and_a_refusal_changes_nothing(db):
+    import random
+    rng = random.Random(11)
+    pool = {
+        "id": ["a", "b", "", "x" * 171, "a\u2028b", 5, None, "dup"],
+        "cron": ["* * * * *", "@daily", "@reboot", "61 * * * *", "*/0 * * * *", "0 0 30 2 *", "mon-fri * * * *",
+                 "* * * * mon-fri", "1-5/2 * * jan *", "", "\x00", 7, ["* * * * *"], "* * * * * *", "٣ * * * *"],
+        "every": ["1s", "0s", "1.5m", "2h", "1w", 0, -1, 1, 10**20, "10**3", True, "", "٣s", {"s": 1}],
+        "tz": ["UTC", "Europe/Berlin", "../../etc/passwd", "", "localtime", "Nowhere/X", 3, "UTC\x00", "/etc/hosts"],
+        "overlap": ["skip", "allow", "queue", None, 1],
+        "command": ["true", "", " ", None, 1, "echo \udcff"], "queue": ["q", "", "a b"], "priority": [1, "1", 1.5],
+        "env": [{"A": "b"}, {"": "x"}, ["A"]], "cwd": ["/", "rel", ""], "timeout": [1, -1, "x"],
+        "max_retries": [0, -1, 10**7], "run_at": [0], "delay": [1], "depends_on": [[]], "zzz": [1],
+    }
+    ok(db, "schedule", "add", '{"id": "dup", "every": "1h", "command": "true"}')
+    codes = []
+    for _ in range(300):
+        kind = rng.choice(["cron", "every"])
+        obj = {"id": rng.choice(pool["id"]), kind: rng.choice(pool[kind]), "command": "true"}
+        for key in rng.sample(sorted(pool), rng.randint(0, 4)):
+            obj[key] = rng.choice(pool[key])
+        before = ok(db, "schedule", "list", "--json")
+        code, out, err = cli(db, "schedule", "add", json.dumps(obj))
+        codes.append(code)
+        assert "Traceback" not in err, (obj, err)
+        if code == 0:
+            assert out == f"{obj['id']}\n"
+            ok(db, "schedule", "remove", obj["id"])
+        else:
+            assert code in (1, 2) and out == "", (obj, code, err)
+            assert_one_error(err)
+            assert code == 2 or "already exists" in err, (obj, err)
+        assert ok(db, "schedule", "list", "--json") == before
+    assert {0, 1, 2} <= set(codes)  # the mix reached acceptance, the duplicate and refusals
