@@ -6060,7 +6060,7 @@ def test_schedule_add_survives_hostile_input_and_a_refusal_changes_nothing(db):
     }
     ok(db, "schedule", "add", '{"id": "dup", "every": "1h", "command": "true"}')
     codes = []
-    for _ in range(300):
+    for _ in range(150):
         kind = rng.choice(["cron", "every"])
         obj = {"id": rng.choice(pool["id"]), kind: rng.choice(pool[kind]), "command": "true"}
         for key in rng.sample(sorted(pool), rng.randint(0, 4)):
