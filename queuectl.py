@@ -2489,9 +2489,10 @@ def next_every_slot(anchor: float, every_s: int, after: float) -> float:
 
 
 def next_slot(schedule: Schedule, after: float) -> float | None:
-    """The schedule's first slot strictly after `after`; None if it has no more."""
+    """The schedule's first slot strictly after `after`; None if it has no more (none before year 10000)."""
     if schedule.every_s:
-        return next_every_slot(math.floor(schedule.created_at), schedule.every_s, after)
+        slot = next_every_slot(math.floor(schedule.created_at), schedule.every_s, after)
+        return slot if slot <= MAX_EPOCH else None
     return next_cron_slot(parse_cron(schedule.cron), zone_of(schedule.tz), after)
 
 

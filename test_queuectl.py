@@ -6078,3 +6078,11 @@ def test_schedule_add_survives_hostile_input_and_a_refusal_changes_nothing(db):
             assert code == 2 or "already exists" in err, (obj, err)
         assert ok(db, "schedule", "list", "--json") == before
     assert {0, 1, 2} <= set(codes)  # the mix reached acceptance, the duplicate and refusals
+
+
+def test_schedule_next_ends_quietly_at_the_last_storable_time(db):
+    ok(db, "schedule", "add", '{"id": "w", "every": "1w", "command": "true"}')
+    ok(db, "schedule", "add", '{"id": "c", "cron": "@yearly", "tz": "UTC", "command": "true"}')
+    near_end = str(queuectl.MAX_EPOCH - 86400)
+    assert len(ok(db, "schedule", "next", "w", "--after", near_end).split()) <= 1
+    assert ok(db, "schedule", "next", "c", "--after", near_end) == ""
