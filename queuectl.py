@@ -13,6 +13,7 @@ commands:
   cancel, delete, purge   operate on jobs
   pause, resume           stop and restart claims from queues
   dlq list|retry          the dead-letter queue
+  schedule add|list|next|pause|resume|remove   recurring jobs: cron expressions or fixed intervals
   dashboard               a live web view of the queue and a JSON API (http://127.0.0.1:8321)
   config set|get|list     max-retries, backoff-base, backoff-max, stale-timeout, job-timeout, retention,
                           output-limit
@@ -237,6 +238,27 @@ class Job(Record):
         return d
 
 
+class Schedule(Record):
+    """One schedule row; `last_job_state` is the state of the job its last slot made (None if gone)."""
+    FIELDS = ("id", "cron", "every_s", "tz", "overlap", "job", "created_at", "paused", "next_run_at",
+              "last_run_at", "last_job_id", "last_job_state")
+    COLUMNS = ", ".join(FIELDS[:-1])
+
+    @classmethod
+    def from_row(cls, row: tuple) -> "Schedule":
+        """Build a Schedule from a row selected with Schedule.COLUMNS and the last job's state."""
+        values = list(row)
+        values[5], values[7] = json.loads(values[5]), bool(values[7])
+        return cls(*values)
+
+    def to_dict(self) -> dict:
+        """The schedule as `schedule list --json` shows it (no next slot while paused)."""
+        return {"id": self.id, "cron": self.cron, "every": self.every_s, "tz": self.tz, "overlap": self.overlap,
+                "paused": self.paused, "next_run_at": None if self.paused else iso(self.next_run_at),
+                "last_run_at": iso(self.last_run_at), "last_job_id": self.last_job_id,
+                "last_job_state": self.last_job_state, "job": self.job}
+
+
 class Outcome:
     """What one run of a job's command came to."""
 
@@ -351,8 +373,25 @@ MIGRATIONS = [
     CREATE TABLE paused (queue TEXT PRIMARY KEY);
     CREATE TABLE config (key TEXT PRIMARY KEY, value TEXT NOT NULL);
     """,
-    "",  # 2 and 3: numbers other changes took
-    "",
+    "",  # 2: a number another change took
+    # 3: recurring schedules (see "Schedules"). `job` is the template as JSON; next_run_at is the next
+    # slot to fire (NULL when none comes); schedules_due makes "is any due?" one index lookup.
+    """
+    CREATE TABLE schedules (
+        id TEXT PRIMARY KEY,
+        cron TEXT,
+        every_s INTEGER,
+        tz TEXT NOT NULL,
+        overlap TEXT NOT NULL,
+        job TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        paused INTEGER NOT NULL DEFAULT 0,
+        next_run_at REAL,
+        last_run_at REAL,
+        last_job_id TEXT
+    );
+    CREATE INDEX schedules_due ON schedules (next_run_at) WHERE paused = 0;
+    """,
     # 4: the queues a worker serves (`worker start --queue`), a JSON list; NULL = every queue.
     "ALTER TABLE workers ADD COLUMN queues TEXT",
 ]
@@ -625,6 +664,29 @@ class SqliteSQL:
                            "WHERE ended_at >= ? AND outcome IN ('completed', 'failed', 'dead') "
                            "GROUP BY minute, outcome")
     SQL_QUERY_ONLY = "PRAGMA query_only = ON"
+
+    # Schedules. The earliest slot to fire, by schedules_due (min() reads one end of the index).
+    SQL_NEXT_SCHEDULE = "SELECT min(next_run_at) FROM schedules INDEXED BY schedules_due WHERE paused = 0"
+    SQL_INSERT_SCHEDULE = (f"INSERT INTO schedules ({Schedule.COLUMNS}) "
+                           "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+    # Each schedule with the state of the job its last slot made (NULL once that job is deleted).
+    SQL_SCHEDULES = (f"SELECT {Schedule.COLUMNS}, (SELECT state FROM jobs WHERE jobs.id = last_job_id) "
+                     "FROM schedules {where} ORDER BY id")
+    SQL_DUE_SCHEDULES = (f"SELECT {Schedule.COLUMNS}, (SELECT state FROM jobs WHERE jobs.id = last_job_id) "
+                         "FROM schedules INDEXED BY schedules_due WHERE paused = 0 AND next_run_at <= ? "
+                         "ORDER BY next_run_at")
+    # A slot's job: another worker may have made it already, and then this one is not made again.
+    SQL_INSERT_SLOT_JOB = (
+        "INSERT INTO jobs (id, command, state, max_retries, timeout_s, cwd, env, created_at, updated_at, next_run_at, "
+        "priority, queue, waiting_on, last_error, ready) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+        "ON CONFLICT (id) DO NOTHING")
+    # Moved only from the slot it was read at, so a slot is never passed twice.
+    SQL_SCHEDULE_FIRED = ("UPDATE schedules SET next_run_at = ?, last_run_at = coalesce(?, last_run_at), "
+                          "last_job_id = coalesce(?, last_job_id) WHERE id = ? AND next_run_at = ?")
+    SQL_SCHEDULE_TO_CHANGE = f"SELECT {Schedule.COLUMNS}, NULL FROM schedules WHERE id = ?"
+    SQL_PAUSE_SCHEDULE = "UPDATE schedules SET paused = 1 WHERE id = ?"
+    SQL_RESUME_SCHEDULE = "UPDATE schedules SET paused = 0, next_run_at = ? WHERE id = ?"
+    SQL_REMOVE_SCHEDULE = "DELETE FROM schedules WHERE id = ?"
 
     @classmethod
     def heads(cls, queues: tuple) -> str:
@@ -1242,6 +1304,97 @@ class Store:
             return row[0] if row else owner
         return self.write(take)
 
+    # -- schedules ------------------------------------------------------------------------------
+
+    def add_schedule(self, schedule: Schedule) -> None:
+        """Store a validated schedule; Conflict if its id is taken."""
+        row = (schedule.id, schedule.cron, schedule.every_s, schedule.tz, schedule.overlap, json.dumps(schedule.job),
+               schedule.created_at, int(schedule.paused), schedule.next_run_at, schedule.last_run_at,
+               schedule.last_job_id)
+
+        def insert(cur):
+            try:
+                cur.execute(self.sql.SQL_INSERT_SCHEDULE, row)
+            except self.IntegrityError:
+                raise Conflict(f"schedule {schedule.id!r} already exists") from None
+        self.write(insert)
+
+    def schedules(self, schedule_id: str | None = None) -> list[Schedule]:
+        """Every schedule by id (or the one named), each with its last job's state."""
+        where, params = _where(self.sql.PARAM, id=schedule_id)
+        return [Schedule.from_row(r) for r in self.read(self.sql.SQL_SCHEDULES.format(where=where), params)]
+
+    def schedule(self, schedule_id: str) -> Schedule:
+        """One schedule; NotFound if absent."""
+        found = self.schedules(schedule_id)
+        if not found:
+            raise NotFound(f"no schedule with id {schedule_id!r}")
+        return found[0]
+
+    def next_schedule_at(self) -> float | None:
+        """The earliest slot any schedule that is not paused waits for (one index lookup)."""
+        return self.read(self.sql.SQL_NEXT_SCHEDULE)[0][0]
+
+    def fire_schedules(self, now: float) -> list[tuple]:
+        """Fire every due schedule in one transaction (see firing_rule): enqueue its slot's job, unless
+        that job exists already, and move it to its next slot. Returns (schedule id, slot or None,
+        job id or None, what happened) for each; a schedule this host cannot compute (its zone is
+        unknown here) is left for another worker."""
+        def fire(cur):
+            rows = cur.execute(self.sql.SQL_DUE_SCHEDULES, (now,)).fetchall()
+            events = [self._fire_one(cur, Schedule.from_row(row), defaults, now) for row in rows]
+            if any(event[2] for event in events):
+                self._wake_workers(cur)
+            return events
+        defaults = self.config_all()  # the jobs' max_retries and timeout, when their template has none
+        return self.write(fire)
+
+    def _fire_one(self, cur: Cursor, schedule: Schedule, defaults: dict, now: float) -> tuple:
+        try:
+            slot, following = firing_rule(schedule, now)
+            spec = slot_job(schedule, slot, defaults) if slot is not None else None
+        except QueueError as e:
+            return schedule.id, None, None, f"not fired here: {e}"
+        job_id = spec and spec["id"]
+        made = bool(spec) and cur.execute(self.sql.SQL_INSERT_SLOT_JOB, self._row(spec, 0, now)).rowcount == 1
+        cur.execute(self.sql.SQL_SCHEDULE_FIRED, (following, slot, job_id, schedule.id, schedule.next_run_at))
+        if not spec:
+            return (schedule.id, None, None, f"slot skipped (overlap skip): job {schedule.last_job_id} "
+                    f"is still {schedule.last_job_state}")
+        return schedule.id, slot, job_id if made else None, f"job {job_id} {'enqueued' if made else 'already exists'}"
+
+    def pause_schedules(self, schedule_ids: list[str]) -> None:
+        """Pause schedules, all or nothing: their slots pass without jobs."""
+        def pause(cur):
+            self._schedules_in(cur, schedule_ids)
+            cur.executemany(self.sql.SQL_PAUSE_SCHEDULE, [(i,) for i in schedule_ids])
+        self.write(pause)
+
+    def resume_schedules(self, schedule_ids: list[str], now: float) -> None:
+        """Resume paused schedules, all or nothing, from their first slot after `now`: slots missed
+        while paused do not fire. A schedule that is not paused is left as it is."""
+        def resume(cur):
+            for schedule in self._schedules_in(cur, schedule_ids):
+                if schedule.paused:
+                    cur.execute(self.sql.SQL_RESUME_SCHEDULE, (next_slot(schedule, now), schedule.id))
+        self.write(resume)
+
+    def remove_schedules(self, schedule_ids: list[str]) -> None:
+        """Remove schedules, all or nothing; the jobs they made stay."""
+        def remove(cur):
+            self._schedules_in(cur, schedule_ids)
+            cur.executemany(self.sql.SQL_REMOVE_SCHEDULE, [(i,) for i in schedule_ids])
+        self.write(remove)
+
+    def _schedules_in(self, cur: Cursor, schedule_ids: list[str]) -> list[Schedule]:
+        """The named schedules, read to be changed (locked on PostgreSQL); NotFound naming the first
+        unknown one, before anything is changed."""
+        rows = [cur.execute(self.sql.SQL_SCHEDULE_TO_CHANGE, (i,)).fetchone() for i in schedule_ids]
+        missing = next((i for i, row in zip(schedule_ids, rows) if row is None), None)
+        if missing is not None:
+            raise NotFound(f"no schedule with id {missing!r}")
+        return [Schedule.from_row(row) for row in rows]
+
     # -- config ---------------------------------------------------------------------------------
 
     def config_get(self, key: str) -> float | int:
@@ -1631,8 +1784,24 @@ PG_MIGRATIONS = [
     CREATE TABLE paused (queue TEXT PRIMARY KEY);
     CREATE TABLE config (key TEXT PRIMARY KEY, value TEXT NOT NULL)
     """,
-    "",  # 2 and 3: numbers other changes took
-    "",
+    "",  # 2: a number another change took
+    # 3: as SQLite's migration 3.
+    """
+    CREATE TABLE schedules (
+        id TEXT PRIMARY KEY,
+        cron TEXT,
+        every_s BIGINT,
+        tz TEXT NOT NULL,
+        overlap TEXT NOT NULL,
+        job TEXT NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL,
+        paused SMALLINT NOT NULL DEFAULT 0,
+        next_run_at DOUBLE PRECISION,
+        last_run_at DOUBLE PRECISION,
+        last_job_id TEXT
+    );
+    CREATE INDEX schedules_due ON schedules (next_run_at) WHERE paused = 0
+    """,
     # 4: as SQLite's migration 4.
     "ALTER TABLE workers ADD COLUMN queues TEXT",
 ]
@@ -1858,6 +2027,26 @@ class PostgresSQL:
     # delivered at its commit, and not at all if it rolls back.
     SQL_NOTIFY = "SELECT pg_notify(%s, '')"
     SQL_LISTEN = 'LISTEN "{channel}"'
+    # Schedules, as SQLite's. A due schedule is locked while it fires, and one that another worker
+    # is firing is skipped (that worker fires it); a schedule read to change is read FOR UPDATE.
+    SQL_NEXT_SCHEDULE = "SELECT min(next_run_at) FROM schedules WHERE paused = 0"
+    SQL_INSERT_SCHEDULE = (f"INSERT INTO schedules ({Schedule.COLUMNS}) "
+                           "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
+    SQL_SCHEDULES = (f"SELECT {Schedule.COLUMNS}, (SELECT state FROM jobs WHERE jobs.id = last_job_id) "
+                     "FROM schedules {where} ORDER BY id")
+    SQL_DUE_SCHEDULES = (f"SELECT {Schedule.COLUMNS}, (SELECT state FROM jobs WHERE jobs.id = last_job_id) "
+                         "FROM schedules WHERE paused = 0 AND next_run_at <= %s ORDER BY next_run_at "
+                         "FOR UPDATE OF schedules SKIP LOCKED")
+    SQL_INSERT_SLOT_JOB = (
+        "INSERT INTO jobs (id, command, state, max_retries, timeout_s, cwd, env, created_at, updated_at, next_run_at, "
+        "priority, queue, waiting_on, last_error, ready) "
+        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING")
+    SQL_SCHEDULE_FIRED = ("UPDATE schedules SET next_run_at = %s, last_run_at = coalesce(%s, last_run_at), "
+                          "last_job_id = coalesce(%s, last_job_id) WHERE id = %s AND next_run_at = %s")
+    SQL_SCHEDULE_TO_CHANGE = f"SELECT {Schedule.COLUMNS}, NULL FROM schedules WHERE id = %s FOR UPDATE"
+    SQL_PAUSE_SCHEDULE = "UPDATE schedules SET paused = 1 WHERE id = %s"
+    SQL_RESUME_SCHEDULE = "UPDATE schedules SET paused = 0, next_run_at = %s WHERE id = %s"
+    SQL_REMOVE_SCHEDULE = "DELETE FROM schedules WHERE id = %s"
 
 
 PG_SCHEMA_NAME = re.compile(r"[A-Za-z0-9_]{1,63}")
@@ -2290,16 +2479,20 @@ def _valid_run_at(obj: dict, now: float) -> float | None:
         return now + _valid_seconds(obj["delay"], "delay")
     if "run_at" not in obj:
         return None
-    value = obj["run_at"]
+    return parse_time(obj["run_at"], "field 'run_at'")
+
+
+def parse_time(value: object, what: str) -> float:
+    """An ISO-8601 string (no offset: local time) or a number of Unix seconds -> epoch seconds."""
     if isinstance(value, str):
         if not (value.isascii() and value.isprintable()):
-            raise UsageError(f"field 'run_at' is not an ISO-8601 time: {value!r}")
+            raise UsageError(f"{what} is not an ISO-8601 time: {value!r}")
         try:
             value = datetime.fromisoformat(value).timestamp()  # no offset: local time
         except (ValueError, OverflowError, OSError):
-            raise UsageError(f"field 'run_at' is not an ISO-8601 time: {value!r}") from None
+            raise UsageError(f"{what} is not an ISO-8601 time: {value!r}") from None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_EPOCH:
-        raise UsageError("field 'run_at' must be an ISO-8601 string or a Unix time in seconds")
+        raise UsageError(f"{what} must be an ISO-8601 string or a Unix time in seconds")
     return float(value)
 
 
@@ -2423,6 +2616,297 @@ def parse_json(text: str) -> object:
         raise UsageError(f"invalid JSON: {e}") from None
     except RecursionError:
         raise UsageError("invalid JSON: nested too deeply") from None
+
+
+# ==== Schedules ==================================================================================
+#
+# Recurring jobs. A schedule is a cron expression (read as wall time in an IANA zone) or a fixed
+# interval, plus a job template; each slot it reaches enqueues one ordinary job whose id is the
+# schedule's id, '@' and the slot's UTC time, so a slot fired by many workers makes one job. The
+# parser and the slot arithmetic below are pure functions of their arguments (no clock, no database):
+# tests call them with known calendars. Running workers fire schedules (ScheduleFirer, at the end).
+
+SCHEDULE_FIELDS = ("id", "cron", "every", "tz", "overlap")
+TEMPLATE_FIELDS = ("command", "max_retries", "timeout", "cwd", "env", "priority", "queue")
+MAX_SCHEDULE_ID_CHARS = 170  # with "@2026-12-01T02:00:00Z" a slot's job id stays within MAX_ID_CHARS
+OVERLAPS = ("skip", "allow")
+SCHEDULE_CHECK_S = 1.0  # a worker looks for due schedules at least this often (one indexed lookup)
+CRON_YEARS = 401  # the Gregorian calendar repeats every 400 years: no slot in 401 means none ever
+EVERY = re.compile(r"([0-9]{1,12})([smhdw]?)")
+EVERY_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+CRON_ALIASES = {"@hourly": "0 * * * *", "@daily": "0 0 * * *", "@midnight": "0 0 * * *",
+                "@weekly": "0 0 * * 0", "@monthly": "0 0 1 * *", "@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *"}
+MONTH_NAMES = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+DAY_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
+# (name, lowest, highest, names for lowest, lowest + 1, ...) of the five fields, in order
+CRON_FIELDS = (("minute", 0, 59, ()), ("hour", 0, 23, ()), ("day of month", 1, 31, ()),
+               ("month", 1, 12, MONTH_NAMES), ("day of week", 0, 7, DAY_NAMES))
+
+
+class Cron(Record):
+    """A parsed cron expression: the sorted values each field allows (Sunday is 0, never 7), and
+    whether a day matching either day field fires (both restricted) or only one matching both."""
+    FIELDS = ("minutes", "hours", "days", "months", "weekdays", "day_or")
+
+
+@functools.lru_cache(maxsize=256)
+def parse_cron(text: str) -> Cron:
+    """Five fields (minute hour day-of-month month day-of-week) or an @-alias -> Cron; UsageError
+    naming the bad part. As Vixie cron and cronie decide it, a day field whose text starts with '*'
+    (`*`, `*/2`) is unrestricted: only when both are restricted does a day matching either fire."""
+    fields = CRON_ALIASES.get(text.strip().lower(), text).split()
+    if text.strip().startswith("@") and text.strip().lower() not in CRON_ALIASES:
+        raise UsageError(f"cron {text!r}: unknown alias (valid: {', '.join(CRON_ALIASES)})")
+    if len(fields) != 5:
+        raise UsageError(f"cron {text!r}: expected 5 fields (minute hour day-of-month month day-of-week), "
+                         f"got {len(fields)}")
+    values = [_cron_field(field, *CRON_FIELDS[i], text) for i, field in enumerate(fields)]
+    weekdays = tuple(sorted({d % 7 for d in values[4]}))
+    day_or = not fields[2].startswith("*") and not fields[4].startswith("*")
+    return Cron(*values[:4], weekdays, day_or)
+
+
+def _cron_field(field: str, name: str, low: int, high: int, names: tuple, text: str) -> tuple[int, ...]:
+    """One field's comma-separated items (`*`, `N`, `A-B`, each with an optional `/STEP`) -> sorted values."""
+    found: set[int] = set()
+    for item in field.split(","):
+        span, _, step = item.partition("/")
+        if span == "*":
+            first, last = low, high
+        else:
+            start, dash, end = span.partition("-")
+            first = _cron_value(start, name, low, high, names, text)
+            # `N/STEP` runs from N to the field's end, as in croniter and systemd
+            last = _cron_value(end, name, low, high, names, text) if dash else high if "/" in item else first
+        if first > last:
+            raise UsageError(f"cron {text!r}: {name} range {span!r} runs backwards (no wrapping past {high})")
+        every = _cron_value(step, f"{name} step", 1, high - low + 1, (), text) if "/" in item else 1
+        found.update(range(first, last + 1, every))
+    return tuple(sorted(found))
+
+
+def _cron_value(word: str, name: str, low: int, high: int, names: tuple, text: str) -> int:
+    if word.lower() in names:
+        return low + names.index(word.lower())
+    if not (word.isascii() and word.isdigit()) or not low <= int(word) <= high:
+        allowed = f" or {names[0]}-{names[-1]}" if names else ""
+        raise UsageError(f"cron {text!r}: {name} {word!r} is not a number from {low} to {high}{allowed}")
+    return int(word)
+
+
+def cron_day_matches(cron: Cron, day) -> bool:
+    """Whether `cron` fires on this date (the day-of-month / day-of-week rule above)."""
+    in_month, in_week = day.day in cron.days, (day.weekday() + 1) % 7 in cron.weekdays
+    return (in_month or in_week) if cron.day_or else (in_month and in_week)
+
+
+def cron_walls(cron: Cron, start: datetime, years: int = CRON_YEARS) -> Iterator[datetime]:
+    """The wall times (naive, whole minutes) that `cron` names from `start` on, ascending, for at
+    most `years` years: whole months and days that cannot match are skipped, not walked."""
+    from datetime import timedelta
+    day, first, end = start.date(), (start.hour, start.minute), min(start.year + years, 9999)
+    while day.year < end:
+        if day.month not in cron.months:
+            day, first = (day.replace(day=1) + timedelta(days=32)).replace(day=1), (0, 0)
+            continue
+        if cron_day_matches(cron, day):
+            for hour in cron.hours:
+                for minute in cron.minutes:
+                    if (hour, minute) >= first:
+                        yield datetime(day.year, day.month, day.day, hour, minute)
+        day, first = day + timedelta(days=1), (0, 0)
+
+
+def wall_instant(wall: datetime, zone) -> float:
+    """Epoch seconds at which a zone's clocks show `wall`: its first occurrence when they show it
+    twice (fall back), and the first minute after it when they skip it (spring forward)."""
+    from datetime import timedelta
+    while True:
+        at = wall.replace(tzinfo=zone)  # fold=0: the earlier of two occurrences
+        if at.astimezone(timezone.utc).astimezone(zone).replace(tzinfo=None) == wall:
+            return at.timestamp()
+        wall += timedelta(minutes=1)  # skipped: a gap is an hour or so, a day at most
+
+
+def next_cron_slot(cron: Cron, zone, after: float) -> float | None:
+    """The first slot of `cron` in `zone` strictly after `after` (epoch seconds); None if none comes."""
+    start = datetime.fromtimestamp(after, zone).replace(tzinfo=None, second=0, microsecond=0)
+    # Walls in a repeated hour map to its first pass, which may lie before `after`: skip those.
+    instants = (wall_instant(wall, zone) for wall in cron_walls(cron, start))
+    return next((at for at in instants if at > after), None)
+
+
+def next_every_slot(anchor: float, every_s: int, after: float) -> float:
+    """The first of anchor + k * every_s (k >= 1) strictly after `after`."""
+    return anchor + every_s * max(1, math.floor((after - anchor) / every_s) + 1)
+
+
+def next_slot(schedule: Schedule, after: float) -> float | None:
+    """The schedule's first slot strictly after `after`; None if it has no more (none before year 10000)."""
+    if schedule.every_s:
+        slot = next_every_slot(math.floor(schedule.created_at), schedule.every_s, after)
+        return slot if slot <= MAX_EPOCH else None
+    return next_cron_slot(parse_cron(schedule.cron), zone_of(schedule.tz), after)
+
+
+def last_slot(following, slot: float, now: float) -> float:
+    """The last slot at or before `now`, given `slot`, one at or before it, and following(t), the
+    first slot after t. Each step halves the time left to search, so a worker that missed a year of
+    minutely slots takes a few dozen steps, not half a million."""
+    high = now  # no slot lies in (high, now]
+    while (nxt := following(slot)) is not None and nxt <= high:
+        slot = nxt
+        middle = slot + (high - slot) / 2
+        later = following(middle)
+        if later is not None and later <= high:
+            slot = later
+        else:
+            high = middle
+    return slot
+
+
+def firing_rule(schedule: Schedule, now: float) -> tuple[float | None, float | None]:
+    """(slot to fire or None, next slot) for a schedule due at `now`: of several missed slots only the
+    latest fires (once); with overlap 'skip' none fires while the last job is not completed or dead."""
+    slot = last_slot(lambda t: next_slot(schedule, t), schedule.next_run_at, now)
+    busy = schedule.overlap == "skip" and schedule.last_job_state in (PENDING, PROCESSING, FAILED)
+    return (None if busy else slot), next_slot(schedule, max(slot, now))
+
+
+def slot_text(slot: float) -> str:
+    """A slot as its jobs' ids end: UTC to the second, `2026-12-01T02:00:00Z`."""
+    return datetime.fromtimestamp(int(slot), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def slot_job(schedule: Schedule, slot: float, defaults: dict) -> dict:
+    """The job spec a slot enqueues: the template, with config defaults as of now, due at the slot."""
+    job = {**schedule.job, "id": f"{schedule.id}@{slot_text(slot)}", "run_at": slot}
+    return validate_job(job, defaults, schedule.job["cwd"], slot)
+
+
+def zone_of(name: str):
+    """The ZoneInfo of an IANA zone name; UsageError if there is none of that name here."""
+    import zoneinfo
+    if name == "localtime":  # a different zone on each host: never what a shared schedule means
+        raise UsageError("zone 'localtime' names no zone; give an IANA name such as Europe/Berlin")
+    try:
+        return zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
+        raise UsageError(f"unknown time zone {name!r} (use an IANA name such as Europe/Berlin or UTC)") from None
+
+
+def local_zone_name() -> str:
+    """This machine's zone, as `tz` defaults to: $TZ, else what /etc/localtime links to (UTC if absent)."""
+    name = os.environ.get("TZ", "").removeprefix(":")
+    if name:
+        return name.partition("zoneinfo/")[2] if name.startswith("/") else name
+    try:
+        target = os.readlink("/etc/localtime")
+    except FileNotFoundError:
+        return "UTC"  # what the C library assumes without it
+    except OSError:  # a copy, not a link: Debian also names it in /etc/timezone
+        with contextlib.suppress(OSError):
+            with open("/etc/timezone", encoding="utf-8") as f:
+                return f.read().strip()
+        raise UsageError("cannot tell this machine's time zone; give the schedule a 'tz'") from None
+    return target.rpartition("zoneinfo/")[2]
+
+
+def _valid_zone(obj: dict) -> str:
+    """`tz`, or this machine's zone when it is absent; either must be a zone name known here."""
+    if "tz" in obj:
+        _valid_text(obj["tz"], "tz")
+        try:
+            zone_of(obj["tz"])
+        except UsageError as e:
+            raise UsageError(f"field 'tz': {e}") from None
+        return obj["tz"]
+    name = local_zone_name()
+    try:
+        zone_of(name)
+    except UsageError:
+        raise UsageError(f"this machine's time zone {name!r} ($TZ or /etc/localtime) is not an IANA zone name; "
+                         "give the schedule a 'tz'") from None
+    return name
+
+
+def parse_every(value: object) -> int:
+    """`every`: whole seconds, or a whole number with a unit (30s, 15m, 2h, 1d, 1w), at least 1 s."""
+    match = EVERY.fullmatch(value) if isinstance(value, str) else None
+    if isinstance(value, int) and not isinstance(value, bool):
+        seconds = value
+    elif match:
+        seconds = int(match[1]) * EVERY_UNITS[match[2] or "s"]
+    else:
+        raise UsageError(f"field 'every': not a duration: {value!r} (use e.g. 30s, 15m, 2h, 1d, 1w or seconds)")
+    if not 1 <= seconds <= MAX_SECONDS:
+        raise UsageError(f"field 'every' must be from 1 second to {MAX_SECONDS} seconds: {value!r}")
+    return seconds
+
+
+def validate_schedule(obj: object, defaults: dict, cwd: str, now: float) -> Schedule:
+    """Check a `schedule add` object; returns the Schedule to store, its first slot computed."""
+    if not isinstance(obj, dict):
+        raise UsageError("schedule must be a JSON object")
+    refused = sorted(obj.keys() & {"run_at", "delay", "depends_on"})
+    if refused:
+        raise UsageError(f"field {refused[0]!r} cannot be used in a schedule (its slots set when jobs run)")
+    unknown = obj.keys() - {*SCHEDULE_FIELDS, *TEMPLATE_FIELDS}
+    if unknown:
+        raise UsageError(f"unknown field {min(unknown)!r} (fields: {', '.join(SCHEDULE_FIELDS + TEMPLATE_FIELDS)})")
+    if "id" not in obj:
+        raise UsageError("field 'id' is required")
+    if ("cron" in obj) == ("every" in obj):
+        raise UsageError("a schedule needs exactly one of the fields 'cron' and 'every'")
+    schedule_id = _valid_id(obj["id"])
+    if len(schedule_id) > MAX_SCHEDULE_ID_CHARS:
+        raise UsageError(f"field 'id': a schedule id must be 1 to {MAX_SCHEDULE_ID_CHARS} characters")
+    template = {key: obj[key] for key in TEMPLATE_FIELDS if key in obj}
+    template["cwd"] = validate_job(template, defaults, cwd, now)["cwd"]  # every field checked; cwd kept
+    tz = _valid_zone(obj)
+    overlap = obj.get("overlap", "skip")
+    if overlap not in OVERLAPS:
+        raise UsageError(f"field 'overlap' must be 'skip' or 'allow': {overlap!r}")
+    cron = _valid_text(obj["cron"], "cron") if "cron" in obj else None
+    every_s = parse_every(obj["every"]) if "every" in obj else None
+    schedule = Schedule(schedule_id, cron, every_s, tz, overlap, template, now, False, None, None, None, None)
+    schedule.next_run_at = next_slot(schedule, now)
+    if schedule.next_run_at is None:
+        raise UsageError(f"cron {cron!r} never fires (no such day in {CRON_YEARS} years)")
+    return schedule
+
+
+def every_text(seconds: int) -> str:
+    """An interval in its largest whole unit: 1800 -> '30m'."""
+    unit = next(u for u in "wdhms" if seconds % EVERY_UNITS[u] == 0)
+    return f"{seconds // EVERY_UNITS[unit]}{unit}"
+
+
+class ScheduleFirer:
+    """A worker's part in schedules: called from its housekeeping loop, it fires the due ones.
+
+    It asks for the earliest next slot (one indexed lookup) at least every SCHEDULE_CHECK_S, and
+    fires as soon as a slot it knows of is due; firing is idempotent, whoever else fires too."""
+
+    def __init__(self):
+        self.checked_at = -math.inf  # monotonic time of the last lookup
+        self.due_at = math.inf  # the earliest next slot that lookup found (epoch seconds)
+
+    def tick(self, store: Store, mono: float, now: float | None = None) -> list[tuple]:
+        """Fire what is due; returns the events of Store.fire_schedules (logged here)."""
+        now = store.now() if now is None else now
+        if mono - self.checked_at < SCHEDULE_CHECK_S and now < self.due_at:
+            return []
+        self.checked_at, events = mono, []
+        earliest = store.next_schedule_at()
+        if earliest is not None and earliest <= now:
+            events = store.fire_schedules(now)
+            for event in events:
+                log.info("schedule %s: %s", event[0], event[3])
+            earliest = store.next_schedule_at()
+        # One still due (another worker is firing it, or this host lacks its zone): look again in a second.
+        self.due_at = earliest if earliest is not None and earliest > now else math.inf
+        return events
 
 
 # ==== Execution ==================================================================================
@@ -3269,6 +3753,7 @@ class Supervisor:
         self.runners: list[Runner] = []
         self.holdings = Holdings()  # the runs our runners hold, and claims taken back (see Holdings)
         self.canceled: set[tuple[str, int]] = set()  # (job id, run) of running jobs a user asked to cancel
+        self.schedules = ScheduleFirer()
 
     def _open(self) -> Store:
         """A connection for one thread: busy waits are long, but end in time for a hard stop."""
@@ -3414,6 +3899,8 @@ class Supervisor:
         if mono >= due["retention"]:
             due["retention"] = mono + RETENTION_INTERVAL_S
             self._apply_retention()
+        if not self.stopping.is_set():  # a stopping worker fires nothing more
+            self.schedules.tick(self.store, mono)
         self._poll()
 
     def _apply_retention(self) -> None:
@@ -3855,6 +4342,10 @@ def _api_workers(store: Store, q: Query, _: None) -> list[dict]:
     return worker_dicts(store, store.now())
 
 
+def _api_schedules(store: Store, q: Query, _: None) -> list[dict]:
+    return [schedule.to_dict() for schedule in store.schedules()]
+
+
 def _api_job(store: Store, q: Query, job_id: str) -> dict:
     return show_dict(store, job_id)
 
@@ -3902,6 +4393,7 @@ API_ROUTES = {
     ("GET", "/api/jobs/ID/logs"): (_api_logs, ("run",)),
     ("GET", "/api/workers"): (_api_workers, ()),
     ("GET", "/metrics"): (_api_metrics, ()),
+    ("GET", "/api/schedules"): (_api_schedules, ()),
     ("POST", "/api/jobs/ID/retry"): (_api_retry, ()),
     ("POST", "/api/jobs/ID/cancel"): (_api_cancel, ()),
     ("POST", "/api/jobs/ID/delete"): (_api_delete, ()),
@@ -4257,6 +4749,16 @@ pre { margin: 4px 0 0; max-height: 260px; overflow: auto; background: var(--code
       <tbody id="workers"></tbody>
     </table>
   </section>
+  <section class="card wide">
+    <h2>Schedules</h2>
+    <table>
+      <colgroup><col class="w14"><col class="w12"><col class="w12"><col class="w15">
+        <col class="w24"><col class="w10"><col></colgroup>
+      <thead><tr><th>id</th><th>schedule</th><th>zone</th><th>next slot</th><th>last job</th><th>state</th>
+        <th>command</th></tr></thead>
+      <tbody id="schedules"></tbody>
+    </table>
+  </section>
 </main>
 <script nonce="{{NONCE}}">
 "use strict";
@@ -4535,9 +5037,26 @@ async function loadWorkers() {
                      "no workers registered (start one: queuectl worker start)"))]));
 }
 
+// Schedules: the next slot, and the last job with its state (click it to open it)
+async function loadSchedules() {
+  const [schedules] = await api("/api/schedules");
+  if (!changed("schedules", schedules)) return;
+  const rows = schedules.map((s) => {
+    const last = !s.last_job_id ? h("span", { className: "muted" }, "none yet")
+      : h("button", { className: "link", onclick: () => selectJob(s.last_job_id) }, s.last_job_id);
+    const state = s.last_job_id ? badge(s.last_job_state || "deleted", s.last_job_state || "gone") : "";
+    const spec = s.cron || `every ${s.every}s`, next = s.paused ? badge("paused", "stopping") : when(s.next_run_at);
+    return h("tr", {}, h("td", { className: "id" }, s.id), h("td", { className: "mono" }, spec), h("td", {}, s.tz),
+      h("td", {}, next), h("td", {}, last), h("td", {}, state), h("td", { className: "cmd" }, s.job.command));
+  });
+  $("#schedules").replaceChildren(...(rows.length ? rows
+    : [h("tr", {}, h("td", { colSpan: 7, className: "empty" }, "no schedules (add one: queuectl schedule add)"))]));
+}
+
 // Refresh loop: every panel every REFRESH_MS, with fetch; the page never reloads.
 async function update() {
-  const results = await Promise.allSettled([loadStatus(), loadChart(), loadJobs(), loadWorkers(), loadJob()]);
+  const results = await Promise.allSettled([loadStatus(), loadChart(), loadJobs(), loadWorkers(), loadSchedules(),
+                                            loadJob()]);
   const failure = results.find((r) => r.status === "rejected");
   setBanner(failure ? failure.reason.message : "");
   $("#live").textContent = failure ? "not updating" : `live, updated ${when(new Date().toISOString())}`;
@@ -4608,6 +5127,8 @@ def build_parser() -> Parser:
     _add_worker_commands(sub.add_parser("worker", help="start, stop or list workers").add_subparsers(
         dest="action", required=True, metavar="ACTION"))
     _add_dlq_and_config(sub)
+    _add_schedule_commands(sub.add_parser("schedule", help="recurring jobs").add_subparsers(
+        dest="action", required=True, metavar="ACTION"))
     return p
 
 
@@ -4750,6 +5271,30 @@ def _bulk_arguments(cmd, every: str) -> None:
     cmd.add_argument("ids", nargs="*", metavar="ID")
     cmd.add_argument("--all", action="store_true", help=every)
     cmd.add_argument("--queue", type=_queue_arg, help="with --all: only the jobs of this queue")
+
+
+def _add_schedule_commands(s) -> None:
+    a = _command(s, "add", cmd_schedule_add, "add a schedule: a JSON object with id, cron or every, and a job template")
+    a.add_argument("schedule", metavar="JSON")
+    _command(s, "list", cmd_schedule_list, "every schedule, its next slot and its last job", json_flag=True,
+             reads=True)
+    n = _command(s, "next", cmd_schedule_next, "the next slots of a schedule", ids="1", reads=True,
+                 check=check_schedule_next)
+    n.add_argument("--count", type=int, default=5, metavar="N", help="how many (default 5)")
+    n.add_argument("--after", type=_time_arg, default=None, metavar="TIME",
+                   help="ISO-8601 (no offset: local time) or Unix seconds (default now)")
+    _command(s, "pause", cmd_schedule_pause, "stop making jobs from these schedules", ids="+")
+    _command(s, "resume", cmd_schedule_resume, "make jobs again, from the next slot on (missed slots do not fire)",
+             ids="+")
+    _command(s, "remove", cmd_schedule_remove, "delete schedules (the jobs they made stay)", ids="+")
+
+
+def _time_arg(text: str) -> float:
+    """A command line's time: ISO-8601, or digits for Unix seconds."""
+    try:
+        return parse_time(float(text) if re.fullmatch(r"[0-9]{1,12}(\.[0-9]+)?", text) else text, "--after")
+    except UsageError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _duration_arg(text: str) -> float:
@@ -5510,6 +6055,59 @@ def cmd_config_list(args, store: Store) -> None:
         return emit_json(values)
     for key, value in values.items():
         print(f"{key} = {value}")
+
+
+# -- schedules -----------------------------------------------------------------------------------
+
+def cmd_schedule_add(args, store: Store) -> None:
+    now = store.now()
+    schedule = validate_schedule(parse_json(args.schedule), store.config_all(), current_dir(), now)
+    store.add_schedule(schedule)
+    print_ids([schedule.id])
+
+
+def cmd_schedule_list(args, store: Store) -> None:
+    schedules = store.schedules()
+    if args.json:
+        return emit_json([s.to_dict() for s in schedules])
+    print(f"{'ID':<16} {'SCHEDULE':<14} {'TZ':<16} {'OVERLAP':<7} {'NEXT':<20}  {'LAST JOB':<36} COMMAND")
+    for s in schedules:
+        spec = s.cron if s.cron else f"every {every_text(s.every_s)}"
+        upcoming = "paused" if s.paused else slot_text(s.next_run_at) if s.next_run_at is not None else "-"
+        last = f"{s.last_job_id} ({s.last_job_state or 'gone'})" if s.last_job_id else "-"
+        print(f"{s.id:<16} {spec:<14} {s.tz:<16} {s.overlap:<7} {upcoming:<20}  {last:<36} "
+              f"{_short(s.job['command'])}")
+
+
+def check_schedule_next(args) -> None:
+    if not 1 <= args.count <= 10_000:
+        raise UsageError("--count must be from 1 to 10000")
+
+
+def cmd_schedule_next(args, store: Store) -> None:
+    schedule = store.schedule(_valid_id(args.id, "ID"))
+    after, slots = store.now() if args.after is None else args.after, []
+    while len(slots) < args.count and (after := next_slot(schedule, after)) is not None:
+        slots.append(slot_text(after))
+    print_ids(slots)
+
+
+def cmd_schedule_pause(args, store: Store) -> None:
+    ids = checked_ids(args.ids)
+    store.pause_schedules(ids)
+    print_ids(ids)
+
+
+def cmd_schedule_resume(args, store: Store) -> None:
+    ids = checked_ids(args.ids)
+    store.resume_schedules(ids, store.now())
+    print_ids(ids)
+
+
+def cmd_schedule_remove(args, store: Store) -> None:
+    ids = checked_ids(args.ids)
+    store.remove_schedules(ids)
+    print_ids(ids)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6604,3 +6604,674 @@ def test_purge_off_a_terminal_or_in_one_slice_writes_nothing_extra(db, terminal)
     result = script(db, "purge", "--state", "completed")
     assert (result.returncode, result.stdout, result.stderr) == (0, f"purged {queuectl.PURGE_SLICE + 1} completed "
                                                                     "jobs\n", "")
+
+# ==== Schedules ====================================================================================
+# The cron parser and slot arithmetic against known calendars (pure functions, no clock), then firing
+# with an injected time on both backends, the `schedule` commands, and real workers firing slots.
+
+def utc(text):
+    """'2026-03-29T01:00:00Z' -> epoch seconds."""
+    return parse_iso(text).timestamp()
+
+
+def cron_slots(expr, tz, after, count=6):
+    """The next `count` slots of a cron expression in a zone after a UTC time, as slot texts."""
+    cron, zone, at, found = queuectl.parse_cron(expr), queuectl.zone_of(tz), utc(after), []
+    for _ in range(count):
+        at = queuectl.next_cron_slot(cron, zone, at)
+        found.append(queuectl.slot_text(at))
+    return found
+
+
+@pytest.mark.parametrize("expr,field,values", [
+    ("*/15 * * * *", "minutes", (0, 15, 30, 45)),
+    ("1-10/3 * * * *", "minutes", (1, 4, 7, 10)),
+    ("5/20 * * * *", "minutes", (5, 25, 45)),
+    ("0,30,15 * * * *", "minutes", (0, 15, 30)),
+    ("0 9-17/4 * * *", "hours", (9, 13, 17)),
+    ("0 0 * jan-mar/2,DEC *", "months", (1, 3, 12)),
+    ("0 0 * * mon-fri", "weekdays", (1, 2, 3, 4, 5)),
+    ("0 0 * * 7", "weekdays", (0,)),
+    ("0 0 * * 0,7", "weekdays", (0,)),
+    ("0 0 * * 5-7", "weekdays", (0, 5, 6)),
+    ("0 0 * * */2", "weekdays", (0, 2, 4, 6)),
+    ("0 0 1-31/10 * *", "days", (1, 11, 21, 31)),
+])
+def test_cron_fields_parse_lists_ranges_steps_and_names(expr, field, values):
+    assert getattr(queuectl.parse_cron(expr), field) == values
+
+
+@pytest.mark.parametrize("alias,same_as", [
+    ("@hourly", "0 * * * *"), ("@daily", "0 0 * * *"), ("@midnight", "0 0 * * *"), ("@weekly", "0 0 * * 0"),
+    ("@monthly", "0 0 1 * *"), ("@yearly", "0 0 1 1 *"), ("@annually", "0 0 1 1 *"), ("@DAILY", "0 0 * * *")])
+def test_cron_aliases(alias, same_as):
+    assert queuectl.parse_cron(alias) == queuectl.parse_cron(same_as)
+
+
+@pytest.mark.parametrize("expr,named", [
+    ("60 * * * *", "minute '60'"), ("* 24 * * *", "hour '24'"), ("* * 0 * *", "day of month '0'"),
+    ("* * 32 * *", "day of month '32'"), ("* * * 13 *", "month '13'"), ("* * * * 8", "day of week '8'"),
+    ("* * * foo *", "month 'foo'"), ("* * * * monday", "day of week 'monday'"), ("*/0 * * * *", "minute step '0'"),
+    ("5-1 * * * *", "runs backwards"), ("fri-mon * * * *", "minute 'fri'"), ("0 0 * * fri-mon", "runs backwards"),
+    ("1- * * * *", "minute ''"), ("1,,2 * * * *", "minute ''"), ("* * * *", "expected 5 fields"),
+    ("* * * * * *", "got 6"), ("", "got 0"), ("@reboot", "unknown alias"), ("-1 * * * *", "minute ''"),
+    ("١ * * * *", "minute '١'"), ("*/x * * * *", "minute step 'x'")])
+def test_cron_rejects_bad_expressions_naming_the_bad_part(expr, named):
+    with pytest.raises(queuectl.UsageError, match="cron") as error:
+        queuectl.parse_cron(expr)
+    assert named in str(error.value)
+
+
+def test_cron_month_ends_skip_the_months_without_that_day():
+    assert cron_slots("0 0 31 * *", "UTC", "2026-01-01T00:00:00Z", 7) == [
+        "2026-01-31T00:00:00Z", "2026-03-31T00:00:00Z", "2026-05-31T00:00:00Z", "2026-07-31T00:00:00Z",
+        "2026-08-31T00:00:00Z", "2026-10-31T00:00:00Z", "2026-12-31T00:00:00Z"]
+    assert cron_slots("0 0 30 * *", "UTC", "2027-01-30T00:00:00Z", 2) == [
+        "2027-03-30T00:00:00Z", "2027-04-30T00:00:00Z"]
+    assert cron_slots("59 23 28-31 2 *", "UTC", "2026-12-31T00:00:00Z", 3) == [
+        "2027-02-28T23:59:00Z", "2028-02-28T23:59:00Z", "2028-02-29T23:59:00Z"]
+
+
+def test_cron_leap_days_follow_the_gregorian_rules():
+    assert cron_slots("0 12 29 2 *", "UTC", "2026-03-01T00:00:00Z", 3) == [
+        "2028-02-29T12:00:00Z", "2032-02-29T12:00:00Z", "2036-02-29T12:00:00Z"]
+    # 2100 is not a leap year (divisible by 100), 2000 and 2400 are (divisible by 400)
+    assert cron_slots("0 12 29 2 *", "UTC", "2096-03-01T00:00:00Z", 1) == ["2104-02-29T12:00:00Z"]
+    assert cron_slots("0 12 29 2 *", "UTC", "1999-01-01T00:00:00Z", 1) == ["2000-02-29T12:00:00Z"]
+
+
+def test_cron_never_firing_expression_has_no_slot():
+    for expr in ("0 0 30 2 *", "0 0 31 4,6,9,11 *"):
+        assert queuectl.next_cron_slot(queuectl.parse_cron(expr), queuectl.zone_of("UTC"), T0) is None
+
+
+def test_cron_both_day_fields_restricted_fire_on_either():
+    # Friday the 13th written as cron is "every 13th, and every Friday"
+    assert cron_slots("0 12 13 * fri", "UTC", "2026-01-01T00:00:00Z", 5) == [
+        "2026-01-02T12:00:00Z", "2026-01-09T12:00:00Z", "2026-01-13T12:00:00Z", "2026-01-16T12:00:00Z",
+        "2026-01-23T12:00:00Z"]
+    assert cron_slots("0 0 1,15 * mon", "UTC", "2026-06-01T00:00:00Z", 4) == [
+        "2026-06-08T00:00:00Z", "2026-06-15T00:00:00Z", "2026-06-22T00:00:00Z", "2026-06-29T00:00:00Z"]
+
+
+def test_cron_a_day_field_starting_with_a_star_is_unrestricted_as_in_vixie_cron():
+    # dom */2 starts with '*': only days matching both fire (odd days that are Mondays), as cronie does
+    assert cron_slots("0 0 */2 * mon", "UTC", "2026-06-01T00:00:00Z", 3) == [
+        "2026-06-15T00:00:00Z", "2026-06-29T00:00:00Z", "2026-07-13T00:00:00Z"]
+    # the same days written without the star are restricted: odd days or Mondays
+    assert cron_slots("0 0 1-31/2 * mon", "UTC", "2026-06-01T00:00:00Z", 3) == [
+        "2026-06-03T00:00:00Z", "2026-06-05T00:00:00Z", "2026-06-07T00:00:00Z"]
+
+
+def test_cron_sunday_is_0_and_7():
+    sundays = ["2026-12-06T00:00:00Z", "2026-12-13T00:00:00Z", "2026-12-20T00:00:00Z"]
+    for expr in ("0 0 * * 0", "0 0 * * 7", "0 0 * * sun", "@weekly"):
+        assert cron_slots(expr, "UTC", "2026-12-01T00:00:00Z", 3) == sundays
+
+
+def test_cron_names_and_steps_in_a_calendar():
+    # 09:30 on weekdays in January, March and May
+    assert cron_slots("30 9 * jan-may/2 mon-fri", "UTC", "2026-01-29T12:00:00Z", 3) == [
+        "2026-01-30T09:30:00Z", "2026-03-02T09:30:00Z", "2026-03-03T09:30:00Z"]
+    assert cron_slots("@monthly", "UTC", "2026-11-15T00:00:00Z", 2) == ["2026-12-01T00:00:00Z", "2027-01-01T00:00:00Z"]
+    assert cron_slots("@yearly", "UTC", "2026-11-15T00:00:00Z", 1) == ["2027-01-01T00:00:00Z"]
+    assert cron_slots("@hourly", "UTC", "2026-11-15T10:00:00Z", 2) == ["2026-11-15T11:00:00Z", "2026-11-15T12:00:00Z"]
+
+
+def test_cron_reads_wall_time_in_its_zone():
+    # 02:30 in Berlin: CET (+1) in winter, CEST (+2) in summer
+    assert cron_slots("30 2 * * *", "Europe/Berlin", "2026-01-10T12:00:00Z", 1) == ["2026-01-11T01:30:00Z"]
+    assert cron_slots("30 2 * * *", "Europe/Berlin", "2026-07-10T12:00:00Z", 1) == ["2026-07-11T00:30:00Z"]
+
+
+def test_cron_spring_forward_fires_a_skipped_wall_time_at_the_first_minute_after_it():
+    # Berlin 2026-03-29: 02:00 CET becomes 03:00 CEST (01:00Z); 02:30 does not exist that day
+    assert cron_slots("30 2 * * *", "Europe/Berlin", "2026-03-27T00:00:00Z", 4) == [
+        "2026-03-27T01:30:00Z", "2026-03-28T01:30:00Z", "2026-03-29T01:00:00Z", "2026-03-30T00:30:00Z"]
+    # every skipped quarter of an hour lands on 03:00, which is one slot
+    assert cron_slots("*/15 * * * *", "Europe/Berlin", "2026-03-29T00:40:00Z", 3) == [
+        "2026-03-29T00:45:00Z", "2026-03-29T01:00:00Z", "2026-03-29T01:15:00Z"]
+    # New York 2026-03-08: 02:00 EST becomes 03:00 EDT (07:00Z)
+    assert cron_slots("30 2 * * *", "America/New_York", "2026-03-07T00:00:00Z", 3) == [
+        "2026-03-07T07:30:00Z", "2026-03-08T07:00:00Z", "2026-03-09T06:30:00Z"]
+
+
+def test_cron_fall_back_fires_a_repeated_wall_time_once_at_its_first_occurrence():
+    # Berlin 2026-10-25: 03:00 CEST becomes 02:00 CET (01:00Z); 02:00-02:59 happen twice
+    assert cron_slots("*/15 * * * *", "Europe/Berlin", "2026-10-24T23:50:00Z", 6) == [
+        "2026-10-25T00:00:00Z", "2026-10-25T00:15:00Z", "2026-10-25T00:30:00Z", "2026-10-25T00:45:00Z",
+        "2026-10-25T02:00:00Z", "2026-10-25T02:15:00Z"]
+    # asked from inside the second pass of the hour, the next slot is after it
+    assert cron_slots("30 2 * * *", "Europe/Berlin", "2026-10-25T01:10:00Z", 1) == ["2026-10-26T01:30:00Z"]
+    # New York 2026-11-01: 02:00 EDT becomes 01:00 EST (06:00Z); 01:30 fires at 01:30 EDT only
+    assert cron_slots("30 1 * * *", "America/New_York", "2026-10-31T00:00:00Z", 3) == [
+        "2026-10-31T05:30:00Z", "2026-11-01T05:30:00Z", "2026-11-02T06:30:00Z"]
+
+
+def test_every_slots_count_from_the_add_rounded_down_to_the_second():
+    assert queuectl.next_every_slot(1000, 60, 1000) == 1060
+    assert queuectl.next_every_slot(1000, 60, 1059.9) == 1060
+    assert queuectl.next_every_slot(1000, 60, 1060) == 1120
+    assert queuectl.next_every_slot(1000, 60, 500) == 1060  # the first slot is one interval after the add
+    schedule = queuectl.validate_schedule({"id": "s", "every": "15m", "command": "true"}, CONFIG_DEFAULTS_INTERNAL,
+                                          "/", T0 + 0.7)
+    assert schedule.next_run_at == T0 + 900
+    assert queuectl.next_slot(schedule, T0 + 900) == T0 + 1800
+
+
+@pytest.mark.parametrize("text,seconds", [
+    ("30s", 30), ("15m", 900), ("2h", 7200), ("1d", 86400), ("1w", 604800), ("90", 90), (45, 45), ("1s", 1)])
+def test_every_durations(text, seconds):
+    assert queuectl.parse_every(text) == seconds
+
+
+@pytest.mark.parametrize("value", ["0s", 0, "1.5m", "-1", "5x", "", True, 2.0, "1 m", "٣s", None, "99999999999w"])
+def test_every_rejects_what_is_not_a_whole_duration_of_at_least_a_second(value):
+    with pytest.raises(queuectl.UsageError, match="every"):
+        queuectl.parse_every(value)
+
+
+def test_last_slot_finds_the_latest_missed_slot_in_few_steps():
+    cron, zone = queuectl.parse_cron("* * * * *"), queuectl.zone_of("UTC")
+    calls = []
+
+    def following(t):
+        calls.append(t)
+        return queuectl.next_cron_slot(cron, zone, t)
+    first = utc("2025-01-01T00:00:00Z")
+    assert queuectl.last_slot(following, first, utc("2026-01-01T10:20:30Z")) == utc("2026-01-01T10:20:00Z")
+    assert len(calls) < 100  # a year of minutely slots, found by halving
+    assert queuectl.last_slot(following, first, first + 30) == first
+    sparse = queuectl.parse_cron("0 12 29 2 *")
+    assert queuectl.last_slot(lambda t: queuectl.next_cron_slot(sparse, zone, t), utc("2028-02-29T12:00:00Z"),
+                              utc("2037-01-01T00:00:00Z")) == utc("2036-02-29T12:00:00Z")
+
+
+CONFIG_DEFAULTS_INTERNAL = {key: default for key, (default, _) in queuectl.CONFIG.items()}
+
+
+def add_schedule(store, now=T0, **fields):
+    """Validate and store a schedule as `schedule add` would at time `now`; returns it."""
+    obj = {"id": "s", "command": "true", "tz": "UTC", **fields}
+    schedule = queuectl.validate_schedule(obj, CONFIG_DEFAULTS_INTERNAL, "/", now)
+    store.add_schedule(schedule)
+    return schedule
+
+
+def slot_job_ids(store):
+    return [job.id for job in store.list_jobs()]
+
+
+def test_firing_makes_one_job_per_slot_with_the_slot_in_its_id(store):
+    add_schedule(store, now=utc("2026-12-01T01:59:10Z"), cron="0 2 * * *", env={"A": "1"}, queue="nightly",
+                 priority=5, max_retries=7)
+    assert store.next_schedule_at() == utc("2026-12-01T02:00:00Z")
+    assert store.fire_schedules(utc("2026-12-01T01:59:59Z")) == []
+    events = store.fire_schedules(utc("2026-12-01T02:00:00.4Z"))
+    assert events == [("s", utc("2026-12-01T02:00:00Z"), "s@2026-12-01T02:00:00Z",
+                       "job s@2026-12-01T02:00:00Z enqueued")]
+    job = store.get("s@2026-12-01T02:00:00Z")
+    assert (job.command, job.env, job.queue, job.priority, job.max_retries, job.state) == (
+        "true", {"A": "1"}, "nightly", 5, 7, "pending")
+    assert job.next_run_at == utc("2026-12-01T02:00:00Z")  # due at its slot: waits are measured from it
+    schedule = store.schedule("s")
+    assert (schedule.next_run_at, schedule.last_run_at, schedule.last_job_id, schedule.last_job_state) == (
+        utc("2026-12-02T02:00:00Z"), utc("2026-12-01T02:00:00Z"), "s@2026-12-01T02:00:00Z", "pending")
+    assert store.fire_schedules(utc("2026-12-01T02:00:01Z")) == []
+
+
+def test_firing_is_idempotent_across_workers(store, tmp_path, request):
+    add_schedule(store, now=T0, every="1m")
+    other = queuectl.open_database(store.target)
+    try:
+        first = store.fire_schedules(T0 + 60.5)
+        second = other.fire_schedules(T0 + 60.5)
+    finally:
+        other.close()
+    assert [e[2] for e in first] == [f"s@{queuectl.slot_text(T0 + 60)}"] and second == []
+    assert slot_job_ids(store) == [f"s@{queuectl.slot_text(T0 + 60)}"]
+
+
+def test_firing_from_many_connections_at_once_makes_one_job_per_slot(store):
+    add_schedule(store, now=T0, every="1m")
+    made, errors = [], []
+
+    def fire(now):
+        mine = queuectl.open_database(store.target, busy_deadline_s=30.0)
+        try:
+            for _ in range(5):
+                made.extend(e[2] for e in mine.fire_schedules(now) if e[2])
+        except Exception as e:  # noqa: BLE001 - any failure is the bug under test
+            errors.append(e)
+        finally:
+            mine.close()
+    threads = [threading.Thread(target=fire, args=(T0 + 60 * 3 + 1,)) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert made == slot_job_ids(store) == [f"s@{queuectl.slot_text(T0 + 180)}"]
+
+
+def test_a_slot_whose_job_exists_already_is_not_made_again(store):
+    add_schedule(store, now=T0, every="1m")
+    taken = f"s@{queuectl.slot_text(T0 + 60)}"
+    store.enqueue([spec(taken, command="echo mine")], T0)
+    assert store.fire_schedules(T0 + 61) == [("s", T0 + 60, None, f"job {taken} already exists")]
+    assert store.get(taken).command == "echo mine" and store.schedule("s").next_run_at == T0 + 120
+
+
+def test_catch_up_fires_only_the_most_recent_missed_slot_once(store):
+    add_schedule(store, now=utc("2026-12-01T00:00:00Z"), cron="*/5 * * * *")
+    # no worker ran for three hours and a bit
+    events = store.fire_schedules(utc("2026-12-01T03:07:30Z"))
+    assert [e[2] for e in events] == ["s@2026-12-01T03:05:00Z"]
+    assert slot_job_ids(store) == ["s@2026-12-01T03:05:00Z"]
+    assert store.schedule("s").next_run_at == utc("2026-12-01T03:10:00Z")
+    assert store.fire_schedules(utc("2026-12-01T03:09:59Z")) == []
+
+
+def test_overlap_skip_skips_slots_while_the_last_job_outlasts_its_interval(store):
+    add_schedule(store, now=T0, every="1m")
+    register(store)
+    first = store.fire_schedules(T0 + 60)[0][2]
+    job = store.claim("w1", T0 + 60)
+    assert job.id == first  # it runs, and is still running one and two intervals later
+    for slot in (T0 + 120, T0 + 180):
+        assert store.fire_schedules(slot) == [("s", None, None, f"slot skipped (overlap skip): job {first} "
+                                                                "is still processing")]
+    assert slot_job_ids(store) == [first] and store.schedule("s").next_run_at == T0 + 240
+    store.finish(job, "w1", outcome(), SETTINGS, T0 + 200)
+    assert [e[2] for e in store.fire_schedules(T0 + 240)] == [f"s@{queuectl.slot_text(T0 + 240)}"]
+
+
+def test_overlap_skip_also_waits_for_a_failed_job_and_not_for_a_dead_or_deleted_one(store):
+    add_schedule(store, now=T0, every="1m")
+    register(store)
+    first = store.fire_schedules(T0 + 60)[0][2]
+    store.finish(store.claim("w1", T0 + 60), "w1", outcome(1, "exit code 1"), SETTINGS, T0 + 61)
+    assert store.get(first).state == "failed"
+    assert store.fire_schedules(T0 + 120)[0][1] is None  # failed: a retry is coming
+    store.cancel([first], T0 + 150)
+    second = store.fire_schedules(T0 + 180)[0][2]
+    assert second == f"s@{queuectl.slot_text(T0 + 180)}"  # dead: no longer in the way
+    store.delete([second])
+    assert store.fire_schedules(T0 + 240)[0][2] == f"s@{queuectl.slot_text(T0 + 240)}"  # deleted: neither
+
+
+def test_overlap_allow_fires_while_the_last_job_runs(store):
+    add_schedule(store, now=T0, every="1m", overlap="allow")
+    register(store)
+    store.fire_schedules(T0 + 60)
+    store.claim("w1", T0 + 60)
+    assert store.fire_schedules(T0 + 120)[0][2] == f"s@{queuectl.slot_text(T0 + 120)}"
+
+
+def test_paused_schedule_fires_nothing_and_resumes_without_catching_up(store):
+    add_schedule(store, now=T0, every="1m")
+    store.pause_schedules(["s"])
+    assert store.next_schedule_at() is None
+    assert store.fire_schedules(T0 + 600) == [] and slot_job_ids(store) == []
+    store.resume_schedules(["s"], T0 + 630)
+    assert store.schedule("s").next_run_at == T0 + 660  # the slots missed while paused are gone
+    assert store.fire_schedules(T0 + 630) == []
+    assert [e[2] for e in store.fire_schedules(T0 + 660)] == [f"s@{queuectl.slot_text(T0 + 660)}"]
+    store.resume_schedules(["s"], T0 + 700)  # not paused: left as it was
+    assert store.schedule("s").next_run_at == T0 + 720
+
+
+def test_pause_resume_remove_are_all_or_nothing_and_jobs_made_stay(store):
+    add_schedule(store, now=T0, every="1m")
+    add_schedule(store, now=T0, id="t", cron="@hourly")
+    made = store.fire_schedules(T0 + 60)[0][2]
+    for change in (store.pause_schedules, store.remove_schedules,
+                   lambda ids: store.resume_schedules(ids, T0)):
+        with pytest.raises(queuectl.NotFound, match="'nope'"):
+            change(["s", "nope", "t"])
+        assert [(s.id, s.paused) for s in store.schedules()] == [("s", False), ("t", False)]
+    store.remove_schedules(["s", "t"])
+    assert store.schedules() == [] and slot_job_ids(store) == [made]
+
+
+def test_a_schedule_this_host_cannot_compute_is_left_for_another_worker(store):
+    add_schedule(store, now=T0, cron="* * * * *", tz="Europe/Berlin")
+    add_schedule(store, now=T0, id="t", every="1m")
+    store.write(lambda cur: cur.execute("UPDATE schedules SET tz = 'Nowhere/Gone' WHERE id = 's'"))
+    events = store.fire_schedules(T0 + 60)
+    assert events[0][:3] == ("s", None, None) and "Nowhere/Gone" in events[0][3]
+    assert events[1][2] == f"t@{queuectl.slot_text(T0 + 60)}"
+    assert store.schedule("s").next_run_at == T0 + 60  # untouched
+
+
+def test_schedule_firer_looks_up_once_a_second_and_fires_a_known_slot_at_once(store, monkeypatch):
+    add_schedule(store, now=T0, every="10s")
+    lookups = []
+    real = store.next_schedule_at
+    monkeypatch.setattr(store, "next_schedule_at", lambda: lookups.append(1) or real())
+    firer = queuectl.ScheduleFirer()
+    assert firer.tick(store, mono=100.0, now=T0 + 1) == [] and len(lookups) == 1
+    for mono in (100.05, 100.5, 100.95):  # nothing due: no lookup within the second
+        assert firer.tick(store, mono=mono, now=T0 + 2) == []
+    assert len(lookups) == 1
+    firer.tick(store, mono=101.0, now=T0 + 3)
+    assert len(lookups) == 2
+    events = firer.tick(store, mono=101.02, now=T0 + 10.01)  # the slot it knows of is due: no waiting
+    assert [e[2] for e in events] == [f"s@{queuectl.slot_text(T0 + 10)}"]
+    assert firer.due_at == T0 + 20
+
+
+def test_schedule_json_round_trips_through_the_store(store):
+    add_schedule(store, now=T0, cron="0 2 * * *", tz="Europe/Berlin", overlap="allow", env={"K": "v"})
+    assert store.schedule("s").to_dict() == {
+        "id": "s", "cron": "0 2 * * *", "every": None, "tz": "Europe/Berlin", "overlap": "allow", "paused": False,
+        "next_run_at": queuectl.iso(queuectl.next_cron_slot(queuectl.parse_cron("0 2 * * *"),
+                                                             queuectl.zone_of("Europe/Berlin"), T0)),
+        "last_run_at": None, "last_job_id": None, "last_job_state": None,
+        "job": {"command": "true", "env": {"K": "v"}, "cwd": "/"}}
+
+
+# ---- the schedule commands
+
+SCHEDULE_KEYS = {"id", "cron", "every", "tz", "overlap", "paused", "next_run_at", "last_run_at", "last_job_id",
+                 "last_job_state", "job"}
+
+
+def test_schedule_add_list_and_next(db, tmp_path):
+    assert ok(db, "schedule", "add", json.dumps({"id": "backup", "cron": "30 2 * * *", "tz": "Europe/Berlin",
+                                                 "command": "./backup.sh", "cwd": str(tmp_path)})) == "backup\n"
+    assert ok(db, "schedule", "add", '{"id": "tick", "every": "15m", "command": "date", "overlap": "allow"}') \
+        == "tick\n"
+    listed = json.loads(ok(db, "schedule", "list", "--json"))
+    assert [set(s) for s in listed] == [SCHEDULE_KEYS, SCHEDULE_KEYS]
+    backup, tick = listed
+    assert (backup["cron"], backup["every"], backup["tz"], backup["overlap"], backup["paused"]) == (
+        "30 2 * * *", None, "Europe/Berlin", "skip", False)
+    assert backup["job"] == {"command": "./backup.sh", "cwd": str(tmp_path)}
+    assert (tick["cron"], tick["every"], tick["overlap"], tick["job"]["cwd"]) == (None, 900, "allow", os.getcwd())
+    assert ISO_UTC.match(backup["next_run_at"]) and backup["last_run_at"] is None
+    text = ok(db, "schedule", "list")
+    assert "every 15m" in text and "30 2 * * *" in text and "Europe/Berlin" in text and "./backup.sh" in text
+    assert ok(db, "schedule", "next", "backup", "--after", "2026-03-27T00:00:00Z", "--count", "4").split() == [
+        "2026-03-27T01:30:00Z", "2026-03-28T01:30:00Z", "2026-03-29T01:00:00Z", "2026-03-30T00:30:00Z"]
+    assert ok(db, "schedule", "next", "backup", "--after", str(int(utc("2026-03-27T00:00:00Z"))),
+              "--count", "1").split() == ["2026-03-27T01:30:00Z"]
+    slots = ok(db, "schedule", "next", "tick").split()
+    assert len(slots) == 5 and all(ISO_UTC.match(s) for s in slots)
+    assert slots[0] == queuectl.slot_text(parse_iso(tick["next_run_at"]).timestamp())
+
+
+def test_schedule_zone_defaults_to_the_machines(db, local_tz):
+    local_tz("America/New_York")
+    ok(db, "schedule", "add", '{"id": "a", "cron": "0 9 * * *", "command": "true"}')
+    local_tz(":Europe/Berlin")
+    ok(db, "schedule", "add", '{"id": "b", "cron": "0 9 * * *", "command": "true"}')
+    assert [s["tz"] for s in json.loads(ok(db, "schedule", "list", "--json"))] == ["America/New_York",
+                                                                                   "Europe/Berlin"]
+    local_tz("EST5EDT,M3.2.0,M11.1.0")  # a POSIX rule, not a zone name: refused, naming it
+    code, _, err = cli(db, "schedule", "add", '{"id": "c", "cron": "0 9 * * *", "command": "true"}')
+    assert code == 2
+    assert_one_error(err, "EST5EDT,M3.2.0,M11.1.0", "'tz'")
+
+
+def test_local_zone_name_reads_tz_then_etc_localtime(monkeypatch):
+    monkeypatch.setenv("TZ", "/usr/share/zoneinfo/Asia/Tokyo")
+    assert queuectl.local_zone_name() == "Asia/Tokyo"
+    monkeypatch.delenv("TZ")
+    monkeypatch.setattr(queuectl.os, "readlink", lambda path: "../usr/share/zoneinfo/Europe/Paris")
+    assert queuectl.local_zone_name() == "Europe/Paris"
+
+    def missing(path):
+        raise FileNotFoundError(path)
+    monkeypatch.setattr(queuectl.os, "readlink", missing)
+    assert queuectl.local_zone_name() == "UTC"
+
+
+@sqlite_only
+@pytest.mark.parametrize("obj,named", [
+    ({"cron": "0 * * * *", "command": "true"}, "field 'id' is required"),
+    ({"id": "a", "command": "true"}, "exactly one of the fields 'cron' and 'every'"),
+    ({"id": "a", "cron": "0 * * * *", "every": "1m", "command": "true"}, "exactly one"),
+    ({"id": "a", "cron": "0 * * * * *", "command": "true"}, "cron '0 * * * * *'"),
+    ({"id": "a", "cron": "0 25 * * *", "command": "true"}, "hour '25'"),
+    ({"id": "a", "cron": "0 0 30 2 *", "command": "true"}, "never fires"),
+    ({"id": "a", "cron": 5, "command": "true"}, "field 'cron'"),
+    ({"id": "a", "every": "0s", "command": "true"}, "field 'every'"),
+    ({"id": "a", "every": "soon", "command": "true"}, "field 'every'"),
+    ({"id": "a", "every": "1m", "tz": "Mars/Olympus", "command": "true"}, "field 'tz'"),
+    ({"id": "a", "every": "1m", "tz": "../etc/passwd", "command": "true"}, "field 'tz'"),
+    ({"id": "a", "every": "1m", "tz": "localtime", "command": "true"}, "localtime"),
+    ({"id": "a", "every": "1m", "overlap": "queue", "command": "true"}, "field 'overlap'"),
+    ({"id": "a", "every": "1m"}, "field 'command' is required"),
+    ({"id": "a", "every": "1m", "command": "true", "priority": "high"}, "field 'priority'"),
+    ({"id": "a", "every": "1m", "command": "true", "run_at": 0}, "field 'run_at' cannot be used"),
+    ({"id": "a", "every": "1m", "command": "true", "delay": 5}, "field 'delay' cannot be used"),
+    ({"id": "a", "every": "1m", "command": "true", "depends_on": []}, "field 'depends_on' cannot be used"),
+    ({"id": "a", "every": "1m", "command": "true", "when": 1}, "unknown field 'when'"),
+    ({"id": "x" * 171, "every": "1m", "command": "true"}, "1 to 170 characters"),
+    ({"id": "a\nb", "every": "1m", "command": "true"}, "control characters"),
+    ([1], "schedule must be a JSON object"),
+])
+def test_schedule_add_refuses_invalid_input_naming_it_and_stores_nothing(db, obj, named):
+    ok(db, "schedule", "add", '{"id": "keep", "every": "1h", "command": "true"}')
+    before = ok(db, "schedule", "list", "--json")
+    code, out, err = cli(db, "schedule", "add", json.dumps(obj))
+    assert (code, out) == (2, "")
+    assert_one_error(err, named)
+    assert ok(db, "schedule", "list", "--json") == before
+
+
+def test_schedule_id_of_170_characters_makes_job_ids_that_fit(db):
+    long_id = "s" * 170
+    ok(db, "schedule", "add", json.dumps({"id": long_id, "every": "1s", "command": "true"}))
+    with opened(db) as s:
+        made = s.fire_schedules(s.now() + 2)[0][2]
+    assert len(made) == 191 <= queuectl.MAX_ID_CHARS and get_job(db, made)["id"] == made
+
+
+def test_schedule_add_duplicate_exits_1_and_keeps_the_first(db):
+    ok(db, "schedule", "add", '{"id": "a", "every": "1h", "command": "first"}')
+    code, out, err = cli(db, "schedule", "add", '{"id": "a", "cron": "@daily", "command": "second"}')
+    assert (code, out) == (1, "")
+    assert_one_error(err, "schedule 'a' already exists")
+    [only] = json.loads(ok(db, "schedule", "list", "--json"))
+    assert (only["every"], only["job"]["command"]) == (3600, "first")
+
+
+def test_schedule_pause_resume_remove_commands(db):
+    for name in ("a", "b"):
+        ok(db, "schedule", "add", json.dumps({"id": name, "every": "1h", "command": "true"}))
+    before = ok(db, "schedule", "list", "--json")
+    for action in ("pause", "resume", "remove"):
+        code, out, err = cli(db, "schedule", action, "a", "missing")
+        assert (code, out) == (1, "")
+        assert_one_error(err, "no schedule with id 'missing'")
+        assert ok(db, "schedule", "list", "--json") == before
+    assert ok(db, "schedule", "pause", "a", "a") == "a\n"
+    listed = {s["id"]: s for s in json.loads(ok(db, "schedule", "list", "--json"))}
+    assert listed["a"]["paused"] is True and listed["a"]["next_run_at"] is None
+    assert "paused" in ok(db, "schedule", "list").splitlines()[1]
+    assert ok(db, "schedule", "resume", "a") == "a\n"
+    assert json.loads(ok(db, "schedule", "list", "--json"))[0]["next_run_at"] is not None
+    assert ok(db, "schedule", "remove", "a", "b") == "a\nb\n"
+    assert json.loads(ok(db, "schedule", "list", "--json")) == []
+    code, _, err = cli(db, "schedule", "next", "a")
+    assert code == 1
+    assert_one_error(err, "no schedule with id 'a'")
+
+
+@sqlite_only
+def test_schedule_next_checks_its_options(db):
+    ok(db, "schedule", "add", '{"id": "a", "every": "1h", "command": "true"}')
+    for args, named in ((("--count", "0"), "--count"), (("--after", "tomorrow"), "--after")):
+        code, out, err = cli(db, "schedule", "next", "a", *args)
+        assert code == 2 and out == "" and any(named in line for line in err.splitlines()), err
+
+
+def test_schedule_list_shows_the_last_job_and_its_state(db):
+    ok(db, "schedule", "add", '{"id": "a", "every": "1s", "command": "true"}')
+    with opened(db) as s:
+        made = s.fire_schedules(s.now() + 1.5)[0][2]
+    [listed] = json.loads(ok(db, "schedule", "list", "--json"))
+    assert (listed["last_job_id"], listed["last_job_state"]) == (made, "pending")
+    assert listed["last_run_at"] == queuectl.iso(utc(made.partition("@")[2]))
+    assert f"{made} (pending)" in ok(db, "schedule", "list")
+
+
+def test_dashboard_lists_schedules_as_the_cli_does(dashboard, capsys):
+    d = dashboard()
+    ok(d.path, "schedule", "add", '{"id": "nightly", "cron": "@daily", "tz": "UTC", "command": "true"}')
+    assert d.get("/api/schedules") == cli_json(capsys, d.path, "schedule", "list")
+    assert d.get("/api/schedules")[0]["id"] == "nightly"
+    page = d.get("/")
+    assert '<tbody id="schedules">' in page and "loadSchedules()" in page
+
+
+def test_an_existing_database_gains_schedules_on_upgrade(db, monkeypatch):
+    with monkeypatch.context() as old:  # a queue made by the version before schedules
+        old.setattr(queuectl, "SCHEMA_VERSION", 1)
+        old.setattr(queuectl, "MIGRATIONS", queuectl.MIGRATIONS[:1])
+        old.setattr(queuectl, "PG_MIGRATIONS", queuectl.PG_MIGRATIONS[:1])
+        enqueue(db, id="old", command="true")
+    ok(db, "schedule", "add", '{"id": "a", "every": "1h", "command": "true"}')
+    assert get_job(db, "old")["state"] == "pending"
+    with opened(db) as s:
+        version = s.read("PRAGMA user_version" if not is_pg(db) else "SELECT version FROM queuectl_version")
+    assert version == [(queuectl.SCHEMA_VERSION,)] and queuectl.SCHEMA_VERSION >= 2
+
+
+# ---- real workers
+
+def test_workers_fire_an_every_second_schedule_once_per_slot(db, workers):
+    ok(db, "schedule", "add", '{"id": "tick", "every": "1s", "command": "echo tick"}')
+    procs = [workers.start(), workers.start()]
+
+    def completed():
+        jobs = [j for j in json.loads(ok_when_free(db, "list", "--json")) if j["state"] == "completed"]
+        return jobs if len(jobs) >= 4 else None
+    wait_for(completed, "four completed slots")
+    for proc in procs:
+        proc.signal(signal.SIGTERM)
+    for proc in procs:
+        assert proc.wait() == 0, proc.log()
+    jobs = json.loads(ok(db, "list", "--json"))
+    slots = [utc(j["id"].partition("@")[2]) for j in jobs]
+    assert all(j["id"].startswith("tick@") for j in jobs)
+    assert len(set(slots)) == len(slots) and all(s == int(s) for s in slots)
+    assert sorted(slots) == slots and all(b - a >= 1 for a, b in zip(slots, slots[1:]))
+    assert set(run_counts(db).values()) == {1}  # every slot's job ran once, on one worker or the other
+    for proc in procs:
+        assert "Traceback" not in proc.log() and "not fired here" not in proc.log()
+
+
+def test_a_burst_worker_fires_due_slots_but_future_ones_do_not_keep_it_running(db, workers):
+    ok(db, "schedule", "add", '{"id": "soon", "every": "1s", "command": "echo soon"}')
+    ok(db, "schedule", "add", '{"id": "later", "cron": "@yearly", "command": "echo later"}')
+    wait_for(lambda: json.loads(ok(db, "schedule", "list", "--json"))[1]["next_run_at"] < queuectl.iso(time.time()),
+             "the every-second schedule to fall due")
+    worker = workers.start("--burst")
+    assert worker.wait() == 0, worker.log()
+    jobs = json.loads(ok(db, "list", "--json"))
+    assert jobs and all(j["id"].startswith("soon@") and j["state"] == "completed" for j in jobs)
+    assert "burst: queue drained" in worker.log()
+
+
+def test_a_stopping_worker_fires_nothing(db):
+    ok(db, "schedule", "add", '{"id": "a", "every": "1s", "command": "true"}')
+    supervisor = queuectl.Supervisor(db, 1, False)
+    try:
+        wait_for(lambda: supervisor.store.next_schedule_at() < supervisor.store.now(), "the first slot")
+        idle = dict.fromkeys(("beat", "sweep", "cancels", "retention"), math.inf)  # only schedules and the poll
+        supervisor.stopping.set()
+        supervisor._housekeeping(idle, time.monotonic())
+        assert list_ids(db) == []
+        supervisor.stopping.clear()
+        supervisor._housekeeping(idle, time.monotonic())
+        assert [i.partition("@")[0] for i in list_ids(db)] == ["a"]
+    finally:
+        supervisor.store.close()
+
+
+def brute_force_slots(expr, tz, start, end):
+    """The slots in (start, end] found minute by minute from the DST rules themselves, independently of
+    wall_instant: a minute fires if its wall time matches and is the first occurrence of that wall
+    time, or if it is the first minute after a jump forward over a wall time that matches."""
+    cron, zone = queuectl.parse_cron(expr), queuectl.zone_of(tz)
+
+    def matches(wall):
+        return (wall.minute in cron.minutes and wall.hour in cron.hours and wall.month in cron.months
+                and queuectl.cron_day_matches(cron, wall.date()))
+    from datetime import timedelta
+    found, at = [], start - start % 60 + 60
+    while at <= end:
+        here = datetime.fromtimestamp(at, zone)
+        wall, before = here.replace(tzinfo=None), datetime.fromtimestamp(at - 60, zone).replace(tzinfo=None)
+        skipped, step = [], before + timedelta(minutes=1)
+        while step < wall:  # wall times the clock jumped over
+            skipped.append(step)
+            step += timedelta(minutes=1)
+        if (matches(wall) and here.fold == 0) or any(matches(w) for w in skipped):
+            found.append(at)
+        at += 60
+    return found
+
+
+@pytest.mark.parametrize("tz,around", [
+    ("Europe/Berlin", "2026-03-29T01:00:00Z"), ("Europe/Berlin", "2026-10-25T01:00:00Z"),
+    ("America/New_York", "2026-03-08T07:00:00Z"), ("America/New_York", "2026-11-01T06:00:00Z"),
+    ("Australia/Lord_Howe", "2026-04-04T15:00:00Z"), ("Australia/Lord_Howe", "2026-10-03T15:30:00Z"),  # 30 min
+    ("America/Sao_Paulo", "2018-11-04T03:00:00Z"), ("America/Sao_Paulo", "2019-02-17T02:00:00Z"),  # at midnight
+    ("Pacific/Apia", "2011-12-30T10:00:00Z"),  # a whole day skipped
+])
+def test_cron_slots_around_dst_transitions_equal_a_minute_by_minute_reference(tz, around):
+    start, end = utc(around) - 86400, utc(around) + 86400
+    for expr in ("*/15 * * * *", "30 2 * * *", "0 0 * * *", "45 1 * * *", "*/7 1-3 * * *", "0,30 23 * * *"):
+        cron, zone, at, slots = queuectl.parse_cron(expr), queuectl.zone_of(tz), start, []
+        while (at := queuectl.next_cron_slot(cron, zone, at)) <= end:
+            slots.append(at)
+        assert slots == brute_force_slots(expr, tz, start, end), (expr, tz)
+
+
+@sqlite_only
+def test_schedule_add_survives_hostile_input_and_a_refusal_changes_nothing(db):
+    import random
+    rng = random.Random(11)
+    pool = {
+        "id": ["a", "b", "", "x" * 171, "a\u2028b", 5, None, "dup"],
+        "cron": ["* * * * *", "@daily", "@reboot", "61 * * * *", "*/0 * * * *", "0 0 30 2 *", "mon-fri * * * *",
+                 "* * * * mon-fri", "1-5/2 * * jan *", "", "\x00", 7, ["* * * * *"], "* * * * * *", "٣ * * * *"],
+        "every": ["1s", "0s", "1.5m", "2h", "1w", 0, -1, 1, 10**20, "10**3", True, "", "٣s", {"s": 1}],
+        "tz": ["UTC", "Europe/Berlin", "../../etc/passwd", "", "localtime", "Nowhere/X", 3, "UTC\x00", "/etc/hosts"],
+        "overlap": ["skip", "allow", "queue", None, 1],
+        "command": ["true", "", " ", None, 1, "echo \udcff"], "queue": ["q", "", "a b"], "priority": [1, "1", 1.5],
+        "env": [{"A": "b"}, {"": "x"}, ["A"]], "cwd": ["/", "rel", ""], "timeout": [1, -1, "x"],
+        "max_retries": [0, -1, 10**7], "run_at": [0], "delay": [1], "depends_on": [[]], "zzz": [1],
+    }
+    ok(db, "schedule", "add", '{"id": "dup", "every": "1h", "command": "true"}')
+    codes = []
+    for _ in range(150):
+        kind = rng.choice(["cron", "every"])
+        obj = {"id": rng.choice(pool["id"]), kind: rng.choice(pool[kind]), "command": "true"}
+        for key in rng.sample(sorted(pool), rng.randint(0, 4)):
+            obj[key] = rng.choice(pool[key])
+        before = ok(db, "schedule", "list", "--json")
+        code, out, err = cli(db, "schedule", "add", json.dumps(obj))
+        codes.append(code)
+        assert "Traceback" not in err, (obj, err)
+        if code == 0:
+            assert out == f"{obj['id']}\n"
+            ok(db, "schedule", "remove", obj["id"])
+        else:
+            assert code in (1, 2) and out == "", (obj, code, err)
+            assert_one_error(err)
+            assert code == 2 or "already exists" in err, (obj, err)
+        assert ok(db, "schedule", "list", "--json") == before
+    assert {0, 1, 2} <= set(codes)  # the mix reached acceptance, the duplicate and refusals
+
+
+def test_schedule_next_ends_quietly_at_the_last_storable_time(db):
+    ok(db, "schedule", "add", '{"id": "w", "every": "1w", "command": "true"}')
+    ok(db, "schedule", "add", '{"id": "c", "cron": "@yearly", "tz": "UTC", "command": "true"}')
+    near_end = str(queuectl.MAX_EPOCH - 86400)
+    assert len(ok(db, "schedule", "next", "w", "--after", near_end).split()) <= 1
+    assert ok(db, "schedule", "next", "c", "--after", near_end) == ""
