@@ -1,5 +1,54 @@
-#!/usr/bin/env python3
-"""queuectl: a persistent background job queue for shell commands, in one SQLite file or PostgreSQL.
+#!/bin/sh
+# These lines down to the closing quotes are both sh and Python. Run as a program (a copied or
+# installed file), sh execs python3 on the loader below, which runs this file from bytecode cached in
+# $XDG_CACHE_HOME/queuectl (default ~/.cache/queuectl): Python caches the bytecode of imported modules
+# only, never of the script it runs, and compiling this file costs more than the rest of a command's
+# start-up. The cache is checked against a hash of the file's content, so an edited file never runs
+# old code; without a usable cache folder it just compiles. `python3 queuectl.py` and `python3 -m
+# queuectl` read these lines as one string assignment. exec (not a child process): the worker gets
+# its signals and exit code as it would without the launcher.
+_LAUNCHER=''''
+exec python3 -c '
+import marshal, os, sys, types
+from importlib.util import MAGIC_NUMBER, source_hash
+path, real = sys.argv[1], os.path.realpath(sys.argv[1])
+if sys.path[0] == "":
+    sys.path[0] = os.path.dirname(real)  # as for a script: its folder, not the current one
+del sys.argv[0]
+with open(path, "rb") as f:
+    source = f.read()
+key = MAGIC_NUMBER + (3).to_bytes(4, "little") + source_hash(source)
+home = os.environ.get("XDG_CACHE_HOME", "")
+folder = os.path.join(home if os.path.isabs(home) else os.path.expanduser("~/.cache"), "queuectl")
+name = f"queuectl-{source_hash(os.fsencode(real)).hex()}.{sys.implementation.cache_tag}-O{sys.flags.optimize}.pyc"
+pyc, code = os.path.join(folder, name), None
+try:
+    with open(pyc, "rb") as f:
+        data = f.read()
+    code = marshal.loads(data[16:]) if os.path.isabs(pyc) and data[:16] == key else None
+except Exception:
+    pass
+if code is None:
+    code = compile(source, real, "exec", dont_inherit=True)
+    if os.path.isabs(pyc) and not sys.dont_write_bytecode:
+        temp = f"{pyc}.{os.getpid()}.tmp"
+        try:
+            os.makedirs(folder, 0o700, exist_ok=True)
+            with open(temp, "wb") as f:
+                f.write(key + marshal.dumps(code))
+            os.replace(temp, pyc)
+        except OSError:
+            try:
+                os.unlink(temp)
+            except OSError:
+                pass
+main = types.ModuleType("__main__")
+main.__file__ = path
+sys.modules["__main__"] = main
+exec(code, main.__dict__)
+' "$0" "$@"
+'''
+__doc__ = """queuectl: a persistent background job queue for shell commands, in one SQLite file or PostgreSQL.
 
 Enqueue jobs as JSON, run foreground workers that claim and run them, retry failures with
 exponential backoff, and keep jobs that exhaust their retries in a dead-letter queue (DLQ).
