@@ -7,6 +7,7 @@ every wait polls with a deadline, so they stay deterministic on a slow, noisy ma
 import contextlib
 import io
 import json
+import marshal
 import os
 import re
 import shlex
@@ -5413,3 +5414,155 @@ def test_bench_rejects_counts_that_would_leave_an_empty_sample(bench, capsys):
             bench.parse_args([option, "0"])
     assert bench.main(["--tiny", "--check"]) == 2
     assert "no verdict" in capsys.readouterr().err
+
+
+# ==== Launcher: the command as users install it (a copied file run directly) ====================
+# Run as a program, the file's `#!/bin/sh` header execs python3 on a loader that runs it from
+# bytecode cached in $XDG_CACHE_HOME/queuectl.
+
+def _installed(tmp_path, name="queuectl", source=None):
+    """A copy of queuectl.py (or of `source` text) as an executable `bin/NAME` under tmp_path."""
+    folder = tmp_path / "bin"
+    folder.mkdir(exist_ok=True)
+    path = folder / name
+    path.write_text(source if source is not None else open(QUEUECTL).read())
+    path.chmod(0o755)
+    return path
+
+
+def _launcher_env(tmp_path, **extra):
+    """Bytecode writing on (as users have it), the cache in tmp_path, and `python3` this interpreter."""
+    env = child_env(XDG_CACHE_HOME=str(tmp_path / "cache"),
+                    PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env.update(extra)
+    return env
+
+
+def _run_installed(program, env, *args, cwd=None):
+    return subprocess.run([str(program), *args], capture_output=True, text=True, timeout=WAIT_S, env=env,
+                          stdin=subprocess.DEVNULL, cwd=cwd)
+
+
+def _cached(tmp_path):
+    folder = tmp_path / "cache" / "queuectl"
+    return sorted(folder.iterdir()) if folder.is_dir() else []
+
+
+def test_installed_copy_runs_from_cached_bytecode_from_its_second_run(tmp_path):
+    program, env = _installed(tmp_path), _launcher_env(tmp_path)
+    db = str(tmp_path / "q.db")
+    first = _run_installed(program, env, "--db", db, "enqueue", '{"id": "a", "command": "true"}')
+    assert (first.returncode, first.stdout, first.stderr) == (0, "a\n", "")
+    [pyc] = _cached(tmp_path)
+    # Replace the cached code with other code under the same key: a run that prints its output used the cache.
+    with open(pyc, "rb") as f:
+        key = f.read(16)
+    marked = compile("print('from the cache')", str(program), "exec")
+    pyc.write_bytes(key + marshal.dumps(marked))
+    second = _run_installed(program, env, "--version")
+    assert (second.returncode, second.stdout) == (0, "from the cache\n")
+
+
+def test_installed_copy_never_runs_stale_bytecode(tmp_path):
+    """An edit that keeps the file's size and modification time still takes effect: the cache is
+    checked against the content, not the file's metadata."""
+    program, env = _installed(tmp_path), _launcher_env(tmp_path)
+    assert _run_installed(program, env, "--version").stdout.split() == ["queuectl", queuectl.__version__]
+    stat_before = program.stat()
+    text = program.read_text()
+    edited = "9" * len(queuectl.__version__)
+    program.write_text(text.replace(f'__version__ = "{queuectl.__version__}"', f'__version__ = "{edited}"', 1))
+    os.utime(program, ns=(stat_before.st_atime_ns, stat_before.st_mtime_ns))
+    assert program.stat().st_size == stat_before.st_size
+    assert _run_installed(program, env, "--version").stdout.split() == ["queuectl", edited]
+    assert len(_cached(tmp_path)) == 1  # the entry of this path was replaced, not added to
+
+
+def test_two_copies_at_different_paths_keep_their_own_code(tmp_path):
+    one = _installed(tmp_path, "queuectl")
+    two = _installed(tmp_path, "queuectl-next", one.read_text().replace(
+        f'__version__ = "{queuectl.__version__}"', '__version__ = "2.0.0"', 1))
+    env = _launcher_env(tmp_path)
+    for _ in range(2):
+        assert _run_installed(one, env, "--version").stdout.split() == ["queuectl", queuectl.__version__]
+        assert _run_installed(two, env, "--version").stdout.split() == ["queuectl", "2.0.0"]
+    assert len(_cached(tmp_path)) == 2
+
+
+@pytest.mark.parametrize("cache", ["file", "readonly", "relative"])
+def test_installed_copy_works_without_a_usable_cache_folder(tmp_path, cache):
+    blocker = tmp_path / "cache"
+    if cache == "file":
+        blocker.write_text("not a folder")  # a folder inside it cannot be made, even by root
+    elif cache == "readonly":
+        blocker.mkdir()
+        (blocker / "queuectl").write_text("")  # where the cache folder should be: a file
+    program = _installed(tmp_path)
+    env = _launcher_env(tmp_path)
+    if cache == "relative":
+        env["XDG_CACHE_HOME"] = "relative/cache"  # not absolute: ignored, as the XDG spec says
+        env["HOME"] = str(tmp_path / "home")
+    db = str(tmp_path / "q.db")
+    for i in range(2):
+        r = _run_installed(program, env, "--db", db, "enqueue", f'{{"id": "j{i}", "command": "true"}}', cwd=tmp_path)
+        assert (r.returncode, r.stdout, r.stderr) == (0, f"j{i}\n", "")
+    assert not (tmp_path / "relative").exists()
+    if cache == "relative":
+        assert len(list((tmp_path / "home" / ".cache" / "queuectl").iterdir())) == 1
+
+
+def test_installed_copy_honours_pythondontwritebytecode(tmp_path):
+    program = _installed(tmp_path)
+    r = _run_installed(program, _launcher_env(tmp_path, PYTHONDONTWRITEBYTECODE="1"), "--version")
+    assert r.returncode == 0 and queuectl.__version__ in r.stdout
+    assert _cached(tmp_path) == []
+
+
+def test_installed_copy_passes_exit_codes_and_errors_through(tmp_path):
+    program, env = _installed(tmp_path), _launcher_env(tmp_path)
+    bad = _run_installed(program, env, "--db", str(tmp_path / "q.db"), "enqueue", "{not json")
+    assert bad.returncode == 2 and bad.stderr.startswith(ERROR_PREFIX) and "Traceback" not in bad.stderr
+    missing = _run_installed(program, env, "--db", str(tmp_path / "q.db"), "show", "nope")
+    assert missing.returncode == 1 and missing.stderr.startswith(ERROR_PREFIX)
+
+
+def test_installed_copy_does_not_import_from_the_current_folder(tmp_path):
+    """As for a script, the program's own folder is first on sys.path, not the folder it is run from."""
+    here = tmp_path / "here"
+    here.mkdir()
+    (here / "argparse.py").write_text("raise SystemExit('imported from the current folder')\n")
+    r = _run_installed(_installed(tmp_path), _launcher_env(tmp_path), "--version", cwd=here)
+    assert r.returncode == 0 and queuectl.__version__ in r.stdout, r.stderr
+
+
+def test_script_and_module_runs_are_unchanged(tmp_path):
+    env = _launcher_env(tmp_path, PYTHONPATH=HERE)
+    for argv in ([sys.executable, QUEUECTL, "--version"], [sys.executable, "-m", "queuectl", "--version"]):
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=WAIT_S, env=env, cwd=tmp_path)
+        assert r.returncode == 0 and r.stdout.split() == ["queuectl", queuectl.__version__], (argv, r.stderr)
+    assert _cached(tmp_path) == []  # those runs cache as Python does, not in the launcher's folder
+    assert queuectl.__doc__.startswith("queuectl: a persistent background job queue")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_installed_worker_gets_signals_itself(sqlite_db, workers, tmp_path, sig):
+    """The launcher execs: the process started is the worker itself (no shell or loader in between),
+    so the first signal is a graceful stop and a second one kills the job and exits 130, as without it."""
+    enqueue(sqlite_db, id="run", command=BLOCKING_JOB, cwd=str(tmp_path))
+    program = _installed(tmp_path)
+    log_path = tmp_path / "installed.stderr"
+    with open(log_path, "wb") as err:
+        popen = subprocess.Popen([str(program), "--db", sqlite_db, "worker", "start"], stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
+                                 env=_launcher_env(tmp_path, **{TAG_VAR: workers.tag}))
+    worker = WorkerProc(popen, log_path)
+    workers.procs.append(worker)
+    worker.wait_log("worker started")
+    assert os.path.realpath(f"/proc/{popen.pid}/exe") == os.path.realpath(sys.executable)
+    _wait_started(tmp_path)
+    worker.signal(sig)
+    worker.wait_log("stopping")
+    worker.signal(sig)
+    assert worker.wait() == 130, worker.log()
+    assert get_job(sqlite_db, "run")["state"] == "pending"
