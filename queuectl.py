@@ -2276,14 +2276,101 @@ def _spawn(job: Job, env: dict, die_with_worker: bool):
     # the worker never reaches it, and killpg() reaches all of its children.
     options = dict(cwd=job.cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                    start_new_session=True, preexec_fn=_die_with_runner() if die_with_worker else None)
+    start = _posix_spawn if not die_with_worker and _in_current_folder(job.cwd) else None
     direct = direct_argv(job.command, job.cwd, env)
     if direct:
+        direct_env = {**env, b"PWD": _shell_pwd(job.cwd, env)}
         try:
-            return subprocess.Popen(direct[1], executable=direct[0], env={**env, b"PWD": _shell_pwd(job.cwd, env)},
-                                    **options)
+            if start:
+                return start(direct[0], direct[1], direct_env)
+            return subprocess.Popen(direct[1], executable=direct[0], env=direct_env, **options)
         except OSError:
             pass  # e.g. a script without #!: the shell knows what to do (run it as a shell script)
+    if start:
+        return start(b"/bin/sh", ["/bin/sh", "-c", job.command], env)
     return subprocess.Popen(["/bin/sh", "-c", job.command], env=env, **options)
+
+
+def _in_current_folder(cwd: str) -> bool:
+    """Is the job's folder the worker's own (the same directory, not only the same name)? Then the
+    job can be started without a chdir, which os.posix_spawn cannot do before Python 3.13."""
+    try:
+        here, there = os.stat("."), os.stat(cwd)
+    except OSError:
+        return False  # Popen's chdir reports it as before
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
+
+def _posix_spawn(program: bytes, argv: list[str], env: dict) -> "_Spawned":
+    """Start a job as Popen would with our options, through os.posix_spawn: half the worker's CPU per
+    start (no Python-side fork bookkeeping), the same session, signals, input and output.
+
+    Only where the job needs no chdir (see _in_current_folder) and no preexec_fn (the parent-death
+    signal on PostgreSQL): Popen does those. Popen's close_fds has no equal here, so descriptors the
+    worker inherited from whoever started it are made close-on-exec first (everything Python and SQLite
+    open already is); SIGPIPE and SIGXFSZ go back to their defaults as with Popen's restore_signals.
+    """
+    import signal
+    _no_inherited_fds()
+    read_end, write_end = os.pipe2(os.O_CLOEXEC)
+    actions = [(os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
+               (os.POSIX_SPAWN_DUP2, write_end, 1), (os.POSIX_SPAWN_DUP2, write_end, 2)]
+    try:
+        pid = os.posix_spawn(program, argv, env, file_actions=actions, setsid=True,
+                             setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
+    except BaseException:
+        os.close(read_end)
+        raise
+    finally:
+        os.close(write_end)
+    return _Spawned(pid, open(read_end, "rb", buffering=0))
+
+
+@functools.cache
+def _no_inherited_fds() -> None:
+    """Make every inheritable descriptor above 2 close-on-exec, once per worker (see _posix_spawn)."""
+    for name in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else range(3, 256):
+        fd = int(name)
+        with contextlib.suppress(OSError):
+            if fd > 2 and os.get_inheritable(fd):
+                os.set_inheritable(fd, False)
+
+
+class _Spawned:
+    """The part of subprocess.Popen that running a job uses, for a process os.posix_spawn started."""
+
+    def __init__(self, pid: int, stdout):
+        self.pid, self.stdout, self.returncode = pid, stdout, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                pid, status = self.pid, 0  # reaped elsewhere: as Popen does, count it as exit 0
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Like Popen.wait: subprocess.TimeoutExpired if it has not exited within timeout seconds."""
+        deadline, delay = None if timeout is None else time.monotonic() + timeout, 0.0005
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                import subprocess
+                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+            time.sleep(delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic())))
+            delay = min(delay * 2, 0.05)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        import signal
+        self.send_signal(signal.SIGKILL)
 
 
 def _die_with_runner():

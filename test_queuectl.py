@@ -5566,3 +5566,70 @@ def test_installed_worker_gets_signals_itself(sqlite_db, workers, tmp_path, sig)
     worker.signal(sig)
     assert worker.wait() == 130, worker.log()
     assert get_job(sqlite_db, "run")["state"] == "pending"
+
+
+# ==== Execution: jobs started with os.posix_spawn ==================================================
+# A job whose folder is the worker's own, on SQLite (no parent-death signal), is started with
+# os.posix_spawn instead of Popen; it must not be told apart from one Popen started.
+
+SPAWN_COMMANDS = ["true", "false", "echo one; echo two >&2; exit 4", "env", "cat", "kill -PIPE $$", "kill -TERM $$",
+                  "nosuchprogram-qc", "ls /no/such/path", "printf %s \"$PWD\"",
+                  "echo $(cut -d' ' -f5,6 /proc/$$/stat) $$", "sh -c 'exit 3'"]
+
+
+def _run_here(command, env=None):
+    job = make_job(command=command, cwd=os.getcwd(), env=env or {})
+    return queuectl.run_command(job, {"QUEUECTL_RUN": "t/1/x"}, lambda: None)
+
+
+@pytest.mark.parametrize("command", SPAWN_COMMANDS)
+def test_posix_spawn_runs_a_job_as_popen_does(command, monkeypatch):
+    queuectl._ENV.clear()
+    spawned = _run_here(command, {"EXTRA": "1"})
+    monkeypatch.setattr(queuectl, "_in_current_folder", lambda cwd: False)  # the Popen path
+    popened = _run_here(command, {"EXTRA": "1"})
+    assert (spawned.exit_code, spawned.error) == (popened.exit_code, popened.error)
+    if "/proc/$$/stat" in command:
+        pgrp, session, pid = spawned.output.split()
+        assert pgrp == session == pid  # its own session and process group, as start_new_session gives
+    else:
+        assert sorted(spawned.output.splitlines()) == sorted(popened.output.splitlines())
+
+
+def test_posix_spawn_is_used_only_without_chdir_and_parent_death_signal(monkeypatch, tmp_path):
+    queuectl._ENV.clear()
+    used = []
+    real = queuectl._posix_spawn
+    monkeypatch.setattr(queuectl, "_posix_spawn", lambda *a: used.append(a[0]) or real(*a))
+    assert _run_here("true").exit_code == 0 and _run_here("true; true").exit_code == 0
+    assert len(used) == 2 and used[1] == b"/bin/sh"
+    job = make_job(command="pwd", cwd=str(tmp_path))
+    assert queuectl.run_command(job, {"QUEUECTL_RUN": "t/1/y"}, lambda: None).output == f"{tmp_path}\n".encode()
+    here = make_job(command="true", cwd=os.getcwd())
+    assert queuectl.run_command(here, {"QUEUECTL_RUN": "t/1/z"}, lambda: None, die_with_worker=True).exit_code == 0
+    assert len(used) == 2
+
+
+def test_posix_spawn_does_not_pass_inherited_descriptors(tmp_path):
+    """Popen closes every descriptor above 2 in the job; a descriptor the worker inherited (not
+    close-on-exec) must not reach a job started with posix_spawn either."""
+    queuectl._ENV.clear()
+    fd = os.open(str(tmp_path / "inherited"), os.O_WRONLY | os.O_CREAT)
+    high = os.dup2(fd, 77)  # inheritable
+    try:
+        queuectl._no_inherited_fds.cache_clear()  # the worker does this at its first job
+        for command in ("ls /proc/self/fd", "ls /proc/$$/fd"):
+            out = _run_here(command)
+            assert out.exit_code == 0 and b"77" not in out.output.split(), out.output
+    finally:
+        os.close(fd)
+        os.close(high)
+
+
+def test_posix_spawn_timeout_kills_the_group(tmp_path):
+    marker = tmp_path / "child.pid"
+    job = make_job(command=f"sleep 30 & echo $! > {marker}; wait", cwd=os.getcwd(), timeout=0.5)
+    out = queuectl.run_command(job, {"QUEUECTL_RUN": "t/2/x"}, lambda: None)
+    assert out.exit_code is None and "timed out" in out.error
+    child = int(marker.read_text())
+    wait_for(lambda: queuectl.proc_start_time(child) is None, "the timed-out job's child to die")
