@@ -23,11 +23,12 @@ folder = os.path.join(home if os.path.isabs(home) else os.path.expanduser("~/.ca
 name = f"queuectl-{source_hash(os.fsencode(real)).hex()}.{sys.implementation.cache_tag}-O{sys.flags.optimize}.pyc"
 pyc, code = os.path.join(folder, name), None
 try:
-    with open(pyc, "rb") as f:
-        data = f.read()
-    code = marshal.loads(data[16:]) if os.path.isabs(pyc) and data[:16] == key else None
+    if os.path.isabs(pyc):  # else no HOME to put it in
+        with open(pyc, "rb") as f:
+            data = f.read()
+        code = marshal.loads(data[16:]) if data[:16] == key else None
 except Exception:
-    pass
+    pass  # missing, unreadable or damaged: compile
 if code is None:
     code = compile(source, real, "exec", dont_inherit=True)
     if os.path.isabs(pyc) and not sys.dont_write_bytecode:
@@ -2293,7 +2294,7 @@ def _spawn(job: Job, env: dict, die_with_worker: bool):
 
 def _in_current_folder(cwd: str) -> bool:
     """Is the job's folder the worker's own (the same directory, not only the same name)? Then the
-    job can be started without a chdir, which os.posix_spawn cannot do before Python 3.13."""
+    job can be started without a chdir, which Python 3.11's os.posix_spawn cannot do."""
     try:
         here, there = os.stat("."), os.stat(cwd)
     except OSError:
