@@ -8,7 +8,7 @@
 # queuectl` read these lines as one string assignment. exec (not a child process): the worker gets
 # its signals and exit code as it would without the launcher.
 _LAUNCHER=''''
-exec python3 -c '
+exec python3 -c '# queuectl: run this file from cached bytecode (see above)
 import marshal, os, sys, types
 from importlib.util import MAGIC_NUMBER, source_hash
 path, real = sys.argv[1], os.path.realpath(sys.argv[1])
