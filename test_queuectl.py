@@ -7,6 +7,7 @@ every wait polls with a deadline, so they stay deterministic on a slow, noisy ma
 import contextlib
 import io
 import json
+import marshal
 import math
 import os
 import re
@@ -7275,3 +7276,221 @@ def test_schedule_next_ends_quietly_at_the_last_storable_time(db):
     near_end = str(queuectl.MAX_EPOCH - 86400)
     assert len(ok(db, "schedule", "next", "w", "--after", near_end).split()) <= 1
     assert ok(db, "schedule", "next", "c", "--after", near_end) == ""
+
+# ==== Launcher: the command as users install it (a copied file run directly) ====================
+# Run as a program, the file's `#!/bin/sh` header execs python3 on a loader that runs it from
+# bytecode cached in $XDG_CACHE_HOME/queuectl.
+
+def _installed(tmp_path, name="queuectl", source=None):
+    """A copy of queuectl.py (or of `source` text) as an executable `bin/NAME` under tmp_path."""
+    folder = tmp_path / "bin"
+    folder.mkdir(exist_ok=True)
+    path = folder / name
+    path.write_text(source if source is not None else open(QUEUECTL).read())
+    path.chmod(0o755)
+    return path
+
+
+def _launcher_env(tmp_path, **extra):
+    """Bytecode writing on (as users have it), the cache in tmp_path, and `python3` this interpreter."""
+    env = child_env(XDG_CACHE_HOME=str(tmp_path / "cache"),
+                    PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env.update(extra)
+    return env
+
+
+def _run_installed(program, env, *args, cwd=None):
+    return subprocess.run([str(program), *args], capture_output=True, text=True, timeout=WAIT_S, env=env,
+                          stdin=subprocess.DEVNULL, cwd=cwd)
+
+
+def _cached(tmp_path):
+    folder = tmp_path / "cache" / "queuectl"
+    return sorted(folder.iterdir()) if folder.is_dir() else []
+
+
+def test_installed_copy_runs_from_cached_bytecode_from_its_second_run(tmp_path):
+    program, env = _installed(tmp_path), _launcher_env(tmp_path)
+    db = str(tmp_path / "q.db")
+    first = _run_installed(program, env, "--db", db, "enqueue", '{"id": "a", "command": "true"}')
+    assert (first.returncode, first.stdout, first.stderr) == (0, "a\n", "")
+    [pyc] = _cached(tmp_path)
+    # Replace the cached code with other code under the same key: a run that prints its output used the cache.
+    with open(pyc, "rb") as f:
+        key = f.read(16)
+    marked = compile("print('from the cache')", str(program), "exec")
+    pyc.write_bytes(key + marshal.dumps(marked))
+    second = _run_installed(program, env, "--version")
+    assert (second.returncode, second.stdout) == (0, "from the cache\n")
+
+
+def test_installed_copy_never_runs_stale_bytecode(tmp_path):
+    """An edit that keeps the file's size and modification time still takes effect: the cache is
+    checked against the content, not the file's metadata."""
+    program, env = _installed(tmp_path), _launcher_env(tmp_path)
+    assert _run_installed(program, env, "--version").stdout.split() == ["queuectl", queuectl.__version__]
+    stat_before = program.stat()
+    text = program.read_text()
+    edited = "9" * len(queuectl.__version__)
+    program.write_text(text.replace(f'__version__ = "{queuectl.__version__}"', f'__version__ = "{edited}"', 1))
+    os.utime(program, ns=(stat_before.st_atime_ns, stat_before.st_mtime_ns))
+    assert program.stat().st_size == stat_before.st_size
+    assert _run_installed(program, env, "--version").stdout.split() == ["queuectl", edited]
+    assert len(_cached(tmp_path)) == 1  # the entry of this path was replaced, not added to
+
+
+def test_two_copies_at_different_paths_keep_their_own_code(tmp_path):
+    one = _installed(tmp_path, "queuectl")
+    two = _installed(tmp_path, "queuectl-next", one.read_text().replace(
+        f'__version__ = "{queuectl.__version__}"', '__version__ = "2.0.0"', 1))
+    env = _launcher_env(tmp_path)
+    for _ in range(2):
+        assert _run_installed(one, env, "--version").stdout.split() == ["queuectl", queuectl.__version__]
+        assert _run_installed(two, env, "--version").stdout.split() == ["queuectl", "2.0.0"]
+    assert len(_cached(tmp_path)) == 2
+
+
+@pytest.mark.parametrize("cache", ["file", "readonly", "relative"])
+def test_installed_copy_works_without_a_usable_cache_folder(tmp_path, cache):
+    blocker = tmp_path / "cache"
+    if cache == "file":
+        blocker.write_text("not a folder")  # a folder inside it cannot be made, even by root
+    elif cache == "readonly":
+        blocker.mkdir()
+        (blocker / "queuectl").write_text("")  # where the cache folder should be: a file
+    program = _installed(tmp_path)
+    env = _launcher_env(tmp_path)
+    if cache == "relative":
+        env["XDG_CACHE_HOME"] = "relative/cache"  # not absolute: ignored, as the XDG spec says
+        env["HOME"] = str(tmp_path / "home")
+    db = str(tmp_path / "q.db")
+    for i in range(2):
+        r = _run_installed(program, env, "--db", db, "enqueue", f'{{"id": "j{i}", "command": "true"}}', cwd=tmp_path)
+        assert (r.returncode, r.stdout, r.stderr) == (0, f"j{i}\n", "")
+    assert not (tmp_path / "relative").exists()
+    if cache == "relative":
+        assert len(list((tmp_path / "home" / ".cache" / "queuectl").iterdir())) == 1
+
+
+def test_installed_copy_honours_pythondontwritebytecode(tmp_path):
+    program = _installed(tmp_path)
+    r = _run_installed(program, _launcher_env(tmp_path, PYTHONDONTWRITEBYTECODE="1"), "--version")
+    assert r.returncode == 0 and queuectl.__version__ in r.stdout
+    assert _cached(tmp_path) == []
+
+
+def test_installed_copy_passes_exit_codes_and_errors_through(tmp_path):
+    program, env = _installed(tmp_path), _launcher_env(tmp_path)
+    bad = _run_installed(program, env, "--db", str(tmp_path / "q.db"), "enqueue", "{not json")
+    assert bad.returncode == 2 and bad.stderr.startswith(ERROR_PREFIX) and "Traceback" not in bad.stderr
+    missing = _run_installed(program, env, "--db", str(tmp_path / "q.db"), "show", "nope")
+    assert missing.returncode == 1 and missing.stderr.startswith(ERROR_PREFIX)
+
+
+def test_installed_copy_does_not_import_from_the_current_folder(tmp_path):
+    """As for a script, the program's own folder is first on sys.path, not the folder it is run from."""
+    here = tmp_path / "here"
+    here.mkdir()
+    (here / "argparse.py").write_text("raise SystemExit('imported from the current folder')\n")
+    r = _run_installed(_installed(tmp_path), _launcher_env(tmp_path), "--version", cwd=here)
+    assert r.returncode == 0 and queuectl.__version__ in r.stdout, r.stderr
+
+
+def test_script_and_module_runs_are_unchanged(tmp_path):
+    env = _launcher_env(tmp_path, PYTHONPATH=HERE)
+    for argv in ([sys.executable, QUEUECTL, "--version"], [sys.executable, "-m", "queuectl", "--version"]):
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=WAIT_S, env=env, cwd=tmp_path)
+        assert r.returncode == 0 and r.stdout.split() == ["queuectl", queuectl.__version__], (argv, r.stderr)
+    assert _cached(tmp_path) == []  # those runs cache as Python does, not in the launcher's folder
+    assert queuectl.__doc__.startswith("queuectl: a persistent background job queue")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_installed_worker_gets_signals_itself(sqlite_db, workers, tmp_path, sig):
+    """The launcher execs: the process started is the worker itself (no shell or loader in between),
+    so the first signal is a graceful stop and a second one kills the job and exits 130, as without it."""
+    enqueue(sqlite_db, id="run", command=BLOCKING_JOB, cwd=str(tmp_path))
+    program = _installed(tmp_path)
+    log_path = tmp_path / "installed.stderr"
+    with open(log_path, "wb") as err:
+        popen = subprocess.Popen([str(program), "--db", sqlite_db, "worker", "start"], stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
+                                 env=_launcher_env(tmp_path, **{TAG_VAR: workers.tag}))
+    worker = WorkerProc(popen, log_path)
+    workers.procs.append(worker)
+    worker.wait_log("worker started")
+    assert os.path.realpath(f"/proc/{popen.pid}/exe") == os.path.realpath(sys.executable)
+    _wait_started(tmp_path)
+    worker.signal(sig)
+    worker.wait_log("stopping")
+    worker.signal(sig)
+    assert worker.wait() == 130, worker.log()
+    assert get_job(sqlite_db, "run")["state"] == "pending"
+
+
+# ==== Execution: jobs started with os.posix_spawn ==================================================
+# A job whose folder is the worker's own, on SQLite (no parent-death signal), is started with
+# os.posix_spawn instead of Popen; it must not be told apart from one Popen started.
+
+SPAWN_COMMANDS = ["true", "false", "echo one; echo two >&2; exit 4", "env", "cat", "kill -PIPE $$", "kill -TERM $$",
+                  "nosuchprogram-qc", "ls /no/such/path", "printf %s \"$PWD\"",
+                  "echo $(cut -d' ' -f5,6 /proc/$$/stat) $$", "sh -c 'exit 3'"]
+
+
+def _run_here(command, env=None):
+    job = make_job(command=command, cwd=os.getcwd(), env=env or {})
+    return queuectl.run_command(job, {"QUEUECTL_RUN": "t/1/x"}, lambda: None)
+
+
+@pytest.mark.parametrize("command", SPAWN_COMMANDS)
+def test_posix_spawn_runs_a_job_as_popen_does(command, monkeypatch):
+    queuectl._ENV.clear()
+    spawned = _run_here(command, {"EXTRA": "1"})
+    monkeypatch.setattr(queuectl, "_in_current_folder", lambda cwd: False)  # the Popen path
+    popened = _run_here(command, {"EXTRA": "1"})
+    assert (spawned.exit_code, spawned.error) == (popened.exit_code, popened.error)
+    if "/proc/$$/stat" in command:
+        pgrp, session, pid = spawned.output.split()
+        assert pgrp == session == pid  # its own session and process group, as start_new_session gives
+    else:
+        assert sorted(spawned.output.splitlines()) == sorted(popened.output.splitlines())
+
+
+def test_posix_spawn_is_used_only_without_chdir_and_parent_death_signal(monkeypatch, tmp_path):
+    queuectl._ENV.clear()
+    used = []
+    real = queuectl._posix_spawn
+    monkeypatch.setattr(queuectl, "_posix_spawn", lambda *a: used.append(a[0]) or real(*a))
+    assert _run_here("true").exit_code == 0 and _run_here("true; true").exit_code == 0
+    assert len(used) == 2 and used[1] == b"/bin/sh"
+    job = make_job(command="pwd", cwd=str(tmp_path))
+    assert queuectl.run_command(job, {"QUEUECTL_RUN": "t/1/y"}, lambda: None).output == f"{tmp_path}\n".encode()
+    here = make_job(command="true", cwd=os.getcwd())
+    assert queuectl.run_command(here, {"QUEUECTL_RUN": "t/1/z"}, lambda: None, die_with_worker=True).exit_code == 0
+    assert len(used) == 2
+
+
+def test_posix_spawn_does_not_pass_inherited_descriptors(tmp_path):
+    """Popen closes every descriptor above 2 in the job; a descriptor the worker inherited (not
+    close-on-exec) must not reach a job started with posix_spawn either."""
+    queuectl._ENV.clear()
+    fd = os.open(str(tmp_path / "inherited"), os.O_WRONLY | os.O_CREAT)
+    high = os.dup2(fd, 77)  # inheritable
+    try:
+        queuectl._no_inherited_fds.cache_clear()  # the worker does this at its first job
+        for command in ("ls /proc/self/fd", "ls /proc/$$/fd"):
+            out = _run_here(command)
+            assert out.exit_code == 0 and b"77" not in out.output.split(), out.output
+    finally:
+        os.close(fd)
+        os.close(high)
+
+
+def test_posix_spawn_timeout_kills_the_group(tmp_path):
+    marker = tmp_path / "child.pid"
+    job = make_job(command=f"sleep 30 & echo $! > {marker}; wait", cwd=os.getcwd(), timeout=0.5)
+    out = queuectl.run_command(job, {"QUEUECTL_RUN": "t/2/x"}, lambda: None)
+    assert out.exit_code is None and "timed out" in out.error
+    child = int(marker.read_text())
+    wait_for(lambda: queuectl.proc_start_time(child) is None, "the timed-out job's child to die")
