@@ -976,8 +976,19 @@ class Store:
         """`dlq retry --all`: every dead job (of `queue`) and the dead jobs it depends on, in any queue,
         revived in one transaction; returns their ids, oldest first."""
         def revive_all(cur):
-            ids = [r[0] for r in cur.execute(self.sql.SQL_DEAD_CHAINS, (queue,)).fetchall()]
-            self._revive(cur, ids, now)
+            todo, ids, seen = [r[0] for r in cur.execute(self.sql.SQL_DEAD_CHAINS, (queue,)).fetchall()], [], set()
+            # On PostgreSQL the chain is a snapshot: while this waits for a row's lock, another command may
+            # revive or purge a job of it (skipped, not an error), or a dependency may die (taken along).
+            # SQL_JOB_STATE and SQL_DEAD_DEPS lock what they read, so nothing found here changes before COMMIT.
+            for job_id in todo:  # the loop also visits what is appended to `todo` while it runs
+                if job_id in seen:
+                    continue
+                seen.add(job_id)
+                row = cur.execute(self.sql.SQL_JOB_STATE, (job_id,)).fetchone()
+                if row and row[0] == DEAD:
+                    ids.append(job_id)
+                    todo += [d for (d,) in cur.execute(self.sql.SQL_DEAD_DEPS, (job_id,))]
+            self._requeue_dead(cur, ids, now)
             return ids
         return self.write(revive_all)
 
@@ -992,6 +1003,9 @@ class Store:
             blocker = next((d for (d,) in cur.execute(self.sql.SQL_DEAD_DEPS, (job_id,)) if d not in wanted), None)
             if blocker:
                 raise Conflict(f"job {job_id!r} depends on dead job {blocker!r}: retry both together")
+        self._requeue_dead(cur, job_ids, now)
+
+    def _requeue_dead(self, cur: Cursor, job_ids: list[str], now: float) -> None:
         for job_id in job_ids:  # in the order given; a dependency listed later still counts as unfinished
             cur.execute(self.sql.SQL_RETRY, (now, now, job_id))
         if job_ids:
@@ -1016,8 +1030,17 @@ class Store:
         cancel() does; returns the ids canceled, oldest first (one that finished meanwhile is left alone)."""
         def cancel(cur):
             ids = [r[0] for r in cur.execute(self.sql.SQL_UNFINISHED, (queue,)).fetchall()]
-            waiting = [i for i in ids if cur.execute(self.sql.SQL_CANCEL_WAITING, (now, i)).rowcount]
-            running = [i for i in ids if cur.execute(self.sql.SQL_CANCEL_RUNNING, (i,)).rowcount]
+            waiting, running = [], []
+            for job_id in ids:
+                # Read under the row's lock (PostgreSQL): a run that ends between an UPDATE for waiting jobs
+                # and one for running jobs would leave its job failed and uncanceled.
+                row = cur.execute(self.sql.SQL_JOB_STATE, (job_id,)).fetchone()
+                if row and row[0] in (PENDING, FAILED):
+                    cur.execute(self.sql.SQL_CANCEL_WAITING, (now, job_id))
+                    waiting.append(job_id)
+                elif row and row[0] == PROCESSING:
+                    cur.execute(self.sql.SQL_CANCEL_RUNNING, (job_id,))
+                    running.append(job_id)
             # Only after every cancel: a dependent that is canceled too says 'canceled', not 'dependency x is dead'.
             for job_id in waiting:
                 self._kill_dependents(cur, job_id, now)
@@ -1727,14 +1750,15 @@ class PostgresSQL:
     # must not change before the retry commits.
     SQL_DEAD_DEPS = ("SELECT dep_id FROM (SELECT d.id AS dep_id, d.state FROM deps JOIN jobs d ON d.id = deps.dep_id "
                      "WHERE deps.job_id = %s FOR UPDATE OF d) AS locked WHERE state = 'dead'")
-    # The jobs it finds are locked by SQL_JOB_STATE and SQL_DEAD_DEPS, one by one, as `dlq retry ID...` does.
+    # The jobs it finds are locked by SQL_JOB_STATE and SQL_DEAD_DEPS, one by one, and read again (see
+    # Store.retry_all_dead).
     SQL_DEAD_CHAINS = """
         WITH RECURSIVE chain(id) AS (
             SELECT id FROM jobs WHERE state = 'dead' AND queue = coalesce(%s, queue)
             UNION SELECT deps.dep_id FROM deps JOIN chain ON deps.job_id = chain.id
                 JOIN jobs d ON d.id = deps.dep_id WHERE d.state = 'dead')
         SELECT id FROM jobs WHERE id IN (SELECT id FROM chain) ORDER BY seq"""
-    # No lock: each cancel below is an UPDATE guarded by the state, so a job that finished meanwhile is left.
+    # No lock: Store.cancel_all locks each job with SQL_JOB_STATE and reads its state again before changing it.
     SQL_UNFINISHED = ("SELECT id FROM jobs WHERE state IN ('pending', 'failed', 'processing') "
                       "AND queue = coalesce(%s, queue) ORDER BY seq")
     SQL_CANCEL_WAITING = ("UPDATE jobs SET state = 'dead', last_error = 'canceled', updated_at = %s "

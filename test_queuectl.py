@@ -6029,3 +6029,94 @@ def test_a_version_1_database_upgrades_to_record_worker_queues(db, monkeypatch):
         assert s.read(version)[0][0] == queuectl.SCHEMA_VERSION == 4
         s.register("w", queuectl.host_identity(), 1, s.now(), ("q",))
         assert s.workers()[0].queues == '["q"]' and s.get("old").state == "pending"
+
+
+# ==== Review of issue 12: races and hostile input ==================================================
+
+def waiting_for_a_lock(s):
+    """Whether a session of the Store's schema waits for a row lock (a statement blocked on another)."""
+    return s.read("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                  "AND datname = current_database()")[0][0] > 0
+
+
+def test_postgres_cancel_all_cancels_a_job_whose_run_failed_meanwhile(pg_url):
+    import psycopg
+    with contextlib.closing(queuectl.PostgresStore(pg_url)) as s:
+        register(s)
+        s.enqueue([spec("y"), spec("z")], T0)
+        assert s.claim("w1", T0).id == "y"
+        result = {}
+
+        def cancel_all():
+            with contextlib.closing(queuectl.PostgresStore(pg_url)) as mine:
+                result["ids"] = mine.cancel_all(None, T0 + 1)
+        with psycopg.connect(s._libpq) as other:  # holds z: cancel --all waits there
+            other.execute(f'SET search_path TO "{s.schema}"')
+            other.execute("SELECT 1 FROM jobs WHERE id = 'z' FOR UPDATE")
+            t = threading.Thread(target=cancel_all)
+            t.start()
+            wait_for(lambda: waiting_for_a_lock(s), "cancel --all to wait for z's lock")
+            # Meanwhile y's run fails and its worker records a retry (as finish() does); a worker whose
+            # write waits for a lock tries again later, so a short lock timeout stands in for it.
+            with psycopg.connect(s._libpq, autocommit=True) as worker:
+                worker.execute(f'SET search_path TO "{s.schema}"; SET lock_timeout = 300')
+                try:
+                    worker.execute("UPDATE jobs SET state = 'failed', worker_id = NULL WHERE id = 'y'")
+                except psycopg.errors.LockNotAvailable:
+                    pass  # cancel --all holds y: the worker records its result after the cancel
+        t.join(WAIT_S)
+        assert result["ids"] == ["y", "z"]
+        assert s.get("z").state == "dead"
+        # y: still running, its worker asked to kill it (a cancel names the run it is aimed at)
+        assert s.read("SELECT state, cancel_requested FROM jobs WHERE id = 'y'") == [("processing", 1)]
+
+
+def test_postgres_dlq_retry_all_skips_what_another_command_revived_or_purged_meanwhile(pg_url):
+    import psycopg
+    with contextlib.closing(queuectl.PostgresStore(pg_url)) as s:
+        s.enqueue([spec("a"), spec("b"), spec("c")], T0)
+        s.cancel(["a", "b", "c"], T0)
+        result = {}
+
+        def retry_all():
+            with contextlib.closing(queuectl.PostgresStore(pg_url)) as mine:
+                try:
+                    result["ids"] = mine.retry_all_dead(None, T0 + 1)
+                except queuectl.QueueError as e:
+                    result["error"] = e
+        with psycopg.connect(s._libpq) as other:  # `dlq retry c` and `purge --state dead` of b, in flight
+            other.execute(f'SET search_path TO "{s.schema}"')
+            other.execute("SELECT 1 FROM jobs WHERE id IN ('b', 'c') FOR UPDATE")
+            t = threading.Thread(target=retry_all)
+            t.start()
+            wait_for(lambda: waiting_for_a_lock(s), "dlq retry --all to wait for b's lock")
+            other.execute("UPDATE jobs SET state = 'pending' WHERE id = 'c'")
+            other.execute("DELETE FROM jobs WHERE id = 'b'")
+        t.join(WAIT_S)
+        assert result == {"ids": ["a"]}
+        assert s.get("a").state == "pending"
+
+
+def test_postgres_dlq_retry_all_takes_along_a_dependency_that_died_meanwhile(pg_url):
+    import psycopg
+    with contextlib.closing(queuectl.PostgresStore(pg_url)) as s:
+        s.enqueue([spec("dep", queue="other"), spec("job", depends_on=["dep"])], T0)
+        s.cancel(["job"], T0)  # dead; dep still pending
+        result = {}
+
+        def retry_all():
+            with contextlib.closing(queuectl.PostgresStore(pg_url)) as mine:
+                try:
+                    result["ids"] = mine.retry_all_dead("default", T0 + 1)
+                except queuectl.QueueError as e:
+                    result["error"] = e
+        with psycopg.connect(s._libpq) as other:  # dep's last run fails while the retry waits for job
+            other.execute(f'SET search_path TO "{s.schema}"')
+            other.execute("SELECT 1 FROM jobs WHERE id = 'job' FOR UPDATE")
+            t = threading.Thread(target=retry_all)
+            t.start()
+            wait_for(lambda: waiting_for_a_lock(s), "dlq retry --all to wait for job's lock")
+            other.execute("UPDATE jobs SET state = 'dead' WHERE id = 'dep'")
+        t.join(WAIT_S)
+        assert result == {"ids": ["job", "dep"]}
+        assert [s.get(i).state for i in ("job", "dep")] == ["pending", "pending"]
