@@ -6120,3 +6120,9 @@ def test_postgres_dlq_retry_all_takes_along_a_dependency_that_died_meanwhile(pg_
         t.join(WAIT_S)
         assert result == {"ids": ["job", "dep"]}
         assert [s.get(i).state for i in ("job", "dep")] == ["pending", "pending"]
+
+
+@pytest.mark.parametrize("text", ["１０２４", "٢٠٤٨", "2\u200b048"])
+def test_output_limit_takes_ascii_digits_only_as_durations_do(text):
+    with pytest.raises(queuectl.UsageError, match="not a size"):
+        queuectl.parse_size(text)
