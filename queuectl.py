@@ -4534,10 +4534,11 @@ def _add_dlq_and_config(sub) -> None:
     _bulk_arguments(r, "every dead job, with the dead jobs it depends on (in any queue)")
     c = sub.add_parser("config", help="settings").add_subparsers(dest="action", required=True)
     cs = _command(c, "set", cmd_config_set, "set a value")
-    cs.add_argument("key")
+    cs.add_argument("key", help=f"one of {', '.join(k.replace('_', '-') for k in CONFIG)}")
     # REMAINDER: a value such as "-1d" would otherwise be taken for an option and reported as a
     # missing value; cmd_config_set checks there is exactly one and names a bad one.
-    cs.add_argument("value", nargs=argparse.REMAINDER, help="the value (one)")
+    cs.add_argument("value", nargs=argparse.REMAINDER, help="the value (one): the keys in seconds take a duration "
+                    "(90, 15m, 2h, 1d, 1w), output-limit a size (65536, 64K, 1M)")
     _command(c, "get", cmd_config_get, "print a value", reads=True).add_argument("key")
     _command(c, "list", cmd_config_list, "every value", json_flag=True, reads=True)
 

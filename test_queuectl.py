@@ -6126,3 +6126,10 @@ def test_postgres_dlq_retry_all_takes_along_a_dependency_that_died_meanwhile(pg_
 def test_output_limit_takes_ascii_digits_only_as_durations_do(text):
     with pytest.raises(queuectl.UsageError, match="not a size"):
         queuectl.parse_size(text)
+
+
+def test_config_set_help_names_the_keys_and_their_formats():
+    code, out, _ = run_main(["config", "set", "--help"])
+    assert code == 0
+    for text in ("output-limit", "retention", "15m", "1w", "64K"):
+        assert text in " ".join(out.split()), text
