@@ -2942,6 +2942,29 @@ def _short(text: str, width: int = 60) -> str:
     return text if len(text) <= width else text[:width - 1] + "…"
 
 
+def _cell(text: str, width: int) -> str:
+    """A table cell `width` terminal columns wide: cut with … as _short does, then padded. Counts what a
+    terminal draws: a wide (CJK, fullwidth) character takes two columns, a combining or zero-width one none."""
+    text = " ".join(text.split())
+    if text.isascii():
+        return f"{_short(text, width):<{width}}"
+    sizes = [_columns(c) for c in text]
+    room = width if sum(sizes) <= width else width - 1  # one column for the …
+    kept, used = 0, 0
+    while kept < len(text) and used + sizes[kept] <= room:
+        used += sizes[kept]
+        kept += 1
+    cut = "…" if kept < len(text) else ""
+    return text[:kept] + cut + " " * (width - used - len(cut))
+
+
+def _columns(char: str) -> int:
+    import unicodedata  # only for ids that are not ASCII
+    if unicodedata.combining(char) or unicodedata.category(char) in ("Mn", "Me", "Cf"):
+        return 0
+    return 2 if unicodedata.east_asian_width(char) in "WF" else 1
+
+
 class Sweeper:
     """Finds workers that died and makes their jobs runnable again, killing their leftovers first."""
 
@@ -4841,7 +4864,7 @@ def print_jobs(store: Store, jobs: list[Job], as_json: bool) -> None:
     print(f"{'ID':<20} {'STATE':<11} {'ATTEMPTS':>8}  {'QUEUE':<10} {'DUE':<16} {'UPDATED':<24} COMMAND")
     for j in jobs:
         counted, limit = attempts_shown(j)
-        print(f"{_short(j.id, 20):<20} {j.state:<11} {counted:>4}/{limit:<3}  {_short(j.queue, 10):<10} "
+        print(f"{_cell(j.id, 20)} {j.state:<11} {counted:>4}/{limit:<3}  {_short(j.queue, 10):<10} "
               f"{due_text(j, now, paused):<16} {iso(j.updated_at):<24} {_short(j.command)}")
 
 

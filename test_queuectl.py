@@ -6133,3 +6133,17 @@ def test_config_set_help_names_the_keys_and_their_formats():
     assert code == 0
     for text in ("output-limit", "retention", "15m", "1w", "64K"):
         assert text in " ".join(out.split()), text
+
+
+def test_list_aligns_ids_of_wide_and_combining_characters(db):
+    import unicodedata
+
+    def columns(text):  # as a terminal draws it: CJK wide characters take two columns, combining marks none
+        return sum(0 if unicodedata.combining(c) or unicodedata.category(c) == "Cf"
+                   else 2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+    for job_id in ("plain", "日本語のジョブ名前", "ｆｕｌｌｗｉｄｔｈ-ｉｄ-ｌｏｎｇ-ｏｎｅ", "e\u0301e\u0301e\u0301", "zero\u200bwidth"):
+        ok(db, "add", "--id", job_id, "--", "true")
+    header, *rows = ok(db, "list").splitlines()
+    starts = {columns(line[:line.index(" pending ")]) for line in rows}
+    assert starts == {columns(header[:header.index(" STATE ")])}, rows
+    assert any("…" in line for line in rows)  # the long one is cut, not let run into STATE
