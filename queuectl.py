@@ -4151,9 +4151,9 @@ function due(j) {
   const left = (Date.parse(j.next_run_at) - Date.now()) / 1000, d = new Date(j.next_run_at);
   if (left <= 0) return view.paused.includes("*") || view.paused.includes(j.queue) ? "paused" : "now";
   if (left >= 86400) return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${hhmm(j.next_run_at)}`;
-  if (left < 60) return `in ${Math.ceil(left)}s`;
-  if (left < 3600) return `in ${Math.ceil(left / 60)}m`;
-  return `in ${Math.floor(left / 3600)}h ${Math.floor((left % 3600) / 60)}m`;
+  if (left <= 59) return `in ${Math.ceil(left)}s`;  // rounded up, as due_text: never "in 60s" or "in 60m"
+  const minutes = Math.ceil(left / 60);
+  return minutes < 60 ? `in ${minutes}m` : `in ${Math.floor(minutes / 60)}h ${minutes % 60}m`;
 }
 
 // The API
@@ -4886,11 +4886,10 @@ def due_text(job: Job, now: float, paused: list[str]) -> str:
         return "paused" if job.queue in paused or "*" in paused else "now"
     if left >= 86400:  # local time, as `run_at` without an offset is read
         return datetime.fromtimestamp(job.next_run_at).strftime("%Y-%m-%d %H:%M")
-    if left < 60:
+    if left <= 59:  # rounded up, so never "in 60s" or "in 60m"
         return f"in {math.ceil(left)}s"
-    if left < 3600:
-        return f"in {math.ceil(left / 60)}m"
-    return f"in {int(left // 3600)}h {int(left % 3600 // 60)}m"
+    minutes = math.ceil(left / 60)
+    return f"in {minutes}m" if minutes < 60 else f"in {minutes // 60}h {minutes % 60}m"
 
 
 def cmd_list(args, store: Store) -> None:

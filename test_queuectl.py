@@ -6147,3 +6147,9 @@ def test_list_aligns_ids_of_wide_and_combining_characters(db):
     starts = {columns(line[:line.index(" pending ")]) for line in rows}
     assert starts == {columns(header[:header.index(" STATE ")])}, rows
     assert any("…" in line for line in rows)  # the long one is cut, not let run into STATE
+
+
+@pytest.mark.parametrize("left,text", [(59.5, "in 1m"), (60, "in 1m"), (3590, "in 1h 0m"), (3600, "in 1h 0m"),
+                                       (3 * 3600 + 20 * 60, "in 3h 20m"), (59, "in 59s"), (3540, "in 59m")])
+def test_due_text_never_says_60s_or_60m(left, text):
+    assert queuectl.due_text(a_job(next_run_at=T0 + left), T0, []) == text
