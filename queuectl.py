@@ -5033,8 +5033,12 @@ def cmd_worker_start(args, store: Store) -> int:
     queues = tuple(dict.fromkeys(args.queue))
     empty = [q for q in queues if not any(store.counts(q).values())]
     if empty:  # most often a misspelt name: nothing would ever tell
-        print(f"queuectl: note: queue{'s' if len(empty) > 1 else ''} {', '.join(map(repr, empty))} "
-              f"{'has' if len(empty) == 1 else 'have'} no jobs yet (is the name right?)", file=sys.stderr)
+        note = (f"queue{'s' if len(empty) > 1 else ''} {', '.join(map(repr, empty))} "
+                f"{'has' if len(empty) == 1 else 'have'} no jobs yet (is the name right?)")
+        if args.log_format == "json":  # the worker's stderr is then JSON Lines only
+            log.warning("%s", note, extra=event("queue_has_no_jobs", queues=empty))
+        else:
+            print(f"queuectl: note: {note}", file=sys.stderr)
     store.close()
     supervisor = Supervisor(store.target, args.count, args.burst, queues)
     supervisor.install_signals()

@@ -6160,3 +6160,12 @@ def test_migrations_2_and_3_stay_empty_once_databases_are_at_4():
     # into them later would never run there (missing columns at the first query). A change that needs a
     # migration takes the next free number instead.
     assert queuectl.MIGRATIONS[1:3] == ["", ""] and queuectl.PG_MIGRATIONS[1:3] == ["", ""]
+
+
+def test_a_json_logging_worker_writes_its_note_about_an_empty_queue_as_json(db, workers):
+    enqueue(db, id="ok", command="true", queue="a")
+    worker = workers.start("--burst", "--queue", "a", "--queue", "b", "--log-format", "json")
+    assert worker.wait() == 0
+    lines = [json.loads(line) for line in worker.log().splitlines()]  # every line, the note included
+    note = next(line for line in lines if line["event"] == "queue_has_no_jobs")
+    assert note["queues"] == ["b"] and note["level"] == "warning" and "'b' has no jobs yet" in note["message"]
