@@ -6039,86 +6039,70 @@ def waiting_for_a_lock(s):
                   "AND datname = current_database()")[0][0] > 0
 
 
+def while_rows_locked(s, ids, act, meanwhile):
+    """Run act(store) on a Store of its own while another transaction holds the rows of `ids`; once act
+    waits for one of them, meanwhile(other) runs in that transaction, which then commits. Returns act's
+    result, or the QueueError it raised."""
+    import psycopg
+    result = {}
+
+    def run():
+        with contextlib.closing(queuectl.PostgresStore(s.target)) as mine:
+            try:
+                result["value"] = act(mine)
+            except queuectl.QueueError as e:
+                result["value"] = e
+    with psycopg.connect(s._libpq) as other:
+        other.execute(f'SET search_path TO "{s.schema}"')
+        other.execute("SELECT 1 FROM jobs WHERE id = ANY(%s) FOR UPDATE", (ids,))
+        t = threading.Thread(target=run)
+        t.start()
+        wait_for(lambda: waiting_for_a_lock(s), "the bulk action to wait for a locked row")
+        meanwhile(other)
+    t.join(WAIT_S)
+    return result["value"]
+
+
 def test_postgres_cancel_all_cancels_a_job_whose_run_failed_meanwhile(pg_url):
     import psycopg
+
+    def run_fails(_):
+        # y's run fails and its worker records a retry (as finish() does); a worker whose write waits
+        # for a lock tries again later, so a short lock timeout stands in for it.
+        with psycopg.connect(s._libpq, autocommit=True) as worker:
+            worker.execute(f'SET search_path TO "{s.schema}"; SET lock_timeout = 300')
+            try:
+                worker.execute("UPDATE jobs SET state = 'failed', worker_id = NULL WHERE id = 'y'")
+            except psycopg.errors.LockNotAvailable:
+                pass  # cancel --all holds y: the worker records its result after the cancel
     with contextlib.closing(queuectl.PostgresStore(pg_url)) as s:
         register(s)
         s.enqueue([spec("y"), spec("z")], T0)
         assert s.claim("w1", T0).id == "y"
-        result = {}
-
-        def cancel_all():
-            with contextlib.closing(queuectl.PostgresStore(pg_url)) as mine:
-                result["ids"] = mine.cancel_all(None, T0 + 1)
-        with psycopg.connect(s._libpq) as other:  # holds z: cancel --all waits there
-            other.execute(f'SET search_path TO "{s.schema}"')
-            other.execute("SELECT 1 FROM jobs WHERE id = 'z' FOR UPDATE")
-            t = threading.Thread(target=cancel_all)
-            t.start()
-            wait_for(lambda: waiting_for_a_lock(s), "cancel --all to wait for z's lock")
-            # Meanwhile y's run fails and its worker records a retry (as finish() does); a worker whose
-            # write waits for a lock tries again later, so a short lock timeout stands in for it.
-            with psycopg.connect(s._libpq, autocommit=True) as worker:
-                worker.execute(f'SET search_path TO "{s.schema}"; SET lock_timeout = 300')
-                try:
-                    worker.execute("UPDATE jobs SET state = 'failed', worker_id = NULL WHERE id = 'y'")
-                except psycopg.errors.LockNotAvailable:
-                    pass  # cancel --all holds y: the worker records its result after the cancel
-        t.join(WAIT_S)
-        assert result["ids"] == ["y", "z"]
+        assert while_rows_locked(s, ["z"], lambda mine: mine.cancel_all(None, T0 + 1), run_fails) == ["y", "z"]
         assert s.get("z").state == "dead"
         # y: still running, its worker asked to kill it (a cancel names the run it is aimed at)
         assert s.read("SELECT state, cancel_requested FROM jobs WHERE id = 'y'") == [("processing", 1)]
 
 
 def test_postgres_dlq_retry_all_skips_what_another_command_revived_or_purged_meanwhile(pg_url):
-    import psycopg
+    def retry_c_and_purge_b(other):
+        other.execute("UPDATE jobs SET state = 'pending' WHERE id = 'c'")
+        other.execute("DELETE FROM jobs WHERE id = 'b'")
     with contextlib.closing(queuectl.PostgresStore(pg_url)) as s:
         s.enqueue([spec("a"), spec("b"), spec("c")], T0)
         s.cancel(["a", "b", "c"], T0)
-        result = {}
-
-        def retry_all():
-            with contextlib.closing(queuectl.PostgresStore(pg_url)) as mine:
-                try:
-                    result["ids"] = mine.retry_all_dead(None, T0 + 1)
-                except queuectl.QueueError as e:
-                    result["error"] = e
-        with psycopg.connect(s._libpq) as other:  # `dlq retry c` and `purge --state dead` of b, in flight
-            other.execute(f'SET search_path TO "{s.schema}"')
-            other.execute("SELECT 1 FROM jobs WHERE id IN ('b', 'c') FOR UPDATE")
-            t = threading.Thread(target=retry_all)
-            t.start()
-            wait_for(lambda: waiting_for_a_lock(s), "dlq retry --all to wait for b's lock")
-            other.execute("UPDATE jobs SET state = 'pending' WHERE id = 'c'")
-            other.execute("DELETE FROM jobs WHERE id = 'b'")
-        t.join(WAIT_S)
-        assert result == {"ids": ["a"]}
-        assert s.get("a").state == "pending"
+        revived = while_rows_locked(s, ["b", "c"], lambda mine: mine.retry_all_dead(None, T0 + 1), retry_c_and_purge_b)
+        assert revived == ["a"] and s.get("a").state == "pending"
 
 
 def test_postgres_dlq_retry_all_takes_along_a_dependency_that_died_meanwhile(pg_url):
-    import psycopg
     with contextlib.closing(queuectl.PostgresStore(pg_url)) as s:
         s.enqueue([spec("dep", queue="other"), spec("job", depends_on=["dep"])], T0)
-        s.cancel(["job"], T0)  # dead; dep still pending
-        result = {}
-
-        def retry_all():
-            with contextlib.closing(queuectl.PostgresStore(pg_url)) as mine:
-                try:
-                    result["ids"] = mine.retry_all_dead("default", T0 + 1)
-                except queuectl.QueueError as e:
-                    result["error"] = e
-        with psycopg.connect(s._libpq) as other:  # dep's last run fails while the retry waits for job
-            other.execute(f'SET search_path TO "{s.schema}"')
-            other.execute("SELECT 1 FROM jobs WHERE id = 'job' FOR UPDATE")
-            t = threading.Thread(target=retry_all)
-            t.start()
-            wait_for(lambda: waiting_for_a_lock(s), "dlq retry --all to wait for job's lock")
-            other.execute("UPDATE jobs SET state = 'dead' WHERE id = 'dep'")
-        t.join(WAIT_S)
-        assert result == {"ids": ["job", "dep"]}
+        s.cancel(["job"], T0)  # dead; dep still pending, until its last run fails while the retry waits
+        revived = while_rows_locked(s, ["job"], lambda mine: mine.retry_all_dead("default", T0 + 1),
+                                    lambda other: other.execute("UPDATE jobs SET state = 'dead' WHERE id = 'dep'"))
+        assert revived == ["job", "dep"]
         assert [s.get(i).state for i in ("job", "dep")] == ["pending", "pending"]
 
 
