@@ -974,9 +974,10 @@ class Store:
 
     def retry_all_dead(self, queue: str | None, now: float) -> list[str]:
         """`dlq retry --all`: every dead job (of `queue`) and the dead jobs it depends on, in any queue,
-        revived in one transaction; returns their ids, oldest first."""
+        revived in one transaction; returns their ids, oldest first (then any dependency that died meanwhile)."""
         def revive_all(cur):
-            todo, ids, seen = [r[0] for r in cur.execute(self.sql.SQL_DEAD_CHAINS, (queue,)).fetchall()], [], set()
+            todo = [r[0] for r in cur.execute(self.sql.SQL_DEAD_CHAINS, (queue,)).fetchall()]
+            ids, seen = [], set()
             # On PostgreSQL the chain is a snapshot: while this waits for a row's lock, another command may
             # revive or purge a job of it (skipped, not an error), or a dependency may die (taken along).
             # SQL_JOB_STATE and SQL_DEAD_DEPS lock what they read, so nothing found here changes before COMMIT.
