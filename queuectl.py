@@ -125,7 +125,7 @@ MAX_RETRIES_LIMIT = 1_000_000
 MAX_SECONDS = 10 * 365 * 86400  # caps timeouts and delays: keeps every number finite and storable
 OUTPUT_TAIL_BYTES = 64 * 1024  # the default of config output-limit
 MIN_OUTPUT_LIMIT, MAX_OUTPUT_LIMIT = 1024, 64 * 1024 * 1024
-SIZE = re.compile(r"(\d+)[ \t]*(KiB|MiB|K|M|k|m|B)?")
+SIZE = re.compile(r"(\d+)[ \t]*(KiB|MiB|K|M|k|m|B)?", re.ASCII)  # as DURATION: "１０２４" is no size
 SIZE_UNITS = {"B": 1, "K": 1024, "k": 1024, "KiB": 1024, "M": 1024 ** 2, "m": 1024 ** 2, "MiB": 1024 ** 2}
 PR_SET_PDEATHSIG, SIGKILL = 1, 9  # Linux's prctl option, and the signal it asks for (see _die_with_runner)
 # A command made only of these words is exec'd without a shell (see direct_argv); the first word
@@ -1136,10 +1136,22 @@ class Store:
 
     def retry_all_dead(self, queue: str | None, now: float) -> list[str]:
         """`dlq retry --all`: every dead job (of `queue`) and the dead jobs it depends on, in any queue,
-        revived in one transaction; returns their ids, oldest first."""
+        revived in one transaction; returns their ids, oldest first (then any dependency that died meanwhile)."""
         def revive_all(cur):
-            ids = [r[0] for r in cur.execute(self.sql.SQL_DEAD_CHAINS, (queue,)).fetchall()]
-            self._revive(cur, ids, now)
+            todo = [r[0] for r in cur.execute(self.sql.SQL_DEAD_CHAINS, (queue,)).fetchall()]
+            ids, seen = [], set()
+            # On PostgreSQL the chain is a snapshot: while this waits for a row's lock, another command may
+            # revive or purge a job of it (skipped, not an error), or a dependency may die (taken along).
+            # SQL_JOB_STATE and SQL_DEAD_DEPS lock what they read, so nothing found here changes before COMMIT.
+            for job_id in todo:  # the loop also visits what is appended to `todo` while it runs
+                if job_id in seen:
+                    continue
+                seen.add(job_id)
+                row = cur.execute(self.sql.SQL_JOB_STATE, (job_id,)).fetchone()
+                if row and row[0] == DEAD:
+                    ids.append(job_id)
+                    todo += [d for (d,) in cur.execute(self.sql.SQL_DEAD_DEPS, (job_id,))]
+            self._requeue_dead(cur, ids, now)
             return ids
         return self.write(revive_all)
 
@@ -1154,6 +1166,9 @@ class Store:
             blocker = next((d for (d,) in cur.execute(self.sql.SQL_DEAD_DEPS, (job_id,)) if d not in wanted), None)
             if blocker:
                 raise Conflict(f"job {job_id!r} depends on dead job {blocker!r}: retry both together")
+        self._requeue_dead(cur, job_ids, now)
+
+    def _requeue_dead(self, cur: Cursor, job_ids: list[str], now: float) -> None:
         for job_id in job_ids:  # in the order given; a dependency listed later still counts as unfinished
             cur.execute(self.sql.SQL_RETRY, (now, now, job_id))
         if job_ids:
@@ -1178,8 +1193,17 @@ class Store:
         cancel() does; returns the ids canceled, oldest first (one that finished meanwhile is left alone)."""
         def cancel(cur):
             ids = [r[0] for r in cur.execute(self.sql.SQL_UNFINISHED, (queue,)).fetchall()]
-            waiting = [i for i in ids if cur.execute(self.sql.SQL_CANCEL_WAITING, (now, i)).rowcount]
-            running = [i for i in ids if cur.execute(self.sql.SQL_CANCEL_RUNNING, (i,)).rowcount]
+            waiting, running = [], []
+            for job_id in ids:
+                # Read under the row's lock (PostgreSQL): a run that ends between an UPDATE for waiting jobs
+                # and one for running jobs would leave its job failed and uncanceled.
+                row = cur.execute(self.sql.SQL_JOB_STATE, (job_id,)).fetchone()
+                if row and row[0] in (PENDING, FAILED):
+                    cur.execute(self.sql.SQL_CANCEL_WAITING, (now, job_id))
+                    waiting.append(job_id)
+                elif row and row[0] == PROCESSING:
+                    cur.execute(self.sql.SQL_CANCEL_RUNNING, (job_id,))
+                    running.append(job_id)
             # Only after every cancel: a dependent that is canceled too says 'canceled', not 'dependency x is dead'.
             for job_id in waiting:
                 self._kill_dependents(cur, job_id, now)
@@ -2018,14 +2042,15 @@ class PostgresSQL:
     # must not change before the retry commits.
     SQL_DEAD_DEPS = ("SELECT dep_id FROM (SELECT d.id AS dep_id, d.state FROM deps JOIN jobs d ON d.id = deps.dep_id "
                      "WHERE deps.job_id = %s FOR UPDATE OF d) AS locked WHERE state = 'dead'")
-    # The jobs it finds are locked by SQL_JOB_STATE and SQL_DEAD_DEPS, one by one, as `dlq retry ID...` does.
+    # The jobs it finds are locked by SQL_JOB_STATE and SQL_DEAD_DEPS, one by one, and read again (see
+    # Store.retry_all_dead).
     SQL_DEAD_CHAINS = """
         WITH RECURSIVE chain(id) AS (
             SELECT id FROM jobs WHERE state = 'dead' AND queue = coalesce(%s, queue)
             UNION SELECT deps.dep_id FROM deps JOIN chain ON deps.job_id = chain.id
                 JOIN jobs d ON d.id = deps.dep_id WHERE d.state = 'dead')
         SELECT id FROM jobs WHERE id IN (SELECT id FROM chain) ORDER BY seq"""
-    # No lock: each cancel below is an UPDATE guarded by the state, so a job that finished meanwhile is left.
+    # No lock: Store.cancel_all locks each job with SQL_JOB_STATE and reads its state again before changing it.
     SQL_UNFINISHED = ("SELECT id FROM jobs WHERE state IN ('pending', 'failed', 'processing') "
                       "AND queue = coalesce(%s, queue) ORDER BY seq")
     SQL_CANCEL_WAITING = ("UPDATE jobs SET state = 'dead', last_error = 'canceled', updated_at = %s "
@@ -3722,6 +3747,29 @@ def _short(text: str, width: int = 60) -> str:
     return text if len(text) <= width else text[:width - 1] + "…"
 
 
+def _cell(text: str, width: int) -> str:
+    """A table cell `width` terminal columns wide: cut with … as _short does, then padded. Counts what a
+    terminal draws: a wide (CJK, fullwidth) character takes two columns, a combining or zero-width one none."""
+    text = " ".join(text.split())
+    if text.isascii():
+        return f"{_short(text, width):<{width}}"
+    sizes = [_columns(c) for c in text]
+    room = width if sum(sizes) <= width else width - 1  # one column for the …
+    kept, used = 0, 0
+    while kept < len(text) and used + sizes[kept] <= room:
+        used += sizes[kept]
+        kept += 1
+    cut = "…" if kept < len(text) else ""
+    return text[:kept] + cut + " " * (width - used - len(cut))
+
+
+def _columns(char: str) -> int:
+    import unicodedata  # only for ids that are not ASCII
+    if unicodedata.combining(char) or unicodedata.category(char) in ("Mn", "Me", "Cf"):
+        return 0
+    return 2 if unicodedata.east_asian_width(char) in "WF" else 1
+
+
 class Sweeper:
     """Finds workers that died and makes their jobs runnable again, killing their leftovers first."""
 
@@ -4957,9 +5005,9 @@ function due(j) {
   const left = (Date.parse(j.next_run_at) - Date.now()) / 1000, d = new Date(j.next_run_at);
   if (left <= 0) return view.paused.includes("*") || view.paused.includes(j.queue) ? "paused" : "now";
   if (left >= 86400) return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${hhmm(j.next_run_at)}`;
-  if (left < 60) return `in ${Math.ceil(left)}s`;
-  if (left < 3600) return `in ${Math.ceil(left / 60)}m`;
-  return `in ${Math.floor(left / 3600)}h ${Math.floor((left % 3600) / 60)}m`;
+  if (left <= 59) return `in ${Math.ceil(left)}s`;  // rounded up, as due_text: never "in 60s" or "in 60m"
+  const minutes = Math.ceil(left / 60);
+  return minutes < 60 ? `in ${minutes}m` : `in ${Math.floor(minutes / 60)}h ${minutes % 60}m`;
 }
 
 // The API
@@ -5395,10 +5443,11 @@ def _add_dlq_and_config(sub) -> None:
     _bulk_arguments(r, "every dead job, with the dead jobs it depends on (in any queue)")
     c = sub.add_parser("config", help="settings").add_subparsers(dest="action", required=True)
     cs = _command(c, "set", cmd_config_set, "set a value")
-    cs.add_argument("key")
+    cs.add_argument("key", help=f"one of {', '.join(k.replace('_', '-') for k in CONFIG)}")
     # REMAINDER: a value such as "-1d" would otherwise be taken for an option and reported as a
     # missing value; cmd_config_set checks there is exactly one and names a bad one.
-    cs.add_argument("value", nargs=argparse.REMAINDER, help="the value (one)")
+    cs.add_argument("value", nargs=argparse.REMAINDER, help="the value (one): the keys in seconds take a duration "
+                    "(90, 15m, 2h, 1d, 1w), output-limit a size (65536, 64K, 1M)")
     _command(c, "get", cmd_config_get, "print a value", reads=True).add_argument("key")
     _command(c, "list", cmd_config_list, "every value", json_flag=True, reads=True)
 
@@ -5911,7 +5960,7 @@ def print_jobs(store: Store, jobs: list[Job], as_json: bool) -> None:
     print(f"{'ID':<20} {'STATE':<11} {'ATTEMPTS':>8}  {'QUEUE':<10} {'DUE':<16} {'UPDATED':<24} COMMAND")
     for j in jobs:
         counted, limit = attempts_shown(j)
-        print(f"{_short(j.id, 20):<20} {j.state:<11} {counted:>4}/{limit:<3}  {_short(j.queue, 10):<10} "
+        print(f"{_cell(j.id, 20)} {j.state:<11} {counted:>4}/{limit:<3}  {_short(j.queue, 10):<10} "
               f"{due_text(j, now, paused):<16} {iso(j.updated_at):<24} {_short(j.command)}")
 
 
@@ -5933,11 +5982,10 @@ def due_text(job: Job, now: float, paused: list[str]) -> str:
         return "paused" if job.queue in paused or "*" in paused else "now"
     if left >= 86400:  # local time, as `run_at` without an offset is read
         return datetime.fromtimestamp(job.next_run_at).strftime("%Y-%m-%d %H:%M")
-    if left < 60:
+    if left <= 59:  # rounded up, so never "in 60s" or "in 60m"
         return f"in {math.ceil(left)}s"
-    if left < 3600:
-        return f"in {math.ceil(left / 60)}m"
-    return f"in {int(left // 3600)}h {int(left % 3600 // 60)}m"
+    minutes = math.ceil(left / 60)
+    return f"in {minutes}m" if minutes < 60 else f"in {minutes // 60}h {minutes % 60}m"
 
 
 def cmd_list(args, store: Store) -> None:
@@ -6081,8 +6129,12 @@ def cmd_worker_start(args, store: Store) -> int:
     queues = tuple(dict.fromkeys(args.queue))
     empty = [q for q in queues if not any(store.counts(q).values())]
     if empty:  # most often a misspelt name: nothing would ever tell
-        print(f"queuectl: note: queue{'s' if len(empty) > 1 else ''} {', '.join(map(repr, empty))} "
-              f"{'has' if len(empty) == 1 else 'have'} no jobs yet (is the name right?)", file=sys.stderr)
+        note = (f"queue{'s' if len(empty) > 1 else ''} {', '.join(map(repr, empty))} "
+                f"{'has' if len(empty) == 1 else 'have'} no jobs yet (is the name right?)")
+        if args.log_format == "json":  # the worker's stderr is then JSON Lines only
+            log.warning("%s", note, extra=event("queue_has_no_jobs", queues=empty))
+        else:
+            print(f"queuectl: note: {note}", file=sys.stderr)
     store.close()
     supervisor = Supervisor(store.target, args.count, args.burst, queues)
     supervisor.install_signals()

@@ -7494,3 +7494,120 @@ def test_posix_spawn_timeout_kills_the_group(tmp_path):
     assert out.exit_code is None and "timed out" in out.error
     child = int(marker.read_text())
     wait_for(lambda: queuectl.proc_start_time(child) is None, "the timed-out job's child to die")
+
+
+# ==== Review of issue 12: races and hostile input ==================================================
+
+def waiting_for_a_lock(s):
+    """Whether a session of the Store's schema waits for a row lock (a statement blocked on another)."""
+    return s.read("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                  "AND datname = current_database()")[0][0] > 0
+
+
+def while_rows_locked(s, ids, act, meanwhile):
+    """Run act(store) on a Store of its own while another transaction holds the rows of `ids`; once act
+    waits for one of them, meanwhile(other) runs in that transaction, which then commits. Returns act's
+    result, or the QueueError it raised."""
+    import psycopg
+    result = {}
+
+    def run():
+        with contextlib.closing(queuectl.PostgresStore(s.target)) as mine:
+            try:
+                result["value"] = act(mine)
+            except queuectl.QueueError as e:
+                result["value"] = e
+    with psycopg.connect(s._libpq) as other:
+        other.execute(f'SET search_path TO "{s.schema}"')
+        other.execute("SELECT 1 FROM jobs WHERE id = ANY(%s) FOR UPDATE", (ids,))
+        t = threading.Thread(target=run)
+        t.start()
+        wait_for(lambda: waiting_for_a_lock(s), "the bulk action to wait for a locked row")
+        meanwhile(other)
+    t.join(WAIT_S)
+    return result["value"]
+
+
+def test_postgres_cancel_all_cancels_a_job_whose_run_failed_meanwhile(pg_url):
+    import psycopg
+
+    def run_fails(_):
+        # y's run fails and its worker records a retry (as finish() does); a worker whose write waits
+        # for a lock tries again later, so a short lock timeout stands in for it.
+        with psycopg.connect(s._libpq, autocommit=True) as worker:
+            worker.execute(f'SET search_path TO "{s.schema}"; SET lock_timeout = 300')
+            try:
+                worker.execute("UPDATE jobs SET state = 'failed', worker_id = NULL WHERE id = 'y'")
+            except psycopg.errors.LockNotAvailable:
+                pass  # cancel --all holds y: the worker records its result after the cancel
+    with contextlib.closing(queuectl.PostgresStore(pg_url)) as s:
+        register(s)
+        s.enqueue([spec("y"), spec("z")], T0)
+        assert s.claim("w1", T0).id == "y"
+        assert while_rows_locked(s, ["z"], lambda mine: mine.cancel_all(None, T0 + 1), run_fails) == ["y", "z"]
+        assert s.get("z").state == "dead"
+        # y: still running, its worker asked to kill it (a cancel names the run it is aimed at)
+        assert s.read("SELECT state, cancel_requested FROM jobs WHERE id = 'y'") == [("processing", 1)]
+
+
+def test_postgres_dlq_retry_all_skips_what_another_command_revived_or_purged_meanwhile(pg_url):
+    def retry_c_and_purge_b(other):
+        other.execute("UPDATE jobs SET state = 'pending' WHERE id = 'c'")
+        other.execute("DELETE FROM jobs WHERE id = 'b'")
+    with contextlib.closing(queuectl.PostgresStore(pg_url)) as s:
+        s.enqueue([spec("a"), spec("b"), spec("c")], T0)
+        s.cancel(["a", "b", "c"], T0)
+        revived = while_rows_locked(s, ["b", "c"], lambda mine: mine.retry_all_dead(None, T0 + 1), retry_c_and_purge_b)
+        assert revived == ["a"] and s.get("a").state == "pending"
+
+
+def test_postgres_dlq_retry_all_takes_along_a_dependency_that_died_meanwhile(pg_url):
+    with contextlib.closing(queuectl.PostgresStore(pg_url)) as s:
+        s.enqueue([spec("dep", queue="other"), spec("job", depends_on=["dep"])], T0)
+        s.cancel(["job"], T0)  # dead; dep still pending, until its last run fails while the retry waits
+        revived = while_rows_locked(s, ["job"], lambda mine: mine.retry_all_dead("default", T0 + 1),
+                                    lambda other: other.execute("UPDATE jobs SET state = 'dead' WHERE id = 'dep'"))
+        assert revived == ["job", "dep"]
+        assert [s.get(i).state for i in ("job", "dep")] == ["pending", "pending"]
+
+
+@pytest.mark.parametrize("text", ["１０２４", "٢٠٤٨", "2\u200b048"])
+def test_output_limit_takes_ascii_digits_only_as_durations_do(text):
+    with pytest.raises(queuectl.UsageError, match="not a size"):
+        queuectl.parse_size(text)
+
+
+def test_config_set_help_names_the_keys_and_their_formats():
+    code, out, _ = run_main(["config", "set", "--help"])
+    assert code == 0
+    for text in ("output-limit", "retention", "15m", "1w", "64K"):
+        assert text in " ".join(out.split()), text
+
+
+def test_list_aligns_ids_of_wide_and_combining_characters(db):
+    import unicodedata
+
+    def columns(text):  # as a terminal draws it: CJK wide characters take two columns, combining marks none
+        return sum(0 if unicodedata.combining(c) or unicodedata.category(c) == "Cf"
+                   else 2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+    for job_id in ("plain", "日本語のジョブ名前", "ｆｕｌｌｗｉｄｔｈ-ｉｄ-ｌｏｎｇ-ｏｎｅ", "e\u0301e\u0301e\u0301", "zero\u200bwidth"):
+        ok(db, "add", "--id", job_id, "--", "true")
+    header, *rows = ok(db, "list").splitlines()
+    starts = {columns(line[:line.index(" pending ")]) for line in rows}
+    assert starts == {columns(header[:header.index(" STATE ")])}, rows
+    assert any("…" in line for line in rows)  # the long one is cut, not let run into STATE
+
+
+@pytest.mark.parametrize("left,text", [(59.5, "in 1m"), (60, "in 1m"), (3590, "in 1h 0m"), (3600, "in 1h 0m"),
+                                       (3 * 3600 + 20 * 60, "in 3h 20m"), (59, "in 59s"), (3540, "in 59m")])
+def test_due_text_never_says_60s_or_60m(left, text):
+    assert queuectl.due_text(a_job(next_run_at=T0 + left), T0, []) == text
+
+
+def test_a_json_logging_worker_writes_its_note_about_an_empty_queue_as_json(db, workers):
+    enqueue(db, id="ok", command="true", queue="a")
+    worker = workers.start("--burst", "--queue", "a", "--queue", "b", "--log-format", "json")
+    assert worker.wait() == 0
+    lines = [json.loads(line) for line in worker.log().splitlines()]  # every line, the note included
+    note = next(line for line in lines if line["event"] == "queue_has_no_jobs")
+    assert note["queues"] == ["b"] and note["level"] == "warning" and "'b' has no jobs yet" in note["message"]
