@@ -53,7 +53,7 @@ STATES = (PENDING, PROCESSING, COMPLETED, FAILED, DEAD)
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 APPLICATION_ID = 0x51435431  # "QCT1": marks a SQLite file as a queuectl database
 
 MAX_COMMAND_BYTES = 131_071  # Linux MAX_ARG_STRLEN (one argv string) less its terminating NUL
@@ -291,6 +291,12 @@ MIGRATIONS = [
     CREATE TABLE paused (queue TEXT PRIMARY KEY);
     CREATE TABLE config (key TEXT PRIMARY KEY, value TEXT NOT NULL);
     """,
+    # 2: per-queue concurrency limits (`queuectl limit`); jobs_running counts a queue's processing
+    # jobs for the claim, an index range as long as the queue's limit.
+    """
+    CREATE TABLE queue_limits (queue TEXT PRIMARY KEY, max_running INTEGER NOT NULL);
+    CREATE INDEX jobs_running ON jobs (queue) WHERE state = 'processing';
+    """,
 ]
 
 class SqliteSQL:
@@ -328,18 +334,24 @@ class SqliteSQL:
         SELECT (SELECT queue FROM jobs INDEXED BY jobs_claim WHERE {SQL_READY} AND queue > q.name
                 ORDER BY queue LIMIT 1)
         FROM q WHERE q.name IS NOT NULL)"""
-    # The best ready job of each such queue that is not paused (NULL for a queue with none). The due
-    # check only matters when clocks disagree (a job enqueued by a host whose clock runs ahead).
+    # The best ready job of each such queue that is neither paused nor full (NULL for a queue with none).
+    # The due check only matters when clocks disagree (a job enqueued by a host whose clock runs ahead).
     SQL_HEADS = f"""WITH RECURSIVE {{queue_set}}
         SELECT (SELECT seq FROM jobs INDEXED BY jobs_claim WHERE {SQL_READY} AND queue = q.name AND next_run_at <= ?
                 ORDER BY priority DESC, next_run_at, seq LIMIT 1) AS seq
-        FROM q WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))"""
+        FROM q WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+          AND NOT EXISTS (SELECT 1 FROM queue_limits AS l WHERE l.queue = q.name  -- full: at its limit
+                          AND l.max_running <= (SELECT count(*) FROM jobs INDEXED BY jobs_running
+                                                WHERE state = 'processing' AND queue = q.name))"""
     # A worker whose registration was removed (presumed dead) cannot claim: its jobs would be orphans.
     SQL_REGISTERED = "SELECT 1 FROM workers WHERE id = ?"
     SQL_CLAIM_SET = "UPDATE jobs SET state = 'processing', worker_id = ?, run_count = run_count + 1, updated_at = ? "
     # The claim, one statement: the head of each queue it may serve, then the best of those heads
     # (parameters :worker, :now and, for served queues, :queues, a JSON array of names). The due
     # check only matters when clocks disagree (a job enqueued by a host whose clock runs ahead).
+    # A queue is full when it has as many processing jobs as its limit (`queuectl limit`): BEGIN
+    # IMMEDIATE makes every claim see every other's, so the count is exact; a full queue, like a
+    # paused one, costs one index seek and a count of at most its limit, whatever its backlog.
     SQL_CLAIM_ANY_QUEUE = """
     WITH RECURSIVE q(name) AS (  -- every queue with a ready job: one index seek per queue (a skip-scan)
         SELECT (SELECT queue FROM jobs INDEXED BY jobs_claim
@@ -349,11 +361,14 @@ class SqliteSQL:
                 WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue > q.name
                 ORDER BY queue LIMIT 1)
         FROM q WHERE q.name IS NOT NULL),
-    heads(seq) AS (  -- the best ready job of each such queue that is not paused
+    heads(seq) AS (  -- the best ready job of each such queue that is neither paused nor full
         SELECT (SELECT seq FROM jobs INDEXED BY jobs_claim
                 WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue = q.name
                 AND next_run_at <= :now ORDER BY priority DESC, next_run_at, seq LIMIT 1)
-        FROM q WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*')))
+        FROM q WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+          AND NOT EXISTS (SELECT 1 FROM queue_limits AS l WHERE l.queue = q.name  -- full: at its limit
+                          AND l.max_running <= (SELECT count(*) FROM jobs INDEXED BY jobs_running
+                                                WHERE state = 'processing' AND queue = q.name)))
     UPDATE jobs SET state = 'processing', worker_id = :worker, run_count = run_count + 1, updated_at = :now
     WHERE id = (SELECT id FROM jobs WHERE seq IN (SELECT seq FROM heads) ORDER BY priority DESC, next_run_at, seq
                 LIMIT 1)
@@ -362,11 +377,14 @@ class SqliteSQL:
               last_error, exit_code, worker_id, run_count, lost_count, priority, queue, waiting_on"""
     SQL_CLAIM_FROM_QUEUES = """
     WITH q(name) AS (SELECT value FROM json_each(:queues)),  -- the queues of `worker start --queue`
-    heads(seq) AS (  -- the best ready job of each such queue that is not paused
+    heads(seq) AS (  -- the best ready job of each such queue that is neither paused nor full
         SELECT (SELECT seq FROM jobs INDEXED BY jobs_claim
                 WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue = q.name
                 AND next_run_at <= :now ORDER BY priority DESC, next_run_at, seq LIMIT 1)
-        FROM q WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*')))
+        FROM q WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+          AND NOT EXISTS (SELECT 1 FROM queue_limits AS l WHERE l.queue = q.name  -- full: at its limit
+                          AND l.max_running <= (SELECT count(*) FROM jobs INDEXED BY jobs_running
+                                                WHERE state = 'processing' AND queue = q.name)))
     UPDATE jobs SET state = 'processing', worker_id = :worker, run_count = run_count + 1, updated_at = :now
     WHERE id = (SELECT id FROM jobs WHERE seq IN (SELECT seq FROM heads) ORDER BY priority DESC, next_run_at, seq
                 LIMIT 1)
@@ -383,19 +401,25 @@ class SqliteSQL:
                 WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue > q.name
                 ORDER BY queue LIMIT 1)
         FROM q WHERE q.name IS NOT NULL),
-    heads(seq) AS (  -- the best ready job of each such queue that is not paused
+    heads(seq) AS (  -- the best ready job of each such queue that is neither paused nor full
         SELECT (SELECT seq FROM jobs INDEXED BY jobs_claim
                 WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue = q.name
                 AND next_run_at <= :now ORDER BY priority DESC, next_run_at, seq LIMIT 1)
-        FROM q WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*')))
+        FROM q WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+          AND NOT EXISTS (SELECT 1 FROM queue_limits AS l WHERE l.queue = q.name  -- full: at its limit
+                          AND l.max_running <= (SELECT count(*) FROM jobs INDEXED BY jobs_running
+                                                WHERE state = 'processing' AND queue = q.name)))
     SELECT id FROM jobs WHERE seq IN (SELECT seq FROM heads) ORDER BY priority DESC, next_run_at, seq LIMIT 1"""
     SQL_NEXT_DUE_FROM_QUEUES = """
     WITH q(name) AS (SELECT value FROM json_each(:queues)),  -- the queues of `worker start --queue`
-    heads(seq) AS (  -- the best ready job of each such queue that is not paused
+    heads(seq) AS (  -- the best ready job of each such queue that is neither paused nor full
         SELECT (SELECT seq FROM jobs INDEXED BY jobs_claim
                 WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue = q.name
                 AND next_run_at <= :now ORDER BY priority DESC, next_run_at, seq LIMIT 1)
-        FROM q WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*')))
+        FROM q WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+          AND NOT EXISTS (SELECT 1 FROM queue_limits AS l WHERE l.queue = q.name  -- full: at its limit
+                          AND l.max_running <= (SELECT count(*) FROM jobs INDEXED BY jobs_running
+                                                WHERE state = 'processing' AND queue = q.name)))
     SELECT id FROM jobs WHERE seq IN (SELECT seq FROM heads) ORDER BY priority DESC, next_run_at, seq LIMIT 1"""
     SQL_CLAIM_ID = SQL_CLAIM_SET + "WHERE id = ? AND state IN ('pending', 'failed')"
     SQL_ANY_STAGED = f"SELECT 1 FROM jobs INDEXED BY jobs_staged WHERE {SQL_STAGED} AND next_run_at <= ? LIMIT 1"
@@ -488,6 +512,11 @@ class SqliteSQL:
     SQL_RESUME = "DELETE FROM paused WHERE queue = ?"
     SQL_RESUME_ALL = "DELETE FROM paused"
     SQL_PAUSED = "SELECT queue FROM paused ORDER BY queue"
+    SQL_SET_LIMIT = ("INSERT INTO queue_limits (queue, max_running) VALUES (?, ?) "
+                     "ON CONFLICT (queue) DO UPDATE SET max_running = excluded.max_running")
+    SQL_REMOVE_LIMIT = "DELETE FROM queue_limits WHERE queue = ?"
+    SQL_LIMITS = "SELECT queue, max_running FROM queue_limits ORDER BY queue"
+    SQL_QUEUE_COUNTS = "SELECT queue, state, count(*) FROM jobs GROUP BY queue, state"
     SQL_REGISTER = ("INSERT INTO workers (id, host, pid, proc_start, boot_id, pid_ns, threads, started_at, "
                     "heartbeat_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
     SQL_HEARTBEAT = "UPDATE workers SET heartbeat_at = ?, beat = beat + 1 WHERE id = ?"
@@ -990,6 +1019,30 @@ class Store:
         """Paused queue names ('*' = everything)."""
         return [r[0] for r in self.read(self.sql.SQL_PAUSED)]
 
+    def set_limit(self, queue: str, max_running: int | None) -> None:
+        """At most `max_running` jobs of `queue` processing at once (None: no limit)."""
+        def set_limit(cur):
+            if max_running is None:
+                cur.execute(self.sql.SQL_REMOVE_LIMIT, (queue,))
+            else:
+                cur.execute(self.sql.SQL_SET_LIMIT, (queue, max_running))
+            self._wake_workers(cur)  # a raised or removed limit may let a waiting job run now
+        self.write(set_limit)
+
+    def limits(self) -> dict[str, int]:
+        """Queue name -> its limit, for the queues that have one."""
+        return dict(self.read(self.sql.SQL_LIMITS))
+
+    def queues(self) -> list[dict]:
+        """Every queue that has jobs, a limit or a pause: its counts by state, paused, limit; by name."""
+        counts: dict[str, dict[str, int]] = {}
+        for queue, state, n in self.read(self.sql.SQL_QUEUE_COUNTS):
+            counts.setdefault(queue, dict.fromkeys(STATES, 0))[state] = n
+        paused, limits = set(self.paused()), self.limits()
+        names = sorted(set(counts) | set(limits) | (paused - {"*"}))
+        return [{"queue": q, "jobs": counts.get(q, dict.fromkeys(STATES, 0)), "paused": bool(paused & {q, "*"}),
+                 "limit": limits.get(q)} for q in names]
+
     def stats(self, since: float, now: float) -> dict:
         """Outcome counts, duration and wait percentiles over runs that ended since `since`."""
         outcomes = dict(self.read(self.sql.SQL_STATS_OUTCOMES, (since,)))
@@ -1457,6 +1510,15 @@ PG_MIGRATIONS = [
     CREATE TABLE paused (queue TEXT PRIMARY KEY);
     CREATE TABLE config (key TEXT PRIMARY KEY, value TEXT NOT NULL)
     """,
+    # 2: as SQLite's migration 2; and jobs_claim now leads with the queue, as SQLite's always did, so
+    # the claim looks at each queue's head (a paused or full queue's backlog costs it one index seek).
+    """
+    CREATE TABLE queue_limits (queue TEXT PRIMARY KEY, max_running BIGINT NOT NULL);
+    CREATE INDEX jobs_running ON jobs (queue) WHERE state = 'processing';
+    DROP INDEX jobs_claim;
+    CREATE INDEX jobs_claim ON jobs (queue, priority DESC, next_run_at, seq)
+        WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1
+    """,
 ]
 
 
@@ -1498,47 +1560,108 @@ class PostgresSQL:
     WHERE seq IN (SELECT seq FROM jobs
                   WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= %s
                   FOR UPDATE SKIP LOCKED)"""
-    # The claim, one statement (parameters %(worker)s, %(now)s and, for served queues, %(queues)s, a
-    # list of names): the best ready, due job of a queue that is not paused, walking jobs_claim in
-    # claim order and skipping rows other claimers hold; the worker row is read FOR KEY SHARE, so a
-    # sweeper that deletes it (drop_worker) either waits for this claim and then adopts the job, or
-    # has deleted it and this claim takes nothing. The due check only matters when clocks disagree.
+    # The claim, as SQLite's: the head of each queue it may serve (jobs_claim leads with the queue), then
+    # the best of those heads, so a paused or full queue costs one index seek whatever its backlog.
+    # Parameters %(worker)s, %(now)s, for served queues %(queues)s (a list of names), and the limited
+    # queues whose row this transaction has locked (%(held)s) or found locked (%(busy)s). Each head is
+    # taken FOR UPDATE SKIP LOCKED, so concurrent claims take different jobs and never wait for each
+    # other; the worker row is read FOR KEY SHARE, so a sweeper that deletes it (drop_worker) either
+    # waits for this claim and then adopts the job, or has deleted it and this claim takes nothing.
+    # A queue with a limit is claimed from only under a lock on its queue_limits row (see _claim_in):
+    # READ COMMITTED gives each statement its own snapshot, and only a statement that starts after
+    # the lock is granted counts every claim committed by the previous holder. So when the best head
+    # is in a limited queue this statement claims nothing and returns that queue (free = false), and
+    # the claim runs it again holding the lock. Claims of unlimited queues take no such lock and stay
+    # concurrent; a queue full by this snapshot is skipped without its lock. The statement returns
+    # (best queue, free, the claimed job's columns or NULLs), or no row when no queue has a due job.
     SQL_CLAIM_ANY_QUEUE = """
-    UPDATE jobs SET state = 'processing', worker_id = %(worker)s, run_count = run_count + 1, updated_at = %(now)s
-    WHERE seq = (SELECT seq FROM jobs
-                 WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND next_run_at <= %(now)s
-                   AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*'))
-                 ORDER BY priority DESC, next_run_at, seq
-                 LIMIT 1
-                 FOR UPDATE SKIP LOCKED)
-      AND EXISTS (SELECT 1 FROM workers WHERE id = %(worker)s FOR KEY SHARE)
-    RETURNING id, command, state, attempts, max_retries, timeout_s, cwd, env, created_at, updated_at, next_run_at,
-              last_error, exit_code, worker_id, run_count, lost_count, priority, queue, waiting_on"""
+    WITH RECURSIVE q(name) AS (  -- every queue with a ready job: one index seek per queue (a skip-scan)
+        SELECT (SELECT queue FROM jobs WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1
+                ORDER BY queue LIMIT 1)
+        UNION ALL
+        SELECT (SELECT queue FROM jobs WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1
+                  AND queue > q.name ORDER BY queue LIMIT 1)
+        FROM q WHERE q.name IS NOT NULL),
+    eligible(name, free) AS (  -- not paused, not full; free: no limit, or this claim holds the queue's lock
+        SELECT q.name, l.queue IS NULL OR q.name = ANY(%(held)s::text[])
+        FROM q LEFT JOIN queue_limits AS l ON l.queue = q.name
+        WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+          AND NOT q.name = ANY(%(busy)s::text[])
+          AND (l.queue IS NULL OR l.max_running > (SELECT count(*) FROM jobs
+                                                   WHERE state = 'processing' AND queue = q.name))),
+    heads AS (  -- the best ready, due job of each, skipping rows other claimers hold
+        SELECT eligible.name, eligible.free, head.* FROM eligible CROSS JOIN LATERAL (
+            SELECT seq, priority, next_run_at FROM jobs
+            WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue = eligible.name
+              AND next_run_at <= %(now)s
+            ORDER BY priority DESC, next_run_at, seq LIMIT 1 FOR UPDATE SKIP LOCKED) AS head),
+    best AS (SELECT * FROM heads ORDER BY priority DESC, next_run_at, seq LIMIT 1),
+    claimed AS (
+        UPDATE jobs SET state = 'processing', worker_id = %(worker)s, run_count = run_count + 1, updated_at = %(now)s
+        FROM best WHERE jobs.seq = best.seq AND best.free
+          AND EXISTS (SELECT 1 FROM workers WHERE id = %(worker)s FOR KEY SHARE)
+        RETURNING jobs.id, jobs.command, jobs.state, jobs.attempts, jobs.max_retries, jobs.timeout_s, jobs.cwd,
+                  jobs.env, jobs.created_at, jobs.updated_at, jobs.next_run_at, jobs.last_error, jobs.exit_code,
+                  jobs.worker_id, jobs.run_count, jobs.lost_count, jobs.priority, jobs.queue, jobs.waiting_on)
+    SELECT best.name, best.free, claimed.* FROM best LEFT JOIN claimed ON true"""
     SQL_CLAIM_FROM_QUEUES = """
-    UPDATE jobs SET state = 'processing', worker_id = %(worker)s, run_count = run_count + 1, updated_at = %(now)s
-    WHERE seq = (SELECT seq FROM jobs
-                 WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND next_run_at <= %(now)s
-                   AND queue = ANY(%(queues)s)
-                   AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*'))
-                 ORDER BY priority DESC, next_run_at, seq
-                 LIMIT 1
-                 FOR UPDATE SKIP LOCKED)
-      AND EXISTS (SELECT 1 FROM workers WHERE id = %(worker)s FOR KEY SHARE)
-    RETURNING id, command, state, attempts, max_retries, timeout_s, cwd, env, created_at, updated_at, next_run_at,
-              last_error, exit_code, worker_id, run_count, lost_count, priority, queue, waiting_on"""
-    # The poller, as SQLite's: a ready, due job in an unpaused queue we serve, or a staged job that has
-    # fallen due anywhere (a claim promotes it).
+    WITH q(name) AS (SELECT unnest(%(queues)s::text[])),  -- the queues of `worker start --queue`
+    eligible(name, free) AS (  -- not paused, not full; free: no limit, or this claim holds the queue's lock
+        SELECT q.name, l.queue IS NULL OR q.name = ANY(%(held)s::text[])
+        FROM q LEFT JOIN queue_limits AS l ON l.queue = q.name
+        WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+          AND NOT q.name = ANY(%(busy)s::text[])
+          AND (l.queue IS NULL OR l.max_running > (SELECT count(*) FROM jobs
+                                                   WHERE state = 'processing' AND queue = q.name))),
+    heads AS (  -- the best ready, due job of each, skipping rows other claimers hold
+        SELECT eligible.name, eligible.free, head.* FROM eligible CROSS JOIN LATERAL (
+            SELECT seq, priority, next_run_at FROM jobs
+            WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue = eligible.name
+              AND next_run_at <= %(now)s
+            ORDER BY priority DESC, next_run_at, seq LIMIT 1 FOR UPDATE SKIP LOCKED) AS head),
+    best AS (SELECT * FROM heads ORDER BY priority DESC, next_run_at, seq LIMIT 1),
+    claimed AS (
+        UPDATE jobs SET state = 'processing', worker_id = %(worker)s, run_count = run_count + 1, updated_at = %(now)s
+        FROM best WHERE jobs.seq = best.seq AND best.free
+          AND EXISTS (SELECT 1 FROM workers WHERE id = %(worker)s FOR KEY SHARE)
+        RETURNING jobs.id, jobs.command, jobs.state, jobs.attempts, jobs.max_retries, jobs.timeout_s, jobs.cwd,
+                  jobs.env, jobs.created_at, jobs.updated_at, jobs.next_run_at, jobs.last_error, jobs.exit_code,
+                  jobs.worker_id, jobs.run_count, jobs.lost_count, jobs.priority, jobs.queue, jobs.waiting_on)
+    SELECT best.name, best.free, claimed.* FROM best LEFT JOIN claimed ON true"""
+    # Serialises the claims of one limited queue until commit: the first lock a claim waits for; a
+    # second one it only tries (SKIP LOCKED), so two claims never wait for each other's locks.
+    SQL_LOCK_QUEUE = "SELECT 1 FROM queue_limits WHERE queue = %s FOR UPDATE"
+    SQL_TRY_LOCK_QUEUE = "SELECT 1 FROM queue_limits WHERE queue = %s FOR UPDATE SKIP LOCKED"
+    # The poller, as SQLite's: a ready, due job in a queue we serve that is neither paused nor full,
+    # or a staged job that has fallen due anywhere (a claim promotes it).
     SQL_POLL_ANY_QUEUE = """
-    SELECT EXISTS (SELECT 1 FROM jobs
-                   WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND next_run_at <= %(now)s
-                     AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')))
+    WITH RECURSIVE q(name) AS (  -- every queue with a ready job: one index seek per queue (a skip-scan)
+        SELECT (SELECT queue FROM jobs WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1
+                ORDER BY queue LIMIT 1)
+        UNION ALL
+        SELECT (SELECT queue FROM jobs WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1
+                  AND queue > q.name ORDER BY queue LIMIT 1)
+        FROM q WHERE q.name IS NOT NULL),
+    eligible(name) AS (  -- not paused, not full
+        SELECT q.name FROM q LEFT JOIN queue_limits AS l ON l.queue = q.name
+        WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+          AND (l.queue IS NULL OR l.max_running > (SELECT count(*) FROM jobs
+                                                   WHERE state = 'processing' AND queue = q.name)))
+    SELECT EXISTS (SELECT 1 FROM eligible WHERE EXISTS (
+                       SELECT 1 FROM jobs WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1
+                         AND queue = eligible.name AND next_run_at <= %(now)s))
         OR EXISTS (SELECT 1 FROM jobs
                    WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= %(now)s)"""
     SQL_POLL_FROM_QUEUES = """
-    SELECT EXISTS (SELECT 1 FROM jobs
-                   WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND next_run_at <= %(now)s
-                     AND queue = ANY(%(queues)s)
-                     AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')))
+    WITH q(name) AS (SELECT unnest(%(queues)s::text[])),  -- the queues of `worker start --queue`
+    eligible(name) AS (  -- not paused, not full
+        SELECT q.name FROM q LEFT JOIN queue_limits AS l ON l.queue = q.name
+        WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+          AND (l.queue IS NULL OR l.max_running > (SELECT count(*) FROM jobs
+                                                   WHERE state = 'processing' AND queue = q.name)))
+    SELECT EXISTS (SELECT 1 FROM eligible WHERE EXISTS (
+                       SELECT 1 FROM jobs WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1
+                         AND queue = eligible.name AND next_run_at <= %(now)s))
         OR EXISTS (SELECT 1 FROM jobs
                    WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= %(now)s)"""
     # --burst: is anything processing in our queues, or due within the horizon (ready or staged) in
@@ -1624,6 +1747,11 @@ class PostgresSQL:
     SQL_RESUME = "DELETE FROM paused WHERE queue = %s"
     SQL_RESUME_ALL = "DELETE FROM paused"
     SQL_PAUSED = "SELECT queue FROM paused ORDER BY queue"
+    SQL_SET_LIMIT = ("INSERT INTO queue_limits (queue, max_running) VALUES (%s, %s) "
+                     "ON CONFLICT (queue) DO UPDATE SET max_running = excluded.max_running")
+    SQL_REMOVE_LIMIT = "DELETE FROM queue_limits WHERE queue = %s"
+    SQL_LIMITS = "SELECT queue, max_running FROM queue_limits ORDER BY queue"
+    SQL_QUEUE_COUNTS = "SELECT queue, state, count(*) FROM jobs GROUP BY queue, state"
     SQL_REGISTER = ("INSERT INTO workers (id, host, pid, proc_start, boot_id, pid_ns, threads, started_at, "
                     "heartbeat_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)")
     SQL_HEARTBEAT = "UPDATE workers SET heartbeat_at = %s, beat = beat + 1 WHERE id = %s"
@@ -1914,12 +2042,19 @@ class PostgresStore(Store):
 
     def _claim_in(self, cur, worker_id: str, now: float, queues: tuple) -> Job | None:
         cur.execute(self.sql.SQL_PROMOTE, (now,))
-        params = {"worker": worker_id, "now": now, "queues": list(queues)}
+        params = {"worker": worker_id, "now": now, "queues": list(queues), "held": [], "busy": []}
         sql = self.sql.SQL_CLAIM_FROM_QUEUES if queues else self.sql.SQL_CLAIM_ANY_QUEUE
-        row = cur.execute(sql, params).fetchone()
-        if row is None:
+        while True:  # once, plus once more per limited queue whose lock it takes or finds taken
+            row = cur.execute(sql, params).fetchone()
+            if row is None or row[1]:  # no due job; or claimed, unless our registration is gone
+                break
+            # The best job is in a limited queue: lock it and look again, in a snapshot that sees every
+            # claim of that queue. A claim holding one queue's lock only tries another's: no deadlock.
+            lock = self.sql.SQL_TRY_LOCK_QUEUE if params["held"] else self.sql.SQL_LOCK_QUEUE
+            params["held" if cur.execute(lock, (row[0],)).fetchone() else "busy"].append(row[0])
+        if row is None or row[2] is None:
             return None
-        job = Job.from_row(row)
+        job = Job.from_row(row[2:])
         cur.execute(self.sql.SQL_INSERT_RUN, (job.id, job.run_count, worker_id, now, job.next_run_at))
         return job
 
