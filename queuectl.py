@@ -11,6 +11,7 @@ commands:
   status, list, show, logs, stats, wait
   cancel, delete, purge   operate on jobs
   pause, resume           stop and restart claims from queues
+  limit, queues           per-queue concurrency limits; every queue with its counts, pause and limit
   dlq list|retry          the dead-letter queue
   dashboard               a live web view of the queue and a JSON API (http://127.0.0.1:8321)
   config set|get|list     max-retries, backoff-base, backoff-max, stale-timeout, job-timeout, retention
@@ -72,6 +73,7 @@ SHELL_WORDS = frozenset(
     "while".split())
 MAX_PRIORITY = 1_000_000
 MAX_DEPS = 1000
+MAX_LIMIT = 1_000_000  # the largest per-queue concurrency limit
 MAX_EPOCH = 253_402_300_799  # 9999-12-31T23:59:59Z
 DEFAULT_QUEUE = "default"
 QUEUE_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
@@ -4299,6 +4301,12 @@ def _add_operating_commands(sub) -> None:
     for name, func, verb in (("pause", cmd_pause, "stop claiming from"), ("resume", cmd_resume, "claim again from")):
         cmd = _command(sub, name, func, f"workers {verb} these queues (all, if none named)")
         cmd.add_argument("--queue", type=_queue_arg, action="append", default=[])
+    lm = _command(sub, "limit", cmd_limit, "at most N jobs of a queue processing at once, on all workers; "
+                  "without arguments, list the limits", json_flag=True, check=check_limit)
+    lm.add_argument("queue", nargs="?", type=_queue_arg, metavar="QUEUE")
+    lm.add_argument("max_running", nargs="?", metavar="N", help="a number from 1, or none to remove the limit")
+    _command(sub, "queues", cmd_queues, "every queue with jobs, a limit or a pause: counts, paused, limit",
+             json_flag=True, reads=True)
 
 
 def _add_dashboard_command(sub) -> None:
@@ -4674,6 +4682,44 @@ def cmd_pause(args, store: Store) -> None:
 def cmd_resume(args, store: Store) -> None:
     store.resume(args.queue)
     print("resumed " + (", ".join(args.queue) if args.queue else "all queues"))
+
+
+def check_limit(args) -> None:
+    args.change = args.max_running is not None  # else it only shows
+    if args.change:
+        args.max_running = valid_limit(args.max_running)
+    if args.json and args.queue is not None:
+        raise UsageError("limit --json lists every limit: it takes no QUEUE")
+
+
+def valid_limit(text: str) -> int | None:
+    """A queue limit from the command line: an integer from 1, or 'none' (None: no limit)."""
+    if text == "none":
+        return None
+    if not re.fullmatch(r"[0-9]{1,7}", text) or not 1 <= int(text) <= MAX_LIMIT:
+        raise UsageError(f"limit: N must be an integer from 1 to {MAX_LIMIT}, or none (got {text!r})")
+    return int(text)
+
+
+def cmd_limit(args, store: Store) -> None:
+    if args.change:
+        store.set_limit(args.queue, args.max_running)
+    limits = store.limits()
+    if args.queue is not None:
+        return print(f"{args.queue}: {limits.get(args.queue, 'none')}")
+    if args.json:
+        return emit_json(limits)
+    sys.stdout.write("".join(f"{q}: {n}\n" for q, n in limits.items()))
+
+
+def cmd_queues(args, store: Store) -> None:
+    rows = store.queues()
+    if args.json:
+        return emit_json(rows)
+    print(f"{'QUEUE':<20} " + " ".join(f"{s.upper():>10}" for s in STATES) + f" {'LIMIT':>6}  PAUSED")
+    for r in rows:
+        print(f"{r['queue']:<20} " + " ".join(f"{r['jobs'][s]:>10}" for s in STATES)
+              + f" {'-' if r['limit'] is None else r['limit']:>6}  {'yes' if r['paused'] else 'no'}")
 
 
 def check_worker_start(args) -> None:
