@@ -14,7 +14,8 @@ commands:
   limit, queues           per-queue concurrency limits; every queue with its counts, pause and limit
   dlq list|retry          the dead-letter queue
   dashboard               a live web view of the queue and a JSON API (http://127.0.0.1:8321)
-  config set|get|list     max-retries, backoff-base, backoff-max, stale-timeout, job-timeout, retention
+  config set|get|list     max-retries, backoff-base, backoff-max, stale-timeout, job-timeout, retention,
+                          kill-grace
 """
 
 # Heavy modules (subprocess, threading, signal, select) are imported only by the worker code
@@ -91,6 +92,8 @@ BUSY_TIMEOUT_S = 1.0  # SQLite's own busy wait per attempt; we retry on top of i
 CLI_BUSY_DEADLINE_S = 5.0  # a CLI command gives up (exit 1) after retrying this long
 CUT_OFF = "worker cut off from the database"  # why a worker killed runs it could no longer hold (lost runs)
 HARD_STOP_S = 5.0  # a hard-stopped worker exits this long after the signal at most, whatever the database does
+SOFT_STOPS = ("timeout", "canceled")  # why a run may end in SIGTERM and kill-grace; any other reason kills at once
+GRACE_STEP_S = 0.1  # how often a run in its kill-grace is checked for having exited
 
 
 def _parse_number(text: str, *, integer: bool = False) -> float | int:
@@ -122,6 +125,8 @@ CONFIG = {
     "stale_timeout": (10, lambda s: _check(v := _parse_number(s), 1 <= v <= 86400, "seconds from 1 to 86400")),
     "job_timeout": (0, lambda s: _check(v := _parse_number(s), 0 <= v <= MAX_SECONDS, "seconds >= 0 (0 = none)")),
     "retention": (7 * 86400, lambda s: parse_duration(s)),  # completed jobs kept this long; 0 = forever
+    # SIGTERM, then this long for a timed-out or canceled job to exit before SIGKILL; 0 = SIGKILL at once.
+    "kill_grace": (10, lambda s: _check(v := _parse_number(s), 0 <= v <= 3600, "seconds from 0 to 3600")),
 }
 
 
@@ -915,7 +920,8 @@ class Store:
             flag = cur.execute(self.sql.SQL_CANCEL_FLAG, (job.id, worker_id, job.run_count)).fetchone()
             if flag is None:
                 return None
-            state, error = interrupt_rule(job.lost_count + lost, lost, bool(flag[0]), stuck)
+            state, error = interrupt_rule(job.lost_count + lost, lost, bool(flag[0]), stuck,
+                                          outcome.error if outcome.interrupted == "canceled" else "canceled")
             cur.execute(self.sql.SQL_REQUEUE, (state, int(lost), error, now, now, job.id, worker_id, job.run_count))
             self._close_run(cur, job, "canceled" if flag[0] else "lost" if lost else "stopped", outcome, now)
             self._settle_dependents(cur, job.id, state, now)
@@ -2117,13 +2123,15 @@ def percentiles(values) -> tuple:
     return ordered[-1], rank(0.5), rank(0.95)
 
 
-def interrupt_rule(lost_total: int, lost: bool, canceled: bool, stuck: str | None = None) -> tuple[str, str | None]:
-    """(state, last_error) for a run cut short: canceled -> DLQ; lost too often -> DLQ; a leftover
-    process that could not be killed (`stuck`) -> DLQ, as a rerun could overlap it; else pending."""
+def interrupt_rule(lost_total: int, lost: bool, canceled: bool, stuck: str | None = None,
+                   cancel_error: str = "canceled") -> tuple[str, str | None]:
+    """(state, last_error) for a run cut short: canceled -> DLQ (`cancel_error` says how it ended,
+    "canceled (terminated)"); lost too often -> DLQ; a leftover process that could not be killed
+    (`stuck`) -> DLQ, as a rerun could overlap it; else pending."""
     if stuck:
         return DEAD, stuck
     if canceled:
-        return DEAD, "canceled"
+        return DEAD, cancel_error
     if lost and lost_total >= LOST_WORKER_CAP:
         return DEAD, f"worker lost {lost_total} times (the job may be killing its worker)"
     return PENDING, None
@@ -2309,13 +2317,15 @@ def parse_json(text: str) -> object:
 
 # ==== Execution ==================================================================================
 
-def run_command(job: Job, env_extra: dict, abort, on_output=None, *, die_with_worker: bool = False) -> Outcome:
+def run_command(job: Job, env_extra: dict, abort, on_output=None, *, die_with_worker: bool = False,
+                kill_grace=lambda: 0) -> Outcome:
     """Run a job's command in its own session; keep the last OUTPUT_TAIL_BYTES of its output.
 
     `abort()` is polled while the command runs; when it returns a reason the process group is
     killed and the outcome is marked interrupted. `on_output(tail, total)` is called at most every
     OUTPUT_FLUSH_S while a long job prints, so its output can be followed live. `die_with_worker`:
-    see _die_with_runner.
+    see _die_with_runner. `kill_grace()`: the seconds a timed-out or canceled run gets between
+    SIGTERM and SIGKILL (see _Capture.stop).
     """
     import subprocess
     started = time.monotonic()
@@ -2326,10 +2336,10 @@ def run_command(job: Job, env_extra: dict, abort, on_output=None, *, die_with_wo
         error = f"cannot start: {e.strerror}: {job.cwd}" if isinstance(e, FileNotFoundError) else f"cannot start: {e}"
         return Outcome(None, error, b"", time.monotonic() - started)
     capture = _Capture(proc, started, on_output)
-    reason = capture.collect(job.timeout, abort)
+    reason, ended = capture.collect(job.timeout, abort, kill_grace)
     stuck = end_run(proc, env_extra.get("QUEUECTL_RUN", "")) if reason else None
     proc.stdout.close()
-    outcome = _outcome(proc.returncode, reason, bytes(capture.tail), time.monotonic() - started, job.timeout)
+    outcome = _outcome(proc.returncode, reason, bytes(capture.tail), time.monotonic() - started, job.timeout, ended)
     outcome.output_bytes, outcome.stuck = capture.total, stuck
     return outcome
 
@@ -2501,28 +2511,53 @@ class _Capture:
         self.tail, self.total, self.eof = bytearray(), 0, False
         self.flushed_at, self.flushed_total = started, 0
 
-    def collect(self, timeout_s: float, abort) -> str | None:
-        """Read until the shell exits, a timeout or an abort; returns why it was cut short, if it was."""
+    def collect(self, timeout_s: float, abort, kill_grace) -> tuple[str | None, str | None]:
+        """Read until the shell exits, a timeout or an abort; returns why it was cut short, if it was,
+        and how it ended then (see stop)."""
         try:
-            return self._loop(timeout_s, abort)
+            return self._loop(timeout_s, abort, kill_grace)
         finally:
             if self.pidfd is not None:
                 os.close(self.pidfd)
 
-    def _loop(self, timeout_s: float, abort) -> str | None:
+    def _loop(self, timeout_s: float, abort, kill_grace) -> tuple[str | None, str | None]:
         while True:
             reason = "timeout" if timeout_s and time.monotonic() - self.started > timeout_s else abort()
             if reason:
-                _kill_group(self.proc.pid)  # not reaped here: see end_run
-                return reason
+                return reason, self.stop(reason, abort, kill_grace() if reason in SOFT_STOPS else 0)
             if self.proc.poll() is not None:
                 self._drain()
-                return None
+                return None, None
             if self.eof and self.pidfd is None:
                 _wait_a_little(self.proc)  # output closed, shell still running
             elif any(fd == self.fd for fd, _ in self.poller.poll(250)):
                 self._read()
             self._maybe_flush()
+
+    def stop(self, reason: str, abort, grace_s: float) -> str | None:
+        """End the run's process group (not reaped here: see end_run) and return how, for last_error.
+
+        With a grace, SIGTERM first, and SIGKILL once the grace is over if any process of the group
+        is still there ("killed after 10s grace"), else "terminated". Meanwhile its output is still
+        read and the worker still heartbeats; a hard reason to abort (a hard stop, a lost
+        registration, a cut-off from the database) ends the grace at once, as a cancel does not.
+        """
+        if not grace_s:
+            _kill_group(self.proc.pid)
+            return None
+        _kill_group(self.proc.pid, "SIGTERM")
+        if self.pidfd is not None:
+            self.poller.unregister(self.pidfd)  # readable for good once the shell exits: poll() would spin
+        deadline = time.monotonic() + grace_s
+        while group_left(self.proc):
+            hard = abort()
+            if hard and hard not in SOFT_STOPS or time.monotonic() >= deadline:
+                _kill_group(self.proc.pid)
+                return f"killed: {hard}" if hard and hard not in SOFT_STOPS else f"killed after {grace_s:g}s grace"
+            if any(fd == self.fd for fd, _ in self.poller.poll(GRACE_STEP_S * 1000)):
+                self._read()
+            self._maybe_flush()
+        return "terminated"
 
     def _drain(self) -> None:
         # The shell exited. Take what is buffered, but do not wait for EOF: a background child
@@ -2565,19 +2600,32 @@ def _wait_a_little(proc) -> None:
         pass
 
 
-def _kill_group(pgid: int) -> None:
+def _kill_group(pgid: int, signal_name: str = "SIGKILL") -> None:
     import signal
     with contextlib.suppress(ProcessLookupError, PermissionError):  # gone, or a setuid leader
-        os.killpg(pgid, signal.SIGKILL)
+        os.killpg(pgid, getattr(signal, signal_name))
 
 
-def _outcome(code: int, reason: str | None, output: bytes, duration: float, timeout_s: float) -> Outcome:
-    """Turn a return code and an interruption reason into an Outcome with a clear error."""
+def group_left(proc) -> bool:
+    """True while a process of the run's group (the job's first process is its leader) has not
+    exited. The leader is reaped here; any other member that exited counts as gone even if nobody
+    reaps it (a zombie, as orphans here may stay)."""
+    if proc.poll() is None:
+        return True
+    return any(fields and fields[2] == str(proc.pid) and proc_start_time(pid)
+               for pid in _pids() for fields in [_stat_fields(pid)])
+
+
+def _outcome(code: int, reason: str | None, output: bytes, duration: float, timeout_s: float,
+             ended: str | None = None) -> Outcome:
+    """Turn a return code and an interruption reason (and how the run then ended, see
+    _Capture.stop) into an Outcome with a clear error."""
     import signal
+    how = f" ({ended})" if ended else ""
     if reason == "timeout":
-        return Outcome(None, f"timed out after {timeout_s:g}s", output, duration)
+        return Outcome(None, f"timed out after {timeout_s:g}s{how}", output, duration)
     if reason:
-        return Outcome(None, reason, output, duration, interrupted=reason)
+        return Outcome(None, reason + how, output, duration, interrupted=reason)
     if code < 0:
         name = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
         return Outcome(128 - code, f"killed by signal {name}", output, duration)
@@ -2800,7 +2848,8 @@ class Runner:
         self.keep_claiming = keep_claiming  # claim the next job in the same commit as a result?
         self.prefetched: tuple[Job, int] | None = None  # (job, epoch) claimed with the last result
         # injectable for tests and simulation; jobs die with their worker where other hosts may rerun them
-        self.runner = functools.partial(run_command, die_with_worker=store.shared_by_hosts)
+        self.runner = functools.partial(run_command, die_with_worker=store.shared_by_hosts,
+                                        kill_grace=self._kill_grace)
         self.current: Job | None = None
         self.settings, self.settings_at = {}, -math.inf
 
@@ -2869,6 +2918,13 @@ class Runner:
         if mono - self.settings_at > 1.0:
             self.settings, self.settings_at = self.store.config_all(), mono
         return self.settings
+
+    def _kill_grace(self) -> float:
+        """kill-grace as last read; the default if the database cannot say now (the run must end anyway)."""
+        try:
+            return self._settings()["kill_grace"]
+        except (QueueError, sqlite3.Error):
+            return self.settings.get("kill_grace", CONFIG["kill_grace"][0])
 
 
 def _log_result(job: Job, after: Job | None, outcome: Outcome) -> None:
