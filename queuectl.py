@@ -1655,9 +1655,9 @@ class PostgresSQL:
         WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
           AND (l.queue IS NULL OR l.max_running > (SELECT count(*) FROM jobs
                                                    WHERE state = 'processing' AND queue = q.name)))
-    SELECT EXISTS (SELECT 1 FROM eligible WHERE EXISTS (
+    SELECT EXISTS (SELECT 1 FROM eligible CROSS JOIN LATERAL (  -- LIMIT: a seek per queue, never a join of all
                        SELECT 1 FROM jobs WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1
-                         AND queue = eligible.name AND next_run_at <= %(now)s))
+                         AND queue = eligible.name AND next_run_at <= %(now)s LIMIT 1) AS head)
         OR EXISTS (SELECT 1 FROM jobs
                    WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= %(now)s)"""
     SQL_POLL_FROM_QUEUES = """
@@ -1667,9 +1667,9 @@ class PostgresSQL:
         WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
           AND (l.queue IS NULL OR l.max_running > (SELECT count(*) FROM jobs
                                                    WHERE state = 'processing' AND queue = q.name)))
-    SELECT EXISTS (SELECT 1 FROM eligible WHERE EXISTS (
+    SELECT EXISTS (SELECT 1 FROM eligible CROSS JOIN LATERAL (  -- LIMIT: a seek per queue, never a join of all
                        SELECT 1 FROM jobs WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1
-                         AND queue = eligible.name AND next_run_at <= %(now)s))
+                         AND queue = eligible.name AND next_run_at <= %(now)s LIMIT 1) AS head)
         OR EXISTS (SELECT 1 FROM jobs
                    WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= %(now)s)"""
     # --burst: is anything processing in our queues, or due within the horizon (ready or staged) in

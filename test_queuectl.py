@@ -5413,3 +5413,261 @@ def test_bench_rejects_counts_that_would_leave_an_empty_sample(bench, capsys):
             bench.parse_args([option, "0"])
     assert bench.main(["--tiny", "--check"]) == 2
     assert "no verdict" in capsys.readouterr().err
+
+
+# ==== Per-queue concurrency limits and the kill grace ====
+
+def _done(store, job, worker="w1"):
+    """Record a claimed job as completed."""
+    assert store.finish(job, worker, queuectl.Outcome(0, None, b"", 0.1), SETTINGS, T0) is not None
+
+
+def test_a_full_queue_gives_way_to_the_best_job_of_another(store):
+    register(store)
+    store.enqueue([spec(f"d{i}", queue="deploy", priority=10) for i in range(3)], T0)
+    store.enqueue([spec(f"b{i}") for i in range(2)], T0)
+    store.set_limit("deploy", 1)
+    d0 = store.claim("w1", T0)
+    assert d0.id == "d0"
+    # deploy is full: the next claims take the other queue's jobs, then nothing, though d1 is best
+    assert [store.claim("w1", T0).id for _ in range(2)] == ["b0", "b1"]
+    assert store.claim("w1", T0) is None
+    assert store.claim("w1", T0, ("deploy",)) is None
+    _done(store, d0)
+    assert store.claim("w1", T0).id == "d1"
+    assert store.claim("w1", T0) is None
+    store.set_limit("deploy", 2)  # raised: one more may run
+    assert store.claim("w1", T0).id == "d2"
+    assert store.limits() == {"deploy": 2}
+    store.set_limit("deploy", None)
+    assert store.limits() == {}
+
+
+def test_limit_counts_every_worker_and_is_honoured_when_lowered(store):
+    for worker in ("w1", "w2"):
+        register(store, worker)
+    store.enqueue([spec(f"d{i}", queue="deploy") for i in range(4)], T0)
+    store.set_limit("deploy", 2)
+    d0, d1 = store.claim("w1", T0), store.claim("w2", T0)
+    assert (d0.id, d1.id) == ("d0", "d1")
+    assert store.claim("w2", T0) is None and store.claim("w1", T0) is None
+    store.set_limit("deploy", 1)  # two still run: no new one until fewer than one do
+    _done(store, d0, "w1")
+    assert store.claim("w1", T0) is None
+    _done(store, d1, "w2")
+    assert store.claim("w2", T0).id == "d2"
+
+
+def test_limits_keep_priority_due_time_pause_and_dependencies(store):
+    register(store)
+    store.set_limit("deploy", 5)
+    store.enqueue([spec("later", queue="deploy", priority=9, run_at=T0 + 60), spec("first", queue="deploy"),
+                   spec("top", queue="other", priority=3)], T0)
+    store.enqueue([spec("after", queue="deploy", priority=8, depends_on=["first"])], T0)
+    store.pause(["other"])
+    assert store.claim("w1", T0).id == "first"
+    assert store.claim("w1", T0) is None  # "after" waits for "first", "later" is not due, "other" is paused
+    store.resume(["other"])
+    assert store.claim("w1", T0).id == "top"
+
+
+def test_queues_lists_every_queue_with_jobs_a_limit_or_a_pause(store):
+    register(store)
+    store.enqueue([spec("a", queue="build"), spec("b", queue="build"), spec("c")], T0)
+    store.set_limit("deploy", 1)
+    store.pause(["nightly"])
+    assert store.claim("w1", T0, ("build",)).id == "a"
+    none = dict.fromkeys(STATES, 0)
+    assert store.queues() == [
+        {"queue": "build", "jobs": {**none, "pending": 1, "processing": 1}, "paused": False, "limit": None},
+        {"queue": "default", "jobs": {**none, "pending": 1}, "paused": False, "limit": None},
+        {"queue": "deploy", "jobs": none, "paused": False, "limit": 1},
+        {"queue": "nightly", "jobs": none, "paused": True, "limit": None}]
+    store.pause(["*"])
+    assert all(q["paused"] for q in store.queues())
+
+
+def _pg_buffers(store, sql, params) -> int:
+    """Shared buffers a PostgreSQL statement touches (EXPLAIN ANALYZE, rolled back): exact, unlike time."""
+    with store.conn.transaction(force_rollback=True):
+        plan = store.conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, params).fetchone()[0][0]
+    return plan["Plan"]["Shared Hit Blocks"] + plan["Plan"]["Shared Read Blocks"]
+
+
+def test_claim_and_poll_do_not_walk_a_paused_or_full_queue_backlog(store):
+    # Counted in SQLite VM instructions or PostgreSQL buffers, not seconds: a claim that walked the
+    # 20,000 jobs below would cost tens of thousands of either.
+    register(store)
+    store.enqueue([spec(f"p{i}", queue="backfill", priority=9) for i in range(10_000)], T0)
+    store.enqueue([spec(f"x{i}", queue="deploy", priority=9) for i in range(10_000)], T0)
+    store.enqueue([spec("due")], T0)
+    store.pause(["backfill"])
+    store.set_limit("deploy", 1)
+    assert store.claim("w1", T0).id == "x0"
+    if isinstance(store, queuectl.PostgresStore):
+        params = {"worker": "w1", "now": T0 + 1, "queues": ["deploy", "backfill"], "held": [], "busy": []}
+        for sql in ("CLAIM_ANY_QUEUE", "POLL_ANY_QUEUE", "CLAIM_FROM_QUEUES", "POLL_FROM_QUEUES"):
+            assert _pg_buffers(store, getattr(store.sql, f"SQL_{sql}"), params) < 200, sql
+    else:
+        assert _vm_steps(store, lambda: store.due_now(T0 + 1)) < 50
+        assert _vm_steps(store, lambda: store.claim("w1", T0 + 1, ("deploy", "backfill"))) < 50
+    assert store.claim("w1", T0 + 1).id == "due"
+    assert store.claim("w1", T0 + 1) is None and not store.due_now(T0 + 1)
+
+
+def test_postgres_claims_of_a_limited_queue_wait_for_each_other_and_count_exactly(pg_url):
+    # Two transactions claim from a queue limited to 1: the second waits for the first's lock on the
+    # queue, then sees its claim and takes the job of the unlimited queue instead.
+    first, second = queuectl.PostgresStore(pg_url), queuectl.PostgresStore(pg_url)
+    try:
+        register(first, "w1")
+        register(first, "w2")
+        first.enqueue([spec("d1", queue="deploy", priority=5), spec("d2", queue="deploy", priority=5),
+                       spec("o1")], T0)
+        first.set_limit("deploy", 1)
+        claimed = {}
+        with first.conn.transaction():
+            claimed["w1"] = first._claim_in(first.conn.cursor(), "w1", T0, ())
+            thread = threading.Thread(target=lambda: claimed.update(w2=second.claim("w2", T0)))
+            thread.start()
+            wait_for(lambda: _waiting_for_a_lock(first), "the second claim to wait for the queue's lock")
+        thread.join(WAIT_S)
+        assert (claimed["w1"].id, claimed["w2"].id) == ("d1", "o1")
+    finally:
+        first.close()
+        second.close()
+
+
+def _waiting_for_a_lock(store) -> bool:
+    with store.conn.transaction(force_rollback=True):  # a savepoint inside the test's transaction
+        return bool(store.conn.execute("SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'").fetchone())
+
+
+def test_limit_and_queues_cli(db):
+    assert ok(db, "limit", "deploy", "1") == "deploy: 1\n"
+    assert ok(db, "limit", "build", "2") == "build: 2\n"
+    assert ok(db, "limit") == "build: 2\ndeploy: 1\n"
+    assert json.loads(ok(db, "limit", "--json")) == {"build": 2, "deploy": 1}
+    assert ok(db, "limit", "deploy") == "deploy: 1\n"
+    assert ok(db, "limit", "deploy", "none") == "deploy: none\n"
+    assert json.loads(ok(db, "limit", "--json")) == {"build": 2}
+    enqueue(db, id="a", command="true", queue="build")
+    rows = json.loads(ok(db, "queues", "--json"))
+    assert rows == [{"queue": "build", "jobs": {**dict.fromkeys(STATES, 0), "pending": 1}, "paused": False,
+                     "limit": 2}]
+    lines = ok(db, "queues").splitlines()
+    assert lines[0].split() == ["QUEUE", *[s.upper() for s in STATES], "LIMIT", "PAUSED"]
+    assert lines[1].split() == ["build", "1", "0", "0", "0", "0", "2", "no"]
+
+
+@sqlite_only
+@pytest.mark.parametrize("args", [("q", "0"), ("q", "-1"), ("q", "1.5"), ("q", "two"), ("q", "1000001"),
+                                  ("a*", "1"), ("q", "1", "2"), ("--json", "q")])
+def test_limit_rejects_bad_input_and_changes_nothing(db, args):
+    ok(db, "limit", "q", "3")
+    code, out, err = cli(db, "limit", *args)
+    assert (code, out) == (2, ""), err
+    assert "Traceback" not in err and err.splitlines()[-1].startswith(ERROR_PREFIX)
+    assert json.loads(ok(db, "limit", "--json")) == {"q": 3}
+
+
+def _concurrency(log_path) -> int:
+    """The most jobs running at once, from the start/end lines the jobs appended to one file."""
+    running = most = 0
+    for line in log_path.read_text().split():
+        running += 1 if line == "start" else -1
+        most = max(most, running)
+    return most
+
+
+def _recording_job(log_path, at_least=1) -> str:
+    """A job that appends start and end to log_path (appends of a line are atomic), and in between
+    waits (at most 10 s) until `at_least` jobs have started, so that many surely overlap."""
+    log = shlex.quote(str(log_path))
+    return (f"echo start >> {log}; i=0; while [ $(grep -c start {log}) -lt {at_least} ] && [ $i -lt 200 ]; "
+            f"do sleep 0.05; i=$((i+1)); done; sleep 0.2; echo end >> {log}")
+
+
+def test_limits_of_1_and_2_hold_across_workers_beside_an_unlimited_queue(db, workers, tmp_path):
+    ok(db, "limit", "deploy", "1")
+    ok(db, "limit", "build", "2")
+    logs = {q: tmp_path / f"{q}.log" for q in ("deploy", "build", "default")}
+    reach = {"deploy": 1, "build": 2, "default": 3}
+    jobs = [{"id": f"{q}{i}", "command": _recording_job(logs[q], reach[q]), "queue": q}
+            for q in logs for i in range(5)]
+    code, _, err = cli(db, "enqueue", "-", stdin="\n".join(json.dumps(j) for j in jobs))
+    assert code == 0, err
+    procs = [workers.start("--count", "4", "--burst") for _ in range(2)]
+    for proc in procs:
+        assert proc.wait() == 0, proc.log()
+    assert json.loads(ok(db, "status", "--json"))["jobs"]["completed"] == 15
+    seen = {q: _concurrency(path) for q, path in logs.items()}
+    assert (seen["deploy"], seen["build"]) == (1, 2) and seen["default"] >= 3, seen
+
+
+def test_a_full_queue_does_not_block_the_others(db, workers, tmp_path):
+    ok(db, "limit", "deploy", "1")
+    enqueue(db, id="d1", command=BLOCKING_JOB, queue="deploy", cwd=str(tmp_path), priority=20)
+    enqueue(db, id="d2", command="true", queue="deploy", priority=10)
+    workers.start("--count", "2")
+    wait_for(lambda: (tmp_path / "started").exists(), "d1 to start")
+    for i in range(3):
+        enqueue(db, id=f"o{i}", command="true")
+    wait_for(lambda: all(state_of(db, f"o{i}") == "completed" for i in range(3)), "the other queue's jobs")
+    assert (state_of(db, "d1"), state_of(db, "d2")) == ("processing", "pending")
+    (tmp_path / "release").touch()
+    wait_for(lambda: state_of(db, "d2") == "completed", "d2 once d1 is done")
+
+
+def test_kill_grace_config(db):
+    assert ok(db, "config", "get", "kill-grace") == "10\n"
+    ok(db, "config", "set", "kill-grace", "0")
+    assert ok(db, "config", "get", "kill_grace") == "0\n"
+    for bad in ("-1", "3601", "x"):
+        code, _, err = cli(db, "config", "set", "kill-grace", bad)
+        assert code == 2 and "kill-grace" in err, err
+    assert ok(db, "config", "get", "kill-grace") == "0\n"
+
+
+def run_graced(command, grace_s, timeout=0.0, abort=lambda: None):
+    job = make_job(command=command, timeout=timeout, cwd="/")
+    return queuectl.run_command(job, {"QUEUECTL_RUN": f"test/{os.getpid()}/{time.monotonic()}"}, abort,
+                                kill_grace=lambda: grace_s)
+
+
+def test_a_timeout_sends_sigterm_first_and_a_trap_can_clean_up(tmp_path):
+    marker = tmp_path / "cleaned"
+    out = run_graced(f"trap 'echo cleaning; touch {marker}; exit 3' TERM; sleep 30 & wait", 30, timeout=0.5)
+    assert out.error == "timed out after 0.5s (terminated)"
+    assert marker.exists() and b"cleaning" in out.output
+
+
+def test_a_job_that_ignores_sigterm_is_killed_after_the_grace(tmp_path):
+    pid_file = tmp_path / "pid"
+    started = time.monotonic()
+    out = run_graced(f"trap '' TERM; echo $$ > {pid_file}; sleep 30", 1, timeout=0.5)
+    assert out.error == "timed out after 0.5s (killed after 1s grace)"
+    assert time.monotonic() - started >= 1.5  # the grace was waited for, then SIGKILL
+    wait_for(lambda: pid_gone(int(pid_file.read_text())), "the job's shell to be gone")
+
+
+def test_no_grace_kills_at_once_and_a_hard_abort_cuts_the_grace_short(tmp_path):
+    assert run_graced("trap '' TERM; sleep 30", 0, timeout=0.3).error == "timed out after 0.3s"
+    stop_at = time.monotonic() + 1.0
+    reasons = iter(lambda: "canceled" if time.monotonic() < stop_at else "worker hard stop", None)
+    out = run_graced("trap '' TERM; sleep 30", 600, abort=lambda: next(reasons))
+    assert out.error == "canceled (killed: worker hard stop)" and out.interrupted == "canceled"
+
+
+def test_cancel_and_timeout_with_the_default_grace_end_to_end(db, workers, tmp_path):
+    enqueue(db, id="t", command=f"trap 'touch {tmp_path}/t.trapped; exit 0' TERM; sleep 30 & wait", timeout=1,
+            max_retries=0)
+    enqueue(db, id="c", command=f"trap 'touch {tmp_path}/c.trapped; exit 0' TERM; touch {tmp_path}/c.started; "
+            "sleep 30 & wait", max_retries=0)
+    workers.start("--count", "2")
+    wait_for(lambda: (tmp_path / "c.started").exists(), "c to start")
+    ok(db, "cancel", "c")
+    wait_for(lambda: state_of(db, "t") == "dead" and state_of(db, "c") == "dead", "both jobs to end")
+    assert get_job(db, "t")["last_error"] == "timed out after 1s (terminated)"
+    assert get_job(db, "c")["last_error"] == "canceled (terminated)"
+    assert (tmp_path / "t.trapped").exists() and (tmp_path / "c.trapped").exists()
