@@ -34,9 +34,9 @@ QUEUECTL = os.path.join(HERE, "queuectl.py")
 # ==== Helpers ======================================================================================
 
 STATES = ("pending", "processing", "completed", "failed", "dead")
-CONFIG_KEYS = ("max-retries", "backoff-base", "backoff-max", "stale-timeout", "job-timeout", "retention")
+CONFIG_KEYS = ("max-retries", "backoff-base", "backoff-max", "stale-timeout", "job-timeout", "retention", "kill-grace")
 CONFIG_DEFAULTS = {"max-retries": 3, "backoff-base": 2, "backoff-max": 3600,
-                   "stale-timeout": 10, "job-timeout": 0, "retention": 604800}
+                   "stale-timeout": 10, "job-timeout": 0, "retention": 604800, "kill-grace": 10}
 JOB_KEYS = {"id", "command", "state", "attempts", "max_retries", "timeout", "cwd", "env",
             "created_at", "updated_at", "next_run_at", "last_error", "exit_code", "worker_id",
             "run_count"}
@@ -4567,7 +4567,7 @@ def test_cancel_then_retry_on_an_idle_worker_runs_the_job_once_more(db, workers,
     _wait_started(tmp_path)
     ok(db, "cancel", "c")
     wait_for(lambda: state_of(db, "c") == "dead", "the cancel to land")
-    worker.wait_log("job c -> dead (canceled)")  # the worker is idle from here on
+    worker.wait_log("job c -> dead (canceled (terminated))")  # the worker is idle from here on
     ok(db, "dlq", "retry", "c")
     wait_for(lambda: state_of(db, "c") == "completed", "the retried job to complete")
     runs = json.loads(ok(db, "show", "c", "--json"))["runs"]
@@ -4859,7 +4859,7 @@ def test_cancel_kills_a_running_job_and_sends_it_to_the_dlq(db, workers, tmp_pat
     assert (result.returncode, result.stdout) == (0, "c1\n"), result.stderr
     wait_for(lambda: state_of(db, "c1") == "dead", "the canceled job to reach the DLQ", timeout=15)
     job = get_job(db, "c1")
-    assert job["last_error"] == "canceled"
+    assert job["last_error"] == "canceled (terminated)"  # SIGTERM (kill-grace) ended it
     assert job["runs"][-1]["outcome"] == "canceled"
     for name, pid in pids.items():
         wait_for(lambda: pid_gone(pid), f"{name} {pid} to be killed", timeout=10)
