@@ -3595,6 +3595,10 @@ def _api_workers(store: Store, q: Query, _: None) -> list[dict]:
     return worker_dicts(store, store.now())
 
 
+def _api_queues(store: Store, q: Query, _: None) -> list[dict]:
+    return store.queues()
+
+
 def _api_job(store: Store, q: Query, job_id: str) -> dict:
     return show_dict(store, job_id)
 
@@ -3636,6 +3640,7 @@ API_ROUTES = {
     ("GET", "/api/jobs/ID"): (_api_job, ()),
     ("GET", "/api/jobs/ID/logs"): (_api_logs, ("run",)),
     ("GET", "/api/workers"): (_api_workers, ()),
+    ("GET", "/api/queues"): (_api_queues, ()),
     ("POST", "/api/jobs/ID/retry"): (_api_retry, ()),
     ("POST", "/api/jobs/ID/cancel"): (_api_cancel, ()),
     ("POST", "/api/jobs/ID/delete"): (_api_delete, ()),
@@ -3901,6 +3906,7 @@ tr.selected { background: var(--hover); box-shadow: inset 3px 0 var(--pending); 
   color: #fff; background: var(--c, var(--muted)); }
 .alive { --c: var(--completed); } .stopping { --c: var(--failed); } .gone { --c: var(--dead); }
 .running { --c: var(--processing); } .lost, .stopped, .canceled { --c: var(--muted); }
+.open { --c: var(--completed); } .full { --c: var(--processing); }
 .muted { color: var(--muted); }
 .empty { color: var(--muted); text-align: center; padding: 14px; }
 dl { display: grid; grid-template-columns: 110px minmax(0, 1fr); gap: 3px 10px; margin: 0; font-size: 13px; }
@@ -3978,6 +3984,17 @@ pre { margin: 4px 0 0; max-height: 260px; overflow: auto; background: var(--code
       </table>
       <div id="outputs"></div>
     </div>
+  </section>
+  <section class="card wide">
+    <h2>Queues</h2>
+    <table>
+      <colgroup><col class="w22"><col class="w11"><col class="w11"><col class="w11"><col class="w11">
+        <col class="w11"><col class="w10"><col></colgroup>
+      <thead><tr><th>queue</th><th class="num">pending</th><th class="num">processing</th>
+        <th class="num">completed</th><th class="num">failed</th><th class="num">dead</th><th class="num">limit</th>
+        <th>status</th></tr></thead>
+      <tbody id="queues"></tbody>
+    </table>
   </section>
   <section class="card wide">
     <h2>Workers</h2>
@@ -4244,9 +4261,23 @@ async function loadWorkers() {
                      "no workers registered (start one: queuectl worker start)"))]));
 }
 
+// Queues: what `queuectl queues` prints
+async function loadQueues() {
+  const [queues] = await api("/api/queues");
+  if (!changed("queues", queues)) return;
+  const rows = queues.map((q) => h("tr", {}, h("td", {}, q.queue),
+    ...STATES.map((s) => h("td", { className: "num" }, q.jobs[s])),
+    h("td", { className: "num" }, q.limit === null ? "-" : q.limit),
+    h("td", {}, q.paused ? badge("paused", "failed") : q.limit !== null && q.jobs.processing >= q.limit
+      ? badge("full") : badge("open"))));
+  $("#queues").replaceChildren(...(rows.length ? rows
+    : [h("tr", {}, h("td", { colSpan: 8, className: "empty" }, "no queues yet"))]));
+}
+
 // Refresh loop: every panel every REFRESH_MS, with fetch; the page never reloads.
 async function update() {
-  const results = await Promise.allSettled([loadStatus(), loadChart(), loadJobs(), loadWorkers(), loadJob()]);
+  const results = await Promise.allSettled([loadStatus(), loadChart(), loadJobs(), loadQueues(), loadWorkers(),
+                                            loadJob()]);
   const failure = results.find((r) => r.status === "rejected");
   setBanner(failure ? failure.reason.message : "");
   $("#live").textContent = failure ? "not updating" : `live, updated ${when(new Date().toISOString())}`;

@@ -3073,7 +3073,7 @@ def test_config_accepts_hyphens_and_underscores(db, set_key, get_key):
 
 def test_config_set_every_key(db):
     values = {"max-retries": "0", "backoff-base": "1.5", "backoff-max": "0", "stale-timeout": "1.5",
-              "job-timeout": "30", "retention": "2"}
+              "job-timeout": "30", "retention": "2", "kill-grace": "2.5"}
     for key, value in values.items():
         ok(db, "config", "set", key, value)
     stored = json.loads(ok(db, "config", "list", "--json"))
@@ -5671,3 +5671,13 @@ def test_cancel_and_timeout_with_the_default_grace_end_to_end(db, workers, tmp_p
     assert get_job(db, "t")["last_error"] == "timed out after 1s (terminated)"
     assert get_job(db, "c")["last_error"] == "canceled (terminated)"
     assert (tmp_path / "t.trapped").exists() and (tmp_path / "c.trapped").exists()
+
+
+def test_dashboard_queues_equal_the_cli_and_the_page_has_the_table(dashboard, capsys):
+    d = dashboard()
+    with opened(d.path) as s:
+        s.set_limit("images", 2)
+    assert d.get("/api/queues") == cli_json(capsys, d.path, "queues")
+    assert [q["limit"] for q in d.get("/api/queues") if q["queue"] == "images"] == [2]
+    status, _, page = d.request("/")
+    assert status == 200 and 'id="queues"' in page and "/api/queues" in page
