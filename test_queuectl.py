@@ -5516,26 +5516,28 @@ def test_claim_and_poll_do_not_walk_a_paused_or_full_queue_backlog(store):
 
 
 def test_postgres_claims_of_a_limited_queue_wait_for_each_other_and_count_exactly(pg_url):
-    # Two transactions claim from a queue limited to 1: the second waits for the first's lock on the
-    # queue, then sees its claim and takes the job of the unlimited queue instead.
-    first, second = queuectl.PostgresStore(pg_url), queuectl.PostgresStore(pg_url)
+    # Claims from a queue limited to 1 while a first claim of it has not committed: one whose best job
+    # is in an unlimited queue goes ahead at once; one whose best job is in the limited queue waits
+    # for the first's lock on that queue, then sees its claim and takes the unlimited queue's job.
+    first, second, third = (queuectl.PostgresStore(pg_url) for _ in range(3))
     try:
-        register(first, "w1")
-        register(first, "w2")
+        for worker in ("w1", "w2", "w3"):
+            register(first, worker)
         first.enqueue([spec("d1", queue="deploy", priority=5), spec("d2", queue="deploy", priority=5),
-                       spec("o1")], T0)
+                       spec("o0", priority=9), spec("o1")], T0)
         first.set_limit("deploy", 1)
         claimed = {}
         with first.conn.transaction():
-            claimed["w1"] = first._claim_in(first.conn.cursor(), "w1", T0, ())
+            claimed["w1"] = first._claim_in(first.conn.cursor(), "w1", T0, ("deploy",))
+            claimed["w3"] = third.claim("w3", T0)  # would wait for the lock (then fail: Busy) if it took it
             thread = threading.Thread(target=lambda: claimed.update(w2=second.claim("w2", T0)))
             thread.start()
             wait_for(lambda: _waiting_for_a_lock(first), "the second claim to wait for the queue's lock")
         thread.join(WAIT_S)
-        assert (claimed["w1"].id, claimed["w2"].id) == ("d1", "o1")
+        assert {w: job.id for w, job in claimed.items()} == {"w1": "d1", "w3": "o0", "w2": "o1"}
     finally:
-        first.close()
-        second.close()
+        for store in (first, second, third):
+            store.close()
 
 
 def _waiting_for_a_lock(store) -> bool:
