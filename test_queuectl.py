@@ -5653,6 +5653,15 @@ def test_a_job_that_ignores_sigterm_is_killed_after_the_grace(tmp_path):
     wait_for(lambda: pid_gone(int(pid_file.read_text())), "the job's shell to be gone")
 
 
+def test_after_the_grace_a_process_that_left_the_group_is_still_killed(tmp_path):
+    pid_file = tmp_path / "pid"
+    command = (f"setsid sh -c 'echo $$ > {pid_file}; exec sleep 30' & "
+               f"while [ ! -s {pid_file} ]; do sleep 0.05; done; trap 'exit 0' TERM; sleep 30 & wait")
+    out = run_graced(command, 30, timeout=1)
+    assert out.error == "timed out after 1s (terminated)"
+    wait_for(lambda: pid_gone(int(pid_file.read_text())), "the process in a session of its own to be killed")
+
+
 def test_no_grace_kills_at_once_and_a_hard_abort_cuts_the_grace_short(tmp_path):
     assert run_graced("trap '' TERM; sleep 30", 0, timeout=0.3).error == "timed out after 0.3s"
     stop_at = time.monotonic() + 1.0
