@@ -5471,6 +5471,20 @@ def test_limits_keep_priority_due_time_pause_and_dependencies(store):
     assert store.claim("w1", T0).id == "top"
 
 
+def test_a_version_1_database_upgrades_and_keeps_its_jobs(db, monkeypatch):
+    with monkeypatch.context() as m:  # a queue made by the previous queuectl: schema version 1
+        m.setattr(queuectl, "SCHEMA_VERSION", 1)
+        m.setattr(queuectl, "MIGRATIONS", queuectl.MIGRATIONS[:1])
+        m.setattr(queuectl, "PG_MIGRATIONS", queuectl.PG_MIGRATIONS[:1])
+        with opened(db) as old:
+            old.enqueue([spec("low", queue="deploy"), spec("high", queue="deploy", priority=5)], T0)
+    with opened(db) as s:
+        register(s)
+        s.set_limit("deploy", 1)
+        assert s.claim("w1", T0).id == "high" and s.claim("w1", T0) is None
+        assert s.limits() == {"deploy": 1}
+
+
 def test_queues_lists_every_queue_with_jobs_a_limit_or_a_pause(store):
     register(store)
     store.enqueue([spec("a", queue="build"), spec("b", queue="build"), spec("c")], T0)
