@@ -2551,9 +2551,10 @@ class _Capture:
         deadline = time.monotonic() + grace_s
         while group_left(self.proc):
             hard = abort()
-            if hard and hard not in SOFT_STOPS or time.monotonic() >= deadline:
+            hard = None if hard in SOFT_STOPS else hard  # a cancel during a timeout's grace changes nothing
+            if hard or time.monotonic() >= deadline:
                 _kill_group(self.proc.pid)
-                return f"killed: {hard}" if hard and hard not in SOFT_STOPS else f"killed after {grace_s:g}s grace"
+                return f"killed: {hard}" if hard else f"killed after {grace_s:g}s grace"
             if any(fd == self.fd for fd, _ in self.poller.poll(GRACE_STEP_S * 1000)):
                 self._read()
             self._maybe_flush()
