@@ -5706,3 +5706,15 @@ def test_dashboard_queues_equal_the_cli_and_the_page_has_the_table(dashboard, ca
     assert [q["limit"] for q in d.get("/api/queues") if q["queue"] == "images"] == [2]
     status, _, page = d.request("/")
     assert status == 200 and 'id="queues"' in page and "/api/queues" in page
+
+
+def test_a_cancel_during_a_timeouts_grace_sends_the_job_to_the_dlq(db, workers, tmp_path):
+    ok(db, "config", "set", "kill-grace", "5")
+    enqueue(db, id="t", command=f"trap 'touch {tmp_path}/term' TERM; while :; do sleep 0.05; done", timeout=0.5,
+            max_retries=5)
+    workers.start()
+    wait_for(lambda: (tmp_path / "term").exists(), "the timed-out job to get SIGTERM")
+    ok(db, "cancel", "t")  # the job ignores SIGTERM: it is in its grace until SIGKILL comes
+    wait_for(lambda: state_of(db, "t") == "dead", "the canceled job to reach the DLQ")
+    job = get_job(db, "t")  # the timeout was its first attempt; the cancel wins over a retry
+    assert (job["last_error"], job["attempts"], len(job["runs"])) == ("canceled", 1, 1)
