@@ -5458,6 +5458,17 @@ def test_limit_counts_every_worker_and_is_honoured_when_lowered(store):
     assert store.claim("w2", T0).id == "d2"
 
 
+@pytest.mark.parametrize("queues", [(), ("deploy", "default")])
+def test_limit_holds_on_sqlite_without_returning(sqlite_store, monkeypatch, queues):
+    monkeypatch.setattr(queuectl, "HAS_RETURNING", False)  # SQLite < 3.35: choose, then update
+    register(sqlite_store)
+    sqlite_store.enqueue([spec("d1", queue="deploy", priority=5), spec("d2", queue="deploy", priority=5),
+                          spec("o1")], T0)
+    sqlite_store.set_limit("deploy", 1)
+    assert [sqlite_store.claim("w1", T0, queues).id for _ in range(2)] == ["d1", "o1"]
+    assert sqlite_store.claim("w1", T0, queues) is None
+
+
 def test_limits_keep_priority_due_time_pause_and_dependencies(store):
     register(store)
     store.set_limit("deploy", 5)
