@@ -5634,10 +5634,10 @@ def test_limits_of_1_and_2_hold_across_workers_beside_an_unlimited_queue(db, wor
 
 def test_a_full_queue_does_not_block_the_others(db, workers, tmp_path):
     ok(db, "limit", "deploy", "1")
-    enqueue(db, id="d1", command=BLOCKING_JOB, queue="deploy", cwd=str(tmp_path), priority=20)
-    enqueue(db, id="d2", command="true", queue="deploy", priority=10)
+    enqueue(db, id="d1", command=BLOCKING_JOB, queue="deploy", cwd=str(tmp_path))
     workers.start("--count", "2")
     wait_for(lambda: (tmp_path / "started").exists(), "d1 to start")
+    enqueue(db, id="d2", command="true", queue="deploy", priority=10)  # the best job, in a full queue
     for i in range(3):
         enqueue(db, id=f"o{i}", command="true")
     wait_for(lambda: all(state_of(db, f"o{i}") == "completed" for i in range(3)), "the other queue's jobs")
