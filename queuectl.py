@@ -62,11 +62,12 @@ commands:
   status, list, show, logs, stats, metrics, wait
   cancel, delete, purge   operate on jobs
   pause, resume           stop and restart claims from queues
+  limit, queues           per-queue concurrency limits; every queue with its counts, pause and limit
   dlq list|retry          the dead-letter queue
   schedule add|list|next|pause|resume|remove   recurring jobs: cron expressions or fixed intervals
   dashboard               a live web view of the queue and a JSON API (http://127.0.0.1:8321)
   config set|get|list     max-retries, backoff-base, backoff-max, stale-timeout, job-timeout, retention,
-                          output-limit
+                          output-limit, kill-grace
 """
 
 # Heavy modules (subprocess, threading, signal, select) are imported only by the worker code
@@ -138,6 +139,7 @@ SHELL_WORDS = frozenset(
     "while".split())
 MAX_PRIORITY = 1_000_000
 MAX_DEPS = 1000
+MAX_LIMIT = 1_000_000  # the largest per-queue concurrency limit
 MAX_EPOCH = 253_402_300_799  # 9999-12-31T23:59:59Z
 DEFAULT_QUEUE = "default"
 QUEUE_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
@@ -162,6 +164,8 @@ CLI_BUSY_DEADLINE_S = 5.0  # a CLI command gives up (exit 1) after retrying this
 CUT_OFF = "worker cut off from the database"  # why a worker killed runs it could no longer hold (lost runs)
 CLAIM_ANSWER_LOST = "claim answer lost"  # the error of a run recovered as a stray (see Holdings)
 HARD_STOP_S = 5.0  # a hard-stopped worker exits this long after the signal at most, whatever the database does
+SOFT_STOPS = ("timeout", "canceled")  # why a run may end in SIGTERM and kill-grace; any other reason kills at once
+GRACE_STEP_S = 0.1  # how often a run in its kill-grace is checked for having exited
 
 
 def _parse_number(text: str, *, integer: bool = False) -> float | int:
@@ -212,6 +216,8 @@ CONFIG = {
     "retention": (7 * 86400, seconds_key(0, MAX_SECONDS, "seconds >= 0 (0 = forever)")),
     # the tail of each run's output that is kept, in bytes
     "output_limit": (OUTPUT_TAIL_BYTES, lambda s: _output_limit(parse_size(s))),
+    # SIGTERM, then this long for a timed-out or canceled job to exit before SIGKILL; 0 = SIGKILL at once.
+    "kill_grace": (10, seconds_key(0, 3600, "seconds from 0 to 3600")),
 }
 
 
@@ -423,7 +429,12 @@ MIGRATIONS = [
     CREATE TABLE paused (queue TEXT PRIMARY KEY);
     CREATE TABLE config (key TEXT PRIMARY KEY, value TEXT NOT NULL);
     """,
-    "",  # 2: a number another change took
+    # 2: per-queue concurrency limits (`queuectl limit`); jobs_running counts a queue's processing
+    # jobs for the claim, an index range as long as the queue's limit.
+    """
+    CREATE TABLE queue_limits (queue TEXT PRIMARY KEY, max_running INTEGER NOT NULL);
+    CREATE INDEX jobs_running ON jobs (queue) WHERE state = 'processing';
+    """,
     # 3: recurring schedules (see "Schedules"). `job` is the template as JSON; next_run_at is the next
     # slot to fire (NULL when none comes); schedules_due makes "is any due?" one index lookup.
     """
@@ -491,18 +502,24 @@ class SqliteSQL:
         SELECT (SELECT queue FROM jobs INDEXED BY jobs_claim WHERE {SQL_READY} AND queue > q.name
                 ORDER BY queue LIMIT 1)
         FROM q WHERE q.name IS NOT NULL)"""
-    # The best ready job of each such queue that is not paused (NULL for a queue with none). The due
-    # check only matters when clocks disagree (a job enqueued by a host whose clock runs ahead).
+    # The best ready job of each such queue that is neither paused nor full (NULL for a queue with none).
+    # The due check only matters when clocks disagree (a job enqueued by a host whose clock runs ahead).
     SQL_HEADS = f"""WITH RECURSIVE {{queue_set}}
         SELECT (SELECT seq FROM jobs INDEXED BY jobs_claim WHERE {SQL_READY} AND queue = q.name AND next_run_at <= ?
                 ORDER BY priority DESC, next_run_at, seq LIMIT 1) AS seq
-        FROM q WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))"""
+        FROM q WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+          AND NOT EXISTS (SELECT 1 FROM queue_limits AS l WHERE l.queue = q.name  -- full: at its limit
+                          AND l.max_running <= (SELECT count(*) FROM jobs INDEXED BY jobs_running
+                                                WHERE state = 'processing' AND queue = q.name))"""
     # A worker whose registration was removed (presumed dead) cannot claim: its jobs would be orphans.
     SQL_REGISTERED = "SELECT 1 FROM workers WHERE id = ?"
     SQL_CLAIM_SET = "UPDATE jobs SET state = 'processing', worker_id = ?, run_count = run_count + 1, updated_at = ? "
     # The claim, one statement: the head of each queue it may serve, then the best of those heads
     # (parameters :worker, :now and, for served queues, :queues, a JSON array of names). The due
     # check only matters when clocks disagree (a job enqueued by a host whose clock runs ahead).
+    # A queue is full when it has as many processing jobs as its limit (`queuectl limit`): BEGIN
+    # IMMEDIATE makes every claim see every other's, so the count is exact; a full queue, like a
+    # paused one, costs one index seek and a count of at most its limit, whatever its backlog.
     SQL_CLAIM_ANY_QUEUE = """
     WITH RECURSIVE q(name) AS (  -- every queue with a ready job: one index seek per queue (a skip-scan)
         SELECT (SELECT queue FROM jobs INDEXED BY jobs_claim
@@ -512,11 +529,14 @@ class SqliteSQL:
                 WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue > q.name
                 ORDER BY queue LIMIT 1)
         FROM q WHERE q.name IS NOT NULL),
-    heads(seq) AS (  -- the best ready job of each such queue that is not paused
+    heads(seq) AS (  -- the best ready job of each such queue that is neither paused nor full
         SELECT (SELECT seq FROM jobs INDEXED BY jobs_claim
                 WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue = q.name
                 AND next_run_at <= :now ORDER BY priority DESC, next_run_at, seq LIMIT 1)
-        FROM q WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*')))
+        FROM q WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+          AND NOT EXISTS (SELECT 1 FROM queue_limits AS l WHERE l.queue = q.name  -- full: at its limit
+                          AND l.max_running <= (SELECT count(*) FROM jobs INDEXED BY jobs_running
+                                                WHERE state = 'processing' AND queue = q.name)))
     UPDATE jobs SET state = 'processing', worker_id = :worker, run_count = run_count + 1, updated_at = :now
     WHERE id = (SELECT id FROM jobs WHERE seq IN (SELECT seq FROM heads) ORDER BY priority DESC, next_run_at, seq
                 LIMIT 1)
@@ -525,11 +545,14 @@ class SqliteSQL:
               last_error, exit_code, worker_id, run_count, lost_count, priority, queue, waiting_on"""
     SQL_CLAIM_FROM_QUEUES = """
     WITH q(name) AS (SELECT value FROM json_each(:queues)),  -- the queues of `worker start --queue`
-    heads(seq) AS (  -- the best ready job of each such queue that is not paused
+    heads(seq) AS (  -- the best ready job of each such queue that is neither paused nor full
         SELECT (SELECT seq FROM jobs INDEXED BY jobs_claim
                 WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue = q.name
                 AND next_run_at <= :now ORDER BY priority DESC, next_run_at, seq LIMIT 1)
-        FROM q WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*')))
+        FROM q WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+          AND NOT EXISTS (SELECT 1 FROM queue_limits AS l WHERE l.queue = q.name  -- full: at its limit
+                          AND l.max_running <= (SELECT count(*) FROM jobs INDEXED BY jobs_running
+                                                WHERE state = 'processing' AND queue = q.name)))
     UPDATE jobs SET state = 'processing', worker_id = :worker, run_count = run_count + 1, updated_at = :now
     WHERE id = (SELECT id FROM jobs WHERE seq IN (SELECT seq FROM heads) ORDER BY priority DESC, next_run_at, seq
                 LIMIT 1)
@@ -546,19 +569,25 @@ class SqliteSQL:
                 WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue > q.name
                 ORDER BY queue LIMIT 1)
         FROM q WHERE q.name IS NOT NULL),
-    heads(seq) AS (  -- the best ready job of each such queue that is not paused
+    heads(seq) AS (  -- the best ready job of each such queue that is neither paused nor full
         SELECT (SELECT seq FROM jobs INDEXED BY jobs_claim
                 WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue = q.name
                 AND next_run_at <= :now ORDER BY priority DESC, next_run_at, seq LIMIT 1)
-        FROM q WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*')))
+        FROM q WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+          AND NOT EXISTS (SELECT 1 FROM queue_limits AS l WHERE l.queue = q.name  -- full: at its limit
+                          AND l.max_running <= (SELECT count(*) FROM jobs INDEXED BY jobs_running
+                                                WHERE state = 'processing' AND queue = q.name)))
     SELECT id FROM jobs WHERE seq IN (SELECT seq FROM heads) ORDER BY priority DESC, next_run_at, seq LIMIT 1"""
     SQL_NEXT_DUE_FROM_QUEUES = """
     WITH q(name) AS (SELECT value FROM json_each(:queues)),  -- the queues of `worker start --queue`
-    heads(seq) AS (  -- the best ready job of each such queue that is not paused
+    heads(seq) AS (  -- the best ready job of each such queue that is neither paused nor full
         SELECT (SELECT seq FROM jobs INDEXED BY jobs_claim
                 WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue = q.name
                 AND next_run_at <= :now ORDER BY priority DESC, next_run_at, seq LIMIT 1)
-        FROM q WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*')))
+        FROM q WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+          AND NOT EXISTS (SELECT 1 FROM queue_limits AS l WHERE l.queue = q.name  -- full: at its limit
+                          AND l.max_running <= (SELECT count(*) FROM jobs INDEXED BY jobs_running
+                                                WHERE state = 'processing' AND queue = q.name)))
     SELECT id FROM jobs WHERE seq IN (SELECT seq FROM heads) ORDER BY priority DESC, next_run_at, seq LIMIT 1"""
     SQL_CLAIM_ID = SQL_CLAIM_SET + "WHERE id = ? AND state IN ('pending', 'failed')"
     SQL_ANY_STAGED = f"SELECT 1 FROM jobs INDEXED BY jobs_staged WHERE {SQL_STAGED} AND next_run_at <= ? LIMIT 1"
@@ -667,6 +696,10 @@ class SqliteSQL:
     SQL_RESUME = "DELETE FROM paused WHERE queue = ?"
     SQL_RESUME_ALL = "DELETE FROM paused"
     SQL_PAUSED = "SELECT queue FROM paused ORDER BY queue"
+    SQL_SET_LIMIT = ("INSERT INTO queue_limits (queue, max_running) VALUES (?, ?) "
+                     "ON CONFLICT (queue) DO UPDATE SET max_running = excluded.max_running")
+    SQL_REMOVE_LIMIT = "DELETE FROM queue_limits WHERE queue = ?"
+    SQL_LIMITS = "SELECT queue, max_running FROM queue_limits ORDER BY queue"
     SQL_REGISTER = ("INSERT INTO workers (id, host, pid, proc_start, boot_id, pid_ns, threads, started_at, "
                     "heartbeat_at, queues) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
     SQL_HEARTBEAT = "UPDATE workers SET heartbeat_at = ?, beat = beat + 1 WHERE id = ?"
@@ -1121,7 +1154,8 @@ class Store:
             flag = cur.execute(self.sql.SQL_CANCEL_FLAG, (job.id, worker_id, job.run_count)).fetchone()
             if flag is None:
                 return None
-            state, error = interrupt_rule(job.lost_count + lost, lost, bool(flag[0]), stuck)
+            state, error = interrupt_rule(job.lost_count + lost, lost, bool(flag[0]), stuck,
+                                          outcome.error if outcome.interrupted == "canceled" else "canceled")
             cur.execute(self.sql.SQL_REQUEUE, (state, int(lost), error, now, now, job.id, worker_id, job.run_count))
             self._close_run(cur, job, "canceled" if flag[0] else "lost" if lost else "stopped", outcome, now)
             self._settle_dependents(cur, job.id, state, now)
@@ -1279,6 +1313,30 @@ class Store:
     def paused(self) -> list[str]:
         """Paused queue names ('*' = everything)."""
         return [r[0] for r in self.read(self.sql.SQL_PAUSED)]
+
+    def set_limit(self, queue: str, max_running: int | None) -> None:
+        """At most `max_running` jobs of `queue` processing at once (None: no limit)."""
+        def set_limit(cur):
+            if max_running is None:
+                cur.execute(self.sql.SQL_REMOVE_LIMIT, (queue,))
+            else:
+                cur.execute(self.sql.SQL_SET_LIMIT, (queue, max_running))
+            self._wake_workers(cur)  # a raised or removed limit may let a waiting job run now
+        self.write(set_limit)
+
+    def limits(self) -> dict[str, int]:
+        """Queue name -> its limit, for the queues that have one."""
+        return dict(self.read(self.sql.SQL_LIMITS))
+
+    def queues(self) -> list[dict]:
+        """Every queue that has jobs, a limit or a pause: its counts by state, paused, limit; by name."""
+        counts: dict[str, dict[str, int]] = {}
+        for queue, state, n in self.read(self.sql.SQL_QUEUE_COUNTS):
+            counts.setdefault(queue, dict.fromkeys(STATES, 0))[state] = n
+        paused, limits = set(self.paused()), self.limits()
+        names = sorted(set(counts) | set(limits) | (paused - {"*"}))
+        return [{"queue": q, "jobs": counts.get(q, dict.fromkeys(STATES, 0)), "paused": bool(paused & {q, "*"}),
+                 "limit": limits.get(q)} for q in names]
 
     def stats(self, since: float, now: float) -> dict:
         """Outcome counts, duration and wait percentiles over runs that ended since `since`."""
@@ -1858,7 +1916,15 @@ PG_MIGRATIONS = [
     CREATE TABLE paused (queue TEXT PRIMARY KEY);
     CREATE TABLE config (key TEXT PRIMARY KEY, value TEXT NOT NULL)
     """,
-    "",  # 2: a number another change took
+    # 2: as SQLite's migration 2; and jobs_claim now leads with the queue, as SQLite's always did, so
+    # the claim looks at each queue's head (a paused or full queue's backlog costs it one index seek).
+    """
+    CREATE TABLE queue_limits (queue TEXT PRIMARY KEY, max_running BIGINT NOT NULL);
+    CREATE INDEX jobs_running ON jobs (queue) WHERE state = 'processing';
+    DROP INDEX jobs_claim;
+    CREATE INDEX jobs_claim ON jobs (queue, priority DESC, next_run_at, seq)
+        WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1
+    """,
     # 3: as SQLite's migration 3.
     """
     CREATE TABLE schedules (
@@ -1927,47 +1993,108 @@ class PostgresSQL:
     WHERE seq IN (SELECT seq FROM jobs
                   WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= %s
                   FOR UPDATE SKIP LOCKED)"""
-    # The claim, one statement (parameters %(worker)s, %(now)s and, for served queues, %(queues)s, a
-    # list of names): the best ready, due job of a queue that is not paused, walking jobs_claim in
-    # claim order and skipping rows other claimers hold; the worker row is read FOR KEY SHARE, so a
-    # sweeper that deletes it (drop_worker) either waits for this claim and then adopts the job, or
-    # has deleted it and this claim takes nothing. The due check only matters when clocks disagree.
+    # The claim, as SQLite's: the head of each queue it may serve (jobs_claim leads with the queue), then
+    # the best of those heads, so a paused or full queue costs one index seek whatever its backlog.
+    # Parameters %(worker)s, %(now)s, for served queues %(queues)s (a list of names), and the limited
+    # queues whose row this transaction has locked (%(held)s) or found locked (%(busy)s). Each head is
+    # taken FOR UPDATE SKIP LOCKED, so concurrent claims take different jobs and never wait for each
+    # other; the worker row is read FOR KEY SHARE, so a sweeper that deletes it (drop_worker) either
+    # waits for this claim and then adopts the job, or has deleted it and this claim takes nothing.
+    # A queue with a limit is claimed from only under a lock on its queue_limits row (see _claim_in):
+    # READ COMMITTED gives each statement its own snapshot, and only a statement that starts after
+    # the lock is granted counts every claim committed by the previous holder. So when the best head
+    # is in a limited queue this statement claims nothing and returns that queue (free = false), and
+    # the claim runs it again holding the lock. Claims of unlimited queues take no such lock and stay
+    # concurrent; a queue full by this snapshot is skipped without its lock. The statement returns
+    # (best queue, free, the claimed job's columns or NULLs), or no row when no queue has a due job.
     SQL_CLAIM_ANY_QUEUE = """
-    UPDATE jobs SET state = 'processing', worker_id = %(worker)s, run_count = run_count + 1, updated_at = %(now)s
-    WHERE seq = (SELECT seq FROM jobs
-                 WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND next_run_at <= %(now)s
-                   AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*'))
-                 ORDER BY priority DESC, next_run_at, seq
-                 LIMIT 1
-                 FOR UPDATE SKIP LOCKED)
-      AND EXISTS (SELECT 1 FROM workers WHERE id = %(worker)s FOR KEY SHARE)
-    RETURNING id, command, state, attempts, max_retries, timeout_s, cwd, env, created_at, updated_at, next_run_at,
-              last_error, exit_code, worker_id, run_count, lost_count, priority, queue, waiting_on"""
+    WITH RECURSIVE q(name) AS (  -- every queue with a ready job: one index seek per queue (a skip-scan)
+        SELECT (SELECT queue FROM jobs WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1
+                ORDER BY queue LIMIT 1)
+        UNION ALL
+        SELECT (SELECT queue FROM jobs WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1
+                  AND queue > q.name ORDER BY queue LIMIT 1)
+        FROM q WHERE q.name IS NOT NULL),
+    eligible(name, free) AS (  -- not paused, not full; free: no limit, or this claim holds the queue's lock
+        SELECT q.name, l.queue IS NULL OR q.name = ANY(%(held)s::text[])
+        FROM q LEFT JOIN queue_limits AS l ON l.queue = q.name
+        WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+          AND NOT q.name = ANY(%(busy)s::text[])
+          AND (l.queue IS NULL OR l.max_running > (SELECT count(*) FROM jobs
+                                                   WHERE state = 'processing' AND queue = q.name))),
+    heads AS (  -- the best ready, due job of each, skipping rows other claimers hold
+        SELECT eligible.name, eligible.free, head.* FROM eligible CROSS JOIN LATERAL (
+            SELECT seq, priority, next_run_at FROM jobs
+            WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue = eligible.name
+              AND next_run_at <= %(now)s
+            ORDER BY priority DESC, next_run_at, seq LIMIT 1 FOR UPDATE SKIP LOCKED) AS head),
+    best AS (SELECT * FROM heads ORDER BY priority DESC, next_run_at, seq LIMIT 1),
+    claimed AS (
+        UPDATE jobs SET state = 'processing', worker_id = %(worker)s, run_count = run_count + 1, updated_at = %(now)s
+        FROM best WHERE jobs.seq = best.seq AND best.free
+          AND EXISTS (SELECT 1 FROM workers WHERE id = %(worker)s FOR KEY SHARE)
+        RETURNING jobs.id, jobs.command, jobs.state, jobs.attempts, jobs.max_retries, jobs.timeout_s, jobs.cwd,
+                  jobs.env, jobs.created_at, jobs.updated_at, jobs.next_run_at, jobs.last_error, jobs.exit_code,
+                  jobs.worker_id, jobs.run_count, jobs.lost_count, jobs.priority, jobs.queue, jobs.waiting_on)
+    SELECT best.name, best.free, claimed.* FROM best LEFT JOIN claimed ON true"""
     SQL_CLAIM_FROM_QUEUES = """
-    UPDATE jobs SET state = 'processing', worker_id = %(worker)s, run_count = run_count + 1, updated_at = %(now)s
-    WHERE seq = (SELECT seq FROM jobs
-                 WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND next_run_at <= %(now)s
-                   AND queue = ANY(%(queues)s)
-                   AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*'))
-                 ORDER BY priority DESC, next_run_at, seq
-                 LIMIT 1
-                 FOR UPDATE SKIP LOCKED)
-      AND EXISTS (SELECT 1 FROM workers WHERE id = %(worker)s FOR KEY SHARE)
-    RETURNING id, command, state, attempts, max_retries, timeout_s, cwd, env, created_at, updated_at, next_run_at,
-              last_error, exit_code, worker_id, run_count, lost_count, priority, queue, waiting_on"""
-    # The poller, as SQLite's: a ready, due job in an unpaused queue we serve, or a staged job that has
-    # fallen due anywhere (a claim promotes it).
+    WITH q(name) AS (SELECT unnest(%(queues)s::text[])),  -- the queues of `worker start --queue`
+    eligible(name, free) AS (  -- not paused, not full; free: no limit, or this claim holds the queue's lock
+        SELECT q.name, l.queue IS NULL OR q.name = ANY(%(held)s::text[])
+        FROM q LEFT JOIN queue_limits AS l ON l.queue = q.name
+        WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+          AND NOT q.name = ANY(%(busy)s::text[])
+          AND (l.queue IS NULL OR l.max_running > (SELECT count(*) FROM jobs
+                                                   WHERE state = 'processing' AND queue = q.name))),
+    heads AS (  -- the best ready, due job of each, skipping rows other claimers hold
+        SELECT eligible.name, eligible.free, head.* FROM eligible CROSS JOIN LATERAL (
+            SELECT seq, priority, next_run_at FROM jobs
+            WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue = eligible.name
+              AND next_run_at <= %(now)s
+            ORDER BY priority DESC, next_run_at, seq LIMIT 1 FOR UPDATE SKIP LOCKED) AS head),
+    best AS (SELECT * FROM heads ORDER BY priority DESC, next_run_at, seq LIMIT 1),
+    claimed AS (
+        UPDATE jobs SET state = 'processing', worker_id = %(worker)s, run_count = run_count + 1, updated_at = %(now)s
+        FROM best WHERE jobs.seq = best.seq AND best.free
+          AND EXISTS (SELECT 1 FROM workers WHERE id = %(worker)s FOR KEY SHARE)
+        RETURNING jobs.id, jobs.command, jobs.state, jobs.attempts, jobs.max_retries, jobs.timeout_s, jobs.cwd,
+                  jobs.env, jobs.created_at, jobs.updated_at, jobs.next_run_at, jobs.last_error, jobs.exit_code,
+                  jobs.worker_id, jobs.run_count, jobs.lost_count, jobs.priority, jobs.queue, jobs.waiting_on)
+    SELECT best.name, best.free, claimed.* FROM best LEFT JOIN claimed ON true"""
+    # Serialises the claims of one limited queue until commit: the first lock a claim waits for; a
+    # second one it only tries (SKIP LOCKED), so two claims never wait for each other's locks.
+    SQL_LOCK_QUEUE = "SELECT 1 FROM queue_limits WHERE queue = %s FOR UPDATE"
+    SQL_TRY_LOCK_QUEUE = "SELECT 1 FROM queue_limits WHERE queue = %s FOR UPDATE SKIP LOCKED"
+    # The poller, as SQLite's: a ready, due job in a queue we serve that is neither paused nor full,
+    # or a staged job that has fallen due anywhere (a claim promotes it).
     SQL_POLL_ANY_QUEUE = """
-    SELECT EXISTS (SELECT 1 FROM jobs
-                   WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND next_run_at <= %(now)s
-                     AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')))
+    WITH RECURSIVE q(name) AS (  -- every queue with a ready job: one index seek per queue (a skip-scan)
+        SELECT (SELECT queue FROM jobs WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1
+                ORDER BY queue LIMIT 1)
+        UNION ALL
+        SELECT (SELECT queue FROM jobs WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1
+                  AND queue > q.name ORDER BY queue LIMIT 1)
+        FROM q WHERE q.name IS NOT NULL),
+    eligible(name) AS (  -- not paused, not full
+        SELECT q.name FROM q LEFT JOIN queue_limits AS l ON l.queue = q.name
+        WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+          AND (l.queue IS NULL OR l.max_running > (SELECT count(*) FROM jobs
+                                                   WHERE state = 'processing' AND queue = q.name)))
+    SELECT EXISTS (SELECT 1 FROM eligible CROSS JOIN LATERAL (  -- LIMIT: a seek per queue, never a join of all
+                       SELECT 1 FROM jobs WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1
+                         AND queue = eligible.name AND next_run_at <= %(now)s LIMIT 1) AS head)
         OR EXISTS (SELECT 1 FROM jobs
                    WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= %(now)s)"""
     SQL_POLL_FROM_QUEUES = """
-    SELECT EXISTS (SELECT 1 FROM jobs
-                   WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND next_run_at <= %(now)s
-                     AND queue = ANY(%(queues)s)
-                     AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')))
+    WITH q(name) AS (SELECT unnest(%(queues)s::text[])),  -- the queues of `worker start --queue`
+    eligible(name) AS (  -- not paused, not full
+        SELECT q.name FROM q LEFT JOIN queue_limits AS l ON l.queue = q.name
+        WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+          AND (l.queue IS NULL OR l.max_running > (SELECT count(*) FROM jobs
+                                                   WHERE state = 'processing' AND queue = q.name)))
+    SELECT EXISTS (SELECT 1 FROM eligible CROSS JOIN LATERAL (  -- LIMIT: a seek per queue, never a join of all
+                       SELECT 1 FROM jobs WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1
+                         AND queue = eligible.name AND next_run_at <= %(now)s LIMIT 1) AS head)
         OR EXISTS (SELECT 1 FROM jobs
                    WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= %(now)s)"""
     # --burst: is anything processing in our queues, or due within the horizon (ready or staged) in
@@ -2067,6 +2194,10 @@ class PostgresSQL:
     SQL_RESUME = "DELETE FROM paused WHERE queue = %s"
     SQL_RESUME_ALL = "DELETE FROM paused"
     SQL_PAUSED = "SELECT queue FROM paused ORDER BY queue"
+    SQL_SET_LIMIT = ("INSERT INTO queue_limits (queue, max_running) VALUES (%s, %s) "
+                     "ON CONFLICT (queue) DO UPDATE SET max_running = excluded.max_running")
+    SQL_REMOVE_LIMIT = "DELETE FROM queue_limits WHERE queue = %s"
+    SQL_LIMITS = "SELECT queue, max_running FROM queue_limits ORDER BY queue"
     SQL_REGISTER = ("INSERT INTO workers (id, host, pid, proc_start, boot_id, pid_ns, threads, started_at, "
                     "heartbeat_at, queues) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
     SQL_HEARTBEAT = "UPDATE workers SET heartbeat_at = %s, beat = beat + 1 WHERE id = %s"
@@ -2418,12 +2549,19 @@ class PostgresStore(Store):
 
     def _claim_in(self, cur, worker_id: str, now: float, queues: tuple) -> Job | None:
         cur.execute(self.sql.SQL_PROMOTE, (now,))
-        params = {"worker": worker_id, "now": now, "queues": list(queues)}
+        params = {"worker": worker_id, "now": now, "queues": list(queues), "held": [], "busy": []}
         sql = self.sql.SQL_CLAIM_FROM_QUEUES if queues else self.sql.SQL_CLAIM_ANY_QUEUE
-        row = cur.execute(sql, params).fetchone()
-        if row is None:
+        while True:  # once, plus once more per limited queue whose lock it takes or finds taken
+            row = cur.execute(sql, params).fetchone()
+            if row is None or row[1]:  # no due job; or claimed, unless our registration is gone
+                break
+            # The best job is in a limited queue: lock it and look again, in a snapshot that sees every
+            # claim of that queue. A claim holding one queue's lock only tries another's: no deadlock.
+            lock = self.sql.SQL_TRY_LOCK_QUEUE if params["held"] else self.sql.SQL_LOCK_QUEUE
+            params["held" if cur.execute(lock, (row[0],)).fetchone() else "busy"].append(row[0])
+        if row is None or row[2] is None:
             return None
-        job = Job.from_row(row)
+        job = Job.from_row(row[2:])
         cur.execute(self.sql.SQL_INSERT_RUN, (job.id, job.run_count, worker_id, now, job.next_run_at))
         return job
 
@@ -2486,13 +2624,15 @@ def percentiles(values) -> tuple:
     return ordered[-1], rank(0.5), rank(0.95)
 
 
-def interrupt_rule(lost_total: int, lost: bool, canceled: bool, stuck: str | None = None) -> tuple[str, str | None]:
-    """(state, last_error) for a run cut short: canceled -> DLQ; lost too often -> DLQ; a leftover
-    process that could not be killed (`stuck`) -> DLQ, as a rerun could overlap it; else pending."""
+def interrupt_rule(lost_total: int, lost: bool, canceled: bool, stuck: str | None = None,
+                   cancel_error: str = "canceled") -> tuple[str, str | None]:
+    """(state, last_error) for a run cut short: canceled -> DLQ (`cancel_error` says how it ended,
+    "canceled (terminated)"); lost too often -> DLQ; a leftover process that could not be killed
+    (`stuck`) -> DLQ, as a rerun could overlap it; else pending."""
     if stuck:
         return DEAD, stuck
     if canceled:
-        return DEAD, "canceled"
+        return DEAD, cancel_error
     if lost and lost_total >= LOST_WORKER_CAP:
         return DEAD, f"worker lost {lost_total} times (the job may be killing its worker)"
     return PENDING, None
@@ -2987,13 +3127,14 @@ class ScheduleFirer:
 # ==== Execution ==================================================================================
 
 def run_command(job: Job, env_extra: dict, abort, on_output=None, *, die_with_worker: bool = False,
-                keep_bytes: int = OUTPUT_TAIL_BYTES) -> Outcome:
+                keep_bytes: int = OUTPUT_TAIL_BYTES, kill_grace=lambda: 0) -> Outcome:
     """Run a job's command in its own session; keep the last `keep_bytes` of its output (output-limit).
 
     `abort()` is polled while the command runs; when it returns a reason the process group is
     killed and the outcome is marked interrupted. `on_output(tail, total)` is called at most every
     OUTPUT_FLUSH_S while a long job prints, so its output can be followed live. `die_with_worker`:
-    see _die_with_runner.
+    see _die_with_runner. `kill_grace()`: the seconds a timed-out or canceled run gets between
+    SIGTERM and SIGKILL (see _Capture.stop).
     """
     import subprocess
     started = time.monotonic()
@@ -3004,10 +3145,10 @@ def run_command(job: Job, env_extra: dict, abort, on_output=None, *, die_with_wo
         error = f"cannot start: {e.strerror}: {job.cwd}" if isinstance(e, FileNotFoundError) else f"cannot start: {e}"
         return Outcome(None, error, b"", time.monotonic() - started)
     capture = _Capture(proc, started, on_output, keep_bytes)
-    reason = capture.collect(job.timeout, abort)
+    reason, ended = capture.collect(job.timeout, abort, kill_grace)
     stuck = end_run(proc, env_extra.get("QUEUECTL_RUN", "")) if reason else None
     proc.stdout.close()
-    outcome = _outcome(proc.returncode, reason, bytes(capture.tail), time.monotonic() - started, job.timeout)
+    outcome = _outcome(proc.returncode, reason, bytes(capture.tail), time.monotonic() - started, job.timeout, ended)
     outcome.output_bytes, outcome.stuck = capture.total, stuck
     return outcome
 
@@ -3266,28 +3407,54 @@ class _Capture:
         self.tail, self.total, self.eof = bytearray(), 0, False
         self.flushed_at, self.flushed_total = started, 0
 
-    def collect(self, timeout_s: float, abort) -> str | None:
-        """Read until the shell exits, a timeout or an abort; returns why it was cut short, if it was."""
+    def collect(self, timeout_s: float, abort, kill_grace) -> tuple[str | None, str | None]:
+        """Read until the shell exits, a timeout or an abort; returns why it was cut short, if it was,
+        and how it ended then (see stop)."""
         try:
-            return self._loop(timeout_s, abort)
+            return self._loop(timeout_s, abort, kill_grace)
         finally:
             if self.pidfd is not None:
                 os.close(self.pidfd)
 
-    def _loop(self, timeout_s: float, abort) -> str | None:
+    def _loop(self, timeout_s: float, abort, kill_grace) -> tuple[str | None, str | None]:
         while True:
             reason = "timeout" if timeout_s and time.monotonic() - self.started > timeout_s else abort()
             if reason:
-                _kill_group(self.proc.pid)  # not reaped here: see end_run
-                return reason
+                return reason, self.stop(reason, abort, kill_grace() if reason in SOFT_STOPS else 0)
             if self.proc.poll() is not None:
                 self._drain()
-                return None
+                return None, None
             if self.eof and self.pidfd is None:
                 _wait_a_little(self.proc)  # output closed, shell still running
             elif any(fd == self.fd for fd, _ in self.poller.poll(250)):
                 self._read()
             self._maybe_flush()
+
+    def stop(self, reason: str, abort, grace_s: float) -> str | None:
+        """End the run's process group (not reaped here: see end_run) and return how, for last_error.
+
+        With a grace, SIGTERM first, and SIGKILL once the grace is over if any process of the group
+        is still there ("killed after 10s grace"), else "terminated". Meanwhile its output is still
+        read and the worker still heartbeats; a hard reason to abort (a hard stop, a lost
+        registration, a cut-off from the database) ends the grace at once, as a cancel does not.
+        """
+        if not grace_s:
+            _kill_group(self.proc.pid)
+            return None
+        _kill_group(self.proc.pid, "SIGTERM")
+        if self.pidfd is not None:
+            self.poller.unregister(self.pidfd)  # readable for good once the shell exits: poll() would spin
+        deadline = time.monotonic() + grace_s
+        while group_left(self.proc):
+            hard = abort()
+            hard = None if hard in SOFT_STOPS else hard  # a cancel during a timeout's grace changes nothing
+            if hard or time.monotonic() >= deadline:
+                _kill_group(self.proc.pid)
+                return f"killed: {hard}" if hard else f"killed after {grace_s:g}s grace"
+            if any(fd == self.fd for fd, _ in self.poller.poll(GRACE_STEP_S * 1000)):
+                self._read()
+            self._maybe_flush()
+        return "terminated"
 
     def _drain(self) -> None:
         # The shell exited. Take what is buffered, but do not wait for EOF: a background child
@@ -3330,19 +3497,32 @@ def _wait_a_little(proc) -> None:
         pass
 
 
-def _kill_group(pgid: int) -> None:
+def _kill_group(pgid: int, signal_name: str = "SIGKILL") -> None:
     import signal
     with contextlib.suppress(ProcessLookupError, PermissionError):  # gone, or a setuid leader
-        os.killpg(pgid, signal.SIGKILL)
+        os.killpg(pgid, getattr(signal, signal_name))
 
 
-def _outcome(code: int, reason: str | None, output: bytes, duration: float, timeout_s: float) -> Outcome:
-    """Turn a return code and an interruption reason into an Outcome with a clear error."""
+def group_left(proc) -> bool:
+    """True while a process of the run's group (the job's first process is its leader) has not
+    exited. The leader is reaped here; any other member that exited counts as gone even if nobody
+    reaps it (a zombie, as orphans here may stay)."""
+    if proc.poll() is None:
+        return True
+    return any(fields and fields[2] == str(proc.pid) and proc_start_time(pid)
+               for pid in _pids() for fields in [_stat_fields(pid)])
+
+
+def _outcome(code: int, reason: str | None, output: bytes, duration: float, timeout_s: float,
+             ended: str | None = None) -> Outcome:
+    """Turn a return code and an interruption reason (and how the run then ended, see
+    _Capture.stop) into an Outcome with a clear error."""
     import signal
+    how = f" ({ended})" if ended else ""
     if reason == "timeout":
-        return Outcome(None, f"timed out after {timeout_s:g}s", output, duration)
+        return Outcome(None, f"timed out after {timeout_s:g}s{how}", output, duration)
     if reason:
-        return Outcome(None, reason, output, duration, interrupted=reason)
+        return Outcome(None, reason + how, output, duration, interrupted=reason)
     if code < 0:
         name = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
         return Outcome(128 - code, f"killed by signal {name}", output, duration)
@@ -3659,7 +3839,7 @@ class Runner:
     def _run_command(self, job: Job, env: dict, abort, on_output) -> Outcome:
         # Jobs die with their worker where other hosts may rerun them; output-limit as last read.
         return run_command(job, env, abort, on_output, die_with_worker=self.store.shared_by_hosts,
-                           keep_bytes=self._settings()["output_limit"])
+                           keep_bytes=self._settings()["output_limit"], kill_grace=self._kill_grace)
 
     def _flush(self, job: Job, tail: bytes, total: int) -> None:
         """Best effort: a busy database must not stall the job's output pipe. The loop that calls this
@@ -3717,6 +3897,13 @@ class Runner:
         if mono - self.settings_at > 1.0:
             self.settings, self.settings_at = self.store.config_all(), mono
         return self.settings
+
+    def _kill_grace(self) -> float:
+        """kill-grace as last read; the default if the database cannot say now (the run must end anyway)."""
+        try:
+            return self._settings()["kill_grace"]
+        except (QueueError, sqlite3.Error):
+            return self.settings.get("kill_grace", CONFIG["kill_grace"][0])
 
 
 def _log_result(job: Job, after: Job | None, outcome: Outcome) -> None:
@@ -4531,6 +4718,10 @@ def _api_schedules(store: Store, q: Query, _: None) -> list[dict]:
     return [schedule.to_dict() for schedule in store.schedules()]
 
 
+def _api_queues(store: Store, q: Query, _: None) -> list[dict]:
+    return store.queues()
+
+
 def _api_job(store: Store, q: Query, job_id: str) -> dict:
     return show_dict(store, job_id)
 
@@ -4579,6 +4770,7 @@ API_ROUTES = {
     ("GET", "/api/workers"): (_api_workers, ()),
     ("GET", "/metrics"): (_api_metrics, ()),
     ("GET", "/api/schedules"): (_api_schedules, ()),
+    ("GET", "/api/queues"): (_api_queues, ()),
     ("POST", "/api/jobs/ID/retry"): (_api_retry, ()),
     ("POST", "/api/jobs/ID/cancel"): (_api_cancel, ()),
     ("POST", "/api/jobs/ID/delete"): (_api_delete, ()),
@@ -4845,6 +5037,7 @@ tr.selected { background: var(--hover); box-shadow: inset 3px 0 var(--pending); 
   color: #fff; background: var(--c, var(--muted)); }
 .alive { --c: var(--completed); } .stopping { --c: var(--failed); } .gone { --c: var(--dead); }
 .running { --c: var(--processing); } .lost, .stopped, .canceled { --c: var(--muted); }
+.open { --c: var(--completed); } .full { --c: var(--processing); }
 .muted { color: var(--muted); }
 .empty { color: var(--muted); text-align: center; padding: 14px; }
 dl { display: grid; grid-template-columns: 110px minmax(0, 1fr); gap: 3px 10px; margin: 0; font-size: 13px; }
@@ -4923,6 +5116,17 @@ pre { margin: 4px 0 0; max-height: 260px; overflow: auto; background: var(--code
       </table>
       <div id="outputs"></div>
     </div>
+  </section>
+  <section class="card wide">
+    <h2>Queues</h2>
+    <table>
+      <colgroup><col class="w22"><col class="w11"><col class="w11"><col class="w11"><col class="w11">
+        <col class="w11"><col class="w10"><col></colgroup>
+      <thead><tr><th>queue</th><th class="num">pending</th><th class="num">processing</th>
+        <th class="num">completed</th><th class="num">failed</th><th class="num">dead</th><th class="num">limit</th>
+        <th>status</th></tr></thead>
+      <tbody id="queues"></tbody>
+    </table>
   </section>
   <section class="card wide">
     <h2>Workers</h2>
@@ -5236,12 +5440,24 @@ async function loadSchedules() {
   });
   $("#schedules").replaceChildren(...(rows.length ? rows
     : [h("tr", {}, h("td", { colSpan: 7, className: "empty" }, "no schedules (add one: queuectl schedule add)"))]));
+
+// Queues: what `queuectl queues` prints
+async function loadQueues() {
+  const [queues] = await api("/api/queues");
+  if (!changed("queues", queues)) return;
+  const rows = queues.map((q) => h("tr", {}, h("td", {}, q.queue),
+    ...STATES.map((s) => h("td", { className: "num" }, q.jobs[s])),
+    h("td", { className: "num" }, q.limit === null ? "-" : q.limit),
+    h("td", {}, q.paused ? badge("paused", "failed") : q.limit !== null && q.jobs.processing >= q.limit
+      ? badge("full") : badge("open"))));
+  $("#queues").replaceChildren(...(rows.length ? rows
+    : [h("tr", {}, h("td", { colSpan: 8, className: "empty" }, "no queues yet"))]));
 }
 
 // Refresh loop: every panel every REFRESH_MS, with fetch; the page never reloads.
 async function update() {
-  const results = await Promise.allSettled([loadStatus(), loadChart(), loadJobs(), loadWorkers(), loadSchedules(),
-                                            loadJob()]);
+  const results = await Promise.allSettled([loadStatus(), loadChart(), loadJobs(), loadQueues(), loadWorkers(),
+                                            loadSchedules(), loadJob()]);
   const failure = results.find((r) => r.status === "rejected");
   setBanner(failure ? failure.reason.message : "");
   $("#live").textContent = failure ? "not updating" : `live, updated ${when(new Date().toISOString())}`;
@@ -5408,6 +5624,12 @@ def _add_operating_commands(sub) -> None:
     for name, func, verb in (("pause", cmd_pause, "stop claiming from"), ("resume", cmd_resume, "claim again from")):
         cmd = _command(sub, name, func, f"workers {verb} these queues (all, if none named)")
         cmd.add_argument("--queue", type=_queue_arg, action="append", default=[])
+    lm = _command(sub, "limit", cmd_limit, "at most N jobs of a queue processing at once, on all workers; "
+                  "without arguments, list the limits", json_flag=True, check=check_limit)
+    lm.add_argument("queue", nargs="?", type=_queue_arg, metavar="QUEUE")
+    lm.add_argument("max_running", nargs="?", metavar="N", help="a number from 1, or none to remove the limit")
+    _command(sub, "queues", cmd_queues, "every queue with jobs, a limit or a pause: counts, paused, limit",
+             json_flag=True, reads=True)
 
 
 def _add_dashboard_command(sub) -> None:
@@ -6118,6 +6340,44 @@ def cmd_pause(args, store: Store) -> None:
 def cmd_resume(args, store: Store) -> None:
     store.resume(args.queue)
     print("resumed " + (", ".join(args.queue) if args.queue else "all queues"))
+
+
+def check_limit(args) -> None:
+    args.change = args.max_running is not None  # else it only shows
+    if args.change:
+        args.max_running = valid_limit(args.max_running)
+    if args.json and args.queue is not None:
+        raise UsageError("limit --json lists every limit: it takes no QUEUE")
+
+
+def valid_limit(text: str) -> int | None:
+    """A queue limit from the command line: an integer from 1, or 'none' (None: no limit)."""
+    if text == "none":
+        return None
+    if not re.fullmatch(r"[0-9]{1,7}", text) or not 1 <= int(text) <= MAX_LIMIT:
+        raise UsageError(f"limit: N must be an integer from 1 to {MAX_LIMIT}, or none (got {text!r})")
+    return int(text)
+
+
+def cmd_limit(args, store: Store) -> None:
+    if args.change:
+        store.set_limit(args.queue, args.max_running)
+    limits = store.limits()
+    if args.queue is not None:
+        return print(f"{args.queue}: {limits.get(args.queue, 'none')}")
+    if args.json:
+        return emit_json(limits)
+    sys.stdout.write("".join(f"{q}: {n}\n" for q, n in limits.items()))
+
+
+def cmd_queues(args, store: Store) -> None:
+    rows = store.queues()
+    if args.json:
+        return emit_json(rows)
+    print(f"{'QUEUE':<20} " + " ".join(f"{s.upper():>10}" for s in STATES) + f" {'LIMIT':>6}  PAUSED")
+    for r in rows:
+        print(f"{r['queue']:<20} " + " ".join(f"{r['jobs'][s]:>10}" for s in STATES)
+              + f" {'-' if r['limit'] is None else r['limit']:>6}  {'yes' if r['paused'] else 'no'}")
 
 
 def check_worker_start(args) -> None:

@@ -37,9 +37,9 @@ QUEUECTL = os.path.join(HERE, "queuectl.py")
 
 STATES = ("pending", "processing", "completed", "failed", "dead")
 CONFIG_KEYS = ("max-retries", "backoff-base", "backoff-max", "stale-timeout", "job-timeout", "retention",
-               "output-limit")
-CONFIG_DEFAULTS = {"max-retries": 3, "backoff-base": 2, "backoff-max": 3600,
-                   "stale-timeout": 10, "job-timeout": 0, "retention": 604800, "output-limit": 65536}
+               "output-limit", "kill-grace")
+CONFIG_DEFAULTS = {"max-retries": 3, "backoff-base": 2, "backoff-max": 3600, "stale-timeout": 10, "job-timeout": 0,
+                   "retention": 604800, "output-limit": 65536, "kill-grace": 10}
 JOB_KEYS = {"id", "command", "state", "attempts", "max_retries", "timeout", "cwd", "env",
             "created_at", "updated_at", "next_run_at", "last_error", "exit_code", "worker_id",
             "run_count"}
@@ -3081,7 +3081,7 @@ def test_config_accepts_hyphens_and_underscores(db, set_key, get_key):
 
 def test_config_set_every_key(db):
     values = {"max-retries": "0", "backoff-base": "1.5", "backoff-max": "0", "stale-timeout": "1.5",
-              "job-timeout": "30", "retention": "2", "output-limit": "2048"}
+              "job-timeout": "30", "retention": "2", "output-limit": "2048", "kill-grace": "2.5"}
     for key, value in values.items():
         ok(db, "config", "set", key, value)
     stored = json.loads(ok(db, "config", "list", "--json"))
@@ -4575,7 +4575,7 @@ def test_cancel_then_retry_on_an_idle_worker_runs_the_job_once_more(db, workers,
     _wait_started(tmp_path)
     ok(db, "cancel", "c")
     wait_for(lambda: state_of(db, "c") == "dead", "the cancel to land")
-    worker.wait_log("job c -> dead (canceled)")  # the worker is idle from here on
+    worker.wait_log("job c -> dead (canceled (terminated))")  # the worker is idle from here on
     ok(db, "dlq", "retry", "c")
     wait_for(lambda: state_of(db, "c") == "completed", "the retried job to complete")
     runs = json.loads(ok(db, "show", "c", "--json"))["runs"]
@@ -4867,7 +4867,7 @@ def test_cancel_kills_a_running_job_and_sends_it_to_the_dlq(db, workers, tmp_pat
     assert (result.returncode, result.stdout) == (0, "c1\n"), result.stderr
     wait_for(lambda: state_of(db, "c1") == "dead", "the canceled job to reach the DLQ", timeout=15)
     job = get_job(db, "c1")
-    assert job["last_error"] == "canceled"
+    assert job["last_error"] == "canceled (terminated)"  # SIGTERM (kill-grace) ended it
     assert job["runs"][-1]["outcome"] == "canceled"
     for name, pid in pids.items():
         wait_for(lambda: pid_gone(pid), f"{name} {pid} to be killed", timeout=10)
@@ -7611,3 +7611,324 @@ def test_a_json_logging_worker_writes_its_note_about_an_empty_queue_as_json(db, 
     lines = [json.loads(line) for line in worker.log().splitlines()]  # every line, the note included
     note = next(line for line in lines if line["event"] == "queue_has_no_jobs")
     assert note["queues"] == ["b"] and note["level"] == "warning" and "'b' has no jobs yet" in note["message"]
+
+# ==== Per-queue concurrency limits and the kill grace ====
+
+def _done(store, job, worker="w1"):
+    """Record a claimed job as completed."""
+    assert store.finish(job, worker, queuectl.Outcome(0, None, b"", 0.1), SETTINGS, T0) is not None
+
+
+def test_a_full_queue_gives_way_to_the_best_job_of_another(store):
+    register(store)
+    store.enqueue([spec(f"d{i}", queue="deploy", priority=10) for i in range(3)], T0)
+    store.enqueue([spec(f"b{i}") for i in range(2)], T0)
+    store.set_limit("deploy", 1)
+    d0 = store.claim("w1", T0)
+    assert d0.id == "d0"
+    # deploy is full: the next claims take the other queue's jobs, then nothing, though d1 is best
+    assert [store.claim("w1", T0).id for _ in range(2)] == ["b0", "b1"]
+    assert store.claim("w1", T0) is None
+    assert store.claim("w1", T0, ("deploy",)) is None
+    _done(store, d0)
+    assert store.claim("w1", T0).id == "d1"
+    assert store.claim("w1", T0) is None
+    store.set_limit("deploy", 2)  # raised: one more may run
+    assert store.claim("w1", T0).id == "d2"
+    assert store.limits() == {"deploy": 2}
+    store.set_limit("deploy", None)
+    assert store.limits() == {}
+
+
+def test_limit_counts_every_worker_and_is_honoured_when_lowered(store):
+    for worker in ("w1", "w2"):
+        register(store, worker)
+    store.enqueue([spec(f"d{i}", queue="deploy") for i in range(4)], T0)
+    store.set_limit("deploy", 2)
+    d0, d1 = store.claim("w1", T0), store.claim("w2", T0)
+    assert (d0.id, d1.id) == ("d0", "d1")
+    assert store.claim("w2", T0) is None and store.claim("w1", T0) is None
+    store.set_limit("deploy", 1)  # two still run: no new one until fewer than one do
+    _done(store, d0, "w1")
+    assert store.claim("w1", T0) is None
+    _done(store, d1, "w2")
+    assert store.claim("w2", T0).id == "d2"
+
+
+@pytest.mark.parametrize("queues", [(), ("deploy", "default")])
+def test_limit_holds_on_sqlite_without_returning(sqlite_store, monkeypatch, queues):
+    monkeypatch.setattr(queuectl, "HAS_RETURNING", False)  # SQLite < 3.35: choose, then update
+    register(sqlite_store)
+    sqlite_store.enqueue([spec("d1", queue="deploy", priority=5), spec("d2", queue="deploy", priority=5),
+                          spec("o1")], T0)
+    sqlite_store.set_limit("deploy", 1)
+    assert [sqlite_store.claim("w1", T0, queues).id for _ in range(2)] == ["d1", "o1"]
+    assert sqlite_store.claim("w1", T0, queues) is None
+
+
+def test_limits_keep_priority_due_time_pause_and_dependencies(store):
+    register(store)
+    store.set_limit("deploy", 5)
+    store.enqueue([spec("later", queue="deploy", priority=9, run_at=T0 + 60), spec("first", queue="deploy"),
+                   spec("top", queue="other", priority=3)], T0)
+    store.enqueue([spec("after", queue="deploy", priority=8, depends_on=["first"])], T0)
+    store.pause(["other"])
+    assert store.claim("w1", T0).id == "first"
+    assert store.claim("w1", T0) is None  # "after" waits for "first", "later" is not due, "other" is paused
+    store.resume(["other"])
+    assert store.claim("w1", T0).id == "top"
+
+
+def test_a_version_1_database_upgrades_and_keeps_its_jobs(db, monkeypatch):
+    with monkeypatch.context() as m:  # a queue made by the previous queuectl: schema version 1
+        m.setattr(queuectl, "SCHEMA_VERSION", 1)
+        m.setattr(queuectl, "MIGRATIONS", queuectl.MIGRATIONS[:1])
+        m.setattr(queuectl, "PG_MIGRATIONS", queuectl.PG_MIGRATIONS[:1])
+        with opened(db) as old:
+            old.enqueue([spec("low", queue="deploy"), spec("high", queue="deploy", priority=5)], T0)
+    with opened(db) as s:
+        register(s)
+        s.set_limit("deploy", 1)
+        assert s.claim("w1", T0).id == "high" and s.claim("w1", T0) is None
+        assert s.limits() == {"deploy": 1}
+
+
+def test_queues_lists_every_queue_with_jobs_a_limit_or_a_pause(store):
+    register(store)
+    store.enqueue([spec("a", queue="build"), spec("b", queue="build"), spec("c")], T0)
+    store.set_limit("deploy", 1)
+    store.pause(["nightly"])
+    assert store.claim("w1", T0, ("build",)).id == "a"
+    none = dict.fromkeys(STATES, 0)
+    assert store.queues() == [
+        {"queue": "build", "jobs": {**none, "pending": 1, "processing": 1}, "paused": False, "limit": None},
+        {"queue": "default", "jobs": {**none, "pending": 1}, "paused": False, "limit": None},
+        {"queue": "deploy", "jobs": none, "paused": False, "limit": 1},
+        {"queue": "nightly", "jobs": none, "paused": True, "limit": None}]
+    store.pause(["*"])
+    assert all(q["paused"] for q in store.queues())
+
+
+def _pg_buffers(store, sql, params) -> int:
+    """Shared buffers a PostgreSQL statement touches (EXPLAIN ANALYZE, rolled back): exact, unlike time."""
+    with store.conn.transaction(force_rollback=True):
+        plan = store.conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, params).fetchone()[0][0]
+    return plan["Plan"]["Shared Hit Blocks"] + plan["Plan"]["Shared Read Blocks"]
+
+
+def test_claim_and_poll_do_not_walk_a_paused_or_full_queue_backlog(store):
+    # Counted in SQLite VM instructions or PostgreSQL buffers, not seconds: a claim that walked the
+    # 20,000 jobs below would cost tens of thousands of either.
+    register(store)
+    store.enqueue([spec(f"p{i}", queue="backfill", priority=9) for i in range(10_000)], T0)
+    store.enqueue([spec(f"x{i}", queue="deploy", priority=9) for i in range(10_000)], T0)
+    store.enqueue([spec("due")], T0)
+    store.pause(["backfill"])
+    store.set_limit("deploy", 1)
+    assert store.claim("w1", T0).id == "x0"
+    if isinstance(store, queuectl.PostgresStore):
+        params = {"worker": "w1", "now": T0 + 1, "queues": ["deploy", "backfill"], "held": [], "busy": []}
+        for sql in ("CLAIM_ANY_QUEUE", "POLL_ANY_QUEUE", "CLAIM_FROM_QUEUES", "POLL_FROM_QUEUES"):
+            assert _pg_buffers(store, getattr(store.sql, f"SQL_{sql}"), params) < 200, sql
+    else:
+        assert _vm_steps(store, lambda: store.due_now(T0 + 1)) < 50
+        assert _vm_steps(store, lambda: store.claim("w1", T0 + 1, ("deploy", "backfill"))) < 50
+    assert store.claim("w1", T0 + 1).id == "due"
+    assert store.claim("w1", T0 + 1) is None and not store.due_now(T0 + 1)
+
+
+def test_postgres_claims_of_a_limited_queue_wait_for_each_other_and_count_exactly(pg_url):
+    # Claims from a queue limited to 1 while a first claim of it has not committed: one whose best job
+    # is in an unlimited queue goes ahead at once; one whose best job is in the limited queue waits
+    # for the first's lock on that queue, then sees its claim and takes the unlimited queue's job.
+    first, second, third = (queuectl.PostgresStore(pg_url) for _ in range(3))
+    try:
+        for worker in ("w1", "w2", "w3"):
+            register(first, worker)
+        first.enqueue([spec("d1", queue="deploy", priority=5), spec("d2", queue="deploy", priority=5),
+                       spec("o0", priority=9), spec("o1")], T0)
+        first.set_limit("deploy", 1)
+        claimed = {}
+        with first.conn.transaction():
+            claimed["w1"] = first._claim_in(first.conn.cursor(), "w1", T0, ("deploy",))
+            claimed["w3"] = third.claim("w3", T0)  # would wait for the lock (then fail: Busy) if it took it
+            thread = threading.Thread(target=lambda: claimed.update(w2=second.claim("w2", T0)))
+            thread.start()
+            wait_for(lambda: _waiting_for_a_lock(first), "the second claim to wait for the queue's lock")
+        thread.join(WAIT_S)
+        assert {w: job.id for w, job in claimed.items()} == {"w1": "d1", "w3": "o0", "w2": "o1"}
+    finally:
+        for store in (first, second, third):
+            store.close()
+
+
+def _waiting_for_a_lock(store) -> bool:
+    with store.conn.transaction(force_rollback=True):  # a savepoint inside the test's transaction
+        return bool(store.conn.execute("SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'").fetchone())
+
+
+def test_limit_and_queues_cli(db):
+    assert ok(db, "limit", "deploy", "1") == "deploy: 1\n"
+    assert ok(db, "limit", "build", "2") == "build: 2\n"
+    assert ok(db, "limit") == "build: 2\ndeploy: 1\n"
+    assert json.loads(ok(db, "limit", "--json")) == {"build": 2, "deploy": 1}
+    assert ok(db, "limit", "deploy") == "deploy: 1\n"
+    assert ok(db, "limit", "deploy", "none") == "deploy: none\n"
+    assert json.loads(ok(db, "limit", "--json")) == {"build": 2}
+    enqueue(db, id="a", command="true", queue="build")
+    rows = json.loads(ok(db, "queues", "--json"))
+    assert rows == [{"queue": "build", "jobs": {**dict.fromkeys(STATES, 0), "pending": 1}, "paused": False,
+                     "limit": 2}]
+    lines = ok(db, "queues").splitlines()
+    assert lines[0].split() == ["QUEUE", *[s.upper() for s in STATES], "LIMIT", "PAUSED"]
+    assert lines[1].split() == ["build", "1", "0", "0", "0", "0", "2", "no"]
+
+
+@sqlite_only
+@pytest.mark.parametrize("args", [("q", "0"), ("q", "-1"), ("q", "1.5"), ("q", "two"), ("q", "1000001"),
+                                  ("a*", "1"), ("q", "1", "2"), ("--json", "q")])
+def test_limit_rejects_bad_input_and_changes_nothing(db, args):
+    ok(db, "limit", "q", "3")
+    code, out, err = cli(db, "limit", *args)
+    assert (code, out) == (2, ""), err
+    assert "Traceback" not in err and err.splitlines()[-1].startswith(ERROR_PREFIX)
+    assert json.loads(ok(db, "limit", "--json")) == {"q": 3}
+
+
+def _concurrency(log_path) -> int:
+    """The most jobs running at once, from the start/end lines the jobs appended to one file."""
+    running = most = 0
+    for line in log_path.read_text().split():
+        running += 1 if line == "start" else -1
+        most = max(most, running)
+    return most
+
+
+def _recording_job(log_path, at_least=1) -> str:
+    """A job that appends start and end to log_path (appends of a line are atomic), and in between
+    waits (at most 10 s) until `at_least` jobs have started, so that many surely overlap."""
+    log = shlex.quote(str(log_path))
+    return (f"echo start >> {log}; i=0; while [ $(grep -c start {log}) -lt {at_least} ] && [ $i -lt 200 ]; "
+            f"do sleep 0.05; i=$((i+1)); done; sleep 0.2; echo end >> {log}")
+
+
+def test_limits_of_1_and_2_hold_across_workers_beside_an_unlimited_queue(db, workers, tmp_path):
+    ok(db, "limit", "deploy", "1")
+    ok(db, "limit", "build", "2")
+    logs = {q: tmp_path / f"{q}.log" for q in ("deploy", "build", "default")}
+    reach = {"deploy": 1, "build": 2, "default": 3}
+    jobs = [{"id": f"{q}{i}", "command": _recording_job(logs[q], reach[q]), "queue": q}
+            for q in logs for i in range(5)]
+    code, _, err = cli(db, "enqueue", "-", stdin="\n".join(json.dumps(j) for j in jobs))
+    assert code == 0, err
+    procs = [workers.start("--count", "4", "--burst") for _ in range(2)]
+    for proc in procs:
+        assert proc.wait() == 0, proc.log()
+    assert json.loads(ok(db, "status", "--json"))["jobs"]["completed"] == 15
+    seen = {q: _concurrency(path) for q, path in logs.items()}
+    assert (seen["deploy"], seen["build"]) == (1, 2) and seen["default"] >= 3, seen
+
+
+def test_a_full_queue_does_not_block_the_others(db, workers, tmp_path):
+    ok(db, "limit", "deploy", "1")
+    enqueue(db, id="d1", command=BLOCKING_JOB, queue="deploy", cwd=str(tmp_path))
+    workers.start("--count", "2")
+    wait_for(lambda: (tmp_path / "started").exists(), "d1 to start")
+    enqueue(db, id="d2", command="true", queue="deploy", priority=10)  # the best job, in a full queue
+    for i in range(3):
+        enqueue(db, id=f"o{i}", command="true")
+    wait_for(lambda: all(state_of(db, f"o{i}") == "completed" for i in range(3)), "the other queue's jobs")
+    assert (state_of(db, "d1"), state_of(db, "d2")) == ("processing", "pending")
+    (tmp_path / "release").touch()
+    wait_for(lambda: state_of(db, "d2") == "completed", "d2 once d1 is done")
+
+
+def test_kill_grace_config(db):
+    assert ok(db, "config", "get", "kill-grace") == "10\n"
+    ok(db, "config", "set", "kill-grace", "0")
+    assert ok(db, "config", "get", "kill_grace") == "0\n"
+    for bad in ("-1", "3601", "x"):
+        code, _, err = cli(db, "config", "set", "kill-grace", bad)
+        assert code == 2 and "kill-grace" in err, err
+    assert ok(db, "config", "get", "kill-grace") == "0\n"
+
+
+def run_graced(command, grace_s, timeout=0.0, abort=lambda: None):
+    job = make_job(command=command, timeout=timeout, cwd="/")
+    return queuectl.run_command(job, {"QUEUECTL_RUN": f"test/{os.getpid()}/{time.monotonic()}"}, abort,
+                                kill_grace=lambda: grace_s)
+
+
+def test_a_timeout_sends_sigterm_first_and_a_trap_can_clean_up(tmp_path):
+    marker = tmp_path / "cleaned"
+    # timeouts of 2 s here: the shell must have set its trap before SIGTERM comes, also on a loaded machine
+    out = run_graced(f"trap 'echo cleaning; touch {marker}; exit 3' TERM; sleep 30 & wait", 30, timeout=2)
+    assert out.error == "timed out after 2s (terminated)"
+    assert marker.exists() and b"cleaning" in out.output
+
+
+def test_a_job_that_ignores_sigterm_is_killed_after_the_grace(tmp_path):
+    pid_file = tmp_path / "pid"
+    started = time.monotonic()
+    out = run_graced(f"trap '' TERM; echo $$ > {pid_file}; sleep 30", 1, timeout=2)
+    assert out.error == "timed out after 2s (killed after 1s grace)"
+    assert time.monotonic() - started >= 3  # the grace was waited for, then SIGKILL
+    wait_for(lambda: pid_gone(int(pid_file.read_text())), "the job's shell to be gone")
+
+
+def test_after_the_grace_a_process_that_left_the_group_is_still_killed(tmp_path):
+    pid_file = tmp_path / "pid"
+    command = (f"setsid sh -c 'echo $$ > {pid_file}; exec sleep 30' & "
+               f"while [ ! -s {pid_file} ]; do sleep 0.05; done; trap 'exit 0' TERM; sleep 30 & wait")
+    out = run_graced(command, 30, timeout=1)
+    assert out.error == "timed out after 1s (terminated)"
+    wait_for(lambda: pid_gone(int(pid_file.read_text())), "the process in a session of its own to be killed")
+
+
+def test_no_grace_kills_at_once_and_a_hard_abort_cuts_the_grace_short(tmp_path):
+    assert run_graced("trap '' TERM; sleep 30", 0, timeout=0.3).error == "timed out after 0.3s"
+    trapped, stop_at = tmp_path / "trapped", []
+
+    def abort():  # canceled once the trap is set, then a hard stop a second later
+        if not trapped.exists():
+            return None
+        stop_at.append(stop_at[0] if stop_at else time.monotonic() + 1.0)
+        return "canceled" if time.monotonic() < stop_at[0] else "worker hard stop"
+    out = run_graced(f"trap '' TERM; touch {trapped}; sleep 30", 600, abort=abort)
+    assert out.error == "canceled (killed: worker hard stop)" and out.interrupted == "canceled"
+
+
+def test_cancel_and_timeout_with_the_default_grace_end_to_end(db, workers, tmp_path):
+    enqueue(db, id="t", command=f"trap 'touch {tmp_path}/t.trapped; exit 0' TERM; sleep 30 & wait", timeout=2,
+            max_retries=0)
+    enqueue(db, id="c", command=f"trap 'touch {tmp_path}/c.trapped; exit 0' TERM; touch {tmp_path}/c.started; "
+            "sleep 30 & wait", max_retries=0)
+    workers.start("--count", "2")
+    wait_for(lambda: (tmp_path / "c.started").exists(), "c to start")
+    ok(db, "cancel", "c")
+    wait_for(lambda: state_of(db, "t") == "dead" and state_of(db, "c") == "dead", "both jobs to end")
+    assert get_job(db, "t")["last_error"] == "timed out after 2s (terminated)"
+    assert get_job(db, "c")["last_error"] == "canceled (terminated)"
+    assert (tmp_path / "t.trapped").exists() and (tmp_path / "c.trapped").exists()
+
+
+def test_dashboard_queues_equal_the_cli_and_the_page_has_the_table(dashboard, capsys):
+    d = dashboard()
+    with opened(d.path) as s:
+        s.set_limit("images", 2)
+    assert d.get("/api/queues") == cli_json(capsys, d.path, "queues")
+    assert [q["limit"] for q in d.get("/api/queues") if q["queue"] == "images"] == [2]
+    status, _, page = d.request("/")
+    assert status == 200 and 'id="queues"' in page and "/api/queues" in page
+
+
+def test_a_cancel_during_a_timeouts_grace_sends_the_job_to_the_dlq(db, workers, tmp_path):
+    ok(db, "config", "set", "kill-grace", "5")
+    enqueue(db, id="t", command=f"trap 'touch {tmp_path}/term' TERM; while :; do sleep 0.05; done", timeout=2,
+            max_retries=5)
+    workers.start()
+    wait_for(lambda: (tmp_path / "term").exists(), "the timed-out job to get SIGTERM")
+    ok(db, "cancel", "t")  # the job ignores SIGTERM: it is in its grace until SIGKILL comes
+    wait_for(lambda: state_of(db, "t") == "dead", "the canceled job to reach the DLQ")
+    job = get_job(db, "t")  # the timeout was its first attempt; the cancel wins over a retry
+    assert (job["last_error"], job["attempts"], len(job["runs"])) == ("canceled", 1, 1)
