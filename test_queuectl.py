@@ -5413,3 +5413,78 @@ def test_bench_rejects_counts_that_would_leave_an_empty_sample(bench, capsys):
             bench.parse_args([option, "0"])
     assert bench.main(["--tiny", "--check"]) == 2
     assert "no verdict" in capsys.readouterr().err
+
+
+# ==== PostgreSQL performance: pipelined results, setpriv, COPY batches ====
+
+DONE = queuectl.Outcome(0, None, b"ok\n", 0.01)
+
+
+def test_finish_and_claim_completes_releases_a_dependent_and_claims_it(store):
+    """The completed path (pipelined on PostgreSQL): the run is closed, the dependent released and
+    claimed in the same transaction, with its run opened."""
+    register(store)
+    store.enqueue([spec("a"), spec("b", depends_on=["a"])], T0)
+    job = store.claim("w1", T0 + 1)
+    after, following = store.finish_and_claim(job, "w1", DONE, store.config_all(), T0 + 2, ())
+    assert (after.id, after.state, after.worker_id) == ("a", "completed", None)
+    assert (following.id, following.state, following.run_count) == ("b", "processing", 1)
+    assert [(r["run"], r["outcome"], r["output"]) for r in store.runs("a")] == [(1, "completed", b"ok\n")]
+    assert [(r["run"], r["outcome"]) for r in store.runs("b")] == [(1, None)]
+    assert store.counts()["processing"] == 1 and store.get("a").state == "completed"
+
+
+def test_finish_and_claim_of_a_run_no_longer_ours_writes_nothing_for_it(store):
+    register(store)
+    store.enqueue([spec("a"), spec("b")], T0)
+    job = store.claim("w1", T0 + 1)
+    assert store.interrupt(job, "w1", LOST, True, T0 + 2) == "pending"  # as a sweeper that took it over
+    lost_runs = store.runs(job.id)
+    after, following = store.finish_and_claim(job, "w1", DONE, store.config_all(), T0 + 3, ())
+    assert after is None and following is not None
+    assert store.runs(job.id) == lost_runs  # the lost run's record is not overwritten by the late result
+    assert store.get(job.id).state in ("pending", "processing")
+
+
+def test_a_failed_statement_in_a_pipelined_result_leaves_nothing_and_the_store_works(pg_url, monkeypatch):
+    store = queuectl.PostgresStore(pg_url)
+    try:
+        register(store)
+        store.enqueue([spec("a"), spec("b")], T0)
+        job = store.claim("w1", T0 + 1)
+        bad_insert = "INSERT INTO no_such_table VALUES (%s, %s, %s, %s, %s)"
+        broken = type("BrokenSQL", (queuectl.PostgresSQL,), {"SQL_INSERT_RUN": bad_insert})
+        monkeypatch.setattr(store, "sql", broken)
+        with pytest.raises(queuectl.BadDatabase, match="no_such_table"):
+            store.finish_and_claim(job, "w1", DONE, store.config_all(), T0 + 2, ())
+        monkeypatch.setattr(store, "sql", queuectl.PostgresSQL)
+        assert store.get("a").state == "processing" and store.get("b").state == "pending"  # rolled back
+        assert store.conn.info.transaction_status == store.psycopg.pq.TransactionStatus.IDLE
+        after, following = store.finish_and_claim(job, "w1", DONE, store.config_all(), T0 + 3, ())
+        assert after.state == "completed" and following.id == "b"
+    finally:
+        store.close()
+
+
+def test_jobs_are_spawned_through_setpriv_where_it_sets_the_death_signal_else_a_preexec_fn(tmp_path, monkeypatch):
+    """setpriv spares the full fork a preexec_fn costs; without it the preexec_fn is the fallback."""
+    import subprocess as sp
+    seen = []
+    real = sp.Popen
+
+    def spy(args, **kw):
+        seen.append((list(args), kw.get("preexec_fn")))
+        return real(args, **kw)
+    monkeypatch.setattr(sp, "Popen", spy)
+    job = queuectl.Job.from_row(("j", "/bin/echo hi", "processing", 0, 0, 0.0, str(tmp_path), "{}", T0, T0, T0, None,
+                                 None, "w1", 1, 0, 0, "default", 0))
+    if queuectl._setpriv():
+        assert queuectl.run_command(job, {}, lambda: None, die_with_worker=True).exit_code == 0
+        assert seen[-1][0][:4] == list(queuectl._setpriv()) and seen[-1][0][4:] == ["/bin/echo", "hi"]
+        assert seen[-1][1] is None
+    monkeypatch.setattr(queuectl, "_setpriv", lambda: ())
+    out = queuectl.run_command(job, {}, lambda: None, die_with_worker=True)
+    assert (out.exit_code, out.output) == (0, b"hi\n")
+    assert seen[-1][0] == ["/bin/echo", "hi"] and seen[-1][1] is not None
+    queuectl.run_command(job, {}, lambda: None, die_with_worker=False)
+    assert seen[-1][0] == ["/bin/echo", "hi"] and seen[-1][1] is None
