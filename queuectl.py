@@ -751,14 +751,22 @@ class Store:
         """executemany the buffered jobs without dependencies (the fast path of a batch)."""
         cur.execute("SAVEPOINT batch")
         try:
-            cur.executemany(self.sql.SQL_INSERT_JOB, [self._row(spec, 0, now) for spec in specs])
+            self._insert_rows(cur, [self._row(spec, 0, now) for spec in specs])
         except self.IntegrityError:
             # Undo the rows this call inserted, so the first id found taken is really someone else's.
             cur.execute("ROLLBACK TO batch")
-            taken = next(spec for spec in specs if cur.execute(self.sql.SQL_JOB_STATE, (spec["id"],)).fetchone())
+            taken = self._first_taken(cur, specs)
             raise Conflict(f"{_where_in_batch(taken)}job {taken['id']!r} already exists") from None
         cur.execute("RELEASE batch")
         specs.clear()
+
+    def _insert_rows(self, cur: Cursor, rows: list[tuple]) -> None:
+        """Insert job rows made by _row(); IntegrityError if an id is taken."""
+        cur.executemany(self.sql.SQL_INSERT_JOB, rows)
+
+    def _first_taken(self, cur: Cursor, specs: list[dict]) -> dict:
+        """The first of these specs whose id another job has."""
+        return next(spec for spec in specs if cur.execute(self.sql.SQL_JOB_STATE, (spec["id"],)).fetchone())
 
     def _insert_with_deps(self, cur: Cursor, spec: dict, now: float) -> bool:
         """Insert one job with dependencies; returns whether it is due now (all of them completed)."""
@@ -1487,6 +1495,10 @@ class PostgresSQL:
         "priority, queue, waiting_on, last_error, ready) "
         "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
     SQL_INSERT_DEP = "INSERT INTO deps (job_id, dep_id) VALUES (%s, %s) ON CONFLICT DO NOTHING"
+    # A batch's jobs without dependencies, in SQL_INSERT_JOB's columns (see PostgresStore._insert_rows).
+    SQL_COPY_JOBS = ("COPY jobs (id, command, state, max_retries, timeout_s, cwd, env, created_at, updated_at, "
+                     "next_run_at, priority, queue, waiting_on, last_error, ready) FROM STDIN")
+    SQL_TAKEN_IDS = "SELECT id FROM jobs WHERE id = ANY(%s)"
     SQL_GET_JOB = f"SELECT {Job.COLUMNS} FROM jobs WHERE id = %s"
     SQL_JOB_STATE = "SELECT state FROM jobs WHERE id = %s FOR UPDATE"  # see the comment above PG_MIGRATIONS
     # LIMIT NULL is no limit: the rules pass -1 for "all", as SQLite takes it.
@@ -1665,6 +1677,7 @@ class PostgresSQL:
 PG_SCHEMA_NAME = re.compile(r"[A-Za-z0-9_]{1,63}")
 PG_ATTEMPTS = 5  # tries of a transaction that a serialization failure or deadlock rolled back
 PG_CONNECT_TIMEOUT_S = 10
+PG_COPY_MIN_ROWS = 100  # fewer jobs are inserted with executemany: COPY costs a round trip more
 
 
 def is_postgres(target: str) -> bool:
@@ -1970,6 +1983,20 @@ class PostgresStore(Store):
                 self._wake_workers(cur)  # maybe one was waiting for this one alone
             return after, following  # round trip 3: the new run's row, and COMMIT
         return self.write(both, pipelined=True)
+
+    def _insert_rows(self, cur, rows: list[tuple]) -> None:
+        """Store's, through COPY for more than a few rows: about three times executemany's rate.
+        psycopg writes each row in COPY's text format, escaping tabs, newlines and backslashes."""
+        if len(rows) < PG_COPY_MIN_ROWS:
+            return super()._insert_rows(cur, rows)
+        with cur.copy(self.sql.SQL_COPY_JOBS) as copy:
+            for row in rows:
+                copy.write_row(row)
+
+    def _first_taken(self, cur, specs: list[dict]) -> dict:
+        """Store's, in one statement: a batch of 100,000 jobs must not take 100,000 round trips to fail."""
+        taken = {row[0] for row in cur.execute(self.sql.SQL_TAKEN_IDS, ([spec["id"] for spec in specs],))}
+        return next(spec for spec in specs if spec["id"] in taken)
 
     def _claim_in(self, cur, worker_id: str, now: float, queues: tuple) -> Job | None:
         cur.execute(self.sql.SQL_PROMOTE, (now,))

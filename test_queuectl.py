@@ -5488,3 +5488,70 @@ def test_jobs_are_spawned_through_setpriv_where_it_sets_the_death_signal_else_a_
     assert seen[-1][0] == ["/bin/echo", "hi"] and seen[-1][1] is not None
     queuectl.run_command(job, {}, lambda: None, die_with_worker=False)
     assert seen[-1][0] == ["/bin/echo", "hi"] and seen[-1][1] is None
+
+
+def copy_batch(*objects, filler=queuectl.PG_COPY_MIN_ROWS):
+    """JSON Lines of `filler` plain jobs, then the objects: big enough that PostgreSQL inserts the
+    plain jobs with COPY (whose text format must escape tabs, newlines and backslashes)."""
+    return jsonl(*({"id": f"f{n}", "command": "true"} for n in range(filler)), *objects)
+
+
+HOSTILE_TEXT = ["tab\there", "new\nline", "cr\rhere", "back\\slash", "\\N", "\\.", "ends\\", "\\t\\n literally",
+                "ünïcödé ✓ 日本語 🚀", "quotes ' \" `", "line\u2028separator", "del\x7f and \x01 and \x1b[0m"]
+
+
+def test_a_big_batch_stores_every_character_of_commands_env_and_cwd_as_given(db):
+    hostile = [{"id": f"h{i}-日本\\", "command": f"printf '%s' {text!r}", "cwd": f"/tmp/{text}",
+                "env": {"V": text, f"K_{i}": f"{text}={text}"}} for i, text in enumerate(HOSTILE_TEXT)]
+    code, out, err = cli(db, "enqueue", "-", stdin=copy_batch(*hostile))
+    assert code == 0, err
+    assert out.splitlines()[-len(hostile):] == [h["id"] for h in hostile]
+    for h in hostile:
+        job = get_job(db, h["id"])
+        assert (job["command"], job["cwd"], job["env"], job["state"]) == (h["command"], h["cwd"], h["env"], "pending")
+    assert json.loads(ok(db, "status", "--json"))["jobs"]["pending"] == queuectl.PG_COPY_MIN_ROWS + len(hostile)
+
+
+def test_a_big_batch_with_an_id_already_taken_exits_1_naming_it_and_stores_nothing(db):
+    enqueue(db, id="old", command="true")
+    before = snapshot(db)
+    for position in ("first", "last"):
+        taken = {"id": "old", "command": "true"}
+        data = jsonl(taken) + copy_batch() if position == "first" else copy_batch(taken)
+        code, out, err = cli(db, "enqueue", "-", stdin=data)
+        assert (code, out) == (1, ""), err
+        line = 1 if position == "first" else queuectl.PG_COPY_MIN_ROWS + 1
+        assert_one_error(err, f"line {line}", "'old'", "already exists")
+        assert snapshot(db) == before
+
+
+def test_a_big_batch_with_an_id_twice_exits_2_and_stores_nothing(db):
+    before = snapshot(db)
+    code, out, err = cli(db, "enqueue", "-", stdin=copy_batch({"id": "f7", "command": "true"}))
+    assert (code, out) == (2, "")
+    assert_one_error(err, f"line {queuectl.PG_COPY_MIN_ROWS + 1}", "'f7'", "twice")
+    assert snapshot(db) == before
+
+
+def test_a_big_batch_with_dependencies_inside_it_and_on_existing_jobs(db):
+    enqueue(db, id="old", command="true")
+    data = copy_batch({"id": "d1", "command": "true", "depends_on": ["f3"]},
+                      {"id": "d2", "command": "true", "depends_on": ["old", "d1", "f99"]}) + \
+        jsonl(*({"id": f"g{n}", "command": "true"} for n in range(queuectl.PG_COPY_MIN_ROWS)))
+    code, out, err = cli(db, "enqueue", "-", stdin=data)
+    assert code == 0, err
+    assert len(out.splitlines()) == 2 * queuectl.PG_COPY_MIN_ROWS + 2
+    d1, d2 = get_job(db, "d1"), get_job(db, "d2")
+    assert (d1["waiting_on"], d1["depends_on"]) == (1, ["f3"])
+    assert (d2["waiting_on"], d2["depends_on"]) == (3, ["old", "d1", "f99"])
+    counts = json.loads(ok(db, "status", "--json"))["jobs"]
+    assert counts["pending"] == 1 + 2 * queuectl.PG_COPY_MIN_ROWS + 2
+
+
+def test_a_big_batch_with_a_missing_dependency_after_copied_jobs_stores_nothing(db):
+    before = snapshot(db)
+    data = copy_batch({"id": "d1", "command": "true", "depends_on": ["nowhere"]})
+    code, out, err = cli(db, "enqueue", "-", stdin=data)
+    assert (code, out) == (1, "")
+    assert_one_error(err, f"line {queuectl.PG_COPY_MIN_ROWS + 1}", "'nowhere'", "does not exist")
+    assert snapshot(db) == before
