@@ -5555,3 +5555,34 @@ def test_a_big_batch_with_a_missing_dependency_after_copied_jobs_stores_nothing(
     assert (code, out) == (1, "")
     assert_one_error(err, f"line {queuectl.PG_COPY_MIN_ROWS + 1}", "'nowhere'", "does not exist")
     assert snapshot(db) == before
+
+
+def test_a_postgresql_command_run_as_a_script_flushes_its_output_and_keeps_its_exit_code(pg_url):
+    """With psycopg loaded the script skips the interpreter's teardown (exit_now): the output must
+    still arrive whole through a pipe, and the exit code be the command's."""
+    def script(*args, stdin=None):
+        return subprocess.run([sys.executable, QUEUECTL, "--db", pg_url, *args], input=stdin, capture_output=True,
+                              text=True, timeout=60)
+    batch = jsonl(*({"id": f"job-{n:04}", "command": "true"} for n in range(300)))
+    done = script("enqueue", "-", stdin=batch)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.splitlines() == [f"job-{n:04}" for n in range(300)]
+    listed = script("list", "--json")
+    assert listed.returncode == 0 and len(json.loads(listed.stdout)) == 300
+    again = script("enqueue", json.dumps({"id": "job-0007", "command": "true"}))
+    assert (again.returncode, again.stdout) == (1, "")
+    assert_one_error(again.stderr, "'job-0007'", "already exists")
+
+
+def test_a_one_job_enqueue_with_a_taken_id_on_postgresql_leaves_the_connection_usable(pg_url):
+    """The pipelined enqueue: the duplicate is found inside the transaction and rolled back."""
+    store = queuectl.PostgresStore(pg_url)
+    try:
+        store.enqueue([spec("a")], T0)
+        with pytest.raises(queuectl.Conflict, match="'a' already exists"):
+            store.enqueue([spec("b"), spec("a")], T0)
+        assert store.conn.info.transaction_status == store.psycopg.pq.TransactionStatus.IDLE
+        assert store.enqueue([spec("c")], T0) == ["c"]
+        assert [job.id for job in store.list_jobs()] == ["a", "c"]
+    finally:
+        store.close()
