@@ -2392,8 +2392,8 @@ def _setpriv() -> tuple[str, ...]:
     that can (checked once per worker process by running it).
 
     Why: a preexec_fn forces a full fork of the worker per job, which cut the drain of short jobs
-    to a third; setpriv is spawned the fast way (vfork) and costs one more exec, a fraction of a
-    millisecond. What it gives up: the preexec_fn kills the child if the worker died before prctl,
+    to a third; setpriv is spawned the fast way (vfork) and costs one more exec, about a millisecond
+    of CPU on a small VM. What it gives up: the preexec_fn kills the child if the worker died before prctl,
     setpriv cannot check that, so a worker SIGKILLed within that instant leaves the job to the
     token scan of the next sweep on this host (kill_run), as the job's own children always are.
     """

@@ -5586,3 +5586,25 @@ def test_a_one_job_enqueue_with_a_taken_id_on_postgresql_leaves_the_connection_u
         assert [job.id for job in store.list_jobs()] == ["a", "c"]
     finally:
         store.close()
+
+
+def test_a_pipelined_completion_notifies_only_when_it_releases_a_dependent(pg_url):
+    import psycopg
+    store = queuectl.PostgresStore(pg_url)
+    listener = psycopg.connect(pg_url.split("?")[0], autocommit=True)
+    try:
+        listener.execute(f'LISTEN "{store.channel}"')
+        register(store)
+        store.enqueue([spec("a"), spec("b", depends_on=["a"]), spec("c")], T0)
+        drained = list(listener.notifies(timeout=0.5, stop_after=1))  # the enqueue's own wake-up
+        assert drained
+        job = store.claim("w1", T0 + 1)
+        assert job.id == "a"
+        after, following = store.finish_and_claim(job, "w1", DONE, store.config_all(), T0 + 2, ())
+        assert list(listener.notifies(timeout=2, stop_after=1)), "releasing b must wake the workers"
+        after, following = store.finish_and_claim(following, "w1", DONE, store.config_all(), T0 + 3, ())
+        assert after.state == "completed" and following is not None
+        assert not list(listener.notifies(timeout=0.5, stop_after=1)), "nothing was released: no wake-up"
+    finally:
+        listener.close()
+        store.close()
