@@ -1678,6 +1678,10 @@ class PostgresSQL:
     SQL_LISTEN = 'LISTEN "{channel}"'
 
 
+class _NotOurs(Exception):
+    """A pipelined completion found its job taken over: roll back and decide again (see finish_and_claim)."""
+
+
 PG_SCHEMA_NAME = re.compile(r"[A-Za-z0-9_]{1,63}")
 PG_ATTEMPTS = 5  # tries of a transaction that a serialization failure or deadlock rolled back
 PG_CONNECT_TIMEOUT_S = 10
@@ -1976,30 +1980,35 @@ class PostgresStore(Store):
 
     def finish_and_claim(self, job: Job, worker_id: str, outcome: Outcome, settings: dict, now: float,
                          queues: tuple) -> tuple[Job | None, Job | None]:
-        """Store.finish_and_claim, for a completed run in three round trips to the server instead of
+        """Store.finish_and_claim, for a completed run in two round trips to the server instead of
         nine (each costs a wake-up of both sides, which on a busy machine is most of a short job's
-        time): the statements whose answers nothing waits for go out together (pipeline mode).
-        Other outcomes take Store's path: a cancel may change them, and they are rarer."""
-        state, attempts, next_run_at = failure_rule(job, outcome, settings, now)
-        if state != COMPLETED:
-            return super().finish_and_claim(job, worker_id, outcome, settings, now, queues)
+        time): the statements go out together (pipeline mode), assuming the job is still ours; if
+        it was not, the transaction is rolled back and Store's path decides. Other outcomes take
+        Store's path too: a cancel may change them, and they are rarer."""
+        rule = failure_rule(job, outcome, settings, now)
+        if rule[0] == COMPLETED:
+            with contextlib.suppress(_NotOurs):
+                return self.write(lambda cur: self._complete_and_claim(cur, job, worker_id, outcome, rule, now,
+                                                                       queues), pipelined=True)
+        return super().finish_and_claim(job, worker_id, outcome, settings, now, queues)
 
-        def both(cur):
-            # Round trip 1 (with BEGIN): is the job still ours? (A cancel flag cannot change a completion.)
-            cur.execute(self.sql.SQL_FINISH_JOB, (state, attempts, next_run_at, outcome.error, outcome.exit_code,
-                                                  now, job.id, worker_id, job.run_count))
-            self.pipeline.sync()
-            after, released = None, None
-            if cur.rowcount == 1:
-                self._close_run(cur, job, state, outcome, now)
-                released = self.conn.cursor()
-                released.execute(self.sql.SQL_RELEASE_DEPENDENTS, (now, now, job.id))
-                after = _finished(job, state, attempts, next_run_at, outcome, now)
-            following = self._claim_in(cur, worker_id, now, queues)  # round trip 2: the claim's answer
-            if released is not None and released.rowcount:
-                self._wake_workers(cur)  # maybe one was waiting for this one alone
-            return after, following  # round trip 3: the new run's row, and COMMIT
-        return self.write(both, pipelined=True)
+    def _complete_and_claim(self, cur, job: Job, worker_id: str, outcome: Outcome, rule: tuple, now: float,
+                            queues: tuple) -> tuple[Job, Job | None]:
+        state, attempts, next_run_at = rule
+        # Round trip 1, with BEGIN: the job, its run, its dependents, and the claim's answer. (The
+        # cancel flag is not read: a cancel never changes a completion.)
+        finished, released = self.conn.cursor(), self.conn.cursor()
+        finished.execute(self.sql.SQL_FINISH_JOB, (state, attempts, next_run_at, outcome.error, outcome.exit_code,
+                                                   now, job.id, worker_id, job.run_count))
+        self._close_run(cur, job, state, outcome, now)
+        released.execute(self.sql.SQL_RELEASE_DEPENDENTS, (now, now, job.id))
+        following = self._claim_in(cur, worker_id, now, queues)
+        if finished.rowcount != 1:
+            raise _NotOurs  # another worker's now: undo all of it (the run's record too)
+        if released.rowcount:
+            self._wake_workers(cur)  # maybe one was waiting for this one alone
+        # Round trip 2: the new run's row and COMMIT.
+        return _finished(job, state, attempts, next_run_at, outcome, now), following
 
     def _write_jobs(self, insert, specs: list[dict]) -> list[str]:
         """Store's; a few jobs without dependencies (a one-job enqueue) in pipeline mode: two round
