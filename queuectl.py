@@ -1,19 +1,22 @@
 #!/usr/bin/env python3
 """queuectl: a persistent background job queue for shell commands, in one SQLite file or PostgreSQL.
 
-Enqueue jobs as JSON, run foreground workers that claim and run them, retry failures with
+Enqueue jobs as JSON or command lines, run foreground workers that claim and run them, retry failures with
 exponential backoff, and keep jobs that exhaust their retries in a dead-letter queue (DLQ).
 A worker killed with SIGKILL loses nothing: another worker recovers its jobs.
 
 commands:
   enqueue JSON | -        add a job, e.g. '{"id": "a", "command": "echo hi"}', or a batch from stdin
+  add [OPTIONS] -- CMD    add a job from a command line, e.g. add --queue q --delay 15m -- make test
   worker start|stop|list  run workers in the foreground / ask every worker to stop / list them
-  status, list, show, logs, stats, wait
+  status, list, show, logs, stats, metrics, wait
   cancel, delete, purge   operate on jobs
   pause, resume           stop and restart claims from queues
   dlq list|retry          the dead-letter queue
+  schedule add|list|next|pause|resume|remove   recurring jobs: cron expressions or fixed intervals
   dashboard               a live web view of the queue and a JSON API (http://127.0.0.1:8321)
-  config set|get|list     max-retries, backoff-base, backoff-max, stale-timeout, job-timeout, retention
+  config set|get|list     max-retries, backoff-base, backoff-max, stale-timeout, job-timeout, retention,
+                          output-limit
 """
 
 # Heavy modules (subprocess, threading, signal, select) are imported only by the worker code
@@ -28,7 +31,7 @@ import re
 import sqlite3
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 
 __version__ = "1.0.0"
@@ -36,13 +39,23 @@ __version__ = "1.0.0"
 class _Log:
     """logging.getLogger("queuectl"), imported on first use: only workers log, and the import
     costs every other command start-up time."""
+    # `worker start --quiet`: the routine lines of each job (claimed, completed) are not written.
+    # Those call sites test this first, so a quiet worker pays neither for the line nor for its arguments.
+    quiet = False
 
     def __getattr__(self, name: str):
         import logging
-        return getattr(logging.getLogger("queuectl"), name)
+        method = getattr(logging.getLogger("queuectl"), name)
+        setattr(self, name, method)  # later calls find it at once (the logger object never changes)
+        return method
 
 
 log = _Log()
+
+
+def event(name: str, **fields) -> dict:
+    """The `extra=` of a log call: the event's name and fields, which `--log-format json` writes out."""
+    return {"event": name, "fields": fields}
 
 
 # ==== Constants ==================================================================================
@@ -53,14 +66,17 @@ STATES = (PENDING, PROCESSING, COMPLETED, FAILED, DEAD)
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 4
 APPLICATION_ID = 0x51435431  # "QCT1": marks a SQLite file as a queuectl database
 
 MAX_COMMAND_BYTES = 131_071  # Linux MAX_ARG_STRLEN (one argv string) less its terminating NUL
 MAX_ID_CHARS = 200
 MAX_RETRIES_LIMIT = 1_000_000
 MAX_SECONDS = 10 * 365 * 86400  # caps timeouts and delays: keeps every number finite and storable
-OUTPUT_TAIL_BYTES = 64 * 1024
+OUTPUT_TAIL_BYTES = 64 * 1024  # the default of config output-limit
+MIN_OUTPUT_LIMIT, MAX_OUTPUT_LIMIT = 1024, 64 * 1024 * 1024
+SIZE = re.compile(r"(\d+)[ \t]*(KiB|MiB|K|M|k|m|B)?")
+SIZE_UNITS = {"B": 1, "K": 1024, "k": 1024, "KiB": 1024, "M": 1024 ** 2, "m": 1024 ** 2, "MiB": 1024 ** 2}
 PR_SET_PDEATHSIG, SIGKILL = 1, 9  # Linux's prctl option, and the signal it asks for (see _die_with_runner)
 # A command made only of these words is exec'd without a shell (see direct_argv); the first word
 # may not contain '=', which would make it a variable assignment.
@@ -75,9 +91,12 @@ MAX_DEPS = 1000
 MAX_EPOCH = 253_402_300_799  # 9999-12-31T23:59:59Z
 DEFAULT_QUEUE = "default"
 QUEUE_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
-DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)")
-DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw]?)", re.ASCII)  # see parse_duration
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 PURGE_SLICE = 2000  # jobs that purge and retention delete per transaction: tens of ms of write lock
+BATCH_PROGRESS_LINES = 10_000  # `enqueue -` shows its progress line on a terminal past this many lines
+WAIT_POLL_S = 0.25  # how often `wait` looks again (and redraws its progress line)
+INSERT_SLICE = 10_000  # jobs a batch inserts per executemany, so its progress line can count them stored
 RETENTION_INTERVAL_S = 30.0  # how often workers delete completed jobs older than `retention`
 OUTPUT_FLUSH_S = 1.0  # a running job's output reaches the database at most this often (logs --follow)
 LOST_WORKER_CAP = 3  # a job whose worker is lost this many times goes to the DLQ
@@ -85,9 +104,13 @@ BURST_HORIZON_S = 60.0  # --burst waits for jobs due within this many seconds
 POLL_INTERVAL_S = 0.05  # how often an idle worker process checks for due jobs (one poller per process)
 IDLE_WAIT_S = 5.0  # an idle thread waits for the poller's wake-up; this is only a safety net
 SWEEP_INTERVAL_S = 1.0  # how often each worker process looks for dead workers
+# A run of a worker that none of its runners holds for this long is a claim whose answer was lost
+# (see Holdings); handing a claim's answer to its runner takes milliseconds.
+STRAY_GRACE_S = 5.0
 BUSY_TIMEOUT_S = 1.0  # SQLite's own busy wait per attempt; we retry on top of it
 CLI_BUSY_DEADLINE_S = 5.0  # a CLI command gives up (exit 1) after retrying this long
 CUT_OFF = "worker cut off from the database"  # why a worker killed runs it could no longer hold (lost runs)
+CLAIM_ANSWER_LOST = "claim answer lost"  # the error of a run recovered as a stray (see Holdings)
 HARD_STOP_S = 5.0  # a hard-stopped worker exits this long after the signal at most, whatever the database does
 
 
@@ -110,16 +133,35 @@ def _check(value: float, ok: bool, rule: str) -> float:
     return value
 
 
+def _output_limit(size: int) -> int:
+    if not MIN_OUTPUT_LIMIT <= size <= MAX_OUTPUT_LIMIT:
+        raise UsageError(f"{size} bytes is not from 1024 (1 KiB) to 67108864 (64 MiB)")
+    return size
+
+
+def seconds_key(low: float, high: float, rule: str):
+    """The validator of a config key measured in seconds: a duration (90, 15m, 2h, 1d, 1w) from low to high."""
+    def validate(text: str) -> float | int:
+        value = parse_duration(text)
+        if not low <= value <= high:
+            raise UsageError(f"value {text!r} must be {rule}")
+        return value
+    return validate
+
+
 # key -> (default, validator taking the CLI string and returning the stored value)
 CONFIG = {
     "max_retries": (3, lambda s: _check(v := _parse_number(s, integer=True), 0 <= v <= MAX_RETRIES_LIMIT,
                                         f"an integer from 0 to {MAX_RETRIES_LIMIT}")),
     "backoff_base": (2, lambda s: _check(v := _parse_number(s), 1 <= v <= 1000, "from 1 to 1000")),
-    "backoff_max": (3600, lambda s: _check(v := _parse_number(s), 0 <= v <= MAX_SECONDS, "seconds >= 0")),
+    "backoff_max": (3600, seconds_key(0, MAX_SECONDS, "seconds >= 0")),
     # At least 1 s: heartbeats come at most every 0.2 s, and a lease must span several of them.
-    "stale_timeout": (10, lambda s: _check(v := _parse_number(s), 1 <= v <= 86400, "seconds from 1 to 86400")),
-    "job_timeout": (0, lambda s: _check(v := _parse_number(s), 0 <= v <= MAX_SECONDS, "seconds >= 0 (0 = none)")),
-    "retention": (7 * 86400, lambda s: parse_duration(s)),  # completed jobs kept this long; 0 = forever
+    "stale_timeout": (10, seconds_key(1, 86400, "seconds from 1 to 86400 (1d)")),
+    "job_timeout": (0, seconds_key(0, MAX_SECONDS, "seconds >= 0 (0 = none)")),
+    # How long completed jobs are kept; 0 = forever.
+    "retention": (7 * 86400, seconds_key(0, MAX_SECONDS, "seconds >= 0 (0 = forever)")),
+    # the tail of each run's output that is kept, in bytes
+    "output_limit": (OUTPUT_TAIL_BYTES, lambda s: _output_limit(parse_size(s))),
 }
 
 
@@ -196,6 +238,27 @@ class Job(Record):
         return d
 
 
+class Schedule(Record):
+    """One schedule row; `last_job_state` is the state of the job its last slot made (None if gone)."""
+    FIELDS = ("id", "cron", "every_s", "tz", "overlap", "job", "created_at", "paused", "next_run_at",
+              "last_run_at", "last_job_id", "last_job_state")
+    COLUMNS = ", ".join(FIELDS[:-1])
+
+    @classmethod
+    def from_row(cls, row: tuple) -> "Schedule":
+        """Build a Schedule from a row selected with Schedule.COLUMNS and the last job's state."""
+        values = list(row)
+        values[5], values[7] = json.loads(values[5]), bool(values[7])
+        return cls(*values)
+
+    def to_dict(self) -> dict:
+        """The schedule as `schedule list --json` shows it (no next slot while paused)."""
+        return {"id": self.id, "cron": self.cron, "every": self.every_s, "tz": self.tz, "overlap": self.overlap,
+                "paused": self.paused, "next_run_at": None if self.paused else iso(self.next_run_at),
+                "last_run_at": iso(self.last_run_at), "last_job_id": self.last_job_id,
+                "last_job_state": self.last_job_state, "job": self.job}
+
+
 class Outcome:
     """What one run of a job's command came to."""
 
@@ -214,6 +277,25 @@ class Outcome:
 def text(output: bytes | None) -> str | None:
     """Captured output as text (invalid UTF-8 shown as U+FFFD)."""
     return None if output is None else output.decode("utf-8", "replace")
+
+
+def parse_size(text: str) -> int:
+    """'65536', '64K', '64KiB', '1M', '1MiB' -> bytes (K and M are 1024 and 1024²)."""
+    match = SIZE.fullmatch(text.strip())
+    if not match or len(match[1]) > 12:
+        raise UsageError(f"not a size: {text!r} (use bytes, or e.g. 64K, 512KiB, 1M, 16MiB)")
+    return int(match[1]) * SIZE_UNITS[match[2] or "B"]
+
+
+def size_text(n: int) -> str:
+    """Bytes for people: '512 B', '64 KiB', '14.2 MiB' (one decimal, none when it is 0; the dashboard's
+    bytes() writes the same)."""
+    value, unit = float(n), "B"
+    for bigger in ("KiB", "MiB", "GiB"):
+        if round(value, 1) < 1024:
+            break
+        value, unit = value / 1024, bigger
+    return f"{n} B" if unit == "B" else f"{round(value, 1):g} {unit}"
 
 
 # ==== Storage ====================================================================================
@@ -291,6 +373,27 @@ MIGRATIONS = [
     CREATE TABLE paused (queue TEXT PRIMARY KEY);
     CREATE TABLE config (key TEXT PRIMARY KEY, value TEXT NOT NULL);
     """,
+    "",  # 2: a number another change took
+    # 3: recurring schedules (see "Schedules"). `job` is the template as JSON; next_run_at is the next
+    # slot to fire (NULL when none comes); schedules_due makes "is any due?" one index lookup.
+    """
+    CREATE TABLE schedules (
+        id TEXT PRIMARY KEY,
+        cron TEXT,
+        every_s INTEGER,
+        tz TEXT NOT NULL,
+        overlap TEXT NOT NULL,
+        job TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        paused INTEGER NOT NULL DEFAULT 0,
+        next_run_at REAL,
+        last_run_at REAL,
+        last_job_id TEXT
+    );
+    CREATE INDEX schedules_due ON schedules (next_run_at) WHERE paused = 0;
+    """,
+    # 4: the queues a worker serves (`worker start --queue`), a JSON list; NULL = every queue.
+    "ALTER TABLE workers ADD COLUMN queues TEXT",
 ]
 
 class SqliteSQL:
@@ -307,6 +410,16 @@ class SqliteSQL:
     SQL_LIST_JOBS = f"SELECT {Job.COLUMNS} FROM (SELECT * FROM jobs {{where}} ORDER BY seq DESC LIMIT ?) ORDER BY seq"
     SQL_COUNTS = "SELECT state, count(*) FROM jobs {where} GROUP BY state"
     SQL_DEPS_OF = "SELECT dep_id FROM deps WHERE job_id = ? ORDER BY rowid"
+    # `wait --all` ({queue}: nothing, or AND queue = ?). The jobs it answers for are those unfinished
+    # when it starts, known by their seq (8 bytes each, not an id), read with the highest seq so far in
+    # one statement (one snapshot): a job enqueued later has a higher seq. Its dead ones are found by a
+    # range of jobs_state between the lowest seq it answers for and that highest seq, so an old
+    # dead-letter queue is not read at every poll.
+    SQL_UNFINISHED_SEQS = ("SELECT seq, (SELECT max(seq) FROM jobs) FROM jobs "
+                      "WHERE state IN ('pending', 'failed', 'processing') {queue}")
+    SQL_WAIT_COUNTS = ("SELECT (SELECT count(*) FROM jobs WHERE state IN ('pending', 'failed', 'processing') {queue}), "
+                       "(SELECT count(*) FROM jobs WHERE seq > ? {queue})")
+    SQL_DEAD_BETWEEN = "SELECT id, seq FROM jobs WHERE state = 'dead' AND seq BETWEEN ? AND ? {queue} ORDER BY seq"
     # The claim. A waiting job (pending or failed, no unfinished dependency) is *staged* until it is
     # due and *ready* from then on: the claim transaction first promotes the staged jobs that have
     # fallen due (a range of jobs_staged, empty most of the time), so jobs_claim holds only due jobs.
@@ -455,6 +568,11 @@ class SqliteSQL:
     SQL_ADOPTED = ("SELECT jobs.id, jobs.run_count, runs.worker_id FROM jobs "
                    "JOIN runs ON runs.job_id = jobs.id AND runs.run_no = jobs.run_count "
                    "WHERE jobs.state = 'processing' AND jobs.worker_id = ?1 AND runs.worker_id <> ?1")
+    # The runs a worker started and still holds: each must be known to one of its runners, or it is a
+    # claim whose answer was lost (see Holdings).
+    SQL_OWN_RUNS = ("SELECT jobs.id, jobs.run_count FROM jobs "
+                    "JOIN runs ON runs.job_id = jobs.id AND runs.run_no = jobs.run_count "
+                    "WHERE jobs.state = 'processing' AND jobs.worker_id = ? AND runs.worker_id = jobs.worker_id")
     SQL_PROCESSING_BY_WORKER = "SELECT worker_id, id FROM jobs WHERE state = 'processing'"
     SQL_CANCEL_REQUESTS = ("SELECT id, run_count FROM jobs WHERE state = 'processing' AND worker_id = ? "
                            "AND cancel_requested = run_count")
@@ -471,6 +589,17 @@ class SqliteSQL:
                  "WHERE deps.job_id = jobs.id AND d.state <> 'completed') WHERE id = ? AND state = 'dead'")
     SQL_DEAD_DEPS = ("SELECT deps.dep_id FROM deps JOIN jobs d ON d.id = deps.dep_id "
                      "WHERE deps.job_id = ? AND d.state = 'dead'")
+    # `dlq retry --all`: the dead jobs (of a queue, or of all when it is NULL) and, in any queue, the dead
+    # jobs they depend on, up the graph: a chain is revived together.
+    SQL_DEAD_CHAINS = """
+        WITH RECURSIVE chain(id) AS (
+            SELECT id FROM jobs WHERE state = 'dead' AND queue = coalesce(?, queue)
+            UNION SELECT deps.dep_id FROM deps JOIN chain ON deps.job_id = chain.id
+                JOIN jobs d ON d.id = deps.dep_id WHERE d.state = 'dead')
+        SELECT id FROM jobs WHERE id IN (SELECT id FROM chain) ORDER BY seq"""
+    # `cancel --all`: every job that has not finished (of a queue, or of all when it is NULL).
+    SQL_UNFINISHED = ("SELECT id FROM jobs WHERE state IN ('pending', 'failed', 'processing') "
+                      "AND queue = coalesce(?, queue) ORDER BY seq")
     SQL_CANCEL_WAITING = ("UPDATE jobs SET state = 'dead', last_error = 'canceled', updated_at = ? "
                           "WHERE id = ? AND state IN ('pending', 'failed')")
     SQL_CANCEL_RUNNING = "UPDATE jobs SET cancel_requested = run_count WHERE id = ? AND state = 'processing'"
@@ -489,7 +618,7 @@ class SqliteSQL:
     SQL_RESUME_ALL = "DELETE FROM paused"
     SQL_PAUSED = "SELECT queue FROM paused ORDER BY queue"
     SQL_REGISTER = ("INSERT INTO workers (id, host, pid, proc_start, boot_id, pid_ns, threads, started_at, "
-                    "heartbeat_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
+                    "heartbeat_at, queues) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
     SQL_HEARTBEAT = "UPDATE workers SET heartbeat_at = ?, beat = beat + 1 WHERE id = ?"
     SQL_STOP_REQUESTED = "SELECT stop_requested FROM workers WHERE id = ?"
     SQL_DEREGISTER = "DELETE FROM workers WHERE id = ?"
@@ -498,7 +627,7 @@ class SqliteSQL:
     # meanwhile is not deleted, and one that is deleted can no longer beat or claim.
     SQL_DROP_DEAD_WORKER = "DELETE FROM workers WHERE id = ? AND started_at = ? AND beat = ?"
     SQL_WORKERS = ("SELECT id, host, pid, proc_start, boot_id, pid_ns, heartbeat_at, beat, stop_requested, threads, "
-                   "started_at FROM workers ORDER BY started_at")
+                   "started_at, queues FROM workers ORDER BY started_at")
     SQL_REQUEST_STOP = "UPDATE workers SET stop_requested = 1 WHERE id = ?"
     # Stats over the run history, all in SQL; runs_ended limits each query to the window.
     SQL_STATS_OUTCOMES = "SELECT outcome, count(*) FROM runs WHERE ended_at >= ? GROUP BY outcome"
@@ -512,6 +641,13 @@ class SqliteSQL:
         f"WHERE {SQL_READY} AND next_run_at <= ?1 UNION ALL SELECT queue, next_run_at FROM jobs "
         f"INDEXED BY jobs_staged WHERE {SQL_STAGED} AND next_run_at <= ?1) AS e "
         "WHERE NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (e.queue, '*'))")
+    # `metrics`: jobs by queue and state, and the oldest eligible job of each queue (as above, by queue).
+    SQL_QUEUE_COUNTS = "SELECT queue, state, count(*) FROM jobs GROUP BY queue, state"
+    SQL_OLDEST_ELIGIBLE_BY_QUEUE = (
+        f"SELECT e.queue, min(e.next_run_at) FROM (SELECT queue, next_run_at FROM jobs INDEXED BY jobs_claim "
+        f"WHERE {SQL_READY} AND next_run_at <= ?1 UNION ALL SELECT queue, next_run_at FROM jobs "
+        f"INDEXED BY jobs_staged WHERE {SQL_STAGED} AND next_run_at <= ?1) AS e "
+        "WHERE NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (e.queue, '*')) GROUP BY e.queue")
     SQL_IDENTITY = ("SELECT (SELECT application_id FROM pragma_application_id()), "
                     "(SELECT count(*) FROM sqlite_master), (SELECT user_version FROM pragma_user_version())")
     SQL_CONFIG_GET = "SELECT value FROM config WHERE key = ?"
@@ -528,6 +664,29 @@ class SqliteSQL:
                            "WHERE ended_at >= ? AND outcome IN ('completed', 'failed', 'dead') "
                            "GROUP BY minute, outcome")
     SQL_QUERY_ONLY = "PRAGMA query_only = ON"
+
+    # Schedules. The earliest slot to fire, by schedules_due (min() reads one end of the index).
+    SQL_NEXT_SCHEDULE = "SELECT min(next_run_at) FROM schedules INDEXED BY schedules_due WHERE paused = 0"
+    SQL_INSERT_SCHEDULE = (f"INSERT INTO schedules ({Schedule.COLUMNS}) "
+                           "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+    # Each schedule with the state of the job its last slot made (NULL once that job is deleted).
+    SQL_SCHEDULES = (f"SELECT {Schedule.COLUMNS}, (SELECT state FROM jobs WHERE jobs.id = last_job_id) "
+                     "FROM schedules {where} ORDER BY id")
+    SQL_DUE_SCHEDULES = (f"SELECT {Schedule.COLUMNS}, (SELECT state FROM jobs WHERE jobs.id = last_job_id) "
+                         "FROM schedules INDEXED BY schedules_due WHERE paused = 0 AND next_run_at <= ? "
+                         "ORDER BY next_run_at")
+    # A slot's job: another worker may have made it already, and then this one is not made again.
+    SQL_INSERT_SLOT_JOB = (
+        "INSERT INTO jobs (id, command, state, max_retries, timeout_s, cwd, env, created_at, updated_at, next_run_at, "
+        "priority, queue, waiting_on, last_error, ready) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+        "ON CONFLICT (id) DO NOTHING")
+    # Moved only from the slot it was read at, so a slot is never passed twice.
+    SQL_SCHEDULE_FIRED = ("UPDATE schedules SET next_run_at = ?, last_run_at = coalesce(?, last_run_at), "
+                          "last_job_id = coalesce(?, last_job_id) WHERE id = ? AND next_run_at = ?")
+    SQL_SCHEDULE_TO_CHANGE = f"SELECT {Schedule.COLUMNS}, NULL FROM schedules WHERE id = ?"
+    SQL_PAUSE_SCHEDULE = "UPDATE schedules SET paused = 1 WHERE id = ?"
+    SQL_RESUME_SCHEDULE = "UPDATE schedules SET paused = 0, next_run_at = ? WHERE id = ?"
+    SQL_REMOVE_SCHEDULE = "DELETE FROM schedules WHERE id = ?"
 
     @classmethod
     def heads(cls, queues: tuple) -> str:
@@ -549,7 +708,7 @@ Cursor = sqlite3.Cursor  # what a Store's rules are given: a DB-API cursor (exec
 class WorkerRow(Record):
     """A registered worker process as stored."""
     FIELDS = ("id", "host", "pid", "proc_start", "boot_id", "pid_ns", "heartbeat_at", "beat", "stop_requested",
-              "threads", "started_at")
+              "threads", "started_at", "queues")  # queues: JSON list, or None for every queue
 
 
 def _where_in_batch(spec: dict) -> str:
@@ -561,6 +720,11 @@ def _where(mark: str, **equal) -> tuple[str, tuple]:
     """A WHERE clause of `column = mark` terms for the given non-None values (mark: the dialect's PARAM)."""
     terms = {k: v for k, v in equal.items() if v is not None}
     return ("WHERE " + " AND ".join(f"{k} = {mark}" for k in terms) if terms else ""), tuple(terms.values())
+
+
+def _and_queue(mark: str, queue: str | None) -> tuple[str, tuple]:
+    """`AND queue = mark` and its parameter, or nothing for every queue (mark: the dialect's PARAM)."""
+    return (f"AND queue = {mark}", (queue,)) if queue is not None else ("", ())
 
 
 _PROCESS_LOCKS: dict = {}
@@ -722,19 +886,25 @@ class Store:
 
     # -- jobs -----------------------------------------------------------------------------------
 
-    def enqueue(self, specs: list[dict], now: float) -> list[str]:
-        """Insert validated job specs in one transaction, all or nothing; returns their ids."""
+    def enqueue(self, specs: list[dict], now: float, stored: Callable[[int], None] = lambda count: None) -> list[str]:
+        """Insert validated job specs in one transaction, all or nothing; returns their ids. `stored(count)`
+        hears how many are inserted so far (not committed yet), for a progress line."""
         def insert(cur):
             plain: list[dict] = []
             due = False
-            for spec in specs:
+            for count, spec in enumerate(specs, start=1):
                 if spec["depends_on"]:
                     self._insert_plain(cur, plain, now)
                     due |= self._insert_with_deps(cur, spec, now)
+                    stored(count)
                 else:
                     plain.append(spec)
                     due |= (spec["run_at"] or now) <= now
+                    if len(plain) == INSERT_SLICE:
+                        self._insert_plain(cur, plain, now)
+                        stored(count)
             self._insert_plain(cur, plain, now)
+            stored(len(specs))
             if due:
                 self._wake_workers(cur)
             return [spec["id"] for spec in specs]
@@ -824,6 +994,23 @@ class Store:
         counts.update(self.read(self.sql.SQL_COUNTS.format(where=where), params))
         return counts
 
+    def unfinished(self, queue: str | None) -> tuple[set[int], int]:
+        """The seqs of the jobs pending, failed or processing now (of `queue`, or of every queue), and
+        the highest seq so far (0 if none), read in one snapshot: what `wait --all` answers for."""
+        clause, params = _and_queue(self.sql.PARAM, queue)
+        rows = self.read(self.sql.SQL_UNFINISHED_SEQS.format(queue=clause), params)
+        return {r[0] for r in rows}, (rows[0][1] if rows else 0)
+
+    def wait_counts(self, queue: str | None, after_seq: int) -> tuple[int, int]:
+        """(jobs pending, failed or processing now, jobs enqueued after seq `after_seq` still here)."""
+        clause, params = _and_queue(self.sql.PARAM, queue)
+        return tuple(self.read(self.sql.SQL_WAIT_COUNTS.format(queue=clause), params + (after_seq,) + params)[0])
+
+    def dead_between(self, queue: str | None, low_seq: int, high_seq: int) -> list[tuple[str, int]]:
+        """(id, seq) of the dead jobs whose seq is from `low_seq` to `high_seq`, in enqueue order."""
+        clause, params = _and_queue(self.sql.PARAM, queue)
+        return self.read(self.sql.SQL_DEAD_BETWEEN.format(queue=clause), (low_seq, high_seq) + params)
+
     def runs(self, job_id: str) -> list[dict]:
         """Every run of a job, oldest first."""
         keys = ("run", "worker_id", "started_at", "due_at", "ended_at", "outcome", "exit_code", "error", "output",
@@ -911,20 +1098,32 @@ class Store:
 
     def retry_dead(self, job_ids: list[str], now: float) -> None:
         """Move dead jobs back to pending, all or nothing; a dead dependency must be retried with them."""
-        def revive(cur):
-            for job_id in job_ids:
-                row = cur.execute(self.sql.SQL_JOB_STATE, (job_id,)).fetchone()
-                if row is None:
-                    raise NotFound(f"no job with id {job_id!r}")
-                if row[0] != DEAD:
-                    raise Conflict(f"job {job_id!r} is {row[0]}, not dead")
-                blocker = next((d for (d,) in cur.execute(self.sql.SQL_DEAD_DEPS, (job_id,)) if d not in job_ids), None)
-                if blocker:
-                    raise Conflict(f"job {job_id!r} depends on dead job {blocker!r}: retry both together")
-            for job_id in job_ids:  # in the order given; a dependency listed later still counts as unfinished
-                cur.execute(self.sql.SQL_RETRY, (now, now, job_id))
+        self.write(lambda cur: self._revive(cur, job_ids, now))
+
+    def retry_all_dead(self, queue: str | None, now: float) -> list[str]:
+        """`dlq retry --all`: every dead job (of `queue`) and the dead jobs it depends on, in any queue,
+        revived in one transaction; returns their ids, oldest first."""
+        def revive_all(cur):
+            ids = [r[0] for r in cur.execute(self.sql.SQL_DEAD_CHAINS, (queue,)).fetchall()]
+            self._revive(cur, ids, now)
+            return ids
+        return self.write(revive_all)
+
+    def _revive(self, cur: Cursor, job_ids: list[str], now: float) -> None:
+        wanted = set(job_ids)
+        for job_id in job_ids:
+            row = cur.execute(self.sql.SQL_JOB_STATE, (job_id,)).fetchone()
+            if row is None:
+                raise NotFound(f"no job with id {job_id!r}")
+            if row[0] != DEAD:
+                raise Conflict(f"job {job_id!r} is {row[0]}, not dead")
+            blocker = next((d for (d,) in cur.execute(self.sql.SQL_DEAD_DEPS, (job_id,)) if d not in wanted), None)
+            if blocker:
+                raise Conflict(f"job {job_id!r} depends on dead job {blocker!r}: retry both together")
+        for job_id in job_ids:  # in the order given; a dependency listed later still counts as unfinished
+            cur.execute(self.sql.SQL_RETRY, (now, now, job_id))
+        if job_ids:
             self._wake_workers(cur)
-        self.write(revive)
 
     def cancel(self, job_ids: list[str], now: float) -> None:
         """Cancel jobs, all or nothing: waiting ones go to the DLQ now, running ones when their worker kills them."""
@@ -939,6 +1138,20 @@ class Store:
                 else:
                     cur.execute(self.sql.SQL_CANCEL_RUNNING, (job_id,))
         self.write(cancel)
+
+    def cancel_all(self, queue: str | None, now: float) -> list[str]:
+        """`cancel --all`: cancel every job (of `queue`) that has not finished, in one transaction, as
+        cancel() does; returns the ids canceled, oldest first (one that finished meanwhile is left alone)."""
+        def cancel(cur):
+            ids = [r[0] for r in cur.execute(self.sql.SQL_UNFINISHED, (queue,)).fetchall()]
+            waiting = [i for i in ids if cur.execute(self.sql.SQL_CANCEL_WAITING, (now, i)).rowcount]
+            running = [i for i in ids if cur.execute(self.sql.SQL_CANCEL_RUNNING, (i,)).rowcount]
+            # Only after every cancel: a dependent that is canceled too says 'canceled', not 'dependency x is dead'.
+            for job_id in waiting:
+                self._kill_dependents(cur, job_id, now)
+            done = {*waiting, *running}
+            return [i for i in ids if i in done]
+        return self.write(cancel)
 
     def _state_in(self, cur: Cursor, job_id: str) -> str:
         row = cur.execute(self.sql.SQL_JOB_STATE, (job_id,)).fetchone()
@@ -972,13 +1185,16 @@ class Store:
             return len(ids)
         return self.write(purge)
 
-    def purge_in_slices(self, state: str, before: float, max_slices: int = 1 << 62) -> int:
+    def purge_in_slices(self, state: str, before: float, max_slices: int = 1 << 62,
+                        purged: Callable[[int], None] = lambda count: None) -> int:
         """purge() in transactions of PURGE_SLICE jobs, so no write lock is held long (a million jobs
-        in one transaction held it 7 s, and every worker's heartbeat with it); returns how many."""
+        in one transaction held it 7 s, and every worker's heartbeat with it); returns how many.
+        `purged(count)` hears the running total after each slice, for a progress line."""
         total = 0
         for _ in range(max_slices):
             removed = self.purge(state, before, PURGE_SLICE)
             total += removed
+            purged(total)
             if removed < PURGE_SLICE:
                 break
             # A short gap between slices: SQLite does not queue waiting writers, they poll, and one
@@ -1008,12 +1224,24 @@ class Store:
 
     def stats(self, since: float, now: float) -> dict:
         """Outcome counts, duration and wait percentiles over runs that ended since `since`."""
-        outcomes = dict(self.read(self.sql.SQL_STATS_OUTCOMES, (since,)))
+        outcomes = self.outcomes(since)
         times = self.read(self.sql.SQL_STATS_TIMES, (since,))
         oldest = self.read(self.sql.SQL_OLDEST_ELIGIBLE, (now,))[0][0]
         return {"outcomes": outcomes, "duration": percentiles(t[0] for t in times),
                 "wait": percentiles(t[1] for t in times),
                 "oldest_eligible_age_s": None if oldest is None else max(0.0, now - oldest)}
+
+    def outcomes(self, since: float) -> dict[str, int]:
+        """Runs that ended since `since`, counted by outcome."""
+        return dict(self.read(self.sql.SQL_STATS_OUTCOMES, (since,)))
+
+    def queue_counts(self) -> list[tuple[str, str, int]]:
+        """(queue, state, jobs) for every queue and state that has jobs."""
+        return self.read(self.sql.SQL_QUEUE_COUNTS)
+
+    def oldest_eligible_by_queue(self, now: float) -> dict[str, float]:
+        """Queue -> next_run_at of its longest-waiting eligible job (due, no unfinished dependency, not paused)."""
+        return dict(self.read(self.sql.SQL_OLDEST_ELIGIBLE_BY_QUEUE, (now,)))
 
     def runs_per_minute(self, start: float) -> list[tuple]:
         """(minute from `start`, outcome, count) of the runs that ended completed, failed or dead since `start`."""
@@ -1021,11 +1249,11 @@ class Store:
 
     # -- workers --------------------------------------------------------------------------------
 
-    def register(self, worker_id: str, identity: dict, threads: int, now: float) -> None:
-        """Add this worker process to the workers table."""
+    def register(self, worker_id: str, identity: dict, threads: int, now: float, queues: tuple = ()) -> None:
+        """Add this worker process to the workers table, with the queues it serves (none named: all)."""
         self.write(lambda cur: cur.execute(self.sql.SQL_REGISTER, (
             worker_id, identity["host"], identity["pid"], identity["proc_start"], identity["boot_id"],
-            identity["pid_ns"], threads, now, now)))
+            identity["pid_ns"], threads, now, now, json.dumps(list(queues)) if queues else None)))
 
     def heartbeat(self, worker_id: str, now: float) -> bool | None:
         """Refresh our heartbeat; returns whether a stop was requested, or None if our row is gone."""
@@ -1078,6 +1306,10 @@ class Store:
         """(id, run_count, worker id of the run) of the jobs this worker adopted and has not requeued."""
         return self.read(self.sql.SQL_ADOPTED, (worker_id,))
 
+    def own_runs(self, worker_id: str) -> list[tuple]:
+        """(id, run_count) of the processing jobs whose run this worker started and still holds."""
+        return self.read(self.sql.SQL_OWN_RUNS, (worker_id,))
+
     def adopt(self, job_id: str, run_no: int, owner: str, adopter: str) -> str | None:
         """Take over the recovery of an orphan (a processing job whose worker is not registered);
         returns the worker id its run was started by, or None if another sweeper took it first."""
@@ -1087,6 +1319,97 @@ class Store:
             row = cur.execute(self.sql.SQL_RUN_WORKER, (job_id, run_no)).fetchone()
             return row[0] if row else owner
         return self.write(take)
+
+    # -- schedules ------------------------------------------------------------------------------
+
+    def add_schedule(self, schedule: Schedule) -> None:
+        """Store a validated schedule; Conflict if its id is taken."""
+        row = (schedule.id, schedule.cron, schedule.every_s, schedule.tz, schedule.overlap, json.dumps(schedule.job),
+               schedule.created_at, int(schedule.paused), schedule.next_run_at, schedule.last_run_at,
+               schedule.last_job_id)
+
+        def insert(cur):
+            try:
+                cur.execute(self.sql.SQL_INSERT_SCHEDULE, row)
+            except self.IntegrityError:
+                raise Conflict(f"schedule {schedule.id!r} already exists") from None
+        self.write(insert)
+
+    def schedules(self, schedule_id: str | None = None) -> list[Schedule]:
+        """Every schedule by id (or the one named), each with its last job's state."""
+        where, params = _where(self.sql.PARAM, id=schedule_id)
+        return [Schedule.from_row(r) for r in self.read(self.sql.SQL_SCHEDULES.format(where=where), params)]
+
+    def schedule(self, schedule_id: str) -> Schedule:
+        """One schedule; NotFound if absent."""
+        found = self.schedules(schedule_id)
+        if not found:
+            raise NotFound(f"no schedule with id {schedule_id!r}")
+        return found[0]
+
+    def next_schedule_at(self) -> float | None:
+        """The earliest slot any schedule that is not paused waits for (one index lookup)."""
+        return self.read(self.sql.SQL_NEXT_SCHEDULE)[0][0]
+
+    def fire_schedules(self, now: float) -> list[tuple]:
+        """Fire every due schedule in one transaction (see firing_rule): enqueue its slot's job, unless
+        that job exists already, and move it to its next slot. Returns (schedule id, slot or None,
+        job id or None, what happened) for each; a schedule this host cannot compute (its zone is
+        unknown here) is left for another worker."""
+        def fire(cur):
+            rows = cur.execute(self.sql.SQL_DUE_SCHEDULES, (now,)).fetchall()
+            events = [self._fire_one(cur, Schedule.from_row(row), defaults, now) for row in rows]
+            if any(event[2] for event in events):
+                self._wake_workers(cur)
+            return events
+        defaults = self.config_all()  # the jobs' max_retries and timeout, when their template has none
+        return self.write(fire)
+
+    def _fire_one(self, cur: Cursor, schedule: Schedule, defaults: dict, now: float) -> tuple:
+        try:
+            slot, following = firing_rule(schedule, now)
+            spec = slot_job(schedule, slot, defaults) if slot is not None else None
+        except QueueError as e:
+            return schedule.id, None, None, f"not fired here: {e}"
+        job_id = spec and spec["id"]
+        made = bool(spec) and cur.execute(self.sql.SQL_INSERT_SLOT_JOB, self._row(spec, 0, now)).rowcount == 1
+        cur.execute(self.sql.SQL_SCHEDULE_FIRED, (following, slot, job_id, schedule.id, schedule.next_run_at))
+        if not spec:
+            return (schedule.id, None, None, f"slot skipped (overlap skip): job {schedule.last_job_id} "
+                    f"is still {schedule.last_job_state}")
+        return schedule.id, slot, job_id if made else None, f"job {job_id} {'enqueued' if made else 'already exists'}"
+
+    def pause_schedules(self, schedule_ids: list[str]) -> None:
+        """Pause schedules, all or nothing: their slots pass without jobs."""
+        def pause(cur):
+            self._schedules_in(cur, schedule_ids)
+            cur.executemany(self.sql.SQL_PAUSE_SCHEDULE, [(i,) for i in schedule_ids])
+        self.write(pause)
+
+    def resume_schedules(self, schedule_ids: list[str], now: float) -> None:
+        """Resume paused schedules, all or nothing, from their first slot after `now`: slots missed
+        while paused do not fire. A schedule that is not paused is left as it is."""
+        def resume(cur):
+            for schedule in self._schedules_in(cur, schedule_ids):
+                if schedule.paused:
+                    cur.execute(self.sql.SQL_RESUME_SCHEDULE, (next_slot(schedule, now), schedule.id))
+        self.write(resume)
+
+    def remove_schedules(self, schedule_ids: list[str]) -> None:
+        """Remove schedules, all or nothing; the jobs they made stay."""
+        def remove(cur):
+            self._schedules_in(cur, schedule_ids)
+            cur.executemany(self.sql.SQL_REMOVE_SCHEDULE, [(i,) for i in schedule_ids])
+        self.write(remove)
+
+    def _schedules_in(self, cur: Cursor, schedule_ids: list[str]) -> list[Schedule]:
+        """The named schedules, read to be changed (locked on PostgreSQL); NotFound naming the first
+        unknown one, before anything is changed."""
+        rows = [cur.execute(self.sql.SQL_SCHEDULE_TO_CHANGE, (i,)).fetchone() for i in schedule_ids]
+        missing = next((i for i, row in zip(schedule_ids, rows) if row is None), None)
+        if missing is not None:
+            raise NotFound(f"no schedule with id {missing!r}")
+        return [Schedule.from_row(row) for row in rows]
 
     # -- config ---------------------------------------------------------------------------------
 
@@ -1103,6 +1426,10 @@ class Store:
     def config_set(self, key: str, value: float | int) -> None:
         """Store a validated config value."""
         self.write(lambda cur: cur.execute(self.sql.SQL_CONFIG_SET, (key, json.dumps(value))))
+
+    def set_lease(self, stale_s: float) -> None:
+        """A worker's stale-timeout changed: PostgreSQL bounds its connection's waits by it; a local
+        file cannot hang that way."""
 
 
 class SqliteStore(Store):
@@ -1473,6 +1800,26 @@ PG_MIGRATIONS = [
     CREATE TABLE paused (queue TEXT PRIMARY KEY);
     CREATE TABLE config (key TEXT PRIMARY KEY, value TEXT NOT NULL)
     """,
+    "",  # 2: a number another change took
+    # 3: as SQLite's migration 3.
+    """
+    CREATE TABLE schedules (
+        id TEXT PRIMARY KEY,
+        cron TEXT,
+        every_s BIGINT,
+        tz TEXT NOT NULL,
+        overlap TEXT NOT NULL,
+        job TEXT NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL,
+        paused SMALLINT NOT NULL DEFAULT 0,
+        next_run_at DOUBLE PRECISION,
+        last_run_at DOUBLE PRECISION,
+        last_job_id TEXT
+    );
+    CREATE INDEX schedules_due ON schedules (next_run_at) WHERE paused = 0
+    """,
+    # 4: as SQLite's migration 4.
+    "ALTER TABLE workers ADD COLUMN queues TEXT",
 ]
 
 
@@ -1510,6 +1857,14 @@ class PostgresSQL:
                      "LIMIT nullif(%s, -1)) AS newest ORDER BY seq")
     SQL_COUNTS = "SELECT state, count(*) FROM jobs {where} GROUP BY state"
     SQL_DEPS_OF = "SELECT dep_id FROM deps WHERE job_id = %s ORDER BY seq"
+    # `wait --all`, as SQLite's. A job whose insert commits after the first statement's snapshot with
+    # a lower seq than its max (sequences are handed out before commit) is neither answered for nor
+    # counted as arrived: the progress line's total may lag by it; the exit code cannot be wrong.
+    SQL_UNFINISHED_SEQS = ("SELECT seq, (SELECT max(seq) FROM jobs) FROM jobs "
+                      "WHERE state IN ('pending', 'failed', 'processing') {queue}")
+    SQL_WAIT_COUNTS = ("SELECT (SELECT count(*) FROM jobs WHERE state IN ('pending', 'failed', 'processing') {queue}), "
+                       "(SELECT count(*) FROM jobs WHERE seq > %s {queue})")
+    SQL_DEAD_BETWEEN = "SELECT id, seq FROM jobs WHERE state = 'dead' AND seq BETWEEN %s AND %s {queue} ORDER BY seq"
     # The claim keeps SQLite's split (see SqliteSQL): a waiting job is staged until due, then ready,
     # and the claim transaction first promotes what has fallen due. Rows another claimer is
     # promoting are skipped, not waited for: that claimer makes them ready.
@@ -1613,6 +1968,9 @@ class PostgresSQL:
     SQL_ADOPTED = ("SELECT jobs.id, jobs.run_count, runs.worker_id FROM jobs "
                    "JOIN runs ON runs.job_id = jobs.id AND runs.run_no = jobs.run_count "
                    "WHERE jobs.state = 'processing' AND jobs.worker_id = %s AND runs.worker_id <> jobs.worker_id")
+    SQL_OWN_RUNS = ("SELECT jobs.id, jobs.run_count FROM jobs "
+                    "JOIN runs ON runs.job_id = jobs.id AND runs.run_no = jobs.run_count "
+                    "WHERE jobs.state = 'processing' AND jobs.worker_id = %s AND runs.worker_id = jobs.worker_id")
     SQL_PROCESSING_BY_WORKER = "SELECT worker_id, id FROM jobs WHERE state = 'processing'"
     SQL_CANCEL_REQUESTS = ("SELECT id, run_count FROM jobs WHERE state = 'processing' AND worker_id = %s "
                            "AND cancel_requested = run_count")
@@ -1630,6 +1988,16 @@ class PostgresSQL:
     # must not change before the retry commits.
     SQL_DEAD_DEPS = ("SELECT dep_id FROM (SELECT d.id AS dep_id, d.state FROM deps JOIN jobs d ON d.id = deps.dep_id "
                      "WHERE deps.job_id = %s FOR UPDATE OF d) AS locked WHERE state = 'dead'")
+    # The jobs it finds are locked by SQL_JOB_STATE and SQL_DEAD_DEPS, one by one, as `dlq retry ID...` does.
+    SQL_DEAD_CHAINS = """
+        WITH RECURSIVE chain(id) AS (
+            SELECT id FROM jobs WHERE state = 'dead' AND queue = coalesce(%s, queue)
+            UNION SELECT deps.dep_id FROM deps JOIN chain ON deps.job_id = chain.id
+                JOIN jobs d ON d.id = deps.dep_id WHERE d.state = 'dead')
+        SELECT id FROM jobs WHERE id IN (SELECT id FROM chain) ORDER BY seq"""
+    # No lock: each cancel below is an UPDATE guarded by the state, so a job that finished meanwhile is left.
+    SQL_UNFINISHED = ("SELECT id FROM jobs WHERE state IN ('pending', 'failed', 'processing') "
+                      "AND queue = coalesce(%s, queue) ORDER BY seq")
     SQL_CANCEL_WAITING = ("UPDATE jobs SET state = 'dead', last_error = 'canceled', updated_at = %s "
                           "WHERE id = %s AND state IN ('pending', 'failed')")
     SQL_CANCEL_RUNNING = "UPDATE jobs SET cancel_requested = run_count WHERE id = %s AND state = 'processing'"
@@ -1645,13 +2013,13 @@ class PostgresSQL:
     SQL_RESUME_ALL = "DELETE FROM paused"
     SQL_PAUSED = "SELECT queue FROM paused ORDER BY queue"
     SQL_REGISTER = ("INSERT INTO workers (id, host, pid, proc_start, boot_id, pid_ns, threads, started_at, "
-                    "heartbeat_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)")
+                    "heartbeat_at, queues) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
     SQL_HEARTBEAT = "UPDATE workers SET heartbeat_at = %s, beat = beat + 1 WHERE id = %s"
     SQL_STOP_REQUESTED = "SELECT stop_requested FROM workers WHERE id = %s"
     SQL_DEREGISTER = "DELETE FROM workers WHERE id = %s"
     SQL_DROP_DEAD_WORKER = "DELETE FROM workers WHERE id = %s AND started_at = %s AND beat = %s"
     SQL_WORKERS = ("SELECT id, host, pid, proc_start, boot_id, pid_ns, heartbeat_at, beat, stop_requested, threads, "
-                   "started_at FROM workers ORDER BY started_at")
+                   "started_at, queues FROM workers ORDER BY started_at")
     SQL_REQUEST_STOP = "UPDATE workers SET stop_requested = 1 WHERE id = %s"
     SQL_STATS_OUTCOMES = "SELECT outcome, count(*) FROM runs WHERE ended_at >= %s GROUP BY outcome"
     SQL_STATS_TIMES = ("SELECT ended_at - started_at, GREATEST(0, started_at - due_at) FROM runs "
@@ -1660,6 +2028,11 @@ class PostgresSQL:
     SQL_OLDEST_ELIGIBLE = ("SELECT min(next_run_at) FROM jobs WHERE state IN ('pending', 'failed') AND waiting_on = 0 "
                            "AND next_run_at <= %s "
                            "AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*'))")
+    SQL_QUEUE_COUNTS = "SELECT queue, state, count(*) FROM jobs GROUP BY queue, state"
+    SQL_OLDEST_ELIGIBLE_BY_QUEUE = (
+        "SELECT queue, min(next_run_at) FROM jobs WHERE state IN ('pending', 'failed') AND waiting_on = 0 "
+        "AND next_run_at <= %s AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')) "
+        "GROUP BY queue")
     SQL_CONFIG_GET = "SELECT value FROM config WHERE key = %s"
     SQL_CONFIG_SET = ("INSERT INTO config (key, value) VALUES (%s, %s) "
                       "ON CONFLICT (key) DO UPDATE SET value = excluded.value")
@@ -1676,6 +2049,26 @@ class PostgresSQL:
     # delivered at its commit, and not at all if it rolls back.
     SQL_NOTIFY = "SELECT pg_notify(%s, '')"
     SQL_LISTEN = 'LISTEN "{channel}"'
+    # Schedules, as SQLite's. A due schedule is locked while it fires, and one that another worker
+    # is firing is skipped (that worker fires it); a schedule read to change is read FOR UPDATE.
+    SQL_NEXT_SCHEDULE = "SELECT min(next_run_at) FROM schedules WHERE paused = 0"
+    SQL_INSERT_SCHEDULE = (f"INSERT INTO schedules ({Schedule.COLUMNS}) "
+                           "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
+    SQL_SCHEDULES = (f"SELECT {Schedule.COLUMNS}, (SELECT state FROM jobs WHERE jobs.id = last_job_id) "
+                     "FROM schedules {where} ORDER BY id")
+    SQL_DUE_SCHEDULES = (f"SELECT {Schedule.COLUMNS}, (SELECT state FROM jobs WHERE jobs.id = last_job_id) "
+                         "FROM schedules WHERE paused = 0 AND next_run_at <= %s ORDER BY next_run_at "
+                         "FOR UPDATE OF schedules SKIP LOCKED")
+    SQL_INSERT_SLOT_JOB = (
+        "INSERT INTO jobs (id, command, state, max_retries, timeout_s, cwd, env, created_at, updated_at, next_run_at, "
+        "priority, queue, waiting_on, last_error, ready) "
+        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING")
+    SQL_SCHEDULE_FIRED = ("UPDATE schedules SET next_run_at = %s, last_run_at = coalesce(%s, last_run_at), "
+                          "last_job_id = coalesce(%s, last_job_id) WHERE id = %s AND next_run_at = %s")
+    SQL_SCHEDULE_TO_CHANGE = f"SELECT {Schedule.COLUMNS}, NULL FROM schedules WHERE id = %s FOR UPDATE"
+    SQL_PAUSE_SCHEDULE = "UPDATE schedules SET paused = 1 WHERE id = %s"
+    SQL_RESUME_SCHEDULE = "UPDATE schedules SET paused = 0, next_run_at = %s WHERE id = %s"
+    SQL_REMOVE_SCHEDULE = "DELETE FROM schedules WHERE id = %s"
 
 
 class _NotOurs(Exception):
@@ -1685,6 +2078,7 @@ class _NotOurs(Exception):
 PG_SCHEMA_NAME = re.compile(r"[A-Za-z0-9_]{1,63}")
 PG_ATTEMPTS = 5  # tries of a transaction that a serialization failure or deadlock rolled back
 PG_CONNECT_TIMEOUT_S = 10
+PG_KEEPALIVE_PROBES = 3  # unanswered TCP keepalive probes before a worker's connection is given up
 PG_COPY_MIN_ROWS = 100  # fewer jobs are inserted with executemany: COPY costs a round trip more
 
 
@@ -1709,6 +2103,22 @@ def _psycopg():
     # batch): a command's failure is one line, and that line is ours.
     logging.getLogger("psycopg").setLevel(logging.ERROR)
     return psycopg
+
+
+def pg_lease_params(stale_s: float) -> dict[str, int]:
+    """libpq parameters of a worker whose lease is stale_s: a connection whose server vanished without
+    a word (its host gone, packets dropped, no reset) fails within about stale_s/4, and the worker
+    reconnects with backoff, instead of a read that waits until the kernel gives up (some 15 minutes
+    with data unacknowledged, forever without). tcp_user_timeout bounds data the server does not
+    acknowledge; keepalive probes, an answer that never comes. libpq counts keepalives and
+    connect_timeout in whole seconds (psycopg waits at least 2 s to connect), so for a stale-timeout
+    under about 8 s a hung connection takes 1-3 s to fail."""
+    bound_s = stale_s / 4
+    idle_s = max(1, int(bound_s / 2))
+    return {"keepalives": 1, "keepalives_idle": idle_s,
+            "keepalives_interval": max(1, int(bound_s / 2 / PG_KEEPALIVE_PROBES)),
+            "keepalives_count": PG_KEEPALIVE_PROBES, "tcp_user_timeout": max(1, round(bound_s * 1000)),
+            "connect_timeout": min(PG_CONNECT_TIMEOUT_S, max(2, math.ceil(bound_s)))}
 
 
 def _pg_target(url: str) -> tuple[str, str, str, str]:
@@ -1751,9 +2161,10 @@ class PostgresStore(Store):
     cut_off_kills = True
 
     def __init__(self, url: str, *, durable: bool = True, busy_deadline_s: float = CLI_BUSY_DEADLINE_S,
-                 reads_only: bool = False, give_up=lambda: False):
+                 reads_only: bool = False, give_up=lambda: False, lease_s: float | None = None):
         """`url`: postgresql://USER[:PASSWORD]@HOST:PORT/DBNAME?schema=NAME; the password may instead
-        come from PGPASSWORD or ~/.pgpass, as libpq finds it, and never appears in a message."""
+        come from PGPASSWORD or ~/.pgpass, as libpq finds it, and never appears in a message.
+        `lease_s`: a worker's stale-timeout, which bounds how long its connection may hang (see set_lease)."""
         self.psycopg = _psycopg()
         self.IntegrityError = self.psycopg.IntegrityError
         self.target = url  # what open_database() was given, to open more: may hold the password, never shown
@@ -1765,6 +2176,7 @@ class PostgresStore(Store):
         self.pipeline = None  # the pipeline of the write() under way, if it is pipelined
         self.durable, self.reads_only, self.read_only, self.frozen = durable, reads_only, False, False
         self.busy_deadline_s, self.give_up = busy_deadline_s, give_up
+        self.lease_s = self.conn_lease_s = lease_s  # the lease wanted, and the one the connection was opened for
         self.conn = self._connect()
         try:
             self._migrate()
@@ -1778,7 +2190,9 @@ class PostgresStore(Store):
 
     def _connect(self):
         try:
-            conn = self.psycopg.connect(self._libpq, autocommit=True, connect_timeout=PG_CONNECT_TIMEOUT_S)
+            lease_s = self.lease_s
+            conn = self.psycopg.connect(self._libpq, autocommit=True, **self._connect_params(lease_s))
+            self.conn_lease_s = lease_s
         except self.psycopg.Error as e:
             raise BadDatabase(f"cannot connect to PostgreSQL at {self.server}: {self._reason(e)}") from None
         try:
@@ -1799,6 +2213,20 @@ class PostgresStore(Store):
             conn.close()
             raise BadDatabase(f"cannot use PostgreSQL at {self.server}: {self._reason(e)}") from None
         return conn
+
+    def _connect_params(self, lease_s: float | None) -> dict:
+        """Our libpq parameters, less those the user chose: one set in the URL (or connect_timeout in
+        PGCONNECT_TIMEOUT) wins. A worker's connection gets pg_lease_params (see set_lease)."""
+        ours = {"connect_timeout": PG_CONNECT_TIMEOUT_S, **(pg_lease_params(lease_s) if lease_s else {})}
+        given = set(self.psycopg.conninfo.conninfo_to_dict(self._libpq))
+        if os.environ.get("PGCONNECT_TIMEOUT"):
+            given.add("connect_timeout")
+        return {key: value for key, value in ours.items() if key not in given}
+
+    def set_lease(self, stale_s: float) -> None:
+        """Bound how long this worker's connection may hang, from its stale-timeout (pg_lease_params).
+        A changed value reopens the connection at its next use."""
+        self.lease_s = stale_s
 
     def _reason(self, error: Exception) -> str:
         """A driver error as one line without the password (libpq's messages do not hold it, but a
@@ -1934,7 +2362,8 @@ class PostgresStore(Store):
     def _usable(self):
         """The connection, opened again if the last one was lost (a server restart, a dropped link):
         a worker lives longer than any one connection."""
-        if self.conn.closed or self.conn.broken:
+        if self.conn.closed or self.conn.broken or self.conn_lease_s != self.lease_s:
+            self.conn.close()
             self.conn = self._connect()
             if self.reads_only:
                 self.query_only()
@@ -2047,7 +2476,8 @@ class PostgresStore(Store):
 
     def flush_output(self, job: Job, tail: bytes, total: int) -> bool:
         """Store a running job's output so far (for `logs --follow`), in one short try that never
-        waits for a lock (the caller is the loop that reads the job's pipe); False if it did not."""
+        waits for a lock (it is only worth a short delay); False if it did not. A worker calls it from a
+        thread of its own (see Runner._flush): a connection that hangs here cannot delay a job's kill."""
         try:
             with self._usable().transaction():
                 self.conn.execute(self.sql.SQL_FLUSH_LOCK_TIMEOUT)
@@ -2057,9 +2487,10 @@ class PostgresStore(Store):
             return False
 
 
-def open_database(target: str, **kwargs) -> Store:
-    """The Store for --db: a PostgreSQL URL (postgresql:// or postgres://) or an SQLite file's path."""
-    return PostgresStore(target, **kwargs) if is_postgres(target) else SqliteStore(target, **kwargs)
+def open_database(target: str, lease_s: float | None = None, **kwargs) -> Store:
+    """The Store for --db: a PostgreSQL URL (postgresql:// or postgres://) or an SQLite file's path.
+    `lease_s`: a worker's stale-timeout, which bounds how long its PostgreSQL connection may hang."""
+    return PostgresStore(target, lease_s=lease_s, **kwargs) if is_postgres(target) else SqliteStore(target, **kwargs)
 
 
 def database_name(target: str) -> str:
@@ -2136,7 +2567,9 @@ def validate_job(obj: object, defaults: dict, cwd: str, now: float) -> dict:
         raise UsageError("job must be a JSON object")
     unknown = obj.keys() - JOB_FIELD_SET
     if unknown:
-        raise UsageError(f"unknown field {min(unknown)!r} (fields: {', '.join(JOB_FIELDS)})")
+        name = min(unknown)
+        hint = did_you_mean(name, JOB_FIELDS) or f"(fields: {', '.join(JOB_FIELDS)})"
+        raise UsageError(f"unknown field {name!r} {hint}")
     if "command" not in obj:
         raise UsageError("field 'command' is required")
     if "run_at" in obj and "delay" in obj:
@@ -2155,22 +2588,33 @@ def validate_job(obj: object, defaults: dict, cwd: str, now: float) -> dict:
     }
 
 
+def did_you_mean(name: str, valid) -> str:
+    """"(did you mean 'x'?)" for the valid name nearest a mistyped one, or "" if none is near."""
+    import difflib  # only on this error path: it costs a few ms to import
+    close = difflib.get_close_matches(name, list(valid), n=1)
+    return f"(did you mean {close[0]!r}?)" if close else ""
+
+
 def _valid_run_at(obj: dict, now: float) -> float | None:
     """Epoch seconds the job becomes due, from `run_at` (ISO-8601 or epoch) or `delay`; None = now."""
     if "delay" in obj:
         return now + _valid_seconds(obj["delay"], "delay")
     if "run_at" not in obj:
         return None
-    value = obj["run_at"]
+    return parse_time(obj["run_at"], "field 'run_at'")
+
+
+def parse_time(value: object, what: str) -> float:
+    """An ISO-8601 string (no offset: local time) or a number of Unix seconds -> epoch seconds."""
     if isinstance(value, str):
         if not (value.isascii() and value.isprintable()):
-            raise UsageError(f"field 'run_at' is not an ISO-8601 time: {value!r}")
+            raise UsageError(f"{what} is not an ISO-8601 time: {value!r}")
         try:
             value = datetime.fromisoformat(value).timestamp()  # no offset: local time
         except (ValueError, OverflowError, OSError):
-            raise UsageError(f"field 'run_at' is not an ISO-8601 time: {value!r}") from None
+            raise UsageError(f"{what} is not an ISO-8601 time: {value!r}") from None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_EPOCH:
-        raise UsageError("field 'run_at' must be an ISO-8601 string or a Unix time in seconds")
+        raise UsageError(f"{what} must be an ISO-8601 string or a Unix time in seconds")
     return float(value)
 
 
@@ -2187,14 +2631,20 @@ def valid_queue(value: object, what: str) -> str:
     return value
 
 
-def parse_duration(text: str) -> float:
-    """'30s', '15m', '12h', '7d' or plain seconds -> seconds."""
-    match = DURATION.fullmatch(text.strip())
-    if not match:
-        raise UsageError(f"not a duration: {text!r} (use e.g. 30s, 15m, 12h, 7d)")
-    seconds = float(match[1]) * DURATION_UNITS[match[2] or "s"]
-    if seconds > MAX_SECONDS:
-        raise UsageError(f"duration too long: {text!r}")
+def parse_duration(value: object, what: str = "") -> float | int:
+    """Seconds from a number (a JSON field) or a string of a number with at most one unit: 90, '90',
+    '90s', '15m', '2h', '1d', '1w'. The one parser of every time span queuectl takes (job fields, flags,
+    config keys); UsageError naming the value (and `what`, e.g. "field 'delay'", when given)."""
+    where = f"{what}: " if what else ""
+    match = DURATION.fullmatch(value.strip()) if isinstance(value, str) else None
+    if match:
+        seconds = float(match[1]) * DURATION_UNITS[match[2] or "s"]
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = value
+    else:
+        raise UsageError(f"{where}not a duration: {value!r} (use seconds, or one unit: 90s, 15m, 2h, 1d, 1w)")
+    if not 0 <= seconds <= MAX_SECONDS:  # also refuses NaN
+        raise UsageError(f"{where}duration out of range: {value!r} (0 to {MAX_SECONDS} seconds, 10 years)")
     return int(seconds) if seconds == int(seconds) else seconds
 
 
@@ -2235,9 +2685,7 @@ def _valid_int(value: object, field: str, low: int, high: int) -> int:
 
 
 def _valid_seconds(value: object, field: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_SECONDS:
-        raise UsageError(f"field {field!r} must be a number of seconds from 0 to {MAX_SECONDS}")
-    return float(value)
+    return float(parse_duration(value, f"field {field!r}"))
 
 
 def _valid_cwd(value: object) -> str:
@@ -2292,10 +2740,302 @@ def parse_json(text: str) -> object:
         raise UsageError("invalid JSON: nested too deeply") from None
 
 
+# ==== Schedules ==================================================================================
+#
+# Recurring jobs. A schedule is a cron expression (read as wall time in an IANA zone) or a fixed
+# interval, plus a job template; each slot it reaches enqueues one ordinary job whose id is the
+# schedule's id, '@' and the slot's UTC time, so a slot fired by many workers makes one job. The
+# parser and the slot arithmetic below are pure functions of their arguments (no clock, no database):
+# tests call them with known calendars. Running workers fire schedules (ScheduleFirer, at the end).
+
+SCHEDULE_FIELDS = ("id", "cron", "every", "tz", "overlap")
+TEMPLATE_FIELDS = ("command", "max_retries", "timeout", "cwd", "env", "priority", "queue")
+MAX_SCHEDULE_ID_CHARS = 170  # with "@2026-12-01T02:00:00Z" a slot's job id stays within MAX_ID_CHARS
+OVERLAPS = ("skip", "allow")
+SCHEDULE_CHECK_S = 1.0  # a worker looks for due schedules at least this often (one indexed lookup)
+CRON_YEARS = 401  # the Gregorian calendar repeats every 400 years: no slot in 401 means none ever
+EVERY = re.compile(r"([0-9]{1,12})([smhdw]?)")
+EVERY_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+CRON_ALIASES = {"@hourly": "0 * * * *", "@daily": "0 0 * * *", "@midnight": "0 0 * * *",
+                "@weekly": "0 0 * * 0", "@monthly": "0 0 1 * *", "@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *"}
+MONTH_NAMES = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+DAY_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
+# (name, lowest, highest, names for lowest, lowest + 1, ...) of the five fields, in order
+CRON_FIELDS = (("minute", 0, 59, ()), ("hour", 0, 23, ()), ("day of month", 1, 31, ()),
+               ("month", 1, 12, MONTH_NAMES), ("day of week", 0, 7, DAY_NAMES))
+
+
+class Cron(Record):
+    """A parsed cron expression: the sorted values each field allows (Sunday is 0, never 7), and
+    whether a day matching either day field fires (both restricted) or only one matching both."""
+    FIELDS = ("minutes", "hours", "days", "months", "weekdays", "day_or")
+
+
+@functools.lru_cache(maxsize=256)
+def parse_cron(text: str) -> Cron:
+    """Five fields (minute hour day-of-month month day-of-week) or an @-alias -> Cron; UsageError
+    naming the bad part. As Vixie cron and cronie decide it, a day field whose text starts with '*'
+    (`*`, `*/2`) is unrestricted: only when both are restricted does a day matching either fire."""
+    fields = CRON_ALIASES.get(text.strip().lower(), text).split()
+    if text.strip().startswith("@") and text.strip().lower() not in CRON_ALIASES:
+        raise UsageError(f"cron {text!r}: unknown alias (valid: {', '.join(CRON_ALIASES)})")
+    if len(fields) != 5:
+        raise UsageError(f"cron {text!r}: expected 5 fields (minute hour day-of-month month day-of-week), "
+                         f"got {len(fields)}")
+    values = [_cron_field(field, *CRON_FIELDS[i], text) for i, field in enumerate(fields)]
+    weekdays = tuple(sorted({d % 7 for d in values[4]}))
+    day_or = not fields[2].startswith("*") and not fields[4].startswith("*")
+    return Cron(*values[:4], weekdays, day_or)
+
+
+def _cron_field(field: str, name: str, low: int, high: int, names: tuple, text: str) -> tuple[int, ...]:
+    """One field's comma-separated items (`*`, `N`, `A-B`, each with an optional `/STEP`) -> sorted values."""
+    found: set[int] = set()
+    for item in field.split(","):
+        span, _, step = item.partition("/")
+        if span == "*":
+            first, last = low, high
+        else:
+            start, dash, end = span.partition("-")
+            first = _cron_value(start, name, low, high, names, text)
+            # `N/STEP` runs from N to the field's end, as in croniter and systemd
+            last = _cron_value(end, name, low, high, names, text) if dash else high if "/" in item else first
+        if first > last:
+            raise UsageError(f"cron {text!r}: {name} range {span!r} runs backwards (no wrapping past {high})")
+        every = _cron_value(step, f"{name} step", 1, high - low + 1, (), text) if "/" in item else 1
+        found.update(range(first, last + 1, every))
+    return tuple(sorted(found))
+
+
+def _cron_value(word: str, name: str, low: int, high: int, names: tuple, text: str) -> int:
+    if word.lower() in names:
+        return low + names.index(word.lower())
+    if not (word.isascii() and word.isdigit()) or not low <= int(word) <= high:
+        allowed = f" or {names[0]}-{names[-1]}" if names else ""
+        raise UsageError(f"cron {text!r}: {name} {word!r} is not a number from {low} to {high}{allowed}")
+    return int(word)
+
+
+def cron_day_matches(cron: Cron, day) -> bool:
+    """Whether `cron` fires on this date (the day-of-month / day-of-week rule above)."""
+    in_month, in_week = day.day in cron.days, (day.weekday() + 1) % 7 in cron.weekdays
+    return (in_month or in_week) if cron.day_or else (in_month and in_week)
+
+
+def cron_walls(cron: Cron, start: datetime, years: int = CRON_YEARS) -> Iterator[datetime]:
+    """The wall times (naive, whole minutes) that `cron` names from `start` on, ascending, for at
+    most `years` years: whole months and days that cannot match are skipped, not walked."""
+    from datetime import timedelta
+    day, first, end = start.date(), (start.hour, start.minute), min(start.year + years, 9999)
+    while day.year < end:
+        if day.month not in cron.months:
+            day, first = (day.replace(day=1) + timedelta(days=32)).replace(day=1), (0, 0)
+            continue
+        if cron_day_matches(cron, day):
+            for hour in cron.hours:
+                for minute in cron.minutes:
+                    if (hour, minute) >= first:
+                        yield datetime(day.year, day.month, day.day, hour, minute)
+        day, first = day + timedelta(days=1), (0, 0)
+
+
+def wall_instant(wall: datetime, zone) -> float:
+    """Epoch seconds at which a zone's clocks show `wall`: its first occurrence when they show it
+    twice (fall back), and the first minute after it when they skip it (spring forward)."""
+    from datetime import timedelta
+    while True:
+        at = wall.replace(tzinfo=zone)  # fold=0: the earlier of two occurrences
+        if at.astimezone(timezone.utc).astimezone(zone).replace(tzinfo=None) == wall:
+            return at.timestamp()
+        wall += timedelta(minutes=1)  # skipped: a gap is an hour or so, a day at most
+
+
+def next_cron_slot(cron: Cron, zone, after: float) -> float | None:
+    """The first slot of `cron` in `zone` strictly after `after` (epoch seconds); None if none comes."""
+    start = datetime.fromtimestamp(after, zone).replace(tzinfo=None, second=0, microsecond=0)
+    # Walls in a repeated hour map to its first pass, which may lie before `after`: skip those.
+    instants = (wall_instant(wall, zone) for wall in cron_walls(cron, start))
+    return next((at for at in instants if at > after), None)
+
+
+def next_every_slot(anchor: float, every_s: int, after: float) -> float:
+    """The first of anchor + k * every_s (k >= 1) strictly after `after`."""
+    return anchor + every_s * max(1, math.floor((after - anchor) / every_s) + 1)
+
+
+def next_slot(schedule: Schedule, after: float) -> float | None:
+    """The schedule's first slot strictly after `after`; None if it has no more (none before year 10000)."""
+    if schedule.every_s:
+        slot = next_every_slot(math.floor(schedule.created_at), schedule.every_s, after)
+        return slot if slot <= MAX_EPOCH else None
+    return next_cron_slot(parse_cron(schedule.cron), zone_of(schedule.tz), after)
+
+
+def last_slot(following, slot: float, now: float) -> float:
+    """The last slot at or before `now`, given `slot`, one at or before it, and following(t), the
+    first slot after t. Each step halves the time left to search, so a worker that missed a year of
+    minutely slots takes a few dozen steps, not half a million."""
+    high = now  # no slot lies in (high, now]
+    while (nxt := following(slot)) is not None and nxt <= high:
+        slot = nxt
+        middle = slot + (high - slot) / 2
+        later = following(middle)
+        if later is not None and later <= high:
+            slot = later
+        else:
+            high = middle
+    return slot
+
+
+def firing_rule(schedule: Schedule, now: float) -> tuple[float | None, float | None]:
+    """(slot to fire or None, next slot) for a schedule due at `now`: of several missed slots only the
+    latest fires (once); with overlap 'skip' none fires while the last job is not completed or dead."""
+    slot = last_slot(lambda t: next_slot(schedule, t), schedule.next_run_at, now)
+    busy = schedule.overlap == "skip" and schedule.last_job_state in (PENDING, PROCESSING, FAILED)
+    return (None if busy else slot), next_slot(schedule, max(slot, now))
+
+
+def slot_text(slot: float) -> str:
+    """A slot as its jobs' ids end: UTC to the second, `2026-12-01T02:00:00Z`."""
+    return datetime.fromtimestamp(int(slot), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def slot_job(schedule: Schedule, slot: float, defaults: dict) -> dict:
+    """The job spec a slot enqueues: the template, with config defaults as of now, due at the slot."""
+    job = {**schedule.job, "id": f"{schedule.id}@{slot_text(slot)}", "run_at": slot}
+    return validate_job(job, defaults, schedule.job["cwd"], slot)
+
+
+def zone_of(name: str):
+    """The ZoneInfo of an IANA zone name; UsageError if there is none of that name here."""
+    import zoneinfo
+    if name == "localtime":  # a different zone on each host: never what a shared schedule means
+        raise UsageError("zone 'localtime' names no zone; give an IANA name such as Europe/Berlin")
+    try:
+        return zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
+        raise UsageError(f"unknown time zone {name!r} (use an IANA name such as Europe/Berlin or UTC)") from None
+
+
+def local_zone_name() -> str:
+    """This machine's zone, as `tz` defaults to: $TZ, else what /etc/localtime links to (UTC if absent)."""
+    name = os.environ.get("TZ", "").removeprefix(":")
+    if name:
+        return name.partition("zoneinfo/")[2] if name.startswith("/") else name
+    try:
+        target = os.readlink("/etc/localtime")
+    except FileNotFoundError:
+        return "UTC"  # what the C library assumes without it
+    except OSError:  # a copy, not a link: Debian also names it in /etc/timezone
+        with contextlib.suppress(OSError):
+            with open("/etc/timezone", encoding="utf-8") as f:
+                return f.read().strip()
+        raise UsageError("cannot tell this machine's time zone; give the schedule a 'tz'") from None
+    return target.rpartition("zoneinfo/")[2]
+
+
+def _valid_zone(obj: dict) -> str:
+    """`tz`, or this machine's zone when it is absent; either must be a zone name known here."""
+    if "tz" in obj:
+        _valid_text(obj["tz"], "tz")
+        try:
+            zone_of(obj["tz"])
+        except UsageError as e:
+            raise UsageError(f"field 'tz': {e}") from None
+        return obj["tz"]
+    name = local_zone_name()
+    try:
+        zone_of(name)
+    except UsageError:
+        raise UsageError(f"this machine's time zone {name!r} ($TZ or /etc/localtime) is not an IANA zone name; "
+                         "give the schedule a 'tz'") from None
+    return name
+
+
+def parse_every(value: object) -> int:
+    """`every`: whole seconds, or a whole number with a unit (30s, 15m, 2h, 1d, 1w), at least 1 s."""
+    match = EVERY.fullmatch(value) if isinstance(value, str) else None
+    if isinstance(value, int) and not isinstance(value, bool):
+        seconds = value
+    elif match:
+        seconds = int(match[1]) * EVERY_UNITS[match[2] or "s"]
+    else:
+        raise UsageError(f"field 'every': not a duration: {value!r} (use e.g. 30s, 15m, 2h, 1d, 1w or seconds)")
+    if not 1 <= seconds <= MAX_SECONDS:
+        raise UsageError(f"field 'every' must be from 1 second to {MAX_SECONDS} seconds: {value!r}")
+    return seconds
+
+
+def validate_schedule(obj: object, defaults: dict, cwd: str, now: float) -> Schedule:
+    """Check a `schedule add` object; returns the Schedule to store, its first slot computed."""
+    if not isinstance(obj, dict):
+        raise UsageError("schedule must be a JSON object")
+    refused = sorted(obj.keys() & {"run_at", "delay", "depends_on"})
+    if refused:
+        raise UsageError(f"field {refused[0]!r} cannot be used in a schedule (its slots set when jobs run)")
+    unknown = obj.keys() - {*SCHEDULE_FIELDS, *TEMPLATE_FIELDS}
+    if unknown:
+        raise UsageError(f"unknown field {min(unknown)!r} (fields: {', '.join(SCHEDULE_FIELDS + TEMPLATE_FIELDS)})")
+    if "id" not in obj:
+        raise UsageError("field 'id' is required")
+    if ("cron" in obj) == ("every" in obj):
+        raise UsageError("a schedule needs exactly one of the fields 'cron' and 'every'")
+    schedule_id = _valid_id(obj["id"])
+    if len(schedule_id) > MAX_SCHEDULE_ID_CHARS:
+        raise UsageError(f"field 'id': a schedule id must be 1 to {MAX_SCHEDULE_ID_CHARS} characters")
+    template = {key: obj[key] for key in TEMPLATE_FIELDS if key in obj}
+    template["cwd"] = validate_job(template, defaults, cwd, now)["cwd"]  # every field checked; cwd kept
+    tz = _valid_zone(obj)
+    overlap = obj.get("overlap", "skip")
+    if overlap not in OVERLAPS:
+        raise UsageError(f"field 'overlap' must be 'skip' or 'allow': {overlap!r}")
+    cron = _valid_text(obj["cron"], "cron") if "cron" in obj else None
+    every_s = parse_every(obj["every"]) if "every" in obj else None
+    schedule = Schedule(schedule_id, cron, every_s, tz, overlap, template, now, False, None, None, None, None)
+    schedule.next_run_at = next_slot(schedule, now)
+    if schedule.next_run_at is None:
+        raise UsageError(f"cron {cron!r} never fires (no such day in {CRON_YEARS} years)")
+    return schedule
+
+
+def every_text(seconds: int) -> str:
+    """An interval in its largest whole unit: 1800 -> '30m'."""
+    unit = next(u for u in "wdhms" if seconds % EVERY_UNITS[u] == 0)
+    return f"{seconds // EVERY_UNITS[unit]}{unit}"
+
+
+class ScheduleFirer:
+    """A worker's part in schedules: called from its housekeeping loop, it fires the due ones.
+
+    It asks for the earliest next slot (one indexed lookup) at least every SCHEDULE_CHECK_S, and
+    fires as soon as a slot it knows of is due; firing is idempotent, whoever else fires too."""
+
+    def __init__(self):
+        self.checked_at = -math.inf  # monotonic time of the last lookup
+        self.due_at = math.inf  # the earliest next slot that lookup found (epoch seconds)
+
+    def tick(self, store: Store, mono: float, now: float | None = None) -> list[tuple]:
+        """Fire what is due; returns the events of Store.fire_schedules (logged here)."""
+        now = store.now() if now is None else now
+        if mono - self.checked_at < SCHEDULE_CHECK_S and now < self.due_at:
+            return []
+        self.checked_at, events = mono, []
+        earliest = store.next_schedule_at()
+        if earliest is not None and earliest <= now:
+            events = store.fire_schedules(now)
+            for event in events:
+                log.info("schedule %s: %s", event[0], event[3])
+            earliest = store.next_schedule_at()
+        # One still due (another worker is firing it, or this host lacks its zone): look again in a second.
+        self.due_at = earliest if earliest is not None and earliest > now else math.inf
+        return events
+
+
 # ==== Execution ==================================================================================
 
-def run_command(job: Job, env_extra: dict, abort, on_output=None, *, die_with_worker: bool = False) -> Outcome:
-    """Run a job's command in its own session; keep the last OUTPUT_TAIL_BYTES of its output.
+def run_command(job: Job, env_extra: dict, abort, on_output=None, *, die_with_worker: bool = False,
+                keep_bytes: int = OUTPUT_TAIL_BYTES) -> Outcome:
+    """Run a job's command in its own session; keep the last `keep_bytes` of its output (output-limit).
 
     `abort()` is polled while the command runs; when it returns a reason the process group is
     killed and the outcome is marked interrupted. `on_output(tail, total)` is called at most every
@@ -2310,7 +3050,7 @@ def run_command(job: Job, env_extra: dict, abort, on_output=None, *, die_with_wo
     except OSError as e:
         error = f"cannot start: {e.strerror}: {job.cwd}" if isinstance(e, FileNotFoundError) else f"cannot start: {e}"
         return Outcome(None, error, b"", time.monotonic() - started)
-    capture = _Capture(proc, started, on_output)
+    capture = _Capture(proc, started, on_output, keep_bytes)
     reason = capture.collect(job.timeout, abort)
     stuck = end_run(proc, env_extra.get("QUEUECTL_RUN", "")) if reason else None
     proc.stdout.close()
@@ -2336,9 +3076,9 @@ def end_run(proc, token: str) -> str | None:
     if left.stuck is None and proc.returncode is None:
         left.stuck = f"cannot kill process {proc.pid} ({_read(f'/proc/{proc.pid}/comm') or '?'}): it does not exit"
     if left.stuck:
-        log.warning("%s", left.stuck)
+        log.warning("%s", left.stuck, extra=event("kill_failed", run=token, error=left.stuck))
     elif not wait_gone(left, 5.0):
-        log.warning("some killed processes of run %s are still exiting", token)
+        log.warning("some killed processes of run %s are still exiting", token, extra=event("kill_slow", run=token))
     return left.stuck
 
 
@@ -2505,9 +3245,9 @@ def _worker_env() -> dict[bytes, bytes]:
 class _Capture:
     """Reads a running job's output pipe into a bounded tail, waking on output or on exit."""
 
-    def __init__(self, proc, started: float, on_output):
+    def __init__(self, proc, started: float, on_output, keep_bytes: int):
         import select
-        self.proc, self.started, self.on_output = proc, started, on_output
+        self.proc, self.started, self.on_output, self.keep_bytes = proc, started, on_output, keep_bytes
         self.fd = proc.stdout.fileno()
         self.poller = select.poll()
         self.poller.register(self.fd, select.POLLIN | select.POLLHUP)
@@ -2557,7 +3297,7 @@ class _Capture:
             self.poller.unregister(self.fd)  # a closed pipe would wake poll() forever
         self.total += len(chunk)
         self.tail += chunk
-        del self.tail[:-OUTPUT_TAIL_BYTES]
+        del self.tail[:-self.keep_bytes]  # from the front: bytearray makes that cheap, whatever the size
 
     def _maybe_flush(self) -> None:
         # Short jobs never get here often enough to flush: they pay nothing for --follow.
@@ -2803,12 +3543,58 @@ def run_token(job: Job, worker_id: str) -> str:
     return f"{worker_id}/{job.run_count}/{job.id}"
 
 
+class Holdings:
+    """The runs a worker's runners hold, from the answer of the claim that took the job until its
+    result is written, and the claims the worker took back.
+
+    A claim is one transaction; if the connection drops after the server committed it but before
+    the runner read the answer, the job is `processing` under this live worker and no runner knows
+    it. The sweeper takes such a run back (see Sweeper._take_back_strays) and requeues it. One lock
+    orders "a runner takes the job its claim returned" against "the worker takes a run back": a run
+    a runner holds is never taken back, and a run taken back is never run, however late its answer.
+    """
+
+    def __init__(self):
+        import threading
+        self.lock = threading.Lock()
+        self.held: set[tuple[str, int]] = set()  # (job id, run)
+        self.taken_back: dict[tuple[str, int], float] = {}  # (job id, run) -> monotonic time taken back
+
+    def take(self, job: Job) -> bool:
+        """A claim answered `job`: True if the runner may run it, False if the worker took it back."""
+        with self.lock:
+            if (job.id, job.run_count) in self.taken_back:
+                return False
+            self.held.add((job.id, job.run_count))
+            return True
+
+    def release(self, job: Job) -> None:
+        """The runner is done with this run (its result written, or given up by a hard stop)."""
+        with self.lock:
+            self.held.discard((job.id, job.run_count))
+
+    def holds(self, key: tuple[str, int]) -> bool:
+        """Whether a runner holds this run now."""
+        with self.lock:
+            return key in self.held
+
+    def take_back(self, key: tuple[str, int], now_mono: float) -> bool:
+        """Take a run no runner holds away from the runners; False if one holds it after all."""
+        with self.lock:
+            if key in self.held:
+                return False
+            # A late answer arrives within the connection's timeouts, far sooner than an hour.
+            self.taken_back = {k: at for k, at in self.taken_back.items() if now_mono - at < 3600}
+            self.taken_back[key] = now_mono
+            return True
+
+
 class Runner:
     """One runner thread of a worker process: claim a due job, run it, record what happened.
     ("Worker" is the process `worker start` starts, with one registration and N runners.)"""
 
     def __init__(self, store: Store, worker_id: str, abort, queues: tuple = (), epoch=lambda: 0,
-                 keep_claiming=lambda: False, give_up=lambda: False):
+                 keep_claiming=lambda: False, give_up=lambda: False, holdings: Holdings | None = None):
         self.store = store
         self.worker_id = worker_id
         self.abort = abort  # abort(job, epoch) -> reason to kill the running job, or None
@@ -2817,42 +3603,75 @@ class Runner:
         self.epoch = epoch  # the registration the claim was made under
         self.keep_claiming = keep_claiming  # claim the next job in the same commit as a result?
         self.prefetched: tuple[Job, int] | None = None  # (job, epoch) claimed with the last result
-        # injectable for tests and simulation; jobs die with their worker where other hosts may rerun them
-        self.runner = functools.partial(run_command, die_with_worker=store.shared_by_hosts)
+        self.runner = self._run_command  # injectable for tests and simulation
         self.current: Job | None = None
         self.settings, self.settings_at = {}, -math.inf
+        self.holdings = holdings or Holdings()  # shared by the worker's runners and its sweeper
+        self.flushing = None  # the thread of the output flush under way, where flushes have one (see _flush)
 
     def run_once(self, now: float | None = None) -> bool:
         """Claim and run at most one job; True if one was run."""
         job, epoch = self.prefetched or (None, self.epoch())
         self.prefetched = None
-        job = job or self.store.claim(self.worker_id, self.store.now() if now is None else now, self.queues)
+        job = job or self._held(self.store.claim(self.worker_id, self.store.now() if now is None else now,
+                                                 self.queues))
         if job is None:
             return False
         self.current = job
         try:
             self._record(job, self._run(job, epoch), now)
         finally:
+            self.holdings.release(job)
             self.current = self.prefetched and self.prefetched[0]  # a prefetched job is already ours
         return True
 
+    def _held(self, job: Job | None) -> Job | None:
+        """The job a claim answered, unless its answer came so late that the worker took it back."""
+        if job is None or self.holdings.take(job):
+            return job
+        log.warning("job %s: claim answered after the worker took it back; not run here", job.id)
+        return None
+
     def _run(self, job: Job, epoch: int) -> Outcome:
-        log.info("job %s claimed (attempt %d): %s", job.id, job.attempts + 1, _short(job.command))
+        if not log.quiet:
+            log.info("job %s claimed (attempt %d): %s", job.id, job.attempts + 1, _short(job.command),
+                     extra=event("job_claimed", job_id=job.id, attempt=job.attempts + 1, command=job.command))
         env = {"QUEUECTL_JOB_ID": job.id, "QUEUECTL_ATTEMPT": str(job.attempts + 1),
                "QUEUECTL_RUN": run_token(job, self.worker_id)}
         try:
             return self.runner(job, env, lambda: self.abort(job, epoch),
                                lambda tail, total: self._flush(job, tail, total))
         except Exception as e:  # noqa: BLE001 - a claimed job must always get a recorded outcome
-            log.exception("job %s: internal error while running", job.id)
+            log.exception("job %s: internal error while running", job.id,
+                          extra=event("job_internal_error", job_id=job.id, error=repr(e)))
             return Outcome(None, f"internal error: {e!r}", b"", 0.0)
+        finally:
+            if self.flushing:  # the result goes through the same connection: no two transactions at once
+                self.flushing.join()
+
+    def _run_command(self, job: Job, env: dict, abort, on_output) -> Outcome:
+        # Jobs die with their worker where other hosts may rerun them; output-limit as last read.
+        return run_command(job, env, abort, on_output, die_with_worker=self.store.shared_by_hosts,
+                           keep_bytes=self._settings()["output_limit"])
 
     def _flush(self, job: Job, tail: bytes, total: int) -> None:
-        """Best effort: a busy database must not stall the job's output pipe."""
+        """Best effort: a busy database must not stall the job's output pipe. The loop that calls this
+        also asks abort() every 250 ms, which must kill the job on time when the worker is cut off from
+        the database (PostgreSQL): there a flush runs on a thread of its own, so a connection that hangs
+        cannot hold that loop up, and a flush due while the last one is still under way is skipped."""
+        if not self.store.cut_off_kills:
+            return self._flush_now(job, tail, total)
+        if self.flushing is None or not self.flushing.is_alive():
+            import threading
+            self.flushing = threading.Thread(target=self._flush_now, args=(job, tail, total), name="flush",
+                                             daemon=True)
+            self.flushing.start()
+
+    def _flush_now(self, job: Job, tail: bytes, total: int) -> None:
         try:
             self.store.flush_output(job, tail, total)
         except (QueueError, sqlite3.Error) as e:
-            log.debug("job %s: output not flushed (%s)", job.id, e)
+            log.debug("job %s: output not flushed (%s)", job.id, e, extra=event("output_not_flushed", job_id=job.id))
 
     def _record(self, job: Job, outcome: Outcome, now: float | None) -> None:
         """Write the outcome, retrying until the database takes it: a finished run is never dropped,
@@ -2865,19 +3684,23 @@ class Runner:
                 if self.give_up():
                     break
                 time.sleep(failing.failed(e))
-        log.warning("job %s: result not recorded (hard stop); crash recovery will run it again", job.id)
+        log.warning("job %s: result not recorded (hard stop); crash recovery will run it again", job.id,
+                    extra=event("result_not_recorded", job_id=job.id, attempt=job.attempts + 1))
 
     def _write_outcome(self, job: Job, outcome: Outcome, now: float) -> None:
         if outcome.interrupted:
             lost = outcome.interrupted == CUT_OFF  # as if the worker had died: counts toward the poison cap
             state = self.store.interrupt(job, self.worker_id, outcome, lost, now, outcome.stuck)
-            log.info("job %s %s (%s)", job.id, f"-> {state}" if state else "no longer ours", outcome.error)
+            log.info("job %s %s (%s)", job.id, f"-> {state}" if state else "no longer ours", outcome.error,
+                     extra=event("job_interrupted", job_id=job.id, attempt=job.attempts + 1, state=state,
+                                 error=outcome.error))
             return
         if not self.keep_claiming():
             return _log_result(job, self.store.finish(job, self.worker_id, outcome, self._settings(), now), outcome)
         epoch = self.epoch()
         after, following = self.store.finish_and_claim(job, self.worker_id, outcome, self._settings(), now,
                                                         self.queues)
+        following = self._held(following)
         self.prefetched = following and (following, epoch)
         _log_result(job, after, outcome)
 
@@ -2891,14 +3714,25 @@ class Runner:
 
 def _log_result(job: Job, after: Job | None, outcome: Outcome) -> None:
     if after is None:
-        log.warning("job %s: result discarded, this worker no longer owns it", job.id)
+        log.warning("job %s: result discarded, this worker no longer owns it", job.id,
+                    extra=_run_event("result_discarded", job, outcome))
     elif after.state == COMPLETED:
-        log.info("job %s completed in %.2fs", job.id, outcome.duration_s)
+        if not log.quiet:  # the hot path: a quiet worker builds nothing for it
+            log.info("job %s completed in %.2fs", job.id, outcome.duration_s,
+                     extra=_run_event("job_completed", job, outcome))
     elif after.state == FAILED:
-        log.info("job %s failed (%s); retry %d in %.0fs", job.id, outcome.error, after.attempts + 1,
-                 max(0.0, after.next_run_at - time.time()))
+        retry_in_s = max(0.0, after.next_run_at - time.time())
+        log.info("job %s failed (%s); retry %d in %.0fs", job.id, outcome.error, after.attempts + 1, retry_in_s,
+                 extra=_run_event("job_failed", job, outcome, retry_in_s=round(retry_in_s, 3)))
     else:
-        log.info("job %s dead after %d attempts: %s", job.id, after.attempts, outcome.error)
+        log.info("job %s dead after %d attempt%s: %s", job.id, after.attempts, "s" if after.attempts != 1 else "",
+                 outcome.error, extra=_run_event("job_dead", job, outcome))
+
+
+def _run_event(name: str, job: Job, outcome: Outcome, **more) -> dict:
+    """A log event about a run that ended: the job, which attempt it was, and how it ended."""
+    return event(name, job_id=job.id, attempt=job.attempts + 1, exit_code=outcome.exit_code, error=outcome.error,
+                 duration_s=round(outcome.duration_s, 6), **more)
 
 
 def _short(text: str, width: int = 60) -> str:
@@ -2909,11 +3743,14 @@ def _short(text: str, width: int = 60) -> str:
 class Sweeper:
     """Finds workers that died and makes their jobs runnable again, killing their leftovers first."""
 
-    def __init__(self, store: Store, me: dict, worker_id: str, stalled=lambda: 0.0):
+    def __init__(self, store: Store, me: dict, worker_id: str, stalled=lambda: 0.0,
+                 holdings: Holdings | None = None):
         self.store = store
         self.me = me
         self.worker_id = worker_id
         self.stalled = stalled  # seconds our own heartbeat was late in all: not held against anyone's lease
+        self.holdings = holdings  # what our runners hold; None: no runners, no stray runs to look for
+        self.strays: dict[tuple[str, int], float] = {}  # our runs no runner held -> monotonic time first seen
         # (id, started_at) -> (beat, monotonic time it last changed, stalled() then)
         self.seen: dict[tuple, tuple[int, float, float]] = {}
         # runs this worker adopted and has not requeued yet: (job id, run) -> (run token or "", leftovers)
@@ -2937,7 +3774,22 @@ class Sweeper:
         for job_id, run_no, run_worker in self.store.adopted(self.worker_id):  # one a failed write left behind
             if (job_id, run_no) not in self.recovering:
                 self._begin(job_id, run_no, run_worker)
+        if self.holdings:
+            self._take_back_strays(now_mono)
         return self.finish(now)
+
+    def _take_back_strays(self, now_mono: float) -> None:
+        # Our own runs that no runner holds: claims whose answer was lost with the connection (see
+        # Holdings). One seen so for STRAY_GRACE_S is recovered like a lost worker's run (its token
+        # is looked for too, though it never started), so a claim being handed over is left alone.
+        unheld = [key for key in self.store.own_runs(self.worker_id)
+                  if key not in self.recovering and not self.holdings.holds(key)]
+        self.strays = {key: self.strays.get(key, now_mono) for key in unheld}
+        for (job_id, run_no), since in self.strays.items():
+            if now_mono - since >= STRAY_GRACE_S and self.holdings.take_back((job_id, run_no), now_mono):
+                log.warning("job %s: claimed by this worker, but no runner got the claim's answer; requeueing",
+                            job_id)
+                self._begin(job_id, run_no, self.worker_id)
 
     def is_dead(self, row: WorkerRow, now_mono: float, stale_s: float) -> bool:
         """Same namespace: its PID tells at once; an earlier boot: dead. Otherwise: its heartbeat
@@ -2990,11 +3842,14 @@ class Sweeper:
         job = self.store.get(job_id)
         if job.run_count != run_no:
             return 0
-        lost = Outcome(None, "worker lost", None, None, interrupted="worker lost")
+        stray = self.holdings is not None and (job_id, run_no) in self.holdings.taken_back
+        why = CLAIM_ANSWER_LOST if stray else "worker lost"
+        lost = Outcome(None, why, None, None, interrupted=why)
         state = self.store.interrupt(job, self.worker_id, lost, True, now, left.stuck)
         if state:
-            log.warning("job %s recovered from lost worker -> %s%s", job_id, state,
-                        f" ({left.stuck})" if left.stuck else "")
+            log.warning("job %s recovered from %s -> %s%s", job_id, "a lost claim answer" if stray else "lost worker",
+                        state, f" ({left.stuck})" if left.stuck else "",
+                        extra=event("job_recovered", job_id=job_id, run=run_no, state=state, error=left.stuck))
         return 1 if state else 0
 
 
@@ -3010,14 +3865,16 @@ class Backoff:
         """Count a failure; returns how long to wait before trying again."""
         self.count += 1
         if self.count == 1 or time.monotonic() - self.logged_at >= 30.0:
-            log.warning("%s failed: %s; retrying (%d failure(s) in a row)", self.what, error, self.count)
+            log.warning("%s failed: %s; retrying (%d failure(s) in a row)", self.what, error, self.count,
+                        extra=event("retrying", what=self.what, error=str(error), failures=self.count))
             self.logged_at = time.monotonic()
         return min(self.high, 0.05 * 2 ** min(self.count, 10))
 
     def ok(self) -> None:
         """A try succeeded: say so if it had been failing, and start over."""
         if self.count:
-            log.warning("%s works again after %d failure(s)", self.what, self.count)
+            log.warning("%s works again after %d failure(s)", self.what, self.count,
+                        extra=event("works_again", what=self.what, failures=self.count))
             self.count = 0
 
 
@@ -3035,6 +3892,7 @@ class Supervisor:
         self.stopping = threading.Event()  # claim nothing more
         self.hard = threading.Event()  # kill running jobs and put them back
         self.hard_at = math.inf  # monotonic time of the hard stop
+        self.stale_s = float(CONFIG["stale_timeout"][0])  # stale-timeout as last read (see cut_off)
         self.store = self._open()
         self.path = self.store.path  # the database's name for the log (no password)
         self.me = host_identity()
@@ -3046,14 +3904,16 @@ class Supervisor:
         self.epoch = 0  # bumped at each re-registration; jobs claimed under an older one are killed
         self.stalled_s = 0.0  # how late our heartbeats were committed, in all (see lease_expired)
         self.beat_ok_at = time.monotonic()  # when the last heartbeat that went through was sent
-        self.stale_s = float(CONFIG["stale_timeout"][0])  # stale-timeout as last read (see cut_off)
         self.was_cut_off = False
         self.runners: list[Runner] = []
+        self.holdings = Holdings()  # the runs our runners hold, and claims taken back (see Holdings)
         self.canceled: set[tuple[str, int]] = set()  # (job id, run) of running jobs a user asked to cancel
+        self.schedules = ScheduleFirer()
 
     def _open(self) -> Store:
         """A connection for one thread: busy waits are long, but end in time for a hard stop."""
-        return open_database(self.target, durable=False, busy_deadline_s=30.0, give_up=self.give_up)
+        return open_database(self.target, durable=False, busy_deadline_s=30.0, give_up=self.give_up,
+                             lease_s=self.stale_s)
 
     def give_up(self) -> bool:
         """True once a hard stop has left too little time to keep retrying the database: writes are
@@ -3097,8 +3957,9 @@ class Supervisor:
         if signum != signal.SIGQUIT:
             self.signals += 1
         if (signum == signal.SIGQUIT or self.signals >= 2) and not self.hard.is_set():
-            log.warning("%s: killing running jobs and putting them back",
-                        "SIGQUIT" if signum == signal.SIGQUIT else "second signal")
+            why = "SIGQUIT" if signum == signal.SIGQUIT else "second signal"
+            log.warning("%s: killing running jobs and putting them back", why,
+                        extra=event("hard_stop", reason=why))
             self.hard_at = time.monotonic()
             self.hard.set()
         self._stop("signal")
@@ -3118,11 +3979,14 @@ class Supervisor:
     def run(self) -> int:
         """Run until stopped; returns the exit code."""
         import threading
-        self.stale_s = self.store.config_get("stale_timeout")
+        self._read_stale_timeout()
         self.beat_ok_at = time.monotonic()
-        self.store.register(self.worker_id, self.me, self.count, self.store.now())
-        log.info("worker started: %s, %d thread(s), db %s", self.worker_id, self.count, self.path)
-        self.sweeper = Sweeper(self.store, self.me, self.worker_id, lambda: self.stalled_s)
+        self.store.register(self.worker_id, self.me, self.count, self.store.now(), self.queues)
+        serves = f"queue{'s' if len(self.queues) > 1 else ''} {', '.join(self.queues)}" if self.queues else "all queues"
+        log.info("worker started: %s, %d thread(s), %s, db %s", self.worker_id, self.count, serves, self.path,
+                 extra=event("worker_started", worker_id=self.worker_id, threads=self.count, db=self.path,
+                             queues=list(self.queues) or None))
+        self.sweeper = Sweeper(self.store, self.me, self.worker_id, lambda: self.stalled_s, self.holdings)
         self.sweeper.sweep(self.store.now())  # recover what a previous crash or boot left, before claiming
         if self.store.notifies:
             self._start_listener()
@@ -3135,7 +3999,7 @@ class Supervisor:
         self._finish_recoveries()
         self._deregister()
         code = EXIT_INTERRUPTED if self.hard.is_set() else EXIT_OK
-        log.info("worker exited (%d)", code)
+        log.info("worker exited (%d)", code, extra=event("worker_exited", worker_id=self.worker_id, exit_code=code))
         return code
 
     def _finish_recoveries(self) -> None:
@@ -3147,7 +4011,8 @@ class Supervisor:
             try:
                 self.sweeper.finish(self.store.now())
             except (QueueError, sqlite3.Error) as e:
-                log.warning("could not requeue adopted jobs (%s); the next worker will", e)
+                log.warning("could not requeue adopted jobs (%s); the next worker will", e,
+                            extra=event("requeue_failed", error=str(e)))
                 break
         for _, left in self.sweeper.recovering.values():
             wait_gone(left, max(0.0, deadline - time.monotonic()))
@@ -3160,7 +4025,8 @@ class Supervisor:
         except (QueueError, sqlite3.Error) as e:
             if not self.hard.is_set():
                 raise
-            log.warning("could not deregister (%s); other workers will recover what is left", e)
+            log.warning("could not deregister (%s); other workers will recover what is left", e,
+                        extra=event("deregister_failed", error=str(e)))
 
     def _loop(self, threads: list) -> None:
         # monotonic time of each task's next run; registering was our first heartbeat
@@ -3188,6 +4054,8 @@ class Supervisor:
         if mono >= due["retention"]:
             due["retention"] = mono + RETENTION_INTERVAL_S
             self._apply_retention()
+        if not self.stopping.is_set():  # a stopping worker fires nothing more
+            self.schedules.tick(self.store, mono)
         self._poll()
 
     def _apply_retention(self) -> None:
@@ -3199,7 +4067,8 @@ class Supervisor:
     def _stop(self, why: str) -> None:
         if not self.stopping.is_set():
             running = sum(1 for r in self.runners if r.current)
-            log.info("stopping (%s): claiming nothing more, waiting for %d running job(s)", why, running)
+            log.info("stopping (%s): claiming nothing more, waiting for %d running job(s)", why, running,
+                     extra=event("worker_stopping", reason=why, running=running))
             self.stopping.set()
         self._wake_runners()
 
@@ -3227,8 +4096,17 @@ class Supervisor:
         elif stop:
             self._stop("worker stop")
         self.beat_ok_at = sent  # when it was sent: no sweeper can have seen it earlier
-        self.stale_s = self.store.config_get("stale_timeout")
+        self._read_stale_timeout()
         return max(0.2, min(2.0, self.stale_s / 5))
+
+    def _read_stale_timeout(self) -> None:
+        """Read stale-timeout; a new value also bounds how long our connections may hang (the
+        listener's keeps the value it was opened with: it only carries wake-ups, which the poll backs)."""
+        stale_s, before = self.store.config_get("stale_timeout"), self.stale_s
+        self.stale_s = stale_s  # first: a runner that opens its connection meanwhile gets the new value
+        if stale_s != before:
+            for store in [self.store, *(runner.store for runner in self.runners)]:
+                store.set_lease(stale_s)
 
     def cut_off(self) -> bool:
         """True when this worker has not got a heartbeat through for half of stale-timeout (on our
@@ -3242,20 +4120,22 @@ class Supervisor:
     def _note_cut_off(self) -> None:
         cut = self.cut_off()
         if cut and not self.was_cut_off:
+            late, running = time.monotonic() - self.beat_ok_at, sum(1 for r in self.runners if r.current)
             log.error("no heartbeat for %.1fs (half of stale-timeout): killing %d running job(s), "
-                      "to be recorded as lost when the database is back", time.monotonic() - self.beat_ok_at,
-                      sum(1 for r in self.runners if r.current))
+                      "to be recorded as lost when the database is back", late, running,
+                      extra=event("heartbeat_lost", seconds=round(late, 3), running=running))
         elif self.was_cut_off and not cut:
-            log.warning("heartbeat works again; claiming again")
+            log.warning("heartbeat works again; claiming again", extra=event("heartbeat_back"))
         self.was_cut_off = cut
 
     def _on_lost_registration(self) -> None:
         # Another worker declared us dead (we were paused past the lease) and requeued our jobs.
         # A new epoch makes every run claimed under the old registration abort within 250 ms (so
         # it cannot overlap its rerun), including one whose claim is still being returned.
-        log.error("this worker was presumed dead by another; killing its running jobs and re-registering")
+        log.error("this worker was presumed dead by another; killing its running jobs and re-registering",
+                  extra=event("registration_lost", worker_id=self.worker_id))
         self.epoch += 1
-        self.store.register(self.worker_id, self.me, self.count, self.store.now())
+        self.store.register(self.worker_id, self.me, self.count, self.store.now(), self.queues)
 
     def _poll(self) -> None:
         """Wake idle threads when a job is due; in burst mode, stop when the queue is drained."""
@@ -3320,7 +4200,7 @@ class Supervisor:
     def _new_runner(self) -> Runner:
         store = self._open()
         runner = Runner(store, self.worker_id, self.abort_reason, self.queues, lambda: self.epoch,
-                        lambda: not self.stopping.is_set(), self.give_up)
+                        lambda: not self.stopping.is_set(), self.give_up, self.holdings)
         self.runners.append(runner)
         return runner
 
@@ -3371,7 +4251,8 @@ def worker_dicts(store: Store, now: float) -> list[dict]:
     return [{"id": w.id, "host": w.host, "pid": w.pid, "started_at": iso(w.started_at),
              "heartbeat_at": iso(w.heartbeat_at), "heartbeat_age_s": round(max(0.0, now - w.heartbeat_at), 3),
              "threads": w.threads, "alive": w.id in live, "stopping": bool(w.stop_requested),
-             "jobs": held.get(w.id, [])} for w in store.workers()]
+             "queues": json.loads(w.queues) if w.queues else None, "jobs": held.get(w.id, [])}
+            for w in store.workers()]
 
 
 def show_dict(store: Store, job_id: str) -> dict:
@@ -3387,7 +4268,14 @@ def logs_dict(store: Store, job_id: str, run_no: int | None) -> dict:
     if run is None and run_no is not None:
         raise NotFound(f"job {job_id!r} has no run {run_no}")
     number, output, total, ended = run or (None, None, 0, None)
-    return {"id": job_id, "run": number, "output": text(output), "output_bytes": total, "ended_at": iso(ended)}
+    return {"id": job_id, "run": number, "output": text(output), "output_bytes": total,
+            "output_kept_bytes": len(output or b""), "ended_at": iso(ended)}
+
+
+def cut_note(run: dict) -> str | None:
+    """'last 64 KiB of 14.2 MiB' when a run printed more than was kept (output-limit), else None."""
+    kept, total = run["output_kept_bytes"], run["output_bytes"]
+    return f"last {size_text(kept)} of {size_text(total)}" if total > kept else None
 
 
 # -- throughput per minute (the chart) ----------------------------------------------------------
@@ -3411,6 +4299,54 @@ def throughput_dict(store: Store, minutes: int, now: float) -> dict:
     start = chart_start(now, minutes)
     return {"minutes": minutes, "start": iso(start),
             "buckets": minute_buckets(store.runs_per_minute(start), start, minutes)}
+
+
+# -- metrics (Prometheus text exposition format) --------------------------------------------------
+
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+RUN_OUTCOMES = (COMPLETED, FAILED, DEAD, "lost", "stopped", "canceled")
+METRICS_WINDOWS = (("1m", 60), ("1h", 3600))  # queuectl_runs_finished's window label -> seconds
+
+
+def metrics_text(store: Store, now: float) -> str:
+    """`queuectl metrics` and GET /metrics: the queue as Prometheus gauges."""
+    rows, paused = store.queue_counts(), set(store.paused())
+    queues, counts = sorted({queue for queue, _, _ in rows}), {(queue, state): n for queue, state, n in rows}
+    oldest = store.oldest_eligible_by_queue(now)
+    finished = {window: store.outcomes(now - seconds) for window, seconds in METRICS_WINDOWS}
+    p50, p95 = (None if v is None else round(v, 6) for v in store.stats(now - 3600, now)["duration"][1:])
+    families = (
+        ("queuectl_jobs", "Jobs by queue and state (every state of each queue that has jobs).",
+         [({"queue": q, "state": state}, counts.get((q, state), 0)) for q in queues for state in STATES]),
+        ("queuectl_workers", "Worker processes that look alive.", [({}, len(live_workers(store)))]),
+        ("queuectl_oldest_due_age_seconds", "Seconds the longest-waiting job that is due and may run has waited, "
+         "by queue (0 when none waits; no sample for a paused queue).",
+         [({"queue": q}, round(max(0.0, now - oldest[q]), 3) if q in oldest else 0)
+          for q in queues if not paused & {q, "*"}]),
+        ("queuectl_runs_finished", "Runs that ended within the window (1m or 1h), by outcome.",
+         [({"outcome": o, "window": w}, finished[w].get(o, 0)) for w, _ in METRICS_WINDOWS for o in RUN_OUTCOMES]),
+        ("queuectl_run_duration_seconds", "Duration quantiles of the runs that ended completed, failed or dead "
+         "in the last hour (NaN when none did).", [({"quantile": "0.5"}, p50), ({"quantile": "0.95"}, p95)]),
+    )
+    return "".join(_metric(*family) for family in families)
+
+
+def _metric(name: str, help_text: str, samples: list[tuple[dict, float | int | None]]) -> str:
+    """One metric family: HELP and TYPE lines, then a line per sample (None is written NaN)."""
+    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
+    for labels, value in samples:
+        label_text = ",".join(f'{k}="{prometheus_escape(str(v))}"' for k, v in labels.items())
+        lines.append(f"{name}{{{label_text}}} {_number(value)}" if labels else f"{name} {_number(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def _number(value: float | int | None) -> str:
+    return "NaN" if value is None else repr(value)
+
+
+def prometheus_escape(value: str) -> str:
+    """A label value as the exposition format writes it: backslash, double quote and newline escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 # -- requests: query parameters, paths, replies -------------------------------------------------
@@ -3553,8 +4489,16 @@ def _api_throughput(store: Store, q: Query, _: None) -> dict:
     return throughput_dict(store, q.integer("minutes", CHART_MINUTES, 1, 1440), store.now())
 
 
+def _api_metrics(store: Store, q: Query, _: None) -> Reply:
+    return Reply(200, metrics_text(store, store.now()).encode(), METRICS_CONTENT_TYPE)
+
+
 def _api_workers(store: Store, q: Query, _: None) -> list[dict]:
     return worker_dicts(store, store.now())
+
+
+def _api_schedules(store: Store, q: Query, _: None) -> list[dict]:
+    return [schedule.to_dict() for schedule in store.schedules()]
 
 
 def _api_job(store: Store, q: Query, job_id: str) -> dict:
@@ -3580,6 +4524,11 @@ def _api_retry(store: Store, _: Query, job_id: str) -> dict:
     return store.get(job_id).to_dict()
 
 
+def _api_retry_all(store: Store, q: Query, _: None) -> dict:
+    """The page's "Retry all dead" (of its queue filter): `dlq retry --all [--queue Q]`."""
+    return {"ids": store.retry_all_dead(q.queue(), store.now())}
+
+
 def _api_cancel(store: Store, _: Query, job_id: str) -> dict:
     store.cancel([job_id], store.now())
     return store.get(job_id).to_dict()
@@ -3598,9 +4547,12 @@ API_ROUTES = {
     ("GET", "/api/jobs/ID"): (_api_job, ()),
     ("GET", "/api/jobs/ID/logs"): (_api_logs, ("run",)),
     ("GET", "/api/workers"): (_api_workers, ()),
+    ("GET", "/metrics"): (_api_metrics, ()),
+    ("GET", "/api/schedules"): (_api_schedules, ()),
     ("POST", "/api/jobs/ID/retry"): (_api_retry, ()),
     ("POST", "/api/jobs/ID/cancel"): (_api_cancel, ()),
     ("POST", "/api/jobs/ID/delete"): (_api_delete, ()),
+    ("POST", "/api/dlq/retry"): (_api_retry_all, ("queue",)),
 }
 
 
@@ -3652,7 +4604,7 @@ class Dashboard:
         except sqlite3.Error as e:
             return json_reply({"error": str(database_error(self.path, e, opening=False, write=method == "POST"))}, 500)
         except Exception:  # a bug: report it, keep serving
-            log.exception("dashboard: %s %s failed", method, target)
+            log.exception("dashboard: %s %s failed", method, target, extra=event("dashboard_error"))
             return json_reply({"error": "internal error (see the dashboard's stderr)"}, 500)
 
     def _respond(self, method: str, target: str, headers) -> Reply:
@@ -3745,7 +4697,7 @@ class DashboardServer:
         self.server_name, self.server_port = self.server_address[:2]
 
     def handle_error(self, request, client_address) -> None:
-        log.exception("dashboard: request from %s failed", client_address[0])
+        log.exception("dashboard: request from %s failed", client_address[0], extra=event("dashboard_error"))
 
 
 class DashboardHandler:
@@ -3912,15 +4864,16 @@ pre { margin: 4px 0 0; max-height: 260px; overflow: auto; background: var(--code
         <option value="failed">failed</option><option value="dead">dead</option>
       </select>
       <input id="queue" placeholder="queue (all)" aria-label="queue" size="14" spellcheck="false">
+      <button id="retryall" class="retry" hidden>Retry all dead</button>
       <div class="pager"><span id="range"></span><button id="prev">‹ newer</button>
         <button id="next">older ›</button></div>
     </div>
     <table>
-      <colgroup><col class="w24"><col class="w14"><col class="w11"><col class="w10">
-        <col class="w12"><col></colgroup>
-      <thead><tr><th>id</th><th>state</th><th>queue</th><th class="num">attempts</th><th>updated</th>
+      <colgroup><col class="w18"><col class="w11"><col class="w10"><col class="w9">
+        <col class="w12"><col class="w11"><col></colgroup>
+      <thead><tr><th>id</th><th>state</th><th>queue</th><th class="num">attempts</th><th>due</th><th>updated</th>
         <th>command</th></tr></thead>
-      <tbody id="jobs"><tr><td colspan="6" class="empty">loading…</td></tr></tbody>
+      <tbody id="jobs"><tr><td colspan="7" class="empty">loading…</td></tr></tbody>
     </table>
   </section>
   <section class="card" id="jobview">
@@ -3945,10 +4898,20 @@ pre { margin: 4px 0 0; max-height: 260px; overflow: auto; background: var(--code
     <h2>Workers</h2>
     <table>
       <colgroup><col class="w18"><col class="w9"><col class="w9"><col class="w12">
-        <col class="w10"><col></colgroup>
+        <col class="w10"><col class="w17"><col></colgroup>
       <thead><tr><th>host</th><th class="num">pid</th><th class="num">threads</th><th class="num">heartbeat age</th>
-        <th>status</th><th>jobs</th></tr></thead>
+        <th>status</th><th>queues</th><th>jobs</th></tr></thead>
       <tbody id="workers"></tbody>
+    </table>
+  </section>
+  <section class="card wide">
+    <h2>Schedules</h2>
+    <table>
+      <colgroup><col class="w14"><col class="w12"><col class="w12"><col class="w15">
+        <col class="w24"><col class="w10"><col></colgroup>
+      <thead><tr><th>id</th><th>schedule</th><th>zone</th><th>next slot</th><th>last job</th><th>state</th>
+        <th>command</th></tr></thead>
+      <tbody id="schedules"></tbody>
     </table>
   </section>
 </main>
@@ -3959,7 +4922,7 @@ const meta = (name) => document.querySelector(`meta[name="${name}"]`).content;
 const TOKEN = meta("queuectl-token"), ACTIONS = meta("queuectl-actions") === "1";
 const STATES = ["pending", "processing", "completed", "failed", "dead"], OUTCOMES = ["completed", "failed", "dead"];
 const PAGE = 25, REFRESH_MS = 1500, TAIL_CHARS = 16384, QUEUE_NAME = /^[A-Za-z0-9._-]{0,64}$/;
-const view = { state: "", queue: "", offset: 0, job: null, closed: new Set() };
+const view = { state: "", queue: "", offset: 0, job: null, closed: new Set(), paused: [] };
 const drawn = {};  // the JSON each panel last drew: an unchanged panel is left alone
 
 history.replaceState(null, "", location.pathname + location.hash);  // the token stays out of the address bar
@@ -3996,9 +4959,26 @@ function secs(v) {
   if (v === null || v === undefined) return "–";
   return v < 1 ? `${Math.round(v * 1000)} ms` : v < 120 ? `${v.toFixed(2)} s` : `${(v / 60).toFixed(1)} min`;
 }
-const bytes = (n) => (n < 1024 ? `${n} B`
-  : n < 1048576 ? `${(n / 1024).toFixed(1)} KiB` : `${(n / 1048576).toFixed(1)} MiB`);
+const bytes = (n) => {  // as the CLI writes sizes (size_text): 512 B, 64 KiB, 14.2 MiB
+  const units = ["B", "KiB", "MiB", "GiB"];
+  let value = n, unit = 0;
+  while (unit < 3 && +value.toFixed(1) >= 1024) { value /= 1024; unit += 1; }
+  return unit ? `${+value.toFixed(1)} ${units[unit]}` : `${n} B`;
+};
 const num = (n) => Number(n).toLocaleString("en-US");
+// As `queuectl list`: ATTEMPTS counts the run going on or the one that completed; DUE says what a job waits for.
+const attempts = (j) => (`${j.attempts + (["processing", "completed"].includes(j.state) ? 1 : 0)}/`
+  + Math.max(j.max_retries, 1));
+function due(j) {
+  if (!["pending", "failed"].includes(j.state)) return "–";
+  if (j.waiting_on) return `after ${j.waiting_on} job${j.waiting_on === 1 ? "" : "s"}`;
+  const left = (Date.parse(j.next_run_at) - Date.now()) / 1000, d = new Date(j.next_run_at);
+  if (left <= 0) return view.paused.includes("*") || view.paused.includes(j.queue) ? "paused" : "now";
+  if (left >= 86400) return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${hhmm(j.next_run_at)}`;
+  if (left < 60) return `in ${Math.ceil(left)}s`;
+  if (left < 3600) return `in ${Math.ceil(left / 60)}m`;
+  return `in ${Math.floor(left / 3600)}h ${Math.floor((left % 3600) / 60)}m`;
+}
 
 // The API
 async function api(path, method = "GET") {
@@ -4018,7 +4998,7 @@ async function loadStatus() {
   const [status] = await api("/api/status");
   for (const state of STATES) $("#n-" + state).textContent = num(status.jobs[state]);
   $("#n-workers").textContent = num(status.active_workers);
-  const paused = status.paused;
+  const paused = view.paused = status.paused;
   $("#paused").textContent = !paused.length ? ""
     : "paused: " + (paused.includes("*") ? "all queues" : paused.join(", "));
   for (const option of $("#state").options) {
@@ -4090,14 +5070,16 @@ async function loadJobs() {
   $("#range").textContent = total ? `${num(view.offset + 1)}–${num(view.offset + jobs.length)} of ${num(total)}` : "";
   $("#prev").disabled = view.offset === 0;
   $("#next").disabled = view.offset + jobs.length >= total;
-  if (!changed("jobs", [jobs, view.job])) return;
-  const rows = jobs.map((j) => h("tr",
+  $("#retryall").textContent = "Retry all dead" + (view.queue ? ` in ${view.queue}` : "");
+  const dues = jobs.map(due);
+  if (!changed("jobs", [jobs, dues, view.job])) return;
+  const rows = jobs.map((j, i) => h("tr",
     { className: "job" + (j.id === view.job ? " selected" : ""), onclick: () => selectJob(j.id) },
     h("td", { className: "id" }, j.id), h("td", {}, badge(j.state)), h("td", {}, j.queue),
-    h("td", { className: "num" }, `${j.attempts}/${j.max_retries}`), h("td", {}, when(j.updated_at)),
+    h("td", { className: "num" }, attempts(j)), h("td", {}, dues[i]), h("td", {}, when(j.updated_at)),
     h("td", { className: "cmd" }, j.command)));
   $("#jobs").replaceChildren(...(rows.length ? rows
-    : [h("tr", {}, h("td", { colSpan: 6, className: "empty" }, "no jobs"))]));
+    : [h("tr", {}, h("td", { colSpan: 7, className: "empty" }, "no jobs"))]));
 }
 
 // Job view
@@ -4140,9 +5122,10 @@ function jobFields(j) {
   return [
     ["state", badge(j.state)], ["queue", j.queue], ["priority", j.priority],
     ["command", h("span", { className: "mono" }, j.command)],
-    ["attempts", `${j.attempts} of ${j.max_retries}`], ["timeout", j.timeout ? secs(j.timeout) : "none"],
+    ["attempts", attempts(j).replace("/", " of ")], ["timeout", j.timeout ? secs(j.timeout) : "none"],
     ["cwd", h("span", { className: "mono" }, j.cwd)], ["env", h("span", { className: "mono" }, JSON.stringify(j.env))],
-    ["created", when(j.created_at)], ["updated", when(j.updated_at)], ["due", when(j.next_run_at)],
+    ["created", when(j.created_at)], ["updated", when(j.updated_at)], ["due", due(j)],
+    ["next run at", when(j.next_run_at)],
     ["last error", none(j.last_error)], ["exit code", none(j.exit_code)], ["worker", none(j.worker_id)],
     ["runs", j.run_count], ["lost", j.lost_count], ["depends on", none(j.depends_on.join(", "))],
     ["waiting on", j.waiting_on],
@@ -4160,7 +5143,9 @@ function runOutput(r) {
   const text = r.output === null || r.output === "" ? "(no output)"
     : r.output.length > TAIL_CHARS ? "[… earlier output not shown …]\\n" + r.output.slice(-TAIL_CHARS) : r.output;
   const details = h("details", { open: !view.closed.has(key) },
-    h("summary", {}, `run ${r.run} output, ${bytes(r.output_bytes)}${r.ended_at ? "" : " (running)"}`),
+    h("summary", {}, `run ${r.run} output, ${r.output_bytes > r.output_kept_bytes
+      ? `last ${bytes(r.output_kept_bytes)} of ${bytes(r.output_bytes)}` : bytes(r.output_bytes)}`
+      + (r.ended_at ? "" : " (running)")),
     h("pre", {}, text));
   details.addEventListener("toggle", () => (details.open ? view.closed.delete(key) : view.closed.add(key)));
   return details;
@@ -4199,16 +5184,34 @@ async function loadWorkers() {
     const status = !w.alive ? badge("dead?", "gone") : w.stopping ? badge("stopping") : badge("alive");
     return h("tr", {}, h("td", {}, w.host), h("td", { className: "num" }, w.pid),
       h("td", { className: "num" }, w.threads),
-      h("td", { className: "num" }, `${w.heartbeat_age_s.toFixed(1)} s`), h("td", {}, status), jobs);
+      h("td", { className: "num" }, `${w.heartbeat_age_s.toFixed(1)} s`), h("td", {}, status),
+      h("td", w.queues ? {} : { className: "muted" }, w.queues ? w.queues.join(", ") : "all"), jobs);
   });
   $("#workers").replaceChildren(...(rows.length ? rows
-    : [h("tr", {}, h("td", { colSpan: 6, className: "empty" },
+    : [h("tr", {}, h("td", { colSpan: 7, className: "empty" },
                      "no workers registered (start one: queuectl worker start)"))]));
+}
+
+// Schedules: the next slot, and the last job with its state (click it to open it)
+async function loadSchedules() {
+  const [schedules] = await api("/api/schedules");
+  if (!changed("schedules", schedules)) return;
+  const rows = schedules.map((s) => {
+    const last = !s.last_job_id ? h("span", { className: "muted" }, "none yet")
+      : h("button", { className: "link", onclick: () => selectJob(s.last_job_id) }, s.last_job_id);
+    const state = s.last_job_id ? badge(s.last_job_state || "deleted", s.last_job_state || "gone") : "";
+    const spec = s.cron || `every ${s.every}s`, next = s.paused ? badge("paused", "stopping") : when(s.next_run_at);
+    return h("tr", {}, h("td", { className: "id" }, s.id), h("td", { className: "mono" }, spec), h("td", {}, s.tz),
+      h("td", {}, next), h("td", {}, last), h("td", {}, state), h("td", { className: "cmd" }, s.job.command));
+  });
+  $("#schedules").replaceChildren(...(rows.length ? rows
+    : [h("tr", {}, h("td", { colSpan: 7, className: "empty" }, "no schedules (add one: queuectl schedule add)"))]));
 }
 
 // Refresh loop: every panel every REFRESH_MS, with fetch; the page never reloads.
 async function update() {
-  const results = await Promise.allSettled([loadStatus(), loadChart(), loadJobs(), loadWorkers(), loadJob()]);
+  const results = await Promise.allSettled([loadStatus(), loadChart(), loadJobs(), loadWorkers(), loadSchedules(),
+                                            loadJob()]);
   const failure = results.find((r) => r.status === "rejected");
   setBanner(failure ? failure.reason.message : "");
   $("#live").textContent = failure ? "not updating" : `live, updated ${when(new Date().toISOString())}`;
@@ -4228,6 +5231,19 @@ $("#queue").oninput = (e) => {
   const ok = QUEUE_NAME.test(e.target.value);
   e.target.classList.toggle("invalid", !ok);
   if (ok) { view.queue = e.target.value; view.offset = 0; reloadJobs(); }
+};
+$("#retryall").hidden = !ACTIONS;
+$("#retryall").onclick = async () => {
+  const which = view.queue ? ` of queue ${view.queue}` : "";
+  if (!confirm(`Retry every dead job${which}, with the dead jobs they depend on?`)) return;
+  try {
+    await api("/api/dlq/retry?" + new URLSearchParams({ queue: view.queue }), "POST");
+    setBanner("");
+  } catch (e) {
+    setBanner(`Retry all dead failed: ${e.message}`);
+  }
+  drawn.job = drawn.jobs = null;
+  update();
 };
 $("#prev").onclick = () => { view.offset = Math.max(0, view.offset - PAGE); reloadJobs(); };
 $("#next").onclick = () => { view.offset += PAGE; reloadJobs(); };
@@ -4266,6 +5282,8 @@ def build_parser() -> Parser:
     _add_worker_commands(sub.add_parser("worker", help="start, stop or list workers").add_subparsers(
         dest="action", required=True, metavar="ACTION"))
     _add_dlq_and_config(sub)
+    _add_schedule_commands(sub.add_parser("schedule", help="recurring jobs").add_subparsers(
+        dest="action", required=True, metavar="ACTION"))
     return p
 
 
@@ -4286,16 +5304,54 @@ def _command(sub, name: str, func, help: str, *, json_flag: bool = False, ids: s
 def _add_job_commands(sub) -> None:
     e = _command(sub, "enqueue", cmd_enqueue, "add a job, or with '-' a batch from stdin", json_flag=True)
     e.add_argument("job", metavar="JSON", help="a job object, or - to read JSON Lines or a JSON array from stdin")
-    _command(sub, "cancel", cmd_cancel, "cancel jobs: waiting ones go to the DLQ, running ones are killed", ids="+")
+    _progress_flag(e)
+    _add_add_command(sub)
+    c = _command(sub, "cancel", cmd_cancel, "cancel jobs: waiting ones go to the DLQ, running ones are killed",
+                 check=check_bulk)
+    _bulk_arguments(c, "every job that has not finished")
     _command(sub, "delete", cmd_delete, "remove jobs that are not processing, with their runs", ids="+")
     pg = _command(sub, "purge", cmd_purge, "remove finished jobs and their runs; needs --older-than, --state or both",
                   check=check_purge)
     pg.add_argument("--state", choices=(COMPLETED, DEAD), default=None,
                     help="which finished jobs (default completed)")
     pg.add_argument("--older-than", type=_duration_arg, default=None, metavar="DURATION",
-                    help="only those last changed longer ago than this, e.g. 30s, 15m, 12h, 7d (default: any age)")
-    wt = _command(sub, "wait", cmd_wait, "block until the jobs are completed or dead", ids="+", reads=True)
-    wt.add_argument("--timeout", type=_seconds_arg, default=None, help="give up after S seconds (exit 1)")
+                    help="only those last changed longer ago than this, e.g. 3600, 15m, 12h, 7d, 1w (default: any age)")
+    _progress_flag(pg)
+    wt = _command(sub, "wait", cmd_wait, "block until the jobs, or with --all a whole queue, are completed or dead",
+                  reads=True, check=check_wait)
+    wt.add_argument("ids", nargs="*", metavar="ID")
+    wt.add_argument("--all", action="store_true",
+                    help="until no job is pending, failed or processing (scheduled for later counts as unfinished)")
+    wt.add_argument("--queue", type=_queue_arg, help="with --all: only this queue")
+    wt.add_argument("--timeout", type=_duration_arg, default=None, metavar="DURATION",
+                    help="give up after this long (exit 1), e.g. 90, 30s, 15m")
+    _progress_flag(wt)
+
+
+
+def _add_add_command(sub) -> None:
+    a = _command(sub, "add", cmd_add, "add a job from a command line, without JSON: add [OPTIONS] -- COMMAND [ARG...]",
+                 json_flag=True)
+    # REMAINDER: everything from the first word of the command on is the command, options included.
+    a.add_argument("words", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG...]",
+                   help="one word: a shell command as written ('make -j4 && make install'); several: run as "
+                        "exactly that argument list (quoted with shlex.join)")
+    a.add_argument("--id", help="the job's id (default: a random one)")
+    a.add_argument("--queue", help=f"queue (default {DEFAULT_QUEUE})")
+    a.add_argument("--priority", type=int, metavar="N", help="higher runs first (default 0)")
+    a.add_argument("--max-retries", type=int, metavar="N", help="runs before the DLQ (default: config max-retries)")
+    a.add_argument("--timeout", metavar="DURATION", help="kill a run after this long, e.g. 90, 30s, 15m (0 = none)")
+    a.add_argument("--delay", metavar="DURATION", help="run no sooner than this from now, e.g. 90, 15m, 2h, 1d")
+    a.add_argument("--run-at", metavar="TIME", help="run no sooner than this ISO-8601 time (local without offset) "
+                   "or Unix time")
+    a.add_argument("--depends-on", action="append", default=[], metavar="ID",
+                   help="run after this job completed; repeat it for more")
+    a.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="set a variable; repeatable")
+    a.add_argument("--cwd", metavar="DIR", help="folder to run in (default: the current one)")
+
+
+def _progress_flag(cmd) -> None:
+    cmd.add_argument("--no-progress", action="store_true", help="no live progress line on a terminal")
 
 
 def _add_view_commands(sub) -> None:
@@ -4312,7 +5368,10 @@ def _add_view_commands(sub) -> None:
     lg.add_argument("--follow", "-f", action="store_true", help="stream a running job's output until it ends")
     st = _command(sub, "stats", cmd_stats, "throughput, durations and waits over a window", json_flag=True,
                   reads=True)
-    st.add_argument("--since", type=_duration_arg, default=3600, metavar="DURATION", help="window (default 1h)")
+    st.add_argument("--since", type=_duration_arg, default=3600, metavar="DURATION",
+                    help="window, e.g. 900, 15m, 1d, 1w (default 1h)")
+    _command(sub, "metrics", cmd_metrics, "the queue's gauges in Prometheus text format (for a textfile collector)",
+             reads=True)
 
 
 def _add_operating_commands(sub) -> None:
@@ -4336,16 +5395,22 @@ def _add_worker_commands(w) -> None:
     ws.add_argument("--burst", action="store_true", help="exit once the due work is drained")
     ws.add_argument("--queue", type=_queue_arg, action="append", default=[],
                     help="claim only from this queue; repeat it for more (default: every queue)")
+    ws.add_argument("--quiet", "-q", action="store_true",
+                    help="log only starts, stops, failures, deaths and recoveries (not each job claimed or completed)")
+    ws.add_argument("--log-format", choices=("text", "json"), default="text",
+                    help="text lines (default), or one JSON object a line for log shippers")
     wt = _command(w, "stop", cmd_worker_stop, "ask every running worker to stop gracefully", check=check_worker_stop)
     wt.add_argument("--wait", action="store_true", help="return once they have exited")
-    wt.add_argument("--timeout", type=_seconds_arg, default=None, help="with --wait: give up after S seconds")
+    wt.add_argument("--timeout", type=_duration_arg, default=None, metavar="DURATION",
+                    help="with --wait: give up after this long, e.g. 90, 30s, 15m")
     _command(w, "list", cmd_worker_list, "registered workers and what they run", json_flag=True, reads=True)
 
 
 def _add_dlq_and_config(sub) -> None:
     d = sub.add_parser("dlq", help="the dead-letter queue").add_subparsers(dest="action", required=True)
     _command(d, "list", cmd_dlq_list, "dead jobs", json_flag=True, reads=True)
-    _command(d, "retry", cmd_dlq_retry, "move dead jobs back to pending", ids="+")
+    r = _command(d, "retry", cmd_dlq_retry, "move dead jobs back to pending", check=check_bulk)
+    _bulk_arguments(r, "every dead job, with the dead jobs it depends on (in any queue)")
     c = sub.add_parser("config", help="settings").add_subparsers(dest="action", required=True)
     cs = _command(c, "set", cmd_config_set, "set a value")
     cs.add_argument("key")
@@ -4356,16 +5421,40 @@ def _add_dlq_and_config(sub) -> None:
     _command(c, "list", cmd_config_list, "every value", json_flag=True, reads=True)
 
 
-def _duration_arg(text: str) -> float:
+def _bulk_arguments(cmd, every: str) -> None:
+    """IDs, or --all [--queue Q]: the arguments of a command that acts on many jobs (see check_bulk)."""
+    cmd.add_argument("ids", nargs="*", metavar="ID")
+    cmd.add_argument("--all", action="store_true", help=every)
+    cmd.add_argument("--queue", type=_queue_arg, help="with --all: only the jobs of this queue")
+
+
+def _add_schedule_commands(s) -> None:
+    a = _command(s, "add", cmd_schedule_add, "add a schedule: a JSON object with id, cron or every, and a job template")
+    a.add_argument("schedule", metavar="JSON")
+    _command(s, "list", cmd_schedule_list, "every schedule, its next slot and its last job", json_flag=True,
+             reads=True)
+    n = _command(s, "next", cmd_schedule_next, "the next slots of a schedule", ids="1", reads=True,
+                 check=check_schedule_next)
+    n.add_argument("--count", type=int, default=5, metavar="N", help="how many (default 5)")
+    n.add_argument("--after", type=_time_arg, default=None, metavar="TIME",
+                   help="ISO-8601 (no offset: local time) or Unix seconds (default now)")
+    _command(s, "pause", cmd_schedule_pause, "stop making jobs from these schedules", ids="+")
+    _command(s, "resume", cmd_schedule_resume, "make jobs again, from the next slot on (missed slots do not fire)",
+             ids="+")
+    _command(s, "remove", cmd_schedule_remove, "delete schedules (the jobs they made stay)", ids="+")
+
+
+def _time_arg(text: str) -> float:
+    """A command line's time: ISO-8601, or digits for Unix seconds."""
     try:
-        return parse_duration(text)
+        return parse_time(float(text) if re.fullmatch(r"[0-9]{1,12}(\.[0-9]+)?", text) else text, "--after")
     except UsageError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def _seconds_arg(text: str) -> float:
+def _duration_arg(text: str) -> float:
     try:
-        return _valid_seconds(_parse_number(text), "--timeout")
+        return parse_duration(text)
     except UsageError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
@@ -4402,7 +5491,9 @@ def config_key(name: str) -> str:
     """Normalise a config key (hyphens or underscores); UsageError listing the valid keys."""
     key = name.replace("-", "_")
     if key not in CONFIG:
-        raise UsageError(f"unknown config key {name!r} (valid: {', '.join(k.replace('_', '-') for k in CONFIG)})")
+        keys = [k.replace("_", "-") for k in CONFIG]
+        hint = did_you_mean(name.replace("_", "-"), keys) or f"(valid: {', '.join(keys)})"
+        raise UsageError(f"unknown config key {name!r} {hint}")
     return key
 
 
@@ -4420,21 +5511,209 @@ def checked_ids(ids: list[str]) -> list[str]:
     return list(dict.fromkeys(_valid_id(i, "ID") for i in ids))
 
 
+# -- progress ------------------------------------------------------------------------------------
+
+class Progress:
+    """One live line on stderr for long work, redrawn in place at most four times a second and erased by
+    close() (or the end of a `with`), so only the command's result stays. It is on only when stderr is a
+    terminal, without --no-progress, QUEUECTL_NO_PROGRESS=1 or TERM=dumb: off, it writes nothing."""
+    REDRAW_S = 0.25
+    RATE_WINDOW_S = 10.0  # rate() measures over about this long, once it has a second of counts
+
+    def __init__(self, on: bool, stream=None, clock=time.monotonic):
+        self.on, self.stream, self.clock = on, stream if stream is not None else sys.stderr, clock
+        self.drawn_at: float | None = None  # when the line was last drawn; None: never
+        self.visible = False
+        self.counts: list[tuple[float, int]] = []  # (clock, count) for rate()
+
+    @classmethod
+    def for_command(cls, args) -> "Progress":
+        """A Progress on this process's stderr, on where the user wants it (see the class)."""
+        on = (not getattr(args, "no_progress", False) and sys.stderr.isatty()
+              and os.environ.get("QUEUECTL_NO_PROGRESS", "") in ("", "0") and os.environ.get("TERM") != "dumb")
+        return cls(on)
+
+    @property
+    def drawn(self) -> bool:
+        """Whether the line was ever drawn."""
+        return self.drawn_at is not None
+
+    def show(self, text: str) -> None:
+        """Draw `text` as the line, unless the last drawing is less than REDRAW_S old."""
+        if not self.on:
+            return
+        now = self.clock()
+        if self.drawn_at is not None and now - self.drawn_at < self.REDRAW_S:
+            return
+        # To column 0, the text cut to the width (a wrapped line could not be redrawn in place), and
+        # ESC [ K erases what a longer earlier text left to the right.
+        self._write("\r" + text[:self._columns() - 1] + "\x1b[K")
+        self.drawn_at, self.visible = now, True
+
+    def close(self) -> None:
+        """Erase the line."""
+        if self.visible:
+            self._write("\r\x1b[K")
+            self.visible = False
+
+    def __enter__(self) -> "Progress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()  # before main() prints an error line, and on Ctrl+C
+
+    def rate(self, count: int) -> float | None:
+        """Per second, how fast `count` grew over the last RATE_WINDOW_S; None until a second has passed."""
+        now = self.clock()
+        self.counts.append((now, count))
+        while len(self.counts) > 2 and now - self.counts[1][0] >= self.RATE_WINDOW_S:
+            self.counts.pop(0)
+        first_at, first = self.counts[0]
+        return None if now - first_at < 1.0 else max(0.0, (count - first) / (now - first_at))
+
+    def _columns(self) -> int:
+        try:
+            columns = os.get_terminal_size(self.stream.fileno()).columns
+        except (OSError, ValueError):
+            columns = 0
+        return columns if columns > 1 else 80  # a pseudo-terminal nobody sized reports 0
+
+    def _write(self, text: str) -> None:
+        with contextlib.suppress(OSError):  # a terminal that went away must not fail the command itself
+            self.stream.write(text)
+            self.stream.flush()
+
+
+def waiting_line(finished: int, total: int, dead: int, rate: float | None) -> str:
+    """`wait`'s progress: `waiting: 312/1000 finished, 2 dead · 41/s · about 17s left` (rate and
+    estimate once the rate is known, the estimate while the rate is above zero)."""
+    line = f"waiting: {finished}/{total} finished, {dead} dead"
+    if rate is None:
+        return line
+    line += f" · {rate:.0f}/s" if rate >= 10 else f" · {rate:.1f}/s"
+    if rate > 0 and total > finished:
+        line += f" · about {_about((total - finished) / rate)} left"
+    return line
+
+
+def _about(seconds: float) -> str:
+    """A rough duration: 17s, 4m 05s, 2h 10m."""
+    s = math.ceil(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60:02d}s"
+    return f"{s // 3600}h {s % 3600 // 60:02d}m"
+
+
 # -- jobs ----------------------------------------------------------------------------------------
 
 def cmd_enqueue(args, store: Store) -> None:
     now, defaults, cwd = store.now(), store.config_all(), current_dir()
     if args.job != "-":
-        specs = [validate_job(parse_json(args.job), defaults, cwd, now)]
-    else:
-        specs = [{**_numbered(where, lambda: validate_job(item, defaults, cwd, now)), "where": where}
-                 for where, item in read_batch(sys.stdin.buffer.read())]
-        check_batch(specs)
-    ids = store.enqueue(specs, now)
-    if args.json:
+        return enqueue_and_print(store, [validate_job(parse_json(args.job), defaults, cwd, now)], now, args.json)
+    started, progress = time.monotonic(), Progress.for_command(args)
+    with progress:
+        specs, ids = enqueue_batch(store, progress, now, defaults, cwd)
+    print_enqueued(store, specs, ids, args.json, batch=True)
+    if progress.drawn:  # a long batch on a terminal: its live line is gone, one line says how it went
+        sys.stdout.flush()
+        print(f"queuectl: enqueued {len(ids)} jobs in {time.monotonic() - started:.1f}s", file=sys.stderr)
+
+
+def cmd_add(args, store: Store) -> None:
+    now = store.now()
+    enqueue_and_print(store, [validate_job(add_job_object(args), store.config_all(), current_dir(), now)], now,
+                      args.json)
+
+
+def enqueue_and_print(store: Store, specs: list[dict], now: float, as_json: bool) -> None:
+    """Enqueue one validated job; print its id, or the job with --json."""
+    print_enqueued(store, specs, store.enqueue(specs, now), as_json)
+
+
+def print_enqueued(store: Store, specs: list[dict], ids: list[str], as_json: bool, batch: bool = False) -> None:
+    """Print the ids, or the jobs with --json (one object unless a batch); note a paused queue on stderr."""
+    note_paused(store, [spec["queue"] for spec in specs])
+    if as_json:
         jobs = [store.get(i).to_dict() for i in ids]
-        return emit_json(jobs[0] if args.job != "-" else jobs)
+        return emit_json(jobs if batch else jobs[0])
     print_ids(ids)
+
+
+def enqueue_batch(store: Store, progress: "Progress", now: float, defaults: dict, cwd: str) -> tuple[list, list]:
+    """`enqueue -`: read, validate and store stdin's jobs (all or none); past BATCH_PROGRESS_LINES lines
+    (or items of one JSON array) the progress line counts them. Returns the specs and their ids."""
+    counts = {"read": 0, "validated": 0, "stored": 0}
+
+    def count(**now_at):
+        counts.update(now_at)
+        if counts["read"] > BATCH_PROGRESS_LINES or counts["validated"] > BATCH_PROGRESS_LINES:
+            progress.show("enqueue: read {read} lines · validated {validated} · stored {stored}".format(**counts))
+    specs = []
+    for where, item in read_batch(read_stdin(lambda lines: count(read=lines))):
+        specs.append({**_numbered(where, lambda: validate_job(item, defaults, cwd, now)), "where": where})
+        if len(specs) % 1000 == 0:
+            count(validated=len(specs))
+    count(validated=len(specs))
+    check_batch(specs)
+    return specs, store.enqueue(specs, now, stored=lambda n: count(stored=n))
+
+
+def read_stdin(read: Callable[[int], None] = lambda lines: None) -> bytearray:
+    """All of stdin's bytes; `read(lines)` hears how many lines have come so far, for a progress line."""
+    data, lines = bytearray(), 0
+    while chunk := sys.stdin.buffer.read1(1 << 20):
+        data += chunk
+        lines += chunk.count(b"\n")
+        read(lines)
+    return data
+
+
+def note_paused(store: Store, queues: list[str]) -> None:
+    """A note on stderr when jobs went into a paused queue: they wait, and nothing else would say why."""
+    paused = store.paused()
+    stuck = list(dict.fromkeys(q for q in queues if q in paused or "*" in paused))
+    if not stuck:
+        return
+    if "*" in paused:
+        return print("queuectl: note: every queue is paused; jobs wait for `queuectl resume`", file=sys.stderr)
+    which = f"queue {stuck[0]!r} is" if len(stuck) == 1 else f"queues {', '.join(map(repr, stuck))} are"
+    print(f"queuectl: note: {which} paused; jobs wait for `queuectl resume --queue NAME`", file=sys.stderr)
+
+
+def add_job_object(args) -> dict:
+    """`add`'s options and command line as the JSON object `enqueue` takes, so both are validated alike."""
+    words = args.words[1:] if args.words[:1] == ["--"] else args.words
+    if not words:
+        raise UsageError("add: give the command after --, e.g. queuectl add -- make test")
+    import shlex
+    obj = {"command": words[0] if len(words) == 1 else shlex.join(words)}
+    for field in ("id", "queue", "priority", "max_retries", "timeout", "delay"):
+        if getattr(args, field) is not None:
+            obj[field] = getattr(args, field)
+    if args.run_at is not None:  # a Unix time, or an ISO-8601 string
+        obj["run_at"] = float(args.run_at) if re.fullmatch(r"\d+(\.\d+)?", args.run_at, re.ASCII) else args.run_at
+    if args.cwd is not None:  # relative to the current folder here, where `enqueue` wants an absolute path
+        obj["cwd"] = os.path.join(current_dir(), args.cwd) if current_dir() else args.cwd
+    if args.depends_on:
+        obj["depends_on"] = args.depends_on
+    if args.env:
+        obj["env"] = env_pairs(args.env)
+    return obj
+
+
+def env_pairs(pairs: list[str]) -> dict:
+    """--env NAME=VALUE options as a dict; each name at most once."""
+    env: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise UsageError(f"--env wants NAME=VALUE: {pair!r}")
+        if name in env:
+            raise UsageError(f"--env {name} given twice")
+        env[name] = value
+    return env
 
 
 def current_dir() -> str:
@@ -4486,7 +5765,18 @@ def check_batch(specs: list[dict]) -> None:
         seen.add(spec["id"])
 
 
+def check_bulk(args) -> None:
+    """IDs or --all, not both; --queue only with --all."""
+    name = "dlq retry" if args.command == "dlq" else args.command
+    if bool(args.ids) == args.all:
+        raise UsageError(f"{name}: give job ids or --all" + (", not both" if args.all else ""))
+    if args.queue is not None and not args.all:
+        raise UsageError(f"{name}: --queue needs --all")
+
+
 def cmd_cancel(args, store: Store) -> None:
+    if args.all:
+        return print_ids(store.cancel_all(args.queue, store.now()))
     ids = checked_ids(args.ids)
     store.cancel(ids, store.now())
     print_ids(ids)
@@ -4506,25 +5796,80 @@ def check_purge(args) -> None:
 
 def cmd_purge(args, store: Store) -> None:
     state = args.state or COMPLETED
-    removed = store.purge_in_slices(state, store.now() - (args.older_than or 0))
+
+    def purged(count: int) -> None:
+        if count >= PURGE_SLICE:  # a full slice: more may follow, so the line is worth showing
+            progress.show(f"purge: {count} {state} jobs deleted so far")
+    with Progress.for_command(args) as progress:
+        removed = store.purge_in_slices(state, store.now() - (args.older_than or 0), purged=purged)
     print(f"purged {removed} {state} job{'s' if removed != 1 else ''}")
 
 
+def check_wait(args) -> None:
+    if args.all and args.ids:
+        raise UsageError("wait: give job ids or --all, not both")
+    if not args.all and not args.ids:
+        raise UsageError("wait: give the ids of the jobs to wait for, or --all")
+    if args.queue is not None and not args.all:
+        raise UsageError("wait: --queue needs --all (ids name their jobs already)")
+
+
 def cmd_wait(args, store: Store) -> int:
-    ids = checked_ids(args.ids)
     deadline = None if args.timeout is None else time.monotonic() + args.timeout
+    with Progress.for_command(args) as progress:
+        if args.all:
+            return wait_all(store, args.queue, deadline, progress)
+        return wait_ids(store, checked_ids(args.ids), deadline, progress)
+
+
+def wait_ids(store: Store, ids: list[str], deadline: float | None, progress: "Progress") -> int:
+    """`wait ID…`: until every named job is completed or dead; 1 naming the dead ones, or at the deadline
+    the unfinished ones."""
     while True:
         store.refresh()
         jobs = [store.get(i) for i in ids]
-        if all(j.state in (COMPLETED, DEAD) for j in jobs):  # every one has finished, one way or the other
-            dead = [j for j in jobs if j.state == DEAD]
+        dead = [j for j in jobs if j.state == DEAD]
+        waiting = [j.id for j in jobs if j.state not in (COMPLETED, DEAD)]
+        if not waiting:  # every one has finished, one way or the other
             if dead:
                 raise QueueError("dead: " + "; ".join(f"job {j.id!r}: {j.last_error}" for j in dead))
             return EXIT_OK
         if deadline is not None and time.monotonic() > deadline:
-            waiting = [j.id for j in jobs if j.state not in (COMPLETED, DEAD)]
             raise QueueError(f"timed out waiting for {', '.join(waiting)}")
-        time.sleep(0.2)
+        finished = len(jobs) - len(waiting)
+        progress.show(waiting_line(finished, len(jobs), len(dead), progress.rate(finished)))
+        time.sleep(WAIT_POLL_S)
+
+
+def wait_all(store: Store, queue: str | None, deadline: float | None, progress: "Progress") -> int:
+    """`wait --all`: until no job (of `queue`) is pending, failed or processing, jobs enqueued meanwhile
+    included; 1 if any job unfinished at the start ended dead (naming up to ten), or at the deadline."""
+    answered, high = store.unfinished(queue)  # the seqs of the jobs whose end decides the exit code
+    low = min(answered, default=0)
+
+    def dead() -> list[str]:
+        return [i for i, seq in store.dead_between(queue, low, high) if seq in answered] if answered else []
+    while True:
+        store.refresh()
+        unfinished, arrived = store.wait_counts(queue, high)
+        if not unfinished:  # counted before reading the dead, so a job that just died is among them
+            return _dead_verdict(dead(), len(answered))
+        if deadline is not None and time.monotonic() > deadline:
+            where = f" in queue {queue!r}" if queue is not None else ""
+            raise QueueError(f"timed out: {unfinished} job{'s' if unfinished != 1 else ''}{where} still pending, "
+                             "failed or processing")
+        if progress.on:
+            total = max(len(answered) + arrived, unfinished)
+            progress.show(waiting_line(total - unfinished, total, len(dead()), progress.rate(total - unfinished)))
+        time.sleep(WAIT_POLL_S)
+
+
+def _dead_verdict(dead: list[str], answered: int) -> int:
+    """0 if none of the jobs `wait --all` answers for ended dead, else QueueError naming the first ten."""
+    if not dead:
+        return EXIT_OK
+    named = ", ".join(repr(i) for i in dead[:10]) + (f" and {len(dead) - 10} more" if len(dead) > 10 else "")
+    raise QueueError(f"{len(dead)} of the {answered} jobs waited for ended dead: {named}")
 
 
 # -- views ---------------------------------------------------------------------------------------
@@ -4577,13 +5922,40 @@ def live_workers(store: Store) -> list[WorkerRow]:
             if (not process_gone(w.pid, w.proc_start) if same_namespace(w, me) else now - w.heartbeat_at <= stale)]
 
 
-def print_jobs(jobs: list[Job], as_json: bool) -> None:
+def print_jobs(store: Store, jobs: list[Job], as_json: bool) -> None:
     if as_json:
         return emit_json([j.to_dict() for j in jobs])
-    print(f"{'ID':<20} {'STATE':<11} {'ATTEMPTS':>8}  {'QUEUE':<10} {'UPDATED':<24} COMMAND")
+    now, paused = store.now(), store.paused()
+    print(f"{'ID':<20} {'STATE':<11} {'ATTEMPTS':>8}  {'QUEUE':<10} {'DUE':<16} {'UPDATED':<24} COMMAND")
     for j in jobs:
-        print(f"{j.id:<20} {j.state:<11} {j.attempts:>4}/{j.max_retries:<3}  {j.queue:<10} {iso(j.updated_at):<24} "
-              f"{_short(j.command)}")
+        counted, limit = attempts_shown(j)
+        print(f"{_short(j.id, 20):<20} {j.state:<11} {counted:>4}/{limit:<3}  {_short(j.queue, 10):<10} "
+              f"{due_text(j, now, paused):<16} {iso(j.updated_at):<24} {_short(j.command)}")
+
+
+def attempts_shown(job: Job) -> tuple[int, int]:
+    """ATTEMPTS as people read it: the runs that count against the limit, the one running or the one
+    that completed included (`attempts` counts failed runs only), over max(max_retries, 1)."""
+    return job.attempts + (job.state in (PROCESSING, COMPLETED)), max(job.max_retries, 1)
+
+
+def due_text(job: Job, now: float, paused: list[str]) -> str:
+    """When a waiting job may run: 'now', 'in 4m', a local date and time a day or more ahead, 'after 2 jobs'
+    (dependencies not completed), 'paused' (due, in a paused queue); '-' for a job that is not waiting."""
+    if job.state not in (PENDING, FAILED):
+        return "-"
+    if job.waiting_on:
+        return f"after {job.waiting_on} job{'s' if job.waiting_on != 1 else ''}"
+    left = job.next_run_at - now
+    if left <= 0:
+        return "paused" if job.queue in paused or "*" in paused else "now"
+    if left >= 86400:  # local time, as `run_at` without an offset is read
+        return datetime.fromtimestamp(job.next_run_at).strftime("%Y-%m-%d %H:%M")
+    if left < 60:
+        return f"in {math.ceil(left)}s"
+    if left < 3600:
+        return f"in {math.ceil(left / 60)}m"
+    return f"in {int(left // 3600)}h {int(left % 3600 // 60)}m"
 
 
 def cmd_list(args, store: Store) -> None:
@@ -4591,13 +5963,14 @@ def cmd_list(args, store: Store) -> None:
         raise UsageError(f"unknown state {args.state!r} (valid: {', '.join(STATES)})")
     if args.limit is not None and not 0 <= args.limit <= 2**62:
         raise UsageError("--limit must be from 0 to 2**62")
-    print_jobs(store.list_jobs(args.state, -1 if args.limit is None else args.limit, args.queue), args.json)
+    print_jobs(store, store.list_jobs(args.state, -1 if args.limit is None else args.limit, args.queue), args.json)
 
 
 def run_dict(run: dict) -> dict:
     """One run as users see it in --json output."""
     ended = run["ended_at"]
-    return {**run, "output": text(run["output"]), "started_at": iso(run["started_at"]), "due_at": iso(run["due_at"]),
+    return {**run, "output": text(run["output"]), "output_kept_bytes": len(run["output"] or b""),
+            "started_at": iso(run["started_at"]), "due_at": iso(run["due_at"]),
             "ended_at": iso(ended), "duration_s": None if ended is None else round(ended - run["started_at"], 6)}
 
 
@@ -4607,14 +5980,18 @@ def cmd_show(args, store: Store) -> None:
     if args.json:
         return emit_json(details)
     runs, output = details.pop("runs"), details.pop("output")
+    due = due_text(store.get(args.id), store.now(), store.paused())
     for key, value in details.items():
         print(f"{key + ':':<13} {value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)}")
+        if key == "next_run_at":
+            print(f"{'due:':<13} {due}")
     print(f"runs:         {len(runs)}")
     for r in runs:
         took = "running" if r["duration_s"] is None else f"{r['duration_s']:.2f}s"
         print(f"  #{r['run']:<3} {r['started_at']}  {took:>9}  {r['outcome'] or 'running':<10} "
               f"exit={r['exit_code']}  {r['error'] or ''}".rstrip())
-    print("output:" + ("" if output else " (none)"))
+    note = cut_note(runs[-1]) if runs else None
+    print("output:" + ("" if output else " (none)") + (f" {note}" if note else ""))
     if output:
         print(output, end="" if output.endswith("\n") else "\n")
 
@@ -4627,8 +6004,19 @@ def cmd_logs(args, store: Store) -> None:
     if run is None and args.run is not None:
         raise NotFound(f"job {args.id!r} has no run {args.run}")
     if not args.follow:
-        return write_bytes(run[1] if run else None)
+        write_bytes(run[1] if run else None)
+        return _note_cut(run)
     follow_output(store, args.id, run)
+
+
+def _note_cut(run: tuple | None) -> None:
+    """One line on stderr when the run printed more than was kept: stdout stays exactly the kept bytes."""
+    run_no, output, total, _ = run or (None, b"", 0, None)
+    kept = len(output or b"")
+    if total > kept:
+        sys.stdout.flush()
+        print(f"queuectl: note: run {run_no} printed {size_text(total)}; this is its last {size_text(kept)} "
+              "(config output-limit)", file=sys.stderr)
 
 
 def follow_output(store: Store, job_id: str, run: tuple | None) -> None:
@@ -4650,8 +6038,10 @@ def follow_output(store: Store, job_id: str, run: tuple | None) -> None:
 def _print_new(output: bytes, total: int, printed: int) -> int:
     """Write the part of a tail not printed yet; returns the new printed count."""
     new = total - printed
-    if new > len(output):
-        sys.stdout.write(f"[... {new - len(output)} bytes not kept ...]\n")
+    if new > len(output):  # on stderr, as for `logs` without --follow: stdout is only the job's bytes
+        sys.stdout.flush()
+        print(f"queuectl: note: {size_text(new - len(output))} of output not kept here (config output-limit)",
+              file=sys.stderr, flush=True)
     if new > 0:
         write_bytes(output[-min(new, len(output)):])
         sys.stdout.flush()
@@ -4680,6 +6070,10 @@ def cmd_stats(args, store: Store) -> None:
     print(f"oldest eligible job waiting: {_secs(report['oldest_eligible_age_s'])}")
 
 
+def cmd_metrics(args, store: Store) -> None:
+    sys.stdout.write(metrics_text(store, store.now()))
+
+
 def _secs(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}s"
 
@@ -4702,8 +6096,13 @@ def check_worker_start(args) -> None:
 
 
 def cmd_worker_start(args, store: Store) -> int:
+    queues = tuple(dict.fromkeys(args.queue))
+    empty = [q for q in queues if not any(store.counts(q).values())]
+    if empty:  # most often a misspelt name: nothing would ever tell
+        print(f"queuectl: note: queue{'s' if len(empty) > 1 else ''} {', '.join(map(repr, empty))} "
+              f"{'has' if len(empty) == 1 else 'have'} no jobs yet (is the name right?)", file=sys.stderr)
     store.close()
-    supervisor = Supervisor(store.target, args.count, args.burst, tuple(dict.fromkeys(args.queue)))
+    supervisor = Supervisor(store.target, args.count, args.burst, queues)
     supervisor.install_signals()
     return supervisor.run()
 
@@ -4731,11 +6130,12 @@ def cmd_worker_list(args, store: Store) -> None:
     rows = worker_dicts(store, store.now())
     if args.json:
         return emit_json(rows)
-    print(f"{'ID':<32} {'HOST':<16} {'PID':>7} {'STARTED':<20} {'THREADS':>7} {'BEAT':>6}  JOBS")
+    print(f"{'ID':<32} {'HOST':<16} {'PID':>7} {'STARTED':<20} {'THREADS':>7} {'BEAT':>6}  {'QUEUES':<16} JOBS")
     for r in rows:
         state = "" if r["alive"] else " (dead?)"
+        queues = _short(",".join(r["queues"]), 16) if r["queues"] else "(all)"
         print(f"{r['id']:<32} {r['host']:<16} {r['pid']:>7} {r['started_at']:<20} {r['threads']:>7} "
-              f"{r['heartbeat_age_s']:>5.1f}s  {', '.join(r['jobs']) or '-'}{state}")
+              f"{r['heartbeat_age_s']:>5.1f}s  {queues:<16} {', '.join(r['jobs']) or '-'}{state}")
 
 
 def check_dashboard(args) -> None:
@@ -4778,10 +6178,12 @@ def _dashboard_notes(dashboard: Dashboard, args) -> None:
 
 
 def cmd_dlq_list(args, store: Store) -> None:
-    print_jobs(store.list_jobs(DEAD), args.json)
+    print_jobs(store, store.list_jobs(DEAD), args.json)
 
 
 def cmd_dlq_retry(args, store: Store) -> None:
+    if args.all:
+        return print_ids(store.retry_all_dead(args.queue, store.now()))
     ids = checked_ids(args.ids)
     store.retry_dead(ids, store.now())
     print_ids(ids)
@@ -4810,6 +6212,59 @@ def cmd_config_list(args, store: Store) -> None:
         print(f"{key} = {value}")
 
 
+# -- schedules -----------------------------------------------------------------------------------
+
+def cmd_schedule_add(args, store: Store) -> None:
+    now = store.now()
+    schedule = validate_schedule(parse_json(args.schedule), store.config_all(), current_dir(), now)
+    store.add_schedule(schedule)
+    print_ids([schedule.id])
+
+
+def cmd_schedule_list(args, store: Store) -> None:
+    schedules = store.schedules()
+    if args.json:
+        return emit_json([s.to_dict() for s in schedules])
+    print(f"{'ID':<16} {'SCHEDULE':<14} {'TZ':<16} {'OVERLAP':<7} {'NEXT':<20}  {'LAST JOB':<36} COMMAND")
+    for s in schedules:
+        spec = s.cron if s.cron else f"every {every_text(s.every_s)}"
+        upcoming = "paused" if s.paused else slot_text(s.next_run_at) if s.next_run_at is not None else "-"
+        last = f"{s.last_job_id} ({s.last_job_state or 'gone'})" if s.last_job_id else "-"
+        print(f"{s.id:<16} {spec:<14} {s.tz:<16} {s.overlap:<7} {upcoming:<20}  {last:<36} "
+              f"{_short(s.job['command'])}")
+
+
+def check_schedule_next(args) -> None:
+    if not 1 <= args.count <= 10_000:
+        raise UsageError("--count must be from 1 to 10000")
+
+
+def cmd_schedule_next(args, store: Store) -> None:
+    schedule = store.schedule(_valid_id(args.id, "ID"))
+    after, slots = store.now() if args.after is None else args.after, []
+    while len(slots) < args.count and (after := next_slot(schedule, after)) is not None:
+        slots.append(slot_text(after))
+    print_ids(slots)
+
+
+def cmd_schedule_pause(args, store: Store) -> None:
+    ids = checked_ids(args.ids)
+    store.pause_schedules(ids)
+    print_ids(ids)
+
+
+def cmd_schedule_resume(args, store: Store) -> None:
+    ids = checked_ids(args.ids)
+    store.resume_schedules(ids, store.now())
+    print_ids(ids)
+
+
+def cmd_schedule_remove(args, store: Store) -> None:
+    ids = checked_ids(args.ids)
+    store.remove_schedules(ids)
+    print_ids(ids)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse, run one command, map errors to `queuectl: error: …` and an exit code."""
     for stream in (sys.stdout, sys.stderr):  # a job's text must not crash a non-UTF-8 terminal
@@ -4822,7 +6277,7 @@ def main(argv: list[str] | None = None) -> int:
     except QueueError as e:
         return _fail(e)
     if args.command in ("worker", "dashboard"):
-        configure_logging()
+        configure_logging(args)
     return _dispatch(args)
 
 
@@ -4851,11 +6306,34 @@ def _dispatch(args) -> int:
             store.close()
 
 
-def configure_logging() -> None:
-    """Worker log lines on stderr, one per job event."""
+def configure_logging(args) -> None:
+    """Worker log lines on stderr, one per job event: text, or with `--log-format json` JSON Lines;
+    `--quiet` leaves out each job's routine lines (claimed, completed)."""
     import logging
+    log.quiet = getattr(args, "quiet", False)
+    if getattr(args, "log_format", "text") == "json":
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(JsonLines())
+        logging.basicConfig(handlers=[handler], level=logging.INFO)
+        return
     logging.basicConfig(format="%(asctime)s queuectl[%(process)d]: %(message)s", level=logging.INFO,
                         stream=sys.stderr)
+
+
+class JsonLines:
+    """A logging formatter (duck-typed: logging is imported only by workers) that writes one JSON
+    object a line: ts, level, event, message, pid, then the event's fields (job_id, attempt,
+    exit_code, error, ...), and traceback for a logged exception. A line from a call that names
+    no event (another library's) has the event "log"."""
+
+    def format(self, record) -> str:
+        line = {"ts": iso(record.created), "level": record.levelname.lower(),
+                "event": getattr(record, "event", "log"), "message": record.getMessage(), "pid": record.process,
+                **getattr(record, "fields", {})}
+        if record.exc_info:
+            import traceback
+            line["traceback"] = "".join(traceback.format_exception(*record.exc_info)).rstrip()
+        return json.dumps(line, ensure_ascii=False, default=str)
 
 
 def _fail(error: QueueError) -> int:

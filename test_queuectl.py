@@ -7,6 +7,7 @@ every wait polls with a deadline, so they stay deterministic on a slow, noisy ma
 import contextlib
 import io
 import json
+import math
 import os
 import re
 import shlex
@@ -34,9 +35,10 @@ QUEUECTL = os.path.join(HERE, "queuectl.py")
 # ==== Helpers ======================================================================================
 
 STATES = ("pending", "processing", "completed", "failed", "dead")
-CONFIG_KEYS = ("max-retries", "backoff-base", "backoff-max", "stale-timeout", "job-timeout", "retention")
+CONFIG_KEYS = ("max-retries", "backoff-base", "backoff-max", "stale-timeout", "job-timeout", "retention",
+               "output-limit")
 CONFIG_DEFAULTS = {"max-retries": 3, "backoff-base": 2, "backoff-max": 3600,
-                   "stale-timeout": 10, "job-timeout": 0, "retention": 604800}
+                   "stale-timeout": 10, "job-timeout": 0, "retention": 604800, "output-limit": 65536}
 JOB_KEYS = {"id", "command", "state", "attempts", "max_retries", "timeout", "cwd", "env",
             "created_at", "updated_at", "next_run_at", "last_error", "exit_code", "worker_id",
             "run_count"}
@@ -1721,12 +1723,14 @@ def test_validate_job_queue_names_and_depends_on():
 
 
 @pytest.mark.parametrize("text, seconds", [("30s", 30), ("15m", 900), ("12h", 43200), ("7d", 604800),
-                                           ("90", 90), ("1.5h", 5400), ("0", 0), (" 2m ", 120)])
+                                           ("90", 90), ("1w", 604800), (90, 90), (1.5, 1.5), ("1.5h", 5400),
+                                           ("0", 0), (" 2m ", 120)])
 def test_parse_duration(text, seconds):
     assert queuectl.parse_duration(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["", "h", "1w", "-1h", "1 h", "1e3", "1.h", "99999d", "nan", "1h30m"])
+@pytest.mark.parametrize("text", ["", "h", "1y", "1W", "\u0663h", "-1h", "1 h", "1e3", "1.h", "99999d", "nan", "1h30m",
+                                  True, None, -1, 10**12])
 def test_parse_duration_rejects(text):
     with pytest.raises(queuectl.UsageError):
         queuectl.parse_duration(text)
@@ -2530,10 +2534,10 @@ def test_dashboard_logs_of_a_run(dashboard):
     d = dashboard()
     latest = d.get("/api/jobs/done-1/logs")
     assert latest == {"id": "done-1", "run": 1, "output": "hello <b>world</b>\n", "output_bytes": 19,
-                      "ended_at": latest["ended_at"]}
+                      "output_kept_bytes": 19, "ended_at": latest["ended_at"]}
     assert d.get("/api/jobs/done-1/logs?run=1") == latest
     assert d.get("/api/jobs/img-1/logs") == {"id": "img-1", "run": None, "output": None, "output_bytes": 0,
-                                             "ended_at": None}
+                                             "output_kept_bytes": 0, "ended_at": None}
     assert d.get("/api/jobs/running-1/logs")["ended_at"] is None
 
 
@@ -2781,6 +2785,9 @@ def test_dashboard_in_a_real_browser_shows_the_queue_from_the_api(dashboard, tmp
     assert 'class="completed"></rect>' in dom and 'class="dead"></rect>' in dom  # the chart, from /api/throughput
     assert "Retry</button>" in dom  # --allow-actions: the dead job can be retried
     assert ">running-1</button>" in dom  # the worker's current job, in the workers table
+    assert '<button id="retryall" class="retry">Retry all dead</button>' in dom  # shown with --allow-actions
+    assert '<td class="num">1/1</td>' in dom and '<td class="num">0/3</td><td>now</td>' in dom  # attempts, due
+    assert '<td class="muted">all</td>' in dom  # the worker serves every queue
 
 
 # ==== CLI ==========================================================================================
@@ -2899,7 +2906,7 @@ BAD_ENQUEUE = [  # (test id, JSON text, fragment the error must name or None)
     ("infinity-timeout", '{"command": "true", "timeout": Infinity}', None),
     ("timeout-1e309", '{"command": "true", "timeout": 1e309}', None),
     ("negative-timeout", _j(command="true", timeout=-1), "timeout"),
-    ("string-timeout", _j(command="true", timeout="5"), "timeout"),
+    ("unit-less-timeout", _j(command="true", timeout="5x"), "timeout"),
     ("relative-cwd", _j(command="true", cwd="tmp"), "cwd"),
     ("cwd-not-string", _j(command="true", cwd=5), "cwd"),
     ("env-array", _j(command="true", env=["A=1"]), "env"),
@@ -3073,7 +3080,7 @@ def test_config_accepts_hyphens_and_underscores(db, set_key, get_key):
 
 def test_config_set_every_key(db):
     values = {"max-retries": "0", "backoff-base": "1.5", "backoff-max": "0", "stale-timeout": "1.5",
-              "job-timeout": "30", "retention": "2"}
+              "job-timeout": "30", "retention": "2", "output-limit": "2048"}
     for key, value in values.items():
         ok(db, "config", "set", key, value)
     stored = json.loads(ok(db, "config", "list", "--json"))
@@ -3112,7 +3119,7 @@ def test_config_set_takes_exactly_one_value(seeded_db, values):
     assert snapshot(seeded_db) == before
 
 @sqlite_only
-@pytest.mark.parametrize("args", [("set", "bogus", "1"), ("get", "bogus"), ("set", "max-retry", "1")])
+@pytest.mark.parametrize("args", [("set", "bogus", "1"), ("get", "bogus"), ("set", "xyz-wq", "1")])
 def test_config_unknown_key_lists_the_valid_keys(seeded_db, args):
     before = snapshot(seeded_db)
     code, out, err = cli(seeded_db, "config", *args)
@@ -3486,7 +3493,7 @@ BAD_SCHEDULING = [  # (test id, fields, fragment the error must name)
     ("run-at-bool", {"run_at": True}, "run_at"),
     ("run-at-list", {"run_at": [2030]}, "run_at"),
     ("delay-negative", {"delay": -1}, "delay"),
-    ("delay-string", {"delay": "10"}, "delay"),
+    ("delay-string", {"delay": "10x"}, "delay"),
     ("delay-bool", {"delay": True}, "delay"),
     ("delay-huge", {"delay": 1e10}, "delay"),
     ("priority-string", {"priority": "1"}, "priority"),
@@ -4034,7 +4041,7 @@ def test_purge_older_than_keeps_recent_jobs(states_db):
 
 
 @sqlite_only
-@pytest.mark.parametrize("args", [("--older-than", "1w"), ("--older-than", "-1h"), ("--older-than", "abc"),
+@pytest.mark.parametrize("args", [("--older-than", "1y"), ("--older-than", "-1h"), ("--older-than", "abc"),
                                   ("--older-than", ""), ("--older-than", "99999d"), ("--state", "pending"),
                                   ("--state", "failed"), ("--state", "processing")])
 def test_purge_bad_arguments_exit_2(states_db, args):
@@ -4153,7 +4160,7 @@ def test_config_retention_takes_durations(db, text, seconds):
 
 
 @sqlite_only
-@pytest.mark.parametrize("value", ["-1", "1w", "abc", "", "nan", "99999d"])
+@pytest.mark.parametrize("value", ["-1", "1y", "abc", "", "nan", "99999d"])
 def test_config_retention_rejects_bad_values(seeded_db, value):
     before = snapshot(seeded_db)
     code, out, err = cli(seeded_db, "config", "set", "retention", value)
@@ -4223,7 +4230,7 @@ def test_stats_over_a_known_history_cli(db):
 
 
 @sqlite_only
-@pytest.mark.parametrize("since", ["abc", "-1h", "1w", "", "99999d", "1h30m"])
+@pytest.mark.parametrize("since", ["abc", "-1h", "1y", "", "99999d", "1h30m"])
 def test_stats_bad_since_exits_2(db, since):
     code, out, err = cli(db, "stats", "--since", since, "--json")
     assert_argparse_error(code, err)
@@ -5413,6 +5420,1861 @@ def test_bench_rejects_counts_that_would_leave_an_empty_sample(bench, capsys):
             bench.parse_args([option, "0"])
     assert bench.main(["--tiny", "--check"]) == 2
     assert "no verdict" in capsys.readouterr().err
+
+
+# ==== Worker logs, output kept, metrics ==========================================================
+
+# ---- worker start --quiet and --log-format json
+
+TEXT_LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} queuectl\[\d+\]: (.*)$")
+
+
+def run_log_demo(db, workers, *flags):
+    """A burst worker with FLAGS over `ok` (completes) and `bad` (fails, then dies); returns its stderr."""
+    ok(db, "config", "set", "backoff-base", "1")
+    enqueue(db, id="ok", command="echo hi")
+    enqueue(db, id="bad", command="exit 3", max_retries=2)
+    worker = workers.start("--burst", *flags)
+    assert worker.wait() == 0, worker.log()
+    return worker.log()
+
+
+def test_worker_default_log_lines_keep_their_text_format(db, workers):
+    messages = [TEXT_LOG_LINE.match(line)[1] for line in run_log_demo(db, workers).splitlines()]
+    assert messages[0].startswith("worker started: ") and messages[-1] == "worker exited (0)"
+    assert "job ok claimed (attempt 1): echo hi" in messages
+    assert any(re.fullmatch(r"job ok completed in \d+\.\d\ds", m) for m in messages), messages
+    assert any(re.fullmatch(r"job bad failed \(exit code 3\); retry 2 in \d+s", m) for m in messages), messages
+
+
+def test_worker_quiet_logs_only_starts_stops_failures_and_deaths(db, workers):
+    log_text = run_log_demo(db, workers, "--quiet")
+    messages = [TEXT_LOG_LINE.match(line)[1] for line in log_text.splitlines()]
+    assert messages[0].startswith("worker started: ") and messages[-1] == "worker exited (0)"
+    assert any(m.startswith("job bad failed (exit code 3)") for m in messages), messages
+    assert any(m.startswith("job bad dead after") for m in messages), messages
+    assert any(m.startswith("stopping (burst: queue drained)") for m in messages), messages
+    assert not any("claimed" in m or "completed" in m for m in messages), messages
+    assert state_of(db, "ok") == "completed"  # quiet is only quiet: the job ran
+
+
+def test_worker_log_format_json_writes_one_object_a_line(db, workers):
+    lines = [json.loads(line) for line in run_log_demo(db, workers, "--log-format", "json").splitlines()]
+    for line in lines:
+        assert ISO_UTC.match(line["ts"]) and line["level"] in ("info", "warning", "error"), line
+        assert isinstance(line["pid"], int) and line["message"], line
+    events = [line["event"] for line in lines]
+    assert events[0] == "worker_started" and events[-2:] == ["worker_stopping", "worker_exited"], events
+    by_event = {(line["event"], line.get("job_id"), line.get("attempt")): line for line in lines}
+    assert by_event["job_claimed", "ok", 1]["command"] == "echo hi"
+    done = by_event["job_completed", "ok", 1]
+    assert (done["exit_code"], done["error"]) == (0, None) and done["duration_s"] >= 0
+    failed = by_event["job_failed", "bad", 1]
+    assert (failed["exit_code"], failed["error"]) == (3, "exit code 3") and failed["retry_in_s"] >= 0
+    dead = by_event["job_dead", "bad", 2]
+    assert (dead["exit_code"], dead["error"]) == (3, "exit code 3")
+    assert lines[-1]["exit_code"] == 0 and lines[0]["worker_id"] == lines[-1]["worker_id"]
+
+
+def test_worker_quiet_json_leaves_out_the_routine_events(db, workers):
+    events = [json.loads(line)["event"]
+              for line in run_log_demo(db, workers, "-q", "--log-format", "json").splitlines()]
+    assert "job_failed" in events and "job_dead" in events and "worker_exited" in events
+    assert "job_claimed" not in events and "job_completed" not in events
+
+
+def test_a_quiet_worker_builds_nothing_for_the_lines_it_does_not_write(store, monkeypatch, caplog):
+    register(store)
+    store.enqueue([spec("a"), spec("b")], T0)
+    runner = queuectl.Runner(store, "w1", lambda job, epoch: None)
+    runner.runner = lambda job, env, abort, on_output: outcome(0)
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("formatting work for a line that is not written")
+    for name in ("_short", "_run_event"):
+        monkeypatch.setattr(queuectl, name, must_not_run)
+    monkeypatch.setattr(queuectl.log, "quiet", True)
+    with caplog.at_level("INFO", logger="queuectl"):
+        assert runner.run_once(now=T0)
+    assert caplog.records == [] and store.get("a").state == "completed"
+    monkeypatch.undo()  # the same step, not quiet: the lines and their events are there
+    with caplog.at_level("INFO", logger="queuectl"):
+        assert runner.run_once(now=T0)
+    assert [r.event for r in caplog.records] == ["job_claimed", "job_completed"]
+    assert caplog.records[1].fields == {"job_id": "b", "attempt": 1, "exit_code": 0, "error": None,
+                                        "duration_s": 0.01}
+
+
+def test_json_log_lines_carry_tracebacks_and_other_libraries_lines_on_one_line():
+    import logging
+    try:
+        raise ValueError("bad\nthing")
+    except ValueError:
+        record = logging.makeLogRecord({"msg": "job %s: internal error", "args": ("x",), "levelname": "ERROR",
+                                        "exc_info": sys.exc_info(), "created": T0, "process": 7,
+                                        **queuectl.event("job_internal_error", job_id="x")})
+    text = queuectl.JsonLines().format(record)
+    assert "\n" not in text
+    line = json.loads(text)
+    assert (line["ts"], line["level"], line["event"], line["job_id"]) == ("2027-01-15T08:00:00.000Z", "error",
+                                                                          "job_internal_error", "x")
+    assert line["message"] == "job x: internal error" and "ValueError: bad\nthing" in line["traceback"]
+    other = json.loads(queuectl.JsonLines().format(logging.makeLogRecord({"msg": "from psycopg", "created": T0})))
+    assert other["event"] == "log" and other["message"] == "from psycopg"
+
+
+@sqlite_only
+def test_worker_start_help_shows_the_log_options_and_refuses_a_bad_format(db):
+    code, out, _ = cli(db, "worker", "start", "--help")
+    assert code == 0 and "--quiet" in out and "--log-format {text,json}" in out
+    code, _, err = cli(db, "worker", "start", "--log-format", "xml")
+    assert_argparse_error(code, err)
+    assert not os.path.exists(db)
+
+
+# ---- output-limit: the tail of each run's output that is kept
+
+def test_run_command_keeps_the_tail_it_is_asked_to_keep():
+    job = make_job(command="seq 1 3000", timeout=0.0, cwd="/", env={})
+    out = queuectl.run_command(job, {"QUEUECTL_RUN": f"test/{os.getpid()}/{time.monotonic()}"}, lambda: None,
+                               keep_bytes=1024)
+    full = "".join(f"{i}\n" for i in range(1, 3001)).encode()
+    assert (out.output, out.output_bytes) == (full[-1024:], len(full))
+
+
+@sqlite_only
+def test_output_limit_takes_sizes_and_refuses_others(db):
+    for value, stored in (("1024", 1024), ("64K", 65536), ("512KiB", 524288), ("1M", 1048576), ("64MiB", 67108864)):
+        ok(db, "config", "set", "output-limit", value)
+        assert ok(db, "config", "get", "output_limit") == f"{stored}\n"
+    before = snapshot(db)
+    for value, fragment in (("1023", "1024 (1 KiB)"), ("67108865", "64 MiB"), ("65M", "64 MiB"),
+                            ("1.5K", "not a size"), ("64KB", "not a size"), ("-1", "not a size")):
+        code, _, err = cli(db, "config", "set", "output-limit", value)
+        assert code == 2, (value, err)
+        assert_one_error(err, "output-limit", fragment)
+    assert snapshot(db) == before
+
+
+def test_a_run_that_printed_more_than_the_limit_keeps_the_exact_tail_and_says_so(db, workers):
+    ok(db, "config", "set", "output-limit", "1K")
+    enqueue(db, id="big", command="seq 1 20000")
+    enqueue(db, id="small", command="echo small")
+    assert workers.start("--burst").wait() == 0
+    full = "".join(f"{i}\n" for i in range(1, 20001))
+    code, out, err = cli(db, "logs", "big")
+    assert (code, out) == (0, full[-1024:])  # stdout: exactly the kept bytes
+    assert err == f"queuectl: note: run 1 printed {queuectl.size_text(len(full))}; this is its last 1 KiB " \
+                  "(config output-limit)\n" and queuectl.size_text(len(full)) == "106.3 KiB"
+    run = get_job(db, "big")["runs"][-1]
+    assert (run["output_bytes"], run["output_kept_bytes"], run["output"]) == (len(full), 1024, full[-1024:])
+    shown = ok(db, "show", "big")
+    assert "\noutput: last 1 KiB of 106.3 KiB\n" + full[-1024:] in shown
+    assert cli(db, "logs", "small") == (0, "small\n", "")  # within the limit: no note
+    assert "\noutput:\nsmall\n" in ok(db, "show", "small")
+    assert get_job(db, "small")["runs"][-1]["output_kept_bytes"] == 6
+
+
+def test_the_limit_applies_to_runs_that_start_after_it_is_set(db, workers):
+    enqueue(db, id="before", command="seq 1 20000")
+    assert workers.start("--burst").wait() == 0
+    ok(db, "config", "set", "output-limit", "2K")
+    enqueue(db, id="after", command="seq 1 20000")
+    assert workers.start("--burst").wait() == 0
+    assert get_job(db, "before")["runs"][-1]["output_kept_bytes"] == 65536  # the default: 64 KiB
+    assert get_job(db, "after")["runs"][-1]["output_kept_bytes"] == 2048
+
+
+def test_logs_follow_notes_a_gap_on_stderr_and_writes_only_job_bytes_to_stdout(capsys):
+    assert queuectl._print_new(b"0123456789", 30, 0) == 30
+    out, err = capsys.readouterr()
+    assert out == "0123456789"
+    assert err == "queuectl: note: 20 B of output not kept here (config output-limit)\n"
+
+
+def test_sizes_read_as_people_write_them():
+    assert [queuectl.size_text(n) for n in (0, 1023, 1024, 1536, 65536, 14_889_779, 2**20 - 20, 3 * 2**30)] == [
+        "0 B", "1023 B", "1 KiB", "1.5 KiB", "64 KiB", "14.2 MiB", "1 MiB", "3 GiB"]
+
+
+def add_cut_run(store, job_id, kept, total):
+    """A completed job whose run printed `total` bytes of which the last `kept` were kept."""
+    now = store.now()
+    spec_ = queuectl.validate_job({"id": job_id, "command": "yes", "queue": "cut"}, store.config_all(), "/tmp", now)
+    store.enqueue([spec_], now)
+    job = store.claim("dash-worker", now, ("cut",))
+    assert job.id == job_id
+    done = queuectl.Outcome(0, None, b"y\n" * (kept // 2), 0.5)
+    done.output_bytes = total
+    store.finish(job, "dash-worker", done, store.config_all(), now + 0.5)
+
+
+def test_dashboard_api_gives_the_kept_and_printed_sizes(dashboard):
+    d = dashboard()
+    add_cut_run(d.store, "cut-1", 1024, 14_889_779)
+    run = d.get("/api/jobs/cut-1")["runs"][-1]
+    assert (run["output_bytes"], run["output_kept_bytes"], len(run["output"])) == (14_889_779, 1024, 1024)
+    logs = d.get("/api/jobs/cut-1/logs")
+    assert (logs["output_bytes"], logs["output_kept_bytes"]) == (14_889_779, 1024)
+
+
+def test_dashboard_in_a_real_browser_says_when_output_was_cut(sqlite_dashboard, tmp_path):
+    d = sqlite_dashboard()
+    add_cut_run(d.store, "cut-1", 1024, 14_889_779)
+    dom = chromium_dom(f"{d.base}/?token={DASH_TOKEN}#job=cut-1", tmp_path)
+    assert "run 1 output, last 1 KiB of 14.2 MiB</summary>" in dom
+    dom = chromium_dom(f"{d.base}/?token={DASH_TOKEN}#job=done-1", tmp_path)
+    assert "run 1 output, 19 B</summary>" in dom
+
+
+# ---- metrics: Prometheus text exposition
+
+def prometheus_families(text):
+    """name -> {frozenset(labels.items()): value}, parsed by prometheus_client's own parser."""
+    try:
+        from prometheus_client.parser import text_string_to_metric_families
+    except ImportError:
+        if os.environ.get("CI") == "true":
+            pytest.fail("prometheus_client is missing; CI must run the metrics parser test (pip install "
+                        "prometheus_client)")
+        pytest.skip("metrics parser test skipped: pip install prometheus_client")
+    families = {}
+    for family in text_string_to_metric_families(text):
+        assert family.type == "gauge" and family.documentation, family
+        families[family.name] = {frozenset(s.labels.items()): s.value for s in family.samples}
+    return families
+
+
+def sample(families, name, **labels):
+    return families[name][frozenset(labels.items())]
+
+
+def test_metrics_count_jobs_workers_waits_and_runs(store):
+    now = T0
+    register(store)
+    store.enqueue([spec("slow", queue="a"), spec("fast", queue="a"), spec("bad", queue="a", max_retries=0)], now - 4000)
+    # one run ended within the hour, two within the minute
+    for code, duration, ended in ((0, 2.0, now - 1800), (0, 0.5, now - 30), (3, 0.5, now - 20)):
+        job = store.claim("w1", ended - duration)
+        store.finish(job, "w1", outcome(code, None if code == 0 else "exit code 3", "x", duration), SETTINGS, ended)
+    store.enqueue([spec("due", queue="b", run_at=now - 90), spec("later", queue="b", run_at=now + 90)], now - 100)
+    store.enqueue([spec("held", queue="p")], now - 500)
+    store.pause(["p"])
+    store.deregister("w1")
+    text = queuectl.metrics_text(store, now)
+    families = prometheus_families(text)
+    assert set(families) == {"queuectl_jobs", "queuectl_workers", "queuectl_oldest_due_age_seconds",
+                             "queuectl_runs_finished", "queuectl_run_duration_seconds"}
+    assert sample(families, "queuectl_jobs", queue="a", state="completed") == 2
+    assert sample(families, "queuectl_jobs", queue="a", state="dead") == 1
+    assert sample(families, "queuectl_jobs", queue="a", state="pending") == 0  # every state of a queue
+    assert sample(families, "queuectl_jobs", queue="b", state="pending") == 2
+    assert len(families["queuectl_jobs"]) == 3 * 5
+    assert sample(families, "queuectl_workers") == len(queuectl.live_workers(store)) == 0
+    assert families["queuectl_oldest_due_age_seconds"] == {frozenset({("queue", "a")}): 0,
+                                                           frozenset({("queue", "b")}): 90}  # p is paused
+    assert sample(families, "queuectl_runs_finished", outcome="completed", window="1m") == 1
+    assert sample(families, "queuectl_runs_finished", outcome="dead", window="1m") == 1
+    assert sample(families, "queuectl_runs_finished", outcome="completed", window="1h") == 2
+    assert sample(families, "queuectl_runs_finished", outcome="lost", window="1h") == 0
+    assert len(families["queuectl_runs_finished"]) == 2 * 6
+    assert sample(families, "queuectl_run_duration_seconds", quantile="0.5") == 0.5
+    assert sample(families, "queuectl_run_duration_seconds", quantile="0.95") == 2.0
+    for name in families:
+        assert f"# HELP {name} " in text and f"# TYPE {name} gauge\n" in text
+
+
+def test_metrics_cli_on_an_empty_queue(db):
+    families = prometheus_families(ok(db, "metrics"))
+    assert families["queuectl_jobs"] == {} and sample(families, "queuectl_workers") == 0
+    assert math.isnan(sample(families, "queuectl_run_duration_seconds", quantile="0.5"))
+    assert sample(families, "queuectl_runs_finished", outcome="completed", window="1h") == 0
+
+
+def test_metrics_label_values_are_escaped():
+    assert queuectl.prometheus_escape('a\\b"c\nd') == 'a\\\\b\\"c\\nd'
+    text = queuectl._metric("queuectl_test", "A test.", [({"queue": 'x"\\\ny'}, 1), ({"queue": "plain"}, None)])
+    families = prometheus_families(text)
+    assert sample(families, "queuectl_test", queue='x"\\\ny') == 1
+    assert math.isnan(sample(families, "queuectl_test", queue="plain"))
+
+
+def test_dashboard_metrics_need_the_token_and_are_prometheus_text(dashboard):
+    d = dashboard()
+    for auth in (None, "wrong"):
+        status, _, body = d.request("/metrics" + ("?token=wrong" if auth else ""), auth=None)
+        assert status == 403 and "token" in body["error"]
+    status, headers, body = d.request("/metrics", auth="header")
+    assert status == 200 and headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+    families = prometheus_families(body)
+    assert sample(families, "queuectl_jobs", queue="images", state="pending") == 2
+    assert sample(families, "queuectl_workers") == 1  # the seeded worker is this test process
+    open_one = DashboardUnderTest(d.path, token=None)
+    try:
+        assert open_one.request("/metrics", auth=None)[0] == 200  # --no-token
+    finally:
+        open_one.close()
+
+# ==== Everyday use: add, durations, acting on many jobs, what a job waits for =======================
+
+# ---- durations
+
+@pytest.mark.parametrize("key,text,stored", [
+    ("backoff-max", "2h", 7200), ("stale-timeout", "1m", 60), ("job-timeout", "90s", 90), ("retention", "1w", 604800),
+    ("job-timeout", "1.5", 1.5), ("stale-timeout", "1d", 86400)])
+def test_config_keys_in_seconds_take_durations_and_print_seconds(db, key, text, stored):
+    ok(db, "config", "set", key, text)
+    assert ok(db, "config", "get", key) == f"{stored}\n"
+    assert json.loads(ok(db, "config", "list", "--json"))[key] == stored
+
+
+@sqlite_only
+@pytest.mark.parametrize("key,text", [("job-timeout", "5x"), ("stale-timeout", "2d"), ("retention", "1y"),
+                                      ("backoff-max", "-1m"), ("stale-timeout", "0s")])
+def test_config_bad_duration_exits_2_naming_the_value(seeded_db, key, text):
+    before = snapshot(seeded_db)
+    code, out, err = cli(seeded_db, "config", "set", key, text)
+    assert (code, out) == (2, "")
+    assert_one_error(err, key, repr(text))
+    assert snapshot(seeded_db) == before
+
+
+def delay_of(job):
+    """Seconds from a job's creation to its due time, from its JSON."""
+    return (parse_iso(job["next_run_at"]) - parse_iso(job["created_at"])).total_seconds()
+
+
+def test_job_delay_and_timeout_take_durations_and_show_seconds(db):
+    job = enqueue(db, id="d", command="true", delay="15m", timeout="2h")
+    assert job["timeout"] == 7200
+    assert delay_of(job) == pytest.approx(900, abs=0.01)
+    week = enqueue(db, id="w", command="true", delay="1w", timeout=90)
+    assert delay_of(week) == pytest.approx(604800, abs=0.01)
+    assert week["timeout"] == 90
+
+
+@sqlite_only
+@pytest.mark.parametrize("field,value", [("delay", "5x"), ("timeout", "1y"), ("delay", "-5m"), ("timeout", "15 m"),
+                                         ("delay", True), ("timeout", "99999d")])
+def test_job_bad_duration_exits_2_naming_field_and_value(seeded_db, field, value):
+    before = snapshot(seeded_db)
+    code, out, err = cli(seeded_db, "enqueue", json.dumps({"command": "true", field: value}))
+    assert (code, out) == (2, "")
+    assert_one_error(err, f"field '{field}'", repr(value))
+    assert snapshot(seeded_db) == before
+
+
+@sqlite_only
+def test_duration_flags_take_units_and_name_a_bad_value(db):
+    enqueue(db, id="done", command="true")
+    with opened(db) as s:
+        register(s, now=time.time())
+        finish_next(s, 0, time.time())
+    assert ok(db, "wait", "done", "--timeout", "1m") == ""
+    assert json.loads(ok(db, "stats", "--since", "1w", "--json"))["window_s"] == 604800
+    assert ok(db, "purge", "--older-than", "1w") == "purged 0 completed jobs\n"
+    for args in (("wait", "done", "--timeout", "5x"), ("worker", "stop", "--wait", "--timeout", "1y"),
+                 ("purge", "--older-than", "2 d"), ("add", "--timeout", "3q", "--", "true")):
+        code, out, err = cli(db, *args)
+        assert (code, out) == (2, ""), args
+        assert f"'{args[-1] if args[0] != 'add' else '3q'}'" in err and "Traceback" not in err, err
+
+
+# ---- add
+
+def test_add_joins_several_words_with_shell_quoting_and_runs_exactly_them(db, workers, tmp_path):
+    out = ok(db, "add", "--id", "p", "--cwd", str(tmp_path), "--", "printf", "%s|", "my file", "c$d", "-n")
+    assert out == "p\n"
+    assert get_job(db, "p")["command"] == "printf '%s|' 'my file' 'c$d' -n"
+    assert workers.start("--burst").wait() == 0
+    assert ok(db, "logs", "p") == "my file|c$d|-n|"
+
+
+def test_add_takes_one_word_as_a_shell_command_as_written(db):
+    job = json.loads(ok(db, "add", "--json", "--", "make -j4 && make install"))
+    assert job["command"] == "make -j4 && make install" and job["state"] == "pending"
+    assert json.loads(ok(db, "add", "--json", "ls", "-la", "--queue", "x"))["command"] == "ls -la --queue x"
+
+
+def test_add_options_are_the_job_fields(db, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    ok(db, "add", "--id", "first", "--", "true")
+    job = json.loads(ok(db, "add", "--json", "--id", "j", "--queue", "q1", "--priority", "5", "--max-retries", "7",
+                        "--timeout", "2m", "--delay", "1h", "--depends-on", "first", "--depends-on", "first",
+                        "--env", "A=1", "--env", "B=x=y", "--cwd", "sub", "--", "echo", "hi"))
+    assert {k: job[k] for k in ("id", "queue", "priority", "max_retries", "timeout", "env", "cwd", "waiting_on")} == {
+        "id": "j", "queue": "q1", "priority": 5, "max_retries": 7, "timeout": 120, "env": {"A": "1", "B": "x=y"},
+        "cwd": str(tmp_path / "sub"), "waiting_on": 1}
+    assert delay_of(job) == pytest.approx(3600, abs=0.01)
+    assert json.loads(ok(db, "show", "j", "--json"))["depends_on"] == ["first"]
+    at = json.loads(ok(db, "add", "--json", "--run-at", "2000000000", "--", "true"))
+    assert parse_iso(at["next_run_at"]).timestamp() == 2_000_000_000
+    iso_at = json.loads(ok(db, "add", "--json", "--run-at", "2033-05-18T03:33:20+00:00", "--", "true"))
+    assert parse_iso(iso_at["next_run_at"]).timestamp() == 2_000_000_000
+
+
+@sqlite_only
+@pytest.mark.parametrize("args,fragments", [
+    ((), ("add", "--")), (("--",), ("add", "--")), (("--env", "A", "--", "true"), ("NAME=VALUE", "'A'")),
+    (("--env", "A=1", "--env", "A=2", "--", "true"), ("A", "twice")), (("--priority", "x", "--", "true"), ("'x'",)),
+    (("--delay", "5m", "--run-at", "2030-01-01T00:00", "--", "true"), ("run_at", "delay")),
+    (("--id", "keep", "--", "true"), ("keep", "exists")), (("--depends-on", "nope", "--", "true"), ("nope",)),
+    (("--queue", "a b", "--", "true"), ("'a b'",)), (("--", " "), ("blank",))])
+def test_add_refuses_bad_input_like_enqueue_and_changes_nothing(seeded_db, args, fragments):
+    before = snapshot(seeded_db)
+    code, out, err = cli(seeded_db, "add", *args)
+    assert code in (1, 2) and out == "", (code, out, err)
+    assert_one_error(err, *fragments)
+    assert snapshot(seeded_db) == before
+
+
+def test_help_of_changed_commands_shows_the_new_options():
+    for argv, options in ((["add"], ("--id", "--queue", "--priority", "--max-retries", "--timeout", "--delay",
+                                     "--run-at", "--depends-on", "--env", "--cwd", "--json", "COMMAND")),
+                          (["cancel"], ("--all", "--queue")), (["dlq", "retry"], ("--all", "--queue")),
+                          (["wait"], ("--timeout DURATION",)), (["worker", "stop"], ("--timeout DURATION",)),
+                          (["stats"], ("1w",)), (["purge"], ("1w",))):
+        code, out, _ = run_main([*argv, "--help"])
+        assert code == 0
+        for option in options:
+            assert option in out, (argv, option)
+
+
+# ---- acting on many jobs
+
+def dead_chain_db(db):
+    """root (default) dead; child (q2) depends on root, dead with it; lone (q2) dead; fine (default) completed;
+    wait (q3) pending."""
+    now = time.time()
+    with opened(db) as s:
+        register(s, now=now)
+        s.enqueue([spec("root", "exit 1", max_retries=0)], now)
+        s.enqueue([spec("child", queue="q2", depends_on=["root"])], now)
+        finish_next(s, 1, now)
+        s.enqueue([spec("lone", "exit 1", max_retries=0, queue="q2")], now)
+        finish_next(s, 1, now)
+        s.enqueue([spec("fine")], now)
+        finish_next(s, 0, now)
+        s.enqueue([spec("wait", queue="q3")], now)
+    return db
+
+
+def test_dlq_retry_all_of_a_queue_revives_the_chains_it_needs(db):
+    dead_chain_db(db)
+    assert ok(db, "dlq", "retry", "--all", "--queue", "q2") == "root\nchild\nlone\n"
+    jobs = {j["id"]: j for j in json.loads(ok(db, "list", "--json"))}
+    assert {i: (j["state"], j["waiting_on"]) for i, j in jobs.items()} == {
+        "root": ("pending", 0), "child": ("pending", 1), "lone": ("pending", 0), "fine": ("completed", 0),
+        "wait": ("pending", 0)}
+    assert ok(db, "dlq", "retry", "--all") == ""  # none left: nothing printed, exit 0
+
+
+def test_dlq_retry_all_revives_every_dead_job(db):
+    dead_chain_db(db)
+    assert ok(db, "dlq", "retry", "--all") == "root\nchild\nlone\n"
+    assert ok(db, "dlq", "list", "--json") == "[]\n"
+    assert ok(db, "dlq", "retry", "--all", "--queue", "default") == ""
+
+
+def test_cancel_all_of_a_queue_cancels_what_has_not_finished(db):
+    dead_chain_db(db)
+    now = time.time()
+    with opened(db) as s:
+        s.enqueue([spec("p1"), spec("run"), spec("dep", queue="q3", depends_on=["p1"])], now)
+        assert s.claim("w1", now, ("default",)).id == "p1"  # p1 runs; run and dep wait
+        s.retry_dead(["root", "child"], now)  # root pending, child waiting on it
+    assert ok(db, "cancel", "--all", "--queue", "default") == "root\np1\nrun\n"
+    states = {j["id"]: (j["state"], j["last_error"]) for j in json.loads(ok(db, "list", "--json"))}
+    assert states["root"] == states["run"] == ("dead", "canceled")
+    assert states["p1"] == ("processing", None)  # its worker kills it and records the cancel
+    assert states["child"] == ("dead", "dependency root is dead")  # another queue: the dependency rule
+    assert states["wait"] == ("pending", None) and states["fine"][0] == "completed"
+    with opened(db) as s:
+        assert s.cancel_requests("w1") == {("p1", 1)}
+    assert ok(db, "cancel", "--all") == "wait\np1\ndep\n"
+    assert {j["id"]: j["last_error"] for j in json.loads(ok(db, "list", "--json"))}["dep"] == "canceled"
+    assert ok(db, "cancel", "--all") == "p1\n"  # still running: asked again
+
+
+@sqlite_only
+@pytest.mark.parametrize("args", [("cancel",), ("cancel", "a", "--all"), ("cancel", "a", "--queue", "q"),
+                                  ("dlq", "retry"), ("dlq", "retry", "a", "--all"), ("dlq", "retry", "--queue", "q"),
+                                  ("cancel", "--all", "--queue", "a b")])
+def test_bulk_commands_want_ids_or_all(seeded_db, args):
+    before = snapshot(seeded_db)
+    code, out, err = cli(seeded_db, *args)
+    assert (code, out) == (2, ""), err
+    assert "Traceback" not in err and err.startswith(ERROR_PREFIX) or "usage" in err
+    assert snapshot(seeded_db) == before
+
+
+def test_dashboard_retry_all_dead_respects_the_queue_filter(dashboard):
+    d = dashboard(allow_actions=True)
+    assert d.request("/api/dlq/retry?queue=images", method="POST", auth="header")[::2] == (200, {"ids": []})
+    assert d.store.get(SCRIPT_ID).state == "dead"
+    assert d.request("/api/dlq/retry", method="POST", auth="header")[::2] == (200, {"ids": [SCRIPT_ID]})
+    assert d.store.get(SCRIPT_ID).state == "pending"
+    assert d.request("/api/dlq/retry?queue=a%20b", method="POST", auth="header")[0] == 400
+    assert d.request("/api/dlq/retry?state=dead", method="POST", auth="header")[0] == 400
+    assert d.request("/api/dlq/retry")[0] == 405
+
+
+def test_dashboard_retry_all_dead_needs_allow_actions(dashboard):
+    d = dashboard()
+    assert d.request("/api/dlq/retry", method="POST", auth="header")[0] == 403
+    assert d.store.get(SCRIPT_ID).state == "dead"
+
+
+# ---- what a job waits for
+
+def a_job(**fields):
+    base = {"id": "j", "command": "true", "state": "pending", "attempts": 0, "max_retries": 3, "timeout": 0.0,
+            "cwd": "/", "env": {}, "created_at": T0, "updated_at": T0, "next_run_at": T0, "last_error": None,
+            "exit_code": None, "worker_id": None, "run_count": 0, "lost_count": 0, "priority": 0, "queue": "default",
+            "waiting_on": 0}
+    return queuectl.Job(**{**base, **fields})
+
+
+@pytest.mark.parametrize("fields,paused,text", [
+    ({}, [], "now"), ({"next_run_at": T0 - 5}, [], "now"), ({"next_run_at": T0 + 44.2}, [], "in 45s"),
+    ({"next_run_at": T0 + 230}, [], "in 4m"), ({"next_run_at": T0 + 3 * 3600 + 20 * 60}, [], "in 3h 20m"),
+    ({"waiting_on": 2}, [], "after 2 jobs"), ({"waiting_on": 1, "next_run_at": T0 + 99}, [], "after 1 job"),
+    ({}, ["default"], "paused"), ({}, ["*"], "paused"), ({}, ["other"], "now"), ({"state": "failed"}, [], "now"),
+    ({"state": "processing"}, [], "-"), ({"state": "completed"}, [], "-"), ({"state": "dead"}, ["*"], "-")])
+def test_due_text(fields, paused, text):
+    assert queuectl.due_text(a_job(**fields), T0, paused) == text
+
+
+def test_due_text_a_day_or_more_ahead_is_a_local_date_and_time(local_tz):
+    local_tz("Asia/Kolkata")  # UTC+05:30
+    job = a_job(next_run_at=T0 + 2 * 86400)  # T0 is 2027-01-15T08:00:00Z
+    assert queuectl.due_text(job, T0, []) == "2027-01-17 13:30"
+
+
+@pytest.mark.parametrize("state,attempts,max_retries,shown", [
+    ("completed", 0, 3, (1, 3)), ("completed", 0, 0, (1, 1)), ("completed", 2, 3, (3, 3)), ("pending", 0, 3, (0, 3)),
+    ("failed", 1, 3, (1, 3)), ("processing", 1, 3, (2, 3)), ("dead", 1, 0, (1, 1)), ("dead", 3, 3, (3, 3))])
+def test_attempts_shown(state, attempts, max_retries, shown):
+    assert queuectl.attempts_shown(a_job(state=state, attempts=attempts, max_retries=max_retries)) == shown
+
+
+def list_rows(db):
+    """`list` as {id cell: row}, checking every row lines up with the header."""
+    header, *rows = ok(db, "list").splitlines()
+    starts = [header.index(name) for name in ("STATE", "ATTEMPTS", "QUEUE", "DUE", "UPDATED", "COMMAND")]
+    for row in rows:
+        assert all(row[i - 1] == " " and row[i] != " " for i in starts if i != starts[1]), (header, row)
+    return {row.split(" ")[0]: row for row in rows}
+
+
+def test_list_shows_due_and_attempts_aligned_with_long_ids_cut(db):
+    long_id = "a-job-id-much-longer-than-twenty-characters"
+    enqueue(db, id=long_id, command="true", queue="a-queue-name-longer-than-ten", delay="4m")
+    enqueue(db, id="after", command="true", depends_on=[long_id])
+    enqueue(db, id="once", command="true", max_retries=0)
+    with opened(db) as s:
+        register(s, now=time.time())
+        finish_next(s, 0, time.time())  # once: completed on its first run
+    rows = list_rows(db)
+    cut = long_id[:19] + "…"
+    assert set(rows) == {cut, "after", "once"}
+    assert " in 4m " in rows[cut] and " a-queue-n… " in rows[cut] and " 0/3 " in rows[cut]
+    assert " after 1 job " in rows["after"]
+    assert " 1/1 " in rows["once"] and " completed " in rows["once"]
+    assert json.loads(ok(db, "list", "--json"))[2]["attempts"] == 0  # JSON keeps its meaning
+    assert "\ndue:          after 1 job\n" in ok(db, "show", "after")
+
+
+def test_enqueue_and_add_into_a_paused_queue_say_so_on_stderr(db):
+    ok(db, "pause", "--queue", "night")
+    code, out, err = cli(db, "enqueue", '{"id": "n", "command": "true", "queue": "night"}')
+    assert (code, out) == (0, "n\n")
+    assert err == "queuectl: note: queue 'night' is paused; jobs wait for `queuectl resume --queue NAME`\n"
+    assert cli(db, "add", "--", "true")[2] == ""  # another queue: nothing to say
+    batch = '{"command": "true", "queue": "night"}\n{"command": "true", "queue": "day"}\n'
+    assert cli(db, "enqueue", "-", stdin=batch)[2].count("note: queue 'night' is paused") == 1
+    ok(db, "pause")
+    code, out, err = cli(db, "add", "--json", "--", "true")
+    assert code == 0 and json.loads(out)["state"] == "pending"
+    assert err == "queuectl: note: every queue is paused; jobs wait for `queuectl resume`\n"
+
+
+def test_workers_say_which_queues_they_serve(db, workers):
+    enqueue(db, id="bad", command="exit 3", max_retries=0, queue="a")
+    worker = workers.start("--burst", "--queue", "a", "--queue", "b")
+    assert worker.wait() == 0
+    log = worker.log()
+    assert "queuectl: note: queue 'b' has no jobs yet" in log
+    assert re.search(r"worker started: \S+, 1 thread\(s\), queues a, b, db ", log), log
+    assert "job bad dead after 1 attempt: exit code 3" in log
+    with opened(db) as s:
+        s.register("some", queuectl.host_identity(), 1, s.now(), ("x",))
+        s.register("every", queuectl.host_identity(), 1, s.now())
+    listed = {w["id"]: w["queues"] for w in json.loads(ok(db, "worker", "list", "--json"))}
+    assert listed == {"some": ["x"], "every": None}
+    table = ok(db, "worker", "list")
+    assert "QUEUES" in table and " (all) " in table
+
+
+def test_a_version_1_database_upgrades_to_record_worker_queues(db, monkeypatch):
+    with monkeypatch.context() as m:
+        m.setattr(queuectl, "MIGRATIONS", queuectl.MIGRATIONS[:1])
+        m.setattr(queuectl, "PG_MIGRATIONS", queuectl.PG_MIGRATIONS[:1])
+        m.setattr(queuectl, "SCHEMA_VERSION", 1)
+        with opened(db) as s:
+            s.enqueue([spec("old")], s.now())
+    with opened(db) as s:
+        version = "SELECT version FROM queuectl_version" if is_pg(db) else "PRAGMA user_version"
+        assert s.read(version)[0][0] == queuectl.SCHEMA_VERSION == 4
+        s.register("w", queuectl.host_identity(), 1, s.now(), ("q",))
+        assert s.workers()[0].queues == '["q"]' and s.get("old").state == "pending"
+
+# ==== Robustness of a worker's database connection: lost claim answers, hung connections ==========
+
+def test_a_run_no_runner_holds_is_taken_back_after_the_grace_never_a_held_one(store):
+    me = queuectl.host_identity()
+    store.register("me", me, 1, T0)
+    store.enqueue([spec("held"), spec("stray")], T0)
+    holdings = queuectl.Holdings()
+    assert holdings.take(store.claim("me", T0))
+    stray = store.claim("me", T0)  # committed, but its answer never reached a runner
+    sweeper = queuectl.Sweeper(store, me, "me", holdings=holdings)
+    assert sweeper.sweep(T0, now_mono=1000.0) == 0  # first seen unheld
+    assert sweeper.sweep(T0, now_mono=1000.0 + queuectl.STRAY_GRACE_S - 0.5) == 0  # maybe being handed over
+    assert sweeper.sweep(T0 + 1, now_mono=1000.0 + queuectl.STRAY_GRACE_S + 3600) == 1
+    assert store.get("held").state == "processing"  # held for an hour by a runner: never taken back
+    job = store.get("stray")
+    assert (job.state, job.attempts, job.lost_count, job.worker_id) == ("pending", 0, 1, None)
+    assert [(r["outcome"], r["error"]) for r in store.runs("stray")] == [("lost", "claim answer lost")]
+    assert not holdings.take(stray)  # its answer, arriving now, is not run
+    again = store.claim("me", T0 + 2)
+    assert (again.id, again.run_count) == ("stray", 2) and holdings.take(again)  # the rerun is a new run
+    assert sweeper.sweep(T0 + 3, now_mono=1000.0 + 2 * queuectl.STRAY_GRACE_S + 7200) == 0
+
+
+def test_a_runner_does_not_run_a_claim_answered_after_it_was_taken_back(store):
+    register(store, "me")
+    store.enqueue([spec("a")], T0)
+    holdings = queuectl.Holdings()
+    assert holdings.take_back(("a", 1), 0.0)  # the worker gave up waiting for this claim's answer
+    runner = queuectl.Runner(store, "me", lambda job, epoch: None, holdings=holdings)
+    ran = []
+    runner.runner = lambda job, env, abort, on_output: ran.append(job.id) or outcome()
+    assert runner.run_once(now=T0) is False and ran == []
+    assert (store.get("a").state, runner.current) == ("processing", None)  # left to the sweeper
+
+
+def test_a_claim_whose_answer_was_lost_is_requeued_and_runs_once(db, workers, tmp_path):
+    enqueue(db, id="busy", command=BLOCKING_JOB, cwd=str(tmp_path))
+    worker = workers.start("--count", "1")
+    wait_for(lambda: (tmp_path / "started").exists(), "the busy job to start")
+    worker_id = json.loads(ok(db, "worker", "list", "--json"))[0]["id"]
+    enqueue(db, id="target", command="echo ran >> ran.txt", cwd=str(tmp_path))
+    store = queuectl.open_database(db)
+    try:
+        # What a claim whose answer was lost with the connection leaves: committed for this worker,
+        # unknown to its runners (its only runner is busy with the other job).
+        assert store.claim(worker_id, store.now()).id == "target"
+    finally:
+        store.close()
+    worker.wait_log("no runner got the claim's answer")
+    assert state_of(db, "busy") == "processing"  # running longer than the grace: never taken back
+    (tmp_path / "release").touch()
+    wait_for(lambda: state_of(db, "target") == "completed", "the requeued job to run")
+    job = get_job(db, "target")
+    assert [(r["outcome"], r["error"]) for r in job["runs"]] == [("lost", "claim answer lost"), ("completed", None)]
+    assert (tmp_path / "ran.txt").read_text() == "ran\n"
+    assert [r["outcome"] for r in get_job(db, "busy")["runs"]] == ["completed"]
+
+
+def test_a_worker_connection_is_bounded_by_a_quarter_of_stale_timeout():
+    for stale_s in (8, 10, 60, 3600):
+        params = queuectl.pg_lease_params(stale_s)
+        assert params["keepalives"] == 1 and params["tcp_user_timeout"] == stale_s * 250
+        probing_s = params["keepalives_idle"] + params["keepalives_interval"] * params["keepalives_count"]
+        assert probing_s <= max(stale_s / 4, 4) and params["connect_timeout"] <= max(2, stale_s / 4 + 1)
+    small = queuectl.pg_lease_params(1)  # libpq's whole seconds set a floor for small leases
+    assert (small["tcp_user_timeout"], small["keepalives_idle"], small["connect_timeout"]) == (250, 1, 2)
+
+
+def socket_options(store):
+    """(TCP_USER_TIMEOUT ms, SO_KEEPALIVE, TCP_KEEPIDLE s, TCP_KEEPCNT) of a PostgresStore's socket."""
+    import socket
+    with socket.socket(fileno=os.dup(store.conn.pgconn.socket)) as s:
+        return (s.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT),
+                s.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+                s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+                s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT))
+
+
+def test_postgres_worker_connections_get_timeouts_from_the_lease_and_the_url_wins(pg_url, monkeypatch):
+    monkeypatch.delenv("PGCONNECT_TIMEOUT", raising=False)
+    command = queuectl.PostgresStore(pg_url)
+    worker = queuectl.PostgresStore(pg_url, lease_s=10.0)
+    chosen = queuectl.PostgresStore(f"{pg_url}&tcp_user_timeout=1234&keepalives_idle=7&connect_timeout=30",
+                                    lease_s=10.0)
+    try:
+        assert "tcp_user_timeout" not in command.conn.info.get_parameters()  # a command: as before
+        assert command.conn.info.get_parameters()["connect_timeout"] == "10"
+        params = worker.conn.info.get_parameters()
+        assert {k: params.get(k) for k in ("keepalives", "keepalives_idle", "tcp_user_timeout", "connect_timeout")} \
+            == {"keepalives": "1", "keepalives_idle": "1", "tcp_user_timeout": "2500", "connect_timeout": "3"}
+        assert socket_options(worker) == (2500, 1, 1, 3)  # what the kernel was told
+        params = chosen.conn.info.get_parameters()
+        assert (params["tcp_user_timeout"], params["keepalives_idle"], params["connect_timeout"]) == \
+            ("1234", "7", "30")
+        assert socket_options(chosen) == (1234, 1, 7, 3)
+        worker.set_lease(60.0)  # `config set stale-timeout 60`: the connection is reopened at its next use
+        assert worker.config_get("stale_timeout") == 10
+        assert socket_options(worker) == (15000, 1, 7, 3)
+    finally:
+        for store in (command, worker, chosen):
+            store.close()
+
+
+def test_postgres_a_flush_that_hangs_in_the_database_does_not_delay_a_kill(pg_url, monkeypatch):
+    # A flush whose statement does not answer (as over a connection that hangs) runs on a thread of
+    # its own: the job's loop still asks abort() and kills it while that flush is blocked.
+    monkeypatch.setattr(queuectl.PostgresSQL, "SQL_FLUSH_OUTPUT",
+                        "SELECT pg_sleep(3), %s::bytea, %s::bigint, %s::text, %s::bigint")
+    monkeypatch.setattr(queuectl, "OUTPUT_FLUSH_S", 0.1)
+    store = queuectl.PostgresStore(pg_url)
+    try:
+        register(store, "me")
+        store.enqueue([spec("chatty", command="i=0; while [ $i -lt 400 ]; do echo x; sleep 0.05; i=$((i+1)); done")],
+                      store.now())
+        killed_while_flushing = []
+
+        def abort(job, epoch):
+            return queuectl.CUT_OFF if runner.flushing and runner.flushing.is_alive() else None
+
+        def run(*args):
+            result = queuectl.run_command(*args)
+            killed_while_flushing.append(runner.flushing.is_alive())
+            return result
+        runner = queuectl.Runner(store, "me", abort)
+        runner.runner = run
+        assert runner.run_once() is True
+        assert killed_while_flushing == [True]
+        job = store.get("chatty")
+        assert (job.state, job.lost_count) == ("pending", 1)
+        assert [(r["outcome"], r["error"]) for r in store.runs("chatty")] == [("lost", queuectl.CUT_OFF)]
+    finally:
+        store.close()
+
+
+def test_postgres_a_heartbeat_blocked_by_a_lock_fences_the_job_which_then_runs_again(pg_url, workers, tmp_path):
+    import psycopg
+    stale_s = 3.0
+    ok(pg_url, "config", "set", "stale-timeout", str(stale_s))
+    enqueue(pg_url, id="long", command=BLOCKING_JOB, cwd=str(tmp_path))
+    worker = workers.start()
+    wait_for(lambda: (tmp_path / "started").exists(), "the job to start")
+    first = int((tmp_path / "sh.pid").read_text())
+    worker_id = json.loads(ok(pg_url, "worker", "list", "--json"))[0]["id"]
+    libpq, schema = queuectl._pg_target(pg_url)[:2]
+    with psycopg.connect(libpq) as holder:  # its transaction holds the worker's row until the end of the block
+        holder.execute(f'SELECT 1 FROM "{schema}".workers WHERE id = %s FOR UPDATE', (worker_id,))
+        locked = time.monotonic()  # no heartbeat goes through after this
+        wait_for(lambda: pid_gone(first), "the job to be killed", timeout=4 * stale_s)
+        assert time.monotonic() - locked < stale_s, "killed too late: a rerun elsewhere could overlap it"
+        (tmp_path / "started").unlink()
+    wait_for(lambda: (tmp_path / "started").exists(), "the job to run again")
+    (tmp_path / "release").touch()
+    wait_for(lambda: state_of(pg_url, "long") == "completed", "the rerun to complete")
+    job = get_job(pg_url, "long")
+    # (Its main loop may have spent the whole cut-off retrying the locked heartbeat, so the cut-off's
+    # log line is not asked for: the runner's own check killed the job, and the run says why.)
+    assert [(r["outcome"], r["error"]) for r in job["runs"]] == [("lost", queuectl.CUT_OFF), ("completed", None)]
+    assert worker.popen.poll() is None
+
+
+def test_a_claim_that_fails_after_its_commit_is_run_once_by_the_same_worker(db, tmp_path, monkeypatch):
+    import threading
+    enqueue(db, id="j", command="echo ran >> ran.txt", cwd=str(tmp_path))
+    real_claim, failed = queuectl.Store.claim, []
+
+    def claim(self, worker_id, now, queues=()):
+        job = real_claim(self, worker_id, now, queues)
+        if job and not failed:  # the first claim commits, then its answer is lost
+            failed.append(job.id)
+            raise queuectl.BadDatabase("connection lost after the commit (injected)")
+        return job
+    monkeypatch.setattr(queuectl.Store, "claim", claim)
+    supervisor, exits = queuectl.Supervisor(db, 1, True), []
+    burst = threading.Thread(target=lambda: exits.append(supervisor.run()), daemon=True)
+    burst.start()
+    burst.join(WAIT_S)
+    try:
+        assert exits == [0], "the burst worker did not drain the queue"  # it waited for the stray, not forever
+    finally:
+        if burst.is_alive():
+            supervisor.on_signal(signal.SIGQUIT)
+            burst.join(WAIT_S)
+        supervisor.store.close()
+    assert failed == ["j"]
+    job = get_job(db, "j")
+    assert [(r["outcome"], r["error"]) for r in job["runs"]] == [("lost", "claim answer lost"), ("completed", None)]
+    assert (tmp_path / "ran.txt").read_text() == "ran\n"
+
+# ==== Progress line and wait --all =================================================================
+# `wait --all` on both backends, and the live progress line of `wait`, `enqueue -` and `purge`: run
+# under a pseudo-terminal for what a person sees, and with pipes for what a script sees (nothing new).
+
+def screen(raw):
+    """The non-blank lines a terminal shows after `raw`: CR goes to column 0, ESC [ K erases to the end
+    of the line, LF goes one line down (the terminal's own CR LF for a newline comes as both)."""
+    lines, row, col, i = [""], 0, 0, 0
+    while i < len(raw):
+        if raw.startswith("\x1b[K", i):
+            lines[row], i = lines[row][:col], i + 3
+            continue
+        ch = raw[i]
+        if ch == "\r":
+            col = 0
+        elif ch == "\n":
+            row += 1
+            lines += [""] * (row + 1 - len(lines))
+        else:
+            line = lines[row].ljust(col)
+            lines[row], col = line[:col] + ch + line[col + 1:], col + 1
+        i += 1
+    return [line for line in lines if line.strip()]
+
+
+def test_screen_follows_carriage_returns_and_erases():
+    assert screen("\rwaiting: 1/2\x1b[K\rwaiting: 2/2\x1b[K\r\x1b[Kdone\r\n") == ["done"]
+    assert screen("abc\rx\r\n") == ["xbc"]
+
+
+class TerminalRun:
+    """The real script with stderr on a pseudo-terminal (stdout to a file, stdin from one): `raw()` is
+    everything it wrote to the terminal so far."""
+
+    def __init__(self, folder, db, *args, stdin_path=os.devnull, **env):
+        master, slave = os.openpty()
+        self.out_path, self.master, self.chunks = folder / f"stdout.{uuid.uuid4().hex}", master, []
+        environ = child_env(TERM="xterm")
+        environ.pop("QUEUECTL_NO_PROGRESS", None)
+        environ.update(env)
+        try:
+            with open(stdin_path, "rb") as stdin, open(self.out_path, "wb") as out:
+                self.popen = subprocess.Popen([sys.executable, QUEUECTL, "--db", db, *args], stdin=stdin,
+                                              stdout=out, stderr=slave, env=environ,
+                                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        finally:
+            os.close(slave)
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        while True:
+            try:
+                chunk = os.read(self.master, 65536)
+            except OSError:  # EIO: every writer of the terminal has closed it
+                return
+            if not chunk:
+                return
+            self.chunks.append(chunk)
+
+    def raw(self):
+        return b"".join(self.chunks).decode("utf-8", "replace")
+
+    def wait_raw(self, fragment):
+        wait_for(lambda: fragment in self.raw(), f"{fragment!r} on the terminal; got {self.raw()!r}")
+
+    def finish(self, timeout=WAIT_S):
+        """Wait for the exit; return (exit code, stdout, raw terminal output)."""
+        code = self.popen.wait(timeout=timeout)
+        self.reader.join(timeout)
+        os.close(self.master)
+        with open(self.out_path) as f:
+            return code, f.read(), self.raw()
+
+    def kill(self):
+        if self.popen.poll() is None:
+            self.popen.kill()
+            self.popen.wait()
+
+
+@pytest.fixture
+def terminal(tmp_path):
+    """Factory for TerminalRun on the test's db; whatever still runs is killed at teardown."""
+    runs = []
+
+    def start(db, *args, **kw):
+        runs.append(TerminalRun(tmp_path, db, *args, **kw))
+        return runs[-1]
+    yield start
+    for run in runs:
+        run.kill()
+
+
+def finish_due(db, code=0):
+    """Claim and finish every due job with exit `code`, as a worker would; returns their ids."""
+    done = []
+    with opened(db) as s:
+        register(s, "tw", now=time.time())
+        while (job := s.claim("tw", time.time())) is not None:
+            s.finish(job, "tw", outcome(code, None if code == 0 else f"exit code {code}", "", 0.0), SETTINGS,
+                     time.time())
+            done.append(job.id)
+        s.deregister("tw")
+    return done
+
+
+UNFINISHED = queuectl.Store.unfinished
+
+
+def after_snapshot(monkeypatch, action):
+    """Make an in-process `wait --all` run `action()` right after it has read which jobs it answers for
+    (instead of any action set before)."""
+    def spy(self, queue):
+        found = UNFINISHED(self, queue)
+        action()
+        return found
+    monkeypatch.setattr(queuectl.Store, "unfinished", spy)
+
+
+# ---- Progress, the line itself
+
+def test_progress_redraws_at_most_four_times_a_second_and_erases_the_line():
+    clock, stream = [0.0], io.StringIO()
+    progress = queuectl.Progress(True, stream, clock=lambda: clock[0])
+    for at, text in ((0.0, "one"), (0.1, "two"), (0.24, "three"), (0.26, "four"), (0.4, "five")):
+        clock[0] = at
+        progress.show(text)
+    assert stream.getvalue() == "\rone\x1b[K\rfour\x1b[K"
+    assert progress.drawn
+    with progress:
+        progress.show("x" * 500)  # cut to the width (80 when it cannot be read), so it never wraps
+    assert stream.getvalue().endswith("\r\x1b[K")
+    assert screen(stream.getvalue()) == []
+    assert max(len(part) for part in stream.getvalue().split("\r")) <= 80 + 3
+
+
+def test_progress_off_writes_nothing():
+    stream = io.StringIO()
+    with queuectl.Progress(False, stream) as progress:
+        progress.show("waiting: 0/1 finished, 0 dead")
+    assert (stream.getvalue(), progress.drawn) == ("", False)
+
+
+def test_progress_rate_over_the_last_seconds_and_the_estimate():
+    clock = [100.0]
+    progress = queuectl.Progress(True, io.StringIO(), clock=lambda: clock[0])
+    assert progress.rate(0) is None
+    clock[0] = 100.5
+    assert progress.rate(5) is None  # less than a second of counts: not known yet
+    clock[0] = 101.0
+    assert progress.rate(10) == pytest.approx(10.0)
+    for second in range(2, 31):  # 10 a second for 10 s, then 1 a second: the window forgets the fast start
+        clock[0] = 100.0 + second
+        count = 10 * min(second, 10) + max(0, second - 10)
+        rate = progress.rate(count)
+    assert rate == pytest.approx(1.0)
+    assert progress.rate(count - 50) == 0.0  # a count that went down (a job revived) is no negative rate
+
+
+def test_waiting_line_shows_counts_then_rate_then_estimate():
+    line = queuectl.waiting_line
+    assert line(0, 5, 0, None) == "waiting: 0/5 finished, 0 dead"
+    assert line(312, 1000, 2, 41.0) == "waiting: 312/1000 finished, 2 dead · 41/s · about 17s left"
+    assert line(3, 5, 0, 0.0) == "waiting: 3/5 finished, 0 dead · 0.0/s"  # stalled: no estimate
+    assert line(1, 1000, 0, 4.0).endswith(" · 4.0/s · about 4m 10s left")
+    assert line(0, 100_000, 0, 12.5).endswith(" · 12/s · about 2h 13m left")
+
+
+@pytest.mark.parametrize("env, flag, tty, on", [
+    ({}, False, True, True), ({}, False, False, False), ({}, True, True, False),
+    ({"QUEUECTL_NO_PROGRESS": "1"}, False, True, False), ({"QUEUECTL_NO_PROGRESS": "0"}, False, True, True),
+    ({"TERM": "dumb"}, False, True, False)])
+def test_progress_is_on_only_on_a_terminal_that_wants_it(monkeypatch, env, flag, tty, on):
+    class Stderr(io.StringIO):
+        def isatty(self):
+            return tty
+    monkeypatch.setattr(sys, "stderr", Stderr())
+    monkeypatch.delenv("QUEUECTL_NO_PROGRESS", raising=False)
+    monkeypatch.setenv("TERM", "xterm")
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    import argparse
+    assert queuectl.Progress.for_command(argparse.Namespace(no_progress=flag)).on is on
+
+
+# ---- wait --all
+
+def test_wait_all_on_a_queue_with_nothing_unfinished_exits_0_at_once(db):
+    assert cli(db, "wait", "--all") == (0, "", "")
+    enqueue(db, id="old", command="true")
+    ok(db, "cancel", "old")  # dead before the wait started: not one of the jobs it answers for
+    assert finish_due(db) == []
+    assert cli(db, "wait", "--all") == (0, "", "")
+
+
+@sqlite_only
+@pytest.mark.parametrize("args, fragment", [(["--all", "a"], "not both"), ([], "--all"),
+                                            (["a", "--queue", "q"], "--queue needs --all"),
+                                            (["--all", "--queue", "bad name"], "queue")])
+def test_wait_all_bad_arguments_exit_2_and_create_nothing(db, args, fragment):
+    code, out, err = cli(db, "wait", *args)
+    assert (code, out) == (2, "")
+    assert fragment in err and "Traceback" not in err
+    assert not os.path.exists(db)
+
+
+def test_wait_all_blocks_until_a_queue_drains(db, workers, tmp_path, monkeypatch):
+    for n in range(3):
+        enqueue(db, id=f"j{n}", command="true", cwd=str(tmp_path))
+    code, out, err = cli(db, "wait", "--all", "--timeout", "0.3")
+    assert (code, out) == (1, "")
+    assert_one_error(err, "timed out: 3 jobs still pending, failed or processing")
+    burst = []
+    after_snapshot(monkeypatch, lambda: burst.append(workers.start("--burst")))  # a real worker drains it
+    assert cli(db, "wait", "--all") == (0, "", "")
+    assert [state_of(db, f"j{n}") for n in range(3)] == ["completed"] * 3
+    assert burst[0].wait() == 0
+
+
+def test_wait_all_exits_1_naming_a_job_that_went_dead(db, workers, tmp_path, monkeypatch):
+    enqueue(db, id="good", command="true", cwd=str(tmp_path))
+    enqueue(db, id="bad", command="exit 3", max_retries=0, cwd=str(tmp_path))
+    after_snapshot(monkeypatch, lambda: workers.start("--burst"))
+    code, out, err = cli(db, "wait", "--all")
+    assert (code, out) == (1, "")
+    assert_one_error(err, "1 of the 2 jobs waited for ended dead: 'bad'")
+    assert (state_of(db, "good"), state_of(db, "bad")) == ("completed", "dead")
+
+
+def test_wait_all_names_at_most_ten_dead_jobs(db, monkeypatch):
+    ids = [f"d{n:02d}" for n in range(12)]
+    for job_id in ids:
+        enqueue(db, id=job_id, command="true")
+    after_snapshot(monkeypatch, lambda: ok(db, "cancel", *ids))
+    code, out, err = cli(db, "wait", "--all")
+    assert (code, out) == (1, "")
+    assert_one_error(err, "12 of the 12 jobs waited for ended dead: 'd00', 'd01'", "'d09' and 2 more")
+    assert "'d10'" not in err and "'d11'" not in err
+
+
+def test_wait_all_counts_a_job_scheduled_for_later_as_unfinished(db):
+    enqueue(db, id="now", command="true")
+    enqueue(db, id="later", command="true", delay=3600)
+    assert finish_due(db) == ["now"]
+    code, out, err = cli(db, "wait", "--all", "--timeout", "0.3")
+    assert (code, out) == (1, "")
+    assert_one_error(err, "timed out: 1 job still pending, failed or processing")
+
+
+def test_wait_all_waits_for_jobs_enqueued_meanwhile_but_answers_only_for_the_first(db, monkeypatch):
+    enqueue(db, id="early", command="true")
+
+    def meanwhile():
+        enqueue(db, id="late", command="true")
+        with opened(db) as s:
+            s.cancel(["late"], time.time())  # a job it did not answer for ends dead ...
+        enqueue(db, id="later", command="true")  # ... and one more arrives, still pending
+        assert finish_due(db) == ["early", "later"]
+    after_snapshot(monkeypatch, meanwhile)
+    assert cli(db, "wait", "--all") == (0, "", "")
+    assert [state_of(db, i) for i in ("early", "late", "later")] == ["completed", "dead", "completed"]
+
+
+def test_wait_all_queue_waits_for_that_queue_only(db, monkeypatch):
+    enqueue(db, id="a1", command="true", queue="a")
+    enqueue(db, id="b1", command="true", queue="b")
+    enqueue(db, id="b2", command="true", queue="b")
+    code, out, err = cli(db, "wait", "--all", "--queue", "b", "--timeout", "0.3")
+    assert (code, out) == (1, "")
+    assert_one_error(err, "timed out: 2 jobs in queue 'b' still pending, failed or processing")
+
+    def settle():
+        ok(db, "cancel", "b1")  # dead, but in another queue than the one waited for
+        with opened(db) as s:
+            register(s, "tw", now=time.time())
+            job = s.claim("tw", time.time(), ("a",))
+            s.finish(job, "tw", outcome(0, None, "", 0.0), SETTINGS, time.time())
+    after_snapshot(monkeypatch, settle)
+    assert cli(db, "wait", "--all", "--queue", "a") == (0, "", "")
+    assert state_of(db, "a1") == "completed"
+    after_snapshot(monkeypatch, lambda: None)
+    code, out, err = cli(db, "wait", "--all", "--timeout", "0.3")  # b2 is still pending
+    assert (code, out) == (1, "")
+    assert_one_error(err, "timed out: 1 job still")
+
+
+def test_wait_ids_keeps_its_contract_next_to_all(db):
+    enqueue(db, id="p", command="true")
+    code, out, err = cli(db, "wait", "p", "--timeout", "0.3")
+    assert (code, out) == (1, "")
+    assert_one_error(err, "timed out waiting for p")
+    finish_due(db)
+    assert cli(db, "wait", "p") == (0, "", "")
+
+
+# ---- on a terminal, and off one
+
+def test_wait_draws_a_live_line_on_a_terminal_and_leaves_only_the_result(db, terminal):
+    enqueue(db, id="p", command="true")
+    for args, result in ((["p"], "queuectl: error: timed out waiting for p"),
+                         (["--all"], "queuectl: error: timed out: 1 job still pending, failed or processing")):
+        code, out, raw = terminal(db, "wait", *args, "--timeout", "1").finish()
+        assert (code, out) == (1, "")
+        assert "\rwaiting: 0/1 finished, 0 dead" in raw and "\x1b[K" in raw
+        assert screen(raw) == [result]
+    run = terminal(db, "wait", "--all")
+    run.wait_raw("waiting: 0/1 finished, 0 dead")
+    assert finish_due(db) == ["p"]
+    code, out, raw = run.finish()
+    assert (code, out, screen(raw)) == (0, "", [])  # success: the line is gone, nothing else was written
+
+
+@sqlite_only
+@pytest.mark.parametrize("args, env", [(["--no-progress"], {}), ([], {"QUEUECTL_NO_PROGRESS": "1"}),
+                                       ([], {"TERM": "dumb"})])
+def test_progress_switched_off_on_a_terminal_writes_only_the_result(db, terminal, args, env):
+    enqueue(db, id="p", command="true")
+    code, out, raw = terminal(db, "wait", "p", "--timeout", "0.5", *args, **env).finish()
+    assert (code, out, raw) == (1, "", "queuectl: error: timed out waiting for p\r\n")
+
+
+def test_wait_interrupted_on_a_terminal_erases_its_line(db, terminal):
+    enqueue(db, id="p", command="true")
+    run = terminal(db, "wait", "p")
+    run.wait_raw("waiting: ")
+    run.popen.send_signal(signal.SIGINT)
+    code, out, raw = run.finish()
+    assert (code, out, screen(raw)) == (130, "", [])
+
+
+def test_wait_off_a_terminal_writes_nothing_extra(db):
+    enqueue(db, id="p", command="true")
+    for args, error in ((["p"], "timed out waiting for p"),
+                        (["--all"], "timed out: 1 job still pending, failed or processing")):
+        result = script(db, "wait", *args, "--timeout", "0.5")
+        assert (result.returncode, result.stdout, result.stderr) == (1, "", f"{ERROR_PREFIX}{error}\n")
+
+
+def batch_file(folder, lines):
+    path = folder / f"batch{lines}.jsonl"
+    path.write_text("".join(json.dumps({"id": f"b{n}", "command": "true"}) + "\n" for n in range(lines)))
+    return path
+
+
+def test_enqueue_batch_over_10000_lines_counts_on_a_terminal_then_says_how_it_went(db, terminal, tmp_path):
+    code, out, raw = terminal(db, "enqueue", "-", stdin_path=batch_file(tmp_path, 10_001)).finish()
+    assert code == 0
+    assert out.split() == [f"b{n}" for n in range(10_001)]
+    assert re.search(r"\renqueue: read \d+ lines · validated \d+ · stored \d+\x1b\[K", raw), raw[:300]
+    [final] = screen(raw)
+    assert re.fullmatch(r"queuectl: enqueued 10001 jobs in \d+\.\ds", final), final
+
+
+def test_enqueue_batch_of_10000_lines_or_off_a_terminal_writes_nothing_extra(db, terminal, tmp_path):
+    code, out, raw = terminal(db, "enqueue", "-", stdin_path=batch_file(tmp_path, 10_000)).finish()
+    assert (code, raw) == (0, "")
+    assert len(out.split()) == 10_000
+    ok(db, "delete", *out.split())
+    result = script_stdin(db, batch_file(tmp_path, 10_001).read_bytes(), "enqueue", "-")
+    assert (result.returncode, result.stderr) == (0, "")
+    assert len(result.stdout.split()) == 10_001
+
+
+def completed_jobs(db, count):
+    """`count` completed jobs, made fast: a batch, then marked completed in one statement."""
+    batch = "".join(json.dumps({"id": f"c{n}", "command": "true"}) + "\n" for n in range(count))
+    assert cli(db, "enqueue", "-", stdin=batch)[0] == 0
+    db_sql(db, "UPDATE jobs SET state = 'completed', ready = 0, updated_at = ?", (time.time() - 10,))
+
+
+def test_purge_in_slices_counts_on_a_terminal_and_erases_the_line(db, terminal):
+    completed_jobs(db, 2 * queuectl.PURGE_SLICE + 1)
+    code, out, raw = terminal(db, "purge", "--state", "completed").finish()
+    assert (code, out) == (0, f"purged {2 * queuectl.PURGE_SLICE + 1} completed jobs\n")
+    assert f"\rpurge: {queuectl.PURGE_SLICE} completed jobs deleted so far\x1b[K" in raw
+    assert screen(raw) == []
+
+
+def test_purge_off_a_terminal_or_in_one_slice_writes_nothing_extra(db, terminal):
+    completed_jobs(db, 5)
+    code, out, raw = terminal(db, "purge", "--state", "completed").finish()
+    assert (code, out, raw) == (0, "purged 5 completed jobs\n", "")
+    completed_jobs(db, queuectl.PURGE_SLICE + 1)
+    result = script(db, "purge", "--state", "completed")
+    assert (result.returncode, result.stdout, result.stderr) == (0, f"purged {queuectl.PURGE_SLICE + 1} completed "
+                                                                    "jobs\n", "")
+
+# ==== Schedules ====================================================================================
+# The cron parser and slot arithmetic against known calendars (pure functions, no clock), then firing
+# with an injected time on both backends, the `schedule` commands, and real workers firing slots.
+
+def utc(text):
+    """'2026-03-29T01:00:00Z' -> epoch seconds."""
+    return parse_iso(text).timestamp()
+
+
+def cron_slots(expr, tz, after, count=6):
+    """The next `count` slots of a cron expression in a zone after a UTC time, as slot texts."""
+    cron, zone, at, found = queuectl.parse_cron(expr), queuectl.zone_of(tz), utc(after), []
+    for _ in range(count):
+        at = queuectl.next_cron_slot(cron, zone, at)
+        found.append(queuectl.slot_text(at))
+    return found
+
+
+@pytest.mark.parametrize("expr,field,values", [
+    ("*/15 * * * *", "minutes", (0, 15, 30, 45)),
+    ("1-10/3 * * * *", "minutes", (1, 4, 7, 10)),
+    ("5/20 * * * *", "minutes", (5, 25, 45)),
+    ("0,30,15 * * * *", "minutes", (0, 15, 30)),
+    ("0 9-17/4 * * *", "hours", (9, 13, 17)),
+    ("0 0 * jan-mar/2,DEC *", "months", (1, 3, 12)),
+    ("0 0 * * mon-fri", "weekdays", (1, 2, 3, 4, 5)),
+    ("0 0 * * 7", "weekdays", (0,)),
+    ("0 0 * * 0,7", "weekdays", (0,)),
+    ("0 0 * * 5-7", "weekdays", (0, 5, 6)),
+    ("0 0 * * */2", "weekdays", (0, 2, 4, 6)),
+    ("0 0 1-31/10 * *", "days", (1, 11, 21, 31)),
+])
+def test_cron_fields_parse_lists_ranges_steps_and_names(expr, field, values):
+    assert getattr(queuectl.parse_cron(expr), field) == values
+
+
+@pytest.mark.parametrize("alias,same_as", [
+    ("@hourly", "0 * * * *"), ("@daily", "0 0 * * *"), ("@midnight", "0 0 * * *"), ("@weekly", "0 0 * * 0"),
+    ("@monthly", "0 0 1 * *"), ("@yearly", "0 0 1 1 *"), ("@annually", "0 0 1 1 *"), ("@DAILY", "0 0 * * *")])
+def test_cron_aliases(alias, same_as):
+    assert queuectl.parse_cron(alias) == queuectl.parse_cron(same_as)
+
+
+@pytest.mark.parametrize("expr,named", [
+    ("60 * * * *", "minute '60'"), ("* 24 * * *", "hour '24'"), ("* * 0 * *", "day of month '0'"),
+    ("* * 32 * *", "day of month '32'"), ("* * * 13 *", "month '13'"), ("* * * * 8", "day of week '8'"),
+    ("* * * foo *", "month 'foo'"), ("* * * * monday", "day of week 'monday'"), ("*/0 * * * *", "minute step '0'"),
+    ("5-1 * * * *", "runs backwards"), ("fri-mon * * * *", "minute 'fri'"), ("0 0 * * fri-mon", "runs backwards"),
+    ("1- * * * *", "minute ''"), ("1,,2 * * * *", "minute ''"), ("* * * *", "expected 5 fields"),
+    ("* * * * * *", "got 6"), ("", "got 0"), ("@reboot", "unknown alias"), ("-1 * * * *", "minute ''"),
+    ("١ * * * *", "minute '١'"), ("*/x * * * *", "minute step 'x'")])
+def test_cron_rejects_bad_expressions_naming_the_bad_part(expr, named):
+    with pytest.raises(queuectl.UsageError, match="cron") as error:
+        queuectl.parse_cron(expr)
+    assert named in str(error.value)
+
+
+def test_cron_month_ends_skip_the_months_without_that_day():
+    assert cron_slots("0 0 31 * *", "UTC", "2026-01-01T00:00:00Z", 7) == [
+        "2026-01-31T00:00:00Z", "2026-03-31T00:00:00Z", "2026-05-31T00:00:00Z", "2026-07-31T00:00:00Z",
+        "2026-08-31T00:00:00Z", "2026-10-31T00:00:00Z", "2026-12-31T00:00:00Z"]
+    assert cron_slots("0 0 30 * *", "UTC", "2027-01-30T00:00:00Z", 2) == [
+        "2027-03-30T00:00:00Z", "2027-04-30T00:00:00Z"]
+    assert cron_slots("59 23 28-31 2 *", "UTC", "2026-12-31T00:00:00Z", 3) == [
+        "2027-02-28T23:59:00Z", "2028-02-28T23:59:00Z", "2028-02-29T23:59:00Z"]
+
+
+def test_cron_leap_days_follow_the_gregorian_rules():
+    assert cron_slots("0 12 29 2 *", "UTC", "2026-03-01T00:00:00Z", 3) == [
+        "2028-02-29T12:00:00Z", "2032-02-29T12:00:00Z", "2036-02-29T12:00:00Z"]
+    # 2100 is not a leap year (divisible by 100), 2000 and 2400 are (divisible by 400)
+    assert cron_slots("0 12 29 2 *", "UTC", "2096-03-01T00:00:00Z", 1) == ["2104-02-29T12:00:00Z"]
+    assert cron_slots("0 12 29 2 *", "UTC", "1999-01-01T00:00:00Z", 1) == ["2000-02-29T12:00:00Z"]
+
+
+def test_cron_never_firing_expression_has_no_slot():
+    for expr in ("0 0 30 2 *", "0 0 31 4,6,9,11 *"):
+        assert queuectl.next_cron_slot(queuectl.parse_cron(expr), queuectl.zone_of("UTC"), T0) is None
+
+
+def test_cron_both_day_fields_restricted_fire_on_either():
+    # Friday the 13th written as cron is "every 13th, and every Friday"
+    assert cron_slots("0 12 13 * fri", "UTC", "2026-01-01T00:00:00Z", 5) == [
+        "2026-01-02T12:00:00Z", "2026-01-09T12:00:00Z", "2026-01-13T12:00:00Z", "2026-01-16T12:00:00Z",
+        "2026-01-23T12:00:00Z"]
+    assert cron_slots("0 0 1,15 * mon", "UTC", "2026-06-01T00:00:00Z", 4) == [
+        "2026-06-08T00:00:00Z", "2026-06-15T00:00:00Z", "2026-06-22T00:00:00Z", "2026-06-29T00:00:00Z"]
+
+
+def test_cron_a_day_field_starting_with_a_star_is_unrestricted_as_in_vixie_cron():
+    # dom */2 starts with '*': only days matching both fire (odd days that are Mondays), as cronie does
+    assert cron_slots("0 0 */2 * mon", "UTC", "2026-06-01T00:00:00Z", 3) == [
+        "2026-06-15T00:00:00Z", "2026-06-29T00:00:00Z", "2026-07-13T00:00:00Z"]
+    # the same days written without the star are restricted: odd days or Mondays
+    assert cron_slots("0 0 1-31/2 * mon", "UTC", "2026-06-01T00:00:00Z", 3) == [
+        "2026-06-03T00:00:00Z", "2026-06-05T00:00:00Z", "2026-06-07T00:00:00Z"]
+
+
+def test_cron_sunday_is_0_and_7():
+    sundays = ["2026-12-06T00:00:00Z", "2026-12-13T00:00:00Z", "2026-12-20T00:00:00Z"]
+    for expr in ("0 0 * * 0", "0 0 * * 7", "0 0 * * sun", "@weekly"):
+        assert cron_slots(expr, "UTC", "2026-12-01T00:00:00Z", 3) == sundays
+
+
+def test_cron_names_and_steps_in_a_calendar():
+    # 09:30 on weekdays in January, March and May
+    assert cron_slots("30 9 * jan-may/2 mon-fri", "UTC", "2026-01-29T12:00:00Z", 3) == [
+        "2026-01-30T09:30:00Z", "2026-03-02T09:30:00Z", "2026-03-03T09:30:00Z"]
+    assert cron_slots("@monthly", "UTC", "2026-11-15T00:00:00Z", 2) == ["2026-12-01T00:00:00Z", "2027-01-01T00:00:00Z"]
+    assert cron_slots("@yearly", "UTC", "2026-11-15T00:00:00Z", 1) == ["2027-01-01T00:00:00Z"]
+    assert cron_slots("@hourly", "UTC", "2026-11-15T10:00:00Z", 2) == ["2026-11-15T11:00:00Z", "2026-11-15T12:00:00Z"]
+
+
+def test_cron_reads_wall_time_in_its_zone():
+    # 02:30 in Berlin: CET (+1) in winter, CEST (+2) in summer
+    assert cron_slots("30 2 * * *", "Europe/Berlin", "2026-01-10T12:00:00Z", 1) == ["2026-01-11T01:30:00Z"]
+    assert cron_slots("30 2 * * *", "Europe/Berlin", "2026-07-10T12:00:00Z", 1) == ["2026-07-11T00:30:00Z"]
+
+
+def test_cron_spring_forward_fires_a_skipped_wall_time_at_the_first_minute_after_it():
+    # Berlin 2026-03-29: 02:00 CET becomes 03:00 CEST (01:00Z); 02:30 does not exist that day
+    assert cron_slots("30 2 * * *", "Europe/Berlin", "2026-03-27T00:00:00Z", 4) == [
+        "2026-03-27T01:30:00Z", "2026-03-28T01:30:00Z", "2026-03-29T01:00:00Z", "2026-03-30T00:30:00Z"]
+    # every skipped quarter of an hour lands on 03:00, which is one slot
+    assert cron_slots("*/15 * * * *", "Europe/Berlin", "2026-03-29T00:40:00Z", 3) == [
+        "2026-03-29T00:45:00Z", "2026-03-29T01:00:00Z", "2026-03-29T01:15:00Z"]
+    # New York 2026-03-08: 02:00 EST becomes 03:00 EDT (07:00Z)
+    assert cron_slots("30 2 * * *", "America/New_York", "2026-03-07T00:00:00Z", 3) == [
+        "2026-03-07T07:30:00Z", "2026-03-08T07:00:00Z", "2026-03-09T06:30:00Z"]
+
+
+def test_cron_fall_back_fires_a_repeated_wall_time_once_at_its_first_occurrence():
+    # Berlin 2026-10-25: 03:00 CEST becomes 02:00 CET (01:00Z); 02:00-02:59 happen twice
+    assert cron_slots("*/15 * * * *", "Europe/Berlin", "2026-10-24T23:50:00Z", 6) == [
+        "2026-10-25T00:00:00Z", "2026-10-25T00:15:00Z", "2026-10-25T00:30:00Z", "2026-10-25T00:45:00Z",
+        "2026-10-25T02:00:00Z", "2026-10-25T02:15:00Z"]
+    # asked from inside the second pass of the hour, the next slot is after it
+    assert cron_slots("30 2 * * *", "Europe/Berlin", "2026-10-25T01:10:00Z", 1) == ["2026-10-26T01:30:00Z"]
+    # New York 2026-11-01: 02:00 EDT becomes 01:00 EST (06:00Z); 01:30 fires at 01:30 EDT only
+    assert cron_slots("30 1 * * *", "America/New_York", "2026-10-31T00:00:00Z", 3) == [
+        "2026-10-31T05:30:00Z", "2026-11-01T05:30:00Z", "2026-11-02T06:30:00Z"]
+
+
+def test_every_slots_count_from_the_add_rounded_down_to_the_second():
+    assert queuectl.next_every_slot(1000, 60, 1000) == 1060
+    assert queuectl.next_every_slot(1000, 60, 1059.9) == 1060
+    assert queuectl.next_every_slot(1000, 60, 1060) == 1120
+    assert queuectl.next_every_slot(1000, 60, 500) == 1060  # the first slot is one interval after the add
+    schedule = queuectl.validate_schedule({"id": "s", "every": "15m", "command": "true"}, CONFIG_DEFAULTS_INTERNAL,
+                                          "/", T0 + 0.7)
+    assert schedule.next_run_at == T0 + 900
+    assert queuectl.next_slot(schedule, T0 + 900) == T0 + 1800
+
+
+@pytest.mark.parametrize("text,seconds", [
+    ("30s", 30), ("15m", 900), ("2h", 7200), ("1d", 86400), ("1w", 604800), ("90", 90), (45, 45), ("1s", 1)])
+def test_every_durations(text, seconds):
+    assert queuectl.parse_every(text) == seconds
+
+
+@pytest.mark.parametrize("value", ["0s", 0, "1.5m", "-1", "5x", "", True, 2.0, "1 m", "٣s", None, "99999999999w"])
+def test_every_rejects_what_is_not_a_whole_duration_of_at_least_a_second(value):
+    with pytest.raises(queuectl.UsageError, match="every"):
+        queuectl.parse_every(value)
+
+
+def test_last_slot_finds_the_latest_missed_slot_in_few_steps():
+    cron, zone = queuectl.parse_cron("* * * * *"), queuectl.zone_of("UTC")
+    calls = []
+
+    def following(t):
+        calls.append(t)
+        return queuectl.next_cron_slot(cron, zone, t)
+    first = utc("2025-01-01T00:00:00Z")
+    assert queuectl.last_slot(following, first, utc("2026-01-01T10:20:30Z")) == utc("2026-01-01T10:20:00Z")
+    assert len(calls) < 100  # a year of minutely slots, found by halving
+    assert queuectl.last_slot(following, first, first + 30) == first
+    sparse = queuectl.parse_cron("0 12 29 2 *")
+    assert queuectl.last_slot(lambda t: queuectl.next_cron_slot(sparse, zone, t), utc("2028-02-29T12:00:00Z"),
+                              utc("2037-01-01T00:00:00Z")) == utc("2036-02-29T12:00:00Z")
+
+
+CONFIG_DEFAULTS_INTERNAL = {key: default for key, (default, _) in queuectl.CONFIG.items()}
+
+
+def add_schedule(store, now=T0, **fields):
+    """Validate and store a schedule as `schedule add` would at time `now`; returns it."""
+    obj = {"id": "s", "command": "true", "tz": "UTC", **fields}
+    schedule = queuectl.validate_schedule(obj, CONFIG_DEFAULTS_INTERNAL, "/", now)
+    store.add_schedule(schedule)
+    return schedule
+
+
+def slot_job_ids(store):
+    return [job.id for job in store.list_jobs()]
+
+
+def test_firing_makes_one_job_per_slot_with_the_slot_in_its_id(store):
+    add_schedule(store, now=utc("2026-12-01T01:59:10Z"), cron="0 2 * * *", env={"A": "1"}, queue="nightly",
+                 priority=5, max_retries=7)
+    assert store.next_schedule_at() == utc("2026-12-01T02:00:00Z")
+    assert store.fire_schedules(utc("2026-12-01T01:59:59Z")) == []
+    events = store.fire_schedules(utc("2026-12-01T02:00:00.4Z"))
+    assert events == [("s", utc("2026-12-01T02:00:00Z"), "s@2026-12-01T02:00:00Z",
+                       "job s@2026-12-01T02:00:00Z enqueued")]
+    job = store.get("s@2026-12-01T02:00:00Z")
+    assert (job.command, job.env, job.queue, job.priority, job.max_retries, job.state) == (
+        "true", {"A": "1"}, "nightly", 5, 7, "pending")
+    assert job.next_run_at == utc("2026-12-01T02:00:00Z")  # due at its slot: waits are measured from it
+    schedule = store.schedule("s")
+    assert (schedule.next_run_at, schedule.last_run_at, schedule.last_job_id, schedule.last_job_state) == (
+        utc("2026-12-02T02:00:00Z"), utc("2026-12-01T02:00:00Z"), "s@2026-12-01T02:00:00Z", "pending")
+    assert store.fire_schedules(utc("2026-12-01T02:00:01Z")) == []
+
+
+def test_firing_is_idempotent_across_workers(store, tmp_path, request):
+    add_schedule(store, now=T0, every="1m")
+    other = queuectl.open_database(store.target)
+    try:
+        first = store.fire_schedules(T0 + 60.5)
+        second = other.fire_schedules(T0 + 60.5)
+    finally:
+        other.close()
+    assert [e[2] for e in first] == [f"s@{queuectl.slot_text(T0 + 60)}"] and second == []
+    assert slot_job_ids(store) == [f"s@{queuectl.slot_text(T0 + 60)}"]
+
+
+def test_firing_from_many_connections_at_once_makes_one_job_per_slot(store):
+    add_schedule(store, now=T0, every="1m")
+    made, errors = [], []
+
+    def fire(now):
+        mine = queuectl.open_database(store.target, busy_deadline_s=30.0)
+        try:
+            for _ in range(5):
+                made.extend(e[2] for e in mine.fire_schedules(now) if e[2])
+        except Exception as e:  # noqa: BLE001 - any failure is the bug under test
+            errors.append(e)
+        finally:
+            mine.close()
+    threads = [threading.Thread(target=fire, args=(T0 + 60 * 3 + 1,)) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert made == slot_job_ids(store) == [f"s@{queuectl.slot_text(T0 + 180)}"]
+
+
+def test_a_slot_whose_job_exists_already_is_not_made_again(store):
+    add_schedule(store, now=T0, every="1m")
+    taken = f"s@{queuectl.slot_text(T0 + 60)}"
+    store.enqueue([spec(taken, command="echo mine")], T0)
+    assert store.fire_schedules(T0 + 61) == [("s", T0 + 60, None, f"job {taken} already exists")]
+    assert store.get(taken).command == "echo mine" and store.schedule("s").next_run_at == T0 + 120
+
+
+def test_catch_up_fires_only_the_most_recent_missed_slot_once(store):
+    add_schedule(store, now=utc("2026-12-01T00:00:00Z"), cron="*/5 * * * *")
+    # no worker ran for three hours and a bit
+    events = store.fire_schedules(utc("2026-12-01T03:07:30Z"))
+    assert [e[2] for e in events] == ["s@2026-12-01T03:05:00Z"]
+    assert slot_job_ids(store) == ["s@2026-12-01T03:05:00Z"]
+    assert store.schedule("s").next_run_at == utc("2026-12-01T03:10:00Z")
+    assert store.fire_schedules(utc("2026-12-01T03:09:59Z")) == []
+
+
+def test_overlap_skip_skips_slots_while_the_last_job_outlasts_its_interval(store):
+    add_schedule(store, now=T0, every="1m")
+    register(store)
+    first = store.fire_schedules(T0 + 60)[0][2]
+    job = store.claim("w1", T0 + 60)
+    assert job.id == first  # it runs, and is still running one and two intervals later
+    for slot in (T0 + 120, T0 + 180):
+        assert store.fire_schedules(slot) == [("s", None, None, f"slot skipped (overlap skip): job {first} "
+                                                                "is still processing")]
+    assert slot_job_ids(store) == [first] and store.schedule("s").next_run_at == T0 + 240
+    store.finish(job, "w1", outcome(), SETTINGS, T0 + 200)
+    assert [e[2] for e in store.fire_schedules(T0 + 240)] == [f"s@{queuectl.slot_text(T0 + 240)}"]
+
+
+def test_overlap_skip_also_waits_for_a_failed_job_and_not_for_a_dead_or_deleted_one(store):
+    add_schedule(store, now=T0, every="1m")
+    register(store)
+    first = store.fire_schedules(T0 + 60)[0][2]
+    store.finish(store.claim("w1", T0 + 60), "w1", outcome(1, "exit code 1"), SETTINGS, T0 + 61)
+    assert store.get(first).state == "failed"
+    assert store.fire_schedules(T0 + 120)[0][1] is None  # failed: a retry is coming
+    store.cancel([first], T0 + 150)
+    second = store.fire_schedules(T0 + 180)[0][2]
+    assert second == f"s@{queuectl.slot_text(T0 + 180)}"  # dead: no longer in the way
+    store.delete([second])
+    assert store.fire_schedules(T0 + 240)[0][2] == f"s@{queuectl.slot_text(T0 + 240)}"  # deleted: neither
+
+
+def test_overlap_allow_fires_while_the_last_job_runs(store):
+    add_schedule(store, now=T0, every="1m", overlap="allow")
+    register(store)
+    store.fire_schedules(T0 + 60)
+    store.claim("w1", T0 + 60)
+    assert store.fire_schedules(T0 + 120)[0][2] == f"s@{queuectl.slot_text(T0 + 120)}"
+
+
+def test_paused_schedule_fires_nothing_and_resumes_without_catching_up(store):
+    add_schedule(store, now=T0, every="1m")
+    store.pause_schedules(["s"])
+    assert store.next_schedule_at() is None
+    assert store.fire_schedules(T0 + 600) == [] and slot_job_ids(store) == []
+    store.resume_schedules(["s"], T0 + 630)
+    assert store.schedule("s").next_run_at == T0 + 660  # the slots missed while paused are gone
+    assert store.fire_schedules(T0 + 630) == []
+    assert [e[2] for e in store.fire_schedules(T0 + 660)] == [f"s@{queuectl.slot_text(T0 + 660)}"]
+    store.resume_schedules(["s"], T0 + 700)  # not paused: left as it was
+    assert store.schedule("s").next_run_at == T0 + 720
+
+
+def test_pause_resume_remove_are_all_or_nothing_and_jobs_made_stay(store):
+    add_schedule(store, now=T0, every="1m")
+    add_schedule(store, now=T0, id="t", cron="@hourly")
+    made = store.fire_schedules(T0 + 60)[0][2]
+    for change in (store.pause_schedules, store.remove_schedules,
+                   lambda ids: store.resume_schedules(ids, T0)):
+        with pytest.raises(queuectl.NotFound, match="'nope'"):
+            change(["s", "nope", "t"])
+        assert [(s.id, s.paused) for s in store.schedules()] == [("s", False), ("t", False)]
+    store.remove_schedules(["s", "t"])
+    assert store.schedules() == [] and slot_job_ids(store) == [made]
+
+
+def test_a_schedule_this_host_cannot_compute_is_left_for_another_worker(store):
+    add_schedule(store, now=T0, cron="* * * * *", tz="Europe/Berlin")
+    add_schedule(store, now=T0, id="t", every="1m")
+    store.write(lambda cur: cur.execute("UPDATE schedules SET tz = 'Nowhere/Gone' WHERE id = 's'"))
+    events = store.fire_schedules(T0 + 60)
+    assert events[0][:3] == ("s", None, None) and "Nowhere/Gone" in events[0][3]
+    assert events[1][2] == f"t@{queuectl.slot_text(T0 + 60)}"
+    assert store.schedule("s").next_run_at == T0 + 60  # untouched
+
+
+def test_schedule_firer_looks_up_once_a_second_and_fires_a_known_slot_at_once(store, monkeypatch):
+    add_schedule(store, now=T0, every="10s")
+    lookups = []
+    real = store.next_schedule_at
+    monkeypatch.setattr(store, "next_schedule_at", lambda: lookups.append(1) or real())
+    firer = queuectl.ScheduleFirer()
+    assert firer.tick(store, mono=100.0, now=T0 + 1) == [] and len(lookups) == 1
+    for mono in (100.05, 100.5, 100.95):  # nothing due: no lookup within the second
+        assert firer.tick(store, mono=mono, now=T0 + 2) == []
+    assert len(lookups) == 1
+    firer.tick(store, mono=101.0, now=T0 + 3)
+    assert len(lookups) == 2
+    events = firer.tick(store, mono=101.02, now=T0 + 10.01)  # the slot it knows of is due: no waiting
+    assert [e[2] for e in events] == [f"s@{queuectl.slot_text(T0 + 10)}"]
+    assert firer.due_at == T0 + 20
+
+
+def test_schedule_json_round_trips_through_the_store(store):
+    add_schedule(store, now=T0, cron="0 2 * * *", tz="Europe/Berlin", overlap="allow", env={"K": "v"})
+    assert store.schedule("s").to_dict() == {
+        "id": "s", "cron": "0 2 * * *", "every": None, "tz": "Europe/Berlin", "overlap": "allow", "paused": False,
+        "next_run_at": queuectl.iso(queuectl.next_cron_slot(queuectl.parse_cron("0 2 * * *"),
+                                                             queuectl.zone_of("Europe/Berlin"), T0)),
+        "last_run_at": None, "last_job_id": None, "last_job_state": None,
+        "job": {"command": "true", "env": {"K": "v"}, "cwd": "/"}}
+
+
+# ---- the schedule commands
+
+SCHEDULE_KEYS = {"id", "cron", "every", "tz", "overlap", "paused", "next_run_at", "last_run_at", "last_job_id",
+                 "last_job_state", "job"}
+
+
+def test_schedule_add_list_and_next(db, tmp_path):
+    assert ok(db, "schedule", "add", json.dumps({"id": "backup", "cron": "30 2 * * *", "tz": "Europe/Berlin",
+                                                 "command": "./backup.sh", "cwd": str(tmp_path)})) == "backup\n"
+    assert ok(db, "schedule", "add", '{"id": "tick", "every": "15m", "command": "date", "overlap": "allow"}') \
+        == "tick\n"
+    listed = json.loads(ok(db, "schedule", "list", "--json"))
+    assert [set(s) for s in listed] == [SCHEDULE_KEYS, SCHEDULE_KEYS]
+    backup, tick = listed
+    assert (backup["cron"], backup["every"], backup["tz"], backup["overlap"], backup["paused"]) == (
+        "30 2 * * *", None, "Europe/Berlin", "skip", False)
+    assert backup["job"] == {"command": "./backup.sh", "cwd": str(tmp_path)}
+    assert (tick["cron"], tick["every"], tick["overlap"], tick["job"]["cwd"]) == (None, 900, "allow", os.getcwd())
+    assert ISO_UTC.match(backup["next_run_at"]) and backup["last_run_at"] is None
+    text = ok(db, "schedule", "list")
+    assert "every 15m" in text and "30 2 * * *" in text and "Europe/Berlin" in text and "./backup.sh" in text
+    assert ok(db, "schedule", "next", "backup", "--after", "2026-03-27T00:00:00Z", "--count", "4").split() == [
+        "2026-03-27T01:30:00Z", "2026-03-28T01:30:00Z", "2026-03-29T01:00:00Z", "2026-03-30T00:30:00Z"]
+    assert ok(db, "schedule", "next", "backup", "--after", str(int(utc("2026-03-27T00:00:00Z"))),
+              "--count", "1").split() == ["2026-03-27T01:30:00Z"]
+    slots = ok(db, "schedule", "next", "tick").split()
+    assert len(slots) == 5 and all(ISO_UTC.match(s) for s in slots)
+    assert slots[0] == queuectl.slot_text(parse_iso(tick["next_run_at"]).timestamp())
+
+
+def test_schedule_zone_defaults_to_the_machines(db, local_tz):
+    local_tz("America/New_York")
+    ok(db, "schedule", "add", '{"id": "a", "cron": "0 9 * * *", "command": "true"}')
+    local_tz(":Europe/Berlin")
+    ok(db, "schedule", "add", '{"id": "b", "cron": "0 9 * * *", "command": "true"}')
+    assert [s["tz"] for s in json.loads(ok(db, "schedule", "list", "--json"))] == ["America/New_York",
+                                                                                   "Europe/Berlin"]
+    local_tz("EST5EDT,M3.2.0,M11.1.0")  # a POSIX rule, not a zone name: refused, naming it
+    code, _, err = cli(db, "schedule", "add", '{"id": "c", "cron": "0 9 * * *", "command": "true"}')
+    assert code == 2
+    assert_one_error(err, "EST5EDT,M3.2.0,M11.1.0", "'tz'")
+
+
+def test_local_zone_name_reads_tz_then_etc_localtime(monkeypatch):
+    monkeypatch.setenv("TZ", "/usr/share/zoneinfo/Asia/Tokyo")
+    assert queuectl.local_zone_name() == "Asia/Tokyo"
+    monkeypatch.delenv("TZ")
+    monkeypatch.setattr(queuectl.os, "readlink", lambda path: "../usr/share/zoneinfo/Europe/Paris")
+    assert queuectl.local_zone_name() == "Europe/Paris"
+
+    def missing(path):
+        raise FileNotFoundError(path)
+    monkeypatch.setattr(queuectl.os, "readlink", missing)
+    assert queuectl.local_zone_name() == "UTC"
+
+
+@sqlite_only
+@pytest.mark.parametrize("obj,named", [
+    ({"cron": "0 * * * *", "command": "true"}, "field 'id' is required"),
+    ({"id": "a", "command": "true"}, "exactly one of the fields 'cron' and 'every'"),
+    ({"id": "a", "cron": "0 * * * *", "every": "1m", "command": "true"}, "exactly one"),
+    ({"id": "a", "cron": "0 * * * * *", "command": "true"}, "cron '0 * * * * *'"),
+    ({"id": "a", "cron": "0 25 * * *", "command": "true"}, "hour '25'"),
+    ({"id": "a", "cron": "0 0 30 2 *", "command": "true"}, "never fires"),
+    ({"id": "a", "cron": 5, "command": "true"}, "field 'cron'"),
+    ({"id": "a", "every": "0s", "command": "true"}, "field 'every'"),
+    ({"id": "a", "every": "soon", "command": "true"}, "field 'every'"),
+    ({"id": "a", "every": "1m", "tz": "Mars/Olympus", "command": "true"}, "field 'tz'"),
+    ({"id": "a", "every": "1m", "tz": "../etc/passwd", "command": "true"}, "field 'tz'"),
+    ({"id": "a", "every": "1m", "tz": "localtime", "command": "true"}, "localtime"),
+    ({"id": "a", "every": "1m", "overlap": "queue", "command": "true"}, "field 'overlap'"),
+    ({"id": "a", "every": "1m"}, "field 'command' is required"),
+    ({"id": "a", "every": "1m", "command": "true", "priority": "high"}, "field 'priority'"),
+    ({"id": "a", "every": "1m", "command": "true", "run_at": 0}, "field 'run_at' cannot be used"),
+    ({"id": "a", "every": "1m", "command": "true", "delay": 5}, "field 'delay' cannot be used"),
+    ({"id": "a", "every": "1m", "command": "true", "depends_on": []}, "field 'depends_on' cannot be used"),
+    ({"id": "a", "every": "1m", "command": "true", "when": 1}, "unknown field 'when'"),
+    ({"id": "x" * 171, "every": "1m", "command": "true"}, "1 to 170 characters"),
+    ({"id": "a\nb", "every": "1m", "command": "true"}, "control characters"),
+    ([1], "schedule must be a JSON object"),
+])
+def test_schedule_add_refuses_invalid_input_naming_it_and_stores_nothing(db, obj, named):
+    ok(db, "schedule", "add", '{"id": "keep", "every": "1h", "command": "true"}')
+    before = ok(db, "schedule", "list", "--json")
+    code, out, err = cli(db, "schedule", "add", json.dumps(obj))
+    assert (code, out) == (2, "")
+    assert_one_error(err, named)
+    assert ok(db, "schedule", "list", "--json") == before
+
+
+def test_schedule_id_of_170_characters_makes_job_ids_that_fit(db):
+    long_id = "s" * 170
+    ok(db, "schedule", "add", json.dumps({"id": long_id, "every": "1s", "command": "true"}))
+    with opened(db) as s:
+        made = s.fire_schedules(s.now() + 2)[0][2]
+    assert len(made) == 191 <= queuectl.MAX_ID_CHARS and get_job(db, made)["id"] == made
+
+
+def test_schedule_add_duplicate_exits_1_and_keeps_the_first(db):
+    ok(db, "schedule", "add", '{"id": "a", "every": "1h", "command": "first"}')
+    code, out, err = cli(db, "schedule", "add", '{"id": "a", "cron": "@daily", "command": "second"}')
+    assert (code, out) == (1, "")
+    assert_one_error(err, "schedule 'a' already exists")
+    [only] = json.loads(ok(db, "schedule", "list", "--json"))
+    assert (only["every"], only["job"]["command"]) == (3600, "first")
+
+
+def test_schedule_pause_resume_remove_commands(db):
+    for name in ("a", "b"):
+        ok(db, "schedule", "add", json.dumps({"id": name, "every": "1h", "command": "true"}))
+    before = ok(db, "schedule", "list", "--json")
+    for action in ("pause", "resume", "remove"):
+        code, out, err = cli(db, "schedule", action, "a", "missing")
+        assert (code, out) == (1, "")
+        assert_one_error(err, "no schedule with id 'missing'")
+        assert ok(db, "schedule", "list", "--json") == before
+    assert ok(db, "schedule", "pause", "a", "a") == "a\n"
+    listed = {s["id"]: s for s in json.loads(ok(db, "schedule", "list", "--json"))}
+    assert listed["a"]["paused"] is True and listed["a"]["next_run_at"] is None
+    assert "paused" in ok(db, "schedule", "list").splitlines()[1]
+    assert ok(db, "schedule", "resume", "a") == "a\n"
+    assert json.loads(ok(db, "schedule", "list", "--json"))[0]["next_run_at"] is not None
+    assert ok(db, "schedule", "remove", "a", "b") == "a\nb\n"
+    assert json.loads(ok(db, "schedule", "list", "--json")) == []
+    code, _, err = cli(db, "schedule", "next", "a")
+    assert code == 1
+    assert_one_error(err, "no schedule with id 'a'")
+
+
+@sqlite_only
+def test_schedule_next_checks_its_options(db):
+    ok(db, "schedule", "add", '{"id": "a", "every": "1h", "command": "true"}')
+    for args, named in ((("--count", "0"), "--count"), (("--after", "tomorrow"), "--after")):
+        code, out, err = cli(db, "schedule", "next", "a", *args)
+        assert code == 2 and out == "" and any(named in line for line in err.splitlines()), err
+
+
+def test_schedule_list_shows_the_last_job_and_its_state(db):
+    ok(db, "schedule", "add", '{"id": "a", "every": "1s", "command": "true"}')
+    with opened(db) as s:
+        made = s.fire_schedules(s.now() + 1.5)[0][2]
+    [listed] = json.loads(ok(db, "schedule", "list", "--json"))
+    assert (listed["last_job_id"], listed["last_job_state"]) == (made, "pending")
+    assert listed["last_run_at"] == queuectl.iso(utc(made.partition("@")[2]))
+    assert f"{made} (pending)" in ok(db, "schedule", "list")
+
+
+def test_dashboard_lists_schedules_as_the_cli_does(dashboard, capsys):
+    d = dashboard()
+    ok(d.path, "schedule", "add", '{"id": "nightly", "cron": "@daily", "tz": "UTC", "command": "true"}')
+    assert d.get("/api/schedules") == cli_json(capsys, d.path, "schedule", "list")
+    assert d.get("/api/schedules")[0]["id"] == "nightly"
+    page = d.get("/")
+    assert '<tbody id="schedules">' in page and "loadSchedules()" in page
+
+
+def test_an_existing_database_gains_schedules_on_upgrade(db, monkeypatch):
+    with monkeypatch.context() as old:  # a queue made by the version before schedules
+        old.setattr(queuectl, "SCHEMA_VERSION", 1)
+        old.setattr(queuectl, "MIGRATIONS", queuectl.MIGRATIONS[:1])
+        old.setattr(queuectl, "PG_MIGRATIONS", queuectl.PG_MIGRATIONS[:1])
+        enqueue(db, id="old", command="true")
+    ok(db, "schedule", "add", '{"id": "a", "every": "1h", "command": "true"}')
+    assert get_job(db, "old")["state"] == "pending"
+    with opened(db) as s:
+        version = s.read("PRAGMA user_version" if not is_pg(db) else "SELECT version FROM queuectl_version")
+    assert version == [(queuectl.SCHEMA_VERSION,)] and queuectl.SCHEMA_VERSION >= 2
+
+
+# ---- real workers
+
+def test_workers_fire_an_every_second_schedule_once_per_slot(db, workers):
+    ok(db, "schedule", "add", '{"id": "tick", "every": "1s", "command": "echo tick"}')
+    procs = [workers.start(), workers.start()]
+
+    def completed():
+        jobs = [j for j in json.loads(ok_when_free(db, "list", "--json")) if j["state"] == "completed"]
+        return jobs if len(jobs) >= 4 else None
+    wait_for(completed, "four completed slots")
+    for proc in procs:
+        proc.signal(signal.SIGTERM)
+    for proc in procs:
+        assert proc.wait() == 0, proc.log()
+    jobs = json.loads(ok(db, "list", "--json"))
+    slots = [utc(j["id"].partition("@")[2]) for j in jobs]
+    assert all(j["id"].startswith("tick@") for j in jobs)
+    assert len(set(slots)) == len(slots) and all(s == int(s) for s in slots)
+    assert sorted(slots) == slots and all(b - a >= 1 for a, b in zip(slots, slots[1:]))
+    assert set(run_counts(db).values()) == {1}  # every slot's job ran once, on one worker or the other
+    for proc in procs:
+        assert "Traceback" not in proc.log() and "not fired here" not in proc.log()
+
+
+def test_a_burst_worker_fires_due_slots_but_future_ones_do_not_keep_it_running(db, workers):
+    ok(db, "schedule", "add", '{"id": "soon", "every": "1s", "command": "echo soon"}')
+    ok(db, "schedule", "add", '{"id": "later", "cron": "@yearly", "command": "echo later"}')
+    wait_for(lambda: json.loads(ok(db, "schedule", "list", "--json"))[1]["next_run_at"] < queuectl.iso(time.time()),
+             "the every-second schedule to fall due")
+    worker = workers.start("--burst")
+    assert worker.wait() == 0, worker.log()
+    jobs = json.loads(ok(db, "list", "--json"))
+    assert jobs and all(j["id"].startswith("soon@") and j["state"] == "completed" for j in jobs)
+    assert "burst: queue drained" in worker.log()
+
+
+def test_a_stopping_worker_fires_nothing(db):
+    ok(db, "schedule", "add", '{"id": "a", "every": "1s", "command": "true"}')
+    supervisor = queuectl.Supervisor(db, 1, False)
+    try:
+        wait_for(lambda: supervisor.store.next_schedule_at() < supervisor.store.now(), "the first slot")
+        idle = dict.fromkeys(("beat", "sweep", "cancels", "retention"), math.inf)  # only schedules and the poll
+        supervisor.stopping.set()
+        supervisor._housekeeping(idle, time.monotonic())
+        assert list_ids(db) == []
+        supervisor.stopping.clear()
+        supervisor._housekeeping(idle, time.monotonic())
+        assert [i.partition("@")[0] for i in list_ids(db)] == ["a"]
+    finally:
+        supervisor.store.close()
+
+
+def brute_force_slots(expr, tz, start, end):
+    """The slots in (start, end] found minute by minute from the DST rules themselves, independently of
+    wall_instant: a minute fires if its wall time matches and is the first occurrence of that wall
+    time, or if it is the first minute after a jump forward over a wall time that matches."""
+    cron, zone = queuectl.parse_cron(expr), queuectl.zone_of(tz)
+
+    def matches(wall):
+        return (wall.minute in cron.minutes and wall.hour in cron.hours and wall.month in cron.months
+                and queuectl.cron_day_matches(cron, wall.date()))
+    from datetime import timedelta
+    found, at = [], start - start % 60 + 60
+    while at <= end:
+        here = datetime.fromtimestamp(at, zone)
+        wall, before = here.replace(tzinfo=None), datetime.fromtimestamp(at - 60, zone).replace(tzinfo=None)
+        skipped, step = [], before + timedelta(minutes=1)
+        while step < wall:  # wall times the clock jumped over
+            skipped.append(step)
+            step += timedelta(minutes=1)
+        if (matches(wall) and here.fold == 0) or any(matches(w) for w in skipped):
+            found.append(at)
+        at += 60
+    return found
+
+
+@pytest.mark.parametrize("tz,around", [
+    ("Europe/Berlin", "2026-03-29T01:00:00Z"), ("Europe/Berlin", "2026-10-25T01:00:00Z"),
+    ("America/New_York", "2026-03-08T07:00:00Z"), ("America/New_York", "2026-11-01T06:00:00Z"),
+    ("Australia/Lord_Howe", "2026-04-04T15:00:00Z"), ("Australia/Lord_Howe", "2026-10-03T15:30:00Z"),  # 30 min
+    ("America/Sao_Paulo", "2018-11-04T03:00:00Z"), ("America/Sao_Paulo", "2019-02-17T02:00:00Z"),  # at midnight
+    ("Pacific/Apia", "2011-12-30T10:00:00Z"),  # a whole day skipped
+])
+def test_cron_slots_around_dst_transitions_equal_a_minute_by_minute_reference(tz, around):
+    start, end = utc(around) - 86400, utc(around) + 86400
+    for expr in ("*/15 * * * *", "30 2 * * *", "0 0 * * *", "45 1 * * *", "*/7 1-3 * * *", "0,30 23 * * *"):
+        cron, zone, at, slots = queuectl.parse_cron(expr), queuectl.zone_of(tz), start, []
+        while (at := queuectl.next_cron_slot(cron, zone, at)) <= end:
+            slots.append(at)
+        assert slots == brute_force_slots(expr, tz, start, end), (expr, tz)
+
+
+@sqlite_only
+def test_schedule_add_survives_hostile_input_and_a_refusal_changes_nothing(db):
+    import random
+    rng = random.Random(11)
+    pool = {
+        "id": ["a", "b", "", "x" * 171, "a\u2028b", 5, None, "dup"],
+        "cron": ["* * * * *", "@daily", "@reboot", "61 * * * *", "*/0 * * * *", "0 0 30 2 *", "mon-fri * * * *",
+                 "* * * * mon-fri", "1-5/2 * * jan *", "", "\x00", 7, ["* * * * *"], "* * * * * *", "٣ * * * *"],
+        "every": ["1s", "0s", "1.5m", "2h", "1w", 0, -1, 1, 10**20, "10**3", True, "", "٣s", {"s": 1}],
+        "tz": ["UTC", "Europe/Berlin", "../../etc/passwd", "", "localtime", "Nowhere/X", 3, "UTC\x00", "/etc/hosts"],
+        "overlap": ["skip", "allow", "queue", None, 1],
+        "command": ["true", "", " ", None, 1, "echo \udcff"], "queue": ["q", "", "a b"], "priority": [1, "1", 1.5],
+        "env": [{"A": "b"}, {"": "x"}, ["A"]], "cwd": ["/", "rel", ""], "timeout": [1, -1, "x"],
+        "max_retries": [0, -1, 10**7], "run_at": [0], "delay": [1], "depends_on": [[]], "zzz": [1],
+    }
+    ok(db, "schedule", "add", '{"id": "dup", "every": "1h", "command": "true"}')
+    codes = []
+    for _ in range(150):
+        kind = rng.choice(["cron", "every"])
+        obj = {"id": rng.choice(pool["id"]), kind: rng.choice(pool[kind]), "command": "true"}
+        for key in rng.sample(sorted(pool), rng.randint(0, 4)):
+            obj[key] = rng.choice(pool[key])
+        before = ok(db, "schedule", "list", "--json")
+        code, out, err = cli(db, "schedule", "add", json.dumps(obj))
+        codes.append(code)
+        assert "Traceback" not in err, (obj, err)
+        if code == 0:
+            assert out == f"{obj['id']}\n"
+            ok(db, "schedule", "remove", obj["id"])
+        else:
+            assert code in (1, 2) and out == "", (obj, code, err)
+            assert_one_error(err)
+            assert code == 2 or "already exists" in err, (obj, err)
+        assert ok(db, "schedule", "list", "--json") == before
+    assert {0, 1, 2} <= set(codes)  # the mix reached acceptance, the duplicate and refusals
+
+
+def test_schedule_next_ends_quietly_at_the_last_storable_time(db):
+    ok(db, "schedule", "add", '{"id": "w", "every": "1w", "command": "true"}')
+    ok(db, "schedule", "add", '{"id": "c", "cron": "@yearly", "tz": "UTC", "command": "true"}')
+    near_end = str(queuectl.MAX_EPOCH - 86400)
+    assert len(ok(db, "schedule", "next", "w", "--after", near_end).split()) <= 1
+    assert ok(db, "schedule", "next", "c", "--after", near_end) == ""
 
 
 # ==== PostgreSQL performance: pipelined results, setpriv, COPY batches ====
