@@ -7932,3 +7932,198 @@ def test_a_cancel_during_a_timeouts_grace_sends_the_job_to_the_dlq(db, workers, 
     wait_for(lambda: state_of(db, "t") == "dead", "the canceled job to reach the DLQ")
     job = get_job(db, "t")  # the timeout was its first attempt; the cancel wins over a retry
     assert (job["last_error"], job["attempts"], len(job["runs"])) == ("canceled", 1, 1)
+
+
+# ==== PostgreSQL performance: pipelined results, setpriv, COPY batches ====
+
+DONE = queuectl.Outcome(0, None, b"ok\n", 0.01)
+
+
+def test_finish_and_claim_completes_releases_a_dependent_and_claims_it(store):
+    """The completed path (pipelined on PostgreSQL): the run is closed, the dependent released and
+    claimed in the same transaction, with its run opened."""
+    register(store)
+    store.enqueue([spec("a"), spec("b", depends_on=["a"])], T0)
+    job = store.claim("w1", T0 + 1)
+    after, following = store.finish_and_claim(job, "w1", DONE, store.config_all(), T0 + 2, ())
+    assert (after.id, after.state, after.worker_id) == ("a", "completed", None)
+    assert (following.id, following.state, following.run_count) == ("b", "processing", 1)
+    assert [(r["run"], r["outcome"], r["output"]) for r in store.runs("a")] == [(1, "completed", b"ok\n")]
+    assert [(r["run"], r["outcome"]) for r in store.runs("b")] == [(1, None)]
+    assert store.counts()["processing"] == 1 and store.get("a").state == "completed"
+
+
+def test_finish_and_claim_of_a_run_no_longer_ours_writes_nothing_for_it(store):
+    register(store)
+    store.enqueue([spec("a"), spec("b")], T0)
+    job = store.claim("w1", T0 + 1)
+    assert store.interrupt(job, "w1", LOST, True, T0 + 2) == "pending"  # as a sweeper that took it over
+    lost_runs = store.runs(job.id)
+    after, following = store.finish_and_claim(job, "w1", DONE, store.config_all(), T0 + 3, ())
+    assert after is None and following is not None
+    assert store.runs(job.id) == lost_runs  # the lost run's record is not overwritten by the late result
+    assert store.get(job.id).state in ("pending", "processing")
+
+
+def test_a_failed_statement_in_a_pipelined_result_leaves_nothing_and_the_store_works(pg_url, monkeypatch):
+    store = queuectl.PostgresStore(pg_url)
+    try:
+        register(store)
+        store.enqueue([spec("a"), spec("b")], T0)
+        job = store.claim("w1", T0 + 1)
+        bad_insert = "INSERT INTO no_such_table VALUES (%s, %s, %s, %s, %s)"
+        broken = type("BrokenSQL", (queuectl.PostgresSQL,), {"SQL_INSERT_RUN": bad_insert})
+        monkeypatch.setattr(store, "sql", broken)
+        with pytest.raises(queuectl.BadDatabase, match="no_such_table"):
+            store.finish_and_claim(job, "w1", DONE, store.config_all(), T0 + 2, ())
+        monkeypatch.setattr(store, "sql", queuectl.PostgresSQL)
+        assert store.get("a").state == "processing" and store.get("b").state == "pending"  # rolled back
+        assert store.conn.info.transaction_status == store.psycopg.pq.TransactionStatus.IDLE
+        after, following = store.finish_and_claim(job, "w1", DONE, store.config_all(), T0 + 3, ())
+        assert after.state == "completed" and following.id == "b"
+    finally:
+        store.close()
+
+
+def test_jobs_are_spawned_through_setpriv_where_it_sets_the_death_signal_else_a_preexec_fn(tmp_path, monkeypatch):
+    """setpriv spares the full fork a preexec_fn costs; without it the preexec_fn is the fallback."""
+    import subprocess as sp
+    seen = []
+    real = sp.Popen
+
+    def spy(args, **kw):
+        seen.append((list(args), kw.get("preexec_fn")))
+        return real(args, **kw)
+    monkeypatch.setattr(sp, "Popen", spy)
+    job = queuectl.Job.from_row(("j", "/bin/echo hi", "processing", 0, 0, 0.0, str(tmp_path), "{}", T0, T0, T0, None,
+                                 None, "w1", 1, 0, 0, "default", 0))
+    if queuectl._setpriv():
+        assert queuectl.run_command(job, {}, lambda: None, die_with_worker=True).exit_code == 0
+        assert seen[-1][0][:4] == list(queuectl._setpriv()) and seen[-1][0][4:] == ["/bin/echo", "hi"]
+        assert seen[-1][1] is None
+    monkeypatch.setattr(queuectl, "_setpriv", lambda: ())
+    out = queuectl.run_command(job, {}, lambda: None, die_with_worker=True)
+    assert (out.exit_code, out.output) == (0, b"hi\n")
+    assert seen[-1][0] == ["/bin/echo", "hi"] and seen[-1][1] is not None
+    queuectl.run_command(job, {}, lambda: None, die_with_worker=False)
+    assert seen[-1][0] == ["/bin/echo", "hi"] and seen[-1][1] is None
+
+
+def copy_batch(*objects, filler=queuectl.PG_COPY_MIN_ROWS):
+    """JSON Lines of `filler` plain jobs, then the objects: big enough that PostgreSQL inserts the
+    plain jobs with COPY (whose text format must escape tabs, newlines and backslashes)."""
+    return jsonl(*({"id": f"f{n}", "command": "true"} for n in range(filler)), *objects)
+
+
+HOSTILE_TEXT = ["tab\there", "new\nline", "cr\rhere", "back\\slash", "\\N", "\\.", "ends\\", "\\t\\n literally",
+                "ünïcödé ✓ 日本語 🚀", "quotes ' \" `", "line\u2028separator", "del\x7f and \x01 and \x1b[0m"]
+
+
+def test_a_big_batch_stores_every_character_of_commands_env_and_cwd_as_given(db):
+    hostile = [{"id": f"h{i}-日本\\", "command": f"printf '%s' {text!r}", "cwd": f"/tmp/{text}",
+                "env": {"V": text, f"K_{i}": f"{text}={text}"}} for i, text in enumerate(HOSTILE_TEXT)]
+    code, out, err = cli(db, "enqueue", "-", stdin=copy_batch(*hostile))
+    assert code == 0, err
+    assert out.splitlines()[-len(hostile):] == [h["id"] for h in hostile]
+    for h in hostile:
+        job = get_job(db, h["id"])
+        assert (job["command"], job["cwd"], job["env"], job["state"]) == (h["command"], h["cwd"], h["env"], "pending")
+    assert json.loads(ok(db, "status", "--json"))["jobs"]["pending"] == queuectl.PG_COPY_MIN_ROWS + len(hostile)
+
+
+def test_a_big_batch_with_an_id_already_taken_exits_1_naming_it_and_stores_nothing(db):
+    enqueue(db, id="old", command="true")
+    before = snapshot(db)
+    for position in ("first", "last"):
+        taken = {"id": "old", "command": "true"}
+        data = jsonl(taken) + copy_batch() if position == "first" else copy_batch(taken)
+        code, out, err = cli(db, "enqueue", "-", stdin=data)
+        assert (code, out) == (1, ""), err
+        line = 1 if position == "first" else queuectl.PG_COPY_MIN_ROWS + 1
+        assert_one_error(err, f"line {line}", "'old'", "already exists")
+        assert snapshot(db) == before
+
+
+def test_a_big_batch_with_an_id_twice_exits_2_and_stores_nothing(db):
+    before = snapshot(db)
+    code, out, err = cli(db, "enqueue", "-", stdin=copy_batch({"id": "f7", "command": "true"}))
+    assert (code, out) == (2, "")
+    assert_one_error(err, f"line {queuectl.PG_COPY_MIN_ROWS + 1}", "'f7'", "twice")
+    assert snapshot(db) == before
+
+
+def test_a_big_batch_with_dependencies_inside_it_and_on_existing_jobs(db):
+    enqueue(db, id="old", command="true")
+    data = copy_batch({"id": "d1", "command": "true", "depends_on": ["f3"]},
+                      {"id": "d2", "command": "true", "depends_on": ["old", "d1", "f99"]}) + \
+        jsonl(*({"id": f"g{n}", "command": "true"} for n in range(queuectl.PG_COPY_MIN_ROWS)))
+    code, out, err = cli(db, "enqueue", "-", stdin=data)
+    assert code == 0, err
+    assert len(out.splitlines()) == 2 * queuectl.PG_COPY_MIN_ROWS + 2
+    d1, d2 = get_job(db, "d1"), get_job(db, "d2")
+    assert (d1["waiting_on"], d1["depends_on"]) == (1, ["f3"])
+    assert (d2["waiting_on"], d2["depends_on"]) == (3, ["old", "d1", "f99"])
+    counts = json.loads(ok(db, "status", "--json"))["jobs"]
+    assert counts["pending"] == 1 + 2 * queuectl.PG_COPY_MIN_ROWS + 2
+
+
+def test_a_big_batch_with_a_missing_dependency_after_copied_jobs_stores_nothing(db):
+    before = snapshot(db)
+    data = copy_batch({"id": "d1", "command": "true", "depends_on": ["nowhere"]})
+    code, out, err = cli(db, "enqueue", "-", stdin=data)
+    assert (code, out) == (1, "")
+    assert_one_error(err, f"line {queuectl.PG_COPY_MIN_ROWS + 1}", "'nowhere'", "does not exist")
+    assert snapshot(db) == before
+
+
+def test_a_postgresql_command_run_as_a_script_flushes_its_output_and_keeps_its_exit_code(pg_url):
+    """With psycopg loaded the script skips the interpreter's teardown (exit_now): the output must
+    still arrive whole through a pipe, and the exit code be the command's."""
+    def script(*args, stdin=None):
+        return subprocess.run([sys.executable, QUEUECTL, "--db", pg_url, *args], input=stdin, capture_output=True,
+                              text=True, timeout=60)
+    batch = jsonl(*({"id": f"job-{n:04}", "command": "true"} for n in range(300)))
+    done = script("enqueue", "-", stdin=batch)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.splitlines() == [f"job-{n:04}" for n in range(300)]
+    listed = script("list", "--json")
+    assert listed.returncode == 0 and len(json.loads(listed.stdout)) == 300
+    again = script("enqueue", json.dumps({"id": "job-0007", "command": "true"}))
+    assert (again.returncode, again.stdout) == (1, "")
+    assert_one_error(again.stderr, "'job-0007'", "already exists")
+
+
+def test_a_one_job_enqueue_with_a_taken_id_on_postgresql_leaves_the_connection_usable(pg_url):
+    """The pipelined enqueue: the duplicate is found inside the transaction and rolled back."""
+    store = queuectl.PostgresStore(pg_url)
+    try:
+        store.enqueue([spec("a")], T0)
+        with pytest.raises(queuectl.Conflict, match="'a' already exists"):
+            store.enqueue([spec("b"), spec("a")], T0)
+        assert store.conn.info.transaction_status == store.psycopg.pq.TransactionStatus.IDLE
+        assert store.enqueue([spec("c")], T0) == ["c"]
+        assert [job.id for job in store.list_jobs()] == ["a", "c"]
+    finally:
+        store.close()
+
+
+def test_a_pipelined_completion_notifies_only_when_it_releases_a_dependent(pg_url):
+    import psycopg
+    store = queuectl.PostgresStore(pg_url)
+    listener = psycopg.connect(pg_url.split("?")[0], autocommit=True)
+    try:
+        listener.execute(f'LISTEN "{store.channel}"')
+        register(store)
+        store.enqueue([spec("a"), spec("b", depends_on=["a"]), spec("c")], T0)
+        drained = list(listener.notifies(timeout=0.5, stop_after=1))  # the enqueue's own wake-up
+        assert drained
+        job = store.claim("w1", T0 + 1)
+        assert job.id == "a"
+        after, following = store.finish_and_claim(job, "w1", DONE, store.config_all(), T0 + 2, ())
+        assert list(listener.notifies(timeout=2, stop_after=1)), "releasing b must wake the workers"
+        after, following = store.finish_and_claim(following, "w1", DONE, store.config_all(), T0 + 3, ())
+        assert after.state == "completed" and following is not None
+        assert not list(listener.notifies(timeout=0.5, stop_after=1)), "nothing was released: no wake-up"
+    finally:
+        listener.close()
+        store.close()
