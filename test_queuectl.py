@@ -7498,10 +7498,11 @@ def test_posix_spawn_timeout_kills_the_group(tmp_path):
 
 # ==== Review of issue 12: races and hostile input ==================================================
 
-def waiting_for_a_lock(s):
-    """Whether a session of the Store's schema waits for a row lock (a statement blocked on another)."""
-    return s.read("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                  "AND datname = current_database()")[0][0] > 0
+def waiting_for_a_lock(s, pid):
+    """Whether the server session `pid` waits for a row lock (a statement blocked on another). By pid:
+    other tests' leftover sessions in the same database may be waiting for locks of their own."""
+    return s.read("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND pid = %s",
+                  (pid,))[0][0] > 0
 
 
 def while_rows_locked(s, ids, act, meanwhile):
@@ -7511,18 +7512,18 @@ def while_rows_locked(s, ids, act, meanwhile):
     import psycopg
     result = {}
 
-    def run():
-        with contextlib.closing(queuectl.PostgresStore(s.target)) as mine:
-            try:
-                result["value"] = act(mine)
-            except queuectl.QueueError as e:
-                result["value"] = e
-    with psycopg.connect(s._libpq) as other:
+    def run(mine):
+        try:
+            result["value"] = act(mine)
+        except queuectl.QueueError as e:
+            result["value"] = e
+    with psycopg.connect(s._libpq) as other, contextlib.closing(queuectl.PostgresStore(s.target)) as mine:
+        pid = mine.read("SELECT pg_backend_pid()")[0][0]
         other.execute(f'SET search_path TO "{s.schema}"')
         other.execute("SELECT 1 FROM jobs WHERE id = ANY(%s) FOR UPDATE", (ids,))
-        t = threading.Thread(target=run)
+        t = threading.Thread(target=run, args=(mine,))
         t.start()
-        wait_for(lambda: waiting_for_a_lock(s), "the bulk action to wait for a locked row")
+        wait_for(lambda: waiting_for_a_lock(s, pid), "the bulk action to wait for a locked row")
         meanwhile(other)
     t.join(WAIT_S)
     return result["value"]
