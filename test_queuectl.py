@@ -7517,15 +7517,16 @@ def while_rows_locked(s, ids, act, meanwhile):
             result["value"] = act(mine)
         except queuectl.QueueError as e:
             result["value"] = e
-    with psycopg.connect(s._libpq) as other, contextlib.closing(queuectl.PostgresStore(s.target)) as mine:
+    with contextlib.closing(queuectl.PostgresStore(s.target)) as mine:
         pid = mine.read("SELECT pg_backend_pid()")[0][0]
-        other.execute(f'SET search_path TO "{s.schema}"')
-        other.execute("SELECT 1 FROM jobs WHERE id = ANY(%s) FOR UPDATE", (ids,))
-        t = threading.Thread(target=run, args=(mine,))
-        t.start()
-        wait_for(lambda: waiting_for_a_lock(s, pid), "the bulk action to wait for a locked row")
-        meanwhile(other)
-    t.join(WAIT_S)
+        with psycopg.connect(s._libpq) as other:  # commits at the end of the block
+            other.execute(f'SET search_path TO "{s.schema}"')
+            other.execute("SELECT 1 FROM jobs WHERE id = ANY(%s) FOR UPDATE", (ids,))
+            t = threading.Thread(target=run, args=(mine,))
+            t.start()
+            wait_for(lambda: waiting_for_a_lock(s, pid), "the bulk action to wait for a locked row")
+            meanwhile(other)
+        t.join(WAIT_S)
     return result["value"]
 
 
