@@ -2730,7 +2730,10 @@ def wall_instant(wall: datetime, zone) -> float:
 
 def next_cron_slot(cron: Cron, zone, after: float) -> float | None:
     """The first slot of `cron` in `zone` strictly after `after` (epoch seconds); None if none comes."""
-    start = datetime.fromtimestamp(after, zone).replace(tzinfo=None, second=0, microsecond=0)
+    try:
+        start = datetime.fromtimestamp(after, zone).replace(tzinfo=None, second=0, microsecond=0)
+    except OverflowError:  # east of UTC, the last storable seconds are already year 10000 on the clock
+        return None
     # Walls in a repeated hour map to its first pass, which may lie before `after`: skip those.
     instants = (wall_instant(wall, zone) for wall in cron_walls(cron, start))
     return next((at for at in instants if at > after), None)

@@ -7275,3 +7275,13 @@ def test_schedule_next_ends_quietly_at_the_last_storable_time(db):
     near_end = str(queuectl.MAX_EPOCH - 86400)
     assert len(ok(db, "schedule", "next", "w", "--after", near_end).split()) <= 1
     assert ok(db, "schedule", "next", "c", "--after", near_end) == ""
+
+
+# ==== Schedules under attack: review of edge cases ================================================
+# Defects a review found in recurring schedules, each pinned by a test that failed before its fix.
+
+def test_schedule_next_near_the_last_storable_time_in_a_zone_east_of_utc_ends_quietly(db):
+    # Kiritimati is UTC+14: there, the last storable second is already in year 10000 on the clock.
+    ok(db, "schedule", "add", '{"id": "k", "cron": "* * * * *", "tz": "Pacific/Kiritimati", "command": "true"}')
+    for after in (queuectl.MAX_EPOCH, queuectl.MAX_EPOCH - 12 * 3600):
+        assert ok(db, "schedule", "next", "k", "--after", str(after)) == ""
