@@ -2801,10 +2801,13 @@ def zone_of(name: str):
 def local_zone_name() -> str:
     """This machine's zone, as `tz` defaults to: $TZ, else what /etc/localtime links to (UTC if absent)."""
     name = os.environ.get("TZ", "").removeprefix(":")
-    if name:
-        return name.partition("zoneinfo/")[2] if name.startswith("/") else name
-    try:
-        target = os.readlink("/etc/localtime")
+    if name and not name.startswith("/"):
+        return name
+    path = name or "/etc/localtime"
+    if "zoneinfo/" in path:
+        return path.partition("zoneinfo/")[2]
+    try:  # /etc/localtime, also when $TZ names it: `TZ=:/etc/localtime` is a common setting
+        target = os.readlink(path)
     except FileNotFoundError:
         return "UTC"  # what the C library assumes without it
     except OSError:  # a copy, not a link: Debian also names it in /etc/timezone

@@ -7285,3 +7285,14 @@ def test_schedule_next_near_the_last_storable_time_in_a_zone_east_of_utc_ends_qu
     ok(db, "schedule", "add", '{"id": "k", "cron": "* * * * *", "tz": "Pacific/Kiritimati", "command": "true"}')
     for after in (queuectl.MAX_EPOCH, queuectl.MAX_EPOCH - 12 * 3600):
         assert ok(db, "schedule", "next", "k", "--after", str(after)) == ""
+
+
+def test_local_zone_name_follows_a_tz_that_names_etc_localtime(monkeypatch):
+    # TZ=:/etc/localtime is set on many servers and containers (it spares the C library a stat per call)
+    links = {"/etc/localtime": "../usr/share/zoneinfo/Europe/Paris"}
+    monkeypatch.setattr(queuectl.os, "readlink", lambda path: links[path])
+    for tz in (":/etc/localtime", "/etc/localtime"):
+        monkeypatch.setenv("TZ", tz)
+        assert queuectl.local_zone_name() == "Europe/Paris"
+    monkeypatch.setenv("TZ", ":/usr/share/zoneinfo/Asia/Tokyo")  # a zone file itself: its name, as before
+    assert queuectl.local_zone_name() == "Asia/Tokyo"
