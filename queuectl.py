@@ -2897,6 +2897,7 @@ class ScheduleFirer:
     def __init__(self):
         self.checked_at = -math.inf  # monotonic time of the last lookup
         self.due_at = math.inf  # the earliest next slot that lookup found (epoch seconds)
+        self.unfired: dict[str, str] = {}  # schedule id -> why this host cannot fire it, as last logged
 
     def tick(self, store: Store, mono: float, now: float | None = None) -> list[tuple]:
         """Fire what is due; returns the events of Store.fire_schedules (logged here)."""
@@ -2907,12 +2908,23 @@ class ScheduleFirer:
         earliest = store.next_schedule_at()
         if earliest is not None and earliest <= now:
             events = store.fire_schedules(now)
-            for event in events:
-                log.info("schedule %s: %s", event[0], event[3])
+            self._log(events)
             earliest = store.next_schedule_at()
         # One still due (another worker is firing it, or this host lacks its zone): look again in a second.
         self.due_at = earliest if earliest is not None and earliest > now else math.inf
         return events
+
+    def _log(self, events: list[tuple]) -> None:
+        """Log each event; a schedule this host cannot fire stays due and is tried again every second,
+        so why is logged once (and again only if it changes), not 86,400 times a day."""
+        for schedule_id, _, _, what in events:
+            if what.startswith("not fired here"):
+                if self.unfired.get(schedule_id) == what:
+                    continue
+                self.unfired[schedule_id] = what
+            else:
+                self.unfired.pop(schedule_id, None)
+            log.info("schedule %s: %s", schedule_id, what)
 
 
 # ==== Execution ==================================================================================

@@ -7296,3 +7296,17 @@ def test_local_zone_name_follows_a_tz_that_names_etc_localtime(monkeypatch):
         assert queuectl.local_zone_name() == "Europe/Paris"
     monkeypatch.setenv("TZ", ":/usr/share/zoneinfo/Asia/Tokyo")  # a zone file itself: its name, as before
     assert queuectl.local_zone_name() == "Asia/Tokyo"
+
+
+def test_a_schedule_this_host_cannot_fire_is_logged_once_not_every_second(store, caplog):
+    add_schedule(store, now=T0, every="1m", overlap="allow")
+    add_schedule(store, now=T0, id="z", cron="* * * * *", tz="Europe/Berlin")
+    store.write(lambda cur: cur.execute("UPDATE schedules SET tz = 'Nowhere/Gone' WHERE id = 'z'"))
+    firer = queuectl.ScheduleFirer()
+    with caplog.at_level("INFO", logger="queuectl"):
+        for second in range(1, 200):  # a worker looks again each second while it stays due
+            firer.tick(store, mono=100.0 + second, now=T0 + second)
+    messages = [r.getMessage() for r in caplog.records]
+    assert [m for m in messages if m.startswith("schedule z:")] == [
+        "schedule z: not fired here: unknown time zone 'Nowhere/Gone' (use an IANA name such as Europe/Berlin or UTC)"]
+    assert sum(m.startswith("schedule s: job s@") for m in messages) == 3  # the others still fire and say so
