@@ -2873,7 +2873,8 @@ def validate_schedule(obj: object, defaults: dict, cwd: str, now: float) -> Sche
     overlap = obj.get("overlap", "skip")
     if overlap not in OVERLAPS:
         raise UsageError(f"field 'overlap' must be 'skip' or 'allow': {overlap!r}")
-    cron = _valid_text(obj["cron"], "cron") if "cron" in obj else None
+    # stored with its fields one space apart: any whitespace parses, but a newline must not reach `schedule list`
+    cron = " ".join(_valid_text(obj["cron"], "cron").split()) if "cron" in obj else None
     every_s = parse_every(obj["every"]) if "every" in obj else None
     schedule = Schedule(schedule_id, cron, every_s, tz, overlap, template, now, False, None, None, None, None)
     schedule.next_run_at = next_slot(schedule, now)

@@ -7310,3 +7310,13 @@ def test_a_schedule_this_host_cannot_fire_is_logged_once_not_every_second(store,
     assert [m for m in messages if m.startswith("schedule z:")] == [
         "schedule z: not fired here: unknown time zone 'Nowhere/Gone' (use an IANA name such as Europe/Berlin or UTC)"]
     assert sum(m.startswith("schedule s: job s@") for m in messages) == 3  # the others still fire and say so
+
+
+def test_a_cron_expression_is_stored_with_single_spaces_so_schedule_list_keeps_one_line_each(db):
+    # Any whitespace separates the fields (a newline, a tab, U+2028, a no-break space): it must not reach
+    # the one-line-per-schedule listing.
+    for i, spaced in enumerate(("0 2 * *\n*", "0\t2 * * *\u2028", " 0  2 * *\u00a0* ")):
+        ok(db, "schedule", "add", json.dumps({"id": f"s{i}", "cron": spaced, "tz": "UTC", "command": "true"}))
+    assert [s["cron"] for s in json.loads(ok(db, "schedule", "list", "--json"))] == ["0 2 * * *"] * 3
+    lines = ok(db, "schedule", "list").splitlines()
+    assert len(lines) == 4 and all(" 0 2 * * * " in line for line in lines[1:])
