@@ -2799,7 +2799,8 @@ def zone_of(name: str):
 
 
 def local_zone_name() -> str:
-    """This machine's zone, as `tz` defaults to: $TZ, else what /etc/localtime links to (UTC if absent)."""
+    """This machine's zone, as `tz` defaults to: $TZ (a zone name, or a file such as :/etc/localtime), else
+    what /etc/localtime links to (UTC if absent)."""
     name = os.environ.get("TZ", "").removeprefix(":")
     if name and not name.startswith("/"):
         return name
