@@ -3067,7 +3067,10 @@ def wall_instant(wall: datetime, zone) -> float:
 
 def next_cron_slot(cron: Cron, zone, after: float) -> float | None:
     """The first slot of `cron` in `zone` strictly after `after` (epoch seconds); None if none comes."""
-    start = datetime.fromtimestamp(after, zone).replace(tzinfo=None, second=0, microsecond=0)
+    try:
+        start = datetime.fromtimestamp(after, zone).replace(tzinfo=None, second=0, microsecond=0)
+    except OverflowError:  # east of UTC, the last storable seconds are already year 10000 on the clock
+        return None
     # Walls in a repeated hour map to its first pass, which may lie before `after`: skip those.
     instants = (wall_instant(wall, zone) for wall in cron_walls(cron, start))
     return next((at for at in instants if at > after), None)
@@ -3133,12 +3136,16 @@ def zone_of(name: str):
 
 
 def local_zone_name() -> str:
-    """This machine's zone, as `tz` defaults to: $TZ, else what /etc/localtime links to (UTC if absent)."""
+    """This machine's zone, as `tz` defaults to: $TZ (a zone name, or a file such as :/etc/localtime), else
+    what /etc/localtime links to (UTC if absent)."""
     name = os.environ.get("TZ", "").removeprefix(":")
-    if name:
-        return name.partition("zoneinfo/")[2] if name.startswith("/") else name
-    try:
-        target = os.readlink("/etc/localtime")
+    if name and not name.startswith("/"):
+        return name
+    path = name or "/etc/localtime"
+    if "zoneinfo/" in path:
+        return path.partition("zoneinfo/")[2]
+    try:  # /etc/localtime, also when $TZ names it: `TZ=:/etc/localtime` is a common setting
+        target = os.readlink(path)
     except FileNotFoundError:
         return "UTC"  # what the C library assumes without it
     except OSError:  # a copy, not a link: Debian also names it in /etc/timezone
@@ -3204,7 +3211,8 @@ def validate_schedule(obj: object, defaults: dict, cwd: str, now: float) -> Sche
     overlap = obj.get("overlap", "skip")
     if overlap not in OVERLAPS:
         raise UsageError(f"field 'overlap' must be 'skip' or 'allow': {overlap!r}")
-    cron = _valid_text(obj["cron"], "cron") if "cron" in obj else None
+    # stored with its fields one space apart: any whitespace parses, but a newline must not reach `schedule list`
+    cron = " ".join(_valid_text(obj["cron"], "cron").split()) if "cron" in obj else None
     every_s = parse_every(obj["every"]) if "every" in obj else None
     schedule = Schedule(schedule_id, cron, every_s, tz, overlap, template, now, False, None, None, None, None)
     schedule.next_run_at = next_slot(schedule, now)
@@ -3228,6 +3236,7 @@ class ScheduleFirer:
     def __init__(self):
         self.checked_at = -math.inf  # monotonic time of the last lookup
         self.due_at = math.inf  # the earliest next slot that lookup found (epoch seconds)
+        self.unfired: dict[str, str] = {}  # schedule id -> why this host cannot fire it, as last logged
 
     def tick(self, store: Store, mono: float, now: float | None = None) -> list[tuple]:
         """Fire what is due; returns the events of Store.fire_schedules (logged here)."""
@@ -3238,12 +3247,23 @@ class ScheduleFirer:
         earliest = store.next_schedule_at()
         if earliest is not None and earliest <= now:
             events = store.fire_schedules(now)
-            for event in events:
-                log.info("schedule %s: %s", event[0], event[3])
+            self._log(events)
             earliest = store.next_schedule_at()
         # One still due (another worker is firing it, or this host lacks its zone): look again in a second.
         self.due_at = earliest if earliest is not None and earliest > now else math.inf
         return events
+
+    def _log(self, events: list[tuple]) -> None:
+        """Log each event; a schedule this host cannot fire stays due and is tried again every second,
+        so why is logged once (and again only if it changes), not 86,400 times a day."""
+        for schedule_id, _, _, what in events:
+            if what.startswith("not fired here"):
+                if self.unfired.get(schedule_id) == what:
+                    continue
+                self.unfired[schedule_id] = what
+            else:
+                self.unfired.pop(schedule_id, None)
+            log.info("schedule %s: %s", schedule_id, what)
 
 
 # ==== Execution ==================================================================================

@@ -8129,3 +8129,48 @@ def test_a_pipelined_completion_notifies_only_when_it_releases_a_dependent(pg_ur
     finally:
         listener.close()
         store.close()
+
+
+# ==== Schedules under attack: review of edge cases ================================================
+# Defects a review found in recurring schedules, each pinned by a test that failed before its fix.
+
+def test_schedule_next_near_the_last_storable_time_in_a_zone_east_of_utc_ends_quietly(db):
+    # Kiritimati is UTC+14: there, the last storable second is already in year 10000 on the clock.
+    ok(db, "schedule", "add", '{"id": "k", "cron": "* * * * *", "tz": "Pacific/Kiritimati", "command": "true"}')
+    for after in (queuectl.MAX_EPOCH, queuectl.MAX_EPOCH - 12 * 3600):
+        assert ok(db, "schedule", "next", "k", "--after", str(after)) == ""
+
+
+def test_local_zone_name_follows_a_tz_that_names_etc_localtime(monkeypatch):
+    # TZ=:/etc/localtime is set on many servers and containers (it spares the C library a stat per call)
+    links = {"/etc/localtime": "../usr/share/zoneinfo/Europe/Paris"}
+    monkeypatch.setattr(queuectl.os, "readlink", lambda path: links[path])
+    for tz in (":/etc/localtime", "/etc/localtime"):
+        monkeypatch.setenv("TZ", tz)
+        assert queuectl.local_zone_name() == "Europe/Paris"
+    monkeypatch.setenv("TZ", ":/usr/share/zoneinfo/Asia/Tokyo")  # a zone file itself: its name, as before
+    assert queuectl.local_zone_name() == "Asia/Tokyo"
+
+
+def test_a_schedule_this_host_cannot_fire_is_logged_once_not_every_second(store, caplog):
+    add_schedule(store, now=T0, every="1m", overlap="allow")
+    add_schedule(store, now=T0, id="z", cron="* * * * *", tz="Europe/Berlin")
+    store.write(lambda cur: cur.execute("UPDATE schedules SET tz = 'Nowhere/Gone' WHERE id = 'z'"))
+    firer = queuectl.ScheduleFirer()
+    with caplog.at_level("INFO", logger="queuectl"):
+        for second in range(1, 200):  # a worker looks again each second while it stays due
+            firer.tick(store, mono=100.0 + second, now=T0 + second)
+    messages = [r.getMessage() for r in caplog.records]
+    assert [m for m in messages if m.startswith("schedule z:")] == [
+        "schedule z: not fired here: unknown time zone 'Nowhere/Gone' (use an IANA name such as Europe/Berlin or UTC)"]
+    assert sum(m.startswith("schedule s: job s@") for m in messages) == 3  # the others still fire and say so
+
+
+def test_a_cron_expression_is_stored_with_single_spaces_so_schedule_list_keeps_one_line_each(db):
+    # Any whitespace separates the fields (a newline, a tab, U+2028, a no-break space): it must not reach
+    # the one-line-per-schedule listing.
+    for i, spaced in enumerate(("0 2 * *\n*", "0\t2 * * *\u2028", " 0  2 * *\u00a0* ")):
+        ok(db, "schedule", "add", json.dumps({"id": f"s{i}", "cron": spaced, "tz": "UTC", "command": "true"}))
+    assert [s["cron"] for s in json.loads(ok(db, "schedule", "list", "--json"))] == ["0 2 * * *"] * 3
+    lines = ok(db, "schedule", "list").splitlines()
+    assert len(lines) == 4 and all(" 0 2 * * * " in line for line in lines[1:])
