@@ -3510,7 +3510,12 @@ class Runner:
             import threading
             self.flushing = threading.Thread(target=self._flush_now, args=(job, tail, total), name="flush",
                                              daemon=True)
-            self.flushing.start()
+            try:
+                self.flushing.start()
+            except RuntimeError:  # no thread to be had (a process limit): skip this flush, not the job
+                self.flushing = None  # never started, so never joined
+                log.debug("job %s: output not flushed (no thread for it)", job.id,
+                          extra=event("output_not_flushed", job_id=job.id))
 
     def _flush_now(self, job: Job, tail: bytes, total: int) -> None:
         try:

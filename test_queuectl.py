@@ -7275,3 +7275,27 @@ def test_schedule_next_ends_quietly_at_the_last_storable_time(db):
     near_end = str(queuectl.MAX_EPOCH - 86400)
     assert len(ok(db, "schedule", "next", "w", "--after", near_end).split()) <= 1
     assert ok(db, "schedule", "next", "c", "--after", near_end) == ""
+
+# ==== Review of lost claim answers, connection timeouts and wait --all =============================
+
+def test_a_flush_whose_thread_cannot_start_is_skipped_and_the_job_runs_on(sqlite_store, monkeypatch):
+    # Where flushes run on threads of their own (PostgreSQL), a process at its thread limit cannot
+    # start one ("can't start new thread"). The flush is best effort: the job must go on and be
+    # recorded as it ended, not as an internal error with its process left running.
+    monkeypatch.setattr(queuectl, "OUTPUT_FLUSH_S", 0.05)
+    real_start = threading.Thread.start
+
+    def start(self):
+        if self.name == "flush":
+            raise RuntimeError("can't start new thread")
+        return real_start(self)
+    monkeypatch.setattr(threading.Thread, "start", start)
+    sqlite_store.cut_off_kills = True  # the PostgreSQL path of Runner._flush, on a local file
+    register(sqlite_store, "me")
+    sqlite_store.enqueue([spec("chatty", command="for i in 1 2 3 4 5 6; do echo x; sleep 0.1; done")],
+                         sqlite_store.now())
+    runner = queuectl.Runner(sqlite_store, "me", lambda job, epoch: None)
+    assert runner.run_once() is True
+    job = sqlite_store.get("chatty")
+    assert (job.state, job.last_error) == ("completed", None)
+    assert sqlite_store.runs("chatty")[0]["output"] == b"x\n" * 6
