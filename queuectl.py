@@ -3952,11 +3952,12 @@ class Supervisor:
     def _read_stale_timeout(self) -> None:
         """Read stale-timeout; a new value also bounds how long our connections may hang (the
         listener's keeps the value it was opened with: it only carries wake-ups, which the poll backs)."""
-        stale_s, before = self.store.config_get("stale_timeout"), self.stale_s
-        self.stale_s = stale_s  # first: a runner that opens its connection meanwhile gets the new value
-        if stale_s != before:
-            for store in [self.store, *(runner.store for runner in self.runners)]:
-                store.set_lease(stale_s)
+        self.stale_s = self.store.config_get("stale_timeout")
+        # Told at every beat, changed or not (a store reopens only when its lease changed): a runner
+        # whose connection was being opened with the old value when it changed joins self.runners after
+        # the loop below has run, and would keep that value for good.
+        for store in [self.store, *(runner.store for runner in self.runners)]:
+            store.set_lease(self.stale_s)
 
     def cut_off(self) -> bool:
         """True when this worker has not got a heartbeat through for half of stale-timeout (on our

@@ -7299,3 +7299,22 @@ def test_a_flush_whose_thread_cannot_start_is_skipped_and_the_job_runs_on(sqlite
     job = sqlite_store.get("chatty")
     assert (job.state, job.last_error) == ("completed", None)
     assert sqlite_store.runs("chatty")[0]["output"] == b"x\n" * 6
+
+
+def test_postgres_a_runner_connection_opened_while_stale_timeout_changed_gets_the_new_lease(pg_url):
+    # A runner thread opens its connection with stale-timeout as it read it (slowly, while the database
+    # was slow to answer); the heartbeat meanwhile reads a new value and bounds the connections of the
+    # runners it knows. A runner that joined the list just after that must still get the new lease.
+    ok(pg_url, "config", "set", "stale-timeout", "20")
+    supervisor = queuectl.Supervisor(pg_url, 1, True)
+    try:
+        supervisor._read_stale_timeout()  # the heartbeat read 20 ...
+        late = supervisor._new_runner()
+        late.store.lease_s = late.store.conn_lease_s = 10.0  # ... while this runner was opened with the old 10
+        supervisor._read_stale_timeout()  # the next heartbeat: stale-timeout unchanged since
+        assert late.store.lease_s == 20.0
+        late.store.config_get("stale_timeout")  # its next use reopens it with the lease's timeouts
+        assert socket_options(late.store)[0] == 5000
+    finally:
+        for store in [supervisor.store, *(r.store for r in supervisor.runners)]:
+            store.close()
