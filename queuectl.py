@@ -5700,6 +5700,7 @@ def wait_all(store: Store, queue: str | None, deadline: float | None, progress: 
 
     def dead() -> list[str]:
         return [i for i, seq in store.dead_between(queue, low, high) if seq in answered] if answered else []
+    dead_shown, dead_due = 0, -math.inf  # the line's count of dead, and when to read it again
     while True:
         store.refresh()
         unfinished, arrived = store.wait_counts(queue, high)
@@ -5710,8 +5711,12 @@ def wait_all(store: Store, queue: str | None, deadline: float | None, progress: 
             raise QueueError(f"timed out: {unfinished} job{'s' if unfinished != 1 else ''}{where} still pending, "
                              "failed or processing")
         if progress.on:
+            if progress.clock() >= dead_due:  # reads every dead job in the seq range: a big DLQ makes it
+                began = progress.clock()  # slow, so the line spends at most a twentieth of the wait on it
+                dead_shown = len(dead())
+                dead_due = progress.clock() + 19 * (progress.clock() - began)
             total = max(len(answered) + arrived, unfinished)
-            progress.show(waiting_line(total - unfinished, total, len(dead()), progress.rate(total - unfinished)))
+            progress.show(waiting_line(total - unfinished, total, dead_shown, progress.rate(total - unfinished)))
         time.sleep(WAIT_POLL_S)
 
 

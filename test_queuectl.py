@@ -7318,3 +7318,29 @@ def test_postgres_a_runner_connection_opened_while_stale_timeout_changed_gets_th
     finally:
         for store in [supervisor.store, *(r.store for r in supervisor.runners)]:
             store.close()
+
+
+def test_wait_all_on_a_terminal_reads_a_big_dlq_for_its_line_only_now_and_then(store, monkeypatch):
+    # The line's dead count reads the dead jobs among those waited for; with a big DLQ (200,000 dead
+    # jobs take some 0.3 s to read here) reading it at every poll kept a core busy for as long as the
+    # wait lasted. Here each read of the dead "takes" a second of the line's clock, a poll a quarter.
+    register(store, "me")
+    store.enqueue([spec("a"), spec("b", max_retries=0)], T0)
+    clock, polls, reads = [0.0], [], []
+    real_counts, real_dead = store.wait_counts, store.dead_between
+
+    def wait_counts(queue, after_seq):
+        clock[0] += 0.25
+        polls.append(clock[0])
+        return (0, 0) if len(polls) > 12 else real_counts(queue, after_seq)
+
+    def dead_between(*args):
+        clock[0] += 1.0
+        reads.append(clock[0])
+        return real_dead(*args)
+    monkeypatch.setattr(store, "wait_counts", wait_counts)
+    monkeypatch.setattr(store, "dead_between", dead_between)
+    monkeypatch.setattr(queuectl, "WAIT_POLL_S", 0.001)
+    progress = queuectl.Progress(True, io.StringIO(), clock=lambda: clock[0])
+    assert queuectl.wait_all(store, None, None, progress) == 0
+    assert len(polls) == 13 and len(reads) == 2  # one for the line, then the verdict's own
