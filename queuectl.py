@@ -2094,6 +2094,24 @@ def pg_lease_params(stale_s: float) -> dict[str, int]:
             "connect_timeout": min(PG_CONNECT_TIMEOUT_S, max(2, math.ceil(bound_s)))}
 
 
+def _pg_service_keys(service: str | None) -> set[str]:
+    """The parameters a libpq service (pg_service.conf) sets: the user's choice as much as the URL's.
+    libpq fills from it only what the connection string leaves out, so a value we pass would override
+    it. Every file libpq may look in is read (more keys only means fewer of ours)."""
+    import configparser
+    if not service:
+        return set()
+    files = [os.environ.get("PGSERVICEFILE") or os.path.expanduser("~/.pg_service.conf"),
+             os.path.join(os.environ.get("PGSYSCONFDIR") or "/etc/postgresql-common", "pg_service.conf")]
+    keys = set()
+    for name in files:
+        parser = configparser.ConfigParser(interpolation=None, strict=False)
+        with contextlib.suppress(OSError, configparser.Error, UnicodeDecodeError):
+            parser.read(name)
+            keys |= set(parser[service]) if parser.has_section(service) else set()
+    return keys
+
+
 def _pg_target(url: str) -> tuple[str, str, str, str]:
     """(URL for libpq without `schema`, schema, host:port, display name without the password)."""
     import getpass
@@ -2188,7 +2206,8 @@ class PostgresStore(Store):
         """Our libpq parameters, less those the user chose: one set in the URL (or connect_timeout in
         PGCONNECT_TIMEOUT) wins. A worker's connection gets pg_lease_params (see set_lease)."""
         ours = {"connect_timeout": PG_CONNECT_TIMEOUT_S, **(pg_lease_params(lease_s) if lease_s else {})}
-        given = set(self.psycopg.conninfo.conninfo_to_dict(self._libpq))
+        url = self.psycopg.conninfo.conninfo_to_dict(self._libpq)
+        given = set(url) | _pg_service_keys(url.get("service") or os.environ.get("PGSERVICE"))
         if os.environ.get("PGCONNECT_TIMEOUT"):
             given.add("connect_timeout")
         return {key: value for key, value in ours.items() if key not in given}

@@ -7344,3 +7344,26 @@ def test_wait_all_on_a_terminal_reads_a_big_dlq_for_its_line_only_now_and_then(s
     progress = queuectl.Progress(True, io.StringIO(), clock=lambda: clock[0])
     assert queuectl.wait_all(store, None, None, progress) == 0
     assert len(polls) == 13 and len(reads) == 2  # one for the line, then the verdict's own
+
+
+def test_postgres_connection_parameters_of_a_named_service_win_too(pg_url, tmp_path, monkeypatch):
+    # A libpq service (pg_service.conf, named by ?service= or PGSERVICE) is the user's choice as much
+    # as the URL: libpq only fills from it what the connection string leaves out, so a value of ours
+    # passed to connect() used to override the service's.
+    from urllib.parse import urlsplit
+    parts = urlsplit(pg_url)
+    (tmp_path / "services.conf").write_text("# the team's settings\n[queue]\nkeepalives_idle=7\ntcp_user_timeout=1234\n")
+    monkeypatch.setenv("PGSERVICEFILE", str(tmp_path / "services.conf"))
+    monkeypatch.delenv("PGCONNECT_TIMEOUT", raising=False)
+    schema = dict(q.split("=", 1) for q in parts.query.split("&"))["schema"]
+    server = f"postgresql://{parts.netloc}{parts.path}"
+    for url, env in ((f"{server}?service=queue&schema={schema}", None), (f"{server}?schema={schema}", "queue")):
+        if env:
+            monkeypatch.setenv("PGSERVICE", env)
+        store = queuectl.PostgresStore(url, lease_s=10.0)
+        try:
+            params = store.conn.info.get_parameters()
+            assert (params["keepalives_idle"], params["tcp_user_timeout"], params["connect_timeout"]) == \
+                ("7", "1234", "3")  # the service's two, and ours where it says nothing
+        finally:
+            store.close()
