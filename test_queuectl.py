@@ -7352,7 +7352,8 @@ def test_postgres_connection_parameters_of_a_named_service_win_too(pg_url, tmp_p
     # passed to connect() used to override the service's.
     from urllib.parse import urlsplit
     parts = urlsplit(pg_url)
-    (tmp_path / "services.conf").write_text("# the team's settings\n[queue]\nkeepalives_idle=7\ntcp_user_timeout=1234\n")
+    (tmp_path / "services.conf").write_text("# the team's settings\n[queue]\nkeepalives_idle=7\n"
+                                            "tcp_user_timeout=1234\n")
     monkeypatch.setenv("PGSERVICEFILE", str(tmp_path / "services.conf"))
     monkeypatch.delenv("PGCONNECT_TIMEOUT", raising=False)
     schema = dict(q.split("=", 1) for q in parts.query.split("&"))["schema"]
