@@ -2327,6 +2327,24 @@ def pg_lease_params(stale_s: float) -> dict[str, int]:
             "connect_timeout": min(PG_CONNECT_TIMEOUT_S, max(2, math.ceil(bound_s)))}
 
 
+def _pg_service_keys(service: str | None) -> set[str]:
+    """The parameters a libpq service (pg_service.conf) sets: the user's choice as much as the URL's.
+    libpq fills from it only what the connection string leaves out, so a value we pass would override
+    it. Every file libpq may look in is read (more keys only means fewer of ours)."""
+    import configparser
+    if not service:
+        return set()
+    files = [os.environ.get("PGSERVICEFILE") or os.path.expanduser("~/.pg_service.conf"),
+             os.path.join(os.environ.get("PGSYSCONFDIR") or "/etc/postgresql-common", "pg_service.conf")]
+    keys = set()
+    for name in files:
+        parser = configparser.ConfigParser(interpolation=None, strict=False)
+        with contextlib.suppress(OSError, configparser.Error, UnicodeDecodeError):
+            parser.read(name)
+            keys |= set(parser[service]) if parser.has_section(service) else set()
+    return keys
+
+
 def _pg_target(url: str) -> tuple[str, str, str, str]:
     """(URL for libpq without `schema`, schema, host:port, display name without the password)."""
     import getpass
@@ -2424,7 +2442,8 @@ class PostgresStore(Store):
         """Our libpq parameters, less those the user chose: one set in the URL (or connect_timeout in
         PGCONNECT_TIMEOUT) wins. A worker's connection gets pg_lease_params (see set_lease)."""
         ours = {"connect_timeout": PG_CONNECT_TIMEOUT_S, **(pg_lease_params(lease_s) if lease_s else {})}
-        given = set(self.psycopg.conninfo.conninfo_to_dict(self._libpq))
+        url = self.psycopg.conninfo.conninfo_to_dict(self._libpq)
+        given = set(url) | _pg_service_keys(url.get("service") or os.environ.get("PGSERVICE"))
         if os.environ.get("PGCONNECT_TIMEOUT"):
             given.add("connect_timeout")
         return {key: value for key, value in ours.items() if key not in given}
@@ -4028,7 +4047,12 @@ class Runner:
             import threading
             self.flushing = threading.Thread(target=self._flush_now, args=(job, tail, total), name="flush",
                                              daemon=True)
-            self.flushing.start()
+            try:
+                self.flushing.start()
+            except RuntimeError:  # no thread to be had (a process limit): skip this flush, not the job
+                self.flushing = None  # never started, so never joined
+                log.debug("job %s: output not flushed (no thread for it)", job.id,
+                          extra=event("output_not_flushed", job_id=job.id))
 
     def _flush_now(self, job: Job, tail: bytes, total: int) -> None:
         try:
@@ -4495,11 +4519,12 @@ class Supervisor:
     def _read_stale_timeout(self) -> None:
         """Read stale-timeout; a new value also bounds how long our connections may hang (the
         listener's keeps the value it was opened with: it only carries wake-ups, which the poll backs)."""
-        stale_s, before = self.store.config_get("stale_timeout"), self.stale_s
-        self.stale_s = stale_s  # first: a runner that opens its connection meanwhile gets the new value
-        if stale_s != before:
-            for store in [self.store, *(runner.store for runner in self.runners)]:
-                store.set_lease(stale_s)
+        self.stale_s = self.store.config_get("stale_timeout")
+        # Told at every beat, changed or not (a store reopens only when its lease changed): a runner
+        # whose connection was being opened with the old value when it changed joins self.runners after
+        # the loop below has run, and would keep that value for good.
+        for store in [self.store, *(runner.store for runner in self.runners)]:
+            store.set_lease(self.stale_s)
 
     def cut_off(self) -> bool:
         """True when this worker has not got a heartbeat through for half of stale-timeout (on our
@@ -6279,6 +6304,7 @@ def wait_all(store: Store, queue: str | None, deadline: float | None, progress: 
 
     def dead() -> list[str]:
         return [i for i, seq in store.dead_between(queue, low, high) if seq in answered] if answered else []
+    dead_shown, dead_due = 0, -math.inf  # the line's count of dead, and when to read it again
     while True:
         store.refresh()
         unfinished, arrived = store.wait_counts(queue, high)
@@ -6289,8 +6315,12 @@ def wait_all(store: Store, queue: str | None, deadline: float | None, progress: 
             raise QueueError(f"timed out: {unfinished} job{'s' if unfinished != 1 else ''}{where} still pending, "
                              "failed or processing")
         if progress.on:
+            if progress.clock() >= dead_due:  # reads every dead job in the seq range: a big DLQ makes it
+                began = progress.clock()  # slow, so the line spends at most a twentieth of the wait on it
+                dead_shown = len(dead())
+                dead_due = progress.clock() + 19 * (progress.clock() - began)
             total = max(len(answered) + arrived, unfinished)
-            progress.show(waiting_line(total - unfinished, total, len(dead()), progress.rate(total - unfinished)))
+            progress.show(waiting_line(total - unfinished, total, dead_shown, progress.rate(total - unfinished)))
         time.sleep(WAIT_POLL_S)
 
 

@@ -8174,3 +8174,96 @@ def test_a_cron_expression_is_stored_with_single_spaces_so_schedule_list_keeps_o
     assert [s["cron"] for s in json.loads(ok(db, "schedule", "list", "--json"))] == ["0 2 * * *"] * 3
     lines = ok(db, "schedule", "list").splitlines()
     assert len(lines) == 4 and all(" 0 2 * * * " in line for line in lines[1:])
+
+# ==== Review of lost claim answers, connection timeouts and wait --all =============================
+
+def test_a_flush_whose_thread_cannot_start_is_skipped_and_the_job_runs_on(sqlite_store, monkeypatch):
+    # Where flushes run on threads of their own (PostgreSQL), a process at its thread limit cannot
+    # start one ("can't start new thread"). The flush is best effort: the job must go on and be
+    # recorded as it ended, not as an internal error with its process left running.
+    monkeypatch.setattr(queuectl, "OUTPUT_FLUSH_S", 0.05)
+    real_start = threading.Thread.start
+
+    def start(self):
+        if self.name == "flush":
+            raise RuntimeError("can't start new thread")
+        return real_start(self)
+    monkeypatch.setattr(threading.Thread, "start", start)
+    sqlite_store.cut_off_kills = True  # the PostgreSQL path of Runner._flush, on a local file
+    register(sqlite_store, "me")
+    sqlite_store.enqueue([spec("chatty", command="for i in 1 2 3 4 5 6; do echo x; sleep 0.1; done")],
+                         sqlite_store.now())
+    runner = queuectl.Runner(sqlite_store, "me", lambda job, epoch: None)
+    assert runner.run_once() is True
+    job = sqlite_store.get("chatty")
+    assert (job.state, job.last_error) == ("completed", None)
+    assert sqlite_store.runs("chatty")[0]["output"] == b"x\n" * 6
+
+
+def test_postgres_a_runner_connection_opened_while_stale_timeout_changed_gets_the_new_lease(pg_url):
+    # A runner thread opens its connection with stale-timeout as it read it (slowly, while the database
+    # was slow to answer); the heartbeat meanwhile reads a new value and bounds the connections of the
+    # runners it knows. A runner that joined the list just after that must still get the new lease.
+    ok(pg_url, "config", "set", "stale-timeout", "20")
+    supervisor = queuectl.Supervisor(pg_url, 1, True)
+    try:
+        supervisor._read_stale_timeout()  # the heartbeat read 20 ...
+        late = supervisor._new_runner()
+        late.store.lease_s = late.store.conn_lease_s = 10.0  # ... while this runner was opened with the old 10
+        supervisor._read_stale_timeout()  # the next heartbeat: stale-timeout unchanged since
+        assert late.store.lease_s == 20.0
+        late.store.config_get("stale_timeout")  # its next use reopens it with the lease's timeouts
+        assert socket_options(late.store)[0] == 5000
+    finally:
+        for store in [supervisor.store, *(r.store for r in supervisor.runners)]:
+            store.close()
+
+
+def test_wait_all_on_a_terminal_reads_a_big_dlq_for_its_line_only_now_and_then(store, monkeypatch):
+    # The line's dead count reads the dead jobs among those waited for; with a big DLQ (200,000 dead
+    # jobs take some 0.3 s to read here) reading it at every poll kept a core busy for as long as the
+    # wait lasted. Here each read of the dead "takes" a second of the line's clock, a poll a quarter.
+    register(store, "me")
+    store.enqueue([spec("a"), spec("b", max_retries=0)], T0)
+    clock, polls, reads = [0.0], [], []
+    real_counts, real_dead = store.wait_counts, store.dead_between
+
+    def wait_counts(queue, after_seq):
+        clock[0] += 0.25
+        polls.append(clock[0])
+        return (0, 0) if len(polls) > 12 else real_counts(queue, after_seq)
+
+    def dead_between(*args):
+        clock[0] += 1.0
+        reads.append(clock[0])
+        return real_dead(*args)
+    monkeypatch.setattr(store, "wait_counts", wait_counts)
+    monkeypatch.setattr(store, "dead_between", dead_between)
+    monkeypatch.setattr(queuectl, "WAIT_POLL_S", 0.001)
+    progress = queuectl.Progress(True, io.StringIO(), clock=lambda: clock[0])
+    assert queuectl.wait_all(store, None, None, progress) == 0
+    assert len(polls) == 13 and len(reads) == 2  # one for the line, then the verdict's own
+
+
+def test_postgres_connection_parameters_of_a_named_service_win_too(pg_url, tmp_path, monkeypatch):
+    # A libpq service (pg_service.conf, named by ?service= or PGSERVICE) is the user's choice as much
+    # as the URL: libpq only fills from it what the connection string leaves out, so a value of ours
+    # passed to connect() used to override the service's.
+    from urllib.parse import urlsplit
+    parts = urlsplit(pg_url)
+    (tmp_path / "services.conf").write_text("# the team's settings\n[queue]\nkeepalives_idle=7\n"
+                                            "tcp_user_timeout=1234\n")
+    monkeypatch.setenv("PGSERVICEFILE", str(tmp_path / "services.conf"))
+    monkeypatch.delenv("PGCONNECT_TIMEOUT", raising=False)
+    schema = dict(q.split("=", 1) for q in parts.query.split("&"))["schema"]
+    server = f"postgresql://{parts.netloc}{parts.path}"
+    for url, env in ((f"{server}?service=queue&schema={schema}", None), (f"{server}?schema={schema}", "queue")):
+        if env:
+            monkeypatch.setenv("PGSERVICE", env)
+        store = queuectl.PostgresStore(url, lease_s=10.0)
+        try:
+            params = store.conn.info.get_parameters()
+            assert (params["keepalives_idle"], params["tcp_user_timeout"], params["connect_timeout"]) == \
+                ("7", "1234", "3")  # the service's two, and ours where it says nothing
+        finally:
+            store.close()
