@@ -108,11 +108,18 @@ def id_value(rng: random.Random) -> tuple:
     return invalid_id_value(rng), "invalid"
 
 
-def number_texts(rng: random.Random, low: float, high: float, integer: bool) -> tuple[str, bool]:
-    """A JSON number text (or a non-number) and whether it is valid for [low, high]."""
+def number_texts(rng: random.Random, low: float, high: float, integer: bool,
+                 duration: bool = False) -> tuple[str, bool]:
+    """A JSON number text (or a non-number) and whether it is valid for [low, high]. A duration also
+    takes a string of digits with at most one unit ("3", "15m"), never a sign or an exponent."""
     valid = [str(int(low)), str(int(high)), "-0" if low <= 0 else str(int(low)), str(rng.randint(int(low), int(high)))]
     invalid = [str(int(high) + 1), str(int(low) - 1), "1e309", "-1e309", "NaN", "Infinity", "-Infinity",
-               "9" * 5000, str(10 ** 30), "true", "false", "null", '"3"', "[]", "{}", '"1e3"', "1" * 400 + ".0"]
+               "9" * 5000, str(10 ** 30), "true", "false", "null", "[]", "{}", '"1e3"', "1" * 400 + ".0",
+               '"-1"', '"1 h"', '"1H"']
+    if duration:
+        valid += ['"3"', '"15m"', '"1.5h"', '"1w"', '" 2d "']
+    else:
+        invalid += ['"3"']
     if integer:
         invalid += ["1.5", "3.0", "1e2", "-0.0", "0.0"]
     else:
@@ -157,7 +164,7 @@ def f_max_retries(rng, ctx):
 
 
 def f_timeout(rng, ctx):
-    return number_texts(rng, 0, MAX_SECONDS, False)
+    return number_texts(rng, 0, MAX_SECONDS, False, duration=True)
 
 
 def f_priority(rng, ctx):
@@ -165,7 +172,7 @@ def f_priority(rng, ctx):
 
 
 def f_delay(rng, ctx):
-    return number_texts(rng, 0, MAX_SECONDS, False)
+    return number_texts(rng, 0, MAX_SECONDS, False, duration=True)
 
 
 def f_cwd(rng, ctx):
@@ -460,20 +467,21 @@ def case_ids(rng: random.Random) -> Case:
     return Case(command, argv, ids_verdict(command, picks, extra))
 
 
+def duration_ok(text: str, low: float, high: float) -> bool:
+    """The duration rule, written out again: digits, an optional fraction, at most one unit."""
+    match = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([smhdw]?)", text.strip())
+    units = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+    return bool(match) and low <= float(match[1]) * units[match[2]] <= high
+
+
 def ids_verdict(command: str, picks: list[tuple[str, str]], extra: list[str]) -> set[int]:
     """What the rules give for an id-taking command on the starting database."""
     if any(kind == "option" for _, kind in picks):
         return {1, 2}  # argparse may read it as an option (2) or as a positional id that does not exist (1)
     if any(kind == "invalid" for _, kind in picks):
         return INVALID
-    if extra[:1] == ["--timeout"]:
-        t = extra[1]
-        try:
-            value = float(t)
-            if not (value == value and abs(value) != float("inf") and 0 <= value <= MAX_SECONDS):
-                return INVALID
-        except ValueError:
-            return INVALID
+    if extra[:1] == ["--timeout"] and not duration_ok(extra[1], 0, MAX_SECONDS):
+        return INVALID
     if extra[:1] == ["--run"]:
         try:
             n = int(extra[1])
@@ -518,13 +526,14 @@ CONFIG_VALUES = {
                      "-" + "9" * 400]),
     "backoff-base": (["1", "2", "1.5", "1000", "1e3", "1E0"],
                      ["0.5", "0", "-2", "1001", "nan", "inf", "-inf", "1e309", "", "two", "1e-400"]),
-    "backoff-max": (["0", "-0", "60", "0.25", str(MAX_SECONDS), "1e-300"],
-                    ["-1", str(MAX_SECONDS + 1), "nan", "Infinity", "1e309", "", "1h"]),
-    "stale-timeout": (["10", "1", "86400", "1e0", "2.5"],
-                      ["0", "-0", "-1", "86401", "nan", "", "10s", "0.001", "1e-9", "0.999", "1_0"]),
-    "job-timeout": (["0", "30", str(MAX_SECONDS), "2.5"], ["-1", str(MAX_SECONDS + 1), "nan", "1e309", ""]),
-    "retention": (["7d", "30s", "0", "1.5h", "15m", "3650d", "12", " 7d "],
-                  ["-1", "1w", "99999d", "7 d", "", "d", "1e3", "nan", "inf", "1.d", "\x00"]),
+    # the keys in seconds take a duration: digits, at most one unit (s m h d w), no sign, no exponent
+    "backoff-max": (["0", "60", "0.25", str(MAX_SECONDS), "1h", "1w"],
+                    ["-1", "-0", str(MAX_SECONDS + 1), "nan", "Infinity", "1e309", "", "1e-300", "1H"]),
+    "stale-timeout": (["10", "1", "86400", "2.5", "10s", "1d"],
+                      ["0", "-0", "-1", "86401", "nan", "", "0.001", "1e-9", "0.999", "1_0", "1e0", "2d"]),
+    "job-timeout": (["0", "30", str(MAX_SECONDS), "2.5", "15m"], ["-1", str(MAX_SECONDS + 1), "nan", "1e309", ""]),
+    "retention": (["7d", "30s", "0", "1.5h", "15m", "3650d", "12", " 7d ", "1w"],
+                  ["-1", "99999d", "7 d", "", "d", "1e3", "nan", "inf", "1.d", "\x00"]),
 }
 
 
