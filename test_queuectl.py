@@ -7494,3 +7494,46 @@ def test_posix_spawn_timeout_kills_the_group(tmp_path):
     assert out.exit_code is None and "timed out" in out.error
     child = int(marker.read_text())
     wait_for(lambda: queuectl.proc_start_time(child) is None, "the timed-out job's child to die")
+
+
+# ==== Execution: the drain's per-job path (glibc's posix_spawn without the GIL) ===================
+# Where glibc is there, jobs start through its posix_spawn called with ctypes (the GIL released);
+# everything a job sees must be what os.posix_spawn gave it.
+
+needs_glibc = pytest.mark.skipif(queuectl._glibc_spawn() is None, reason="not glibc on Linux")
+
+
+@needs_glibc
+@pytest.mark.parametrize("command", SPAWN_COMMANDS)
+def test_glibc_spawn_runs_a_job_as_os_posix_spawn_does(command, monkeypatch):
+    queuectl._ENV.clear()
+    used = []
+    real = queuectl._glibc_spawn()
+    monkeypatch.setattr(queuectl, "_glibc_spawn", lambda: lambda *a: used.append(a[0]) or real(*a))
+    through_ctypes = _run_here(command, {"EXTRA": "1"})
+    assert used
+    monkeypatch.setattr(queuectl, "_glibc_spawn", lambda: None)
+    through_os = _run_here(command, {"EXTRA": "1"})
+    assert (through_ctypes.exit_code, through_ctypes.error) == (through_os.exit_code, through_os.error)
+    if "/proc/$$/stat" in command:
+        pgrp, session, pid = through_ctypes.output.split()
+        assert pgrp == session == pid
+    else:
+        assert sorted(through_ctypes.output.splitlines()) == sorted(through_os.output.splitlines())
+
+
+@needs_glibc
+def test_glibc_spawn_reports_a_failed_exec_as_os_posix_spawn_does(tmp_path):
+    script = tmp_path / "noexec"
+    script.write_text("echo hi\n")
+    for program, error in ((b"/no/such/program", FileNotFoundError), (os.fsencode(script), PermissionError)):
+        read_end, write_end = os.pipe()
+        try:
+            with pytest.raises(error) as raised:
+                queuectl._glibc_spawn()(program, ["x"], {b"PATH": b"/bin"}, write_end)
+            with pytest.raises(error) as expected:
+                queuectl._os_spawn(program, ["x"], {b"PATH": b"/bin"}, write_end)
+            assert (raised.value.errno, raised.value.filename) == (expected.value.errno, expected.value.filename)
+        finally:
+            os.close(read_end)
+            os.close(write_end)
