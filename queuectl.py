@@ -3114,7 +3114,7 @@ class _GlibcSpawn:
         c, libc = self.ctypes, self.libc
         args = [os.fsencode(a) for a in argv]
         envp = [k + b"=" + v for k, v in env.items()]
-        if any(b"\0" in a for a in args) or any(b"\0" in e or b"=" in k for e, k in zip(envp, env)):
+        if b"\0" in b"".join(args) + b"".join(envp) or b"=" in b"\0".join(env):  # as one string: a loop costs 25 µs
             return _os_spawn(program, argv, env, write_end)  # it raises the error it always did
         actions, pid = c.create_string_buffer(256), c.c_int()  # posix_spawn_file_actions_t: 80 bytes
         libc.posix_spawn_file_actions_init(actions)
