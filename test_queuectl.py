@@ -7537,3 +7537,21 @@ def test_glibc_spawn_reports_a_failed_exec_as_os_posix_spawn_does(tmp_path):
         finally:
             os.close(read_end)
             os.close(write_end)
+
+
+@needs_glibc
+@pytest.mark.parametrize("argv, env", [(["tr\0ue"], {b"PATH": b"/bin"}), (["true"], {b"A=B": b"1"}),
+                                       (["true"], {b"A": b"1\0"})], ids=["nul-arg", "equals-name", "nul-value"])
+def test_glibc_spawn_refuses_what_os_posix_spawn_refuses(argv, env):
+    """A C string ends at NUL and a name with '=' would change another variable: both are refused
+    with os.posix_spawn's own error, never passed on cut short."""
+    read_end, write_end = os.pipe()
+    try:
+        with pytest.raises(ValueError) as raised:
+            queuectl._glibc_spawn()(b"/bin/true", argv, env, write_end)
+        with pytest.raises(ValueError) as expected:
+            queuectl._os_spawn(b"/bin/true", argv, env, write_end)
+        assert str(raised.value) == str(expected.value)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
