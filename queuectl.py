@@ -3043,8 +3043,9 @@ def _in_current_folder(cwd: str) -> bool:
 
 
 def _posix_spawn(program: bytes, argv: list[str], env: dict) -> "_Spawned":
-    """Start a job as Popen would with our options, through os.posix_spawn: half the worker's CPU per
-    start (no Python-side fork bookkeeping), the same session, signals, input and output.
+    """Start a job as Popen would with our options, through posix_spawn (glibc's with the GIL released
+    where it can, see _GlibcSpawn; else os.posix_spawn): half the worker's CPU per start (no
+    Python-side fork bookkeeping), the same session, signals, input and output.
 
     Only where the job needs no chdir (see _in_current_folder) and no preexec_fn (the parent-death
     signal on PostgreSQL): Popen does those. Popen's close_fds has no equal here, so descriptors the
