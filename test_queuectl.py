@@ -8267,3 +8267,63 @@ def test_postgres_connection_parameters_of_a_named_service_win_too(pg_url, tmp_p
                 ("7", "1234", "3")  # the service's two, and ours where it says nothing
         finally:
             store.close()
+
+# ==== Execution: the drain's per-job path (glibc's posix_spawn without the GIL) ===================
+# Where glibc is there, jobs start through its posix_spawn called with ctypes (the GIL released);
+# everything a job sees must be what os.posix_spawn gave it.
+
+needs_glibc = pytest.mark.skipif(queuectl._glibc_spawn() is None, reason="not glibc on Linux")
+
+
+@needs_glibc
+@pytest.mark.parametrize("command", SPAWN_COMMANDS)
+def test_glibc_spawn_runs_a_job_as_os_posix_spawn_does(command, monkeypatch):
+    queuectl._ENV.clear()
+    used = []
+    real = queuectl._glibc_spawn()
+    monkeypatch.setattr(queuectl, "_glibc_spawn", lambda: lambda *a: used.append(a[0]) or real(*a))
+    through_ctypes = _run_here(command, {"EXTRA": "1"})
+    assert used
+    monkeypatch.setattr(queuectl, "_glibc_spawn", lambda: None)
+    through_os = _run_here(command, {"EXTRA": "1"})
+    assert (through_ctypes.exit_code, through_ctypes.error) == (through_os.exit_code, through_os.error)
+    if "/proc/$$/stat" in command:
+        pgrp, session, pid = through_ctypes.output.split()
+        assert pgrp == session == pid
+    else:
+        assert sorted(through_ctypes.output.splitlines()) == sorted(through_os.output.splitlines())
+
+
+@needs_glibc
+def test_glibc_spawn_reports_a_failed_exec_as_os_posix_spawn_does(tmp_path):
+    script = tmp_path / "noexec"
+    script.write_text("echo hi\n")
+    for program, error in ((b"/no/such/program", FileNotFoundError), (os.fsencode(script), PermissionError)):
+        read_end, write_end = os.pipe()
+        try:
+            with pytest.raises(error) as raised:
+                queuectl._glibc_spawn()(program, ["x"], {b"PATH": b"/bin"}, write_end)
+            with pytest.raises(error) as expected:
+                queuectl._os_spawn(program, ["x"], {b"PATH": b"/bin"}, write_end)
+            assert (raised.value.errno, raised.value.filename) == (expected.value.errno, expected.value.filename)
+        finally:
+            os.close(read_end)
+            os.close(write_end)
+
+
+@needs_glibc
+@pytest.mark.parametrize("argv, env", [(["tr\0ue"], {b"PATH": b"/bin"}), (["true"], {b"A=B": b"1"}),
+                                       (["true"], {b"A": b"1\0"})], ids=["nul-arg", "equals-name", "nul-value"])
+def test_glibc_spawn_refuses_what_os_posix_spawn_refuses(argv, env):
+    """A C string ends at NUL and a name with '=' would change another variable: both are refused
+    with os.posix_spawn's own error, never passed on cut short."""
+    read_end, write_end = os.pipe()
+    try:
+        with pytest.raises(ValueError) as raised:
+            queuectl._glibc_spawn()(b"/bin/true", argv, env, write_end)
+        with pytest.raises(ValueError) as expected:
+            queuectl._os_spawn(b"/bin/true", argv, env, write_end)
+        assert str(raised.value) == str(expected.value)
+    finally:
+        os.close(read_end)
+        os.close(write_end)

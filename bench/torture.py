@@ -386,9 +386,11 @@ class Workers:
             key = f"{w['asked'] or ('burst' if w['burst'] else 'unasked')}:{code}"
             self.exits[key] = self.exits.get(key, 0) + 1
             expected = {"sigkill": {-9}, "sigterm": {0}, "hard": {0, 130}, "stop": {0}, None: {0} if w["burst"] else set()}
-            # A second SIGTERM that lands after a graceful exit finished (the interpreter is tearing
-            # down and has restored the default action) ends the process with -15: harmless then.
-            if w["asked"] == "hard" and code == -signal.SIGTERM and self.logged(w, b"worker exited"):
+            # A SIGTERM that lands after a graceful exit finished (the interpreter is tearing down and
+            # has restored the default action) ends the process with -15: harmless then. Two cases: the
+            # second SIGTERM of a hard stop, and the final stop_all's SIGTERM to a worker that was
+            # already leaving after `worker stop`.
+            if w["asked"] in ("hard", "stop") and code == -signal.SIGTERM and self.logged(w, b"worker exited"):
                 continue
             if code not in expected[w["asked"]]:
                 self.unexpected.append(f"worker pid {w['proc'].pid} (asked {w['asked']}) exited {code}")
