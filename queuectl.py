@@ -696,6 +696,7 @@ class SqliteSQL:
     SQL_RESUME = "DELETE FROM paused WHERE queue = ?"
     SQL_RESUME_ALL = "DELETE FROM paused"
     SQL_PAUSED = "SELECT queue FROM paused ORDER BY queue"
+    SQL_LOCK_LIMITS = None  # BEGIN IMMEDIATE already orders a limit after every claim (see PostgresSQL's)
     SQL_SET_LIMIT = ("INSERT INTO queue_limits (queue, max_running) VALUES (?, ?) "
                      "ON CONFLICT (queue) DO UPDATE SET max_running = excluded.max_running")
     SQL_REMOVE_LIMIT = "DELETE FROM queue_limits WHERE queue = ?"
@@ -1336,6 +1337,8 @@ class Store:
             if max_running is None:
                 cur.execute(self.sql.SQL_REMOVE_LIMIT, (queue,))
             else:
+                if self.sql.SQL_LOCK_LIMITS:
+                    cur.execute(self.sql.SQL_LOCK_LIMITS)
                 cur.execute(self.sql.SQL_SET_LIMIT, (queue, max_running))
             self._wake_workers(cur)  # a raised or removed limit may let a waiting job run now
         self.write(set_limit)
@@ -2214,6 +2217,10 @@ class PostgresSQL:
     SQL_RESUME = "DELETE FROM paused WHERE queue = %s"
     SQL_RESUME_ALL = "DELETE FROM paused"
     SQL_PAUSED = "SELECT queue FROM paused ORDER BY queue"
+    # A new limit waits for every claim in flight, and claims wait for it: a claim that began before the
+    # limit saw none and took no lock, so a claim after it, counting only committed claims, would not
+    # count that one. Every claim reads queue_limits, which holds off this lock until it commits.
+    SQL_LOCK_LIMITS = "LOCK TABLE queue_limits IN ACCESS EXCLUSIVE MODE"
     SQL_SET_LIMIT = ("INSERT INTO queue_limits (queue, max_running) VALUES (%s, %s) "
                      "ON CONFLICT (queue) DO UPDATE SET max_running = excluded.max_running")
     SQL_REMOVE_LIMIT = "DELETE FROM queue_limits WHERE queue = %s"

@@ -8267,3 +8267,32 @@ def test_postgres_connection_parameters_of_a_named_service_win_too(pg_url, tmp_p
                 ("7", "1234", "3")  # the service's two, and ours where it says nothing
         finally:
             store.close()
+
+
+# ==== Review of limits and kill-grace ====
+
+def test_postgres_a_limit_set_while_a_claim_of_its_queue_is_uncommitted_still_holds(pg_url):
+    # A claim that began before `limit` committed saw no limit and took no lock; a claim after it counts
+    # only committed claims. `limit` must wait for claims in flight, or the queue runs one job too many.
+    first, second = queuectl.PostgresStore(pg_url), queuectl.PostgresStore(pg_url)
+    try:
+        for worker in ("w1", "w2"):
+            register(first, worker)
+        first.enqueue([spec("d1", queue="deploy"), spec("d2", queue="deploy")], T0)
+        claimed, done = {}, threading.Event()
+
+        def limit_then_claim():
+            second.set_limit("deploy", 1)
+            claimed["w2"] = second.claim("w2", T0)
+            done.set()
+        with first.conn.transaction():
+            claimed["w1"] = first._claim_in(first.conn.cursor(), "w1", T0, ())
+            thread = threading.Thread(target=limit_then_claim)
+            thread.start()
+            wait_for(lambda: done.is_set() or _waiting_for_a_lock(first), "the limit to be set or to wait")
+        thread.join(WAIT_S)
+        assert claimed["w1"].id == "d1" and claimed["w2"] is None
+        assert first.counts()["processing"] == 1
+    finally:
+        for store in (first, second):
+            store.close()
