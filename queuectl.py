@@ -3707,10 +3707,11 @@ def _kill_group(pgid: int, signal_name: str = "SIGKILL") -> None:
 
 def group_left(proc) -> bool:
     """True while a process of the run's group (the job's first process is its leader) has not
-    exited. The leader is reaped here; any other member that exited counts as gone even if nobody
-    reaps it (a zombie, as orphans here may stay)."""
-    if proc.poll() is None:
-        return True
+    exited. A member that exited counts as gone even if nobody reaps it (a zombie, as orphans here
+    may stay). The leader is not reaped here but by end_run, which needs its PID kept from reuse."""
+    with contextlib.suppress(ChildProcessError):  # reaped elsewhere: gone
+        if proc.returncode is None and os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+            return True  # the leader runs (WNOWAIT: asked without reaping it)
     return any(fields and fields[2] == str(proc.pid) and proc_start_time(pid)
                for pid in _pids() for fields in [_stat_fields(pid)])
 

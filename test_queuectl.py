@@ -8296,3 +8296,16 @@ def test_postgres_a_limit_set_while_a_claim_of_its_queue_is_uncommitted_still_ho
     finally:
         for store in (first, second):
             store.close()
+
+
+def test_the_grace_leaves_the_jobs_first_process_unreaped_for_end_run(tmp_path, monkeypatch):
+    # end_run finds what is left of the run's session by the session id, the first process's PID: safe
+    # only while that process is not reaped (a reaped PID may be given to a new session's leader).
+    at_end_run, end_run = [], queuectl.end_run
+
+    def recording_end_run(proc, token):
+        at_end_run.append(proc.returncode)
+        return end_run(proc, token)
+    monkeypatch.setattr(queuectl, "end_run", recording_end_run)
+    out = run_graced("trap 'exit 3' TERM; sleep 30 & wait", 30, timeout=1)
+    assert out.error == "timed out after 1s (terminated)" and at_end_run == [None]
