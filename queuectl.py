@@ -3644,6 +3644,7 @@ class _Capture:
             _kill_group(self.proc.pid)
             return None
         _kill_group(self.proc.pid, "SIGTERM")
+        _kill_group(self.proc.pid, "SIGCONT")  # a stopped process acts on SIGTERM only once continued (as systemd)
         if self.pidfd is not None:
             self.poller.unregister(self.pidfd)  # readable for good once the shell exits: poll() would spin
         deadline = time.monotonic() + grace_s

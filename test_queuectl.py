@@ -8309,3 +8309,11 @@ def test_the_grace_leaves_the_jobs_first_process_unreaped_for_end_run(tmp_path, 
     monkeypatch.setattr(queuectl, "end_run", recording_end_run)
     out = run_graced("trap 'exit 3' TERM; sleep 30 & wait", 30, timeout=1)
     assert out.error == "timed out after 1s (terminated)" and at_end_run == [None]
+
+
+def test_a_stopped_job_is_continued_so_that_sigterm_reaches_it(tmp_path):
+    # A stopped process (SIGSTOP, a debugger) acts on SIGTERM only once continued: without a SIGCONT
+    # it would sit out the whole grace and be killed without the chance to clean up.
+    marker = tmp_path / "cleaned"
+    out = run_graced(f"trap 'touch {marker}; exit 3' TERM; kill -STOP $$; sleep 30", 8, timeout=1)
+    assert out.error == "timed out after 1s (terminated)" and marker.exists()
