@@ -6590,9 +6590,10 @@ def cmd_queues(args, store: Store) -> None:
     rows = store.queues()
     if args.json:
         return emit_json(rows)
-    print(f"{'QUEUE':<20} " + " ".join(f"{s.upper():>10}" for s in STATES) + f" {'LIMIT':>6}  PAUSED")
+    width = max([20] + [len(r["queue"]) for r in rows])  # names are ASCII, up to 64 characters
+    print(f"{'QUEUE':<{width}} " + " ".join(f"{s.upper():>10}" for s in STATES) + f" {'LIMIT':>6}  PAUSED")
     for r in rows:
-        print(f"{r['queue']:<20} " + " ".join(f"{r['jobs'][s]:>10}" for s in STATES)
+        print(f"{r['queue']:<{width}} " + " ".join(f"{r['jobs'][s]:>10}" for s in STATES)
               + f" {'-' if r['limit'] is None else r['limit']:>6}  {'yes' if r['paused'] else 'no'}")
 
 

@@ -8317,3 +8317,12 @@ def test_a_stopped_job_is_continued_so_that_sigterm_reaches_it(tmp_path):
     marker = tmp_path / "cleaned"
     out = run_graced(f"trap 'touch {marker}; exit 3' TERM; kill -STOP $$; sleep 30", 8, timeout=1)
     assert out.error == "timed out after 1s (terminated)" and marker.exists()
+
+
+def test_queues_keeps_its_columns_aligned_with_a_long_queue_name(db):
+    ok(db, "limit", "q" * 64, "3")
+    enqueue(db, id="a", command="true", queue="short")
+    header, *rows = ok(db, "queues").splitlines()
+    assert len(rows) == 2 and rows[0].split()[0] == "q" * 64
+    # every column ends where its heading does (the last one, PAUSED, is left-aligned)
+    assert {len(line.rsplit(None, 1)[0]) for line in rows} == {len(header.rsplit(None, 1)[0])}
