@@ -3710,6 +3710,8 @@ def group_left(proc) -> bool:
     """True while a process of the run's group (the job's first process is its leader) has not
     exited. A member that exited counts as gone even if nobody reaps it (a zombie, as orphans here
     may stay). The leader is not reaped here but by end_run, which needs its PID kept from reuse."""
+    if not hasattr(os, "waitid"):  # without it (and without /proc) only the leader can be watched
+        return proc.poll() is None
     with contextlib.suppress(ChildProcessError):  # reaped elsewhere: gone
         if proc.returncode is None and os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
             return True  # the leader runs (WNOWAIT: asked without reaping it)

@@ -8326,3 +8326,10 @@ def test_queues_keeps_its_columns_aligned_with_a_long_queue_name(db):
     assert len(rows) == 2 and rows[0].split()[0] == "q" * 64
     # every column ends where its heading does (the last one, PAUSED, is left-aligned)
     assert {len(line.rsplit(None, 1)[0]) for line in rows} == {len(header.rsplit(None, 1)[0])}
+
+
+def test_the_grace_works_without_waitid(tmp_path, monkeypatch):
+    monkeypatch.delattr(os, "waitid")  # as where Python has none: the leader is watched with poll()
+    out = run_graced("trap 'exit 3' TERM; sleep 30 & wait", 30, timeout=1)
+    assert out.error == "timed out after 1s (terminated)"
+    assert run_graced("trap '' TERM; sleep 30", 1, timeout=1).error == "timed out after 1s (killed after 1s grace)"
