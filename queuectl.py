@@ -696,6 +696,7 @@ class SqliteSQL:
     SQL_RESUME = "DELETE FROM paused WHERE queue = ?"
     SQL_RESUME_ALL = "DELETE FROM paused"
     SQL_PAUSED = "SELECT queue FROM paused ORDER BY queue"
+    SQL_LOCK_LIMITS = None  # BEGIN IMMEDIATE already orders a limit after every claim (see PostgresSQL's)
     SQL_SET_LIMIT = ("INSERT INTO queue_limits (queue, max_running) VALUES (?, ?) "
                      "ON CONFLICT (queue) DO UPDATE SET max_running = excluded.max_running")
     SQL_REMOVE_LIMIT = "DELETE FROM queue_limits WHERE queue = ?"
@@ -1336,6 +1337,8 @@ class Store:
             if max_running is None:
                 cur.execute(self.sql.SQL_REMOVE_LIMIT, (queue,))
             else:
+                if self.sql.SQL_LOCK_LIMITS:
+                    cur.execute(self.sql.SQL_LOCK_LIMITS)
                 cur.execute(self.sql.SQL_SET_LIMIT, (queue, max_running))
             self._wake_workers(cur)  # a raised or removed limit may let a waiting job run now
         self.write(set_limit)
@@ -2214,6 +2217,10 @@ class PostgresSQL:
     SQL_RESUME = "DELETE FROM paused WHERE queue = %s"
     SQL_RESUME_ALL = "DELETE FROM paused"
     SQL_PAUSED = "SELECT queue FROM paused ORDER BY queue"
+    # A new limit waits for every claim in flight, and claims wait for it: a claim that began before the
+    # limit saw none and took no lock, so a claim after it, counting only committed claims, would not
+    # count that one. Every claim reads queue_limits, which holds off this lock until it commits.
+    SQL_LOCK_LIMITS = "LOCK TABLE queue_limits IN ACCESS EXCLUSIVE MODE"
     SQL_SET_LIMIT = ("INSERT INTO queue_limits (queue, max_running) VALUES (%s, %s) "
                      "ON CONFLICT (queue) DO UPDATE SET max_running = excluded.max_running")
     SQL_REMOVE_LIMIT = "DELETE FROM queue_limits WHERE queue = %s"
@@ -3702,6 +3709,7 @@ class _Capture:
             _kill_group(self.proc.pid)
             return None
         _kill_group(self.proc.pid, "SIGTERM")
+        _kill_group(self.proc.pid, "SIGCONT")  # a stopped process acts on SIGTERM only once continued (as systemd)
         if self.pidfd is not None:
             self.poller.unregister(self.pidfd)  # readable for good once the shell exits: poll() would spin
         deadline = time.monotonic() + grace_s
@@ -3765,10 +3773,13 @@ def _kill_group(pgid: int, signal_name: str = "SIGKILL") -> None:
 
 def group_left(proc) -> bool:
     """True while a process of the run's group (the job's first process is its leader) has not
-    exited. The leader is reaped here; any other member that exited counts as gone even if nobody
-    reaps it (a zombie, as orphans here may stay)."""
-    if proc.poll() is None:
-        return True
+    exited. A member that exited counts as gone even if nobody reaps it (a zombie, as orphans here
+    may stay). The leader is not reaped here but by end_run, which needs its PID kept from reuse."""
+    if not hasattr(os, "waitid"):  # without it (and without /proc) only the leader can be watched
+        return proc.poll() is None
+    with contextlib.suppress(ChildProcessError):  # reaped elsewhere: gone
+        if proc.returncode is None and os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+            return True  # the leader runs (WNOWAIT: asked without reaping it)
     return any(fields and fields[2] == str(proc.pid) and proc_start_time(pid)
                for pid in _pids() for fields in [_stat_fields(pid)])
 
@@ -6646,9 +6657,10 @@ def cmd_queues(args, store: Store) -> None:
     rows = store.queues()
     if args.json:
         return emit_json(rows)
-    print(f"{'QUEUE':<20} " + " ".join(f"{s.upper():>10}" for s in STATES) + f" {'LIMIT':>6}  PAUSED")
+    width = max([20] + [len(r["queue"]) for r in rows])  # names are ASCII, up to 64 characters
+    print(f"{'QUEUE':<{width}} " + " ".join(f"{s.upper():>10}" for s in STATES) + f" {'LIMIT':>6}  PAUSED")
     for r in rows:
-        print(f"{r['queue']:<20} " + " ".join(f"{r['jobs'][s]:>10}" for s in STATES)
+        print(f"{r['queue']:<{width}} " + " ".join(f"{r['jobs'][s]:>10}" for s in STATES)
               + f" {'-' if r['limit'] is None else r['limit']:>6}  {'yes' if r['paused'] else 'no'}")
 
 

@@ -8327,3 +8327,69 @@ def test_glibc_spawn_refuses_what_os_posix_spawn_refuses(argv, env):
     finally:
         os.close(read_end)
         os.close(write_end)
+
+
+# ==== Review of limits and kill-grace ====
+
+def test_postgres_a_limit_set_while_a_claim_of_its_queue_is_uncommitted_still_holds(pg_url):
+    # A claim that began before `limit` committed saw no limit and took no lock; a claim after it counts
+    # only committed claims. `limit` must wait for claims in flight, or the queue runs one job too many.
+    first, second = queuectl.PostgresStore(pg_url), queuectl.PostgresStore(pg_url)
+    try:
+        for worker in ("w1", "w2"):
+            register(first, worker)
+        first.enqueue([spec("d1", queue="deploy"), spec("d2", queue="deploy")], T0)
+        claimed, done = {}, threading.Event()
+
+        def limit_then_claim():
+            second.set_limit("deploy", 1)
+            claimed["w2"] = second.claim("w2", T0)
+            done.set()
+        with first.conn.transaction():
+            claimed["w1"] = first._claim_in(first.conn.cursor(), "w1", T0, ())
+            thread = threading.Thread(target=limit_then_claim)
+            thread.start()
+            wait_for(lambda: done.is_set() or _waiting_for_a_lock(first), "the limit to be set or to wait")
+        thread.join(WAIT_S)
+        assert claimed["w1"].id == "d1" and claimed["w2"] is None
+        assert first.counts()["processing"] == 1
+    finally:
+        for store in (first, second):
+            store.close()
+
+
+def test_the_grace_leaves_the_jobs_first_process_unreaped_for_end_run(tmp_path, monkeypatch):
+    # end_run finds what is left of the run's session by the session id, the first process's PID: safe
+    # only while that process is not reaped (a reaped PID may be given to a new session's leader).
+    at_end_run, end_run = [], queuectl.end_run
+
+    def recording_end_run(proc, token):
+        at_end_run.append(proc.returncode)
+        return end_run(proc, token)
+    monkeypatch.setattr(queuectl, "end_run", recording_end_run)
+    out = run_graced("trap 'exit 3' TERM; sleep 30 & wait", 30, timeout=1)
+    assert out.error == "timed out after 1s (terminated)" and at_end_run == [None]
+
+
+def test_a_stopped_job_is_continued_so_that_sigterm_reaches_it(tmp_path):
+    # A stopped process (SIGSTOP, a debugger) acts on SIGTERM only once continued: without a SIGCONT
+    # it would sit out the whole grace and be killed without the chance to clean up.
+    marker = tmp_path / "cleaned"
+    out = run_graced(f"trap 'touch {marker}; exit 3' TERM; kill -STOP $$; sleep 30", 8, timeout=1)
+    assert out.error == "timed out after 1s (terminated)" and marker.exists()
+
+
+def test_queues_keeps_its_columns_aligned_with_a_long_queue_name(db):
+    ok(db, "limit", "q" * 64, "3")
+    enqueue(db, id="a", command="true", queue="short")
+    header, *rows = ok(db, "queues").splitlines()
+    assert len(rows) == 2 and rows[0].split()[0] == "q" * 64
+    # every column ends where its heading does (the last one, PAUSED, is left-aligned)
+    assert {len(line.rsplit(None, 1)[0]) for line in rows} == {len(header.rsplit(None, 1)[0])}
+
+
+def test_the_grace_works_without_waitid(tmp_path, monkeypatch):
+    monkeypatch.delattr(os, "waitid")  # as where Python has none: the leader is watched with poll()
+    out = run_graced("trap 'exit 3' TERM; sleep 30 & wait", 30, timeout=1)
+    assert out.error == "timed out after 1s (terminated)"
+    assert run_graced("trap '' TERM; sleep 30", 1, timeout=1).error == "timed out after 1s (killed after 1s grace)"
