@@ -2822,6 +2822,59 @@ def validate_job(obj: object, defaults: dict, cwd: str, now: float) -> dict:
     }
 
 
+QUICK_FIELDS = frozenset(("command", "id", "queue", "priority"))  # the fields a batch's jobs usually have
+
+
+def job_validator(defaults: dict, cwd: str, now: float) -> Callable[[object], dict]:
+    """validate_job for a batch of jobs, about three times faster on the common path: a job object with
+    only QUICK_FIELDS, of plain ASCII text and integers in range, is accepted inline, with the defaults
+    validated once. Anything else, and so every error, goes through validate_job: the same rules and
+    messages."""
+    try:
+        base = validate_job({"command": "true"}, defaults, cwd, now)
+    except UsageError:  # a default is not valid (the current folder is gone): each job is told by validate_job
+        base = None
+    queues = {DEFAULT_QUEUE}  # names already found valid
+    ids = _random_ids()
+
+    def validate(obj: object) -> dict:
+        if base is None or type(obj) is not dict or not obj.keys() <= QUICK_FIELDS or not _quick_ok(obj, queues):
+            return validate_job(obj, defaults, cwd, now)
+        return {"command": obj["command"], "id": obj["id"] if "id" in obj else next(ids),
+                "max_retries": base["max_retries"], "timeout": base["timeout"], "cwd": base["cwd"], "env": {},
+                "priority": obj.get("priority", 0), "queue": obj.get("queue", DEFAULT_QUEUE), "run_at": None,
+                "depends_on": []}
+    return validate
+
+
+def _quick_ok(obj: dict, queues: set) -> bool:
+    """True if validate_job surely accepts these QUICK_FIELDS as they are (False: let it decide)."""
+    command = obj.get("command")
+    if not (type(command) is str and 0 < len(command) <= MAX_COMMAND_BYTES and command.isascii()
+            and "\0" not in command and not command.isspace()):  # ASCII: as many UTF-8 bytes as characters
+        return False
+    if "id" in obj:
+        job_id = obj["id"]  # printable ASCII: no control character, line separator or NUL
+        if not (type(job_id) is str and 0 < len(job_id) <= MAX_ID_CHARS and job_id.isascii() and job_id.isprintable()):
+            return False
+    if "priority" in obj:
+        priority = obj["priority"]  # type(...) is int: not a bool
+        if not (type(priority) is int and -MAX_PRIORITY <= priority <= MAX_PRIORITY):
+            return False
+    queue = obj.get("queue", DEFAULT_QUEUE)
+    if type(queue) is not str or queue not in queues and not QUEUE_NAME.fullmatch(queue):
+        return False
+    queues.add(queue)
+    return True
+
+
+def _random_ids() -> Iterator[str]:
+    """Job ids as validate_job draws them (8 random bytes in hex), from the system 4 KiB at a time."""
+    while True:
+        block = os.urandom(4096).hex()
+        yield from (block[i:i + 16] for i in range(0, len(block), 16))
+
+
 def did_you_mean(name: str, valid) -> str:
     """"(did you mean 'x'?)" for the valid name nearest a mistyped one, or "" if none is near."""
     import difflib  # only on this error path: it costs a few ms to import
@@ -6105,9 +6158,14 @@ def enqueue_batch(store: Store, progress: "Progress", now: float, defaults: dict
         counts.update(now_at)
         if counts["read"] > BATCH_PROGRESS_LINES or counts["validated"] > BATCH_PROGRESS_LINES:
             progress.show("enqueue: read {read} lines · validated {validated} · stored {stored}".format(**counts))
-    specs = []
+    specs, validate = [], job_validator(defaults, cwd, now)
     for where, item in read_batch(read_stdin(lambda lines: count(read=lines))):
-        specs.append({**_numbered(where, lambda: validate_job(item, defaults, cwd, now)), "where": where})
+        try:
+            spec = validate(item)
+        except UsageError as e:
+            raise UsageError(f"{where}: {e}") from None
+        spec["where"] = where
+        specs.append(spec)
         if len(specs) % 1000 == 0:
             count(validated=len(specs))
     count(validated=len(specs))
