@@ -6253,9 +6253,18 @@ def read_batch(data: bytes) -> Iterator[tuple[str, object]]:
         return
     # Only "\n" ends a line: str.splitlines() would also split at U+2028, U+0085 and others, which
     # JSON allows raw inside strings.
+    scan = STRICT_JSON.scan_once  # what parse_json runs, less two Python calls a line
     for n, line in enumerate(body.split("\n"), start=1):
+        line = line.removesuffix("\r")
+        try:  # the common line: one object, no blank around it
+            item, end = scan(line, 0)
+            if end == len(line):
+                yield f"line {n}", item
+                continue
+        except Exception:  # noqa: BLE001 - anything amiss: parse_json below says what, as it always did
+            pass
         if line.strip():
-            yield f"line {n}", _numbered(f"line {n}", lambda: parse_json(line.removesuffix("\r")))
+            yield f"line {n}", _numbered(f"line {n}", lambda: parse_json(line))
 
 
 def _numbered(where: str, fn):
