@@ -8393,3 +8393,127 @@ def test_the_grace_works_without_waitid(tmp_path, monkeypatch):
     out = run_graced("trap 'exit 3' TERM; sleep 30 & wait", 30, timeout=1)
     assert out.error == "timed out after 1s (terminated)"
     assert run_graced("trap '' TERM; sleep 30", 1, timeout=1).error == "timed out after 1s (killed after 1s grace)"
+
+
+# ==== Batch enqueue throughput: the quick validator and the streamed COPY ==========================
+
+def quick_validate(obj, defaults=None, cwd="/tmp", now=T0):
+    """(what job_validator made of obj, or its error) beside (the same from validate_job); ids drawn at
+    random compared by shape."""
+    def run(validate):
+        try:
+            spec = validate(obj)
+        except queuectl.UsageError as e:
+            return ("error", str(e))
+        if "id" not in (obj if isinstance(obj, dict) else {}):
+            assert re.fullmatch(r"[0-9a-f]{16}", spec.pop("id"))
+        return spec
+    defaults = defaults or {"max_retries": 3, "job_timeout": 0}
+    return (run(queuectl.job_validator(defaults, cwd, now)),
+            run(lambda o: queuectl.validate_job(o, defaults, cwd, now)))
+
+
+@pytest.mark.parametrize("obj", [
+    {"command": "true"}, {"command": "echo é"}, {"command": " "}, {"command": ""}, {"command": "a\0b"},
+    {"command": 3}, {"command": "x" * (queuectl.MAX_COMMAND_BYTES + 1)}, {"command": "x" * queuectl.MAX_COMMAND_BYTES},
+    {"command": "true", "id": "j-1"}, {"command": "true", "id": ""}, {"command": "true", "id": "a\tb"},
+    {"command": "true", "id": "a\u2028b"}, {"command": "true", "id": None}, {"command": "true", "id": 7},
+    {"command": "true", "id": "x" * (queuectl.MAX_ID_CHARS + 1)}, {"command": "true", "priority": 5},
+    {"command": "true", "priority": True}, {"command": "true", "priority": 1.0},
+    {"command": "true", "priority": queuectl.MAX_PRIORITY + 1}, {"command": "true", "priority": -queuectl.MAX_PRIORITY},
+    {"command": "true", "queue": "q.1"}, {"command": "true", "queue": "a b"}, {"command": "true", "queue": ["q"]},
+    {"command": "true", "queue": None}, {"id": "x"}, {"command": "true", "colour": "red"},
+    {"command": "true", "delay": "5m"}, {"command": "true", "env": {"A": "1"}}, ["true"], "true",
+])
+def test_job_validator_says_what_validate_job_says(obj):
+    quick, full = quick_validate(obj)
+    assert quick == full
+
+
+def test_job_validator_where_a_default_is_invalid_says_it_for_each_job():
+    # The current folder is gone: a job without a cwd is refused, one that names its own is not.
+    quick, full = quick_validate({"command": "true"}, cwd="")
+    assert quick == full and quick[0] == "error" and "current folder" in quick[1]
+    quick, full = quick_validate({"command": "true", "cwd": "/tmp"}, cwd="")
+    assert quick == full and quick["cwd"] == "/tmp"
+
+
+def test_job_validator_draws_different_ids():
+    validate = queuectl.job_validator({"max_retries": 3, "job_timeout": 0}, "/tmp", T0)
+    ids = [validate({"command": "true"})["id"] for _ in range(1000)]
+    assert len(set(ids)) == 1000 and all(re.fullmatch(r"[0-9a-f]{16}", i) for i in ids)
+
+
+def test_batch_lines_with_blanks_crlf_and_spaces_parse_as_before(db):
+    data = '{"id": "a", "command": "true"}\r\n  {"id": "b", "command": "true"}  \n\n\t\n{"id":"c","command":"true"}'
+    assert cli(db, "enqueue", "-", stdin=data)[:2] == (0, "a\nb\nc\n")
+    code, out, err = cli(db, "enqueue", "-", stdin='{"id": "d", "command": "true"} {"id": "e"}\n')
+    assert (code, out) == (2, "")
+    assert_one_error(err, "line 1", "invalid JSON")
+    code, out, err = cli(db, "enqueue", "-", stdin='{"id": "d", "id": "e", "command": "true"}\n')
+    assert (code, out) == (2, "")
+    assert_one_error(err, "line 1", "duplicate key 'id'")
+
+
+@pytest.fixture
+def streamed(monkeypatch):
+    """`enqueue -` tries the streamed path (PostgreSQL's COPY as it validates) from two lines on."""
+    monkeypatch.setattr(queuectl, "BATCH_STREAM_LINES", 2)
+
+
+def test_streamed_batch_stores_what_the_usual_path_stores(db, streamed):
+    data = jsonl({"id": "s1", "command": "echo 1", "priority": 2}, {"command": "echo 2", "queue": "q"},
+                 {"id": "s3", "command": "echo 3", "delay": 60, "env": {"A": "b\tc"}})
+    code, out, err = cli(db, "enqueue", "-", stdin=data)
+    assert code == 0, err
+    ids = out.splitlines()
+    assert ids[0] == "s1" and ids[2] == "s3" and list_ids(db) == ids
+    assert get_job(db, "s1")["priority"] == 2 and get_job(db, ids[1])["queue"] == "q"
+    assert get_job(db, "s3")["env"] == {"A": "b\tc"} and get_job(db, "s3")["state"] == "pending"
+
+
+def test_postgres_streams_a_big_batch_without_the_usual_insert(pg_url, streamed, monkeypatch):
+    # Proof that the streamed path stored it: the usual one would fail.
+    def usual(*args, **kwargs):
+        raise AssertionError("the usual path ran")
+    monkeypatch.setattr(queuectl.Store, "enqueue", usual)
+    data = jsonl(*({"id": f"p{n}", "command": "true"} for n in range(50)))
+    code, out, err = cli(pg_url, "enqueue", "-", stdin=data)
+    assert (code, len(out.splitlines())) == (0, 50), err
+    monkeypatch.undo()
+    assert json.loads(ok(pg_url, "status", "--json"))["jobs"]["pending"] == 50
+
+
+STREAMED_FAILURES = [  # (lines, exit code, what the one error line names); line 1 is the seeded job "keep"
+    # An invalid line wins over an earlier duplicate: every job is validated before the batch is checked.
+    ([{"id": "a", "command": "true"}, {"id": "a", "command": "true"}, '{"command": '], 2, ["line 3", "JSON"]),
+    ([{"id": "a", "command": "true"}, {"id": "a", "command": "true"}, {"id": "b", "command": "true"}], 2,
+     ["line 2", "'a'", "twice"]),
+    # The batch's own errors win over an id already taken.
+    ([{"id": "keep", "command": "true"}, {"id": "b", "command": "true"}, {"id": "b", "command": "true"}], 2,
+     ["line 3", "'b'", "twice"]),
+    ([{"id": "a", "command": "true"}, {"id": "keep", "command": "true"}, {"id": "b", "command": "true"}], 1,
+     ["line 2", "'keep'", "already exists"]),
+    ([{"id": "a", "command": "true"}, {"id": "b", "command": "true", "depends_on": ["c"]},
+      {"id": "c", "command": "true"}], 2, ["line 2", "'c'", "earlier"]),
+    ([{"id": "a", "command": "true"}, {"id": "b", "command": "true", "depends_on": ["nope"]}], 1,
+     ["line 2", "'nope'", "does not exist"]),
+]
+
+
+@pytest.mark.parametrize("lines,code,names", STREAMED_FAILURES, ids=[str(n) for n in range(len(STREAMED_FAILURES))])
+def test_streamed_batch_fails_as_the_usual_path_and_stores_nothing(seeded_db, streamed, lines, code, names):
+    before = snapshot(seeded_db)
+    data = "".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines)
+    got, out, err = cli(seeded_db, "enqueue", "-", stdin=data)
+    assert (got, out) == (code, ""), err
+    assert_one_error(err, *names)
+    assert snapshot(seeded_db) == before
+
+
+def test_streamed_batch_with_dependencies_takes_the_usual_path(db, streamed):
+    data = jsonl({"id": "a", "command": "true"}, {"id": "b", "command": "true"},
+                 {"id": "c", "command": "true", "depends_on": ["a", "b"]})
+    assert cli(db, "enqueue", "-", stdin=data)[:2] == (0, "a\nb\nc\n")
+    assert get_job(db, "c")["depends_on"] == ["a", "b"] and get_job(db, "c")["waiting_on"] == 2
+    assert json.loads(ok(db, "status", "--json"))["jobs"]["pending"] == 3
