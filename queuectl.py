@@ -5890,13 +5890,51 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+class _Deferred:
+    """Records calls (add_argument, set_defaults, add_subparsers, …) to replay them on a real parser later."""
+
+    def __init__(self):
+        self._calls = []
+
+    def __getattr__(self, method: str):
+        if method.startswith("_"):
+            raise AttributeError(method)
+
+        def record(*args, **kwargs):
+            result = _Deferred()  # stands for what the real call returns, e.g. the subparsers of add_subparsers
+            self._calls.append((method, args, kwargs, result))
+            return result
+        return record
+
+    def replay(self, target) -> None:
+        for method, args, kwargs, result in self._calls:
+            result.replay(getattr(target, method)(*args, **kwargs))
+
+
+class _LazyParser(_Deferred):
+    """A command's parser, built only when the command line names that command: building all of them
+    (about 35 parsers, each looking up gettext translations and the terminal size) costs every command
+    several ms of start-up. The top-level help and the "invalid choice" error need only the names and
+    help strings, which argparse keeps in the subparsers action itself."""
+
+    def __init__(self, **kwargs):
+        super().__init__()
+        self._kwargs = kwargs
+
+    def parse_known_args(self, args, namespace):
+        """The one method argparse calls on a chosen subcommand's parser."""
+        parser = Parser(**self._kwargs)
+        self.replay(parser)
+        return parser.parse_known_args(args, namespace)
+
+
 def build_parser() -> Parser:
     """The whole command line."""
     p = Parser(prog="queuectl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"queuectl {__version__}")
     p.add_argument("--db", help="database file, or postgresql://USER@HOST:PORT/DBNAME?schema=NAME "
                    "(default: $QUEUECTL_DB or ./queuectl.db)")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_LazyParser)
     _add_job_commands(sub)
     _add_view_commands(sub)
     _add_operating_commands(sub)

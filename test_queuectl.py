@@ -8517,3 +8517,40 @@ def test_streamed_batch_with_dependencies_takes_the_usual_path(db, streamed):
     assert cli(db, "enqueue", "-", stdin=data)[:2] == (0, "a\nb\nc\n")
     assert get_job(db, "c")["depends_on"] == ["a", "b"] and get_job(db, "c")["waiting_on"] == 2
     assert json.loads(ok(db, "status", "--json"))["jobs"]["pending"] == 3
+
+# ==== Start-up: only the parser of the command used is built =====================================
+
+def test_a_command_builds_only_its_own_parser(db, monkeypatch):
+    built = []
+    init = queuectl.Parser.__init__
+
+    def recording_init(self, *args, **kwargs):
+        built.append(kwargs.get("prog"))
+        init(self, *args, **kwargs)
+    monkeypatch.setattr(queuectl.Parser, "__init__", recording_init)
+    ok(db, "status")
+    assert built == ["queuectl", "queuectl status"]
+    built.clear()
+    ok(db, "config", "list")
+    assert built == ["queuectl", "queuectl config", "queuectl config set", "queuectl config get",
+                     "queuectl config list"]
+
+
+def test_the_help_still_lists_every_command_and_each_has_its_own(tmp_path):
+    code, out, _ = run_main(["--help"])
+    assert code == 0
+    names = ["enqueue", "add", "cancel", "delete", "purge", "wait", "status", "list", "show", "logs", "stats",
+             "metrics", "pause", "resume", "limit", "queues", "dashboard", "worker", "dlq", "config", "schedule"]
+    assert all(re.search(rf"^    {name}\b", out, re.M) for name in names), out
+    for name in names:
+        code, out, _ = run_main([name, "--help"])
+        assert code == 0 and out.startswith(f"usage: queuectl {name} "), (name, out)
+    code, _, err = run_main(["nope"])
+    assert code == 2 and "invalid choice: 'nope' (choose from 'enqueue', 'add'," in err
+
+
+def test_options_of_a_lazily_built_command_still_parse_and_fail_as_before(db):
+    code, _, err = cli(db, "stats", "--since", "zz")
+    assert code == 2 and err.startswith("queuectl: error: argument --since:")
+    code, _, err = cli(db, "worker", "start", "--log-format", "x")
+    assert code == 2 and "argument --log-format: invalid choice: 'x'" in err
