@@ -4266,18 +4266,22 @@ class Runner:
         _log_result(job, after, outcome)
 
     def _settings(self) -> dict:
-        """Config, re-read at most once a second: not a query per job, yet a change applies quickly."""
+        """Config, re-read at most once a second: not a query per job, yet a change applies quickly.
+        When the database cannot answer, the settings last read stand (and it is asked again next
+        time): a run being started or stopped must not fail on a config read. Only the first read,
+        with nothing to fall back on, raises."""
         mono = time.monotonic()
         if mono - self.settings_at > 1.0:
-            self.settings, self.settings_at = self.store.config_all(), mono
+            try:
+                self.settings, self.settings_at = self.store.config_all(), mono
+            except (QueueError, sqlite3.Error):
+                if not self.settings:
+                    raise
         return self.settings
 
     def _kill_grace(self) -> float:
-        """kill-grace as last read; the default if the database cannot say now (the run must end anyway)."""
-        try:
-            return self._settings()["kill_grace"]
-        except (QueueError, sqlite3.Error):
-            return self.settings.get("kill_grace", CONFIG["kill_grace"][0])
+        """kill-grace as last read (the run was started with settings read, so there is one)."""
+        return self._settings()["kill_grace"]
 
 
 def _log_result(job: Job, after: Job | None, outcome: Outcome) -> None:
@@ -6111,10 +6115,16 @@ def _add_schedule_commands(s) -> None:
     _command(s, "remove", cmd_schedule_remove, "delete schedules (the jobs they made stay)", ids="+")
 
 
+def cli_time(text: str) -> float | str:
+    """A time typed on a command line as the JSON field `run_at` takes it: digits are Unix seconds,
+    anything else an ISO-8601 string (for parse_time)."""
+    return float(text) if re.fullmatch(r"[0-9]+(\.[0-9]+)?", text) else text
+
+
 def _time_arg(text: str) -> float:
     """A command line's time: ISO-8601, or digits for Unix seconds."""
     try:
-        return parse_time(float(text) if re.fullmatch(r"[0-9]{1,12}(\.[0-9]+)?", text) else text, "--after")
+        return parse_time(cli_time(text), "--after")
     except UsageError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
@@ -6378,7 +6388,7 @@ def add_job_object(args) -> dict:
         if getattr(args, field) is not None:
             obj[field] = getattr(args, field)
     if args.run_at is not None:  # a Unix time, or an ISO-8601 string
-        obj["run_at"] = float(args.run_at) if re.fullmatch(r"\d+(\.\d+)?", args.run_at, re.ASCII) else args.run_at
+        obj["run_at"] = cli_time(args.run_at)
     if args.cwd is not None:  # relative to the current folder here, where `enqueue` wants an absolute path
         obj["cwd"] = os.path.join(current_dir(), args.cwd) if current_dir() else args.cwd
     if args.depends_on:

@@ -8554,3 +8554,28 @@ def test_options_of_a_lazily_built_command_still_parse_and_fail_as_before(db):
     assert code == 2 and err.startswith("queuectl: error: argument --since:")
     code, _, err = cli(db, "worker", "start", "--log-format", "x")
     assert code == 2 and "argument --log-format: invalid choice: 'x'" in err
+
+
+# ==== Last review: settings a runner falls back on, command-line times ==========================
+
+def test_a_runner_keeps_its_last_settings_when_the_database_cannot_answer(store, monkeypatch):
+    # A job being started (output-limit) or stopped (kill-grace) reads the config; a failed read must
+    # not fail the run when settings were read before. With nothing read yet, the error stands.
+    register(store)
+    runner = queuectl.Runner(store, "w1", lambda job, epoch: None)
+    first = runner._settings()
+
+    def busy():
+        raise queuectl.Busy("database is busy")
+    monkeypatch.setattr(store, "config_all", busy)
+    runner.settings_at = -math.inf  # due for a re-read
+    assert runner._settings() == first and runner._kill_grace() == first["kill_grace"]
+    runner.settings, runner.settings_at = {}, -math.inf
+    with pytest.raises(queuectl.Busy):
+        runner._settings()
+
+
+@pytest.mark.parametrize("text,value", [("1767225600", 1767225600.0), ("1.5", 1.5),
+                                        ("2026-12-01T02:00:00", "2026-12-01T02:00:00"), ("١٢", "١٢")])
+def test_a_command_line_time_is_unix_seconds_only_in_ascii_digits(text, value):
+    assert queuectl.cli_time(text) == value
