@@ -155,6 +155,8 @@ OUTPUT_FLUSH_S = 1.0  # a running job's output reaches the database at most this
 LOST_WORKER_CAP = 3  # a job whose worker is lost this many times goes to the DLQ
 BURST_HORIZON_S = 60.0  # --burst waits for jobs due within this many seconds
 POLL_INTERVAL_S = 0.05  # how often an idle worker process checks for due jobs (one poller per process)
+QUICK_JOB_S = 0.01  # a job's exit is watched through a pidfd once it has run this long (see _Capture)
+TICK_GAP_S = 0.005  # the shortest gap between two rounds of a worker's main loop (see Supervisor.tick)
 IDLE_WAIT_S = 5.0  # an idle thread waits for the poller's wake-up; this is only a safety net
 SWEEP_INTERVAL_S = 1.0  # how often each worker process looks for dead workers
 # A run of a worker that none of its runners holds for this long is a claim whose answer was lost
@@ -1134,8 +1136,9 @@ class Store:
     def _finish_in(self, cur: Cursor, job: Job, worker_id: str, outcome: Outcome, settings: dict,
                    now: float) -> Job | None:
         state, attempts, next_run_at = failure_rule(job, outcome, settings, now)
-        flag = cur.execute(self.sql.SQL_CANCEL_FLAG, (job.id, worker_id, job.run_count)).fetchone()
-        if flag and flag[0] and state != COMPLETED:
+        # (A run that completed stays completed, canceled or not: only a failure asks.)
+        flag = state != COMPLETED and cur.execute(self.sql.SQL_CANCEL_FLAG, (job.id, worker_id, job.run_count)).fetchone()
+        if flag and flag[0]:
             # Canceled while running, but it failed before its worker got round to killing it:
             # the cancel wins over a retry (a run that completed anyway stays completed).
             state, outcome = DEAD, Outcome(outcome.exit_code, "canceled", outcome.output, outcome.duration_s)
@@ -1747,7 +1750,6 @@ class SqliteStore(Store):
         busy_timeout alone does not prevent it (SQLite's busy handler can be starved), so a CLI
         command retries a few seconds and then reports Busy; a worker passes a long deadline.
         """
-        import random
         deadline = time.monotonic() + self.busy_deadline_s
         while True:
             try:
@@ -1755,6 +1757,7 @@ class SqliteStore(Store):
             except sqlite3.OperationalError as e:
                 if "locked" not in str(e) and "busy" not in str(e):
                     raise
+                import random
                 if time.monotonic() >= deadline or self.give_up():
                     raise Busy(f"database is busy: {self.path} stayed locked by another process; "
                                "try again") from None
@@ -1819,8 +1822,11 @@ class SqliteStore(Store):
     def _claim_in(self, cur: sqlite3.Cursor, worker_id: str, now: float, queues: tuple) -> Job | None:
         cur.execute(self.sql.SQL_PROMOTE, (now,))
         if HAS_RETURNING:
-            sql = self.sql.SQL_CLAIM_FROM_QUEUES if queues else self.sql.SQL_CLAIM_ANY_QUEUE
-            row = cur.execute(sql, {"worker": worker_id, "now": now, "queues": json.dumps(queues)}).fetchone()
+            if queues:
+                row = cur.execute(self.sql.SQL_CLAIM_FROM_QUEUES,
+                                  {"worker": worker_id, "now": now, "queues": json.dumps(queues)}).fetchone()
+            else:
+                row = cur.execute(self.sql.SQL_CLAIM_ANY_QUEUE, {"worker": worker_id, "now": now}).fetchone()
         else:
             row = self._claim_without_returning(cur, worker_id, now, queues)
         if row is None:
@@ -3402,11 +3408,10 @@ def run_command(job: Job, env_extra: dict, abort, on_output=None, *, die_with_wo
     see _die_with_runner. `kill_grace()`: the seconds a timed-out or canceled run gets between
     SIGTERM and SIGKILL (see _Capture.stop).
     """
-    import subprocess
     started = time.monotonic()
-    env = {**_worker_env(), **{k.encode(): v.encode() for d in (job.env, env_extra) for k, v in d.items()}}
+    extra = {k.encode(): v.encode() for d in (job.env, env_extra) for k, v in d.items()}
     try:
-        proc = _spawn(job, env, die_with_worker)
+        proc = _spawn(job, extra, die_with_worker)
     except OSError as e:
         error = f"cannot start: {e.strerror}: {job.cwd}" if isinstance(e, FileNotFoundError) else f"cannot start: {e}"
         return Outcome(None, error, b"", time.monotonic() - started)
@@ -3442,8 +3447,9 @@ def end_run(proc, token: str) -> str | None:
     return left.stuck
 
 
-def _spawn(job: Job, env: dict, die_with_worker: bool):
-    """Start the command: exec'd directly when it is plain words, else through `/bin/sh -c`."""
+def _spawn(job: Job, extra: dict, die_with_worker: bool):
+    """Start the command: exec'd directly when it is plain words, else through `/bin/sh -c`.
+    Its environment is the worker's with `extra` (the job's env and QUEUECTL_* variables) on top."""
     import subprocess
     # start_new_session: the job gets its own process group, so the terminal's Ctrl+C meant for
     # the worker never reaches it, and killpg() reaches all of its children.
@@ -3456,33 +3462,40 @@ def _spawn(job: Job, env: dict, die_with_worker: bool):
     if die_with_worker and not wrapper:
         options["preexec_fn"] = _die_with_runner()
     start = _posix_spawn if not die_with_worker and _in_current_folder(job.cwd) else None
-    direct = direct_argv(job.command, job.cwd, env)
+    base = _worker_env()
+    path = extra.get(b"PATH", base.get(b"PATH"))
+    direct = direct_argv(job.command, job.cwd, {} if path is None else {b"PATH": path})
     if direct:
-        direct_env = {**env, b"PWD": _shell_pwd(job.cwd, env)}
+        direct_extra = {**extra, b"PWD": _shell_pwd(job.cwd, extra.get(b"PWD", base.get(b"PWD", b"")))}
         try:
             if start:
-                return start(direct[0], direct[1], direct_env)
+                return start(direct[0], direct[1], direct_extra)
             if wrapper:  # setpriv finds the program as sh would: on the job's PATH, from its cwd
-                return subprocess.Popen([*wrapper, *direct[1]], env=direct_env, **options)
-            return subprocess.Popen(direct[1], executable=direct[0], env=direct_env, **options)
+                return subprocess.Popen([*wrapper, *direct[1]], env={**base, **direct_extra}, **options)
+            return subprocess.Popen(direct[1], executable=direct[0], env={**base, **direct_extra}, **options)
         except OSError:
             pass  # e.g. a script without #!: the shell knows what to do (run it as a shell script)
     if start:
-        return start(b"/bin/sh", ["/bin/sh", "-c", job.command], env)
-    return subprocess.Popen([*wrapper, "/bin/sh", "-c", job.command], env=env, **options)
+        return start(b"/bin/sh", ["/bin/sh", "-c", job.command], extra)
+    return subprocess.Popen([*wrapper, "/bin/sh", "-c", job.command], env={**base, **extra}, **options)
 
 
 def _in_current_folder(cwd: str) -> bool:
     """Is the job's folder the worker's own (the same directory, not only the same name)? Then the
-    job can be started without a chdir, which Python 3.11's os.posix_spawn cannot do."""
+    job can be started without a chdir, which Python 3.11's os.posix_spawn cannot do. Remembered
+    for a second, as _find_program's answers are (two stat calls a job otherwise)."""
+    return _remembered(_FOLDERS, cwd, lambda: _same_folder(".", cwd))
+
+
+def _same_folder(here: str, cwd: str) -> bool:
     try:
-        here, there = os.stat("."), os.stat(cwd)
+        here, there = os.stat(here), os.stat(cwd)
     except OSError:
         return False  # Popen's chdir reports it as before
     return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
-def _posix_spawn(program: bytes, argv: list[str], env: dict) -> "_Spawned":
+def _posix_spawn(program: bytes, argv: list[str], extra: dict) -> "_Spawned":
     """Start a job as Popen would with our options, through posix_spawn (glibc's with the GIL released
     where it can, see _GlibcSpawn; else os.posix_spawn): half the worker's CPU per start (no
     Python-side fork bookkeeping), the same session, signals, input and output.
@@ -3496,7 +3509,7 @@ def _posix_spawn(program: bytes, argv: list[str], env: dict) -> "_Spawned":
     read_end, write_end = os.pipe2(os.O_CLOEXEC)
     try:
         spawn = _glibc_spawn()
-        pid = (spawn or _os_spawn)(program, argv, env, write_end)
+        pid = (spawn or _os_spawn)(program, argv, extra, write_end)
     except BaseException:
         os.close(read_end)
         raise
@@ -3505,13 +3518,14 @@ def _posix_spawn(program: bytes, argv: list[str], env: dict) -> "_Spawned":
     return _Spawned(pid, open(read_end, "rb", buffering=0))
 
 
-def _os_spawn(program: bytes, argv: list[str], env: dict, write_end: int) -> int:
-    """os.posix_spawn with the job's process settings (see _posix_spawn). It holds the GIL until the
-    child has exec'd: the other runner thread stands still meanwhile (see _GlibcSpawn)."""
+def _os_spawn(program: bytes, argv: list[str], extra: dict, write_end: int) -> int:
+    """os.posix_spawn with the job's process settings (see _posix_spawn), in the worker's environment
+    with `extra` on top. It holds the GIL until the child has exec'd: the other runner thread stands
+    still meanwhile (see _GlibcSpawn)."""
     import signal
     actions = [(os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
                (os.POSIX_SPAWN_DUP2, write_end, 1), (os.POSIX_SPAWN_DUP2, write_end, 2)]
-    return os.posix_spawn(program, argv, env, file_actions=actions, setsid=True,
+    return os.posix_spawn(program, argv, {**_worker_env(), **extra}, file_actions=actions, setsid=True,
                           setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
 
 
@@ -3534,7 +3548,11 @@ class _GlibcSpawn:
     new child got a CPU. Profiled, that wait was half of a runner's time per `true` job.
 
     The attributes (new session, SIGPIPE and SIGXFSZ back to their defaults) are set once and only
-    read by posix_spawn; the file actions are built per call. Flag values are glibc's <spawn.h>."""
+    read by posix_spawn. So are the file actions of each descriptor number the output pipe gets (a
+    handful: numbers are reused), and the C array of the worker's environment (all but the job's own
+    variables): converting 50 variables to C strings for every job cost more than the rest of the
+    spawn's Python. posix_spawn only reads what it is given, so threads share all of it.
+    Flag values are glibc's <spawn.h>."""
 
     SETSIGDEF, SETSID = 0x04, 0x80  # POSIX_SPAWN_SETSIGDEF, POSIX_SPAWN_SETSID
 
@@ -3550,26 +3568,59 @@ class _GlibcSpawn:
                  libc.posix_spawnattr_setflags(self.attr, ctypes.c_short(self.SETSIGDEF | self.SETSID))]
         if any(steps):
             raise OSError("posix_spawn attributes refused")
+        self.actions: dict[int, object] = {}  # output pipe's descriptor -> file actions
+        self.environs: dict[frozenset, tuple] = {}  # names the job sets -> (worker env, C array of the rest)
 
-    def __call__(self, program: bytes, argv: list[str], env: dict, write_end: int) -> int:
-        c, libc = self.ctypes, self.libc
+    def __call__(self, program: bytes, argv: list[str], extra: dict, write_end: int) -> int:
+        """Spawn `program` in the worker's environment with `extra` on top (see _os_spawn)."""
+        c = self.ctypes
         args = [os.fsencode(a) for a in argv]
-        envp = [k + b"=" + v for k, v in env.items()]
-        if b"\0" in b"".join(args) + b"".join(envp) or b"=" in b"\0".join(env):  # as one string: a loop costs 25 µs
-            return _os_spawn(program, argv, env, write_end)  # it raises the error it always did
-        actions, pid = c.create_string_buffer(256), c.c_int()  # posix_spawn_file_actions_t: 80 bytes
-        libc.posix_spawn_file_actions_init(actions)
+        added = [k + b"=" + v for k, v in extra.items()]
+        if b"\0" in b"".join(args) + b"".join(added) or b"=" in b"\0".join(extra):  # as one string: a loop is slower
+            return _os_spawn(program, argv, extra, write_end)  # it raises the error it always did
+        inherited = self._environ(extra)
+        envp = (c.c_char_p * (len(inherited) + len(added) + 1))()
+        c.memmove(envp, inherited, c.sizeof(inherited))  # pointers into strings `inherited` keeps alive
+        envp[len(inherited):len(inherited) + len(added)] = added
+        actions, pid = self._actions(write_end), c.c_int()
         try:
-            failed = libc.posix_spawn_file_actions_addopen(actions, 0, b"/dev/null", os.O_RDONLY, 0) or \
-                libc.posix_spawn_file_actions_adddup2(actions, write_end, 1) or \
-                libc.posix_spawn_file_actions_adddup2(actions, write_end, 2) or \
-                libc.posix_spawn(c.byref(pid), program, actions, self.attr, (c.c_char_p * (len(args) + 1))(*args),
-                                 (c.c_char_p * (len(envp) + 1))(*envp))
+            failed = self.libc.posix_spawn(c.byref(pid), program, actions, self.attr,
+                                           (c.c_char_p * (len(args) + 1))(*args), envp)
         finally:
-            libc.posix_spawn_file_actions_destroy(actions)
+            if write_end not in self.actions:
+                self.libc.posix_spawn_file_actions_destroy(actions)
         if failed:
             raise OSError(failed, os.strerror(failed), program)
         return pid.value
+
+    def _environ(self, extra: dict):
+        """The C array of the worker's environment without the names `extra` sets, built once per set
+        of names (and again if the environment changed: tests replace it)."""
+        worker, names = _worker_env(), frozenset(extra)
+        hit = self.environs.get(names)
+        if hit is None or hit[0] != worker:
+            entries = [k + b"=" + v for k, v in worker.items() if k not in names]
+            if len(self.environs) >= 64:
+                self.environs.clear()
+            hit = self.environs[names] = (dict(worker), (self.ctypes.c_char_p * len(entries))(*entries))
+        return hit[1]
+
+    def _actions(self, write_end: int):
+        """stdin from /dev/null, stdout and stderr to the pipe: kept per descriptor number (at most 256;
+        beyond, built for the call and destroyed after it)."""
+        actions = self.actions.get(write_end)
+        if actions is None:
+            c, libc = self.ctypes, self.libc
+            actions = c.create_string_buffer(256)  # posix_spawn_file_actions_t: 80 bytes
+            libc.posix_spawn_file_actions_init(actions)
+            if libc.posix_spawn_file_actions_addopen(actions, 0, b"/dev/null", os.O_RDONLY, 0) or \
+                    libc.posix_spawn_file_actions_adddup2(actions, write_end, 1) or \
+                    libc.posix_spawn_file_actions_adddup2(actions, write_end, 2):
+                libc.posix_spawn_file_actions_destroy(actions)
+                raise OSError(c.get_errno() or 12, "cannot set up the job's output pipe")
+            if len(self.actions) < 256:
+                self.actions[write_end] = actions
+        return actions
 
 
 @functools.cache
@@ -3708,18 +3759,23 @@ def _find_program(name: str, cwd: str, path: bytes) -> bytes | None:
 
     Remembered for a second (a long PATH costs a dozen stat calls a job); a program removed within
     that second fails to start and falls back to the shell, which reports it as sh would."""
-    key, now = (name, cwd, path), time.monotonic()
-    hit = _PROGRAMS.get(key)
+    return _remembered(_PROGRAMS, (name, cwd, path), lambda: _search_program(name, cwd, path))
+
+
+def _remembered(cache: dict, key, compute):
+    """compute()'s answer for `key`, remembered for a second (at most 1024 keys)."""
+    hit, now = cache.get(key), time.monotonic()
     if hit and now - hit[1] < 1.0:
         return hit[0]
-    program = _search_program(name, cwd, path)
-    if len(_PROGRAMS) >= 1024:
-        _PROGRAMS.clear()
-    _PROGRAMS[key] = (program, now)
-    return program
+    if len(cache) >= 1024:
+        cache.clear()
+    value = cache[key] = (compute(), now)
+    return value[0]
 
 
-_PROGRAMS: dict[tuple, tuple] = {}
+_PROGRAMS: dict[tuple, tuple] = {}  # what _find_program, _in_current_folder and _shell_pwd remember
+_FOLDERS: dict[str, tuple] = {}
+_PWDS: dict[tuple, tuple] = {}
 
 
 def _search_program(name: str, cwd: str, path: bytes) -> bytes | None:
@@ -3733,9 +3789,13 @@ def _search_program(name: str, cwd: str, path: bytes) -> bytes | None:
     return None
 
 
-def _shell_pwd(cwd: str, env: dict) -> bytes:
-    """$PWD as dash exports it: the inherited value if it names the job's folder, else the real path."""
-    inherited = env.get(b"PWD", b"")
+def _shell_pwd(cwd: str, inherited: bytes) -> bytes:
+    """$PWD as dash exports it: the inherited value if it names the job's folder, else the real path
+    (remembered for a second, as _find_program's answers are)."""
+    return _remembered(_PWDS, (cwd, inherited), lambda: _real_pwd(cwd, inherited))
+
+
+def _real_pwd(cwd: str, inherited: bytes) -> bytes:
     try:
         if inherited.startswith(b"/") and os.path.samefile(inherited, cwd):
             return inherited
@@ -3764,11 +3824,11 @@ class _Capture:
         self.fd = proc.stdout.fileno()
         self.poller = select.poll()
         self.poller.register(self.fd, select.POLLIN | select.POLLHUP)
-        # A pidfd becomes readable when the shell exits, so we learn of the exit at once instead
-        # of sleeping in short steps after EOF (Linux 5.3+; elsewhere we fall back to those steps).
-        self.pidfd = _pidfd(proc.pid)
-        if self.pidfd is not None:
-            self.poller.register(self.pidfd, select.POLLIN)
+        # A pidfd becomes readable when the shell exits, so we learn of the exit at once instead of
+        # sleeping in short steps after EOF (Linux 5.3+; elsewhere we fall back to those steps). It is
+        # opened only for a job still running after QUICK_JOB_S or after its EOF: a short job ends
+        # with its output's EOF and has exited by the time we look, and costs two syscalls less.
+        self.pidfd, self.watching = None, False
         self.tail, self.total, self.eof = bytearray(), 0, False
         self.flushed_at, self.flushed_total = started, 0
 
@@ -3789,11 +3849,19 @@ class _Capture:
             if self.proc.poll() is not None:
                 self._drain()
                 return None, None
+            if not self.watching and (self.eof or time.monotonic() - self.started >= QUICK_JOB_S):
+                self._watch_exit()
             if self.eof and self.pidfd is None:
                 _wait_a_little(self.proc)  # output closed, shell still running
-            elif any(fd == self.fd for fd, _ in self.poller.poll(250)):
+            elif any(fd == self.fd for fd, _ in self.poller.poll(250 if self.watching else QUICK_JOB_S * 1000)):
                 self._read()
             self._maybe_flush()
+
+    def _watch_exit(self) -> None:
+        import select
+        self.watching, self.pidfd = True, _pidfd(self.proc.pid)
+        if self.pidfd is not None:
+            self.poller.register(self.pidfd, select.POLLIN)
 
     def stop(self, reason: str, abort, grace_s: float) -> str | None:
         """End the run's process group (not reaped here: see end_run) and return how, for last_error.
@@ -3808,8 +3876,9 @@ class _Capture:
             return None
         _kill_group(self.proc.pid, "SIGTERM")
         _kill_group(self.proc.pid, "SIGCONT")  # a stopped process acts on SIGTERM only once continued (as systemd)
+        self.watching = True  # no pidfd from here: its poll would spin once the shell has exited
         if self.pidfd is not None:
-            self.poller.unregister(self.pidfd)  # readable for good once the shell exits: poll() would spin
+            self.poller.unregister(self.pidfd)
         deadline = time.monotonic() + grace_s
         while group_left(self.proc):
             hard = abort()
@@ -4237,13 +4306,14 @@ class Runner:
     def _record(self, job: Job, outcome: Outcome, now: float | None) -> None:
         """Write the outcome, retrying until the database takes it: a finished run is never dropped,
         except by a hard stop, which leaves it to crash recovery (the job is still ours, processing)."""
-        failing = Backoff(f"recording the result of job {job.id}", 0.5)
+        failing = None  # made at the first failure: nothing to build for a result written at once
         while True:
             try:
                 return self._write_outcome(job, outcome, self.store.now() if now is None else now)
             except (QueueError, sqlite3.Error) as e:
                 if self.give_up():
                     break
+                failing = failing or Backoff(f"recording the result of job {job.id}", 0.5)
                 time.sleep(failing.failed(e))
         log.warning("job %s: result not recorded (hard stop); crash recovery will run it again", job.id,
                     extra=event("result_not_recorded", job_id=job.id, attempt=job.attempts + 1))
@@ -4495,7 +4565,10 @@ class Supervisor:
         self.wake = threading.Condition()
         self.wakes = 0  # wake-ups sent to idle runner threads so far (see _wake_runners)
         self.signals = 0  # SIGINT and SIGTERM deliveries so far
-        self.tick = threading.Event()  # never set: the main loop's interruptible sleep
+        # The main loop's interruptible sleep, set by a burst worker's runner that found nothing to
+        # claim and by a runner thread that ends: the drained queue or the last thread's exit is acted
+        # on at once, not at the next poll (two polls' wait on every `worker start --burst`).
+        self.tick = threading.Event()
         self.epoch = 0  # bumped at each re-registration; jobs claimed under an older one are killed
         self.stalled_s = 0.0  # how late our heartbeats were committed, in all (see lease_expired)
         self.beat_ok_at = time.monotonic()  # when the last heartbeat that went through was sent
@@ -4626,9 +4699,14 @@ class Supervisor:
     def _loop(self, threads: list) -> None:
         # monotonic time of each task's next run; registering was our first heartbeat
         due = {"beat": time.monotonic(), "sweep": 0.0, "cancels": 0.0, "retention": 0.0}
-        failing, pause = Backoff("housekeeping", 1.0), POLL_INTERVAL_S
+        failing, pause, last = Backoff("housekeeping", 1.0), POLL_INTERVAL_S, -math.inf
         while any(t.is_alive() for t in threads) and time.monotonic() < self.hard_at + HARD_STOP_S:
-            self.tick.wait(pause)
+            if self.tick.wait(pause):  # woken early: at most one early round per TICK_GAP_S, never a spin
+                self.tick.clear()
+                self.tick.wait(max(0.0, last + TICK_GAP_S - time.monotonic()))
+            last = time.monotonic()
+            if not any(t.is_alive() for t in threads):
+                break
             self._note_cut_off()
             try:
                 self._housekeeping(due, time.monotonic())
@@ -4788,10 +4866,13 @@ class Supervisor:
                 self.stopping.wait(failing.failed(e))
                 continue
             if not ran:
+                if self.burst:
+                    self.tick.set()  # maybe drained: the main loop checks at once
                 with self.wake:
                     self.wake.wait_for(lambda: self.wakes != seen, IDLE_WAIT_S)
         if runner:
             runner.store.close()
+        self.tick.set()
 
     def _new_runner(self) -> Runner:
         store = self._open()
