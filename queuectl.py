@@ -156,6 +156,9 @@ LOST_WORKER_CAP = 3  # a job whose worker is lost this many times goes to the DL
 BURST_HORIZON_S = 60.0  # --burst waits for jobs due within this many seconds
 POLL_INTERVAL_S = 0.05  # how often an idle worker process checks for due jobs (one poller per process)
 QUICK_JOB_S = 0.01  # a job's exit is watched through a pidfd once it has run this long (see _Capture)
+# A worker's runners checkpoint the WAL only past this many pages (40 MB); its main loop does it
+# at every round (see SqliteStore.checkpoint), so only a main loop held up for long lets them.
+RUNNER_CHECKPOINT_PAGES = 10_000
 TICK_GAP_S = 0.005  # the shortest gap between two rounds of a worker's main loop (see Supervisor.tick)
 IDLE_WAIT_S = 5.0  # an idle thread waits for the poller's wake-up; this is only a safety net
 SWEEP_INTERVAL_S = 1.0  # how often each worker process looks for dead workers
@@ -824,9 +827,10 @@ def _finished(job: Job, state: str, attempts: int, next_run_at: float, outcome: 
 
 
 def _process_lock(path: str):
-    """One lock per database file per process, shared by every Store (thread) that writes it."""
+    """One lock per database file per process, shared by every Store (thread) that writes it.
+    Re-entrant: a Store shared by threads also takes it to read (see SqliteStore.shared)."""
     import threading
-    return _PROCESS_LOCKS.setdefault(os.path.realpath(path), threading.Lock())
+    return _PROCESS_LOCKS.setdefault(os.path.realpath(path), threading.RLock())
 
 
 def _create_private(path: str) -> None:
@@ -970,6 +974,7 @@ class Store:
     notifies = False  # can a worker wait for _wake_workers() instead of only polling?
     cut_off_kills = False  # must a worker that cannot heartbeat kill its runs (see Supervisor.cut_off)?
     shared_by_hosts = False  # may a lost run be rerun on another host (so jobs die with their worker)?
+    one_writer = False  # are a process's writes taken in turns, so its runners may share one connection?
 
     # -- jobs -----------------------------------------------------------------------------------
 
@@ -1577,20 +1582,31 @@ class Store:
         """A worker's stale-timeout changed: PostgreSQL bounds its connection's waits by it; a local
         file cannot hang that way."""
 
+    def checkpoint(self) -> None:
+        """A worker's main loop, at every round: see SqliteStore.checkpoint (PostgreSQL: nothing)."""
+
 
 class SqliteStore(Store):
     """A Store on one SQLite file: WAL, BEGIN IMMEDIATE transactions, busy retries."""
     sql = SqliteSQL
     IntegrityError = sqlite3.IntegrityError
+    one_writer = True
 
     def __init__(self, path: str, *, durable: bool = True, busy_deadline_s: float = CLI_BUSY_DEADLINE_S,
-                 reads_only: bool = False, give_up=lambda: False):
+                 reads_only: bool = False, give_up=lambda: False, shared: bool = False):
         """`reads_only`: the caller never writes; an existing database this user cannot write is then
-        opened read-only (see _connect_read_only), and every connection refuses writes."""
+        opened read-only (see _connect_read_only), and every connection refuses writes.
+
+        `shared`: threads share this Store (a worker's runners), so its reads take the process's turn
+        too, as its writes always do: one connection is never used by two threads at once. Why share:
+        a connection drops its whole page cache whenever another connection has written the file, so
+        runners with a connection each, writing in turns anyway, re-read every page of every claim;
+        one shared connection keeps them cached (a quarter of a claim transaction's CPU)."""
         self.path = self.target = path
         self.busy_deadline_s = busy_deadline_s
         self.give_up = give_up  # True ends busy retries early (a worker's hard stop)
         self.turn = _process_lock(path)
+        self.shared = shared
         self.durable, self.reads_only = durable, reads_only
         self._open()
 
@@ -1635,6 +1651,8 @@ class SqliteStore(Store):
                 # Workers use NORMAL: a lost worker write only means a job runs again (at-least-once).
                 sync = "FULL" if self.durable else "NORMAL"
                 self._retry(lambda: self.conn.execute(f"PRAGMA synchronous = {sync}"))
+                if self.shared:  # runners leave checkpoints to their worker's main loop (see checkpoint)
+                    self.conn.execute(f"PRAGMA wal_autocheckpoint = {RUNNER_CHECKPOINT_PAGES}")
                 self._migrate()
             if self.reads_only:
                 self.query_only()
@@ -1792,6 +1810,12 @@ class SqliteStore(Store):
         """Run one read-only statement with busy retries. A frozen Store (see _connect_read_only) that
         a writer touched while it read reopens and reads again: an immutable read of a changing
         file may fail ("malformed") or mix old and new pages."""
+        if self.shared:
+            with self.turn:
+                return self._read(sql, params)
+        return self._read(sql, params)
+
+    def _read(self, sql: str, params: tuple) -> list[tuple]:
         for _ in range(100):
             try:
                 rows = self._retry(lambda: self.conn.execute(sql, params).fetchall())
@@ -1806,6 +1830,15 @@ class SqliteStore(Store):
 
     def _wake_workers(self, cur: sqlite3.Cursor) -> None:
         """Nothing: SQLite's workers poll (a poll is a few index seeks in a local file)."""
+
+    def checkpoint(self) -> None:
+        """Copy the WAL's pages into the database file (PASSIVE: never waits for a writer or reader).
+        A worker's main loop does this at every round, so its runners' commits do not: SQLite runs a
+        checkpoint in whichever commit takes the WAL past its limit, and that commit then holds the
+        process's turn for two fsyncs while the other runners wait for it. Best effort: a checkpoint
+        that cannot run now is left to the next round (or to a runner's high limit)."""
+        with contextlib.suppress(sqlite3.Error):
+            self.conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
 
     def due_now(self, now: float, queues: tuple = ()) -> bool:
         """True if a claim now may find work: the poller's cheap check (a few index seeks)."""
@@ -4577,11 +4610,21 @@ class Supervisor:
         self.holdings = Holdings()  # the runs our runners hold, and claims taken back (see Holdings)
         self.canceled: set[tuple[str, int]] = set()  # (job id, run) of running jobs a user asked to cancel
         self.schedules = ScheduleFirer()
+        self.runners_store: Store | None = None  # the connection runners share, where they may (see _runner_store)
 
-    def _open(self) -> Store:
+    def _open(self, **shared) -> Store:
         """A connection for one thread: busy waits are long, but end in time for a hard stop."""
         return open_database(self.target, durable=False, busy_deadline_s=30.0, give_up=self.give_up,
-                             lease_s=self.stale_s)
+                             lease_s=self.stale_s, **shared)
+
+    def _runner_store(self) -> Store:
+        """A new runner's connection: its own on PostgreSQL, whose claims run side by side; on SQLite,
+        where a process writes in turns anyway, one for all runners (see SqliteStore.shared)."""
+        if not self.store.one_writer:
+            return self._open()
+        with self.wake:
+            self.runners_store = self.runners_store or self._open(shared=True)
+            return self.runners_store
 
     def give_up(self) -> bool:
         """True once a hard stop has left too little time to keep retrying the database: writes are
@@ -4664,6 +4707,8 @@ class Supervisor:
         self._loop(threads)
         for t in threads:  # after a hard stop, a thread still blocked in the database is left behind
             t.join(None if not self.hard.is_set() else max(0.0, self.hard_at + HARD_STOP_S - time.monotonic()))
+        if self.runners_store and not any(t.is_alive() for t in threads):
+            self.runners_store.close()
         self._finish_recoveries()
         self._deregister()
         code = EXIT_INTERRUPTED if self.hard.is_set() else EXIT_OK
@@ -4730,6 +4775,7 @@ class Supervisor:
         if not self.stopping.is_set():  # a stopping worker fires nothing more
             self.schedules.tick(self.store, mono)
         self._poll()
+        self.store.checkpoint()
 
     def _apply_retention(self) -> None:
         """Delete completed jobs older than `retention`, in slices so no write lock is held long."""
@@ -4870,12 +4916,12 @@ class Supervisor:
                     self.tick.set()  # maybe drained: the main loop checks at once
                 with self.wake:
                     self.wake.wait_for(lambda: self.wakes != seen, IDLE_WAIT_S)
-        if runner:
+        if runner and runner.store is not self.runners_store:
             runner.store.close()
         self.tick.set()
 
     def _new_runner(self) -> Runner:
-        store = self._open()
+        store = self._runner_store()
         runner = Runner(store, self.worker_id, self.abort_reason, self.queues, lambda: self.epoch,
                         lambda: not self.stopping.is_set(), self.give_up, self.holdings)
         self.runners.append(runner)

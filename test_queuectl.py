@@ -8579,3 +8579,77 @@ def test_a_runner_keeps_its_last_settings_when_the_database_cannot_answer(store,
                                         ("2026-12-01T02:00:00", "2026-12-01T02:00:00"), ("١٢", "١٢")])
 def test_a_command_line_time_is_unix_seconds_only_in_ascii_digits(text, value):
     assert queuectl.cli_time(text) == value
+
+
+# ==== Drain performance, round three: a shared runner connection, a cached environment ====
+# A worker's SQLite runners share one connection (a connection drops its page cache whenever another
+# has written); jobs start from a C environment array built once; a burst worker acts on a drained
+# queue at once. Each must change nothing a job or a user sees.
+
+def test_sqlite_runners_share_one_connection_and_postgres_runners_have_their_own(db):
+    supervisor = queuectl.Supervisor(db, 2, True)
+    try:
+        first, second = supervisor._runner_store(), supervisor._runner_store()
+        if db.startswith("postgresql://"):
+            assert first is not second and not first.one_writer
+            second.close()
+        else:
+            assert first is second and first.shared and first.one_writer
+        first.close()
+    finally:
+        supervisor.store.close()
+
+
+def test_a_shared_sqlite_store_reads_only_in_its_turn(sqlite_db):
+    """One connection is never used by two threads at once: a read waits while another thread holds
+    the process's turn (a write under way), and goes through once it is released."""
+    import threading
+    shared = queuectl.SqliteStore(sqlite_db, shared=True)
+    done = threading.Event()
+    try:
+        with shared.turn:
+            reader = threading.Thread(target=lambda: (shared.config_all(), done.set()))
+            reader.start()
+            assert not done.wait(0.3)  # an event that must not happen: the bounded wait is the test
+        assert done.wait(30)
+        reader.join(30)
+        with shared.turn:  # re-entrant: a read inside a turn this thread holds does not deadlock
+            assert shared.config_all()["max_retries"] == queuectl.CONFIG["max_retries"][0]
+    finally:
+        shared.close()
+
+
+def test_a_burst_worker_wakes_its_main_loop_when_a_runner_finds_nothing(sqlite_db):
+    supervisor = queuectl.Supervisor(sqlite_db, 1, True)
+    try:
+        supervisor.store.register(supervisor.worker_id, supervisor.me, 1, supervisor.store.now())
+        supervisor.stopping.set()  # one round of the runner loop would run: none, as it is stopping
+        supervisor._thread_main()
+        assert supervisor.tick.is_set()  # a runner thread that ends wakes the main loop
+    finally:
+        supervisor.store.close()
+
+
+@needs_glibc
+def test_glibc_spawn_gives_a_job_variable_that_the_worker_also_has_once_with_the_jobs_value(monkeypatch):
+    """The worker's environment array is built once without the names a job sets: an overridden
+    variable appears once, with the job's value, and a change of the worker's environment is seen."""
+    queuectl._ENV.clear()
+    monkeypatch.setattr(queuectl, "_ENV", {**os.environb, b"QC_SHARED": b"worker", b"QC_ONLY_WORKER": b"1"})
+    out = _run_here("env", {"QC_SHARED": "job"})
+    lines = out.output.decode().splitlines()
+    assert [line for line in lines if line.startswith("QC_SHARED=")] == ["QC_SHARED=job"]
+    assert "QC_ONLY_WORKER=1" in lines
+    monkeypatch.setattr(queuectl, "_ENV", {**os.environb, b"QC_ONLY_WORKER": b"2"})
+    lines = _run_here("env").output.decode().splitlines()
+    assert "QC_ONLY_WORKER=2" in lines and not any(line.startswith("QC_SHARED=") for line in lines)
+
+
+def test_a_job_that_exits_after_the_quick_phase_while_a_child_holds_its_output_ends_at_its_exit(tmp_path):
+    """The exit of a job running past QUICK_JOB_S is watched through a pidfd: a background child that
+    keeps the output pipe open must not hold the run until the child ends."""
+    marker = tmp_path / "child"
+    out = run(f"sleep 0.1; (sleep 30; touch {marker}) & echo started")
+    assert (out.exit_code, out.output) == (0, b"started\n")
+    assert out.duration_s < 20  # the run ended with the shell, not with the 30 s child
+    assert not marker.exists()
