@@ -289,7 +289,7 @@ class Job(Record):
     def from_row(cls, row: tuple) -> "Job":
         """Build a Job from a row selected with Job.COLUMNS."""
         values = list(row)
-        values[7] = json.loads(values[7])
+        values[7] = {} if values[7] == "{}" else json.loads(values[7])  # most jobs: no parse per claim
         return cls(*values)
 
     def to_dict(self) -> dict:
@@ -3515,14 +3515,10 @@ def _spawn(job: Job, extra: dict, die_with_worker: bool):
 
 def _in_current_folder(cwd: str) -> bool:
     """Is the job's folder the worker's own (the same directory, not only the same name)? Then the
-    job can be started without a chdir, which Python 3.11's os.posix_spawn cannot do. Remembered
-    for a second, as _find_program's answers are (two stat calls a job otherwise)."""
-    return _remembered(_FOLDERS, cwd, lambda: _same_folder(".", cwd))
-
-
-def _same_folder(here: str, cwd: str) -> bool:
+    job can be started without a chdir, which Python 3.11's os.posix_spawn cannot do. Asked for
+    every job (a folder replaced since the last job must get Popen's chdir into the new one)."""
     try:
-        here, there = os.stat(here), os.stat(cwd)
+        here, there = os.stat("."), os.stat(cwd)
     except OSError:
         return False  # Popen's chdir reports it as before
     return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
@@ -3806,9 +3802,7 @@ def _remembered(cache: dict, key, compute):
     return value[0]
 
 
-_PROGRAMS: dict[tuple, tuple] = {}  # what _find_program, _in_current_folder and _shell_pwd remember
-_FOLDERS: dict[str, tuple] = {}
-_PWDS: dict[tuple, tuple] = {}
+_PROGRAMS: dict[tuple, tuple] = {}  # what _find_program remembers
 
 
 def _search_program(name: str, cwd: str, path: bytes) -> bytes | None:
@@ -3823,12 +3817,7 @@ def _search_program(name: str, cwd: str, path: bytes) -> bytes | None:
 
 
 def _shell_pwd(cwd: str, inherited: bytes) -> bytes:
-    """$PWD as dash exports it: the inherited value if it names the job's folder, else the real path
-    (remembered for a second, as _find_program's answers are)."""
-    return _remembered(_PWDS, (cwd, inherited), lambda: _real_pwd(cwd, inherited))
-
-
-def _real_pwd(cwd: str, inherited: bytes) -> bytes:
+    """$PWD as dash exports it: the inherited value if it names the job's folder, else the real path."""
     try:
         if inherited.startswith(b"/") and os.path.samefile(inherited, cwd):
             return inherited
