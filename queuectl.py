@@ -3544,7 +3544,23 @@ def _posix_spawn(program: bytes, argv: list[str], extra: dict) -> "_Spawned":
         raise
     finally:
         os.close(write_end)
-    return _Spawned(pid, open(read_end, "rb", buffering=0))
+    return _Spawned(pid, _PipeEnd(read_end))
+
+
+class _PipeEnd:
+    """The read end of a job's output pipe, as much of a file as running a job uses (the descriptor,
+    close): a file object costs an fstat and an allocation per job, and _Capture reads with os.read."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            os.close(fd)
 
 
 def _os_spawn(program: bytes, argv: list[str], extra: dict, write_end: int) -> int:
@@ -3864,13 +3880,15 @@ class _Capture:
                 os.close(self.pidfd)
 
     def _loop(self, timeout_s: float, abort, kill_grace) -> tuple[str | None, str | None]:
+        waited = False  # a process started a moment ago has not exited: the first look is at its output
         while True:
             reason = "timeout" if timeout_s and time.monotonic() - self.started > timeout_s else abort()
             if reason:
                 return reason, self.stop(reason, abort, kill_grace() if reason in SOFT_STOPS else 0)
-            if self.proc.poll() is not None:
+            if waited and self.proc.poll() is not None:
                 self._drain()
                 return None, None
+            waited = True
             if not self.watching and (self.eof or time.monotonic() - self.started >= QUICK_JOB_S):
                 self._watch_exit()
             if self.eof and self.pidfd is None:
