@@ -1142,7 +1142,8 @@ class Store:
                    now: float) -> Job | None:
         state, attempts, next_run_at = failure_rule(job, outcome, settings, now)
         # (A run that completed stays completed, canceled or not: only a failure asks.)
-        flag = state != COMPLETED and cur.execute(self.sql.SQL_CANCEL_FLAG, (job.id, worker_id, job.run_count)).fetchone()
+        flag = state != COMPLETED and \
+            cur.execute(self.sql.SQL_CANCEL_FLAG, (job.id, worker_id, job.run_count)).fetchone()
         if flag and flag[0]:
             # Canceled while running, but it failed before its worker got round to killing it:
             # the cancel wins over a retry (a run that completed anyway stays completed).
@@ -3658,11 +3659,12 @@ class _GlibcSpawn:
             c, libc = self.ctypes, self.libc
             actions = c.create_string_buffer(256)  # posix_spawn_file_actions_t: 80 bytes
             libc.posix_spawn_file_actions_init(actions)
-            if libc.posix_spawn_file_actions_addopen(actions, 0, b"/dev/null", os.O_RDONLY, 0) or \
-                    libc.posix_spawn_file_actions_adddup2(actions, write_end, 1) or \
-                    libc.posix_spawn_file_actions_adddup2(actions, write_end, 2):
+            failed = libc.posix_spawn_file_actions_addopen(actions, 0, b"/dev/null", os.O_RDONLY, 0) or \
+                libc.posix_spawn_file_actions_adddup2(actions, write_end, 1) or \
+                libc.posix_spawn_file_actions_adddup2(actions, write_end, 2)
+            if failed:  # these return the error number (ENOMEM, EBADF)
                 libc.posix_spawn_file_actions_destroy(actions)
-                raise OSError(c.get_errno() or 12, "cannot set up the job's output pipe")
+                raise OSError(failed, os.strerror(failed))
             if len(self.actions) < 256:
                 self.actions[write_end] = actions
         return actions
@@ -3804,21 +3806,18 @@ def _find_program(name: str, cwd: str, path: bytes) -> bytes | None:
 
     Remembered for a second (a long PATH costs a dozen stat calls a job); a program removed within
     that second fails to start and falls back to the shell, which reports it as sh would."""
-    return _remembered(_PROGRAMS, (name, cwd, path), lambda: _search_program(name, cwd, path))
-
-
-def _remembered(cache: dict, key, compute):
-    """compute()'s answer for `key`, remembered for a second (at most 1024 keys)."""
-    hit, now = cache.get(key), time.monotonic()
+    key, now = (name, cwd, path), time.monotonic()
+    hit = _PROGRAMS.get(key)
     if hit and now - hit[1] < 1.0:
         return hit[0]
-    if len(cache) >= 1024:
-        cache.clear()
-    value = cache[key] = (compute(), now)
-    return value[0]
+    program = _search_program(name, cwd, path)
+    if len(_PROGRAMS) >= 1024:
+        _PROGRAMS.clear()
+    _PROGRAMS[key] = (program, now)
+    return program
 
 
-_PROGRAMS: dict[tuple, tuple] = {}  # what _find_program remembers
+_PROGRAMS: dict[tuple, tuple] = {}
 
 
 def _search_program(name: str, cwd: str, path: bytes) -> bytes | None:
@@ -4755,7 +4754,7 @@ class Supervisor:
         while any(t.is_alive() for t in threads) and time.monotonic() < self.hard_at + HARD_STOP_S:
             if self.tick.wait(pause):  # woken early: at most one early round per TICK_GAP_S, never a spin
                 self.tick.clear()
-                self.tick.wait(max(0.0, last + TICK_GAP_S - time.monotonic()))
+                time.sleep(max(0.0, last + TICK_GAP_S - time.monotonic()))
             last = time.monotonic()
             if not any(t.is_alive() for t in threads):
                 break
