@@ -8653,3 +8653,28 @@ def test_a_job_that_exits_after_the_quick_phase_while_a_child_holds_its_output_e
     assert (out.exit_code, out.output) == (0, b"started\n")
     assert out.duration_s < 20  # the run ended with the shell, not with the 30 s child
     assert not marker.exists()
+
+
+# ==== Review of drain performance, round three: defects found ====
+# Each test here failed on the branch under review when it was written (see the review's report).
+
+def test_a_long_drain_keeps_the_wal_near_sqlites_default_checkpoint_size(sqlite_db, workers):
+    """A worker's commits checkpoint the WAL at SQLite's default 1,000 pages; moving that to the main
+    loop's PASSIVE checkpoint (which runs beside the runners' commits, so the WAL is never fully copied
+    when a writer starts and never restarts) let the file grow to the runners' 10,000-page safety
+    limit (40 MB) on every long drain, and stay that size while the worker runs."""
+    n = 1500  # about ten WAL pages a job: well past 10,000 pages if nothing restarts the WAL
+    code, _, err = cli(sqlite_db, "enqueue", "-", "--no-progress", stdin="".join('{"command": "true"}\n' for _ in range(n)))
+    assert code == 0, err
+    # An idle connection (no transaction) keeps the -wal file once the worker exits, at its largest size.
+    keeper = sqlite3.connect(sqlite_db, isolation_level=None)
+    try:
+        page = keeper.execute("PRAGMA page_size").fetchone()[0]
+        assert keeper.execute("SELECT count(*) FROM jobs").fetchone()[0] == n  # opened: holds the -wal
+        worker = workers.start("--burst", "--count", "2", "--quiet")
+        assert worker.wait() == 0, worker.log()
+        assert json.loads(ok(sqlite_db, "status", "--json"))["jobs"]["completed"] == n
+        frames = (os.path.getsize(sqlite_db + "-wal") - 32) // (page + 24)
+        assert frames <= 3000, f"the WAL grew to {frames} pages"
+    finally:
+        keeper.close()
