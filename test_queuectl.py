@@ -8678,3 +8678,25 @@ def test_a_long_drain_keeps_the_wal_near_sqlites_default_checkpoint_size(sqlite_
         assert frames <= 3000, f"the WAL grew to {frames} pages"
     finally:
         keeper.close()
+
+
+def test_an_idle_worker_does_not_checkpoint_its_heartbeats_into_the_database_file(sqlite_db, workers):
+    """Workers commit with synchronous=NORMAL: a heartbeat appends to the WAL and syncs nothing. A
+    checkpoint at every round of the main loop copied each heartbeat into the database file at once,
+    with three fdatasyncs (the WAL restarted, the WAL, the file): every heartbeat of an idle worker
+    (every 2 s by default) touched and synced the disk."""
+    ok(sqlite_db, "config", "set", "stale-timeout", "1")  # a heartbeat every 0.2 s
+    worker = workers.start()
+    worker.wait_log("worker started")
+    watcher = sqlite3.connect(sqlite_db, isolation_level=None)
+    try:
+        def beats():
+            return watcher.execute("SELECT coalesce(sum(beat), 0) FROM workers").fetchone()[0]
+        first = wait_for(beats, "a first heartbeat")
+        wait_for(lambda: beats() >= first + 2, "two more heartbeats")  # the worker's start-up writes are done
+        before = os.stat(sqlite_db).st_mtime_ns
+        start = beats()
+        wait_for(lambda: beats() >= start + 5, "five more heartbeats")
+        assert os.stat(sqlite_db).st_mtime_ns == before, "an idle worker wrote the database file"
+    finally:
+        watcher.close()
