@@ -8664,7 +8664,8 @@ def test_a_long_drain_keeps_the_wal_near_sqlites_default_checkpoint_size(sqlite_
     when a writer starts and never restarts) let the file grow to the runners' 10,000-page safety
     limit (40 MB) on every long drain, and stay that size while the worker runs."""
     n = 1500  # about ten WAL pages a job: well past 10,000 pages if nothing restarts the WAL
-    code, _, err = cli(sqlite_db, "enqueue", "-", "--no-progress", stdin="".join('{"command": "true"}\n' for _ in range(n)))
+    lines = "".join('{"command": "true"}\n' for _ in range(n))
+    code, _, err = cli(sqlite_db, "enqueue", "-", "--no-progress", stdin=lines)
     assert code == 0, err
     # An idle connection (no transaction) keeps the -wal file once the worker exits, at its largest size.
     keeper = sqlite3.connect(sqlite_db, isolation_level=None)
