@@ -156,9 +156,6 @@ LOST_WORKER_CAP = 3  # a job whose worker is lost this many times goes to the DL
 BURST_HORIZON_S = 60.0  # --burst waits for jobs due within this many seconds
 POLL_INTERVAL_S = 0.05  # how often an idle worker process checks for due jobs (one poller per process)
 QUICK_JOB_S = 0.01  # a job's exit is watched through a pidfd once it has run this long (see _Capture)
-# A worker's runners checkpoint the WAL only past this many pages (40 MB); its main loop does it
-# at every round (see SqliteStore.checkpoint), so only a main loop held up for long lets them.
-RUNNER_CHECKPOINT_PAGES = 10_000
 TICK_GAP_S = 0.005  # the shortest gap between two rounds of a worker's main loop (see Supervisor.tick)
 IDLE_WAIT_S = 5.0  # an idle thread waits for the poller's wake-up; this is only a safety net
 SWEEP_INTERVAL_S = 1.0  # how often each worker process looks for dead workers
@@ -1583,9 +1580,6 @@ class Store:
         """A worker's stale-timeout changed: PostgreSQL bounds its connection's waits by it; a local
         file cannot hang that way."""
 
-    def checkpoint(self) -> None:
-        """A worker's main loop, at every round: see SqliteStore.checkpoint (PostgreSQL: nothing)."""
-
 
 class SqliteStore(Store):
     """A Store on one SQLite file: WAL, BEGIN IMMEDIATE transactions, busy retries."""
@@ -1652,8 +1646,6 @@ class SqliteStore(Store):
                 # Workers use NORMAL: a lost worker write only means a job runs again (at-least-once).
                 sync = "FULL" if self.durable else "NORMAL"
                 self._retry(lambda: self.conn.execute(f"PRAGMA synchronous = {sync}"))
-                if self.shared:  # runners leave checkpoints to their worker's main loop (see checkpoint)
-                    self.conn.execute(f"PRAGMA wal_autocheckpoint = {RUNNER_CHECKPOINT_PAGES}")
                 self._migrate()
             if self.reads_only:
                 self.query_only()
@@ -1831,15 +1823,6 @@ class SqliteStore(Store):
 
     def _wake_workers(self, cur: sqlite3.Cursor) -> None:
         """Nothing: SQLite's workers poll (a poll is a few index seeks in a local file)."""
-
-    def checkpoint(self) -> None:
-        """Copy the WAL's pages into the database file (PASSIVE: never waits for a writer or reader).
-        A worker's main loop does this at every round, so its runners' commits do not: SQLite runs a
-        checkpoint in whichever commit takes the WAL past its limit, and that commit then holds the
-        process's turn for two fsyncs while the other runners wait for it. Best effort: a checkpoint
-        that cannot run now is left to the next round (or to a runner's high limit)."""
-        with contextlib.suppress(sqlite3.Error):
-            self.conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
 
     def due_now(self, now: float, queues: tuple = ()) -> bool:
         """True if a claim now may find work: the poller's cheap check (a few index seeks)."""
@@ -4781,7 +4764,6 @@ class Supervisor:
         if not self.stopping.is_set():  # a stopping worker fires nothing more
             self.schedules.tick(self.store, mono)
         self._poll()
-        self.store.checkpoint()
 
     def _apply_retention(self) -> None:
         """Delete completed jobs older than `retention`, in slices so no write lock is held long."""
