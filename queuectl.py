@@ -4106,10 +4106,9 @@ class Watchdog:
     Forked by the worker at its start (see Supervisor.run), in a session of its own, so neither the
     terminal's Ctrl+C nor a kill of the worker's process group reaches it. It holds the read end of a
     pipe whose write end only the worker holds (close-on-exec: no job inherits it). The worker writes
-    the PID of each job's first process as it starts it, which leads the run's session; at EOF
-    without a "bye" first, the worker is gone, and the watchdog SIGKILLs those sessions and every
-    process carrying a token of the worker's runs (kill_run), then exits. A worker that ends
-    cleanly writes "bye", and the watchdog exits without killing anything.
+    the PID of each job's first process as it starts it, which leads the run's session. EOF means
+    the worker is gone: the watchdog SIGKILLs those sessions and every process carrying a token of
+    the worker's runs (kill_run), then exits. A worker that ends cleanly SIGKILLs its watchdog first.
     """
 
     current: "Watchdog | None" = None  # this worker process's, which _spawn tells of each job it starts
@@ -4160,20 +4159,21 @@ class Watchdog:
         if self.pid is None or not _reaped(self.pid):
             return
         self.pid, self.alive = None, False
-        log.warning("the watchdog process is gone: jobs started from now on die with the worker by the "
-                    "parent-death signal instead", extra=event("watchdog_lost"))
+        log.warning("the watchdog process is gone: jobs started from now on get the parent-death signal "
+                    "instead; those running now are left to the next sweep", extra=event("watchdog_lost"))
 
     def stop(self, clean: bool) -> None:
-        """End the watchdog and reap it (waiting at most a few seconds). `clean`: "bye" first, so it
-        kills nothing; else it kills the worker's runs as if the worker had died."""
+        """End the watchdog and reap it (waiting at most a few seconds). `clean`: SIGKILL it, so it
+        kills nothing (it is our unreaped child: its PID cannot name another process); else close
+        the pipe, and it kills the worker's runs as if the worker had died."""
+        import signal
         with self.lock:
             self.alive = False
-            if clean:
-                with contextlib.suppress(OSError):
-                    os.write(self.write_end, b"bye\n")
-            os.close(self.write_end)
+            os.close(self.write_end)  # under the lock: no runner writes to a closed (or reused) descriptor
         if Watchdog.current is self:
             Watchdog.current = None
+        if clean and self.pid is not None:
+            os.kill(self.pid, signal.SIGKILL)
         deadline = time.monotonic() + 5.0
         while self.pid is not None and not _reaped(self.pid):
             if time.monotonic() > deadline:
@@ -4192,7 +4192,7 @@ def _reaped(pid: int) -> bool:
 
 
 def _watchdog_main(read_end: int, prefix: str) -> None:
-    """The forked watchdog: wait for the worker's EOF, kill its runs unless it said bye, os._exit.
+    """The forked watchdog: wait for the worker's EOF, kill its runs, leave with os._exit.
 
     Forked before the worker's listener and runner threads start (the signal counter, blocked in
     poll(), holds no lock), so the child can run plain Python; it leaves with os._exit, which runs
@@ -4211,16 +4211,14 @@ def _watchdog_main(read_end: int, prefix: str) -> None:
             signal.signal(sig, signal.SIG_DFL)
         with contextlib.suppress(OSError), open("/proc/self/comm", "w") as f:
             f.write("qctl-watchdog")  # what ps -o comm and top show
-        told = _watch(3)
-        if told is not None:
-            _kill_runs(prefix, told)
+        _kill_runs(prefix, _watch(3))
     finally:
         os._exit(0)
 
 
-def _watch(fd: int) -> dict[int, str] | None:
-    """Read the worker's messages; None at "bye", else at EOF the leaders of the runs it told of that
-    were alive when told (PID -> start time, which tells a recycled PID apart)."""
+def _watch(fd: int) -> dict[int, str]:
+    """Read the worker's messages until EOF; returns the leaders of the runs it told of that were
+    alive when told and may still be (PID -> start time, which tells a recycled PID apart)."""
     told, rest, limit = {}, b"", 64
     while True:
         chunk = os.read(fd, 65536)
@@ -4228,8 +4226,6 @@ def _watch(fd: int) -> dict[int, str] | None:
             return told
         lines = (rest + chunk).split(b"\n")
         rest = lines.pop()
-        if b"bye" in lines:
-            return None
         for pid in map(int, lines):
             start = proc_start_time(pid)  # None: it has ended already, nothing to kill
             if start:
@@ -4237,6 +4233,9 @@ def _watch(fd: int) -> dict[int, str] | None:
         if len(told) >= limit:  # forget the runs that ended (a check of each, once per doubling)
             told = {pid: start for pid, start in told.items() if proc_start_time(pid) == start}
             limit = max(64, 2 * len(told))
+        # Read in batches: woken for each job, this process cost a tenth of a short job's CPU. To act
+        # 20 ms later changes nothing: a rerun elsewhere waits for stale-timeout.
+        time.sleep(0.02)
 
 
 def _kill_runs(prefix: str, told: dict[int, str]) -> None:
