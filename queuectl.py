@@ -4167,13 +4167,13 @@ class Watchdog:
         kills nothing (it is our unreaped child: its PID cannot name another process); else close
         the pipe, and it kills the worker's runs as if the worker had died."""
         import signal
+        if clean and self.pid is not None:
+            os.kill(self.pid, signal.SIGKILL)  # first: the EOF of the close below would set it killing
         with self.lock:
             self.alive = False
             os.close(self.write_end)  # under the lock: no runner writes to a closed (or reused) descriptor
         if Watchdog.current is self:
             Watchdog.current = None
-        if clean and self.pid is not None:
-            os.kill(self.pid, signal.SIGKILL)
         deadline = time.monotonic() + 5.0
         while self.pid is not None and not _reaped(self.pid):
             if time.monotonic() > deadline:
@@ -4200,6 +4200,8 @@ def _watchdog_main(read_end: int, prefix: str) -> None:
     """
     import signal
     try:
+        with contextlib.suppress(OSError), open("/proc/self/comm", "w") as f:
+            f.write("qctl-watchdog")  # what ps -o comm and top show; named before it leads a session
         os.setsid()  # out of the worker's session and process group: what kills those spares us
         os.dup2(read_end, 3)  # (a worker started with stdin closed may have got the pipe as fd 0)
         null = os.open(os.devnull, os.O_RDWR)
@@ -4209,8 +4211,6 @@ def _watchdog_main(read_end: int, prefix: str) -> None:
         signal.set_wakeup_fd(-1)
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
-        with contextlib.suppress(OSError), open("/proc/self/comm", "w") as f:
-            f.write("qctl-watchdog")  # what ps -o comm and top show
         _kill_runs(prefix, _watch(3))
     finally:
         os._exit(0)
