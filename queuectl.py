@@ -4108,7 +4108,13 @@ class Watchdog:
     pipe whose write end only the worker holds (close-on-exec: no job inherits it). The worker writes
     the PID of each job's first process as it starts it, which leads the run's session. EOF means
     the worker is gone: the watchdog SIGKILLs those sessions and every process carrying a token of
-    the worker's runs (kill_run), then exits. A worker that ends cleanly SIGKILLs its watchdog first.
+    the worker's runs (kill_run), waits until they are gone, then exits. A worker that ends cleanly
+    SIGKILLs its watchdog first.
+
+    A sweeper on this host must not requeue the runs while processes the watchdog killed are still
+    exiting: their environment already reads empty, so its token scan would miss them, yet they hold
+    their files and locks until their teardown ends. So the watchdog holds a name for as long as it
+    lives (see watchdog_at_work), and such a sweeper waits until the name is free.
     """
 
     current: "Watchdog | None" = None  # this worker process's, which _spawn tells of each job it starts
@@ -4122,21 +4128,27 @@ class Watchdog:
     def start(cls, worker_id: str) -> "Watchdog | None":
         """Fork the watchdog of this worker process, which becomes Watchdog.current; None (and a
         warning) if no process can be had."""
+        import fcntl  # noqa: F401 - loaded here for the child (see _watchdog_main)
+        import socket
         import warnings
         read_end, write_end = os.pipe2(os.O_CLOEXEC)
+        name = socket.socket(socket.AF_UNIX)  # close-on-exec, as every socket Python opens
         try:
+            name.bind(_watchdog_name(worker_id))
             with warnings.catch_warnings():  # Python 3.12+ warns of fork() in a process with threads: see below
                 warnings.simplefilter("ignore", DeprecationWarning)
                 pid = os.fork()
         except OSError as e:
             os.close(read_end)
             os.close(write_end)
+            name.close()
             log.warning("cannot start the watchdog (%s): jobs get the parent-death signal instead", e,
                         extra=event("watchdog_failed", error=str(e)))
             return None
         if pid == 0:
-            _watchdog_main(read_end, f"{worker_id}/")  # never returns
+            _watchdog_main(read_end, name.fileno(), f"{worker_id}/")  # never returns
         os.close(read_end)
+        name.close()  # the name stays taken while the watchdog holds its copy
         os.set_blocking(write_end, False)  # a runner never waits on the watchdog (see tell)
         cls.current = cls(pid, write_end)
         return cls.current
@@ -4146,7 +4158,8 @@ class Watchdog:
         blocking: a message that finds the pipe full leaves that run to the token scan."""
         with self.lock:
             try:
-                os.write(self.write_end, b"%d\n" % pid)
+                if self.alive:  # else stop() may have closed the descriptor, and its number be reused
+                    os.write(self.write_end, b"%d\n" % pid)
             except BlockingIOError:
                 pass
             except OSError:  # EPIPE: the watchdog is gone; check() reaps it and says so
@@ -4171,10 +4184,10 @@ class Watchdog:
             os.kill(self.pid, signal.SIGKILL)  # first: the EOF of the close below would set it killing
         with self.lock:
             self.alive = False
-            os.close(self.write_end)  # under the lock: no runner writes to a closed (or reused) descriptor
+            os.close(self.write_end)  # under the lock, with alive False: see tell
         if Watchdog.current is self:
             Watchdog.current = None
-        deadline = time.monotonic() + 5.0
+        deadline = time.monotonic() + HARD_STOP_S + 1.0  # it waits at most HARD_STOP_S for what it killed
         while self.pid is not None and not _reaped(self.pid):
             if time.monotonic() > deadline:
                 log.warning("the watchdog process %d has not exited", self.pid, extra=event("watchdog_slow"))
@@ -4191,27 +4204,54 @@ def _reaped(pid: int) -> bool:
         return True
 
 
-def _watchdog_main(read_end: int, prefix: str) -> None:
+def _watchdog_name(worker_id: str) -> str:
+    """The name a worker's watchdog holds while it lives: an abstract Unix socket address (Linux; it
+    vanishes with the process), at most 108 bytes, and the tail of a worker id is its PID and random part."""
+    return f"\0queuectl-watchdog/{worker_id[-80:]}"
+
+
+def watchdog_at_work(worker_id: str) -> bool:
+    """Is that worker's watchdog still alive on this host (and network namespace)? Asked of a worker of
+    ours whose process is gone: until its watchdog has killed the worker's runs and seen them gone."""
+    import errno
+    import socket
+    with socket.socket(socket.AF_UNIX) as probe:
+        try:
+            probe.bind(_watchdog_name(worker_id))
+        except OSError as e:
+            return e.errno == errno.EADDRINUSE
+    return False
+
+
+def _watchdog_main(read_end: int, name: int, prefix: str) -> None:
     """The forked watchdog: wait for the worker's EOF, kill its runs, leave with os._exit.
 
     Forked before the worker's listener and runner threads start (the signal counter, blocked in
     poll(), holds no lock), so the child can run plain Python; it leaves with os._exit, which runs
     none of the worker's cleanup (its database connection is the worker's, not ours to close).
     """
+    import fcntl  # both loaded before the fork: only looked up here
     import signal
     try:
         with contextlib.suppress(OSError), open("/proc/self/comm", "w") as f:
             f.write("qctl-watchdog")  # what ps -o comm and top show; named before it leads a session
         os.setsid()  # out of the worker's session and process group: what kills those spares us
-        os.dup2(read_end, 3)  # (a worker started with stdin closed may have got the pipe as fd 0)
+        # Keep the pipe and the name, at 3 or above (a worker started with stdin closed may have got
+        # one as fd 0), close every other descriptor: the worker's log, pipes and database socket
+        # must not be held open by us; 0-2 become /dev/null.
+        reader, held = fcntl.fcntl(read_end, fcntl.F_DUPFD, 3), fcntl.fcntl(name, fcntl.F_DUPFD, 3)
+        low, high = sorted((reader, held))
+        for first, end in ((3, low), (low + 1, high), (high + 1, os.sysconf("SC_OPEN_MAX"))):
+            os.closerange(first, end)
         null = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
-            os.dup2(null, fd)  # nothing of the worker's terminal, log or pipes stays open here
-        os.closerange(4, 1 << 20)
+            os.dup2(null, fd)
+        if null > 2:
+            os.close(null)
         signal.set_wakeup_fd(-1)
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
-        _kill_runs(prefix, _watch(3))
+        _kill_runs(prefix, _watch(reader))
     finally:
         os._exit(0)
 
@@ -4248,6 +4288,7 @@ def _kill_runs(prefix: str, told: dict[int, str]) -> None:
     # in its environment: look once more a moment later.
     time.sleep(0.05)
     kill_run(prefix, left, prefix=True)
+    wait_gone(left, HARD_STOP_S)  # then our name is freed, and a sweeper here may requeue the runs
 
 
 # ==== Workers ====================================================================================
@@ -4547,8 +4588,8 @@ class Sweeper:
     def is_dead(self, row: WorkerRow, now_mono: float, stale_s: float) -> bool:
         """Same namespace: its PID tells at once; an earlier boot: dead. Otherwise: its heartbeat
         stopped moving for stale_s (less the time our own heartbeat could not be written)."""
-        if same_namespace(row, self.me):
-            return process_gone(row.pid, row.proc_start)
+        if same_namespace(row, self.me):  # and its watchdog (PostgreSQL) has seen its runs gone
+            return process_gone(row.pid, row.proc_start) and not watchdog_at_work(row.id)
         if previous_boot(row, self.me) and not self.store.shared_by_hosts:
             return True  # a local file: a row with our hostname and another boot id is an earlier boot
         key = (row.id, row.started_at)  # one registration: a re-registered worker starts afresh

@@ -8644,8 +8644,9 @@ def test_a_postgres_job_starts_by_posix_spawn_and_the_watchdog_is_told_of_it(pg_
         watchdog = worker.supervisor.watchdog.pid
         assert watchdog in _children(os.getpid()) and not pid_gone(watchdog)
         assert queuectl.Watchdog.current is worker.supervisor.watchdog
+        assert queuectl.watchdog_at_work(worker.supervisor.worker_id)  # what sweepers on this host wait for
     assert len(used) == 1 and len(told) == 1 and setpriv == []
-    assert queuectl.Watchdog.current is None
+    assert queuectl.Watchdog.current is None and not queuectl.watchdog_at_work(worker.supervisor.worker_id)
     with pytest.raises(ChildProcessError):  # stopped with the worker, and reaped
         os.waitpid(watchdog, os.WNOHANG)
 
@@ -8679,8 +8680,8 @@ def test_no_job_inherits_the_watchdog_pipe(pg_url, pg_workers, tmp_path, folder)
     enqueue(pg_url, id="j", command="sleep 60", cwd=os.getcwd() if "posix" in folder else str(tmp_path))
     worker = pg_workers.start()
     [job] = wait_for(lambda: job_leaders(pg_workers.tag, worker.popen.pid), "the job to start")
-    pipe = os.readlink(f"/proc/{watchdog_of(worker.popen.pid)}/fd/3")
-    assert pipe.startswith("pipe:") and pipe in _fd_targets(worker.popen.pid)  # the worker holds the write end
+    [pipe] = [target for target in _fd_targets(watchdog_of(worker.popen.pid)) if target.startswith("pipe:")]
+    assert pipe in _fd_targets(worker.popen.pid)  # the worker holds the write end
     assert pipe not in _fd_targets(job)
 
 
