@@ -8619,11 +8619,14 @@ def test_a_sigkilled_postgres_worker_takes_every_process_of_its_runs_with_it(pg_
     enqueue(pg_url, id="bare", command="env -i /bin/sleep 63", cwd=str(tmp_path))
     worker = pg_workers.start("--count", "2")
     names = ["bg", "bare", "away", "shell"]
-    wait_for(lambda: all((tmp_path / name).is_file() and (tmp_path / name).read_text().endswith("\n") for name in names),
-             "the shell job's processes")
+    wait_for(lambda: all((tmp_path / name).is_file() and (tmp_path / name).read_text().endswith("\n")
+                         for name in names), "the shell job's processes")
     watchdog = wait_for(lambda: watchdog_of(worker.popen.pid), "the watchdog")
-    leaders = wait_for(lambda: [pid for pid in _children(worker.popen.pid) if pid != watchdog][1:] and
-                       [pid for pid in _children(worker.popen.pid) if pid != watchdog], "both jobs to start")
+
+    def both_jobs():
+        found = [pid for pid in _children(worker.popen.pid) if pid != watchdog]
+        return found if len(found) == 2 else None
+    leaders = wait_for(both_jobs, "both jobs to start")  # their first processes (one has no token at all)
     pids = [int((tmp_path / name).read_text()) for name in names] + leaders
     assert len(set(pids)) == 5 and not any(pid_gone(pid) for pid in pids)
     os.killpg(worker.popen.pid, signal.SIGKILL)  # the worker leads its group (start_new_session)
