@@ -3468,12 +3468,18 @@ def _spawn(job: Job, extra: dict, die_with_worker: bool):
     """Start the command: exec'd directly when it is plain words, else through `/bin/sh -c`.
     Its environment is the worker's with `extra` (the job's env and QUEUECTL_* variables) on top."""
     import subprocess
+    watchdog = Watchdog.current if die_with_worker else None
+    if watchdog and watchdog.alive:  # it kills the run if the worker dies: start the job as on SQLite
+        proc = _spawn(job, extra, False)
+        watchdog.tell(proc.pid)
+        return proc
     # start_new_session: the job gets its own process group, so the terminal's Ctrl+C meant for
     # the worker never reaches it, and killpg() reaches all of its children.
     options = dict(cwd=job.cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                    start_new_session=True)
-    # Jobs that must die with their worker are started through setpriv where it can (see
-    # _setpriv), else with a preexec_fn (see _die_with_runner): the same signal, a slower fork.
+    # Jobs that must die with their worker and have no watchdog to see to it (see Watchdog) are
+    # started through setpriv where it can (see _setpriv), else with a preexec_fn (see
+    # _die_with_runner): the same signal, a slower fork.
     # Other jobs are spawned with posix_spawn where it can (see _posix_spawn).
     wrapper = _setpriv() if die_with_worker else ()
     if die_with_worker and not wrapper:
@@ -4077,8 +4083,9 @@ class Leftovers:
         return all(proc_start_time(pid) != start for pid, start in self.killed.items())
 
 
-def kill_run(token: str, left: Leftovers | None = None) -> Leftovers:
+def kill_run(token: str, left: Leftovers | None = None, prefix: bool = False) -> Leftovers:
     """SIGKILL every process of this run that `left` has not killed yet; does not wait for them.
+    With `prefix`, of every run whose token starts with `token` (`worker_id/`: all runs of a worker).
 
     Each run's processes inherit QUEUECTL_RUN=token, so this finds the orphaned shell and its
     children exactly. A process in the middle of exec() has no readable environment for a moment
@@ -4091,7 +4098,7 @@ def kill_run(token: str, left: Leftovers | None = None) -> Leftovers:
     left = Leftovers() if left is None else left
     if not token and not left.sessions:
         return left
-    needle = f"QUEUECTL_RUN={token}\0".encode() if token else None
+    needle = f"QUEUECTL_RUN={token}".encode() + (b"" if prefix else b"\0") if token else None
     ours = {None, 0, os.getsid(0)}  # never our own session (0: its leader is outside our PID namespace)
     for _ in range(50):
         found = {pid: start for pid in _pids()
@@ -4181,6 +4188,198 @@ def _environ(pid: int) -> bytes | None:
         if found != b"\0":
             break
     return found
+
+
+class Watchdog:
+    """The process that kills a PostgreSQL worker's runs when the worker dies by any means, SIGKILL
+    included (there a lost run may rerun on another host, which cannot kill what is left of it here).
+
+    Forked by the worker at its start (see Supervisor.run), in a session of its own, so neither the
+    terminal's Ctrl+C nor a kill of the worker's process group reaches it. It holds the read end of a
+    pipe whose write end only the worker holds (close-on-exec: no job inherits it). The worker writes
+    the PID of each job's first process as it starts it, which leads the run's session. EOF means
+    the worker is gone: the watchdog SIGKILLs those sessions and every process carrying a token of
+    the worker's runs (kill_run), waits until they are gone, then exits. A worker that ends cleanly
+    SIGKILLs its watchdog first.
+
+    A sweeper on this host must not requeue the runs while processes the watchdog killed are still
+    exiting: their environment already reads empty, so its token scan would miss them, yet they hold
+    their files and locks until their teardown ends. So the watchdog holds a name for as long as it
+    lives (see watchdog_at_work), and such a sweeper waits until the name is free.
+    """
+
+    current: "Watchdog | None" = None  # this worker process's, which _spawn tells of each job it starts
+
+    def __init__(self, pid: int, write_end: int):
+        import threading
+        self.pid, self.write_end, self.alive = pid, write_end, True
+        self.lock = threading.Lock()  # orders a runner's message against the close of the pipe at stop
+
+    @classmethod
+    def start(cls, worker_id: str) -> "Watchdog | None":
+        """Fork the watchdog of this worker process, which becomes Watchdog.current; None (and a
+        warning) if no process can be had."""
+        import fcntl  # noqa: F401 - loaded here for the child (see _watchdog_main)
+        import socket
+        import warnings
+        read_end, write_end = os.pipe2(os.O_CLOEXEC)
+        name = socket.socket(socket.AF_UNIX)  # close-on-exec, as every socket Python opens
+        try:
+            name.bind(_watchdog_name(worker_id))
+            with warnings.catch_warnings():  # Python 3.12+ warns of fork() in a process with threads: see below
+                warnings.simplefilter("ignore", DeprecationWarning)
+                pid = os.fork()
+        except OSError as e:
+            os.close(read_end)
+            os.close(write_end)
+            name.close()
+            log.warning("cannot start the watchdog (%s): jobs get the parent-death signal instead", e,
+                        extra=event("watchdog_failed", error=str(e)))
+            return None
+        if pid == 0:
+            _watchdog_main(read_end, name.fileno(), f"{worker_id}/")  # never returns
+        os.close(read_end)
+        name.close()  # the name stays taken while the watchdog holds its copy
+        os.set_blocking(write_end, False)  # a runner never waits on the watchdog (see tell)
+        cls.current = cls(pid, write_end)
+        return cls.current
+
+    def tell(self, pid: int) -> None:
+        """Tell of a job just started. One write of a few bytes, atomic (under PIPE_BUF) and never
+        blocking: a message that finds the pipe full leaves that run to the token scan."""
+        with self.lock:
+            try:
+                if self.alive:  # else stop() may have closed the descriptor, and its number be reused
+                    os.write(self.write_end, b"%d\n" % pid)
+            except BlockingIOError:
+                pass
+            except OSError:  # EPIPE: the watchdog is gone; check() reaps it and says so
+                self.alive = False
+
+    def check(self) -> None:
+        """At each housekeeping tick: if the watchdog died (someone killed it), reap it and warn once.
+        Jobs started from then on get the parent-death signal instead (see _spawn); those already
+        running are left to the token scan of a later sweep on this host."""
+        if self.pid is None or not _reaped(self.pid):
+            return
+        self.pid, self.alive = None, False
+        log.warning("the watchdog process is gone: jobs started from now on get the parent-death signal "
+                    "instead; those running now are left to the next sweep", extra=event("watchdog_lost"))
+
+    def stop(self, clean: bool) -> None:
+        """End the watchdog and reap it (waiting at most a few seconds). `clean`: SIGKILL it, so it
+        kills nothing (it is our unreaped child: its PID cannot name another process); else close
+        the pipe, and it kills the worker's runs as if the worker had died."""
+        import signal
+        if clean and self.pid is not None:
+            os.kill(self.pid, signal.SIGKILL)  # first: the EOF of the close below would set it killing
+        with self.lock:
+            self.alive = False
+            os.close(self.write_end)  # under the lock, with alive False: see tell
+        if Watchdog.current is self:
+            Watchdog.current = None
+        deadline = time.monotonic() + HARD_STOP_S + 1.0  # it waits at most HARD_STOP_S for what it killed
+        while self.pid is not None and not _reaped(self.pid):
+            if time.monotonic() > deadline:
+                log.warning("the watchdog process %d has not exited", self.pid, extra=event("watchdog_slow"))
+                return
+            time.sleep(0.005)
+        self.pid = None
+
+
+def _reaped(pid: int) -> bool:
+    """Reap our child `pid` if it has exited; True if it has (or was reaped already)."""
+    try:
+        return os.waitpid(pid, os.WNOHANG)[0] != 0
+    except ChildProcessError:
+        return True
+
+
+def _watchdog_name(worker_id: str) -> str:
+    """The name a worker's watchdog holds while it lives: an abstract Unix socket address (Linux; it
+    vanishes with the process), at most 108 bytes, and the tail of a worker id is its PID and random part."""
+    return f"\0queuectl-watchdog/{worker_id[-80:]}"
+
+
+def watchdog_at_work(worker_id: str) -> bool:
+    """Is that worker's watchdog still alive on this host (and network namespace)? Asked of a worker of
+    ours whose process is gone: until its watchdog has killed the worker's runs and seen them gone."""
+    import errno
+    import socket
+    with socket.socket(socket.AF_UNIX) as probe:
+        try:
+            probe.bind(_watchdog_name(worker_id))
+        except OSError as e:
+            return e.errno == errno.EADDRINUSE
+    return False
+
+
+def _watchdog_main(read_end: int, name: int, prefix: str) -> None:
+    """The forked watchdog: wait for the worker's EOF, kill its runs, leave with os._exit.
+
+    Forked before the worker's listener and runner threads start (the signal counter, blocked in
+    poll(), holds no lock), so the child can run plain Python; it leaves with os._exit, which runs
+    none of the worker's cleanup (its database connection is the worker's, not ours to close).
+    """
+    import fcntl  # both loaded before the fork: only looked up here
+    import signal
+    try:
+        with contextlib.suppress(OSError), open("/proc/self/comm", "w") as f:
+            f.write("qctl-watchdog")  # what ps -o comm and top show; named before it leads a session
+        os.setsid()  # out of the worker's session and process group: what kills those spares us
+        # Keep the pipe and the name, at 3 or above (a worker started with stdin closed may have got
+        # one as fd 0), close every other descriptor: the worker's log, pipes and database socket
+        # must not be held open by us; 0-2 become /dev/null.
+        reader, held = fcntl.fcntl(read_end, fcntl.F_DUPFD, 3), fcntl.fcntl(name, fcntl.F_DUPFD, 3)
+        low, high = sorted((reader, held))
+        for first, end in ((3, low), (low + 1, high), (high + 1, os.sysconf("SC_OPEN_MAX"))):
+            os.closerange(first, end)
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        if null > 2:
+            os.close(null)
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        _kill_runs(prefix, _watch(reader))
+    finally:
+        os._exit(0)
+
+
+def _watch(fd: int) -> dict[int, str]:
+    """Read the worker's messages until EOF; returns the leaders of the runs it told of that were
+    alive when told and may still be (PID -> start time, which tells a recycled PID apart)."""
+    told, rest, limit = {}, b"", 64
+    while True:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return told
+        lines = (rest + chunk).split(b"\n")
+        rest = lines.pop()
+        for pid in map(int, lines):
+            start = proc_start_time(pid)  # None: it has ended already, nothing to kill
+            if start:
+                told[pid] = start
+        if len(told) >= limit:  # forget the runs that ended (a check of each, once per doubling)
+            told = {pid: start for pid, start in told.items() if proc_start_time(pid) == start}
+            limit = max(64, 2 * len(told))
+        # Read in batches: woken for each job, this process cost a tenth of a short job's CPU. To act
+        # 20 ms later changes nothing: a rerun elsewhere waits for stale-timeout.
+        time.sleep(0.02)
+
+
+def _kill_runs(prefix: str, told: dict[int, str]) -> None:
+    """SIGKILL the sessions of the told runs whose leader is still the process told of (a zombie
+    too: its session may have members), and every process carrying a token of the worker's runs."""
+    left = Leftovers()
+    left.sessions |= {pid for pid, start in told.items() if (fields := _stat_fields(pid)) and fields[19] == start}
+    kill_run(prefix, left, prefix=True)
+    # A job being started as the worker died may have been between fork and exec, its token not yet
+    # in its environment: look once more a moment later.
+    time.sleep(0.05)
+    kill_run(prefix, left, prefix=True)
+    wait_gone(left, HARD_STOP_S)  # then our name is freed, and a sweeper here may requeue the runs
 
 
 # ==== Workers ====================================================================================
@@ -4481,8 +4680,8 @@ class Sweeper:
     def is_dead(self, row: WorkerRow, now_mono: float, stale_s: float) -> bool:
         """Same namespace: its PID tells at once; an earlier boot: dead. Otherwise: its heartbeat
         stopped moving for stale_s (less the time our own heartbeat could not be written)."""
-        if same_namespace(row, self.me):
-            return process_gone(row.pid, row.proc_start)
+        if same_namespace(row, self.me):  # and its watchdog (PostgreSQL) has seen its runs gone
+            return process_gone(row.pid, row.proc_start) and not watchdog_at_work(row.id)
         if previous_boot(row, self.me) and not self.store.shared_by_hosts:
             return True  # a local file: a row with our hostname and another boot id is an earlier boot
         key = (row.id, row.started_at)  # one registration: a re-registered worker starts afresh
@@ -4600,6 +4799,7 @@ class Supervisor:
         self.canceled: set[tuple[str, int]] = set()  # (job id, run) of running jobs a user asked to cancel
         self.schedules = ScheduleFirer()
         self.runners_store: Store | None = None  # the connection runners share, where they may (see _runner_store)
+        self.watchdog: Watchdog | None = None  # see run
 
     def _open(self, **shared) -> Store:
         """A connection for one thread: busy waits are long, but end in time for a hard stop."""
@@ -4677,6 +4877,18 @@ class Supervisor:
     # -- main loop -------------------------------------------------------------------------------
 
     def run(self) -> int:
+        """Run until stopped; returns the exit code. Where jobs must die with the worker (PostgreSQL),
+        a watchdog sees to it (see Watchdog), forked before our listener and runner threads exist."""
+        self.watchdog = Watchdog.start(self.worker_id) if self.store.shared_by_hosts else None
+        clean = False
+        try:
+            code, clean = self._run(), True
+            return code
+        finally:
+            if self.watchdog:
+                self.watchdog.stop(clean)  # not clean (an exception): it kills our runs, as if we had died
+
+    def _run(self) -> int:
         """Run until stopped; returns the exit code."""
         import threading
         self._read_stale_timeout()
@@ -4750,6 +4962,8 @@ class Supervisor:
                 pause = failing.failed(e)
 
     def _housekeeping(self, due: dict, mono: float) -> None:
+        if self.watchdog:
+            self.watchdog.check()
         if mono >= due["beat"]:
             due["beat"] = self._beat(due["beat"])
         if mono >= due["sweep"]:

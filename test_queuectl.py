@@ -4470,8 +4470,10 @@ def test_postgres_locked_tables_end_in_busy_and_a_hard_stop_still_stops(pg_url, 
     assert [j["id"] for j in json.loads(ok(pg_url, "list", "--json"))] == ["run"]  # nothing half-stored
 
 def job_leaders(tag, worker_pid):
-    """Pids of the first processes of the jobs a worker started (each leads its own session)."""
-    return [pid for pid in tagged_pids(tag) if pid != worker_pid and queuectl._session(pid) == pid]
+    """Pids of the first processes of the jobs a worker started (each leads its own session, as does
+    the worker's watchdog on PostgreSQL, which is not a job)."""
+    return [pid for pid in tagged_pids(tag) if pid != worker_pid and queuectl._session(pid) == pid
+            and queuectl._read(f"/proc/{pid}/comm") != "qctl-watchdog"]
 
 
 @pytest.fixture
@@ -8701,3 +8703,121 @@ def test_an_idle_worker_does_not_checkpoint_its_heartbeats_into_the_database_fil
         assert os.stat(sqlite_db).st_mtime_ns == before, "an idle worker wrote the database file"
     finally:
         watcher.close()
+
+# ==== PostgreSQL: one watchdog process per worker kills its runs when the worker dies ===========
+# Jobs on PostgreSQL start as on SQLite (posix_spawn, no setpriv); a process forked by the worker at
+# its start kills every process of the worker's runs once the worker is gone, SIGKILL included.
+
+def _children(pid):
+    """The child processes of `pid`, whichever of its threads started them."""
+    found = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/children") as f:
+            found += [int(child) for child in f.read().split()]
+    return found
+
+
+def watchdog_of(worker_pid):
+    """The PID of a worker's watchdog (its child named qctl-watchdog), or None."""
+    return next((pid for pid in _children(worker_pid) if queuectl._read(f"/proc/{pid}/comm") == "qctl-watchdog"),
+                None)
+
+
+def _fd_targets(pid):
+    folder = f"/proc/{pid}/fd"
+    return {os.readlink(f"{folder}/{fd}") for fd in os.listdir(folder)}
+
+
+def test_a_sigkilled_postgres_worker_takes_every_process_of_its_runs_with_it(pg_url, pg_workers, tmp_path):
+    """The worker's whole process group gets SIGKILL mid-job; its watchdog, in a session of its own,
+    is spared and kills: a job's shell and its background child, one that cleared its environment (in
+    the run's session), one that left the session (by its token), and a job whose first process has no
+    token at all (env -i, found only as the session the worker told of). The parent-death signal of
+    before took the first processes only; nothing else here can kill the others (no other worker)."""
+    shell = ("sleep 60 & echo $! > bg; env -i /bin/sleep 61 & echo $! > bare; setsid sleep 62 & echo $! > away; "
+             "echo $$ > shell; wait")
+    enqueue(pg_url, id="shell", command=shell, cwd=str(tmp_path))
+    enqueue(pg_url, id="bare", command="env -i /bin/sleep 63", cwd=str(tmp_path))
+    worker = pg_workers.start("--count", "2")
+    names = ["bg", "bare", "away", "shell"]
+    wait_for(lambda: all((tmp_path / name).is_file() and (tmp_path / name).read_text().endswith("\n")
+                         for name in names), "the shell job's processes")
+    watchdog = wait_for(lambda: watchdog_of(worker.popen.pid), "the watchdog")
+
+    def both_jobs():
+        found = [pid for pid in _children(worker.popen.pid) if pid != watchdog]
+        return found if len(found) == 2 else None
+    leaders = wait_for(both_jobs, "both jobs to start")  # their first processes (one has no token at all)
+    pids = [int((tmp_path / name).read_text()) for name in names] + leaders
+    assert len(set(pids)) == 5 and not any(pid_gone(pid) for pid in pids)
+    os.killpg(worker.popen.pid, signal.SIGKILL)  # the worker leads its group (start_new_session)
+    assert worker.wait() == -signal.SIGKILL
+    wait_for(lambda: all(pid_gone(pid) for pid in pids), "every process of the runs to die with the worker", timeout=10)
+    wait_for(lambda: pid_gone(watchdog), "the watchdog to exit once done", timeout=10)
+
+
+def test_a_postgres_job_starts_by_posix_spawn_and_the_watchdog_is_told_of_it(pg_url, monkeypatch):
+    used, told, setpriv = [], [], []
+    real_spawn, real_tell = queuectl._posix_spawn, queuectl.Watchdog.tell
+    monkeypatch.setattr(queuectl, "_posix_spawn", lambda *a: used.append(a[0]) or real_spawn(*a))
+    monkeypatch.setattr(queuectl.Watchdog, "tell", lambda self, pid: told.append(pid) or real_tell(self, pid))
+    monkeypatch.setattr(queuectl, "_setpriv", lambda: setpriv.append(1) or ())
+    with InProcessWorker(pg_url, monkeypatch) as worker, contextlib.closing(queuectl.PostgresStore(pg_url)) as s:
+        s.enqueue([spec("a", cwd=os.getcwd())], s.now())
+        wait_for(lambda: s.get("a").state == "completed", "the job to run", timeout=20)
+        watchdog = worker.supervisor.watchdog.pid
+        assert watchdog in _children(os.getpid()) and not pid_gone(watchdog)
+        assert queuectl.Watchdog.current is worker.supervisor.watchdog
+        assert queuectl.watchdog_at_work(worker.supervisor.worker_id)  # what sweepers on this host wait for
+    assert len(used) == 1 and len(told) == 1 and setpriv == []
+    assert queuectl.Watchdog.current is None and not queuectl.watchdog_at_work(worker.supervisor.worker_id)
+    with pytest.raises(ChildProcessError):  # stopped with the worker, and reaped
+        os.waitpid(watchdog, os.WNOHANG)
+
+
+def test_a_postgres_worker_that_exits_cleanly_leaves_no_watchdog_and_it_killed_nothing(pg_url, pg_workers, tmp_path):
+    enqueue(pg_url, id="j", command="sleep 60 & echo $! > bg", cwd=str(tmp_path))
+    worker = pg_workers.start("--burst")
+    assert worker.wait() == 0, worker.log()
+    bg = int((tmp_path / "bg").read_text())
+    assert tagged_pids(pg_workers.tag) == [bg]  # no watchdog left, and the job's child lives on, as on SQLite
+
+
+def test_a_worker_whose_watchdog_was_killed_warns_once_and_falls_back_to_the_parent_death_signal(
+        pg_url, pg_workers, tmp_path):
+    worker = pg_workers.start()
+    worker.wait_log("worker started")
+    watchdog = wait_for(lambda: watchdog_of(worker.popen.pid), "the watchdog")
+    os.kill(watchdog, signal.SIGKILL)
+    worker.wait_log("the watchdog process is gone")
+    assert watchdog not in _children(worker.popen.pid)  # reaped: no zombie
+    enqueue(pg_url, id="j", command="sleep 60", cwd=str(tmp_path))
+    [first] = wait_for(lambda: job_leaders(pg_workers.tag, worker.popen.pid), "the job to start")
+    worker.signal(signal.SIGKILL)
+    assert worker.wait() == -signal.SIGKILL
+    wait_for(lambda: pid_gone(first), "the job's first process to die with its worker", timeout=10)
+    assert worker.log().count("watchdog process is gone") == 1
+
+
+@pytest.mark.parametrize("folder", ["the worker's (posix_spawn)", "another (Popen)"])
+def test_no_job_inherits_the_watchdog_pipe(pg_url, pg_workers, tmp_path, folder):
+    enqueue(pg_url, id="j", command="sleep 60", cwd=os.getcwd() if "posix" in folder else str(tmp_path))
+    worker = pg_workers.start()
+    [job] = wait_for(lambda: job_leaders(pg_workers.tag, worker.popen.pid), "the job to start")
+    [pipe] = [target for target in _fd_targets(watchdog_of(worker.popen.pid)) if target.startswith("pipe:")]
+    assert pipe in _fd_targets(worker.popen.pid)  # the worker holds the write end
+    assert pipe not in _fd_targets(job)
+
+
+def test_kill_run_by_prefix_takes_the_runs_of_one_worker_only(tmp_path):
+    runs = {token: subprocess.Popen(["sleep", "60"], env=child_env(QUEUECTL_RUN=token), start_new_session=True)
+            for token in ("w1/1/a", "w1/2/b", "w10/1/a", "xw1/1/a")}
+    try:
+        left = queuectl.kill_run("w1/", prefix=True)
+        assert sorted(left.killed) == sorted([runs["w1/1/a"].pid, runs["w1/2/b"].pid])
+        assert runs["w1/1/a"].wait(10) == runs["w1/2/b"].wait(10) == -signal.SIGKILL
+        assert runs["w10/1/a"].poll() is None and runs["xw1/1/a"].poll() is None
+    finally:
+        for popen in runs.values():
+            popen.kill()
+            popen.wait()
