@@ -8821,3 +8821,26 @@ def test_kill_run_by_prefix_takes_the_runs_of_one_worker_only(tmp_path):
         for popen in runs.values():
             popen.kill()
             popen.wait()
+
+
+# ==== Review of the watchdog: what a worker's death must and must not take ======================
+# Adversarial tests of the PostgreSQL watchdog (one forked process per worker that kills the worker's
+# runs when the worker dies).
+
+def _watchdogs(tag):
+    """The live watchdog processes among the processes carrying a test's tag."""
+    return [pid for pid in tagged_pids(tag) if queuectl._read(f"/proc/{pid}/comm") == "qctl-watchdog"]
+
+
+def test_a_finished_jobs_background_child_outlives_a_later_crash_of_its_worker(db, workers, tmp_path):
+    """README: "When the shell exits, the run is over. A background child (`cmd &`) that is still
+    running is neither waited for nor killed." A worker that crashes later, its job long completed,
+    has no run to protect from a rerun: the child lives on, on both backends."""
+    enqueue(db, id="j", command="sleep 60 & echo $! > bg", cwd=str(tmp_path))
+    worker = workers.start()
+    wait_for(lambda: state_of(db, "j") == "completed", "the job to complete")
+    bg = int((tmp_path / "bg").read_text())
+    worker.signal(signal.SIGKILL)
+    assert worker.wait() == -signal.SIGKILL
+    wait_for(lambda: not _watchdogs(workers.tag), "the watchdog (PostgreSQL) to be done", timeout=10)
+    assert not pid_gone(bg)
