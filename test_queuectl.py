@@ -8844,3 +8844,25 @@ def test_a_finished_jobs_background_child_outlives_a_later_crash_of_its_worker(d
     assert worker.wait() == -signal.SIGKILL
     wait_for(lambda: not _watchdogs(workers.tag), "the watchdog (PostgreSQL) to be done", timeout=10)
     assert not pid_gone(bg)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_signal_to_every_queuectl_process_leaves_the_watchdog_to_guard_the_worker(pg_url, pg_workers, tmp_path,
+                                                                                     sig):
+    """`pkill -f queuectl` (or -INT, -HUP) reaches the watchdog too: it is a fork of the worker, with its
+    command line. SIGTERM and SIGINT ask the worker to stop gracefully, and its running job goes on; SIGHUP
+    ends the worker at once. Either way the watchdog must still be there to kill the job when the worker
+    dies (here: a SIGKILL during the graceful stop), or a rerun on another host overlaps it."""
+    enqueue(pg_url, id="j", command="sleep 60 & echo $! > bg; wait", cwd=str(tmp_path))
+    worker = pg_workers.start()
+    wait_for(lambda: (tmp_path / "bg").is_file() and (tmp_path / "bg").read_text().endswith("\n"), "the job")
+    watchdog = wait_for(lambda: watchdog_of(worker.popen.pid), "the watchdog")
+    [shell] = job_leaders(pg_workers.tag, worker.popen.pid)
+    bg = int((tmp_path / "bg").read_text())
+    for pid in (worker.popen.pid, watchdog):  # what pkill -f does, one process after the other
+        os.kill(pid, sig)
+    if sig != signal.SIGHUP:
+        worker.wait_log("stopping (signal)")
+        worker.signal(signal.SIGKILL)
+    assert worker.wait() == -(signal.SIGKILL if sig != signal.SIGHUP else signal.SIGHUP)
+    wait_for(lambda: pid_gone(shell) and pid_gone(bg), "the job's processes to die with their worker", timeout=10)
