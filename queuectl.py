@@ -4340,8 +4340,11 @@ def _watchdog_main(read_end: int, name: int, prefix: str) -> None:
         if null > 2:
             os.close(null)
         signal.set_wakeup_fd(-1)
+        # Ignored, not defaulted: we carry the worker's command line, so `pkill -f queuectl` (or -HUP)
+        # meant for the worker reaches us too, and would leave the worker's jobs unguarded. The worker
+        # ends us with SIGKILL.
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_DFL)
+            signal.signal(sig, signal.SIG_IGN)
         _kill_runs(prefix, _watch(reader))
     finally:
         os._exit(0)
