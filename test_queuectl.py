@@ -8866,3 +8866,24 @@ def test_a_signal_to_every_queuectl_process_leaves_the_watchdog_to_guard_the_wor
         worker.signal(signal.SIGKILL)
     assert worker.wait() == -(signal.SIGKILL if sig != signal.SIGHUP else signal.SIGHUP)
     wait_for(lambda: pid_gone(shell) and pid_gone(bg), "the job's processes to die with their worker", timeout=10)
+
+
+def test_a_frozen_watchdog_does_not_keep_its_dead_workers_jobs_from_a_worker_on_the_same_host(
+        pg_url, pg_workers, tmp_path):
+    """A same-host sweeper waits for a dead worker's watchdog to free its name. A watchdog that never
+    does (stopped: SIGSTOP, a debugger, a frozen cgroup of its own) must not hold the worker's jobs for
+    ever: a worker on another host reruns them once the lease has run out, and so must one here."""
+    ok(pg_url, "config", "set", "stale-timeout", "2")
+    enqueue(pg_url, id="j", command="sleep 60", cwd=str(tmp_path))
+    first = pg_workers.start()
+    wait_for(lambda: state_of(pg_url, "j") == "processing", "the job to start")
+    watchdog = wait_for(lambda: watchdog_of(first.popen.pid), "the watchdog")
+    os.kill(watchdog, signal.SIGSTOP)
+    try:
+        first.signal(signal.SIGKILL)
+        assert first.wait() == -signal.SIGKILL
+        pg_workers.start()
+        wait_for(lambda: get_job(pg_url, "j")["lost_count"] == 1, "the job to be recovered", timeout=20)
+    finally:
+        os.kill(watchdog, signal.SIGKILL)
+        os.kill(watchdog, signal.SIGCONT)
