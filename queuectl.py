@@ -4681,10 +4681,16 @@ class Sweeper:
                 self._begin(job_id, run_no, self.worker_id)
 
     def is_dead(self, row: WorkerRow, now_mono: float, stale_s: float) -> bool:
-        """Same namespace: its PID tells at once; an earlier boot: dead. Otherwise: its heartbeat
-        stopped moving for stale_s (less the time our own heartbeat could not be written)."""
-        if same_namespace(row, self.me):  # and its watchdog (PostgreSQL) has seen its runs gone
-            return process_gone(row.pid, row.proc_start) and not watchdog_at_work(row.id)
+        """Same namespace: its PID tells at once (once its watchdog is done, or else as its lease
+        does); an earlier boot: dead. Otherwise: its heartbeat stopped moving for stale_s (less the
+        time our own heartbeat could not be written)."""
+        if same_namespace(row, self.me):
+            if not process_gone(row.pid, row.proc_start):
+                return False
+            if not watchdog_at_work(row.id):  # (PostgreSQL) it has seen the worker's runs gone
+                return True
+            # A watchdog still at work is waited for, but no longer than a worker on another host
+            # waits for the lease: one that never ends (stopped) must not hold the runs for ever.
         if previous_boot(row, self.me) and not self.store.shared_by_hosts:
             return True  # a local file: a row with our hostname and another boot id is an earlier boot
         key = (row.id, row.started_at)  # one registration: a re-registered worker starts afresh
