@@ -8887,3 +8887,26 @@ def test_a_frozen_watchdog_does_not_keep_its_dead_workers_jobs_from_a_worker_on_
     finally:
         os.kill(watchdog, signal.SIGKILL)
         os.kill(watchdog, signal.SIGCONT)
+
+
+def test_the_watchdog_never_takes_a_recycled_pid_for_a_run_it_was_told_of(tmp_path):
+    """The watchdog reads each told PID's start time when it reads the message, up to 20 ms (or, if it
+    was starved or stopped, much) later. By then the job may have ended, been reaped, and its PID been
+    given to another process (pid_max is 32,768 on many hosts): one that leads a session of its own is
+    an ordinary sight (another worker's job, a login shell). Told of such a PID, a watchdog whose worker
+    is alive must not take it for a run: here the test process is the worker, and tells of a stranger."""
+    started = subprocess.run(["setsid", "-f", "sh", "-c", f"echo $$ > {tmp_path}/pid; exec sleep 60"],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    assert started.returncode == 0
+    stranger = int(wait_for(lambda: (tmp_path / "pid").is_file() and (tmp_path / "pid").read_text().strip(),
+                            "the stranger"))
+    try:
+        assert queuectl._session(stranger) == stranger and stranger not in _children(os.getpid())
+        watchdog = queuectl.Watchdog.start(f"review:{os.getpid()}:{os.urandom(3).hex()}")
+        assert watchdog is not None
+        watchdog.tell(stranger)
+        watchdog.stop(clean=False)  # as if the worker had died: it reads the message, then EOF, then kills
+        assert not pid_gone(stranger)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(stranger, signal.SIGKILL)
