@@ -4361,7 +4361,7 @@ def _watch(fd: int) -> dict[int, str]:
         lines = (rest + chunk).split(b"\n")
         rest = lines.pop()
         for pid in map(int, lines):
-            start = proc_start_time(pid)  # None: it has ended already, nothing to kill
+            start = _told_start(pid)  # None: it has ended already, nothing to kill
             if start:
                 told[pid] = start
         if len(told) >= limit:  # forget the runs that ended (a check of each, once per doubling)
@@ -4370,6 +4370,17 @@ def _watch(fd: int) -> dict[int, str]:
         # Read in batches: woken for each job, this process cost a tenth of a short job's CPU. To act
         # 20 ms later changes nothing: a rerun elsewhere waits for stale-timeout.
         time.sleep(0.02)
+
+
+def _told_start(pid: int) -> str | None:
+    """The start time of the job's first process `pid` we were just told of, if it still runs. It is
+    our parent's child (the worker's; once the worker is gone, both of us were adopted by the same
+    reaper) until it has exited and been reaped: a PID with another parent now names another process
+    (read late, after the job ended and the PID came round again), which we must never kill."""
+    parents = {os.getppid()}  # before and after the reads: the worker may die in between
+    start, fields = proc_start_time(pid), _stat_fields(pid)
+    parents.add(os.getppid())
+    return start if start and fields and fields[19] == start and int(fields[1]) in parents else None
 
 
 def _kill_runs(prefix: str, told: dict[int, str]) -> None:
