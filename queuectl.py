@@ -4700,8 +4700,10 @@ class Sweeper:
                 return False
             if not watchdog_at_work(row.id):  # (PostgreSQL) it has seen the worker's runs gone
                 return True
-            # A watchdog still at work is waited for, but no longer than a worker on another host
-            # waits for the lease: one that never ends (stopped) must not hold the runs for ever.
+            # A watchdog still at work is waited for as long as it can take (HARD_STOP_S for what it
+            # killed), then the lease decides, as on another host: one that never ends (stopped) must
+            # not hold the runs for ever.
+            stale_s = max(stale_s, HARD_STOP_S + 1.0)
         if previous_boot(row, self.me) and not self.store.shared_by_hosts:
             return True  # a local file: a row with our hostname and another boot id is an earlier boot
         key = (row.id, row.started_at)  # one registration: a re-registered worker starts afresh
