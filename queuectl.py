@@ -4377,10 +4377,12 @@ def _told_start(pid: int) -> str | None:
     our parent's child (the worker's; once the worker is gone, both of us were adopted by the same
     reaper) until it has exited and been reaped: a PID with another parent now names another process
     (read late, after the job ended and the PID came round again), which we must never kill."""
-    parents = {os.getppid()}  # before and after the reads: the worker may die in between
-    start, fields = proc_start_time(pid), _stat_fields(pid)
+    parents = {os.getppid()}  # before and after the read: the worker may die in between
+    fields = _stat_fields(pid)
     parents.add(os.getppid())
-    return start if start and fields and fields[19] == start and int(fields[1]) in parents else None
+    if not fields or int(fields[1]) not in parents:
+        return None
+    return fields[19] if fields[0] not in ("Z", "X") else proc_start_time(pid)  # one read, but for a zombie
 
 
 def _kill_runs(prefix: str, told: dict[int, str]) -> None:
