@@ -8910,3 +8910,22 @@ def test_the_watchdog_never_takes_a_recycled_pid_for_a_run_it_was_told_of(tmp_pa
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(stranger, signal.SIGKILL)
+
+
+def test_pkill_9_f_of_the_worker_command_line_leaves_the_watchdog_to_kill_its_jobs(pg_url, pg_workers, tmp_path):
+    """`pkill -9 -f 'queuectl.*worker start'` is how many stop a worker that will not stop. The watchdog is a
+    fork of the worker: with the worker's command line it was killed together with it, and nothing killed
+    the jobs (the parent-death signal is no longer set while a watchdog lives), so a rerun elsewhere
+    overlapped them. The pattern here is the worker's --db URL, which no job's command line holds."""
+    enqueue(pg_url, id="j", command="sleep 60 & echo $! > bg; wait", cwd=str(tmp_path))
+    worker = pg_workers.start()
+    wait_for(lambda: (tmp_path / "bg").is_file() and (tmp_path / "bg").read_text().endswith("\n"), "the job")
+    wait_for(lambda: watchdog_of(worker.popen.pid), "the watchdog")
+    [shell] = job_leaders(pg_workers.tag, worker.popen.pid)
+    bg = int((tmp_path / "bg").read_text())
+    for pid in tagged_pids(pg_workers.tag):  # what pkill -9 -f does
+        if pg_url in (queuectl._read(f"/proc/{pid}/cmdline") or ""):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert worker.wait() == -signal.SIGKILL
+    wait_for(lambda: pid_gone(shell) and pid_gone(bg), "the job's processes to die with their worker", timeout=10)
