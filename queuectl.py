@@ -4326,6 +4326,8 @@ def _watchdog_main(read_end: int, name: int, prefix: str) -> None:
     try:
         with contextlib.suppress(OSError), open("/proc/self/comm", "w") as f:
             f.write("qctl-watchdog")  # what ps -o comm and top show; named before it leads a session
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            _rename_command_line(b"qctl-watchdog")
         os.setsid()  # out of the worker's session and process group: what kills those spares us
         # Keep the pipe and the name, at 3 or above (a worker started with stdin closed may have got
         # one as fd 0), close every other descriptor: the worker's log, pipes and database socket
@@ -4348,6 +4350,17 @@ def _watchdog_main(read_end: int, name: int, prefix: str) -> None:
         _kill_runs(prefix, _watch(reader))
     finally:
         os._exit(0)
+
+
+def _rename_command_line(name: bytes) -> None:
+    """Overwrite our argv in memory, so /proc/PID/cmdline (ps, pgrep -f, pkill -f) shows `name`. A fork
+    of the worker carries its command line: `pkill -9 -f 'queuectl.*worker'` killed the worker and its
+    watchdog together, and with them whatever would have killed the worker's jobs."""
+    fields = _stat_fields(os.getpid())
+    start, end = int(fields[45]), int(fields[46])  # arg_start and arg_end: fields 48 and 49 (proc(5))
+    with open("/proc/self/mem", "r+b", buffering=0) as mem:
+        mem.seek(start)
+        mem.write(name[:end - start - 1].ljust(end - start, b"\0"))
 
 
 def _watch(fd: int) -> dict[int, str]:
