@@ -4342,9 +4342,9 @@ def _watchdog_main(read_end: int, name: int, prefix: str) -> None:
         if null > 2:
             os.close(null)
         signal.set_wakeup_fd(-1)
-        # Ignored, not defaulted: we carry the worker's command line, so `pkill -f queuectl` (or -HUP)
-        # meant for the worker reaches us too, and would leave the worker's jobs unguarded. The worker
-        # ends us with SIGKILL.
+        # Ignored, not defaulted: a signal meant for the worker that reaches us too (a `pkill -f` where
+        # our command line could not be rewritten, a kill of PIDs picked from ps) must not leave the
+        # worker's jobs unguarded. The worker ends us with SIGKILL.
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)
         _kill_runs(prefix, _watch(reader))
