@@ -3471,7 +3471,7 @@ def _spawn(job: Job, extra: dict, die_with_worker: bool):
     watchdog = Watchdog.current if die_with_worker else None
     if watchdog and watchdog.alive:  # it kills the run if the worker dies: start the job as on SQLite
         proc = _spawn(job, extra, False)
-        watchdog.tell(proc.pid)
+        watchdog.tell(proc.pid, extra.get(b"QUEUECTL_RUN", b""))
         return proc
     # start_new_session: the job gets its own process group, so the terminal's Ctrl+C meant for
     # the worker never reaches it, and killpg() reaches all of its children.
@@ -4083,9 +4083,8 @@ class Leftovers:
         return all(proc_start_time(pid) != start for pid, start in self.killed.items())
 
 
-def kill_run(token: str, left: Leftovers | None = None, prefix: bool = False) -> Leftovers:
+def kill_run(token: str, left: Leftovers | None = None) -> Leftovers:
     """SIGKILL every process of this run that `left` has not killed yet; does not wait for them.
-    With `prefix`, of every run whose token starts with `token` (`worker_id/`: all runs of a worker).
 
     Each run's processes inherit QUEUECTL_RUN=token, so this finds the orphaned shell and its
     children exactly. A process in the middle of exec() has no readable environment for a moment
@@ -4098,7 +4097,7 @@ def kill_run(token: str, left: Leftovers | None = None, prefix: bool = False) ->
     left = Leftovers() if left is None else left
     if not token and not left.sessions:
         return left
-    needle = f"QUEUECTL_RUN={token}".encode() + (b"" if prefix else b"\0") if token else None
+    needle = f"QUEUECTL_RUN={token}\0".encode() if token else None
     ours = {None, 0, os.getsid(0)}  # never our own session (0: its leader is outside our PID namespace)
     for _ in range(50):
         found = {pid: start for pid in _pids()
@@ -4237,20 +4236,21 @@ class Watchdog:
                         extra=event("watchdog_failed", error=str(e)))
             return None
         if pid == 0:
-            _watchdog_main(read_end, name.fileno(), f"{worker_id}/")  # never returns
+            _watchdog_main(read_end, name.fileno())  # never returns
         os.close(read_end)
         name.close()  # the name stays taken while the watchdog holds its copy
         os.set_blocking(write_end, False)  # a runner never waits on the watchdog (see tell)
         cls.current = cls(pid, write_end)
         return cls.current
 
-    def tell(self, pid: int) -> None:
-        """Tell of a job just started. One write of a few bytes, atomic (under PIPE_BUF) and never
-        blocking: a message that finds the pipe full leaves that run to the token scan."""
+    def tell(self, pid: int, token: bytes) -> None:
+        """Tell of a job just started: its first process and its run's token. One write of one line
+        (a token is printable ASCII), atomic (under PIPE_BUF) and never blocking: a message that
+        finds the pipe full leaves that run to the next sweep's token scan on this host."""
         with self.lock:
             try:
                 if self.alive:  # else stop() may have closed the descriptor, and its number be reused
-                    os.write(self.write_end, b"%d\n" % pid)
+                    os.write(self.write_end, b"%d %s\n" % (pid, token))
             except BlockingIOError:
                 pass
             except OSError:  # EPIPE: the watchdog is gone; check() reaps it and says so
@@ -4314,7 +4314,7 @@ def watchdog_at_work(worker_id: str) -> bool:
     return False
 
 
-def _watchdog_main(read_end: int, name: int, prefix: str) -> None:
+def _watchdog_main(read_end: int, name: int) -> None:
     """The forked watchdog: wait for the worker's EOF, kill its runs, leave with os._exit.
 
     Forked before the worker's listener and runner threads start (the signal counter, blocked in
@@ -4347,7 +4347,7 @@ def _watchdog_main(read_end: int, name: int, prefix: str) -> None:
         # worker's jobs unguarded. The worker ends us with SIGKILL.
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)
-        _kill_runs(prefix, _watch(reader))
+        _kill_runs(_watch(reader))
     finally:
         os._exit(0)
 
@@ -4363,9 +4363,10 @@ def _rename_command_line(name: bytes) -> None:
         mem.write(name[:end - start - 1].ljust(end - start, b"\0"))
 
 
-def _watch(fd: int) -> dict[int, str]:
+def _watch(fd: int) -> dict[int, tuple[str, bytes]]:
     """Read the worker's messages until EOF; returns the leaders of the runs it told of that were
-    alive when told and may still be (PID -> start time, which tells a recycled PID apart)."""
+    alive when told and may still be (PID -> (start time, which tells a recycled PID apart, and the
+    run's token))."""
     told, rest, limit = {}, b"", 64
     while True:
         chunk = os.read(fd, 65536)
@@ -4373,12 +4374,12 @@ def _watch(fd: int) -> dict[int, str]:
             return told
         lines = (rest + chunk).split(b"\n")
         rest = lines.pop()
-        for pid in map(int, lines):
-            start = _told_start(pid)  # None: it has ended already, nothing to kill
+        for pid, _, token in (line.partition(b" ") for line in lines):
+            start = _told_start(int(pid))  # None: it has ended already, nothing to kill
             if start:
-                told[pid] = start
+                told[int(pid)] = (start, token)
         if len(told) >= limit:  # forget the runs that ended (a check of each, once per doubling)
-            told = {pid: start for pid, start in told.items() if proc_start_time(pid) == start}
+            told = {pid: run for pid, run in told.items() if proc_start_time(pid) == run[0]}
             limit = max(64, 2 * len(told))
         # Read in batches: woken for each job, this process cost a tenth of a short job's CPU. To act
         # 20 ms later changes nothing: a rerun elsewhere waits for stale-timeout.
@@ -4398,16 +4399,20 @@ def _told_start(pid: int) -> str | None:
     return fields[19] if fields[0] not in ("Z", "X") else proc_start_time(pid)  # one read, but for a zombie
 
 
-def _kill_runs(prefix: str, told: dict[int, str]) -> None:
-    """SIGKILL the sessions of the told runs whose leader is still the process told of (a zombie
-    too: its session may have members), and every process carrying a token of the worker's runs."""
+def _kill_runs(told: dict[int, tuple[str, bytes]]) -> None:
+    """SIGKILL the runs still in progress: those whose leader is still the process told of (a zombie
+    too: its session may have members), by their session and by their exact token (a child that left
+    the session with setsid). A run whose leader has ended is over: a background child it left is
+    neither waited for nor killed, as everywhere (the README's rule), so no scan of the worker's
+    token prefix."""
     left = Leftovers()
-    left.sessions |= {pid for pid, start in told.items() if (fields := _stat_fields(pid)) and fields[19] == start}
-    kill_run(prefix, left, prefix=True)
-    # A job being started as the worker died may have been between fork and exec, its token not yet
-    # in its environment: look once more a moment later.
-    time.sleep(0.05)
-    kill_run(prefix, left, prefix=True)
+    running = {pid: token for pid, (start, token) in told.items()
+               if (fields := _stat_fields(pid)) and fields[19] == start}
+    left.sessions |= set(running)
+    for _ in range(2):  # once more a moment later: a child between fork and exec has no token to read yet
+        for token in running.values():
+            kill_run(token.decode(errors="replace"), left)
+        time.sleep(0.05)
     wait_gone(left, HARD_STOP_S)  # then our name is freed, and a sweeper here may requeue the runs
 
 

@@ -8760,7 +8760,8 @@ def test_a_postgres_job_starts_by_posix_spawn_and_the_watchdog_is_told_of_it(pg_
     used, told, setpriv = [], [], []
     real_spawn, real_tell = queuectl._posix_spawn, queuectl.Watchdog.tell
     monkeypatch.setattr(queuectl, "_posix_spawn", lambda *a: used.append(a[0]) or real_spawn(*a))
-    monkeypatch.setattr(queuectl.Watchdog, "tell", lambda self, pid: told.append(pid) or real_tell(self, pid))
+    monkeypatch.setattr(queuectl.Watchdog, "tell",
+                        lambda self, pid, token: told.append(pid) or real_tell(self, pid, token))
     monkeypatch.setattr(queuectl, "_setpriv", lambda: setpriv.append(1) or ())
     with InProcessWorker(pg_url, monkeypatch) as worker, contextlib.closing(queuectl.PostgresStore(pg_url)) as s:
         s.enqueue([spec("a", cwd=os.getcwd())], s.now())
@@ -8807,20 +8808,6 @@ def test_no_job_inherits_the_watchdog_pipe(pg_url, pg_workers, tmp_path, folder)
     [pipe] = [target for target in _fd_targets(watchdog_of(worker.popen.pid)) if target.startswith("pipe:")]
     assert pipe in _fd_targets(worker.popen.pid)  # the worker holds the write end
     assert pipe not in _fd_targets(job)
-
-
-def test_kill_run_by_prefix_takes_the_runs_of_one_worker_only(tmp_path):
-    runs = {token: subprocess.Popen(["sleep", "60"], env=child_env(QUEUECTL_RUN=token), start_new_session=True)
-            for token in ("w1/1/a", "w1/2/b", "w10/1/a", "xw1/1/a")}
-    try:
-        left = queuectl.kill_run("w1/", prefix=True)
-        assert sorted(left.killed) == sorted([runs["w1/1/a"].pid, runs["w1/2/b"].pid])
-        assert runs["w1/1/a"].wait(10) == runs["w1/2/b"].wait(10) == -signal.SIGKILL
-        assert runs["w10/1/a"].poll() is None and runs["xw1/1/a"].poll() is None
-    finally:
-        for popen in runs.values():
-            popen.kill()
-            popen.wait()
 
 
 # ==== Review of the watchdog: what a worker's death must and must not take ======================
@@ -8904,7 +8891,7 @@ def test_the_watchdog_never_takes_a_recycled_pid_for_a_run_it_was_told_of(tmp_pa
         assert queuectl._session(stranger) == stranger and stranger not in _children(os.getpid())
         watchdog = queuectl.Watchdog.start(f"review:{os.getpid()}:{os.urandom(3).hex()}")
         assert watchdog is not None
-        watchdog.tell(stranger)
+        watchdog.tell(stranger, b"review/1/stranger")
         watchdog.stop(clean=False)  # as if the worker had died: it reads the message, then EOF, then kills
         assert not pid_gone(stranger)
     finally:
