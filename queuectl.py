@@ -4322,7 +4322,11 @@ def _watchdog_main(read_end: int, name: int) -> None:
     none of the worker's cleanup (its database connection is the worker's, not ours to close).
     """
     import fcntl  # both loaded before the fork: only looked up here
+    import gc
     import signal
+    # No garbage collection here: a file or socket object the worker left unreachable would be
+    # finalized by it and close its descriptor's number, which may be our pipe's by then.
+    gc.disable()
     try:
         with contextlib.suppress(OSError), open("/proc/self/comm", "w") as f:
             f.write("qctl-watchdog")  # what ps -o comm and top show; named before it leads a session
