@@ -8916,3 +8916,54 @@ def test_pkill_9_f_of_the_worker_command_line_leaves_the_watchdog_to_kill_its_jo
                 os.kill(pid, signal.SIGKILL)
     assert worker.wait() == -signal.SIGKILL
     wait_for(lambda: pid_gone(shell) and pid_gone(bg), "the job's processes to die with their worker", timeout=10)
+
+
+# ==== Review of the watchdog's "runs still in progress" (review-wd2) =============================
+# The watchdog now kills only the runs whose first process is still the one it was told of. A first
+# process that dies *because* its worker died (SIGPIPE: the worker held the only read end of its
+# output) and is reaped at once, as an init or systemd reaps orphans, looks like a run that ended.
+
+_REAPER = """
+import ctypes, os, sys, time
+ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: the worker's orphans come to us
+worker = os.fork()
+if worker == 0:
+    os.execv(sys.executable, [sys.executable, *sys.argv[2:]])
+with open(sys.argv[1], "w") as f:
+    f.write(f"{worker}\\n")
+while True:  # reap every orphan at once, as systemd or a container's init does
+    try:
+        os.wait()
+    except ChildProcessError:
+        time.sleep(0.01)
+"""
+
+
+def test_a_run_whose_shell_dies_of_its_workers_death_is_still_killed_by_the_watchdog(pg_url, pg_workers,
+                                                                                       tmp_path):
+    """The worker never saw the run end: it is `processing`, and reruns elsewhere after stale-timeout.
+    Its shell, printing, dies of SIGPIPE the moment the worker dies and is reaped by the orphans' reaper
+    before the watchdog looks (here: the watchdog is held stopped meanwhile, as a starved one is). Its
+    background child, same session and same token, must still be killed: the run was never over."""
+    enqueue(pg_url, id="j", command="sleep 60 & echo $! > bg; while :; do echo tick; sleep 0.05; done",
+            cwd=str(tmp_path))
+    log_path, pid_file = tmp_path / "reaped-worker.stderr", tmp_path / "worker.pid"
+    with open(log_path, "wb") as err:
+        popen = subprocess.Popen([sys.executable, "-c", _REAPER, str(pid_file), QUEUECTL, "--db", pg_url,
+                                  "worker", "start"], stdin=subprocess.DEVNULL, stdout=err, stderr=err,
+                                 start_new_session=True, env=child_env(**{TAG_VAR: pg_workers.tag}))
+    pg_workers.procs.append(WorkerProc(popen, log_path))
+    worker = int(wait_for(lambda: pid_file.is_file() and pid_file.read_text().strip(), "the worker"))
+    wait_for(lambda: (tmp_path / "bg").is_file() and (tmp_path / "bg").read_text().endswith("\n"), "the job")
+    bg = int((tmp_path / "bg").read_text())
+    [shell] = [pid for pid in job_leaders(pg_workers.tag, worker) if pid != popen.pid]  # not the reaper
+    watchdog = wait_for(lambda: watchdog_of(worker), "the watchdog")
+    os.kill(watchdog, signal.SIGSTOP)
+    try:
+        os.kill(worker, signal.SIGKILL)
+        wait_for(lambda: not os.path.exists(f"/proc/{shell}"), "the shell to die of SIGPIPE and be reaped")
+        assert state_of(pg_url, "j") == "processing"
+    finally:
+        os.kill(watchdog, signal.SIGCONT)
+    wait_for(lambda: not _watchdogs(pg_workers.tag), "the watchdog to be done", timeout=10)
+    assert pid_gone(bg), "the background child of a run still in progress outlived the worker and its watchdog"
