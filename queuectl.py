@@ -3435,6 +3435,8 @@ def run_command(job: Job, env_extra: dict, abort, on_output=None, *, die_with_wo
     capture = _Capture(proc, started, on_output, keep_bytes)
     reason, ended = capture.collect(job.timeout, abort, kill_grace)
     stuck = end_run(proc, env_extra.get("QUEUECTL_RUN", "")) if reason else None
+    if die_with_worker and Watchdog.current and proc.returncode is not None:
+        Watchdog.current.ended(proc.pid)  # reaped by us: the run is over, its background children are not ours
     proc.stdout.close()
     outcome = _outcome(proc.returncode, reason, bytes(capture.tail), time.monotonic() - started, job.timeout, ended)
     outcome.output_bytes, outcome.stuck = capture.total, stuck
@@ -4196,10 +4198,10 @@ class Watchdog:
     Forked by the worker at its start (see Supervisor.run), in a session of its own, so neither the
     terminal's Ctrl+C nor a kill of the worker's process group reaches it. It holds the read end of a
     pipe whose write end only the worker holds (close-on-exec: no job inherits it). The worker writes
-    the PID of each job's first process as it starts it, which leads the run's session. EOF means
-    the worker is gone: the watchdog SIGKILLs those sessions and every process carrying a token of
-    the worker's runs (kill_run), waits until they are gone, then exits. A worker that ends cleanly
-    SIGKILLs its watchdog first.
+    the PID of each job's first process, which leads the run's session, and the run's token as it
+    starts it, and the PID again once it has reaped that process (the run is over). EOF means the
+    worker is gone: the watchdog SIGKILLs the runs not over, by token and session (kill_run), waits
+    until they are gone, then exits. A worker that ends cleanly SIGKILLs its watchdog first.
 
     A sweeper on this host must not requeue the runs while processes the watchdog killed are still
     exiting: their environment already reads empty, so its token scan would miss them, yet they hold
@@ -4247,10 +4249,17 @@ class Watchdog:
         """Tell of a job just started: its first process and its run's token. One write of one line
         (a token is printable ASCII), atomic (under PIPE_BUF) and never blocking: a message that
         finds the pipe full leaves that run to the next sweep's token scan on this host."""
+        self._send(b"%d %s\n" % (pid, token))
+
+    def ended(self, pid: int) -> None:
+        """Tell that the run led by `pid` is over: we reaped its first process (see _watch)."""
+        self._send(b"-%d\n" % pid)
+
+    def _send(self, message: bytes) -> None:
         with self.lock:
             try:
                 if self.alive:  # else stop() may have closed the descriptor, and its number be reused
-                    os.write(self.write_end, b"%d %s\n" % (pid, token))
+                    os.write(self.write_end, message)
             except BlockingIOError:
                 pass
             except OSError:  # EPIPE: the watchdog is gone; check() reaps it and says so
@@ -4367,24 +4376,27 @@ def _rename_command_line(name: bytes) -> None:
         mem.write(name[:end - start - 1].ljust(end - start, b"\0"))
 
 
-def _watch(fd: int) -> dict[int, tuple[str, bytes]]:
-    """Read the worker's messages until EOF; returns the leaders of the runs it told of that were
-    alive when told and may still be (PID -> (start time, which tells a recycled PID apart, and the
-    run's token))."""
-    told, rest, limit = {}, b"", 64
+def _watch(fd: int) -> dict[int, tuple[str | None, bytes]]:
+    """Read the worker's messages until EOF; returns the runs it told of and has not told over
+    (leader PID -> (its start time if it was still running when told, which tells a recycled PID
+    apart, and the run's token)).
+
+    A run is over when the worker has reaped its first process (`-PID`), not when that process is
+    gone: one that dies of the worker's death (SIGPIPE on its output, which only the worker read) is
+    reaped at once by whoever adopts orphans, and its run was never over."""
+    told, rest = {}, b""
     while True:
         chunk = os.read(fd, 65536)
         if not chunk:
             return told
         lines = (rest + chunk).split(b"\n")
         rest = lines.pop()
-        for pid, _, token in (line.partition(b" ") for line in lines):
-            start = _told_start(int(pid))  # None: it has ended already, nothing to kill
-            if start:
-                told[int(pid)] = (start, token)
-        if len(told) >= limit:  # forget the runs that ended (a check of each, once per doubling)
-            told = {pid: run for pid, run in told.items() if proc_start_time(pid) == run[0]}
-            limit = max(64, 2 * len(told))
+        for line in lines:
+            if line.startswith(b"-"):
+                told.pop(int(line[1:]), None)
+            else:
+                pid, _, token = line.partition(b" ")
+                told[int(pid)] = (_told_start(int(pid)), token)  # None: ended already, only its token left
         # Read in batches: woken for each job, this process cost a tenth of a short job's CPU. To act
         # 20 ms later changes nothing: a rerun elsewhere waits for stale-timeout.
         time.sleep(0.02)
@@ -4403,18 +4415,16 @@ def _told_start(pid: int) -> str | None:
     return fields[19] if fields[0] not in ("Z", "X") else proc_start_time(pid)  # one read, but for a zombie
 
 
-def _kill_runs(told: dict[int, tuple[str, bytes]]) -> None:
-    """SIGKILL the runs still in progress: those whose leader is still the process told of (a zombie
-    too: its session may have members), by their session and by their exact token (a child that left
-    the session with setsid). A run whose leader has ended is over: a background child it left is
-    neither waited for nor killed, as everywhere (the README's rule), so no scan of the worker's
-    token prefix."""
+def _kill_runs(told: dict[int, tuple[str | None, bytes]]) -> None:
+    """SIGKILL the runs still in progress (told of, not told over): by their exact token, and by their
+    session where its leader is still the process told of (a zombie too: its session may have
+    members). A run the worker saw end is over: a background child it left is neither waited for nor
+    killed, as everywhere (the README's rule), so no scan of the worker's token prefix."""
     left = Leftovers()
-    running = {pid: token for pid, (start, token) in told.items()
-               if (fields := _stat_fields(pid)) and fields[19] == start}
-    left.sessions |= set(running)
+    left.sessions |= {pid for pid, (start, _) in told.items()
+                      if start and (fields := _stat_fields(pid)) and fields[19] == start}
     for _ in range(2):  # once more a moment later: a child between fork and exec has no token to read yet
-        for token in running.values():
+        for _, token in told.values():
             kill_run(token.decode(errors="replace"), left)
         time.sleep(0.05)
     wait_gone(left, HARD_STOP_S)  # then our name is freed, and a sweeper here may requeue the runs
