@@ -4392,11 +4392,12 @@ def _watch(fd: int) -> dict[int, tuple[str | None, bytes]]:
         lines = (rest + chunk).split(b"\n")
         rest = lines.pop()
         for line in lines:
-            if line.startswith(b"-"):
-                told.pop(int(line[1:]), None)
-            else:
-                pid, _, token = line.partition(b" ")
-                told[int(pid)] = (_told_start(int(pid)), token)  # None: ended already, only its token left
+            with contextlib.suppress(ValueError):  # never ours to send, but a bad line must not end us
+                if line.startswith(b"-"):
+                    told.pop(int(line[1:]), None)
+                else:
+                    pid, _, token = line.partition(b" ")
+                    told[int(pid)] = (_told_start(int(pid)), token)  # None: ended already, only its token left
         # Read in batches: woken for each job, this process cost a tenth of a short job's CPU. To act
         # 20 ms later changes nothing: a rerun elsewhere waits for stale-timeout.
         time.sleep(0.02)
