@@ -8080,11 +8080,11 @@ def test_a_big_batch_with_a_missing_dependency_after_copied_jobs_stores_nothing(
     assert snapshot(db) == before
 
 
-def test_a_postgresql_command_run_as_a_script_flushes_its_output_and_keeps_its_exit_code(pg_url):
-    """With psycopg loaded the script skips the interpreter's teardown (exit_now): the output must
-    still arrive whole through a pipe, and the exit code be the command's."""
+def test_a_command_run_as_a_script_flushes_its_output_and_keeps_its_exit_code(db):
+    """The script skips the interpreter's teardown (exit_now): the output must still arrive whole
+    through a pipe, and the exit code be the command's."""
     def script(*args, stdin=None):
-        return subprocess.run([sys.executable, QUEUECTL, "--db", pg_url, *args], input=stdin, capture_output=True,
+        return subprocess.run([sys.executable, QUEUECTL, "--db", db, *args], input=stdin, capture_output=True,
                               text=True, timeout=60)
     batch = jsonl(*({"id": f"job-{n:04}", "command": "true"} for n in range(300)))
     done = script("enqueue", "-", stdin=batch)
