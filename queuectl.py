@@ -7488,9 +7488,12 @@ def exit_now(code: int):
     of CPU). A worker or dashboard with threads left exits the usual way."""
     threads = sys.modules.get("threading")
     if threads is None or threads.active_count() == 1:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):  # a reader that left (BrokenPipeError) changes nothing now
-                stream.flush()
+        try:
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(BrokenPipeError):  # a reader that left changes nothing now
+                    stream.flush()
+        except (OSError, ValueError):  # output that could not be written (a full disk): the usual exit says so
+            sys.exit(code)
         os._exit(code)
     sys.exit(code)
 

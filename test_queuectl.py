@@ -8967,3 +8967,22 @@ def test_a_run_whose_shell_dies_of_its_workers_death_is_still_killed_by_the_watc
         os.kill(watchdog, signal.SIGCONT)
     wait_for(lambda: not _watchdogs(pg_workers.tag), "the watchdog to be done", timeout=10)
     assert pid_gone(bg), "the background child of a run still in progress outlived the worker and its watchdog"
+
+
+# ==== exit_now: every command skips the interpreter's teardown ====================================
+
+@pytest.mark.parametrize("error, skips", [(BrokenPipeError(32, "Broken pipe"), True),
+                                          (OSError(28, "No space left on device"), False)])
+def test_exit_now_skips_the_teardown_only_when_the_output_was_written_or_nobody_reads_it(monkeypatch, error, skips):
+    """A reader that left changes nothing; output that could not be written (a full disk) takes the
+    usual exit, whose last flush reports it, never a silent os._exit."""
+    class Unwritable(io.StringIO):
+        def flush(self):
+            raise error
+    ended = []
+    monkeypatch.setattr(threading, "active_count", lambda: 1)  # as in a command's process
+    monkeypatch.setattr(sys, "stdout", Unwritable())
+    monkeypatch.setattr(os, "_exit", lambda code: ended.append(("_exit", code)))
+    monkeypatch.setattr(sys, "exit", lambda code: ended.append(("exit", code)))
+    queuectl.exit_now(3)
+    assert ended[0] == (("_exit", 3) if skips else ("exit", 3))
