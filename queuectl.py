@@ -723,12 +723,8 @@ class SqliteSQL:
     # floats in a small fraction of that.
     SQL_STATS_TIMES = ("SELECT ended_at - started_at, max(0, started_at - due_at) FROM runs "
                        "WHERE ended_at >= ? AND outcome IN ('completed', 'failed', 'dead')")
-    SQL_OLDEST_ELIGIBLE = (
-        f"SELECT min(e.next_run_at) FROM (SELECT queue, next_run_at FROM jobs INDEXED BY jobs_claim "
-        f"WHERE {SQL_READY} AND next_run_at <= ?1 UNION ALL SELECT queue, next_run_at FROM jobs "
-        f"INDEXED BY jobs_staged WHERE {SQL_STAGED} AND next_run_at <= ?1) AS e "
-        "WHERE NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (e.queue, '*'))")
-    # `metrics`: jobs by queue and state, and the oldest eligible job of each queue (as above, by queue).
+    # `metrics`: jobs by queue and state; the oldest eligible job (ready or staged, due, not paused) of
+    # each queue, of which `stats` takes the least.
     SQL_QUEUE_COUNTS = "SELECT queue, state, count(*) FROM jobs GROUP BY queue, state"
     SQL_OLDEST_ELIGIBLE_BY_QUEUE = (
         f"SELECT e.queue, min(e.next_run_at) FROM (SELECT queue, next_run_at FROM jobs INDEXED BY jobs_claim "
@@ -763,10 +759,7 @@ class SqliteSQL:
                          "FROM schedules INDEXED BY schedules_due WHERE paused = 0 AND next_run_at <= ? "
                          "ORDER BY next_run_at")
     # A slot's job: another worker may have made it already, and then this one is not made again.
-    SQL_INSERT_SLOT_JOB = (
-        "INSERT INTO jobs (id, command, state, max_retries, timeout_s, cwd, env, created_at, updated_at, next_run_at, "
-        "priority, queue, waiting_on, last_error, ready) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-        "ON CONFLICT (id) DO NOTHING")
+    SQL_INSERT_SLOT_JOB = SQL_INSERT_JOB + " ON CONFLICT (id) DO NOTHING"
     # Moved only from the slot it was read at, so a slot is never passed twice.
     SQL_SCHEDULE_FIRED = ("UPDATE schedules SET next_run_at = ?, last_run_at = coalesce(?, last_run_at), "
                           "last_job_id = coalesce(?, last_job_id) WHERE id = ? AND next_run_at = ?")
@@ -1364,7 +1357,7 @@ class Store:
     def queues(self) -> list[dict]:
         """Every queue that has jobs, a limit or a pause: its counts by state, paused, limit; by name."""
         counts: dict[str, dict[str, int]] = {}
-        for queue, state, n in self.read(self.sql.SQL_QUEUE_COUNTS):
+        for queue, state, n in self.queue_counts():
             counts.setdefault(queue, dict.fromkeys(STATES, 0))[state] = n
         paused, limits = set(self.paused()), self.limits()
         names = sorted(set(counts) | set(limits) | (paused - {"*"}))
@@ -1375,7 +1368,7 @@ class Store:
         """Outcome counts, duration and wait percentiles over runs that ended since `since`."""
         outcomes = self.outcomes(since)
         times = self.read(self.sql.SQL_STATS_TIMES, (since,))
-        oldest = self.read(self.sql.SQL_OLDEST_ELIGIBLE, (now,))[0][0]
+        oldest = min(self.oldest_eligible_by_queue(now).values(), default=None)
         return {"outcomes": outcomes, "duration": percentiles(t[0] for t in times),
                 "wait": percentiles(t[1] for t in times),
                 "oldest_eligible_age_s": None if oldest is None else max(0.0, now - oldest)}
@@ -2268,11 +2261,8 @@ class PostgresSQL:
     SQL_STATS_OUTCOMES = "SELECT outcome, count(*) FROM runs WHERE ended_at >= %s GROUP BY outcome"
     SQL_STATS_TIMES = ("SELECT ended_at - started_at, GREATEST(0, started_at - due_at) FROM runs "
                        "WHERE ended_at >= %s AND outcome IN ('completed', 'failed', 'dead')")
-    # Ready and staged together are every waiting job.
-    SQL_OLDEST_ELIGIBLE = ("SELECT min(next_run_at) FROM jobs WHERE state IN ('pending', 'failed') AND waiting_on = 0 "
-                           "AND next_run_at <= %s "
-                           "AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*'))")
     SQL_QUEUE_COUNTS = "SELECT queue, state, count(*) FROM jobs GROUP BY queue, state"
+    # Ready and staged together are every waiting job.
     SQL_OLDEST_ELIGIBLE_BY_QUEUE = (
         "SELECT queue, min(next_run_at) FROM jobs WHERE state IN ('pending', 'failed') AND waiting_on = 0 "
         "AND next_run_at <= %s AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')) "
@@ -2303,10 +2293,7 @@ class PostgresSQL:
     SQL_DUE_SCHEDULES = (f"SELECT {Schedule.COLUMNS}, (SELECT state FROM jobs WHERE jobs.id = last_job_id) "
                          "FROM schedules WHERE paused = 0 AND next_run_at <= %s ORDER BY next_run_at "
                          "FOR UPDATE OF schedules SKIP LOCKED")
-    SQL_INSERT_SLOT_JOB = (
-        "INSERT INTO jobs (id, command, state, max_retries, timeout_s, cwd, env, created_at, updated_at, next_run_at, "
-        "priority, queue, waiting_on, last_error, ready) "
-        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING")
+    SQL_INSERT_SLOT_JOB = SQL_INSERT_JOB + " ON CONFLICT (id) DO NOTHING"
     SQL_SCHEDULE_FIRED = ("UPDATE schedules SET next_run_at = %s, last_run_at = coalesce(%s, last_run_at), "
                           "last_job_id = coalesce(%s, last_job_id) WHERE id = %s AND next_run_at = %s")
     SQL_SCHEDULE_TO_CHANGE = f"SELECT {Schedule.COLUMNS}, NULL FROM schedules WHERE id = %s FOR UPDATE"
@@ -3116,8 +3103,6 @@ MAX_SCHEDULE_ID_CHARS = 170  # with "@2026-12-01T02:00:00Z" a slot's job id stay
 OVERLAPS = ("skip", "allow")
 SCHEDULE_CHECK_S = 1.0  # a worker looks for due schedules at least this often (one indexed lookup)
 CRON_YEARS = 401  # the Gregorian calendar repeats every 400 years: no slot in 401 means none ever
-EVERY = re.compile(r"([0-9]{1,12})([smhdw]?)")
-EVERY_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 CRON_ALIASES = {"@hourly": "0 * * * *", "@daily": "0 0 * * *", "@midnight": "0 0 * * *",
                 "@weekly": "0 0 * * 0", "@monthly": "0 0 1 * *", "@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *"}
 MONTH_NAMES = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
@@ -3322,17 +3307,13 @@ def _valid_zone(obj: dict) -> str:
 
 
 def parse_every(value: object) -> int:
-    """`every`: whole seconds, or a whole number with a unit (30s, 15m, 2h, 1d, 1w), at least 1 s."""
-    match = EVERY.fullmatch(value) if isinstance(value, str) else None
-    if isinstance(value, int) and not isinstance(value, bool):
-        seconds = value
-    elif match:
-        seconds = int(match[1]) * EVERY_UNITS[match[2] or "s"]
-    else:
-        raise UsageError(f"field 'every': not a duration: {value!r} (use e.g. 30s, 15m, 2h, 1d, 1w or seconds)")
-    if not 1 <= seconds <= MAX_SECONDS:
+    """`every`: a duration (parse_duration) of whole seconds, at least 1 s: 30s, 15m, 2h, 1d, 1w or seconds."""
+    if isinstance(value, float) or isinstance(value, str) and "." in value:
+        raise UsageError(f"field 'every' must be whole seconds (e.g. 30s, 15m, 2h, 1d, 1w): {value!r}")
+    seconds = parse_duration(value, "field 'every'")
+    if seconds < 1:
         raise UsageError(f"field 'every' must be from 1 second to {MAX_SECONDS} seconds: {value!r}")
-    return seconds
+    return int(seconds)
 
 
 def validate_schedule(obj: object, defaults: dict, cwd: str, now: float) -> Schedule:
@@ -3342,9 +3323,12 @@ def validate_schedule(obj: object, defaults: dict, cwd: str, now: float) -> Sche
     refused = sorted(obj.keys() & {"run_at", "delay", "depends_on"})
     if refused:
         raise UsageError(f"field {refused[0]!r} cannot be used in a schedule (its slots set when jobs run)")
-    unknown = obj.keys() - {*SCHEDULE_FIELDS, *TEMPLATE_FIELDS}
+    fields = SCHEDULE_FIELDS + TEMPLATE_FIELDS
+    unknown = obj.keys() - set(fields)
     if unknown:
-        raise UsageError(f"unknown field {min(unknown)!r} (fields: {', '.join(SCHEDULE_FIELDS + TEMPLATE_FIELDS)})")
+        name = min(unknown)
+        hint = did_you_mean(name, fields) or f"(fields: {', '.join(fields)})"
+        raise UsageError(f"unknown field {name!r} {hint}")
     if "id" not in obj:
         raise UsageError("field 'id' is required")
     if ("cron" in obj) == ("every" in obj):
@@ -3370,8 +3354,8 @@ def validate_schedule(obj: object, defaults: dict, cwd: str, now: float) -> Sche
 
 def every_text(seconds: int) -> str:
     """An interval in its largest whole unit: 1800 -> '30m'."""
-    unit = next(u for u in "wdhms" if seconds % EVERY_UNITS[u] == 0)
-    return f"{seconds // EVERY_UNITS[unit]}{unit}"
+    unit = next(u for u in "wdhms" if seconds % DURATION_UNITS[u] == 0)
+    return f"{seconds // DURATION_UNITS[unit]}{unit}"
 
 
 class ScheduleFirer:
@@ -3977,8 +3961,8 @@ def group_left(proc) -> bool:
     with contextlib.suppress(ChildProcessError):  # reaped elsewhere: gone
         if proc.returncode is None and os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
             return True  # the leader runs (WNOWAIT: asked without reaping it)
-    return any(fields and fields[2] == str(proc.pid) and proc_start_time(pid)
-               for pid in _pids() for fields in [_stat_fields(pid)])
+    return any(fields and fields[2] == str(proc.pid) and (fields[0] not in ("Z", "X") or len(_threads(pid)) >= 2)
+               for pid in _pids() for fields in [_stat_fields(pid)])  # alive: proc_start_time's rule, one read
 
 
 def _outcome(code: int, reason: str | None, output: bytes, duration: float, timeout_s: float,
@@ -5237,9 +5221,9 @@ def worker_dicts(store: Store, now: float) -> list[dict]:
             for w in store.workers()]
 
 
-def show_dict(store: Store, job_id: str) -> dict:
-    """`show --json`: the job, its dependencies, its latest run's output and every run."""
-    job, runs = store.get(job_id), [run_dict(r) for r in store.runs(job_id)]
+def show_dict(store: Store, job_id: str, job: Job | None = None) -> dict:
+    """`show --json`: the job (read here unless given), its dependencies, its latest run's output and every run."""
+    job, runs = job or store.get(job_id), [run_dict(r) for r in store.runs(job_id)]
     return {**job.to_dict(), "depends_on": store.depends_on(job_id),
             "output": runs[-1]["output"] if runs else None, "runs": runs}
 
@@ -5295,8 +5279,10 @@ def metrics_text(store: Store, now: float) -> str:
     rows, paused = store.queue_counts(), set(store.paused())
     queues, counts = sorted({queue for queue, _, _ in rows}), {(queue, state): n for queue, state, n in rows}
     oldest = store.oldest_eligible_by_queue(now)
-    finished = {window: store.outcomes(now - seconds) for window, seconds in METRICS_WINDOWS}
-    p50, p95 = (None if v is None else round(v, 6) for v in store.stats(now - 3600, now)["duration"][1:])
+    hour = store.stats(now - 3600, now)  # its outcomes are the 1h window's
+    finished = {window: hour["outcomes"] if seconds == 3600 else store.outcomes(now - seconds)
+                for window, seconds in METRICS_WINDOWS}
+    p50, p95 = (None if v is None else round(v, 6) for v in hour["duration"][1:])
     families = (
         ("queuectl_jobs", "Jobs by queue and state (every state of each queue that has jobs).",
          [({"queue": q, "state": state}, counts.get((q, state), 0)) for q in queues for state in STATES]),
@@ -6368,11 +6354,8 @@ def _add_job_commands(sub) -> None:
                     help="only those last changed longer ago than this, e.g. 3600, 15m, 12h, 7d, 1w (default: any age)")
     _progress_flag(pg)
     wt = _command(sub, "wait", cmd_wait, "block until the jobs, or with --all a whole queue, are completed or dead",
-                  reads=True, check=check_wait)
-    wt.add_argument("ids", nargs="*", metavar="ID")
-    wt.add_argument("--all", action="store_true",
-                    help="until no job is pending, failed or processing (scheduled for later counts as unfinished)")
-    wt.add_argument("--queue", type=_queue_arg, help="with --all: only this queue")
+                  reads=True, check=check_bulk)
+    _bulk_arguments(wt, "until no job is pending, failed or processing (scheduled for later counts as unfinished)")
     wt.add_argument("--timeout", type=_duration_arg, default=None, metavar="DURATION",
                     help="give up after this long (exit 1), e.g. 90, 30s, 15m")
     _progress_flag(wt)
@@ -6897,15 +6880,6 @@ def cmd_purge(args, store: Store) -> None:
     print(f"purged {removed} {state} job{'s' if removed != 1 else ''}")
 
 
-def check_wait(args) -> None:
-    if args.all and args.ids:
-        raise UsageError("wait: give job ids or --all, not both")
-    if not args.all and not args.ids:
-        raise UsageError("wait: give the ids of the jobs to wait for, or --all")
-    if args.queue is not None and not args.all:
-        raise UsageError("wait: --queue needs --all (ids name their jobs already)")
-
-
 def cmd_wait(args, store: Store) -> int:
     deadline = None if args.timeout is None else time.monotonic() + args.timeout
     with Progress.for_command(args) as progress:
@@ -7072,11 +7046,12 @@ def run_dict(run: dict) -> dict:
 
 def cmd_show(args, store: Store) -> None:
     checked_ids([args.id])
-    details = show_dict(store, args.id)
+    job = store.get(args.id)
+    details = show_dict(store, args.id, job)
     if args.json:
         return emit_json(details)
     runs, output = details.pop("runs"), details.pop("output")
-    due = due_text(store.get(args.id), store.now(), store.paused())
+    due = due_text(job, store.now(), store.paused())
     for key, value in details.items():
         print(f"{key + ':':<13} {value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)}")
         if key == "next_run_at":
