@@ -1239,35 +1239,33 @@ class Store:
                 state = self._state_in(cur, job_id)
                 if state in (COMPLETED, DEAD):
                     raise Conflict(f"job {job_id!r} is already {state}")
-            for job_id in job_ids:
-                if cur.execute(self.sql.SQL_CANCEL_WAITING, (now, job_id)).rowcount:
-                    self._kill_dependents(cur, job_id, now)
-                else:
-                    cur.execute(self.sql.SQL_CANCEL_RUNNING, (job_id,))
+            self._cancel_in(cur, job_ids, now)
         self.write(cancel)
 
     def cancel_all(self, queue: str | None, now: float) -> list[str]:
         """`cancel --all`: cancel every job (of `queue`) that has not finished, in one transaction, as
         cancel() does; returns the ids canceled, oldest first (one that finished meanwhile is left alone)."""
-        def cancel(cur):
-            ids = [r[0] for r in cur.execute(self.sql.SQL_UNFINISHED, (queue,)).fetchall()]
-            waiting, running = [], []
-            for job_id in ids:
-                # Read under the row's lock (PostgreSQL): a run that ends between an UPDATE for waiting jobs
-                # and one for running jobs would leave its job failed and uncanceled.
-                row = cur.execute(self.sql.SQL_JOB_STATE, (job_id,)).fetchone()
-                if row and row[0] in (PENDING, FAILED):
-                    cur.execute(self.sql.SQL_CANCEL_WAITING, (now, job_id))
-                    waiting.append(job_id)
-                elif row and row[0] == PROCESSING:
-                    cur.execute(self.sql.SQL_CANCEL_RUNNING, (job_id,))
-                    running.append(job_id)
-            # Only after every cancel: a dependent that is canceled too says 'canceled', not 'dependency x is dead'.
-            for job_id in waiting:
-                self._kill_dependents(cur, job_id, now)
-            done = {*waiting, *running}
-            return [i for i in ids if i in done]
-        return self.write(cancel)
+        return self.write(lambda cur: self._cancel_in(
+            cur, [r[0] for r in cur.execute(self.sql.SQL_UNFINISHED, (queue,)).fetchall()], now))
+
+    def _cancel_in(self, cur: Cursor, job_ids: list[str], now: float) -> list[str]:
+        """Cancel each job that has not finished; returns those canceled, in the order given."""
+        waiting, running = [], []
+        for job_id in job_ids:
+            # Read under the row's lock (PostgreSQL): a run that ends between an UPDATE for waiting jobs
+            # and one for running jobs would leave its job failed and uncanceled.
+            row = cur.execute(self.sql.SQL_JOB_STATE, (job_id,)).fetchone()
+            if row and row[0] in (PENDING, FAILED):
+                cur.execute(self.sql.SQL_CANCEL_WAITING, (now, job_id))
+                waiting.append(job_id)
+            elif row and row[0] == PROCESSING:
+                cur.execute(self.sql.SQL_CANCEL_RUNNING, (job_id,))
+                running.append(job_id)
+        # Only after every cancel: a dependent that is canceled too says 'canceled', not 'dependency x is dead'.
+        for job_id in waiting:
+            self._kill_dependents(cur, job_id, now)
+        done = {*waiting, *running}
+        return [i for i in job_ids if i in done]
 
     def _state_in(self, cur: Cursor, job_id: str) -> str:
         row = cur.execute(self.sql.SQL_JOB_STATE, (job_id,)).fetchone()

@@ -8986,3 +8986,14 @@ def test_exit_now_skips_the_teardown_only_when_the_output_was_written_or_nobody_
     monkeypatch.setattr(sys, "exit", lambda code: ended.append(("exit", code)))
     queuectl.exit_now(3)
     assert ended[0] == (("_exit", 3) if skips else ("exit", 3))
+
+
+# ==== Review of the whole change: cancel and cancel --all share one rule ==========================
+
+def test_canceling_a_job_with_its_dependent_says_canceled_for_both_as_cancel_all_does(store):
+    """`cancel a b`, b depending on a: b is canceled, not sent to the DLQ as a dead job's dependent
+    before its own cancel is reached (cancel() now shares cancel --all's order: dependents last)."""
+    store.enqueue([spec("a"), spec("b", depends_on=["a"])], T0)
+    store.cancel(["a", "b"], T0 + 1)
+    assert [(j.id, j.state, j.last_error) for j in store.list_jobs()] == [("a", "dead", "canceled"),
+                                                                         ("b", "dead", "canceled")]
