@@ -479,8 +479,9 @@ class SqliteSQL:
     # one statement (one snapshot): a job enqueued later has a higher seq. Its dead ones are found by a
     # range of jobs_state between the lowest seq it answers for and that highest seq, so an old
     # dead-letter queue is not read at every poll.
-    SQL_UNFINISHED_SEQS = ("SELECT seq, (SELECT max(seq) FROM jobs) FROM jobs "
-                      "WHERE state IN ('pending', 'failed', 'processing') {queue}")
+    # One snapshot: a first row (0, the highest seq so far), then a row (1, seq) per unfinished job.
+    SQL_UNFINISHED_SEQS = ("SELECT 0, coalesce(max(seq), 0) FROM jobs UNION ALL "
+                           "SELECT 1, seq FROM jobs WHERE state IN ('pending', 'failed', 'processing') {queue}")
     SQL_WAIT_COUNTS = ("SELECT (SELECT count(*) FROM jobs WHERE state IN ('pending', 'failed', 'processing') {queue}), "
                        "(SELECT count(*) FROM jobs WHERE seq > ? {queue})")
     SQL_DEAD_BETWEEN = "SELECT id, seq FROM jobs WHERE state = 'dead' AND seq BETWEEN ? AND ? {queue} ORDER BY seq"
@@ -1088,7 +1089,8 @@ class Store:
         the highest seq so far (0 if none), read in one snapshot: what `wait --all` answers for."""
         clause, params = _and_queue(self.sql.PARAM, queue)
         rows = self.read(self.sql.SQL_UNFINISHED_SEQS.format(queue=clause), params)
-        return {r[0] for r in rows}, (rows[0][1] if rows else 0)
+        # The highest seq even when nothing is unfinished: `wait --all` counts the jobs enqueued after it.
+        return {seq for kind, seq in rows if kind}, next(seq for kind, seq in rows if not kind)
 
     def wait_counts(self, queue: str | None, after_seq: int) -> tuple[int, int]:
         """(jobs pending, failed or processing now, jobs enqueued after seq `after_seq` still here)."""
@@ -2025,8 +2027,9 @@ class PostgresSQL:
     # `wait --all`, as SQLite's. A job whose insert commits after the first statement's snapshot with
     # a lower seq than its max (sequences are handed out before commit) is neither answered for nor
     # counted as arrived: the progress line's total may lag by it; the exit code cannot be wrong.
-    SQL_UNFINISHED_SEQS = ("SELECT seq, (SELECT max(seq) FROM jobs) FROM jobs "
-                      "WHERE state IN ('pending', 'failed', 'processing') {queue}")
+    # One snapshot: a first row (0, the highest seq so far), then a row (1, seq) per unfinished job.
+    SQL_UNFINISHED_SEQS = ("SELECT 0, coalesce(max(seq), 0) FROM jobs UNION ALL "
+                           "SELECT 1, seq FROM jobs WHERE state IN ('pending', 'failed', 'processing') {queue}")
     SQL_WAIT_COUNTS = ("SELECT (SELECT count(*) FROM jobs WHERE state IN ('pending', 'failed', 'processing') {queue}), "
                        "(SELECT count(*) FROM jobs WHERE seq > %s {queue})")
     SQL_DEAD_BETWEEN = "SELECT id, seq FROM jobs WHERE state = 'dead' AND seq BETWEEN %s AND %s {queue} ORDER BY seq"

@@ -8997,3 +8997,31 @@ def test_canceling_a_job_with_its_dependent_says_canceled_for_both_as_cancel_all
     store.cancel(["a", "b"], T0 + 1)
     assert [(j.id, j.state, j.last_error) for j in store.list_jobs()] == [("a", "dead", "canceled"),
                                                                          ("b", "dead", "canceled")]
+
+
+# ==== Session four: wait --all's count when nothing was unfinished at its start ===================
+
+def test_wait_all_counts_only_jobs_enqueued_after_its_start_when_nothing_was_unfinished(store, monkeypatch):
+    """With nothing unfinished at the start, the highest seq was read as 0, so every finished job in
+    the table counted as "enqueued meanwhile": the line said 3/4 for the one job that arrived."""
+    register(store, "me")
+    store.enqueue([spec("old1"), spec("old2"), spec("old3")], T0)
+    for _ in range(3):
+        store.finish(store.claim("me", T0), "me", outcome(0, None, "", 0.0), SETTINGS, T0)
+    assert store.unfinished(None)[0] == set()
+    lines, polls = [], []
+
+    class Line(queuectl.Progress):
+        def show(self, text):
+            lines.append(text)
+    real_counts = store.wait_counts
+
+    def wait_counts(queue, after_seq):
+        polls.append(after_seq)
+        if len(polls) == 1:
+            store.enqueue([spec("new")], T0)  # arrives after the snapshot
+        return (0, 0) if len(polls) > 1 else real_counts(queue, after_seq)
+    monkeypatch.setattr(store, "wait_counts", wait_counts)
+    monkeypatch.setattr(queuectl, "WAIT_POLL_S", 0.001)
+    assert queuectl.wait_all(store, None, None, Line(True, io.StringIO())) == 0
+    assert lines and lines[0].startswith("waiting: 0/1 finished, 0 dead")
