@@ -640,6 +640,54 @@ def plain_loop(n: int, threads: int = 2, command: str = "true") -> float:
     return n / (time.perf_counter() - t)
 
 
+def prototype_loop(n: int, path: str, threads: int = 2) -> float:
+    """The floor of a queue that pays one SQLite transaction per job, as issue 13 sketched it: a bare
+    table with one index, 2 threads, each spawning `true` with os.posix_spawn (output pipe, new
+    session) and, between jobs, one transaction that records the last result and claims the next.
+    No run history, no retries, no leases: what is left of a job queue's work; jobs/s."""
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.executescript("PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;"
+                       "CREATE TABLE jobs (id INTEGER PRIMARY KEY, command TEXT, state TEXT, exit_code INTEGER,"
+                       " output BLOB, updated_at REAL); CREATE INDEX jobs_state ON jobs (state, id);")
+    with conn:
+        conn.executemany("INSERT INTO jobs (command, state) VALUES (?, 'pending')", [("true",)] * n)
+    lock, devnull = threading.Lock(), os.open(os.devnull, os.O_RDONLY)
+
+    def next_job(done: tuple | None):
+        with lock:
+            conn.execute("BEGIN IMMEDIATE")
+            if done:
+                conn.execute("UPDATE jobs SET state = 'completed', exit_code = ?, output = ?, updated_at = ? "
+                             "WHERE id = ?", (done[1], done[2], time.time(), done[0]))
+            row = conn.execute("UPDATE jobs SET state = 'processing', updated_at = ? WHERE id = (SELECT id FROM jobs "
+                               "WHERE state = 'pending' ORDER BY id LIMIT 1) RETURNING id, command",
+                               (time.time(),)).fetchone()
+            conn.execute("COMMIT")
+            return row
+
+    def runner():
+        done = None
+        while (row := next_job(done)) is not None:
+            r, w = os.pipe()
+            pid = os.posix_spawn("/bin/true", ["true"], os.environ, setsid=True, file_actions=[
+                (os.POSIX_SPAWN_DUP2, devnull, 0), (os.POSIX_SPAWN_DUP2, w, 1), (os.POSIX_SPAWN_DUP2, w, 2)])
+            os.close(w)
+            with os.fdopen(r, "rb") as out:
+                output = out.read()
+            done = (row[0], os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), output)
+
+    t = time.perf_counter()
+    pool = [threading.Thread(target=runner) for _ in range(threads)]
+    for th in pool:
+        th.start()
+    for th in pool:
+        th.join()
+    rate = n / (time.perf_counter() - t)
+    os.close(devnull)
+    conn.close()
+    return rate
+
+
 def drain_figures(runs: list[dict], n: int) -> str:
     med = statistics.median
     walls = med(r["wall_s"] for r in runs)
@@ -657,7 +705,7 @@ def bench_drain(b: Bench) -> None:
     pg = not b.pg_why
     say(f"drain: {n} jobs x {reps}, queuectl{' on SQLite and PostgreSQL' if pg else ''} and the plain loop "
         "interleaved")
-    loops, drains, pg_drains, pg_error = [], [], [], None
+    loops, protos, drains, pg_drains, pg_error = [], [], [], [], None
 
     def pg_drain(i: int) -> None:
         nonlocal pg_error
@@ -676,11 +724,13 @@ def bench_drain(b: Bench) -> None:
             pg_drain(i)
             drains.append(drain_once(b, db, n, f"empty{i}"))
         loops.append(plain_loop(n))
+        protos.append(prototype_loop(n, os.path.join(b.tmp, f"prototype{i}.db")))
         if not i % 2:
             drains.append(drain_once(b, db, n, f"empty{i}"))
             pg_drain(i)
         pg_say = f", PostgreSQL {pg_drains[-1]['rate']:,.0f} jobs/s" if pg and len(pg_drains) == i + 1 else ""
-        say(f"  run {i + 1}: loop {loops[-1]:,.0f} jobs/s, queuectl {drains[-1]['rate']:,.0f} jobs/s{pg_say}")
+        say(f"  run {i + 1}: loop {loops[-1]:,.0f} jobs/s, prototype {protos[-1]:,.0f} jobs/s, "
+            f"queuectl {drains[-1]['rate']:,.0f} jobs/s{pg_say}")
     ratio_ = statistics.median(d["rate"] / l for d, l in zip(drains, loops))
     b.raw["drain"] = {"loop_rates": loops, "queuectl": drains}
     b.raw["drain_rate"] = statistics.median(d["rate"] for d in drains)
@@ -690,6 +740,11 @@ def bench_drain(b: Bench) -> None:
           "Popen(['/bin/sh','-c','true'], new session, output captured)")
     b.add("drain_ratio", "1. drain: queuectl / plain loop", ratio_, "x",
           f"median of {reps} paired runs; the worker runs with --quiet, as no log is read")
+    b.raw["drain"]["prototype_rates"] = protos
+    b.add("prototype_ratio", "1. drain: issue 13's prototype (one transaction a job) / plain loop",
+          statistics.median(p / l for p, l in zip(protos, loops)), "x",
+          f"median of {reps} paired runs; no target: os.posix_spawn and one SQLite transaction a job on a "
+          "bare table (no history, retries or leases), the ceiling of that design (prototype_loop)")
     drain_shell(b)
     drain_tsp(b)
 
