@@ -3465,11 +3465,9 @@ def _spawn(job: Job, extra: dict, die_with_worker: bool):
     options = dict(cwd=job.cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                    start_new_session=True)
     # Jobs that must die with their worker and have no watchdog to see to it (see Watchdog) are
-    # started through setpriv where it can (see _setpriv), else with a preexec_fn (see
-    # _die_with_runner): the same signal, a slower fork.
+    # started with a preexec_fn (see _die_with_runner), a slower fork: only after the watchdog died.
     # Other jobs are spawned with posix_spawn where it can (see _posix_spawn).
-    wrapper = _setpriv() if die_with_worker else ()
-    if die_with_worker and not wrapper:
+    if die_with_worker:
         options["preexec_fn"] = _die_with_runner()
     start = _posix_spawn if not die_with_worker and _in_current_folder(job.cwd) else None
     base = _worker_env()
@@ -3480,14 +3478,12 @@ def _spawn(job: Job, extra: dict, die_with_worker: bool):
         try:
             if start:
                 return start(direct[0], direct[1], direct_extra)
-            if wrapper:  # setpriv finds the program as sh would: on the job's PATH, from its cwd
-                return subprocess.Popen([*wrapper, *direct[1]], env={**base, **direct_extra}, **options)
             return subprocess.Popen(direct[1], executable=direct[0], env={**base, **direct_extra}, **options)
         except OSError:
             pass  # e.g. a script without #!: the shell knows what to do (run it as a shell script)
     if start:
         return start(b"/bin/sh", ["/bin/sh", "-c", job.command], extra)
-    return subprocess.Popen([*wrapper, "/bin/sh", "-c", job.command], env={**base, **extra}, **options)
+    return subprocess.Popen(["/bin/sh", "-c", job.command], env={**base, **extra}, **options)
 
 
 def _in_current_folder(cwd: str) -> bool:
@@ -3719,32 +3715,6 @@ def _die_with_runner():
         if os.getppid() != parent:  # the worker died before prctl: nothing would signal us now
             os.kill(os.getpid(), SIGKILL)
     return set_parent_death_signal
-
-
-@functools.cache
-def _setpriv() -> tuple[str, ...]:
-    """The argv prefix `setpriv --pdeathsig KILL --` (util-linux 2.33 or later), which sets the same
-    parent-death signal as _die_with_runner and then execs the command; () where there is no setpriv
-    that can (checked once per worker process by running it).
-
-    Why: a preexec_fn forces a full fork of the worker per job, which cut the drain of short jobs
-    to a third; setpriv is spawned the fast way (vfork) and costs one more exec, about a millisecond
-    of CPU on a small VM. What it gives up: the preexec_fn kills the child if the worker died before prctl,
-    setpriv cannot check that, so a worker SIGKILLed within that instant leaves the job to the
-    token scan of the next sweep on this host (kill_run), as the job's own children always are.
-    """
-    import shutil
-    import subprocess
-    path = shutil.which("setpriv")
-    if path is None or _prctl() is None:
-        return ()
-    prefix = (path, "--pdeathsig", "KILL", "--")
-    try:
-        works = subprocess.run([*prefix, path, "--version"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, timeout=10).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        works = False
-    return prefix if works else ()
 
 
 @functools.cache

@@ -7938,7 +7938,7 @@ def test_a_cancel_during_a_timeouts_grace_sends_the_job_to_the_dlq(db, workers, 
     assert (job["last_error"], job["attempts"], len(job["runs"])) == ("canceled", 1, 1)
 
 
-# ==== PostgreSQL performance: pipelined results, setpriv, COPY batches ====
+# ==== PostgreSQL performance: pipelined results, the death-signal fallback, COPY batches ==========
 
 DONE = queuectl.Outcome(0, None, b"ok\n", 0.01)
 
@@ -7989,8 +7989,9 @@ def test_a_failed_statement_in_a_pipelined_result_leaves_nothing_and_the_store_w
         store.close()
 
 
-def test_jobs_are_spawned_through_setpriv_where_it_sets_the_death_signal_else_a_preexec_fn(tmp_path, monkeypatch):
-    """setpriv spares the full fork a preexec_fn costs; without it the preexec_fn is the fallback."""
+def test_without_a_watchdog_a_job_that_must_die_with_its_worker_gets_the_preexec_fn(tmp_path, monkeypatch):
+    """The fallback when a PostgreSQL worker's watchdog is gone: the parent-death signal set by a
+    preexec_fn before the exec (the job's first process only); other jobs are spawned without one."""
     import subprocess as sp
     seen = []
     real = sp.Popen
@@ -7999,13 +8000,9 @@ def test_jobs_are_spawned_through_setpriv_where_it_sets_the_death_signal_else_a_
         seen.append((list(args), kw.get("preexec_fn")))
         return real(args, **kw)
     monkeypatch.setattr(sp, "Popen", spy)
+    monkeypatch.setattr(queuectl.Watchdog, "current", None)
     job = queuectl.Job.from_row(("j", "/bin/echo hi", "processing", 0, 0, 0.0, str(tmp_path), "{}", T0, T0, T0, None,
                                  None, "w1", 1, 0, 0, "default", 0))
-    if queuectl._setpriv():
-        assert queuectl.run_command(job, {}, lambda: None, die_with_worker=True).exit_code == 0
-        assert seen[-1][0][:4] == list(queuectl._setpriv()) and seen[-1][0][4:] == ["/bin/echo", "hi"]
-        assert seen[-1][1] is None
-    monkeypatch.setattr(queuectl, "_setpriv", lambda: ())
     out = queuectl.run_command(job, {}, lambda: None, die_with_worker=True)
     assert (out.exit_code, out.output) == (0, b"hi\n")
     assert seen[-1][0] == ["/bin/echo", "hi"] and seen[-1][1] is not None
@@ -8705,7 +8702,7 @@ def test_an_idle_worker_does_not_checkpoint_its_heartbeats_into_the_database_fil
         watcher.close()
 
 # ==== PostgreSQL: one watchdog process per worker kills its runs when the worker dies ===========
-# Jobs on PostgreSQL start as on SQLite (posix_spawn, no setpriv); a process forked by the worker at
+# Jobs on PostgreSQL start as on SQLite (posix_spawn, no preexec_fn); a process forked by the worker at
 # its start kills every process of the worker's runs once the worker is gone, SIGKILL included.
 
 def _children(pid):
@@ -8757,12 +8754,11 @@ def test_a_sigkilled_postgres_worker_takes_every_process_of_its_runs_with_it(pg_
 
 
 def test_a_postgres_job_starts_by_posix_spawn_and_the_watchdog_is_told_of_it(pg_url, monkeypatch):
-    used, told, setpriv = [], [], []
+    used, told = [], []
     real_spawn, real_tell = queuectl._posix_spawn, queuectl.Watchdog.tell
     monkeypatch.setattr(queuectl, "_posix_spawn", lambda *a: used.append(a[0]) or real_spawn(*a))
     monkeypatch.setattr(queuectl.Watchdog, "tell",
                         lambda self, pid, token: told.append(pid) or real_tell(self, pid, token))
-    monkeypatch.setattr(queuectl, "_setpriv", lambda: setpriv.append(1) or ())
     with InProcessWorker(pg_url, monkeypatch) as worker, contextlib.closing(queuectl.PostgresStore(pg_url)) as s:
         s.enqueue([spec("a", cwd=os.getcwd())], s.now())
         wait_for(lambda: s.get("a").state == "completed", "the job to run", timeout=20)
@@ -8770,7 +8766,7 @@ def test_a_postgres_job_starts_by_posix_spawn_and_the_watchdog_is_told_of_it(pg_
         assert watchdog in _children(os.getpid()) and not pid_gone(watchdog)
         assert queuectl.Watchdog.current is worker.supervisor.watchdog
         assert queuectl.watchdog_at_work(worker.supervisor.worker_id)  # what sweepers on this host wait for
-    assert len(used) == 1 and len(told) == 1 and setpriv == []
+    assert len(used) == 1 and len(told) == 1
     assert queuectl.Watchdog.current is None and not queuectl.watchdog_at_work(worker.supervisor.worker_id)
     with pytest.raises(ChildProcessError):  # stopped with the worker, and reaped
         os.waitpid(watchdog, os.WNOHANG)
