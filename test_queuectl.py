@@ -9021,3 +9021,25 @@ def test_wait_all_counts_only_jobs_enqueued_after_its_start_when_nothing_was_unf
     monkeypatch.setattr(queuectl, "WAIT_POLL_S", 0.001)
     assert queuectl.wait_all(store, None, None, Line(True, io.StringIO())) == 0
     assert lines and lines[0].startswith("waiting: 0/1 finished, 0 dead")
+
+
+# ==== Session four: a worker caps glibc's malloc arenas ===========================================
+
+@pytest.mark.parametrize("env, calls", [(None, [(-8, 2)]), ("4", [])])
+def test_a_worker_caps_malloc_arenas_at_two_unless_the_environment_chose(monkeypatch, env, calls):
+    """Each arena glibc gives a thread keeps what was freed in it: with --count 8 that held a quarter of
+    the worker's peak RSS. MALLOC_ARENA_MAX, read by glibc itself at start, is the user's and wins."""
+    import ctypes
+    seen = []
+
+    class Libc:
+        def mallopt(self, param, value):
+            seen.append((param, value))
+            return 1
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: Libc())
+    if env is None:
+        monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+    else:
+        monkeypatch.setenv("MALLOC_ARENA_MAX", env)
+    queuectl._few_malloc_arenas()
+    assert seen == (calls if os.confstr("CS_GNU_LIBC_VERSION") else [])
