@@ -2308,6 +2308,178 @@ class _NotOurs(Exception):
     """A pipelined completion found its job taken over: roll back and decide again (see finish_and_claim)."""
 
 
+# Parameter marks of PostgresSQL's statements, as PgPipeline numbers them for libpq ($1, $2, …).
+PG_PARAM_MARK = re.compile(r"%\((\w+)\)s|%s")
+
+
+@functools.lru_cache(maxsize=None)
+def pg_prepared(sql: str) -> tuple[bytes, bytes, tuple[str, ...]]:
+    """A statement of PostgresSQL as PgPipeline prepares it: (its name, its text with $1, $2… for its
+    %s or %(name)s marks, the name of each $n: '' for a %s). The name is a digest of the text, so a
+    name always means the same statement, whichever thread came first."""
+    import hashlib
+    marks: list[str] = []
+
+    def number(mark: re.Match) -> str:
+        if not mark[1] or mark[1] not in marks:
+            marks.append(mark[1] or "")
+        return f"${len(marks) if not mark[1] else marks.index(mark[1]) + 1}"
+    text = PG_PARAM_MARK.sub(number, sql).encode()
+    return b"queuectl_" + hashlib.blake2b(text, digest_size=8).hexdigest().encode(), text, tuple(marks)
+
+
+class PgPipeline:
+    """One transaction's statements sent straight through libpq in pipeline mode (psycopg's pgconn),
+    for the statements a worker runs per job (see PostgresStore.finish_and_claim): psycopg's cursors
+    and pipeline spend more of a worker's CPU on those eight statements than the server spends running
+    them. It offers what the rules use of a cursor: execute() sends a statement without waiting for
+    the one before and returns its PgAnswer; the answer's fetchone() or rowcount sends a sync and waits
+    for it. Parameters go as text (bytes in binary), typed by the server from the statement; a
+    statement is prepared on a connection the first time it runs there. The caller holds the
+    connection's lock, and ends with commit() or abandon()."""
+
+    SYNC = object()  # in `waiting`: the answer to a sync
+
+    def __init__(self, store: "PostgresStore", conn):
+        import select
+        self.psycopg, self.pq, self.conn, self.pg = store.psycopg, store.psycopg.pq, conn, conn.pgconn
+        self.encoding = conn.info.encoding
+        if store.prepared[0] is not self.pg:  # a new connection: nothing prepared on it yet
+            store.prepared = (self.pg, set())
+        self.prepared = store.prepared[1]
+        self.waiting: list = []  # what the server will answer, in order: PgAnswers, prepared names, SYNC
+        self.unsynced = False  # statements sent since the last sync
+        self.poller = select.poll()
+        self.poller.register(self.pg.socket, select.POLLIN)
+        self.pg.enter_pipeline_mode()
+
+    def execute(self, sql: str, params: tuple | dict = ()) -> "PgAnswer":
+        """Send one statement of PostgresSQL; its answer is read when asked for."""
+        name, text, marks = pg_prepared(sql)
+        if name not in self.prepared:
+            self.pg.send_prepare(name, text)
+            self.prepared.add(name)  # taken back if the server did not prepare it (see read)
+            self.waiting.append(name)
+        values = [params[mark] for mark in marks] if isinstance(params, dict) else params
+        self.pg.send_query_prepared(name, [self._dump(value) for value in values],
+                                    [int(isinstance(value, bytes)) for value in values])  # 1: binary
+        answer = PgAnswer(self)
+        self.waiting.append(answer)
+        self.unsynced = True
+        return answer
+
+    def _dump(self, value) -> bytes | None:
+        """A parameter as libpq takes it: text, except bytes, which go as they are (in binary)."""
+        if value is None or isinstance(value, bytes):
+            return value
+        if isinstance(value, str):
+            return value.encode(self.encoding)
+        if isinstance(value, list):  # of str: an array literal, every element quoted
+            quoted = ('"' + item.replace("\\", "\\\\").replace('"', '\\"') + '"' for item in value)
+            return ("{" + ",".join(quoted) + "}").encode(self.encoding)
+        return repr(value).encode()  # an int or a float: repr keeps every digit
+
+    def read(self, until: "PgAnswer | None" = None) -> None:
+        """Read answers in order up to `until`'s (all of them without it), syncing first if statements
+        wait for one; a statement that failed raises its error (a psycopg.Error) when its answer is read."""
+        if self.unsynced:
+            self._sync()
+        while self.waiting:
+            entry = self.waiting.pop(0)
+            result = self._next()
+            if entry is self.SYNC:
+                continue
+            self._next()  # the end of this statement's results
+            if isinstance(entry, PgAnswer):
+                entry.result = result
+            elif result.status != self.pq.ExecStatus.COMMAND_OK:
+                self.prepared.discard(entry)  # a prepare skipped after an error, or failed
+            if result.status == self.pq.ExecStatus.FATAL_ERROR:
+                raise self._error(result)
+            if entry is until:
+                return
+
+    def commit(self, sql_commit: str) -> None:
+        """Send the COMMIT, read every answer, and leave pipeline mode."""
+        self.execute(sql_commit)
+        self.read()
+        self.pg.exit_pipeline_mode()
+
+    def abandon(self, sql_rollback: str) -> None:
+        """After an error: roll back what was begun and leave pipeline mode, leaving the connection as
+        it was before; one that cannot be (lost, or in a state we cannot read) is closed, to be
+        opened again at its next use (see PostgresStore._usable)."""
+        try:
+            if self.conn.closed:
+                return
+            if self.unsynced:
+                self._sync()  # the statements after a failed one are skipped until a sync
+            self.execute(sql_rollback)
+            while self.waiting:
+                with contextlib.suppress(self.psycopg.DatabaseError):
+                    self.read()
+            self.pg.exit_pipeline_mode()
+        except Exception:  # noqa: BLE001 - any: the connection is closed instead
+            self.conn.close()
+
+    def _sync(self) -> None:
+        import select
+        self.pg.pipeline_sync()
+        self.waiting.append(self.SYNC)
+        self.unsynced = False
+        while self.pg.flush():  # a nonblocking connection: the rest goes when the socket takes it
+            select.select([self.pg.socket], [self.pg.socket], [])
+            self.pg.consume_input()
+
+    def _next(self):
+        """The next result, waiting for the server without holding the GIL."""
+        while self.pg.is_busy():
+            self.poller.poll()
+            self.pg.consume_input()  # raises OperationalError if the connection is gone
+        return self.pg.get_result()
+
+    def _error(self, result) -> Exception:
+        """The psycopg exception a cursor would have raised for this failed statement."""
+        field = self.pq.DiagnosticField
+        state = (result.error_field(field.SQLSTATE) or b"").decode()
+        message = (result.error_field(field.MESSAGE_PRIMARY) or result.error_message or b"").decode(
+            self.encoding, "replace")
+        try:
+            return self.psycopg.errors.lookup(state)(message)
+        except KeyError:
+            return self.psycopg.DatabaseError(message)
+
+
+class PgAnswer:
+    """One statement's answer in a PgPipeline, read the first time it is asked for."""
+    LOADERS = {16: lambda value: value == b"t", 20: int, 21: int, 23: int, 700: float, 701: float}
+
+    def __init__(self, pipeline: PgPipeline):
+        self.pipeline, self.result = pipeline, None
+
+    @property
+    def rowcount(self) -> int:
+        """Rows the statement changed or returned, as a cursor's rowcount."""
+        tuples = self._result().command_tuples
+        return -1 if tuples is None else tuples
+
+    def fetchone(self) -> tuple | None:
+        """The first row, its values loaded by column type (bool, integers, floats, else text)."""
+        result = self._result()
+        if not result.ntuples:
+            return None
+        row = []
+        for column in range(result.nfields):
+            value, load = result.get_value(0, column), self.LOADERS.get(result.ftype(column))
+            row.append(value if value is None else load(value) if load else value.decode(self.pipeline.encoding))
+        return tuple(row)
+
+    def _result(self):
+        if self.result is None:
+            self.pipeline.read(self)
+        return self.result
+
+
 PG_SCHEMA_NAME = re.compile(r"[A-Za-z0-9_]{1,63}")
 PG_ATTEMPTS = 5  # tries of a transaction that a serialization failure or deadlock rolled back
 PG_CONNECT_TIMEOUT_S = 10
@@ -2425,6 +2597,7 @@ class PostgresStore(Store):
         self.channel = f"queuectl_{self.schema}"[:63]
         self.listening = None  # the connection that LISTENs, once wait_notified() has been called
         self.pipeline = None  # the pipeline of the write() under way, if it is pipelined
+        self.prepared = (None, set())  # (pgconn, names of the PgPipeline statements prepared on it)
         self.durable, self.reads_only, self.read_only, self.frozen = durable, reads_only, False, False
         self.busy_deadline_s, self.give_up = busy_deadline_s, give_up
         self.lease_s = self.conn_lease_s = lease_s  # the lease wanted, and the one the connection was opened for
@@ -2557,18 +2730,20 @@ class PostgresStore(Store):
 
     # -- transactions ---------------------------------------------------------------------------
 
-    def write(self, fn, *, pipelined: bool = False):
+    def write(self, fn, *, pipelined: bool = False, direct: bool = False):
         """Run fn(cursor) in one transaction; one that a serialization failure or a deadlock rolled
         back runs again (a few times, then Busy), and one that waited too long for a lock runs again
         until busy_deadline_s (then Busy). Other driver errors become one-line BadDatabase.
         `pipelined`: in psycopg's pipeline mode, where a statement is sent without waiting for the
         answer to the one before; a fetch waits for its answer, and fn calls self.pipeline.sync()
-        where it needs a row count."""
+        where it needs a row count. `direct`: the same through libpq, fn(PgPipeline)."""
         import random
         errors = self.psycopg.errors
         deadline, conflicts = time.monotonic() + self.busy_deadline_s, 0
         while True:
             try:
+                if direct:
+                    return self._direct(fn)
                 if pipelined:
                     return self._pipelined(fn)
                 with self._usable().transaction():
@@ -2603,6 +2778,21 @@ class PostgresStore(Store):
             raise
         finally:
             self.pipeline = None
+
+    def _direct(self, fn):
+        """fn(pipeline) in one transaction sent straight through libpq (see PgPipeline): BEGIN and
+        COMMIT go with the statements, as in _pipelined. Any error rolls it back."""
+        conn = self._usable()
+        with conn.lock:  # as psycopg's own calls take it: no other thread uses the connection meanwhile
+            pipeline = PgPipeline(self, conn)
+            try:
+                pipeline.execute(self.sql.SQL_BEGIN)
+                result = fn(pipeline)
+                pipeline.commit(self.sql.SQL_COMMIT)
+                return result
+            except BaseException:
+                pipeline.abandon(self.sql.SQL_ROLLBACK)
+                raise
 
     def read(self, sql: str, params: tuple | dict = ()) -> list[tuple]:
         """Run one read-only statement (its own snapshot)."""
@@ -2663,14 +2853,14 @@ class PostgresStore(Store):
                          queues: tuple) -> tuple[Job | None, Job | None]:
         """Store.finish_and_claim, for a completed run in two round trips to the server instead of
         nine (each costs a wake-up of both sides, which on a busy machine is most of a short job's
-        time): the statements go out together (pipeline mode), assuming the job is still ours; if
-        it was not, the transaction is rolled back and Store's path decides. Other outcomes take
-        Store's path too: a cancel may change them, and they are rarer."""
+        time): the statements go out together (pipeline mode, straight through libpq: see PgPipeline),
+        assuming the job is still ours; if it was not, the transaction is rolled back and Store's path
+        decides. Other outcomes take Store's path too: a cancel may change them, and they are rarer."""
         rule = failure_rule(job, outcome, settings, now)
         if rule[0] == COMPLETED:
             with contextlib.suppress(_NotOurs):
                 return self.write(lambda cur: self._complete_and_claim(cur, job, worker_id, outcome, rule, now,
-                                                                       queues), pipelined=True)
+                                                                       queues), direct=True)
         return super().finish_and_claim(job, worker_id, outcome, settings, now, queues)
 
     def _complete_and_claim(self, cur, job: Job, worker_id: str, outcome: Outcome, rule: tuple, now: float,
@@ -2678,11 +2868,10 @@ class PostgresStore(Store):
         state, attempts, next_run_at = rule
         # Round trip 1, with BEGIN: the job, its run, its dependents, and the claim's answer. (The
         # cancel flag is not read: a cancel never changes a completion.)
-        finished, released = self.conn.cursor(), self.conn.cursor()
-        finished.execute(self.sql.SQL_FINISH_JOB, (state, attempts, next_run_at, outcome.error, outcome.exit_code,
-                                                   now, job.id, worker_id, job.run_count))
+        finished = cur.execute(self.sql.SQL_FINISH_JOB, (state, attempts, next_run_at, outcome.error,
+                                                         outcome.exit_code, now, job.id, worker_id, job.run_count))
         self._close_run(cur, job, state, outcome, now)
-        released.execute(self.sql.SQL_RELEASE_DEPENDENTS, (now, now, job.id))
+        released = cur.execute(self.sql.SQL_RELEASE_DEPENDENTS, (now, now, job.id))
         following = self._claim_in(cur, worker_id, now, queues)
         if finished.rowcount != 1:
             raise _NotOurs  # another worker's now: undo all of it (the run's record too)
