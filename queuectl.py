@@ -2050,8 +2050,10 @@ class PostgresSQL:
     # the lock is granted counts every claim committed by the previous holder. So when the best head
     # is in a limited queue this statement claims nothing and returns that queue (free = false), and
     # the claim runs it again holding the lock. Claims of unlimited queues take no such lock and stay
-    # concurrent; a queue full by this snapshot is skipped without its lock. The statement returns
-    # (best queue, free, the claimed job's columns or NULLs), or no row when no queue has a due job.
+    # concurrent; a queue full by this snapshot is skipped without its lock. The claimed job's run
+    # record is opened by the same statement (`opened`: started now, due when the job was). The
+    # statement returns (best queue, free, the claimed job's columns or NULLs), or no row when no
+    # queue has a due job.
     SQL_CLAIM_ANY_QUEUE = """
     WITH RECURSIVE q(name) AS (  -- every queue with a ready job: one index seek per queue (a skip-scan)
         SELECT (SELECT queue FROM jobs WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1
@@ -2080,7 +2082,10 @@ class PostgresSQL:
           AND EXISTS (SELECT 1 FROM workers WHERE id = %(worker)s FOR KEY SHARE)
         RETURNING jobs.id, jobs.command, jobs.state, jobs.attempts, jobs.max_retries, jobs.timeout_s, jobs.cwd,
                   jobs.env, jobs.created_at, jobs.updated_at, jobs.next_run_at, jobs.last_error, jobs.exit_code,
-                  jobs.worker_id, jobs.run_count, jobs.lost_count, jobs.priority, jobs.queue, jobs.waiting_on)
+                  jobs.worker_id, jobs.run_count, jobs.lost_count, jobs.priority, jobs.queue, jobs.waiting_on),
+    opened AS (
+        INSERT INTO runs (job_id, run_no, worker_id, started_at, due_at)
+        SELECT id, run_count, worker_id, %(now)s, next_run_at FROM claimed)
     SELECT best.name, best.free, claimed.* FROM best LEFT JOIN claimed ON true"""
     SQL_CLAIM_FROM_QUEUES = """
     WITH q(name) AS (SELECT unnest(%(queues)s::text[])),  -- the queues of `worker start --queue`
@@ -2104,7 +2109,10 @@ class PostgresSQL:
           AND EXISTS (SELECT 1 FROM workers WHERE id = %(worker)s FOR KEY SHARE)
         RETURNING jobs.id, jobs.command, jobs.state, jobs.attempts, jobs.max_retries, jobs.timeout_s, jobs.cwd,
                   jobs.env, jobs.created_at, jobs.updated_at, jobs.next_run_at, jobs.last_error, jobs.exit_code,
-                  jobs.worker_id, jobs.run_count, jobs.lost_count, jobs.priority, jobs.queue, jobs.waiting_on)
+                  jobs.worker_id, jobs.run_count, jobs.lost_count, jobs.priority, jobs.queue, jobs.waiting_on),
+    opened AS (
+        INSERT INTO runs (job_id, run_no, worker_id, started_at, due_at)
+        SELECT id, run_count, worker_id, %(now)s, next_run_at FROM claimed)
     SELECT best.name, best.free, claimed.* FROM best LEFT JOIN claimed ON true"""
     # Serialises the claims of one limited queue until commit: the first lock a claim waits for; a
     # second one it only tries (SKIP LOCKED), so two claims never wait for each other's locks.
@@ -2155,7 +2163,6 @@ class PostgresSQL:
                    WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND next_run_at <= %(soon)s
                      AND queue = ANY(%(queues)s)
                      AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')))"""
-    SQL_INSERT_RUN = "INSERT INTO runs (job_id, run_no, worker_id, started_at, due_at) VALUES (%s, %s, %s, %s, %s)"
     # A flush is worth no wait: a row lock held longer than this makes it give up (see flush_output).
     SQL_FLUSH_LOCK_TIMEOUT = "SET LOCAL lock_timeout = '50ms'"
     SQL_FLUSH_OUTPUT = ("UPDATE runs SET output = %s, output_bytes = %s "
@@ -2164,6 +2171,27 @@ class PostgresSQL:
     SQL_FINISH_JOB = ("UPDATE jobs SET state = %s, attempts = %s, next_run_at = %s, last_error = %s, exit_code = %s, "
                       "worker_id = NULL, updated_at = %s, ready = 0 "
                       "WHERE id = %s AND state = 'processing' AND worker_id = %s AND run_count = %s")
+    # A completed run in one statement, for a worker's hot path (see PostgresStore.finish_and_claim):
+    # SQL_FINISH_JOB, then only if it changed the job (still ours) SQL_FINISH_RUN and
+    # SQL_RELEASE_DEPENDENTS, and a wake-up if it released a dependent. Returns (1, or 0 when the job
+    # was no longer ours and nothing was written; 1 if the workers were woken, else 0).
+    SQL_COMPLETE = """
+    WITH finished AS (
+        UPDATE jobs SET state = 'completed', attempts = %(attempts)s, next_run_at = %(next_run_at)s,
+            last_error = %(error)s, exit_code = %(exit_code)s, worker_id = NULL, updated_at = %(now)s, ready = 0
+        WHERE id = %(id)s AND state = 'processing' AND worker_id = %(worker)s AND run_count = %(run)s
+        RETURNING id),
+    closed AS (
+        UPDATE runs SET ended_at = coalesce(started_at + %(duration)s, GREATEST(%(now)s, started_at)),
+            outcome = 'completed', exit_code = %(exit_code)s, error = %(error)s, output = coalesce(%(output)s, output),
+            output_bytes = GREATEST(output_bytes, %(output_bytes)s)
+        WHERE job_id IN (SELECT id FROM finished) AND run_no = %(run)s),
+    released AS (
+        UPDATE jobs SET waiting_on = waiting_on - 1, next_run_at = GREATEST(next_run_at, %(now)s), updated_at = %(now)s
+        WHERE id IN (SELECT job_id FROM deps WHERE dep_id IN (SELECT id FROM finished)) AND waiting_on > 0
+        RETURNING id)
+    SELECT (SELECT count(*) FROM finished),
+           (SELECT count(*) FROM (SELECT pg_notify(%(channel)s, '') FROM released LIMIT 1) AS woken)"""
     # FOR UPDATE: a cancel cannot land between this read and the write that follows it.
     SQL_CANCEL_FLAG = ("SELECT cancel_requested = run_count FROM jobs "
                        "WHERE id = %s AND state = 'processing' AND worker_id = %s AND run_count = %s FOR UPDATE")
@@ -2304,10 +2332,6 @@ class _NotStreamed(Exception):
     """PostgresStore.enqueue_streamed cannot store this batch: the usual path takes it."""
 
 
-class _NotOurs(Exception):
-    """A pipelined completion found its job taken over: roll back and decide again (see finish_and_claim)."""
-
-
 # Parameter marks of PostgresSQL's statements, as PgPipeline numbers them for libpq ($1, $2, …).
 PG_PARAM_MARK = re.compile(r"%\((\w+)\)s|%s")
 
@@ -2336,7 +2360,12 @@ class PgPipeline:
     the one before and returns its PgAnswer; the answer's fetchone() or rowcount sends a sync and waits
     for it. Parameters go as text (bytes in binary), typed by the server from the statement; a
     statement is prepared on a connection the first time it runs there. The caller holds the
-    connection's lock, and ends with commit() or abandon()."""
+    connection's lock, and ends with finish() or abandon().
+
+    No BEGIN or COMMIT is sent: the statements before a sync are one transaction (the implicit
+    transaction of libpq's pipeline mode), which the sync commits, or an error rolls back. So an
+    answer asked for in the middle of a transaction would end it: each caller asks only for answers
+    to statements after which it would commit anyway."""
 
     SYNC = object()  # in `waiting`: the answer to a sync
 
@@ -2399,26 +2428,25 @@ class PgPipeline:
             if entry is until:
                 return
 
-    def commit(self, sql_commit: str) -> None:
-        """Send the COMMIT, read every answer, and leave pipeline mode."""
-        self.execute(sql_commit)
+    def finish(self) -> None:
+        """Sync what is left, read every answer, and leave pipeline mode."""
         self.read()
         self.pg.exit_pipeline_mode()
 
-    def abandon(self, sql_rollback: str) -> None:
-        """After an error: roll back what was begun and leave pipeline mode, leaving the connection as
-        it was before; one that cannot be (lost, or in a state we cannot read) is closed, to be
+    def abandon(self) -> None:
+        """After an error: read what is left and leave pipeline mode, so the connection is as it was
+        before. Statements sent but not synced are never synced (that would commit them): their
+        connection is closed, which rolls them back, as is one that is lost or cannot be read; it is
         opened again at its next use (see PostgresStore._usable)."""
         try:
-            if self.conn.closed:
-                return
-            if self.unsynced:
-                self._sync()  # the statements after a failed one are skipped until a sync
-            self.execute(sql_rollback)
+            if self.conn.closed or self.unsynced:
+                raise ConnectionAbortedError
             while self.waiting:
                 with contextlib.suppress(self.psycopg.DatabaseError):
                     self.read()
             self.pg.exit_pipeline_mode()
+            if self.pg.transaction_status != self.pq.TransactionStatus.IDLE:
+                raise ConnectionAbortedError
         except Exception:  # noqa: BLE001 - any: the connection is closed instead
             self.conn.close()
 
@@ -2780,18 +2808,17 @@ class PostgresStore(Store):
             self.pipeline = None
 
     def _direct(self, fn):
-        """fn(pipeline) in one transaction sent straight through libpq (see PgPipeline): BEGIN and
-        COMMIT go with the statements, as in _pipelined. Any error rolls it back."""
+        """fn(pipeline), sent straight through libpq (see PgPipeline): the statements before a sync
+        are one transaction, which an error rolls back."""
         conn = self._usable()
         with conn.lock:  # as psycopg's own calls take it: no other thread uses the connection meanwhile
             pipeline = PgPipeline(self, conn)
             try:
-                pipeline.execute(self.sql.SQL_BEGIN)
                 result = fn(pipeline)
-                pipeline.commit(self.sql.SQL_COMMIT)
+                pipeline.finish()
                 return result
             except BaseException:
-                pipeline.abandon(self.sql.SQL_ROLLBACK)
+                pipeline.abandon()
                 raise
 
     def read(self, sql: str, params: tuple | dict = ()) -> list[tuple]:
@@ -2851,34 +2878,36 @@ class PostgresStore(Store):
 
     def finish_and_claim(self, job: Job, worker_id: str, outcome: Outcome, settings: dict, now: float,
                          queues: tuple) -> tuple[Job | None, Job | None]:
-        """Store.finish_and_claim, for a completed run in two round trips to the server instead of
-        nine (each costs a wake-up of both sides, which on a busy machine is most of a short job's
-        time): the statements go out together (pipeline mode, straight through libpq: see PgPipeline),
-        assuming the job is still ours; if it was not, the transaction is rolled back and Store's path
-        decides. Other outcomes take Store's path too: a cancel may change them, and they are rarer."""
+        """Store.finish_and_claim, for a completed run in one round trip to the server instead of nine
+        (each costs a wake-up of both sides, which on a busy machine is most of a short job's time):
+        three statements sent together straight through libpq (see PgPipeline). Other outcomes take
+        Store's path: a cancel may change them, and they are rarer."""
         rule = failure_rule(job, outcome, settings, now)
-        if rule[0] == COMPLETED:
-            with contextlib.suppress(_NotOurs):
-                return self.write(lambda cur: self._complete_and_claim(cur, job, worker_id, outcome, rule, now,
-                                                                       queues), direct=True)
-        return super().finish_and_claim(job, worker_id, outcome, settings, now, queues)
+        if rule[0] != COMPLETED:
+            return super().finish_and_claim(job, worker_id, outcome, settings, now, queues)
+        ours, following, limited = self.write(
+            lambda pipeline: self._complete_and_claim(pipeline, job, worker_id, outcome, rule, now, queues), direct=True)
+        if limited:  # the best job is in a limited queue, whose claim needs its lock first: _claim_in's loop
+            following = self.claim(worker_id, now, queues)
+        return (_finished(job, COMPLETED, rule[1], rule[2], outcome, now) if ours else None), following
 
-    def _complete_and_claim(self, cur, job: Job, worker_id: str, outcome: Outcome, rule: tuple, now: float,
-                            queues: tuple) -> tuple[Job, Job | None]:
-        state, attempts, next_run_at = rule
-        # Round trip 1, with BEGIN: the job, its run, its dependents, and the claim's answer. (The
-        # cancel flag is not read: a cancel never changes a completion.)
-        finished = cur.execute(self.sql.SQL_FINISH_JOB, (state, attempts, next_run_at, outcome.error,
-                                                         outcome.exit_code, now, job.id, worker_id, job.run_count))
-        self._close_run(cur, job, state, outcome, now)
-        released = cur.execute(self.sql.SQL_RELEASE_DEPENDENTS, (now, now, job.id))
-        following = self._claim_in(cur, worker_id, now, queues)
-        if finished.rowcount != 1:
-            raise _NotOurs  # another worker's now: undo all of it (the run's record too)
-        if released.rowcount:
-            self._wake_workers(cur)  # maybe one was waiting for this one alone
-        # Round trip 2: the new run's row and COMMIT.
-        return _finished(job, state, attempts, next_run_at, outcome, now), following
+    def _complete_and_claim(self, pipeline: "PgPipeline", job: Job, worker_id: str, outcome: Outcome, rule: tuple,
+                            now: float, queues: tuple) -> tuple[bool, Job | None, bool]:
+        """(whether the job was still ours, the job claimed next, whether the claim needs a queue's lock):
+        SQL_COMPLETE, then _claim_in's first two statements, as one transaction (libpq's implicit one:
+        the statements before a sync). A job no longer ours gets nothing written, as in Store's path,
+        and the claim goes ahead, as it does there. (The cancel flag is not read: a cancel never changes
+        a completion.) The claim's answer is the only one waited for; the others come with it."""
+        completed = pipeline.execute(self.sql.SQL_COMPLETE, {
+            "attempts": rule[1], "next_run_at": rule[2], "error": outcome.error, "exit_code": outcome.exit_code,
+            "now": now, "id": job.id, "worker": worker_id, "run": job.run_count, "duration": outcome.duration_s,
+            "output": outcome.output, "output_bytes": outcome.output_bytes, "channel": self.channel})
+        pipeline.execute(self.sql.SQL_PROMOTE, (now,))
+        row = pipeline.execute(*self._claim_statement(worker_id, now, queues)).fetchone()
+        ours = completed.fetchone()[0] == 1
+        if row is None or row[1]:  # no due job; or claimed, unless our registration is gone
+            return ours, None if row is None or row[2] is None else Job.from_row(row[2:]), False
+        return ours, None, True
 
     def _write_jobs(self, insert, specs: list[dict]) -> list[str]:
         """Store's; a few jobs without dependencies (a one-job enqueue) in pipeline mode: two round
@@ -2939,8 +2968,7 @@ class PostgresStore(Store):
 
     def _claim_in(self, cur, worker_id: str, now: float, queues: tuple) -> Job | None:
         cur.execute(self.sql.SQL_PROMOTE, (now,))
-        params = {"worker": worker_id, "now": now, "queues": list(queues), "held": [], "busy": []}
-        sql = self.sql.SQL_CLAIM_FROM_QUEUES if queues else self.sql.SQL_CLAIM_ANY_QUEUE
+        sql, params = self._claim_statement(worker_id, now, queues)
         while True:  # once, plus once more per limited queue whose lock it takes or finds taken
             row = cur.execute(sql, params).fetchone()
             if row is None or row[1]:  # no due job; or claimed, unless our registration is gone
@@ -2949,11 +2977,12 @@ class PostgresStore(Store):
             # claim of that queue. A claim holding one queue's lock only tries another's: no deadlock.
             lock = self.sql.SQL_TRY_LOCK_QUEUE if params["held"] else self.sql.SQL_LOCK_QUEUE
             params["held" if cur.execute(lock, (row[0],)).fetchone() else "busy"].append(row[0])
-        if row is None or row[2] is None:
-            return None
-        job = Job.from_row(row[2:])
-        cur.execute(self.sql.SQL_INSERT_RUN, (job.id, job.run_count, worker_id, now, job.next_run_at))
-        return job
+        return None if row is None or row[2] is None else Job.from_row(row[2:])
+
+    def _claim_statement(self, worker_id: str, now: float, queues: tuple) -> tuple[str, dict]:
+        """The claim statement for these queues, and its parameters before any queue's lock is taken."""
+        params = {"worker": worker_id, "now": now, "queues": list(queues), "held": [], "busy": []}
+        return self.sql.SQL_CLAIM_FROM_QUEUES if queues else self.sql.SQL_CLAIM_ANY_QUEUE, params
 
     def flush_output(self, job: Job, tail: bytes, total: int) -> bool:
         """Store a running job's output so far (for `logs --follow`), in one short try that never

@@ -7975,8 +7975,8 @@ def test_a_failed_statement_in_a_pipelined_result_leaves_nothing_and_the_store_w
         register(store)
         store.enqueue([spec("a"), spec("b")], T0)
         job = store.claim("w1", T0 + 1)
-        bad_insert = "INSERT INTO no_such_table VALUES (%s, %s, %s, %s, %s)"
-        broken = type("BrokenSQL", (queuectl.PostgresSQL,), {"SQL_INSERT_RUN": bad_insert})
+        # The statement after the completion's fails: the completion must be rolled back with it.
+        broken = type("BrokenSQL", (queuectl.PostgresSQL,), {"SQL_PROMOTE": "UPDATE no_such_table SET x = %s"})
         monkeypatch.setattr(store, "sql", broken)
         with pytest.raises(queuectl.BadDatabase, match="no_such_table"):
             store.finish_and_claim(job, "w1", DONE, store.config_all(), T0 + 2, ())
