@@ -2416,6 +2416,8 @@ class PgPipeline:
         while self.waiting:
             entry = self.waiting.pop(0)
             result = self._next()
+            if result is None:  # libpq has no answer where one is due: the connection cannot be trusted
+                raise self.psycopg.OperationalError("the server's answers ended early")
             if entry is self.SYNC:
                 continue
             self._next()  # the end of this statement's results
@@ -2888,7 +2890,10 @@ class PostgresStore(Store):
         ours, following, limited = self.write(
             lambda pipeline: self._complete_and_claim(pipeline, job, worker_id, outcome, rule, now, queues), direct=True)
         if limited:  # the best job is in a limited queue, whose claim needs its lock first: _claim_in's loop
-            following = self.claim(worker_id, now, queues)
+            # The result is committed: a claim that fails now is the runner's next claim to retry, not
+            # a reason to write the result again (which would find it no longer ours, and say so).
+            with contextlib.suppress(QueueError):
+                following = self.claim(worker_id, now, queues)
         return (_finished(job, COMPLETED, rule[1], rule[2], outcome, now) if ours else None), following
 
     def _complete_and_claim(self, pipeline: "PgPipeline", job: Job, worker_id: str, outcome: Outcome, rule: tuple,

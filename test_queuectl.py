@@ -9097,3 +9097,26 @@ def test_pg_prepared_numbers_the_marks_of_a_statement_for_libpq():
     name2, text, marks = queuectl.pg_prepared("SELECT %(b)s, %(a)s, %(b)s")
     assert (text, marks) == (b"SELECT $1, $2, $1", ("b", "a"))
     assert name != name2 and name.startswith(b"queuectl_")
+
+
+def test_postgres_a_failed_claim_after_a_committed_completion_leaves_the_claim_to_the_runner(pg_url, monkeypatch):
+    """The best job is in a limited queue: the completion commits first, then a claim of its own takes
+    the queue's lock. If that claim fails, the result must not be written again (it would be found no
+    longer ours and reported as discarded): the runner's next claim takes the job."""
+    store = queuectl.PostgresStore(pg_url)
+    try:
+        register(store)
+        store.set_limit("lim", 1)
+        store.enqueue([spec("a", priority=9), spec("l1", queue="lim")], T0)
+        job = store.claim("w1", T0 + 1)
+
+        def unreachable(*args):
+            raise queuectl.BadDatabase("database: server closed the connection")
+        monkeypatch.setattr(store, "claim", unreachable)
+        after, following = store.finish_and_claim(job, "w1", DONE, store.config_all(), T0 + 2, ())
+        assert after.state == "completed" and following is None
+        assert store.get("a").state == "completed" and store.get("l1").state == "pending"
+        monkeypatch.undo()
+        assert store.claim("w1", T0 + 3).id == "l1"
+    finally:
+        store.close()
