@@ -2354,13 +2354,12 @@ def pg_prepared(sql: str) -> tuple[bytes, bytes, tuple[str, ...]]:
 
 class PgPipeline:
     """One transaction's statements sent straight through libpq in pipeline mode (psycopg's pgconn),
-    for the statements a worker runs per job (see PostgresStore.finish_and_claim): psycopg's cursors
-    and pipeline spend more of a worker's CPU on those eight statements than the server spends running
-    them. It offers what the rules use of a cursor: execute() sends a statement without waiting for
-    the one before and returns its PgAnswer; the answer's fetchone() or rowcount sends a sync and waits
-    for it. Parameters go as text (bytes in binary), typed by the server from the statement; a
-    statement is prepared on a connection the first time it runs there. The caller holds the
-    connection's lock, and ends with finish() or abandon().
+    for the statements a worker runs per job (see PostgresStore.finish_and_claim): psycopg's cursors,
+    adapters and pipeline cost a worker about twice the CPU per job that these few calls do.
+    execute() sends a statement without waiting for the one before and returns its PgAnswer; the
+    answer's fetchone() sends a sync and waits for it. Parameters go as text (bytes in binary), typed
+    by the server from the statement; a statement is prepared on a connection the first time it runs
+    there. The caller holds the connection's lock, and ends with finish() or abandon().
 
     No BEGIN or COMMIT is sent: the statements before a sync are one transaction (the implicit
     transaction of libpq's pipeline mode), which the sync commits, or an error rolls back. So an
@@ -2486,12 +2485,6 @@ class PgAnswer:
 
     def __init__(self, pipeline: PgPipeline):
         self.pipeline, self.result = pipeline, None
-
-    @property
-    def rowcount(self) -> int:
-        """Rows the statement changed or returned, as a cursor's rowcount."""
-        tuples = self._result().command_tuples
-        return -1 if tuples is None else tuples
 
     def fetchone(self) -> tuple | None:
         """The first row, its values loaded by column type (bool, integers, floats, else text)."""
@@ -2766,7 +2759,7 @@ class PostgresStore(Store):
         until busy_deadline_s (then Busy). Other driver errors become one-line BadDatabase.
         `pipelined`: in psycopg's pipeline mode, where a statement is sent without waiting for the
         answer to the one before; a fetch waits for its answer, and fn calls self.pipeline.sync()
-        where it needs a row count. `direct`: the same through libpq, fn(PgPipeline)."""
+        where it needs a row count. `direct`: fn(PgPipeline), straight through libpq (see _direct)."""
         import random
         errors = self.psycopg.errors
         deadline, conflicts = time.monotonic() + self.busy_deadline_s, 0
