@@ -2881,7 +2881,8 @@ class PostgresStore(Store):
         if rule[0] != COMPLETED:
             return super().finish_and_claim(job, worker_id, outcome, settings, now, queues)
         ours, following, limited = self.write(
-            lambda pipeline: self._complete_and_claim(pipeline, job, worker_id, outcome, rule, now, queues), direct=True)
+            lambda pipeline: self._complete_and_claim(pipeline, job, worker_id, outcome, rule, now, queues),
+            direct=True)
         if limited:  # the best job is in a limited queue, whose claim needs its lock first: _claim_in's loop
             # The result is committed: a claim that fails now is the runner's next claim to retry, not
             # a reason to write the result again (which would find it no longer ours, and say so).
