@@ -2053,8 +2053,10 @@ class PostgresSQL:
     # the lock is granted counts every claim committed by the previous holder. So when the best head
     # is in a limited queue this statement claims nothing and returns that queue (free = false), and
     # the claim runs it again holding the lock. Claims of unlimited queues take no such lock and stay
-    # concurrent; a queue full by this snapshot is skipped without its lock. The statement returns
-    # (best queue, free, the claimed job's columns or NULLs), or no row when no queue has a due job.
+    # concurrent; a queue full by this snapshot is skipped without its lock. The claimed job's run
+    # record is opened by the same statement (`opened`: started now, due when the job was). The
+    # statement returns (best queue, free, the claimed job's columns or NULLs), or no row when no
+    # queue has a due job.
     SQL_CLAIM_ANY_QUEUE = """
     WITH RECURSIVE q(name) AS (  -- every queue with a ready job: one index seek per queue (a skip-scan)
         SELECT (SELECT queue FROM jobs WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1
@@ -2083,7 +2085,10 @@ class PostgresSQL:
           AND EXISTS (SELECT 1 FROM workers WHERE id = %(worker)s FOR KEY SHARE)
         RETURNING jobs.id, jobs.command, jobs.state, jobs.attempts, jobs.max_retries, jobs.timeout_s, jobs.cwd,
                   jobs.env, jobs.created_at, jobs.updated_at, jobs.next_run_at, jobs.last_error, jobs.exit_code,
-                  jobs.worker_id, jobs.run_count, jobs.lost_count, jobs.priority, jobs.queue, jobs.waiting_on)
+                  jobs.worker_id, jobs.run_count, jobs.lost_count, jobs.priority, jobs.queue, jobs.waiting_on),
+    opened AS (
+        INSERT INTO runs (job_id, run_no, worker_id, started_at, due_at)
+        SELECT id, run_count, worker_id, %(now)s, next_run_at FROM claimed)
     SELECT best.name, best.free, claimed.* FROM best LEFT JOIN claimed ON true"""
     SQL_CLAIM_FROM_QUEUES = """
     WITH q(name) AS (SELECT unnest(%(queues)s::text[])),  -- the queues of `worker start --queue`
@@ -2107,7 +2112,10 @@ class PostgresSQL:
           AND EXISTS (SELECT 1 FROM workers WHERE id = %(worker)s FOR KEY SHARE)
         RETURNING jobs.id, jobs.command, jobs.state, jobs.attempts, jobs.max_retries, jobs.timeout_s, jobs.cwd,
                   jobs.env, jobs.created_at, jobs.updated_at, jobs.next_run_at, jobs.last_error, jobs.exit_code,
-                  jobs.worker_id, jobs.run_count, jobs.lost_count, jobs.priority, jobs.queue, jobs.waiting_on)
+                  jobs.worker_id, jobs.run_count, jobs.lost_count, jobs.priority, jobs.queue, jobs.waiting_on),
+    opened AS (
+        INSERT INTO runs (job_id, run_no, worker_id, started_at, due_at)
+        SELECT id, run_count, worker_id, %(now)s, next_run_at FROM claimed)
     SELECT best.name, best.free, claimed.* FROM best LEFT JOIN claimed ON true"""
     # Serialises the claims of one limited queue until commit: the first lock a claim waits for; a
     # second one it only tries (SKIP LOCKED), so two claims never wait for each other's locks.
@@ -2158,7 +2166,6 @@ class PostgresSQL:
                    WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND next_run_at <= %(soon)s
                      AND queue = ANY(%(queues)s)
                      AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')))"""
-    SQL_INSERT_RUN = "INSERT INTO runs (job_id, run_no, worker_id, started_at, due_at) VALUES (%s, %s, %s, %s, %s)"
     # A flush is worth no wait: a row lock held longer than this makes it give up (see flush_output).
     SQL_FLUSH_LOCK_TIMEOUT = "SET LOCAL lock_timeout = '50ms'"
     SQL_FLUSH_OUTPUT = ("UPDATE runs SET output = %s, output_bytes = %s "
@@ -2167,6 +2174,27 @@ class PostgresSQL:
     SQL_FINISH_JOB = ("UPDATE jobs SET state = %s, attempts = %s, next_run_at = %s, last_error = %s, exit_code = %s, "
                       "worker_id = NULL, updated_at = %s, ready = 0 "
                       "WHERE id = %s AND state = 'processing' AND worker_id = %s AND run_count = %s")
+    # A completed run in one statement, for a worker's hot path (see PostgresStore.finish_and_claim):
+    # SQL_FINISH_JOB, then only if it changed the job (still ours) SQL_FINISH_RUN and
+    # SQL_RELEASE_DEPENDENTS, and a wake-up if it released a dependent. Returns (1, or 0 when the job
+    # was no longer ours and nothing was written; 1 if the workers were woken, else 0).
+    SQL_COMPLETE = """
+    WITH finished AS (
+        UPDATE jobs SET state = 'completed', attempts = %(attempts)s, next_run_at = %(next_run_at)s,
+            last_error = %(error)s, exit_code = %(exit_code)s, worker_id = NULL, updated_at = %(now)s, ready = 0
+        WHERE id = %(id)s AND state = 'processing' AND worker_id = %(worker)s AND run_count = %(run)s
+        RETURNING id),
+    closed AS (
+        UPDATE runs SET ended_at = coalesce(started_at + %(duration)s, GREATEST(%(now)s, started_at)),
+            outcome = 'completed', exit_code = %(exit_code)s, error = %(error)s, output = coalesce(%(output)s, output),
+            output_bytes = GREATEST(output_bytes, %(output_bytes)s)
+        WHERE job_id IN (SELECT id FROM finished) AND run_no = %(run)s),
+    released AS (
+        UPDATE jobs SET waiting_on = waiting_on - 1, next_run_at = GREATEST(next_run_at, %(now)s), updated_at = %(now)s
+        WHERE id IN (SELECT job_id FROM deps WHERE dep_id IN (SELECT id FROM finished)) AND waiting_on > 0
+        RETURNING id)
+    SELECT (SELECT count(*) FROM finished),
+           (SELECT count(*) FROM (SELECT pg_notify(%(channel)s, '') FROM released LIMIT 1) AS woken)"""
     # FOR UPDATE: a cancel cannot land between this read and the write that follows it.
     SQL_CANCEL_FLAG = ("SELECT cancel_requested = run_count FROM jobs "
                        "WHERE id = %s AND state = 'processing' AND worker_id = %s AND run_count = %s FOR UPDATE")
@@ -2307,8 +2335,175 @@ class _NotStreamed(Exception):
     """PostgresStore.enqueue_streamed cannot store this batch: the usual path takes it."""
 
 
-class _NotOurs(Exception):
-    """A pipelined completion found its job taken over: roll back and decide again (see finish_and_claim)."""
+# Parameter marks of PostgresSQL's statements, as PgPipeline numbers them for libpq ($1, $2, …).
+PG_PARAM_MARK = re.compile(r"%\((\w+)\)s|%s")
+
+
+@functools.lru_cache(maxsize=None)
+def pg_prepared(sql: str) -> tuple[bytes, bytes, tuple[str, ...]]:
+    """A statement of PostgresSQL as PgPipeline prepares it: (its name, its text with $1, $2… for its
+    %s or %(name)s marks, the name of each $n: '' for a %s). The name is a digest of the text, so a
+    name always means the same statement, whichever thread came first."""
+    import hashlib
+    marks: list[str] = []
+
+    def number(mark: re.Match) -> str:
+        if not mark[1] or mark[1] not in marks:
+            marks.append(mark[1] or "")
+        return f"${len(marks) if not mark[1] else marks.index(mark[1]) + 1}"
+    text = PG_PARAM_MARK.sub(number, sql).encode()
+    return b"queuectl_" + hashlib.blake2b(text, digest_size=8).hexdigest().encode(), text, tuple(marks)
+
+
+class PgPipeline:
+    """One transaction's statements sent straight through libpq in pipeline mode (psycopg's pgconn),
+    for the statements a worker runs per job (see PostgresStore.finish_and_claim): psycopg's cursors,
+    adapters and pipeline cost a worker about twice the CPU per job that these few calls do.
+    execute() sends a statement without waiting for the one before and returns its PgAnswer; the
+    answer's fetchone() sends a sync and waits for it. Parameters go as text (bytes in binary), typed
+    by the server from the statement; a statement is prepared on a connection the first time it runs
+    there. The caller holds the connection's lock, and ends with finish() or abandon().
+
+    No BEGIN or COMMIT is sent: the statements before a sync are one transaction (the implicit
+    transaction of libpq's pipeline mode), which the sync commits, or an error rolls back. So an
+    answer asked for in the middle of a transaction would end it: each caller asks only for answers
+    to statements after which it would commit anyway."""
+
+    SYNC = object()  # in `waiting`: the answer to a sync
+
+    def __init__(self, store: "PostgresStore", conn):
+        import select
+        self.psycopg, self.pq, self.conn, self.pg = store.psycopg, store.psycopg.pq, conn, conn.pgconn
+        self.encoding = conn.info.encoding
+        if store.prepared[0] is not self.pg:  # a new connection: nothing prepared on it yet
+            store.prepared = (self.pg, set())
+        self.prepared = store.prepared[1]
+        self.waiting: list = []  # what the server will answer, in order: PgAnswers, prepared names, SYNC
+        self.unsynced = False  # statements sent since the last sync
+        self.poller = select.poll()
+        self.poller.register(self.pg.socket, select.POLLIN)
+        self.pg.enter_pipeline_mode()
+
+    def execute(self, sql: str, params: tuple | dict = ()) -> "PgAnswer":
+        """Send one statement of PostgresSQL; its answer is read when asked for."""
+        name, text, marks = pg_prepared(sql)
+        if name not in self.prepared:
+            self.pg.send_prepare(name, text)
+            self.prepared.add(name)  # taken back if the server did not prepare it (see read)
+            self.waiting.append(name)
+        values = [params[mark] for mark in marks] if isinstance(params, dict) else params
+        self.pg.send_query_prepared(name, [self._dump(value) for value in values],
+                                    [int(isinstance(value, bytes)) for value in values])  # 1: binary
+        answer = PgAnswer(self)
+        self.waiting.append(answer)
+        self.unsynced = True
+        return answer
+
+    def _dump(self, value) -> bytes | None:
+        """A parameter as libpq takes it: text, except bytes, which go as they are (in binary)."""
+        if value is None or isinstance(value, bytes):
+            return value
+        if isinstance(value, str):
+            return value.encode(self.encoding)
+        if isinstance(value, list):  # of str: an array literal, every element quoted
+            quoted = ('"' + item.replace("\\", "\\\\").replace('"', '\\"') + '"' for item in value)
+            return ("{" + ",".join(quoted) + "}").encode(self.encoding)
+        return repr(value).encode()  # an int or a float: repr keeps every digit
+
+    def read(self, until: "PgAnswer | None" = None) -> None:
+        """Read answers in order up to `until`'s (all of them without it), syncing first if statements
+        wait for one; a statement that failed raises its error (a psycopg.Error) when its answer is read."""
+        if self.unsynced:
+            self._sync()
+        while self.waiting:
+            entry = self.waiting.pop(0)
+            result = self._next()
+            if result is None:  # libpq has no answer where one is due: the connection cannot be trusted
+                raise self.psycopg.OperationalError("the server's answers ended early")
+            if entry is self.SYNC:
+                continue
+            self._next()  # the end of this statement's results
+            if isinstance(entry, PgAnswer):
+                entry.result = result
+            elif result.status != self.pq.ExecStatus.COMMAND_OK:
+                self.prepared.discard(entry)  # a prepare skipped after an error, or failed
+            if result.status == self.pq.ExecStatus.FATAL_ERROR:
+                raise self._error(result)
+            if entry is until:
+                return
+
+    def finish(self) -> None:
+        """Sync what is left, read every answer, and leave pipeline mode."""
+        self.read()
+        self.pg.exit_pipeline_mode()
+
+    def abandon(self) -> None:
+        """After an error: read what is left and leave pipeline mode, so the connection is as it was
+        before. Statements sent but not synced are never synced (that would commit them): their
+        connection is closed, which rolls them back, as is one that is lost or cannot be read; it is
+        opened again at its next use (see PostgresStore._usable)."""
+        try:
+            if self.conn.closed or self.unsynced:
+                raise ConnectionAbortedError
+            while self.waiting:
+                with contextlib.suppress(self.psycopg.DatabaseError):
+                    self.read()
+            self.pg.exit_pipeline_mode()
+            if self.pg.transaction_status != self.pq.TransactionStatus.IDLE:
+                raise ConnectionAbortedError
+        except Exception:  # noqa: BLE001 - any: the connection is closed instead
+            self.conn.close()
+
+    def _sync(self) -> None:
+        import select
+        self.pg.pipeline_sync()
+        self.waiting.append(self.SYNC)
+        self.unsynced = False
+        while self.pg.flush():  # a nonblocking connection: the rest goes when the socket takes it
+            select.select([self.pg.socket], [self.pg.socket], [])
+            self.pg.consume_input()
+
+    def _next(self):
+        """The next result, waiting for the server without holding the GIL."""
+        while self.pg.is_busy():
+            self.poller.poll()
+            self.pg.consume_input()  # raises OperationalError if the connection is gone
+        return self.pg.get_result()
+
+    def _error(self, result) -> Exception:
+        """The psycopg exception a cursor would have raised for this failed statement."""
+        field = self.pq.DiagnosticField
+        state = (result.error_field(field.SQLSTATE) or b"").decode()
+        message = (result.error_field(field.MESSAGE_PRIMARY) or result.error_message or b"").decode(
+            self.encoding, "replace")
+        try:
+            return self.psycopg.errors.lookup(state)(message)
+        except KeyError:
+            return self.psycopg.DatabaseError(message)
+
+
+class PgAnswer:
+    """One statement's answer in a PgPipeline, read the first time it is asked for."""
+    LOADERS = {16: lambda value: value == b"t", 20: int, 21: int, 23: int, 700: float, 701: float}
+
+    def __init__(self, pipeline: PgPipeline):
+        self.pipeline, self.result = pipeline, None
+
+    def fetchone(self) -> tuple | None:
+        """The first row, its values loaded by column type (bool, integers, floats, else text)."""
+        result = self._result()
+        if not result.ntuples:
+            return None
+        row = []
+        for column in range(result.nfields):
+            value, load = result.get_value(0, column), self.LOADERS.get(result.ftype(column))
+            row.append(value if value is None else load(value) if load else value.decode(self.pipeline.encoding))
+        return tuple(row)
+
+    def _result(self):
+        if self.result is None:
+            self.pipeline.read(self)
+        return self.result
 
 
 PG_SCHEMA_NAME = re.compile(r"[A-Za-z0-9_]{1,63}")
@@ -2428,6 +2623,7 @@ class PostgresStore(Store):
         self.channel = f"queuectl_{self.schema}"[:63]
         self.listening = None  # the connection that LISTENs, once wait_notified() has been called
         self.pipeline = None  # the pipeline of the write() under way, if it is pipelined
+        self.prepared = (None, set())  # (pgconn, names of the PgPipeline statements prepared on it)
         self.durable, self.reads_only, self.read_only, self.frozen = durable, reads_only, False, False
         self.busy_deadline_s, self.give_up = busy_deadline_s, give_up
         self.lease_s = self.conn_lease_s = lease_s  # the lease wanted, and the one the connection was opened for
@@ -2560,18 +2756,20 @@ class PostgresStore(Store):
 
     # -- transactions ---------------------------------------------------------------------------
 
-    def write(self, fn, *, pipelined: bool = False):
+    def write(self, fn, *, pipelined: bool = False, direct: bool = False):
         """Run fn(cursor) in one transaction; one that a serialization failure or a deadlock rolled
         back runs again (a few times, then Busy), and one that waited too long for a lock runs again
         until busy_deadline_s (then Busy). Other driver errors become one-line BadDatabase.
         `pipelined`: in psycopg's pipeline mode, where a statement is sent without waiting for the
         answer to the one before; a fetch waits for its answer, and fn calls self.pipeline.sync()
-        where it needs a row count."""
+        where it needs a row count. `direct`: fn(PgPipeline), straight through libpq (see _direct)."""
         import random
         errors = self.psycopg.errors
         deadline, conflicts = time.monotonic() + self.busy_deadline_s, 0
         while True:
             try:
+                if direct:
+                    return self._direct(fn)
                 if pipelined:
                     return self._pipelined(fn)
                 with self._usable().transaction():
@@ -2606,6 +2804,20 @@ class PostgresStore(Store):
             raise
         finally:
             self.pipeline = None
+
+    def _direct(self, fn):
+        """fn(pipeline), sent straight through libpq (see PgPipeline): the statements before a sync
+        are one transaction, which an error rolls back."""
+        conn = self._usable()
+        with conn.lock:  # as psycopg's own calls take it: no other thread uses the connection meanwhile
+            pipeline = PgPipeline(self, conn)
+            try:
+                result = fn(pipeline)
+                pipeline.finish()
+                return result
+            except BaseException:
+                pipeline.abandon()
+                raise
 
     def read(self, sql: str, params: tuple | dict = ()) -> list[tuple]:
         """Run one read-only statement (its own snapshot)."""
@@ -2664,35 +2876,40 @@ class PostgresStore(Store):
 
     def finish_and_claim(self, job: Job, worker_id: str, outcome: Outcome, settings: dict, now: float,
                          queues: tuple) -> tuple[Job | None, Job | None]:
-        """Store.finish_and_claim, for a completed run in two round trips to the server instead of
-        nine (each costs a wake-up of both sides, which on a busy machine is most of a short job's
-        time): the statements go out together (pipeline mode), assuming the job is still ours; if
-        it was not, the transaction is rolled back and Store's path decides. Other outcomes take
-        Store's path too: a cancel may change them, and they are rarer."""
+        """Store.finish_and_claim, for a completed run in one round trip to the server instead of nine
+        (each costs a wake-up of both sides, which on a busy machine is most of a short job's time):
+        three statements sent together straight through libpq (see PgPipeline). Other outcomes take
+        Store's path: a cancel may change them, and they are rarer."""
         rule = failure_rule(job, outcome, settings, now)
-        if rule[0] == COMPLETED:
-            with contextlib.suppress(_NotOurs):
-                return self.write(lambda cur: self._complete_and_claim(cur, job, worker_id, outcome, rule, now,
-                                                                       queues), pipelined=True)
-        return super().finish_and_claim(job, worker_id, outcome, settings, now, queues)
+        if rule[0] != COMPLETED:
+            return super().finish_and_claim(job, worker_id, outcome, settings, now, queues)
+        ours, following, limited = self.write(
+            lambda pipeline: self._complete_and_claim(pipeline, job, worker_id, outcome, rule, now, queues),
+            direct=True)
+        if limited:  # the best job is in a limited queue, whose claim needs its lock first: _claim_in's loop
+            # The result is committed: a claim that fails now is the runner's next claim to retry, not
+            # a reason to write the result again (which would find it no longer ours, and say so).
+            with contextlib.suppress(QueueError):
+                following = self.claim(worker_id, now, queues)
+        return (_finished(job, COMPLETED, rule[1], rule[2], outcome, now) if ours else None), following
 
-    def _complete_and_claim(self, cur, job: Job, worker_id: str, outcome: Outcome, rule: tuple, now: float,
-                            queues: tuple) -> tuple[Job, Job | None]:
-        state, attempts, next_run_at = rule
-        # Round trip 1, with BEGIN: the job, its run, its dependents, and the claim's answer. (The
-        # cancel flag is not read: a cancel never changes a completion.)
-        finished, released = self.conn.cursor(), self.conn.cursor()
-        finished.execute(self.sql.SQL_FINISH_JOB, (state, attempts, next_run_at, outcome.error, outcome.exit_code,
-                                                   now, job.id, worker_id, job.run_count))
-        self._close_run(cur, job, state, outcome, now)
-        released.execute(self.sql.SQL_RELEASE_DEPENDENTS, (now, now, job.id))
-        following = self._claim_in(cur, worker_id, now, queues)
-        if finished.rowcount != 1:
-            raise _NotOurs  # another worker's now: undo all of it (the run's record too)
-        if released.rowcount:
-            self._wake_workers(cur)  # maybe one was waiting for this one alone
-        # Round trip 2: the new run's row and COMMIT.
-        return _finished(job, state, attempts, next_run_at, outcome, now), following
+    def _complete_and_claim(self, pipeline: "PgPipeline", job: Job, worker_id: str, outcome: Outcome, rule: tuple,
+                            now: float, queues: tuple) -> tuple[bool, Job | None, bool]:
+        """(whether the job was still ours, the job claimed next, whether the claim needs a queue's lock):
+        SQL_COMPLETE, then _claim_in's first two statements, as one transaction (libpq's implicit one:
+        the statements before a sync). A job no longer ours gets nothing written, as in Store's path,
+        and the claim goes ahead, as it does there. (The cancel flag is not read: a cancel never changes
+        a completion.) The claim's answer is the only one waited for; the others come with it."""
+        completed = pipeline.execute(self.sql.SQL_COMPLETE, {
+            "attempts": rule[1], "next_run_at": rule[2], "error": outcome.error, "exit_code": outcome.exit_code,
+            "now": now, "id": job.id, "worker": worker_id, "run": job.run_count, "duration": outcome.duration_s,
+            "output": outcome.output, "output_bytes": outcome.output_bytes, "channel": self.channel})
+        pipeline.execute(self.sql.SQL_PROMOTE, (now,))
+        row = pipeline.execute(*self._claim_statement(worker_id, now, queues)).fetchone()
+        ours = completed.fetchone()[0] == 1
+        if row is None or row[1]:  # no due job; or claimed, unless our registration is gone
+            return ours, None if row is None or row[2] is None else Job.from_row(row[2:]), False
+        return ours, None, True
 
     def _write_jobs(self, insert, specs: list[dict]) -> list[str]:
         """Store's; a few jobs without dependencies (a one-job enqueue) in pipeline mode: two round
@@ -2753,8 +2970,7 @@ class PostgresStore(Store):
 
     def _claim_in(self, cur, worker_id: str, now: float, queues: tuple) -> Job | None:
         cur.execute(self.sql.SQL_PROMOTE, (now,))
-        params = {"worker": worker_id, "now": now, "queues": list(queues), "held": [], "busy": []}
-        sql = self.sql.SQL_CLAIM_FROM_QUEUES if queues else self.sql.SQL_CLAIM_ANY_QUEUE
+        sql, params = self._claim_statement(worker_id, now, queues)
         while True:  # once, plus once more per limited queue whose lock it takes or finds taken
             row = cur.execute(sql, params).fetchone()
             if row is None or row[1]:  # no due job; or claimed, unless our registration is gone
@@ -2763,11 +2979,12 @@ class PostgresStore(Store):
             # claim of that queue. A claim holding one queue's lock only tries another's: no deadlock.
             lock = self.sql.SQL_TRY_LOCK_QUEUE if params["held"] else self.sql.SQL_LOCK_QUEUE
             params["held" if cur.execute(lock, (row[0],)).fetchone() else "busy"].append(row[0])
-        if row is None or row[2] is None:
-            return None
-        job = Job.from_row(row[2:])
-        cur.execute(self.sql.SQL_INSERT_RUN, (job.id, job.run_count, worker_id, now, job.next_run_at))
-        return job
+        return None if row is None or row[2] is None else Job.from_row(row[2:])
+
+    def _claim_statement(self, worker_id: str, now: float, queues: tuple) -> tuple[str, dict]:
+        """The claim statement for these queues, and its parameters before any queue's lock is taken."""
+        params = {"worker": worker_id, "now": now, "queues": list(queues), "held": [], "busy": []}
+        return self.sql.SQL_CLAIM_FROM_QUEUES if queues else self.sql.SQL_CLAIM_ANY_QUEUE, params
 
     def flush_output(self, job: Job, tail: bytes, total: int) -> bool:
         """Store a running job's output so far (for `logs --follow`), in one short try that never

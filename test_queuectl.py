@@ -7975,8 +7975,8 @@ def test_a_failed_statement_in_a_pipelined_result_leaves_nothing_and_the_store_w
         register(store)
         store.enqueue([spec("a"), spec("b")], T0)
         job = store.claim("w1", T0 + 1)
-        bad_insert = "INSERT INTO no_such_table VALUES (%s, %s, %s, %s, %s)"
-        broken = type("BrokenSQL", (queuectl.PostgresSQL,), {"SQL_INSERT_RUN": bad_insert})
+        # The statement after the completion's fails: the completion must be rolled back with it.
+        broken = type("BrokenSQL", (queuectl.PostgresSQL,), {"SQL_PROMOTE": "UPDATE no_such_table SET x = %s"})
         monkeypatch.setattr(store, "sql", broken)
         with pytest.raises(queuectl.BadDatabase, match="no_such_table"):
             store.finish_and_claim(job, "w1", DONE, store.config_all(), T0 + 2, ())
@@ -9043,3 +9043,125 @@ def test_a_worker_caps_malloc_arenas_at_two_unless_the_environment_chose(monkeyp
         monkeypatch.setenv("MALLOC_ARENA_MAX", env)
     queuectl._few_malloc_arenas()
     assert seen == (calls if os.confstr("CS_GNU_LIBC_VERSION") else [])
+
+# ==== PostgreSQL hot path: a completion and the next claim in one round trip ====
+# On PostgreSQL a completed run and the next claim go straight through libpq (PgPipeline) in one
+# transaction; these pin what that path must keep, on both backends where both have the path.
+
+def test_the_claim_after_each_completion_takes_the_best_job_by_priority(store):
+    register(store)
+    store.enqueue([spec("a", priority=9), spec("low"), spec("high", priority=5), spec("mid", priority=2)], T0)
+    job, taken = store.claim("w1", T0 + 1), []
+    while job is not None:
+        after, job = store.finish_and_claim(job, "w1", DONE, store.config_all(), T0 + 2, ())
+        assert (after.state, after.worker_id) == ("completed", None)
+        taken.append(job and (job.id, job.state, job.worker_id))
+    assert taken == [("high", "processing", "w1"), ("mid", "processing", "w1"), ("low", "processing", "w1"), None]
+    for job_id in ("a", "high", "mid", "low"):  # each run opened by its claim and closed by its completion
+        assert [(r["run"], r["worker_id"], r["outcome"], r["output"]) for r in store.runs(job_id)] == \
+            [(1, "w1", "completed", b"ok\n")]
+
+
+def test_the_claim_after_a_completion_skips_a_full_queue_and_takes_from_it_once_it_has_room(store):
+    register(store, "w1")
+    register(store, "w2")
+    store.set_limit("lim", 1)
+    store.enqueue([spec("a", priority=9), spec("l1", queue="lim"), spec("l2", queue="lim"), spec("b")], T0)
+    a, l1 = store.claim("w1", T0 + 1), store.claim("w2", T0 + 1)
+    assert (a.id, l1.id) == ("a", "l1")  # lim is full now
+    after, following = store.finish_and_claim(a, "w1", DONE, store.config_all(), T0 + 2, ())
+    assert after.state == "completed" and following.id == "b"  # l2 is older, but its queue is full
+    after, following = store.finish_and_claim(l1, "w2", DONE, store.config_all(), T0 + 3, ())
+    assert after.state == "completed" and (following.id, following.worker_id) == ("l2", "w2")  # l1's room
+    assert [(r["run"], r["worker_id"], r["outcome"]) for r in store.runs("l2")] == [(1, "w2", None)]
+    assert store.counts()["processing"] == 2 and store.get("l2").state == "processing"
+
+
+def test_a_late_result_of_a_job_another_worker_took_writes_nothing_and_releases_nothing(store):
+    register(store, "w1")
+    register(store, "w2")
+    store.enqueue([spec("a"), spec("d", depends_on=["a"])], T0)
+    mine = store.claim("w1", T0 + 1)
+    assert store.interrupt(mine, "w1", LOST, True, T0 + 2) == "pending"  # as a sweeper that took it back
+    theirs = store.claim("w2", T0 + 3)
+    assert (theirs.id, theirs.run_count) == ("a", 2)
+    runs = store.runs("a")
+    after, following = store.finish_and_claim(mine, "w1", DONE, store.config_all(), T0 + 4, ())
+    assert after is None and following is None  # d still waits for a
+    assert store.runs("a") == runs  # neither the lost run's record nor w2's run is touched
+    a, d = store.get("a"), store.get("d")
+    assert (a.state, a.worker_id, a.run_count, a.exit_code) == ("processing", "w2", 2, None)
+    assert (d.state, d.waiting_on) == ("pending", 1)
+
+
+def test_postgres_a_completion_on_a_dropped_connection_fails_then_reconnects_and_records_it_once(pg_url):
+    import psycopg
+    store = queuectl.PostgresStore(pg_url, durable=False)
+    try:
+        register(store)
+        store.enqueue([spec("a"), spec("b")], T0)
+        settings, job = store.config_all(), store.claim("w1", T0 + 1)
+        backend = store.conn.info.backend_pid
+        assert terminate_other_sessions(pg_url) >= 1
+        with psycopg.connect(queuectl._pg_target(pg_url)[0], autocommit=True) as admin:
+            wait_for(lambda: not admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s",
+                                               (backend,)).fetchone(), "the worker's backend to end")
+        with pytest.raises(queuectl.BadDatabase):  # as Runner._record meets it, and then tries again
+            store.finish_and_claim(job, "w1", DONE, settings, T0 + 2, ())
+        after, following = store.finish_and_claim(job, "w1", DONE, settings, T0 + 3, ())
+        assert store.conn.info.backend_pid != backend  # a new connection, its statements prepared again
+        assert after.state == "completed" and (following.id, following.run_count) == ("b", 1)
+        assert [(r["run"], r["outcome"]) for r in store.runs("a")] == [(1, "completed")]
+        assert [(r["run"], r["outcome"]) for r in store.runs("b")] == [(1, None)]
+        after, following = store.finish_and_claim(following, "w1", DONE, settings, T0 + 4, ())
+        assert after.state == "completed" and following is None
+    finally:
+        store.close()
+
+
+def test_postgres_a_worker_whose_connections_drop_between_jobs_runs_each_once_and_records_each(pg_url, tmp_path):
+    pool = Workers(pg_url, tmp_path)
+    try:
+        enqueue(pg_url, id="long", command=BLOCKING_JOB, cwd=str(tmp_path))
+        enqueue(pg_url, id="next", command="echo ran >> next.log", cwd=str(tmp_path))
+        pool.start()  # one runner: `next` is claimed with long's result, on the dropped connection
+        wait_for(lambda: (tmp_path / "started").exists(), "the long job to start")
+        assert terminate_other_sessions(pg_url) >= 3
+        (tmp_path / "release").touch()
+        wait_for(lambda: get_job(pg_url, "next")["state"] == "completed", "the next job to complete")
+        assert [(r["outcome"], r["output"]) for r in get_job(pg_url, "long")["runs"]] == [("completed", "finished\n")]
+        assert [r["outcome"] for r in get_job(pg_url, "next")["runs"]] == ["completed"]
+        assert (tmp_path / "next.log").read_text() == "ran\n"
+    finally:
+        pool.cleanup()
+
+
+def test_pg_prepared_numbers_the_marks_of_a_statement_for_libpq():
+    name, text, marks = queuectl.pg_prepared("SELECT %s, %s")
+    assert (text, marks) == (b"SELECT $1, $2", ("", ""))
+    name2, text, marks = queuectl.pg_prepared("SELECT %(b)s, %(a)s, %(b)s")
+    assert (text, marks) == (b"SELECT $1, $2, $1", ("b", "a"))
+    assert name != name2 and name.startswith(b"queuectl_")
+
+
+def test_postgres_a_failed_claim_after_a_committed_completion_leaves_the_claim_to_the_runner(pg_url, monkeypatch):
+    """The best job is in a limited queue: the completion commits first, then a claim of its own takes
+    the queue's lock. If that claim fails, the result must not be written again (it would be found no
+    longer ours and reported as discarded): the runner's next claim takes the job."""
+    store = queuectl.PostgresStore(pg_url)
+    try:
+        register(store)
+        store.set_limit("lim", 1)
+        store.enqueue([spec("a", priority=9), spec("l1", queue="lim")], T0)
+        job = store.claim("w1", T0 + 1)
+
+        def unreachable(*args):
+            raise queuectl.BadDatabase("database: server closed the connection")
+        monkeypatch.setattr(store, "claim", unreachable)
+        after, following = store.finish_and_claim(job, "w1", DONE, store.config_all(), T0 + 2, ())
+        assert after.state == "completed" and following is None
+        assert store.get("a").state == "completed" and store.get("l1").state == "pending"
+        monkeypatch.undo()
+        assert store.claim("w1", T0 + 3).id == "l1"
+    finally:
+        store.close()
