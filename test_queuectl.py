@@ -9044,7 +9044,7 @@ def test_a_worker_caps_malloc_arenas_at_two_unless_the_environment_chose(monkeyp
     queuectl._few_malloc_arenas()
     assert seen == (calls if os.confstr("CS_GNU_LIBC_VERSION") else [])
 
-# ==== PostgreSQL hot path: a completion and the next claim in one round trip ====
+# ==== PostgreSQL hot path: a completion and the next claim in one round trip ======================
 # On PostgreSQL a completed run and the next claim go straight through libpq (PgPipeline) in one
 # transaction; these pin what that path must keep, on both backends where both have the path.
 
