@@ -2900,6 +2900,10 @@ class PostgresStore(Store):
         the statements before a sync). A job no longer ours gets nothing written, as in Store's path,
         and the claim goes ahead, as it does there. (The cancel flag is not read: a cancel never changes
         a completion.) The claim's answer is the only one waited for; the others come with it."""
+        # The job's row is locked first, by a statement of its own: SQL_COMPLETE reads deps as of its
+        # start, so an enqueue of a dependent that held this lock (SQL_JOB_STATE) and committed while
+        # the completion waited for it would not be seen, and that dependent would wait forever.
+        pipeline.execute(self.sql.SQL_JOB_STATE, (job.id,))
         completed = pipeline.execute(self.sql.SQL_COMPLETE, {
             "attempts": rule[1], "next_run_at": rule[2], "error": outcome.error, "exit_code": outcome.exit_code,
             "now": now, "id": job.id, "worker": worker_id, "run": job.run_count, "duration": outcome.duration_s,

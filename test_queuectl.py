@@ -9165,3 +9165,50 @@ def test_postgres_a_failed_claim_after_a_committed_completion_leaves_the_claim_t
         assert store.claim("w1", T0 + 3).id == "l1"
     finally:
         store.close()
+
+
+# ==== Review of the PostgreSQL hot path (review-pghot) ============================================
+
+def _backend_waits_for_a_lock(pg_url, backend):
+    import psycopg
+    with psycopg.connect(queuectl._pg_target(pg_url)[0], autocommit=True) as admin:
+        return admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'",
+                             (backend,)).fetchone()
+
+
+def test_postgres_a_completion_that_waited_for_an_enqueue_of_its_dependent_releases_that_dependent(pg_url):
+    """An enqueue of `d`, which depends on `a`, locks `a` (it reads a's state FOR UPDATE) and commits while
+    a's completion waits for that lock: the completion must see d's dependency (a statement that began
+    before that commit reads deps as of its start), else d waits for `a` forever."""
+    import threading
+    store, other = queuectl.PostgresStore(pg_url), queuectl.PostgresStore(pg_url)
+    try:
+        register(store)
+        store.enqueue([spec("a")], T0)
+        job, settings = store.claim("w1", T0 + 1), store.config_all()
+        inserted, go, results = threading.Event(), threading.Event(), []
+
+        def enqueue_d(cur):
+            other._insert_with_deps(cur, spec("d", depends_on=["a"]), T0 + 2)
+            inserted.set()
+            go.wait(WAIT_S)
+        enqueuing = threading.Thread(target=lambda: other.write(enqueue_d))
+        enqueuing.start()
+        assert inserted.wait(WAIT_S)
+        completing = threading.Thread(target=lambda: results.append(
+            store.finish_and_claim(job, "w1", DONE, settings, T0 + 3, ())))
+        completing.start()
+        wait_for(lambda: _backend_waits_for_a_lock(pg_url, store.conn.info.backend_pid),
+                 "the completion to wait for a's lock")
+        go.set()
+        enqueuing.join(WAIT_S)
+        completing.join(WAIT_S)
+        after, following = results[0]
+        assert after.state == "completed"
+        d = store.get("d")
+        assert d.waiting_on == 0  # released: a completed after d's enqueue committed
+        assert following is not None and following.id == "d" or store.claim("w1", T0 + 4).id == "d"
+    finally:
+        go.set()
+        store.close()
+        other.close()
