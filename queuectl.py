@@ -2391,6 +2391,7 @@ class PgPipeline:
             self.pg.send_prepare(name, text)
             self.prepared.add(name)  # taken back if the server did not prepare it (see read)
             self.waiting.append(name)
+            self.unsynced = True  # its answer comes only after a sync: see abandon
         values = [params[mark] for mark in marks] if isinstance(params, dict) else params
         self.pg.send_query_prepared(name, [self._dump(value) for value in values],
                                     [int(isinstance(value, bytes)) for value in values])  # 1: binary

@@ -9212,3 +9212,33 @@ def test_postgres_a_completion_that_waited_for_an_enqueue_of_its_dependent_relea
         go.set()
         store.close()
         other.close()
+
+
+def test_postgres_a_completion_that_fails_before_its_first_statement_is_sent_returns_and_leaves_no_pipeline(
+        pg_url, monkeypatch):
+    """On a new connection the first statement is prepared (sent) before its parameters are: if these
+    cannot be sent, the prepare's answer never comes without a sync, so waiting for it would hang."""
+    import threading
+    store = queuectl.PostgresStore(pg_url)
+    try:
+        register(store)
+        store.enqueue([spec("a"), spec("b")], T0)
+        job, settings = store.claim("w1", T0 + 1), store.config_all()
+        dump = queuectl.PgPipeline._dump
+
+        def unsendable(self, value):
+            if value == "a":
+                raise UnicodeEncodeError("utf-8", value, 0, 1, "as a parameter that cannot be encoded")
+            return dump(self, value)
+        monkeypatch.setattr(queuectl.PgPipeline, "_dump", unsendable)
+        raised = []
+        completing = threading.Thread(target=lambda: raised.append(pytest.raises(
+            UnicodeEncodeError, store.finish_and_claim, job, "w1", DONE, settings, T0 + 2, ())), daemon=True)
+        completing.start()
+        completing.join(WAIT_S)
+        assert not completing.is_alive() and raised  # raised, not hung waiting for an answer
+        monkeypatch.undo()
+        after, following = store.finish_and_claim(job, "w1", DONE, settings, T0 + 3, ())
+        assert after.state == "completed" and following.id == "b"
+    finally:
+        store.close()
