@@ -2879,7 +2879,7 @@ class PostgresStore(Store):
                          queues: tuple) -> tuple[Job | None, Job | None]:
         """Store.finish_and_claim, for a completed run in one round trip to the server instead of nine
         (each costs a wake-up of both sides, which on a busy machine is most of a short job's time):
-        three statements sent together straight through libpq (see PgPipeline). Other outcomes take
+        four statements sent together straight through libpq (see PgPipeline). Other outcomes take
         Store's path: a cancel may change them, and they are rarer."""
         rule = failure_rule(job, outcome, settings, now)
         if rule[0] != COMPLETED:
@@ -2897,8 +2897,8 @@ class PostgresStore(Store):
     def _complete_and_claim(self, pipeline: "PgPipeline", job: Job, worker_id: str, outcome: Outcome, rule: tuple,
                             now: float, queues: tuple) -> tuple[bool, Job | None, bool]:
         """(whether the job was still ours, the job claimed next, whether the claim needs a queue's lock):
-        SQL_COMPLETE, then _claim_in's first two statements, as one transaction (libpq's implicit one:
-        the statements before a sync). A job no longer ours gets nothing written, as in Store's path,
+        the job's lock, SQL_COMPLETE, then _claim_in's first two statements, as one transaction (libpq's
+        implicit one: the statements before a sync). A job no longer ours gets nothing written, as in Store's path,
         and the claim goes ahead, as it does there. (The cancel flag is not read: a cancel never changes
         a completion.) The claim's answer is the only one waited for; the others come with it."""
         # The job's row is locked first, by a statement of its own: SQL_COMPLETE reads deps as of its
