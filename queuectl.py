@@ -2177,7 +2177,8 @@ class PostgresSQL:
     # A completed run in one statement, for a worker's hot path (see PostgresStore.finish_and_claim):
     # SQL_FINISH_JOB, then only if it changed the job (still ours) SQL_FINISH_RUN and
     # SQL_RELEASE_DEPENDENTS, and a wake-up if it released a dependent. Returns (1, or 0 when the job
-    # was no longer ours and nothing was written; 1 if the workers were woken, else 0).
+    # was no longer ours and nothing was written; 1 if the workers were woken, else 0). It reads deps as
+    # of its start: the job's row must be locked before it (see PostgresStore._complete_and_claim).
     SQL_COMPLETE = """
     WITH finished AS (
         UPDATE jobs SET state = 'completed', attempts = %(attempts)s, next_run_at = %(next_run_at)s,
