@@ -2460,10 +2460,13 @@ class PgPipeline:
         import select
         self.pg.pipeline_sync()
         self.waiting.append(self.SYNC)
-        self.unsynced = False
         while self.pg.flush():  # a nonblocking connection: the rest goes when the socket takes it
-            select.select([self.pg.socket], [self.pg.socket], [])
+            # poll, not select.select, which refuses a descriptor above 1023 (a worker with many runners)
+            self.poller.modify(self.pg.socket, select.POLLIN | select.POLLOUT)
+            self.poller.poll()
             self.pg.consume_input()
+        self.poller.modify(self.pg.socket, select.POLLIN)
+        self.unsynced = False  # only once all of it is sent: the server answers nothing before that
 
     def _next(self):
         """The next result, waiting for the server without holding the GIL."""

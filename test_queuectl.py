@@ -9242,3 +9242,35 @@ def test_postgres_a_completion_that_fails_before_its_first_statement_is_sent_ret
         assert after.state == "completed" and following.id == "b"
     finally:
         store.close()
+
+
+def test_postgres_a_completion_with_a_big_output_on_a_descriptor_above_1023_is_recorded(pg_url):
+    """A worker with many runners may hold its connection on a descriptor above 1023, which select()
+    refuses: a completion whose output does not go out in one write must neither fail nor hang there."""
+    import resource
+    import threading
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip("needs more than 1,200 open files")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    store, held = queuectl.PostgresStore(pg_url), []
+    try:
+        register(store)
+        store.enqueue([spec("a"), spec("b")], T0)
+        job, settings = store.claim("w1", T0 + 1), store.config_all()
+        store.conn.close()  # reopened at its next use, above every descriptor held here
+        held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+        output, results = os.urandom(8 << 20), []  # more than a socket takes at once
+        completing = threading.Thread(target=lambda: results.append(store.finish_and_claim(
+            job, "w1", queuectl.Outcome(0, None, output, 0.1), settings, T0 + 2, ())), daemon=True)
+        completing.start()
+        completing.join(WAIT_S)
+        assert store.conn.pgconn.socket > 1023 and not completing.is_alive()
+        after, following = results[0]
+        assert after.state == "completed" and following.id == "b"
+        assert store.runs("a")[0]["output"] == output
+    finally:
+        for fd in held:
+            os.close(fd)
+        store.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
