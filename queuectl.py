@@ -2931,7 +2931,15 @@ class PostgresStore(Store):
         """Store's, through COPY for more than a few rows: about three times executemany's rate.
         psycopg writes each row in COPY's text format, escaping tabs, newlines and backslashes."""
         if len(rows) < PG_COPY_MIN_ROWS:
-            super()._insert_rows(cur, rows)
+            try:
+                super()._insert_rows(cur, rows)
+            except self.IntegrityError:
+                # Raised while the rows were still being sent (psycopg reads the answers that came
+                # meanwhile): the pipeline is aborted until a sync, so ROLLBACK TO could not run.
+                if self.pipeline is not None:
+                    with contextlib.suppress(self.psycopg.errors.PipelineAborted):
+                        self.pipeline.sync()
+                raise
             if self.pipeline is not None:
                 self.pipeline.sync()  # a taken id raises here, where _insert_plain catches it
             return

@@ -9274,3 +9274,15 @@ def test_postgres_a_completion_with_a_big_output_on_a_descriptor_above_1023_is_r
             os.close(fd)
         store.close()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_batch_of_many_long_jobs_led_by_a_taken_id_names_it_and_stores_nothing(db):
+    """Up to 99 jobs go in with executemany, pipelined on PostgreSQL: the server's refusal of the first
+    (its id taken) comes back while the others are still being sent, and must be reported as that id."""
+    enqueue(db, id="keep", command="true")
+    before = snapshot(db)
+    jobs = [{"id": "keep", "command": "true"}] + [{"id": f"new{i}", "command": "x" * 2000} for i in range(98)]
+    code, out, err = cli(db, "enqueue", "-", stdin=jsonl(*jobs))
+    assert (code, out) == (1, "")
+    assert_one_error(err, "'keep'", "already exists")
+    assert snapshot(db) == before
