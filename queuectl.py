@@ -2902,8 +2902,8 @@ class PostgresStore(Store):
                             now: float, queues: tuple) -> tuple[bool, Job | None, bool]:
         """(whether the job was still ours, the job claimed next, whether the claim needs a queue's lock):
         the job's lock, SQL_COMPLETE, then _claim_in's first two statements, as one transaction (libpq's
-        implicit one: the statements before a sync). A job no longer ours gets nothing written, as in Store's path,
-        and the claim goes ahead, as it does there. (The cancel flag is not read: a cancel never changes
+        implicit one: the statements before a sync). A job no longer ours gets nothing written, as in
+        Store's path, and the claim goes ahead, as it does there. (The cancel flag is not read: a cancel never changes
         a completion.) The claim's answer is the only one waited for; the others come with it."""
         # The job's row is locked first, by a statement of its own: SQL_COMPLETE reads deps as of its
         # start, so an enqueue of a dependent that held this lock (SQL_JOB_STATE) and committed while
