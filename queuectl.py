@@ -2177,7 +2177,8 @@ class PostgresSQL:
     # A completed run in one statement, for a worker's hot path (see PostgresStore.finish_and_claim):
     # SQL_FINISH_JOB, then only if it changed the job (still ours) SQL_FINISH_RUN and
     # SQL_RELEASE_DEPENDENTS, and a wake-up if it released a dependent. Returns (1, or 0 when the job
-    # was no longer ours and nothing was written; 1 if the workers were woken, else 0).
+    # was no longer ours and nothing was written; 1 if the workers were woken, else 0). It reads deps as
+    # of its start: the job's row must be locked before it (see PostgresStore._complete_and_claim).
     SQL_COMPLETE = """
     WITH finished AS (
         UPDATE jobs SET state = 'completed', attempts = %(attempts)s, next_run_at = %(next_run_at)s,
@@ -2391,6 +2392,7 @@ class PgPipeline:
             self.pg.send_prepare(name, text)
             self.prepared.add(name)  # taken back if the server did not prepare it (see read)
             self.waiting.append(name)
+            self.unsynced = True  # its answer comes only after a sync: see abandon
         values = [params[mark] for mark in marks] if isinstance(params, dict) else params
         self.pg.send_query_prepared(name, [self._dump(value) for value in values],
                                     [int(isinstance(value, bytes)) for value in values])  # 1: binary
@@ -2458,10 +2460,13 @@ class PgPipeline:
         import select
         self.pg.pipeline_sync()
         self.waiting.append(self.SYNC)
-        self.unsynced = False
         while self.pg.flush():  # a nonblocking connection: the rest goes when the socket takes it
-            select.select([self.pg.socket], [self.pg.socket], [])
+            # poll, not select.select, which refuses a descriptor above 1023 (a worker with many runners)
+            self.poller.modify(self.pg.socket, select.POLLIN | select.POLLOUT)
+            self.poller.poll()
             self.pg.consume_input()
+        self.poller.modify(self.pg.socket, select.POLLIN)
+        self.unsynced = False  # only once all of it is sent: the server answers nothing before that
 
     def _next(self):
         """The next result, waiting for the server without holding the GIL."""
@@ -2878,7 +2883,7 @@ class PostgresStore(Store):
                          queues: tuple) -> tuple[Job | None, Job | None]:
         """Store.finish_and_claim, for a completed run in one round trip to the server instead of nine
         (each costs a wake-up of both sides, which on a busy machine is most of a short job's time):
-        three statements sent together straight through libpq (see PgPipeline). Other outcomes take
+        four statements sent together straight through libpq (see PgPipeline). Other outcomes take
         Store's path: a cancel may change them, and they are rarer."""
         rule = failure_rule(job, outcome, settings, now)
         if rule[0] != COMPLETED:
@@ -2896,10 +2901,14 @@ class PostgresStore(Store):
     def _complete_and_claim(self, pipeline: "PgPipeline", job: Job, worker_id: str, outcome: Outcome, rule: tuple,
                             now: float, queues: tuple) -> tuple[bool, Job | None, bool]:
         """(whether the job was still ours, the job claimed next, whether the claim needs a queue's lock):
-        SQL_COMPLETE, then _claim_in's first two statements, as one transaction (libpq's implicit one:
-        the statements before a sync). A job no longer ours gets nothing written, as in Store's path,
-        and the claim goes ahead, as it does there. (The cancel flag is not read: a cancel never changes
+        the job's lock, SQL_COMPLETE, then _claim_in's first two statements, as one transaction (libpq's
+        implicit one: the statements before a sync). A job no longer ours gets nothing written, as in
+        Store's path, and the claim goes ahead, as it does there. (The cancel flag is not read: a cancel never changes
         a completion.) The claim's answer is the only one waited for; the others come with it."""
+        # The job's row is locked first, by a statement of its own: SQL_COMPLETE reads deps as of its
+        # start, so an enqueue of a dependent that held this lock (SQL_JOB_STATE) and committed while
+        # the completion waited for it would not be seen, and that dependent would wait forever.
+        pipeline.execute(self.sql.SQL_JOB_STATE, (job.id,))
         completed = pipeline.execute(self.sql.SQL_COMPLETE, {
             "attempts": rule[1], "next_run_at": rule[2], "error": outcome.error, "exit_code": outcome.exit_code,
             "now": now, "id": job.id, "worker": worker_id, "run": job.run_count, "duration": outcome.duration_s,
@@ -2922,7 +2931,15 @@ class PostgresStore(Store):
         """Store's, through COPY for more than a few rows: about three times executemany's rate.
         psycopg writes each row in COPY's text format, escaping tabs, newlines and backslashes."""
         if len(rows) < PG_COPY_MIN_ROWS:
-            super()._insert_rows(cur, rows)
+            try:
+                super()._insert_rows(cur, rows)
+            except self.IntegrityError:
+                # Raised while the rows were still being sent (psycopg reads the answers that came
+                # meanwhile): the pipeline is aborted until a sync, so ROLLBACK TO could not run.
+                if self.pipeline is not None:
+                    with contextlib.suppress(self.psycopg.errors.PipelineAborted):
+                        self.pipeline.sync()
+                raise
             if self.pipeline is not None:
                 self.pipeline.sync()  # a taken id raises here, where _insert_plain catches it
             return

@@ -9165,3 +9165,124 @@ def test_postgres_a_failed_claim_after_a_committed_completion_leaves_the_claim_t
         assert store.claim("w1", T0 + 3).id == "l1"
     finally:
         store.close()
+
+
+# ==== Review of the PostgreSQL hot path (review-pghot) ============================================
+
+def _backend_waits_for_a_lock(pg_url, backend):
+    import psycopg
+    with psycopg.connect(queuectl._pg_target(pg_url)[0], autocommit=True) as admin:
+        return admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'",
+                             (backend,)).fetchone()
+
+
+def test_postgres_a_completion_that_waited_for_an_enqueue_of_its_dependent_releases_that_dependent(pg_url):
+    """An enqueue of `d`, which depends on `a`, locks `a` (it reads a's state FOR UPDATE) and commits while
+    a's completion waits for that lock: the completion must see d's dependency (a statement that began
+    before that commit reads deps as of its start), else d waits for `a` forever."""
+    import threading
+    store, other = queuectl.PostgresStore(pg_url), queuectl.PostgresStore(pg_url)
+    try:
+        register(store)
+        store.enqueue([spec("a")], T0)
+        job, settings = store.claim("w1", T0 + 1), store.config_all()
+        inserted, go, results = threading.Event(), threading.Event(), []
+
+        def enqueue_d(cur):
+            other._insert_with_deps(cur, spec("d", depends_on=["a"]), T0 + 2)
+            inserted.set()
+            go.wait(WAIT_S)
+        enqueuing = threading.Thread(target=lambda: other.write(enqueue_d))
+        enqueuing.start()
+        assert inserted.wait(WAIT_S)
+        completing = threading.Thread(target=lambda: results.append(
+            store.finish_and_claim(job, "w1", DONE, settings, T0 + 3, ())))
+        completing.start()
+        wait_for(lambda: _backend_waits_for_a_lock(pg_url, store.conn.info.backend_pid),
+                 "the completion to wait for a's lock")
+        go.set()
+        enqueuing.join(WAIT_S)
+        completing.join(WAIT_S)
+        after, following = results[0]
+        assert after.state == "completed"
+        d = store.get("d")
+        assert d.waiting_on == 0  # released: a completed after d's enqueue committed
+        assert following is not None and following.id == "d" or store.claim("w1", T0 + 4).id == "d"
+    finally:
+        go.set()
+        store.close()
+        other.close()
+
+
+def test_postgres_a_completion_that_fails_before_its_first_statement_is_sent_returns_and_leaves_no_pipeline(
+        pg_url, monkeypatch):
+    """On a new connection the first statement is prepared (sent) before its parameters are: if these
+    cannot be sent, the prepare's answer never comes without a sync, so waiting for it would hang."""
+    import threading
+    store = queuectl.PostgresStore(pg_url)
+    try:
+        register(store)
+        store.enqueue([spec("a"), spec("b")], T0)
+        job, settings = store.claim("w1", T0 + 1), store.config_all()
+        dump = queuectl.PgPipeline._dump
+
+        def unsendable(self, value):
+            if value == "a":
+                raise UnicodeEncodeError("utf-8", value, 0, 1, "as a parameter that cannot be encoded")
+            return dump(self, value)
+        monkeypatch.setattr(queuectl.PgPipeline, "_dump", unsendable)
+        raised = []
+        completing = threading.Thread(target=lambda: raised.append(pytest.raises(
+            UnicodeEncodeError, store.finish_and_claim, job, "w1", DONE, settings, T0 + 2, ())), daemon=True)
+        completing.start()
+        completing.join(WAIT_S)
+        assert not completing.is_alive() and raised  # raised, not hung waiting for an answer
+        monkeypatch.undo()
+        after, following = store.finish_and_claim(job, "w1", DONE, settings, T0 + 3, ())
+        assert after.state == "completed" and following.id == "b"
+    finally:
+        store.close()
+
+
+def test_postgres_a_completion_with_a_big_output_on_a_descriptor_above_1023_is_recorded(pg_url):
+    """A worker with many runners may hold its connection on a descriptor above 1023, which select()
+    refuses: a completion whose output does not go out in one write must neither fail nor hang there."""
+    import resource
+    import threading
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip("needs more than 1,200 open files")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    store, held = queuectl.PostgresStore(pg_url), []
+    try:
+        register(store)
+        store.enqueue([spec("a"), spec("b")], T0)
+        job, settings = store.claim("w1", T0 + 1), store.config_all()
+        store.conn.close()  # reopened at its next use, above every descriptor held here
+        held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+        output, results = os.urandom(8 << 20), []  # more than a socket takes at once
+        completing = threading.Thread(target=lambda: results.append(store.finish_and_claim(
+            job, "w1", queuectl.Outcome(0, None, output, 0.1), settings, T0 + 2, ())), daemon=True)
+        completing.start()
+        completing.join(WAIT_S)
+        assert store.conn.pgconn.socket > 1023 and not completing.is_alive()
+        after, following = results[0]
+        assert after.state == "completed" and following.id == "b"
+        assert store.runs("a")[0]["output"] == output
+    finally:
+        for fd in held:
+            os.close(fd)
+        store.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_batch_of_many_long_jobs_led_by_a_taken_id_names_it_and_stores_nothing(db):
+    """Up to 99 jobs go in with executemany, pipelined on PostgreSQL: the server's refusal of the first
+    (its id taken) comes back while the others are still being sent, and must be reported as that id."""
+    enqueue(db, id="keep", command="true")
+    before = snapshot(db)
+    jobs = [{"id": "keep", "command": "true"}] + [{"id": f"new{i}", "command": "x" * 2000} for i in range(98)]
+    code, out, err = cli(db, "enqueue", "-", stdin=jsonl(*jobs))
+    assert (code, out) == (1, "")
+    assert_one_error(err, "'keep'", "already exists")
+    assert snapshot(db) == before
