@@ -665,16 +665,21 @@ def prototype_loop(n: int, path: str, threads: int = 2) -> float:
             conn.execute("COMMIT")
             return row
 
+    program, errors = shutil.which("true") or "/bin/true", []
+
     def runner():
         done = None
-        while (row := next_job(done)) is not None:
-            r, w = os.pipe()
-            pid = os.posix_spawn("/bin/true", ["true"], os.environ, setsid=True, file_actions=[
-                (os.POSIX_SPAWN_DUP2, devnull, 0), (os.POSIX_SPAWN_DUP2, w, 1), (os.POSIX_SPAWN_DUP2, w, 2)])
-            os.close(w)
-            with os.fdopen(r, "rb") as out:
-                output = out.read()
-            done = (row[0], os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), output)
+        try:
+            while (row := next_job(done)) is not None:
+                r, w = os.pipe()
+                pid = os.posix_spawn(program, ["true"], os.environ, setsid=True, file_actions=[
+                    (os.POSIX_SPAWN_DUP2, devnull, 0), (os.POSIX_SPAWN_DUP2, w, 1), (os.POSIX_SPAWN_DUP2, w, 2)])
+                os.close(w)
+                with os.fdopen(r, "rb") as out:
+                    output = out.read()
+                done = (row[0], os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), output)
+        except Exception as e:  # noqa: BLE001 - reported below: a thread's exception would only be printed
+            errors.append(e)
 
     t = time.perf_counter()
     pool = [threading.Thread(target=runner) for _ in range(threads)]
@@ -684,7 +689,10 @@ def prototype_loop(n: int, path: str, threads: int = 2) -> float:
         th.join()
     rate = n / (time.perf_counter() - t)
     os.close(devnull)
+    left = conn.execute("SELECT count(*) FROM jobs WHERE state != 'completed' OR exit_code != 0").fetchone()[0]
     conn.close()
+    if errors or left:
+        raise BenchError(f"the prototype did not run its {n} jobs: {errors[0] if errors else f'{left} not completed'}")
     return rate
 
 
