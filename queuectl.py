@@ -7689,7 +7689,7 @@ def exit_now(code: int):
     threads = sys.modules.get("threading")
     if threads is None or threads.active_count() == 1:
         try:
-            for stream in (sys.stdout, sys.stderr):
+            for stream in filter(None, (sys.stdout, sys.stderr)):  # None: started with that descriptor closed
                 with contextlib.suppress(BrokenPipeError):  # a reader that left changes nothing now
                     stream.flush()
         except (OSError, ValueError):  # output that could not be written (a full disk): the usual exit says so

@@ -9286,3 +9286,16 @@ def test_a_batch_of_many_long_jobs_led_by_a_taken_id_names_it_and_stores_nothing
     assert (code, out) == (1, "")
     assert_one_error(err, "'keep'", "already exists")
     assert snapshot(db) == before
+
+
+# ==== Review of races, kills and exits in the SQLite worker (review-races) ========================
+
+def test_a_command_run_with_its_error_output_closed_exits_zero(sqlite_db):
+    """exit_now flushes stdout and stderr before os._exit; a stream Python could not open (its
+    descriptor closed, as `2>&-` or a daemon leaves it) is None, and must not turn success into exit 1."""
+    enqueue(sqlite_db, id="a", command="true")
+    probe = ("import os, subprocess, sys; os.close(2); "
+             "sys.exit(subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, close_fds=False).returncode)")
+    result = subprocess.run([sys.executable, "-c", probe, sys.executable, QUEUECTL, "--db", sqlite_db, "status"],
+                            stdin=subprocess.DEVNULL, capture_output=True, timeout=WAIT_S, env=child_env())
+    assert result.returncode == 0
