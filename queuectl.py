@@ -1757,7 +1757,12 @@ class SqliteStore(Store):
         deadline = time.monotonic() + self.busy_deadline_s
         while True:
             try:
-                return fn()
+                if not self.give_up():
+                    return fn()
+                # A hard stop has given up: one try that does not wait. Runner threads write in turns,
+                # and each one's busy wait (a second) would add to the worker's exit.
+                with self._busy_wait_off():
+                    return fn()
             except sqlite3.OperationalError as e:
                 if "locked" not in str(e) and "busy" not in str(e):
                     raise
@@ -1766,6 +1771,15 @@ class SqliteStore(Store):
                     raise Busy(f"database is busy: {self.path} stayed locked by another process; "
                                "try again") from None
                 time.sleep(random.uniform(0.005, 0.05))
+
+    @contextlib.contextmanager
+    def _busy_wait_off(self):
+        """SQLite's busy wait off for what runs inside: a try that finds the database locked fails at once."""
+        self.conn.execute("PRAGMA busy_timeout = 0")
+        try:
+            yield
+        finally:
+            self.conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
 
     def write(self, fn):
         """Run fn(cursor) inside BEGIN IMMEDIATE (the write lock up front, so no upgrade deadlock).
@@ -1864,14 +1878,14 @@ class SqliteStore(Store):
         # One try with SQLite's busy wait off: with the usual busy timeout, BEGIN IMMEDIATE would
         # block up to a second while another process writes, and so would the job's timeout and
         # cancel checks.
-        self.conn.execute("PRAGMA busy_timeout = 0")
         try:
-            self._transaction(lambda cur: cur.execute(self.sql.SQL_FLUSH_OUTPUT, (tail, total, job.id, job.run_count)))
+            with self._busy_wait_off():
+                self._transaction(lambda cur: cur.execute(self.sql.SQL_FLUSH_OUTPUT,
+                                                          (tail, total, job.id, job.run_count)))
             return True
         except sqlite3.Error:
             return False
         finally:
-            self.conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
             self.turn.release()
 
 

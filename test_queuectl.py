@@ -9299,3 +9299,29 @@ def test_a_command_run_with_its_error_output_closed_exits_zero(sqlite_db):
     result = subprocess.run([sys.executable, "-c", probe, sys.executable, QUEUECTL, "--db", sqlite_db, "status"],
                             stdin=subprocess.DEVNULL, capture_output=True, timeout=WAIT_S, env=child_env())
     assert result.returncode == 0
+
+
+def test_a_write_after_a_hard_stop_gave_up_tries_once_without_sqlites_busy_wait(sqlite_db, monkeypatch):
+    """A hard stop gives up on writes it cannot make in time. Runner threads write in turns, and each
+    one's first try after that point sat out SQLite's busy wait (a second) before it saw that the stop
+    had given up: with another process holding the database, a worker with 8 runners exited 13 s after
+    SIGQUIT, not the 5 s promised. Past that point a write gets one try that does not wait."""
+    monkeypatch.setattr(queuectl, "BUSY_TIMEOUT_S", 3600.0)  # a try that waits outlasts the test
+    store = queuectl.SqliteStore(sqlite_db, give_up=lambda: True)
+    holder = hold_write_lock(sqlite_db)
+    errors = []
+
+    def write():
+        try:
+            store.write(lambda cur: cur.execute("DELETE FROM jobs"))
+        except queuectl.Busy as e:
+            errors.append(e)
+    writing = threading.Thread(target=write, daemon=True)
+    writing.start()
+    writing.join(WAIT_S)
+    gave_up = not writing.is_alive()
+    holder.stdin.close()
+    holder.wait()
+    writing.join(WAIT_S)
+    store.close()
+    assert gave_up and len(errors) == 1
