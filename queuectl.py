@@ -3110,7 +3110,7 @@ def validate_job(obj: object, defaults: dict, cwd: str, now: float) -> dict:
         "id": _valid_id(obj["id"]) if "id" in obj else os.urandom(8).hex(),
         "max_retries": _valid_int(obj.get("max_retries", defaults["max_retries"]), "max_retries", 0, MAX_RETRIES_LIMIT),
         "timeout": _valid_seconds(obj.get("timeout", defaults["job_timeout"]), "timeout"),
-        "cwd": _valid_cwd(obj.get("cwd", cwd)),
+        "cwd": _valid_cwd(obj["cwd"]) if "cwd" in obj else _default_cwd(cwd),
         "env": _valid_env(obj.get("env", {})),
         "priority": _valid_int(obj.get("priority", 0), "priority", -MAX_PRIORITY, MAX_PRIORITY),
         "queue": valid_queue(obj.get("queue", DEFAULT_QUEUE), "field 'queue'"),
@@ -3272,9 +3272,13 @@ def _valid_seconds(value: object, field: str) -> float:
     return float(parse_duration(value, f"field {field!r}"))
 
 
-def _valid_cwd(value: object) -> str:
-    if value == "":
+def _default_cwd(cwd: str) -> str:
+    if cwd == "":  # current_dir(): the folder was deleted under the shell
         raise UsageError("the current folder no longer exists; give the job a 'cwd'")
+    return cwd
+
+
+def _valid_cwd(value: object) -> str:
     cwd = _valid_text(value, "cwd")
     if not os.path.isabs(cwd):
         raise UsageError("field 'cwd' must be an absolute path")

@@ -9286,3 +9286,14 @@ def test_a_batch_of_many_long_jobs_led_by_a_taken_id_names_it_and_stores_nothing
     assert (code, out) == (1, "")
     assert_one_error(err, "'keep'", "already exists")
     assert snapshot(db) == before
+
+
+# ==== Review of the README against the CLI (review-readme) ========================================
+
+@sqlite_only
+def test_an_empty_cwd_is_refused_as_not_absolute_not_as_a_vanished_current_folder(db):
+    """`"cwd": ""` is a field the user gave: the error names the rule it breaks (an absolute path), not
+    the current folder, which exists."""
+    code, _, err = cli(db, "enqueue", '{"command": "true", "cwd": ""}')
+    assert code == 2
+    assert_one_error(err, "field 'cwd' must be an absolute path")
