@@ -3626,14 +3626,15 @@ class ScheduleFirer:
     def _log(self, events: list[tuple]) -> None:
         """Log each event; a schedule this host cannot fire stays due and is tried again every second,
         so why is logged once (and again only if it changes), not 86,400 times a day."""
-        for schedule_id, _, _, what in events:
+        for schedule_id, _, job_id, what in events:
             if what.startswith("not fired here"):
                 if self.unfired.get(schedule_id) == what:
                     continue
                 self.unfired[schedule_id] = what
             else:
                 self.unfired.pop(schedule_id, None)
-            log.info("schedule %s: %s", schedule_id, what)
+            log.info("schedule %s: %s", schedule_id, what,
+                     extra=event("schedule_fired", schedule_id=schedule_id, job_id=job_id))
 
 
 # ==== Execution ==================================================================================
