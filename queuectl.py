@@ -3124,7 +3124,7 @@ def validate_job(obj: object, defaults: dict, cwd: str, now: float) -> dict:
         "id": _valid_id(obj["id"]) if "id" in obj else os.urandom(8).hex(),
         "max_retries": _valid_int(obj.get("max_retries", defaults["max_retries"]), "max_retries", 0, MAX_RETRIES_LIMIT),
         "timeout": _valid_seconds(obj.get("timeout", defaults["job_timeout"]), "timeout"),
-        "cwd": _valid_cwd(obj.get("cwd", cwd)),
+        "cwd": _valid_cwd(obj["cwd"]) if "cwd" in obj else _default_cwd(cwd),
         "env": _valid_env(obj.get("env", {})),
         "priority": _valid_int(obj.get("priority", 0), "priority", -MAX_PRIORITY, MAX_PRIORITY),
         "queue": valid_queue(obj.get("queue", DEFAULT_QUEUE), "field 'queue'"),
@@ -3286,9 +3286,13 @@ def _valid_seconds(value: object, field: str) -> float:
     return float(parse_duration(value, f"field {field!r}"))
 
 
-def _valid_cwd(value: object) -> str:
-    if value == "":
+def _default_cwd(cwd: str) -> str:
+    if cwd == "":  # current_dir(): the folder was deleted under the shell
         raise UsageError("the current folder no longer exists; give the job a 'cwd'")
+    return cwd
+
+
+def _valid_cwd(value: object) -> str:
     cwd = _valid_text(value, "cwd")
     if not os.path.isabs(cwd):
         raise UsageError("field 'cwd' must be an absolute path")
@@ -3636,14 +3640,15 @@ class ScheduleFirer:
     def _log(self, events: list[tuple]) -> None:
         """Log each event; a schedule this host cannot fire stays due and is tried again every second,
         so why is logged once (and again only if it changes), not 86,400 times a day."""
-        for schedule_id, _, _, what in events:
+        for schedule_id, _, job_id, what in events:
             if what.startswith("not fired here"):
                 if self.unfired.get(schedule_id) == what:
                     continue
                 self.unfired[schedule_id] = what
             else:
                 self.unfired.pop(schedule_id, None)
-            log.info("schedule %s: %s", schedule_id, what)
+            log.info("schedule %s: %s", schedule_id, what,
+                     extra=event("schedule_fired", schedule_id=schedule_id, job_id=job_id))
 
 
 # ==== Execution ==================================================================================

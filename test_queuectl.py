@@ -9325,3 +9325,27 @@ def test_a_write_after_a_hard_stop_gave_up_tries_once_without_sqlites_busy_wait(
     writing.join(WAIT_S)
     store.close()
     assert gave_up and len(errors) == 1
+
+# ==== Review of the README against the CLI (review-readme) ========================================
+
+@sqlite_only
+def test_an_empty_cwd_is_refused_as_not_absolute_not_as_a_vanished_current_folder(db):
+    """`"cwd": ""` is a field the user gave: the error names the rule it breaks (an absolute path), not
+    the current folder, which exists."""
+    code, _, err = cli(db, "enqueue", '{"command": "true", "cwd": ""}')
+    assert code == 2
+    assert_one_error(err, "field 'cwd' must be an absolute path")
+
+
+def test_a_schedule_firing_logs_a_queuectl_event_with_its_schedule_and_job_not_the_foreign_log_event(
+        store, caplog):
+    """README: `--log-format json` gives each of queuectl's lines its event and fields; the event `log` is
+    for another library's lines. A slot that fires is queuectl's own line, and a log shipper must be able
+    to tell which schedule made which job."""
+    add_schedule(store, now=T0, every="10s")
+    with caplog.at_level("INFO", logger="queuectl"):
+        queuectl.ScheduleFirer().tick(store, mono=100.0, now=T0 + 10.5)
+    [record] = caplog.records
+    line = json.loads(queuectl.JsonLines().format(record))
+    assert line["event"] == "schedule_fired"
+    assert (line["schedule_id"], line["job_id"]) == ("s", f"s@{queuectl.slot_text(T0 + 10)}")
