@@ -7625,6 +7625,7 @@ def cmd_schedule_remove(args, store: Store) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse, run one command, map errors to `queuectl: error: …` and an exit code."""
+    _closed_streams_to_devnull()
     for stream in (sys.stdout, sys.stderr):  # a job's text must not crash a non-UTF-8 terminal
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
@@ -7637,6 +7638,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("worker", "dashboard"):
         configure_logging(args)
     return _dispatch(args)
+
+
+def _closed_streams_to_devnull() -> None:
+    """Started with stdout or stderr closed (`>&-`, a daemon), Python has None for that stream: what
+    would be written there goes to /dev/null instead, as the closing asked, not into a traceback (the
+    open takes the lowest free descriptor, the closed one, so the jobs a worker starts get it too)."""
+    if sys.stdout is None:
+        sys.stdout = open(os.devnull, "w")
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w")
 
 
 def _dispatch(args) -> int:

@@ -9349,3 +9349,17 @@ def test_a_schedule_firing_logs_a_queuectl_event_with_its_schedule_and_job_not_t
     line = json.loads(queuectl.JsonLines().format(record))
     assert line["event"] == "schedule_fired"
     assert (line["schedule_id"], line["job_id"]) == ("s", f"s@{queuectl.slot_text(T0 + 10)}")
+
+
+# ==== Session four: a command started with its output closed ======================================
+
+def test_add_with_its_output_closed_stores_the_job_and_exits_zero_without_a_traceback(sqlite_db):
+    """`add … >&-`: Python starts with sys.stdout None, and printing the new id raised AttributeError
+    after the job was stored (a traceback, exit 1). What is written there now goes to /dev/null."""
+    probe = ("import os, subprocess, sys; os.close(1); "
+             "sys.exit(subprocess.run(sys.argv[1:], close_fds=False).returncode)")
+    result = subprocess.run([sys.executable, "-c", probe, sys.executable, QUEUECTL, "--db", sqlite_db, "add",
+                             "--id", "quiet", "--", "true"], stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            timeout=WAIT_S, env=child_env())
+    assert (result.returncode, result.stderr) == (0, b"")
+    assert state_of(sqlite_db, "quiet") == "pending"
