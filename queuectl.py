@@ -4732,7 +4732,8 @@ class Runner:
         """The job a claim answered, unless its answer came so late that the worker took it back."""
         if job is None or self.holdings.take(job):
             return job
-        log.warning("job %s: claim answered after the worker took it back; not run here", job.id)
+        log.warning("job %s: claim answered after the worker took it back; not run here", job.id,
+                    extra=event("claim_taken_back", job_id=job.id, run=job.run_count))
         return None
 
     def _run(self, job: Job, epoch: int) -> Outcome:
@@ -4931,7 +4932,7 @@ class Sweeper:
         for (job_id, run_no), since in self.strays.items():
             if now_mono - since >= STRAY_GRACE_S and self.holdings.take_back((job_id, run_no), now_mono):
                 log.warning("job %s: claimed by this worker, but no runner got the claim's answer; requeueing",
-                            job_id)
+                            job_id, extra=event("claim_unanswered", job_id=job_id, run=run_no))
                 self._begin(job_id, run_no, self.worker_id)
 
     def is_dead(self, row: WorkerRow, now_mono: float, stale_s: float) -> bool:

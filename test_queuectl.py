@@ -9363,3 +9363,25 @@ def test_add_with_its_output_closed_stores_the_job_and_exits_zero_without_a_trac
                             timeout=WAIT_S, env=child_env())
     assert (result.returncode, result.stderr) == (0, b"")
     assert state_of(sqlite_db, "quiet") == "pending"
+
+
+# ==== Session four: the lost-claim lines have events of their own =================================
+
+def test_a_lost_claim_and_its_late_answer_log_events_of_their_own(store, caplog):
+    """`--log-format json`: the worker taking back a claim nobody received, and that claim's answer
+    arriving after all, were queuectl's own lines logged as the foreign `log` event."""
+    me = queuectl.host_identity()
+    store.register("me", me, 1, T0)
+    store.enqueue([spec("stray")], T0)
+    stray = store.claim("me", T0)  # committed, but its answer never reached a runner
+    holdings = queuectl.Holdings()
+    sweeper = queuectl.Sweeper(store, me, "me", holdings=holdings)
+    runner = queuectl.Runner(store, "me", lambda job, epoch: None, holdings=holdings)
+    with caplog.at_level("WARNING", logger="queuectl"):
+        sweeper.sweep(T0, now_mono=1000.0)
+        sweeper.sweep(T0 + 1, now_mono=1000.0 + queuectl.STRAY_GRACE_S + 1)
+        assert runner._held(stray) is None
+    lines = [json.loads(queuectl.JsonLines().format(r)) for r in caplog.records
+             if "took it back" in r.getMessage() or "no runner got" in r.getMessage()]
+    assert [(line["event"], line["job_id"], line["run"]) for line in lines] == [
+        ("claim_unanswered", "stray", 1), ("claim_taken_back", "stray", 1)]
