@@ -2931,7 +2931,7 @@ class PostgresStore(Store):
         row = pipeline.execute(*self._claim_statement(worker_id, now, queues)).fetchone()
         ours = completed.fetchone()[0] == 1
         if row is None or row[1]:  # no due job; or claimed, unless our registration is gone
-            return ours, None if row is None or row[2] is None else Job.from_row(row[2:]), False
+            return ours, _claimed(row), False
         return ours, None, True
 
     def _write_jobs(self, insert, specs: list[dict]) -> list[str]:
@@ -3010,7 +3010,7 @@ class PostgresStore(Store):
             # claim of that queue. A claim holding one queue's lock only tries another's: no deadlock.
             lock = self.sql.SQL_TRY_LOCK_QUEUE if params["held"] else self.sql.SQL_LOCK_QUEUE
             params["held" if cur.execute(lock, (row[0],)).fetchone() else "busy"].append(row[0])
-        return None if row is None or row[2] is None else Job.from_row(row[2:])
+        return _claimed(row)
 
     def _claim_statement(self, worker_id: str, now: float, queues: tuple) -> tuple[str, dict]:
         """The claim statement for these queues, and its parameters before any queue's lock is taken."""
@@ -3028,6 +3028,11 @@ class PostgresStore(Store):
             return True
         except self.psycopg.Error:
             return False
+
+
+def _claimed(row: tuple | None) -> Job | None:
+    """The job a PostgreSQL claim statement took: its row is (best queue, free, the job's columns or NULLs)."""
+    return None if row is None or row[2] is None else Job.from_row(row[2:])
 
 
 def open_database(target: str, lease_s: float | None = None, **kwargs) -> Store:
@@ -3801,10 +3806,19 @@ def _os_spawn(program: bytes, argv: list[str], extra: dict, write_end: int) -> i
 
 
 @functools.cache
+def on_glibc() -> bool:
+    """Is this Linux with glibc, whose functions queuectl calls through ctypes where they pay?"""
+    try:
+        return sys.platform.startswith("linux") and bool(os.confstr("CS_GNU_LIBC_VERSION"))
+    except (OSError, ValueError):
+        return False
+
+
+@functools.cache
 def _glibc_spawn() -> "_GlibcSpawn | None":
     """glibc's posix_spawn through ctypes, set up once; None elsewhere (then os.posix_spawn)."""
     try:
-        if not sys.platform.startswith("linux") or not os.confstr("CS_GNU_LIBC_VERSION"):
+        if not on_glibc():
             return None
         import ctypes
         return _GlibcSpawn(ctypes)
@@ -5045,14 +5059,14 @@ def _few_malloc_arenas() -> None:
     allocate little (they take turns under the GIL), but each arena keeps what was freed in it, and
     with --count 8 that held a quarter of the worker's peak RSS (40 MB, 36.6 MB with two). What
     MALLOC_ARENA_MAX in the environment says wins: glibc reads it at start, and the user chose it."""
-    if "MALLOC_ARENA_MAX" in os.environ or not sys.platform.startswith("linux") \
-            or not os.confstr("CS_GNU_LIBC_VERSION"):
+    if "MALLOC_ARENA_MAX" in os.environ or not on_glibc():
         return
     try:
         import ctypes
         ctypes.CDLL(None).mallopt(M_ARENA_MAX, 2)
     except (ImportError, OSError, AttributeError):
         pass  # glibc's default: more memory, nothing else
+
 
 class Supervisor:
     """One worker process: registers, runs N Runner threads, heartbeats, sweeps, polls, stops."""
@@ -7720,7 +7734,7 @@ def exit_now(code: int):
     threads = sys.modules.get("threading")
     if threads is None or threads.active_count() == 1:
         try:
-            for stream in filter(None, (sys.stdout, sys.stderr)):  # None: started with that descriptor closed
+            for stream in (sys.stdout, sys.stderr):  # never None: see _closed_streams_to_devnull
                 with contextlib.suppress(BrokenPipeError):  # a reader that left changes nothing now
                     stream.flush()
         except (OSError, ValueError):  # output that could not be written (a full disk): the usual exit says so

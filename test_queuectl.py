@@ -9042,7 +9042,7 @@ def test_a_worker_caps_malloc_arenas_at_two_unless_the_environment_chose(monkeyp
     else:
         monkeypatch.setenv("MALLOC_ARENA_MAX", env)
     queuectl._few_malloc_arenas()
-    assert seen == (calls if os.confstr("CS_GNU_LIBC_VERSION") else [])
+    assert seen == (calls if queuectl.on_glibc() else [])
 
 # ==== PostgreSQL hot path: a completion and the next claim in one round trip ======================
 # On PostgreSQL a completed run and the next claim go straight through libpq (PgPipeline) in one

@@ -631,13 +631,18 @@ def plain_loop(n: int, threads: int = 2, command: str = "true") -> float:
             p.stdout.close()
             p.wait()
 
+    return n / run_threads(runner, threads)
+
+
+def run_threads(target, threads: int) -> float:
+    """Run `target` in `threads` threads at once until all return; the seconds that took."""
     t = time.perf_counter()
-    pool = [threading.Thread(target=runner) for _ in range(threads)]
+    pool = [threading.Thread(target=target) for _ in range(threads)]
     for th in pool:
         th.start()
     for th in pool:
         th.join()
-    return n / (time.perf_counter() - t)
+    return time.perf_counter() - t
 
 
 def prototype_loop(n: int, path: str, threads: int = 2) -> float:
@@ -681,13 +686,7 @@ def prototype_loop(n: int, path: str, threads: int = 2) -> float:
         except Exception as e:  # noqa: BLE001 - reported below: a thread's exception would only be printed
             errors.append(e)
 
-    t = time.perf_counter()
-    pool = [threading.Thread(target=runner) for _ in range(threads)]
-    for th in pool:
-        th.start()
-    for th in pool:
-        th.join()
-    rate = n / (time.perf_counter() - t)
+    rate = n / run_threads(runner, threads)
     os.close(devnull)
     left = conn.execute("SELECT count(*) FROM jobs WHERE state != 'completed' OR exit_code != 0").fetchone()[0]
     conn.close()
