@@ -121,6 +121,9 @@ SCHEMA_VERSION = 4
 APPLICATION_ID = 0x51435431  # "QCT1": marks a SQLite file as a queuectl database
 
 MAX_COMMAND_BYTES = 131_071  # Linux MAX_ARG_STRLEN (one argv string) less its terminating NUL
+# A job's env in all: argv and the environment share one limit of a quarter of the stack's (2 MiB with
+# the usual 8 MiB), which the worker's own environment and the command also use.
+MAX_ENV_BYTES = 1024 * 1024
 MAX_ID_CHARS = 200
 MAX_RETRIES_LIMIT = 1_000_000
 MAX_SECONDS = 10 * 365 * 86400  # caps timeouts and delays: keeps every number finite and storable
@@ -250,6 +253,10 @@ class Busy(QueueError):
 
 class BadDatabase(QueueError):
     """The file is not a queuectl database this version can use."""
+
+
+class OutputLost(QueueError):
+    """Standard output could not be written (a full disk, an I/O error); what the command did stays done."""
 
 
 # ==== Model ======================================================================================
@@ -831,10 +838,19 @@ def _create_private(path: str) -> None:
     lock this process holds on it, so reopening an existing file here would silently unlock the
     other connections of a worker process and let two of them write at once.
     """
-    if os.path.exists(path):
+    # The real path: a dangling symlink's target is created here, not by SQLite with the umask's mode
+    # (an O_EXCL open of the link itself fails: the link exists).
+    real = os.path.realpath(path)
+    if os.path.exists(real):
         return
-    with contextlib.suppress(FileExistsError):
-        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
+    try:
+        fd = os.open(real, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return
+    try:
+        os.fchmod(fd, 0o600)  # a umask such as 0277 took the owner's write bit: SQLite could not write it
+    finally:
+        os.close(fd)
 
 
 def _make_private(path: str) -> None:
@@ -966,6 +982,7 @@ class Store:
     cut_off_kills = False  # must a worker that cannot heartbeat kill its runs (see Supervisor.cut_off)?
     shared_by_hosts = False  # may a lost run be rerun on another host (so jobs die with their worker)?
     one_writer = False  # are a process's writes taken in turns, so its runners may share one connection?
+    committed = False  # has a write of this Store been committed? (a command whose output fails says so)
 
     # -- jobs -----------------------------------------------------------------------------------
 
@@ -1789,7 +1806,9 @@ class SqliteStore(Store):
         at hundreds of jobs a second costs more than the work itself.
         """
         with self.turn:
-            return self._write(fn)
+            result = self._write(fn)
+        self.committed = True
+        return result
 
     def _write(self, fn):
         return self._retry(lambda: self._transaction(fn))
@@ -2782,6 +2801,11 @@ class PostgresStore(Store):
         `pipelined`: in psycopg's pipeline mode, where a statement is sent without waiting for the
         answer to the one before; a fetch waits for its answer, and fn calls self.pipeline.sync()
         where it needs a row count. `direct`: fn(PgPipeline), straight through libpq (see _direct)."""
+        result = self._write_retrying(fn, pipelined, direct)
+        self.committed = True
+        return result
+
+    def _write_retrying(self, fn, pipelined: bool, direct: bool):
         import random
         errors = self.psycopg.errors
         deadline, conflicts = time.monotonic() + self.busy_deadline_s, 0
@@ -3307,11 +3331,20 @@ def _valid_cwd(value: object) -> str:
 def _valid_env(value: object) -> dict:
     if not isinstance(value, dict):
         raise UsageError("field 'env' must be an object of strings")
+    total = 0
     for key, val in value.items():
         _valid_text(key, "env")
         _valid_text(val, f"env.{key}")
         if not key or "=" in key:
             raise UsageError(f"env name {key!r} must be non-empty and without '='")
+        # Refused here, not at every attempt as "cannot start: Argument list too long".
+        size = len(key.encode()) + 1 + len(val.encode())
+        if size > MAX_COMMAND_BYTES:
+            raise UsageError(f"env {key!r}: NAME=VALUE is {size} bytes, more than the system takes in one "
+                             f"environment string ({MAX_COMMAND_BYTES})")
+        total += size
+    if total > MAX_ENV_BYTES:
+        raise UsageError(f"field 'env' is {total} bytes in all, more than {MAX_ENV_BYTES}")
     return value
 
 
@@ -7644,10 +7677,13 @@ def main(argv: list[str] | None = None) -> int:
     for stream in (sys.stdout, sys.stderr):  # a job's text must not crash a non-UTF-8 terminal
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
+    if not isinstance(sys.stdout, Stdout):
+        sys.stdout = Stdout(sys.stdout)
     try:
         args = build_parser().parse_args(argv)
+        sys.stdout.flush()  # --help, --version: a failure to print them is an error, not a silent exit 0
     except SystemExit as e:  # --help, --version
-        return e.code if isinstance(e.code, int) else EXIT_OK
+        return _flushed(e.code if isinstance(e.code, int) else EXIT_OK)
     except QueueError as e:
         return _fail(e)
     if args.command in ("worker", "dashboard"):
@@ -7656,13 +7692,51 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _closed_streams_to_devnull() -> None:
-    """Started with stdout or stderr closed (`>&-`, a daemon), Python has None for that stream: what
-    would be written there goes to /dev/null instead, as the closing asked, not into a traceback (the
-    open takes the lowest free descriptor, the closed one, so the jobs a worker starts get it too)."""
+    """Started with stdin, stdout or stderr closed (`<&-`, `>&-`, a daemon), Python has None for that
+    stream: it is read from or written to /dev/null instead, as the closing asked, not a traceback (the
+    open takes the lowest free descriptor, the closed one, so the jobs a worker starts get it too;
+    hence stdin first, for descriptor 0)."""
+    if sys.stdin is None:
+        sys.stdin = open(os.devnull)
     if sys.stdout is None:
         sys.stdout = open(os.devnull, "w")
     if sys.stderr is None:
         sys.stderr = open(os.devnull, "w")
+
+
+class Stdout:
+    """sys.stdout for a command: a write or flush that fails (a full disk, an I/O error) raises
+    OutputLost, not an OSError that would read like the database's failure. A reader that left
+    (BrokenPipeError: `queuectl list | head`) is let through: that is no error."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        return self._guarded(self.stream.write, text)
+
+    def flush(self) -> None:
+        self._guarded(self.stream.flush)
+
+    def _guarded(self, call, *args):
+        try:
+            return call(*args)
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise OutputLost(f"cannot write to standard output: {_reason(e.errno) if e.errno else e}") from None
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+
+def _flushed(code: int) -> int:
+    """`code`, once what --help or --version printed is written; else the error, exit 1."""
+    try:
+        sys.stdout.flush()
+    except OutputLost as e:
+        return _fail(e)
+    return code
 
 
 def _dispatch(args) -> int:
@@ -7672,7 +7746,13 @@ def _dispatch(args) -> int:
         if args.check:  # invalid input is refused before the database is opened (or created)
             args.check(args)
         store = open_store(args)
-        return args.func(args, store) or EXIT_OK
+        store.committed = False  # what opening wrote (a new file's schema) is not the command's change
+        code = args.func(args, store) or EXIT_OK
+        sys.stdout.flush()  # here, not at exit: an output that cannot be written must say what was saved
+        return code
+    except OutputLost as e:
+        saved = store is not None and store.committed
+        return _fail(OutputLost(f"{e}; the command's changes were saved") if saved else e)
     except QueueError as e:
         return _fail(e)
     except KeyboardInterrupt:

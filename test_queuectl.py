@@ -9385,3 +9385,94 @@ def test_a_lost_claim_and_its_late_answer_log_events_of_their_own(store, caplog)
              if "took it back" in r.getMessage() or "no runner got" in r.getMessage()]
     assert [(line["event"], line["job_id"], line["run"]) for line in lines] == [
         ("claim_unanswered", "stray", 1), ("claim_taken_back", "stray", 1)]
+
+
+# ==== Session five: edges of the permissions and hostile-input review ============================
+
+def test_enqueue_from_a_closed_stdin_reads_nothing_and_exits_zero_without_a_traceback(sqlite_db):
+    """`enqueue - <&-`: Python starts with sys.stdin None, and reading the batch raised AttributeError.
+    A closed stdin now reads as /dev/null: an empty batch, as `< /dev/null` gives."""
+    probe = ("import os, subprocess, sys; os.close(0); "
+             "sys.exit(subprocess.run(sys.argv[1:], close_fds=False).returncode)")
+    result = subprocess.run([sys.executable, "-c", probe, sys.executable, QUEUECTL, "--db", sqlite_db, "enqueue",
+                             "-"], capture_output=True, timeout=WAIT_S, env=child_env())
+    assert (result.returncode, result.stderr) == (0, b"")
+    assert json.loads(ok(sqlite_db, "list", "--json")) == []
+
+
+def full_output(*args):
+    """`python3 queuectl.py ARGS` with its stdout on /dev/full (a disk with no room): (exit code, stderr)."""
+    with open("/dev/full", "w") as full:
+        result = subprocess.run([sys.executable, QUEUECTL, *args], stdin=subprocess.DEVNULL, stdout=full,
+                                stderr=subprocess.PIPE, text=True, timeout=WAIT_S, env=child_env())
+    return result.returncode, result.stderr
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+def test_an_id_that_cannot_be_printed_says_the_job_was_stored(db):
+    """An enqueue whose stdout is a full disk said only "No space left on device" (exit 1) though the job
+    was stored, so a script retrying it made a duplicate. It now names stdout and says what was saved."""
+    code, err = full_output("--db", db, "enqueue", '{"id": "kept", "command": "true"}')
+    assert code == 1
+    assert_one_error(err, "cannot write to standard output", "no space left on device", "changes were saved")
+    assert state_of(db, "kept") == "pending"
+    code, err = full_output("--db", db, "list")  # a command that changed nothing says nothing was saved
+    assert code == 1
+    assert_one_error(err, "cannot write to standard output")
+    assert "saved" not in err
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+@pytest.mark.parametrize("flag", ["--help", "--version"])
+def test_help_that_cannot_be_printed_is_an_error_not_a_silent_success(flag):
+    code, err = full_output(flag)
+    assert code == 1
+    assert_one_error(err, "cannot write to standard output")
+
+
+def test_an_env_string_the_system_would_refuse_is_refused_at_enqueue(db):
+    """The kernel takes at most 131,071 bytes in one NAME=VALUE string: a longer one was stored and then
+    failed every attempt with "Argument list too long". It is refused at enqueue (exit 2, nothing
+    stored); one at the limit runs."""
+    before = snapshot(db)
+    fits = "x" * (queuectl.MAX_COMMAND_BYTES - len("BIG="))
+    code, _, err = cli(db, "enqueue", "-", stdin=json.dumps({"command": "true", "env": {"BIG": fits + "x"}}))
+    assert code == 2
+    assert_one_error(err, "env 'BIG'", str(queuectl.MAX_COMMAND_BYTES))
+    many = {f"V{i}": "x" * 100_000 for i in range(11)}  # each fits, together more than MAX_ENV_BYTES
+    code, _, err = cli(db, "enqueue", "-", stdin=json.dumps({"command": "true", "env": many}))
+    assert code == 2
+    assert_one_error(err, "field 'env'", str(queuectl.MAX_ENV_BYTES))
+    assert snapshot(db) == before
+    code, _, err = cli(db, "enqueue", "-", stdin=json.dumps({"id": "fits", "command": "true", "env": {"BIG": fits}}))
+    assert code == 0, err
+    assert ok(db, "worker", "start", "--burst") == ""
+    assert state_of(db, "fits") == "completed"
+
+
+def test_a_database_made_through_a_dangling_symlink_is_private_from_the_start(tmp_path, monkeypatch):
+    """`--db link` to a file not made yet: the O_EXCL create of the link failed (the link exists), so
+    SQLite created the target with the umask's mode (0644 here) and others could open it before it was
+    narrowed. The target is created 0600 first (the later narrowing is switched off to see that)."""
+    monkeypatch.setattr(queuectl, "_make_private", lambda path: None)
+    target, link = tmp_path / "real.db", tmp_path / "link.db"
+    link.symlink_to(target)
+    old = os.umask(0o022)
+    try:
+        ok(str(link), "status")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(target).st_mode) == 0o600
+
+
+def test_a_database_made_under_a_umask_without_the_owners_write_bit_works(tmp_path):
+    """umask 0277 took the owner's write bit from the new file: the command failed and left an empty
+    0400 file, which every later command took for a database to upgrade."""
+    path = str(tmp_path / "q.db")
+    old = os.umask(0o277)
+    try:
+        enqueue(path, id="a", command="true")
+    finally:
+        os.umask(old)
+    assert state_of(path, "a") == "pending"
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
