@@ -6812,6 +6812,7 @@ def config_key(name: str) -> str:
 NOT_C0 = r"\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069"  # DEL, C1, separators, bidi controls
 UNSAFE_TEXT = re.compile(rf"[\x00-\x1f{NOT_C0}]")
 UNSAFE_IN_LINES = re.compile(rf"[\x00-\x08\x0b-\x1f{NOT_C0}]")  # a job's output keeps its lines and tabs
+UNSAFE_IN_JSON = re.compile(rf"[{NOT_C0}]")  # json.dumps escapes C0 itself
 NAMED_ESCAPES = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
 
 
@@ -6829,8 +6830,14 @@ def _escape(match: re.Match) -> str:
     return NAMED_ESCAPES.get(match[0]) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
 
 
+def json_text(value, **options) -> str:
+    """json.dumps with non-ASCII kept, and the characters printable() escapes that json.dumps leaves raw
+    (DEL, C1, separators, bidi controls) written as \\u escapes: the same JSON value, safe on a terminal."""
+    return UNSAFE_IN_JSON.sub(lambda m: f"\\u{ord(m[0]):04x}", json.dumps(value, ensure_ascii=False, **options))
+
+
 def emit_json(value) -> None:
-    print(json.dumps(value, indent=2, ensure_ascii=False))
+    print(json_text(value, indent=2))
 
 
 def print_ids(ids: list[str]) -> None:
@@ -7764,7 +7771,7 @@ class JsonLines:
         if record.exc_info:
             import traceback
             line["traceback"] = "".join(traceback.format_exception(*record.exc_info)).rstrip()
-        return json.dumps(line, ensure_ascii=False, default=str)
+        return json_text(line, default=str)
 
 
 def _fail(error: QueueError) -> int:

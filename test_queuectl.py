@@ -9447,6 +9447,17 @@ def test_show_escapes_every_field_and_the_output_and_json_stays_exact(db):
     assert (code, out) == (0, HOSTILE_OUTPUT)
 
 
+def test_json_output_escapes_c1_separators_and_bidi_controls_and_keeps_the_value(db):
+    """json.dumps leaves DEL, C1, U+2028 and bidi controls raw (it escapes C0 only): written as \\u
+    escapes they decode to the same string, and `list --json` on a terminal drives nothing."""
+    a_dead_hostile_job(db)
+    for command in (("list", "--json"), ("show", "hostile", "--json")):
+        out = ok(db, *command)
+        assert not RAW_CONTROL.search(out), out
+        assert "\\u009b" in out and "\\u2028" in out and "\\u202e" in out
+    assert json.loads(ok(db, "list", "--json"))[0]["command"] == TERMINAL_HOSTILE
+
+
 def test_queues_status_and_limit_show_a_stored_queue_name_escaped(db):
     """Queue names are checked at enqueue, but a row written by another tool or version is still shown safely."""
     enqueue(db, id="q", command="true")
@@ -9539,7 +9550,8 @@ def test_log_lines_escape_job_data_in_text_and_keep_it_exact_in_json(store, capl
         line = text_lines.format(record)
         assert_terminal_safe(line)
         assert "\n" not in line and "job\\u202eevil" in line
-        assert json.loads(queuectl.JsonLines().format(record))["job_id"] == "job\u202eevil"
+        as_json = queuectl.JsonLines().format(record)
+        assert not RAW_CONTROL.search(as_json) and json.loads(as_json)["job_id"] == "job\u202eevil"
     dead = json.loads(queuectl.JsonLines().format(caplog.records[-1]))
     assert (dead["event"], dead["error"]) == ("job_dead", TERMINAL_HOSTILE)
     assert text_lines.format(caplog.records[-1]).endswith(f"dead after 1 attempt: {TERMINAL_SHOWN}")
