@@ -6835,8 +6835,42 @@ def config_key(name: str) -> str:
     return key
 
 
+# -- text for a terminal ---------------------------------------------------------------------------
+# What a person reads is printed through printable(): a job's command, error, output, ids, queue and
+# host names come from whoever enqueued the job or ran the worker, and a raw ESC, CR or C1 character
+# in them would let that person clear the reader's screen, recolour it, or forge lines of output.
+# C0 and C1 controls, DEL, the line and paragraph separators and the bidirectional formatting
+# characters (which reorder what follows them on the line) are shown escaped; other Unicode is kept.
+
+NOT_C0 = r"\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069"  # DEL, C1, separators, bidi controls
+UNSAFE_TEXT = re.compile(rf"[\x00-\x1f{NOT_C0}]")
+UNSAFE_IN_LINES = re.compile(rf"[\x00-\x08\x0b-\x1f{NOT_C0}]")  # a job's output keeps its lines and tabs
+UNSAFE_IN_JSON = re.compile(rf"[{NOT_C0}]")  # json.dumps escapes C0 itself
+NAMED_ESCAPES = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
+
+
+def printable(text: str, lines: bool = False) -> str:
+    """`text` safe to print on a terminal: each unsafe character written as a Python string literal
+    writes it (`\\x1b`, `\\r`, `\\n`, `\\t`, `\\x9b`, `\\u202e`), so a field stays on its line; with
+    `lines` (a job's output), LF and tab are kept."""
+    if text.isprintable():  # the usual case, checked in C
+        return text
+    return (UNSAFE_IN_LINES if lines else UNSAFE_TEXT).sub(_escape, text)
+
+
+def _escape(match: re.Match) -> str:
+    code = ord(match[0])
+    return NAMED_ESCAPES.get(match[0]) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+
+
+def json_text(value, **options) -> str:
+    """json.dumps with non-ASCII kept, and the characters printable() escapes that json.dumps leaves raw
+    (DEL, C1, separators, bidi controls) written as \\u escapes: the same JSON value, safe on a terminal."""
+    return UNSAFE_IN_JSON.sub(lambda m: f"\\u{ord(m[0]):04x}", json.dumps(value, ensure_ascii=False, **options))
+
+
 def emit_json(value) -> None:
-    print(json.dumps(value, indent=2, ensure_ascii=False))
+    print(json_text(value, indent=2))
 
 
 def print_ids(ids: list[str]) -> None:
@@ -6885,7 +6919,7 @@ class Progress:
             return
         # To column 0, the text cut to the width (a wrapped line could not be redrawn in place), and
         # ESC [ K erases what a longer earlier text left to the right.
-        self._write("\r" + text[:self._columns() - 1] + "\x1b[K")
+        self._write("\r" + printable(text)[:self._columns() - 1] + "\x1b[K")
         self.drawn_at, self.visible = now, True
 
     def close(self) -> None:
@@ -7274,7 +7308,7 @@ def _status_text(store: Store, queue: str | None) -> str:
     lines.append(f"{'workers':<12}{status['active_workers']:>8}")
     paused = status["paused"]
     if paused:
-        lines.append("paused: " + ("all queues" if "*" in paused else ", ".join(paused)))
+        lines.append("paused: " + ("all queues" if "*" in paused else printable(", ".join(paused))))
     return "\n".join(lines) + "\n"
 
 
@@ -7292,8 +7326,9 @@ def print_jobs(store: Store, jobs: list[Job], as_json: bool) -> None:
     print(f"{'ID':<20} {'STATE':<11} {'ATTEMPTS':>8}  {'QUEUE':<10} {'DUE':<16} {'UPDATED':<24} COMMAND")
     for j in jobs:
         counted, limit = attempts_shown(j)
-        print(f"{_cell(j.id, 20)} {j.state:<11} {counted:>4}/{limit:<3}  {_short(j.queue, 10):<10} "
-              f"{due_text(j, now, paused):<16} {iso(j.updated_at):<24} {_short(j.command)}")
+        print(f"{_cell(printable(j.id), 20)} {j.state:<11} {counted:>4}/{limit:<3}  "
+              f"{_short(printable(j.queue), 10):<10} {due_text(j, now, paused):<16} {iso(j.updated_at):<24} "
+              f"{_short(printable(j.command))}")
 
 
 def attempts_shown(job: Job) -> tuple[int, int]:
@@ -7345,18 +7380,19 @@ def cmd_show(args, store: Store) -> None:
     runs, output = details.pop("runs"), details.pop("output")
     due = due_text(job, store.now(), store.paused())
     for key, value in details.items():
-        print(f"{key + ':':<13} {value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)}")
+        shown = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+        print(f"{key + ':':<13} {printable(shown)}")
         if key == "next_run_at":
             print(f"{'due:':<13} {due}")
     print(f"runs:         {len(runs)}")
     for r in runs:
         took = "running" if r["duration_s"] is None else f"{r['duration_s']:.2f}s"
         print(f"  #{r['run']:<3} {r['started_at']}  {took:>9}  {r['outcome'] or 'running':<10} "
-              f"exit={r['exit_code']}  {r['error'] or ''}".rstrip())
+              f"exit={r['exit_code']}  {printable(r['error'] or '')}".rstrip())
     note = cut_note(runs[-1]) if runs else None
     print("output:" + ("" if output else " (none)") + (f" {note}" if note else ""))
-    if output:
-        print(output, end="" if output.endswith("\n") else "\n")
+    if output:  # its lines, but no control of the terminal: `logs` prints the bytes themselves
+        print(printable(output, lines=True), end="" if output.endswith("\n") else "\n")
 
 
 def cmd_logs(args, store: Store) -> None:
@@ -7478,17 +7514,18 @@ def cmd_limit(args, store: Store) -> None:
         return print(f"{args.queue}: {limits.get(args.queue, 'none')}")
     if args.json:
         return emit_json(limits)
-    sys.stdout.write("".join(f"{q}: {n}\n" for q, n in limits.items()))
+    sys.stdout.write("".join(f"{printable(q)}: {n}\n" for q, n in limits.items()))
 
 
 def cmd_queues(args, store: Store) -> None:
     rows = store.queues()
     if args.json:
         return emit_json(rows)
-    width = max([20] + [len(r["queue"]) for r in rows])  # names are ASCII, up to 64 characters
+    names = [printable(r["queue"]) for r in rows]
+    width = max([20] + [len(name) for name in names])  # names are ASCII, up to 64 characters
     print(f"{'QUEUE':<{width}} " + " ".join(f"{s.upper():>10}" for s in STATES) + f" {'LIMIT':>6}  PAUSED")
-    for r in rows:
-        print(f"{r['queue']:<{width}} " + " ".join(f"{r['jobs'][s]:>10}" for s in STATES)
+    for name, r in zip(names, rows):
+        print(f"{name:<{width}} " + " ".join(f"{r['jobs'][s]:>10}" for s in STATES)
               + f" {'-' if r['limit'] is None else r['limit']:>6}  {'yes' if r['paused'] else 'no'}")
 
 
@@ -7539,9 +7576,10 @@ def cmd_worker_list(args, store: Store) -> None:
     print(f"{'ID':<32} {'HOST':<16} {'PID':>7} {'STARTED':<20} {'THREADS':>7} {'BEAT':>6}  {'QUEUES':<16} JOBS")
     for r in rows:
         state = "" if r["alive"] else " (dead?)"
-        queues = _short(",".join(r["queues"]), 16) if r["queues"] else "(all)"
-        print(f"{r['id']:<32} {r['host']:<16} {r['pid']:>7} {r['started_at']:<20} {r['threads']:>7} "
-              f"{r['heartbeat_age_s']:>5.1f}s  {queues:<16} {', '.join(r['jobs']) or '-'}{state}")
+        queues = _short(printable(",".join(r["queues"])), 16) if r["queues"] else "(all)"
+        jobs = printable(", ".join(r["jobs"])) or "-"
+        print(f"{printable(r['id']):<32} {printable(r['host']):<16} {r['pid']:>7} {r['started_at']:<20} "
+              f"{r['threads']:>7} {r['heartbeat_age_s']:>5.1f}s  {queues:<16} {jobs}{state}")
 
 
 def check_dashboard(args) -> None:
@@ -7635,9 +7673,12 @@ def cmd_schedule_list(args, store: Store) -> None:
     for s in schedules:
         spec = s.cron if s.cron else f"every {every_text(s.every_s)}"
         upcoming = "paused" if s.paused else slot_text(s.next_run_at) if s.next_run_at is not None else "-"
-        last = f"{s.last_job_id} ({s.last_job_state or 'gone'})" if s.last_job_id else "-"
-        print(f"{s.id:<16} {spec:<14} {s.tz:<16} {s.overlap:<7} {upcoming:<20}  {last:<36} "
-              f"{_short(s.job['command'])}")
+        last = "-"
+        if s.last_job_id:  # the id cut as in the ID column, so its state stays in sight
+            state = f" ({s.last_job_state or 'gone'})"
+            last = _cell(printable(s.last_job_id), 36 - len(state)).rstrip() + state
+        print(f"{_cell(printable(s.id), 16)} {printable(spec):<14} {printable(s.tz):<16} {s.overlap:<7} "
+              f"{upcoming:<20}  {_cell(last, 36)} {_short(printable(s.job['command']))}")
 
 
 def check_schedule_next(args) -> None:
@@ -7775,13 +7816,26 @@ def configure_logging(args) -> None:
     `--quiet` leaves out each job's routine lines (claimed, completed)."""
     import logging
     log.quiet = getattr(args, "quiet", False)
-    if getattr(args, "log_format", "text") == "json":
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(JsonLines())
-        logging.basicConfig(handlers=[handler], level=logging.INFO)
-        return
-    logging.basicConfig(format="%(asctime)s queuectl[%(process)d]: %(message)s", level=logging.INFO,
-                        stream=sys.stderr)
+    handler = logging.StreamHandler(sys.stderr)
+    as_json = getattr(args, "log_format", "text") == "json"
+    handler.setFormatter(JsonLines() if as_json else TextLines(logging.Formatter()))
+    logging.basicConfig(handlers=[handler], level=logging.INFO)
+
+
+class TextLines:
+    """The text log formatter: `2026-12-01 18:05:08,216 queuectl[PID]: message`, the message through
+    printable() (job ids, commands and errors are job data; this is the one place every line passes), a
+    logged exception's traceback below it, each of its lines escaped but kept a line."""
+
+    def __init__(self, plain):
+        self.plain = plain  # a logging.Formatter: its time format and traceback text
+
+    def format(self, record) -> str:
+        line = f"{self.plain.formatTime(record)} queuectl[{record.process}]: {printable(record.getMessage())}"
+        if record.exc_info:
+            trace = self.plain.formatException(record.exc_info)
+            line += "\n" + "\n".join(printable(part) for part in trace.split("\n"))
+        return line
 
 
 class JsonLines:
@@ -7797,11 +7851,11 @@ class JsonLines:
         if record.exc_info:
             import traceback
             line["traceback"] = "".join(traceback.format_exception(*record.exc_info)).rstrip()
-        return json.dumps(line, ensure_ascii=False, default=str)
+        return json_text(line, default=str)
 
 
 def _fail(error: QueueError) -> int:
-    print(f"queuectl: error: {error}", file=sys.stderr)
+    print(f"queuectl: error: {printable(str(error))}", file=sys.stderr)  # messages quote input
     return error.exit_code
 
 

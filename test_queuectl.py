@@ -9476,3 +9476,183 @@ def test_a_database_made_under_a_umask_without_the_owners_write_bit_works(tmp_pa
         os.umask(old)
     assert state_of(path, "a") == "pending"
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+
+
+# ==== What a person reads: job data cannot drive the terminal ======================================
+
+# ESC sequences (clear the screen, turn red), a bare CR and an LF (a forged line), a C1 CSI, a line
+# separator and a right-to-left override: what anyone who may enqueue can put into a job.
+TERMINAL_HOSTILE = "a\x1b[2J\x1b[31mred\r\nfake line\x9bb\u2028c\u202ed"
+TERMINAL_SHOWN = r"a\x1b[2J\x1b[31mred\r\nfake line\x9bb\u2028c\u202ed"
+HOSTILE_OUTPUT = "ok\x1b[2K\rstate:        completed\n\tsecond line\n"  # CR back over a line, to rewrite it
+RAW_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")  # LF, tab pass
+
+
+def assert_terminal_safe(text):
+    """No character of `text` can move the cursor, recolour or reorder the screen, or start a line of its own."""
+    assert not RAW_CONTROL.search(text), repr(text)
+    assert not any(line.startswith("fake line") for line in text.split("\n")), text
+
+
+def a_dead_hostile_job(db, job_id="hostile"):
+    """A dead job whose command, last error and run error are TERMINAL_HOSTILE, its output HOSTILE_OUTPUT."""
+    with opened(db) as s:
+        register(s, now=s.now())
+        s.enqueue([spec(job_id, TERMINAL_HOSTILE, max_retries=0)], s.now())
+        job = s.claim("w1", s.now())
+        s.finish(job, "w1", outcome(3, TERMINAL_HOSTILE, HOSTILE_OUTPUT.encode()), SETTINGS, s.now())
+
+
+def test_printable_escapes_what_drives_a_terminal_and_keeps_the_rest():
+    assert queuectl.printable(TERMINAL_HOSTILE) == TERMINAL_SHOWN
+    assert queuectl.printable("\t\x00\x7f\x85\u2029\u202a\u2066\u200f\u061c") == \
+        r"\t\x00\x7f\x85\u2029\u202a\u2066\u200f\u061c"
+    kept = "ünïcödé ✓ 日本語 🚀 e\u0301 ｆｕｌｌ zero\u200bwidth \u00a0 back\\slash"
+    assert queuectl.printable(kept) == kept
+    assert queuectl.printable("one\r\n\ttwo\x1b\n", lines=True) == "one\\r\n\ttwo\\x1b\n"
+
+
+def test_list_and_dlq_list_show_a_hostile_command_escaped_and_json_exact(db):
+    a_dead_hostile_job(db)
+    for command in (("list",), ("dlq", "list")):
+        out = ok(db, *command)
+        assert_terminal_safe(out)
+        header, row = out.splitlines()
+        assert row.startswith("hostile ") and row.endswith(" " + TERMINAL_SHOWN)
+        [job] = json.loads(ok(db, *command, "--json"))
+        assert (job["command"], job["last_error"]) == (TERMINAL_HOSTILE, TERMINAL_HOSTILE)
+
+
+def test_show_escapes_every_field_and_the_output_and_json_stays_exact(db):
+    a_dead_hostile_job(db)
+    out = ok(db, "show", "hostile")
+    assert_terminal_safe(out)
+    lines = out.split("\n")
+    assert f"command:      {TERMINAL_SHOWN}" in lines and f"last_error:   {TERMINAL_SHOWN}" in lines
+    assert any(line.startswith("  #1 ") and line.endswith(f"exit=3  {TERMINAL_SHOWN}") for line in lines)
+    assert lines[lines.index("output:") + 1:] == ["ok\\x1b[2K\\rstate:        completed", "\tsecond line", ""]
+    shown = json.loads(ok(db, "show", "hostile", "--json"))
+    assert (shown["command"], shown["last_error"], shown["runs"][0]["error"]) == (TERMINAL_HOSTILE,) * 3
+    assert shown["output"] == HOSTILE_OUTPUT
+    code, out, _ = cli(db, "logs", "hostile")  # README: `logs` is the job's output itself, like cat
+    assert (code, out) == (0, HOSTILE_OUTPUT)
+
+
+def test_json_output_escapes_c1_separators_and_bidi_controls_and_keeps_the_value(db):
+    """json.dumps leaves DEL, C1, U+2028 and bidi controls raw (it escapes C0 only): written as \\u
+    escapes they decode to the same string, and `list --json` on a terminal drives nothing."""
+    a_dead_hostile_job(db)
+    for command in (("list", "--json"), ("show", "hostile", "--json")):
+        out = ok(db, *command)
+        assert not RAW_CONTROL.search(out), out
+        assert "\\u009b" in out and "\\u2028" in out and "\\u202e" in out
+    assert json.loads(ok(db, "list", "--json"))[0]["command"] == TERMINAL_HOSTILE
+
+
+def test_queues_status_and_limit_show_a_stored_queue_name_escaped(db):
+    """Queue names are checked at enqueue, but a row written by another tool or version is still shown safely."""
+    enqueue(db, id="q", command="true")
+    with opened(db) as s:
+        s.pause([TERMINAL_HOSTILE])
+        s.set_limit(TERMINAL_HOSTILE, 2)
+    db_sql(db, "UPDATE jobs SET queue = ? WHERE id = ?", (TERMINAL_HOSTILE, "q"))
+    for command in (("list",), ("queues",), ("status",), ("limit",)):
+        out = ok(db, *command)
+        assert_terminal_safe(out)
+        assert TERMINAL_SHOWN[:8] in out, (command, out)
+    assert TERMINAL_SHOWN in ok(db, "queues") and TERMINAL_SHOWN in ok(db, "status")
+    assert json.loads(ok(db, "list", "--json"))[0]["queue"] == TERMINAL_HOSTILE
+    assert [r["queue"] for r in json.loads(ok(db, "queues", "--json"))] == [TERMINAL_HOSTILE]
+
+
+def test_worker_list_shows_a_hostile_worker_id_host_and_job_id_escaped(db):
+    with opened(db) as s:
+        identity = {"host": TERMINAL_HOSTILE, "pid": 1, "proc_start": "1", "boot_id": "b", "pid_ns": "ns"}
+        s.register(f"w{TERMINAL_HOSTILE}", identity, 1, s.now())
+        s.enqueue([spec("job\u202eevil")], s.now())
+        s.claim(f"w{TERMINAL_HOSTILE}", s.now())
+    out = ok(db, "worker", "list")
+    assert_terminal_safe(out)
+    header, row = out.splitlines()
+    assert row.startswith(f"w{TERMINAL_SHOWN} {TERMINAL_SHOWN} ") and "job\\u202eevil" in row
+    [worker] = json.loads(ok(db, "worker", "list", "--json"))
+    assert (worker["id"], worker["host"], worker["jobs"]) == (f"w{TERMINAL_HOSTILE}", TERMINAL_HOSTILE, ["job\u202eevil"])
+
+
+def test_schedule_list_escapes_the_command_and_cuts_long_ids_as_list_does(db):
+    long_id = "nightly-backup-of-the-whole-database-" + "x" * 40
+    with opened(db) as s:
+        add_schedule(s, now=T0, id=long_id, every="10s", command=TERMINAL_HOSTILE)
+        add_schedule(s, now=T0, id="short", every="10s", command="true")
+        s.fire_schedules(T0 + 10.5)
+    out = ok(db, "schedule", "list")
+    assert_terminal_safe(out)
+    header, *rows = out.splitlines()
+    [row] = [r for r in rows if r.startswith(long_id[:15])]
+    assert row.startswith(long_id[:15] + "… ") and long_id not in row and row.endswith(" " + TERMINAL_SHOWN)
+    assert row.index(" every ") == header.index(" SCHEDULE ")  # the columns stay aligned
+    last = row[header.index("LAST JOB"):header.index(" COMMAND")]
+    assert len(last) == 36 and last.rstrip().endswith("… (pending)"), last  # cut, its state kept in sight
+    listed = {s["id"]: s for s in json.loads(ok(db, "schedule", "list", "--json"))}
+    assert listed[long_id]["job"]["command"] == TERMINAL_HOSTILE
+
+
+def test_list_keeps_alignment_for_a_wide_id_with_an_escaped_character(db):
+    import unicodedata
+
+    def columns(text):
+        return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+    for job_id in ("日本\u202eジョブ", "plain", "日本語のジョブ名前\u202eです"):
+        ok(db, "add", "--id", job_id, "--", "true")
+    header, *rows = ok(db, "list").splitlines()
+    assert {columns(line[:line.index(" pending ")]) for line in rows} == {columns(header[:header.index(" STATE ")])}
+    assert rows[0].startswith("日本\\u202eジョブ ")
+
+
+def test_an_error_quoting_stored_text_is_escaped_and_one_line(db):
+    """`wait` names a dead job's last error, and a timed-out wait the ids (which may hold a bidi override)."""
+    a_dead_hostile_job(db)
+    enqueue(db, id="late\u202eid", command="true")
+    code, out, err = cli(db, "wait", "hostile")
+    assert (code, out) == (1, "")
+    assert_one_error(err, TERMINAL_SHOWN)
+    code, out, err = cli(db, "wait", "late\u202eid", "--timeout", "0")
+    assert (code, out) == (1, "")
+    assert_one_error(err, "late\\u202eid")
+    assert_terminal_safe(err)
+
+
+def test_the_progress_line_draws_no_control_character_of_its_text():
+    stream = io.StringIO()
+    queuectl.Progress(True, stream=stream, clock=lambda: 0.0).show(f"job {TERMINAL_HOSTILE}")
+    assert stream.getvalue() == f"\rjob {TERMINAL_SHOWN}"[:79] + "\x1b[K"
+
+
+def test_log_lines_escape_job_data_in_text_and_keep_it_exact_in_json(store, caplog):
+    import logging
+    register(store)
+    store.enqueue([spec("job\u202eevil", TERMINAL_HOSTILE, max_retries=0)], T0)
+    runner = queuectl.Runner(store, "w1", lambda job, epoch: None)
+    runner.runner = lambda job, env, abort, on_output: outcome(3, TERMINAL_HOSTILE)
+    with caplog.at_level("INFO", logger="queuectl"):
+        assert runner.run_once(now=T0)
+    text_lines = queuectl.TextLines(logging.Formatter())
+    for record in caplog.records:
+        line = text_lines.format(record)
+        assert_terminal_safe(line)
+        assert "\n" not in line and "job\\u202eevil" in line
+        as_json = queuectl.JsonLines().format(record)
+        assert not RAW_CONTROL.search(as_json) and json.loads(as_json)["job_id"] == "job\u202eevil"
+    dead = json.loads(queuectl.JsonLines().format(caplog.records[-1]))
+    assert (dead["event"], dead["error"]) == ("job_dead", TERMINAL_HOSTILE)
+    assert text_lines.format(caplog.records[-1]).endswith(f"dead after 1 attempt: {TERMINAL_SHOWN}")
+
+
+def test_a_worker_text_log_shows_a_hostile_command_and_id_escaped(db, workers, tmp_path):
+    enqueue(db, id="job\u202eevil", command="exit 3 # \x1b[2J\x9b\u2028\u202e", max_retries=0, cwd=str(tmp_path))
+    worker = workers.start("--burst")
+    assert worker.wait() == 0, worker.log()
+    log_text = worker.log()
+    assert_terminal_safe(log_text)
+    # the claimed line's command has its whitespace (U+2028 among it) run together, then is escaped
+    assert "job job\\u202eevil claimed (attempt 1): exit 3 # \\x1b[2J\\x9b \\u202e\n" in log_text
