@@ -2015,6 +2015,20 @@ class PostgresSQL:
                     "WHERE schemaname = %s")
     SQL_SCHEMA_EXISTS = "SELECT 1 FROM pg_namespace WHERE nspname = %s"
     SQL_VERSION = "SELECT version FROM queuectl_version"
+    # Whoever owns the schema or a table in it can rewrite the jobs (and read them): the first of them
+    # owned by a role that is neither current_user nor one it is a member of, with its owner, if any
+    # (see PostgresStore._check_owners). Parameters: the schema, twice.
+    SQL_STRANGER = (
+        "SELECT 'schema ' || nspname, pg_get_userbyid(nspowner), current_user FROM pg_namespace "
+        "WHERE nspname = %s AND NOT pg_has_role(current_user, nspowner, 'MEMBER') "
+        "UNION ALL SELECT 'table ' || schemaname || '.' || tablename, tableowner, current_user FROM pg_tables "
+        "WHERE schemaname = %s AND NOT pg_has_role(current_user, tableowner, 'MEMBER') LIMIT 1")
+    # What every open reads: the version and SQL_STRANGER's row (NULLs if none), in one round trip.
+    SQL_VERSION_STRANGER = f"SELECT v.version, s.* FROM queuectl_version v LEFT JOIN ({SQL_STRANGER}) s ON true"
+    # The tables a migration creates belong to the schema's owner, which current_user may only be a
+    # member of (a team's role): a SET LOCAL ROLE to it, for the migration's transaction.
+    SQL_AS_SCHEMA_OWNER = ("SELECT set_config('role', pg_get_userbyid(nspowner), true) FROM pg_namespace "
+                           "WHERE nspname = %s AND pg_get_userbyid(nspowner) <> current_user")
     SQL_CREATE_VERSION = "CREATE TABLE queuectl_version (version BIGINT NOT NULL)"
     SQL_INIT_VERSION = "INSERT INTO queuectl_version (version) VALUES (0)"
     SQL_SET_VERSION = "UPDATE queuectl_version SET version = %s"
@@ -2712,20 +2726,34 @@ class PostgresStore(Store):
 
     def _migrate(self) -> None:
         """Check the schema is ours, then bring it up to date; safe against concurrent first uses.
-        A schema with queuectl's version table is ours: read that first, one statement where a
-        schema in use needs no more (the identity check costs two more round trips)."""
+        A schema with queuectl's version table is ours: read that first, with its owners, one
+        statement where a schema in use needs no more (the identity check costs two more round trips)."""
+        schema = (self.schema, self.schema)
         try:
             try:
-                version = self.conn.execute(self.sql.SQL_VERSION).fetchone()[0]
+                version, *stranger = self.conn.execute(self.sql.SQL_VERSION_STRANGER, schema).fetchone()
             except self.psycopg.errors.UndefinedTable:  # no schema, or not ours: see _version
-                version = self._version(self.conn)
+                version, stranger = self._version(self.conn), None  # the migration checks the owners
             if version > SCHEMA_VERSION:
                 raise self._too_new(version)
-            if version == SCHEMA_VERSION:
+            if version == SCHEMA_VERSION and stranger is not None:
+                if not self.reads_only:  # reading a queue someone else writes runs nothing of theirs
+                    self._check_owners(stranger)
                 return
         except self.psycopg.Error as e:
             raise self._failure(e) from None
         self.write(self._apply_migrations)
+
+    def _check_owners(self, stranger) -> None:
+        """BadDatabase if SQL_STRANGER found the schema or one of its tables owned by a role that is
+        not current_user's (a row, or None or NULLs if it found none): that owner could drop the jobs
+        enqueued here, put in the commands our workers run, and read the jobs' environments."""
+        what, owner, user = stranger or (None, None, None)
+        if what is not None:
+            raise BadDatabase(f"{self.path}: {what} is owned by {owner}, not by {user} or a role {user} is a "
+                              f"member of, so {owner} could choose the commands your workers run and read your "
+                              "jobs: use a schema of your own (?schema=), or have the schema and its tables "
+                              "owned by a role you are a member of")
 
     def _version(self, cur) -> int:
         """The schema's version (0: empty or absent); BadDatabase if it holds someone else's tables
@@ -2746,8 +2774,11 @@ class PostgresStore(Store):
     def _apply_migrations(self, cur) -> None:
         # Under the lock, read again: another process may have migrated while we waited.
         cur.execute(self.sql.SQL_MIGRATION_LOCK, (APPLICATION_ID, self.schema))
+        # Before anything is written: tables put in someone else's schema would be theirs to rewrite.
+        self._check_owners(cur.execute(self.sql.SQL_STRANGER, (self.schema, self.schema)).fetchone())
         if cur.execute(self.sql.SQL_SCHEMA_EXISTS, (self.schema,)).fetchone() is None:
             cur.execute(f'CREATE SCHEMA "{self.schema}"')
+        cur.execute(self.sql.SQL_AS_SCHEMA_OWNER, (self.schema,))
         version = self._version(cur)
         if not cur.execute(self.sql.SQL_IDENTITY, (self.schema,)).fetchone()[1]:
             cur.execute(self.sql.SQL_CREATE_VERSION)
