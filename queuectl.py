@@ -2002,6 +2002,8 @@ PG_MIGRATIONS = [
     # 4: as SQLite's migration 4.
     "ALTER TABLE workers ADD COLUMN queues TEXT",
 ]
+# Every table the migrations create, whose owners an open checks (see SQL_STRANGER).
+PG_TABLES = ("queuectl_version", "jobs", "deps", "runs", "workers", "config", "paused", "queue_limits", "schedules")
 
 
 class PostgresSQL:
@@ -2015,14 +2017,16 @@ class PostgresSQL:
                     "WHERE schemaname = %s")
     SQL_SCHEMA_EXISTS = "SELECT 1 FROM pg_namespace WHERE nspname = %s"
     SQL_VERSION = "SELECT version FROM queuectl_version"
-    # Whoever owns the schema or a table in it can rewrite the jobs (and read them): the first of them
-    # owned by a role that is neither current_user nor one it is a member of, with its owner, if any
-    # (see PostgresStore._check_owners). Parameters: the schema, twice.
+    # Whoever owns the schema or one of our tables in it can rewrite the jobs (and read them): the first
+    # of them owned by a role that is neither current_user nor one it is a member of, with its owner, if
+    # any (see PostgresStore._check_owners). Parameters: the schema, the schema, PG_TABLES (by name: an
+    # index lookup each, where a scan of the schema's tables would read all of pg_class at every open).
     SQL_STRANGER = (
         "SELECT 'schema ' || nspname, pg_get_userbyid(nspowner), current_user FROM pg_namespace "
         "WHERE nspname = %s AND NOT pg_has_role(current_user, nspowner, 'MEMBER') "
         "UNION ALL SELECT 'table ' || schemaname || '.' || tablename, tableowner, current_user FROM pg_tables "
-        "WHERE schemaname = %s AND NOT pg_has_role(current_user, tableowner, 'MEMBER') LIMIT 1")
+        "WHERE schemaname = %s AND tablename = ANY(%s::name[]) AND NOT pg_has_role(current_user, tableowner, "
+        "'MEMBER') LIMIT 1")
     # What every open reads: the version and SQL_STRANGER's row (NULLs if none), in one round trip.
     SQL_VERSION_STRANGER = f"SELECT v.version, s.* FROM queuectl_version v LEFT JOIN ({SQL_STRANGER}) s ON true"
     # The tables a migration creates belong to the schema's owner, which current_user may only be a
@@ -2728,10 +2732,9 @@ class PostgresStore(Store):
         """Check the schema is ours, then bring it up to date; safe against concurrent first uses.
         A schema with queuectl's version table is ours: read that first, with its owners, one
         statement where a schema in use needs no more (the identity check costs two more round trips)."""
-        schema = (self.schema, self.schema)
         try:
             try:
-                version, *stranger = self.conn.execute(self.sql.SQL_VERSION_STRANGER, schema).fetchone()
+                version, *stranger = self.conn.execute(self.sql.SQL_VERSION_STRANGER, self._owned()).fetchone()
             except self.psycopg.errors.UndefinedTable:  # no schema, or not ours: see _version
                 version, stranger = self._version(self.conn), None  # the migration checks the owners
             if version > SCHEMA_VERSION:
@@ -2743,6 +2746,10 @@ class PostgresStore(Store):
         except self.psycopg.Error as e:
             raise self._failure(e) from None
         self.write(self._apply_migrations)
+
+    def _owned(self) -> tuple:
+        """SQL_STRANGER's parameters: what must be ours."""
+        return self.schema, self.schema, list(PG_TABLES)
 
     def _check_owners(self, stranger) -> None:
         """BadDatabase if SQL_STRANGER found the schema or one of its tables owned by a role that is
@@ -2775,7 +2782,7 @@ class PostgresStore(Store):
         # Under the lock, read again: another process may have migrated while we waited.
         cur.execute(self.sql.SQL_MIGRATION_LOCK, (APPLICATION_ID, self.schema))
         # Before anything is written: tables put in someone else's schema would be theirs to rewrite.
-        self._check_owners(cur.execute(self.sql.SQL_STRANGER, (self.schema, self.schema)).fetchone())
+        self._check_owners(cur.execute(self.sql.SQL_STRANGER, self._owned()).fetchone())
         if cur.execute(self.sql.SQL_SCHEMA_EXISTS, (self.schema,)).fetchone() is None:
             cur.execute(f'CREATE SCHEMA "{self.schema}"')
         cur.execute(self.sql.SQL_AS_SCHEMA_OWNER, (self.schema,))

@@ -1518,6 +1518,12 @@ def test_postgres_a_schema_another_role_owns_is_refused_before_anything_is_writt
     assert json.loads(ok(alices, "show", "bobs", "--json"))["state"] == "pending"
 
 
+def test_postgres_every_table_a_fresh_schema_has_is_one_whose_owner_an_open_checks(pg_url):
+    with contextlib.closing(queuectl.PostgresStore(pg_url)) as s:
+        tables = s.read("SELECT tablename FROM pg_tables WHERE schemaname = %s", (s.schema,))
+    assert sorted(t for (t,) in tables) == sorted(queuectl.PG_TABLES)
+
+
 def test_postgres_a_table_another_role_owns_in_our_schema_is_refused(pg_roles):
     alice, bob = pg_roles.make("alice", "LOGIN"), pg_roles.make("bob", "LOGIN")
     pg_roles.sql(f"GRANT CREATE ON DATABASE {pg_roles.dbname} TO {alice}")
