@@ -5106,6 +5106,30 @@ def _few_malloc_arenas() -> None:
         pass  # glibc's default: more memory, nothing else
 
 
+def other_writers(path: str, st: os.stat_result, euid: int) -> str | None:
+    """Why users other than the worker's may write the database file `path` (its `st`) and so choose
+    the commands the worker runs as `euid`: the file owned by another user, or writable by its group
+    or by everyone; None if neither. A warning, not a refusal: a group-shared queue is a feature."""
+    import grp
+    import pwd
+
+    def name(lookup, number: int) -> str:
+        try:
+            return lookup(number)[0]
+        except KeyError:  # no such user or group here (a file from elsewhere)
+            return str(number)
+    reasons = [f"owned by {name(pwd.getpwuid, st.st_uid)}"] if st.st_uid != euid else []
+    if st.st_mode & 0o020:
+        reasons.append(f"writable by group {name(grp.getgrgid, st.st_gid)}")
+    if st.st_mode & 0o002:
+        reasons.append("writable by every user")
+    if not reasons:
+        return None
+    me = name(pwd.getpwuid, euid)
+    return (f"worker runs as {me}, but the database {path} is {' and '.join(reasons)}: anyone who can "
+            f"write it chooses the commands {me} runs")
+
+
 class Supervisor:
     """One worker process: registers, runs N Runner threads, heartbeats, sweeps, polls, stops."""
 
@@ -5226,6 +5250,16 @@ class Supervisor:
             if self.watchdog:
                 self.watchdog.stop(clean)  # not clean (an exception): it kills our runs, as if we had died
 
+    def _warn_other_writers(self) -> None:
+        """Log who else can write an SQLite file (see other_writers). On PostgreSQL the schema and its
+        tables were found owned by our role or one it is a member of when the store opened."""
+        if is_postgres(self.target):
+            return
+        with contextlib.suppress(OSError):  # a file gone since it was opened: the next write says so
+            note = other_writers(os.path.abspath(self.path), os.stat(self.path), os.geteuid())
+            if note:
+                log.warning("%s", note, extra=event("database_others_can_write", db=self.path))
+
     def _run(self) -> int:
         """Run until stopped; returns the exit code."""
         import threading
@@ -5236,6 +5270,7 @@ class Supervisor:
         log.info("worker started: %s, %d thread(s), %s, db %s", self.worker_id, self.count, serves, self.path,
                  extra=event("worker_started", worker_id=self.worker_id, threads=self.count, db=self.path,
                              queues=list(self.queues) or None))
+        self._warn_other_writers()
         self.sweeper = Sweeper(self.store, self.me, self.worker_id, lambda: self.stalled_s, self.holdings)
         self.sweeper.sweep(self.store.now())  # recover what a previous crash or boot left, before claiming
         if self.store.notifies:

@@ -5482,6 +5482,53 @@ def test_no_shell_sees_ids_cwd_or_env_values(db, workers, tmp_path):
     assert out == f"{job_id}|`touch pwned`{odd}\n"
 
 
+OTHER_WRITERS = "anyone who can write it chooses the commands"
+
+
+def burst_log(workers, db):
+    """The log of one burst worker on db (one job to run, so it also shows it ran)."""
+    enqueue(db, command="true")
+    worker = workers.start("--burst")
+    assert worker.wait() == 0, worker.log()
+    assert "completed" in worker.log()
+    return worker.log()
+
+
+def test_a_worker_warns_when_others_can_write_its_database_file(sqlite_db, workers):
+    import grp
+    enqueue(sqlite_db, command="true")  # creates it, 0600
+    assert OTHER_WRITERS not in burst_log(workers, sqlite_db)  # a private file: nothing to say
+    os.chmod(sqlite_db, 0o660)  # a group-shared queue: still runs, but says who chooses its commands
+    group = grp.getgrgid(os.stat(sqlite_db).st_gid).gr_name
+    log = burst_log(workers, sqlite_db)
+    assert f"the database {sqlite_db} is writable by group {group}: {OTHER_WRITERS}" in log
+    os.chmod(sqlite_db, 0o606)
+    assert f"is writable by every user: {OTHER_WRITERS}" in burst_log(workers, sqlite_db)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can give a file to another user")
+def test_a_worker_run_as_root_warns_on_a_database_another_user_owns(sqlite_db, workers):
+    import pwd
+    enqueue(sqlite_db, command="true")
+    other = pwd.getpwnam("nobody")
+    os.chown(sqlite_db, other.pw_uid, -1)  # mode 0600: only its owner (and root) can write it
+    log = burst_log(workers, sqlite_db)
+    assert f"worker runs as root, but the database {sqlite_db} is owned by nobody: {OTHER_WRITERS} root runs" in log
+
+
+def test_other_writers_names_each_reason_and_is_silent_for_a_private_file():
+    import pwd
+
+    def st(uid, gid, mode):
+        return os.stat_result((stat.S_IFREG | mode, 0, 0, 1, uid, gid, 0, 0, 0, 0))
+    me = os.geteuid()
+    assert queuectl.other_writers("/q.db", st(me, 0, 0o600), me) is None
+    assert queuectl.other_writers("/q.db", st(me, 0, 0o640), me) is None  # others may read: not write
+    note = queuectl.other_writers("/q.db", st(4242424, 4242424, 0o662), me)  # ids no one here has
+    assert note.endswith("the database /q.db is owned by 4242424 and writable by group 4242424 and writable by "
+                         f"every user: {OTHER_WRITERS} {pwd.getpwuid(me).pw_name} runs")
+
+
 # ==== Benchmark ====================================================================================
 
 def _load_bench():
