@@ -2021,6 +2021,8 @@ PG_MIGRATIONS = [
     # 4: as SQLite's migration 4.
     "ALTER TABLE workers ADD COLUMN queues TEXT",
 ]
+# Every table the migrations create, whose owners an open checks (see SQL_STRANGER).
+PG_TABLES = ("queuectl_version", "jobs", "deps", "runs", "workers", "config", "paused", "queue_limits", "schedules")
 
 
 class PostgresSQL:
@@ -2034,6 +2036,22 @@ class PostgresSQL:
                     "WHERE schemaname = %s")
     SQL_SCHEMA_EXISTS = "SELECT 1 FROM pg_namespace WHERE nspname = %s"
     SQL_VERSION = "SELECT version FROM queuectl_version"
+    # Whoever owns the schema or one of our tables in it can rewrite the jobs (and read them): the first
+    # of them owned by a role that is neither current_user nor one it is a member of, with its owner, if
+    # any (see PostgresStore._check_owners). Parameters: the schema, the schema, PG_TABLES (by name: an
+    # index lookup each, where a scan of the schema's tables would read all of pg_class at every open).
+    SQL_STRANGER = (
+        "SELECT 'schema ' || nspname, pg_get_userbyid(nspowner), current_user FROM pg_namespace "
+        "WHERE nspname = %s AND NOT pg_has_role(current_user, nspowner, 'MEMBER') "
+        "UNION ALL SELECT 'table ' || schemaname || '.' || tablename, tableowner, current_user FROM pg_tables "
+        "WHERE schemaname = %s AND tablename = ANY(%s::name[]) AND NOT pg_has_role(current_user, tableowner, "
+        "'MEMBER') LIMIT 1")
+    # What every open reads: the version and SQL_STRANGER's row (NULLs if none), in one round trip.
+    SQL_VERSION_STRANGER = f"SELECT v.version, s.* FROM queuectl_version v LEFT JOIN ({SQL_STRANGER}) s ON true"
+    # The tables a migration creates belong to the schema's owner, which current_user may only be a
+    # member of (a team's role): a SET LOCAL ROLE to it, for the migration's transaction.
+    SQL_AS_SCHEMA_OWNER = ("SELECT set_config('role', pg_get_userbyid(nspowner), true) FROM pg_namespace "
+                           "WHERE nspname = %s AND pg_get_userbyid(nspowner) <> current_user")
     SQL_CREATE_VERSION = "CREATE TABLE queuectl_version (version BIGINT NOT NULL)"
     SQL_INIT_VERSION = "INSERT INTO queuectl_version (version) VALUES (0)"
     SQL_SET_VERSION = "UPDATE queuectl_version SET version = %s"
@@ -2731,20 +2749,37 @@ class PostgresStore(Store):
 
     def _migrate(self) -> None:
         """Check the schema is ours, then bring it up to date; safe against concurrent first uses.
-        A schema with queuectl's version table is ours: read that first, one statement where a
-        schema in use needs no more (the identity check costs two more round trips)."""
+        A schema with queuectl's version table is ours: read that first, with its owners, one
+        statement where a schema in use needs no more (the identity check costs two more round trips)."""
         try:
             try:
-                version = self.conn.execute(self.sql.SQL_VERSION).fetchone()[0]
+                version, *stranger = self.conn.execute(self.sql.SQL_VERSION_STRANGER, self._owned()).fetchone()
             except self.psycopg.errors.UndefinedTable:  # no schema, or not ours: see _version
-                version = self._version(self.conn)
+                version, stranger = self._version(self.conn), None  # the migration checks the owners
             if version > SCHEMA_VERSION:
                 raise self._too_new(version)
-            if version == SCHEMA_VERSION:
+            if version == SCHEMA_VERSION and stranger is not None:
+                if not self.reads_only:  # reading a queue someone else writes runs nothing of theirs
+                    self._check_owners(stranger)
                 return
         except self.psycopg.Error as e:
             raise self._failure(e) from None
         self.write(self._apply_migrations)
+
+    def _owned(self) -> tuple:
+        """SQL_STRANGER's parameters: what must be ours."""
+        return self.schema, self.schema, list(PG_TABLES)
+
+    def _check_owners(self, stranger) -> None:
+        """BadDatabase if SQL_STRANGER found the schema or one of its tables owned by a role that is
+        not current_user's (a row, or None or NULLs if it found none): that owner could drop the jobs
+        enqueued here, put in the commands our workers run, and read the jobs' environments."""
+        what, owner, user = stranger or (None, None, None)
+        if what is not None:
+            raise BadDatabase(f"{self.path}: {what} is owned by {owner}, not by {user} or a role {user} is a "
+                              f"member of, so {owner} could choose the commands your workers run and read your "
+                              "jobs: use a schema of your own (?schema=), or have the schema and its tables "
+                              "owned by a role you are a member of")
 
     def _version(self, cur) -> int:
         """The schema's version (0: empty or absent); BadDatabase if it holds someone else's tables
@@ -2765,8 +2800,11 @@ class PostgresStore(Store):
     def _apply_migrations(self, cur) -> None:
         # Under the lock, read again: another process may have migrated while we waited.
         cur.execute(self.sql.SQL_MIGRATION_LOCK, (APPLICATION_ID, self.schema))
+        # Before anything is written: tables put in someone else's schema would be theirs to rewrite.
+        self._check_owners(cur.execute(self.sql.SQL_STRANGER, self._owned()).fetchone())
         if cur.execute(self.sql.SQL_SCHEMA_EXISTS, (self.schema,)).fetchone() is None:
             cur.execute(f'CREATE SCHEMA "{self.schema}"')
+        cur.execute(self.sql.SQL_AS_SCHEMA_OWNER, (self.schema,))
         version = self._version(cur)
         if not cur.execute(self.sql.SQL_IDENTITY, (self.schema,)).fetchone()[1]:
             cur.execute(self.sql.SQL_CREATE_VERSION)
@@ -5101,6 +5139,30 @@ def _few_malloc_arenas() -> None:
         pass  # glibc's default: more memory, nothing else
 
 
+def other_writers(path: str, st: os.stat_result, euid: int) -> str | None:
+    """Why users other than the worker's may write the database file `path` (its `st`) and so choose
+    the commands the worker runs as `euid`: the file owned by another user, or writable by its group
+    or by everyone; None if neither. A warning, not a refusal: a group-shared queue is a feature."""
+    import grp
+    import pwd
+
+    def name(lookup, number: int) -> str:
+        try:
+            return lookup(number)[0]
+        except KeyError:  # no such user or group here (a file from elsewhere)
+            return str(number)
+    reasons = [f"owned by {name(pwd.getpwuid, st.st_uid)}"] if st.st_uid != euid else []
+    if st.st_mode & 0o020:
+        reasons.append(f"writable by group {name(grp.getgrgid, st.st_gid)}")
+    if st.st_mode & 0o002:
+        reasons.append("writable by every user")
+    if not reasons:
+        return None
+    me = name(pwd.getpwuid, euid)
+    return (f"worker runs as {me}, but the database {path} is {' and '.join(reasons)}: anyone who can "
+            f"write it chooses the commands {me} runs")
+
+
 class Supervisor:
     """One worker process: registers, runs N Runner threads, heartbeats, sweeps, polls, stops."""
 
@@ -5221,6 +5283,16 @@ class Supervisor:
             if self.watchdog:
                 self.watchdog.stop(clean)  # not clean (an exception): it kills our runs, as if we had died
 
+    def _warn_other_writers(self) -> None:
+        """Log who else can write an SQLite file (see other_writers). On PostgreSQL the schema and its
+        tables were found owned by our role or one it is a member of when the store opened."""
+        if is_postgres(self.target):
+            return
+        with contextlib.suppress(OSError):  # a file gone since it was opened: the next write says so
+            note = other_writers(os.path.abspath(self.path), os.stat(self.path), os.geteuid())
+            if note:
+                log.warning("%s", note, extra=event("database_others_can_write", db=self.path))
+
     def _run(self) -> int:
         """Run until stopped; returns the exit code."""
         import threading
@@ -5231,6 +5303,7 @@ class Supervisor:
         log.info("worker started: %s, %d thread(s), %s, db %s", self.worker_id, self.count, serves, self.path,
                  extra=event("worker_started", worker_id=self.worker_id, threads=self.count, db=self.path,
                              queues=list(self.queues) or None))
+        self._warn_other_writers()
         self.sweeper = Sweeper(self.store, self.me, self.worker_id, lambda: self.stalled_s, self.holdings)
         self.sweeper.sweep(self.store.now())  # recover what a previous crash or boot left, before claiming
         if self.store.notifies:

@@ -1437,6 +1437,131 @@ def test_postgres_schema_with_other_tables_or_a_newer_version_is_refused(pg_url)
             conn.execute(f'DROP SCHEMA "{foreign}" CASCADE')
 
 
+class PgRoles:
+    """PostgreSQL roles of one test, named uniquely (roles are shared by every database of the server,
+    and other test runs use it too); each is dropped with what it owns and its privileges at teardown."""
+
+    def __init__(self, pg_url):
+        from urllib.parse import urlsplit
+        self.admin = queuectl._pg_target(pg_url)[0]  # the test server's superuser, without ?schema=
+        self.dbname = urlsplit(self.admin).path.lstrip("/")
+        self.prefix, self.names = f"qc_{uuid.uuid4().hex[:10]}", []
+
+    def sql(self, *statements, role=None):
+        """Run statements in autocommit, as the superuser, or as `role` (a connection of its own)."""
+        import psycopg
+        with psycopg.connect(self.url(role) if role else self.admin, autocommit=True) as conn:
+            for statement in statements:
+                conn.execute(statement)
+
+    def make(self, name, *options):
+        """A role named PREFIX_name (CREATE ROLE options such as LOGIN, IN ROLE ...); its full name."""
+        full = f"{self.prefix}_{name}"
+        self.names.append(full)
+        self.sql(f"CREATE ROLE {full} {' '.join(options)}")
+        return full
+
+    def url(self, role, schema=None):
+        """The server's URL for `role` (the test server trusts every local role), with ?schema=."""
+        from urllib.parse import urlsplit, urlunsplit
+        parts = urlsplit(self.admin)
+        url = urlunsplit(parts._replace(netloc=f"{role}@{parts.hostname}:{parts.port}"))
+        return with_params(url, schema=schema) if schema else url
+
+    def cleanup(self):
+        import psycopg
+        with psycopg.connect(self.admin, autocommit=True) as conn:
+            for name in reversed(self.names):
+                conn.execute(f"DROP OWNED BY {name} CASCADE")  # its schemas, tables and grants
+                conn.execute(f"DROP ROLE {name}")
+
+
+@pytest.fixture
+def pg_roles(pg_url):
+    """Factory of PostgreSQL roles for one test (see PgRoles), dropped at teardown."""
+    roles = PgRoles(pg_url)
+    try:
+        yield roles
+    finally:
+        roles.cleanup()
+
+
+def schema_tables(roles, schema):
+    """{table: owner} of one schema, as the catalog has them."""
+    import psycopg
+    with psycopg.connect(roles.admin, autocommit=True) as conn:
+        return dict(conn.execute("SELECT tablename, tableowner FROM pg_tables WHERE schemaname = %s", (schema,)))
+
+
+def test_postgres_a_schema_another_role_owns_is_refused_before_anything_is_written(pg_roles):
+    # Bob makes a schema alice may use; what alice enqueues there would be bob's to drop and read,
+    # and what he puts there her workers would run as her.
+    bob, alice = pg_roles.make("bob", "LOGIN"), pg_roles.make("alice", "LOGIN")
+    schema = f"{pg_roles.prefix}_q"
+    pg_roles.sql(f"GRANT CREATE ON DATABASE {pg_roles.dbname} TO {bob}")
+    pg_roles.sql(f"CREATE SCHEMA {schema}", f"GRANT USAGE, CREATE ON SCHEMA {schema} TO {alice}", role=bob)
+    alices = pg_roles.url(alice, schema)
+    code, out, err = cli(alices, "enqueue", json.dumps({"id": "mine", "command": "true", "env": {"K": "s"}}))
+    assert (code, out) == (1, "")
+    assert_one_error(err, f"schema {schema} is owned by {bob}", f"not by {alice}", "?schema=")
+    assert schema_tables(pg_roles, schema) == {}
+    # Bob makes the queue himself and lets alice in: her workers still will not take his jobs.
+    ok(pg_roles.url(bob, schema), "enqueue", json.dumps({"id": "bobs", "command": "touch ran"}))
+    pg_roles.sql(f"GRANT ALL ON ALL TABLES IN SCHEMA {schema} TO {alice}", role=bob)
+    for args in (("enqueue", '{"command": "true"}'), ("worker", "start", "--burst"),
+                 ("config", "set", "max-retries", "1")):
+        code, out, err = cli(alices, *args)
+        assert (code, out) == (1, ""), args
+        assert_one_error(err, f"schema {schema} is owned by {bob}")
+    # Reading runs nothing of bob's: a command that only reads still works for alice.
+    assert [j["id"] for j in json.loads(ok(alices, "list", "--json"))] == ["bobs"]
+    assert json.loads(ok(alices, "show", "bobs", "--json"))["state"] == "pending"
+
+
+def test_postgres_every_table_a_fresh_schema_has_is_one_whose_owner_an_open_checks(pg_url):
+    with contextlib.closing(queuectl.PostgresStore(pg_url)) as s:
+        tables = s.read("SELECT tablename FROM pg_tables WHERE schemaname = %s", (s.schema,))
+    assert sorted(t for (t,) in tables) == sorted(queuectl.PG_TABLES)
+
+
+def test_postgres_a_table_another_role_owns_in_our_schema_is_refused(pg_roles):
+    alice, bob = pg_roles.make("alice", "LOGIN"), pg_roles.make("bob", "LOGIN")
+    pg_roles.sql(f"GRANT CREATE ON DATABASE {pg_roles.dbname} TO {alice}")
+    schema = f"{pg_roles.prefix}_q"
+    alices = pg_roles.url(alice, schema)
+    enqueue(alices, id="keep", command="true")  # her own schema, made by her first use
+    pg_roles.sql(f"ALTER TABLE {schema}.runs OWNER TO {bob}")
+    code, out, err = cli(alices, "enqueue", '{"command": "true"}')
+    assert (code, out) == (1, "")
+    assert_one_error(err, f"table {schema}.runs is owned by {bob}", f"not by {alice}")
+    assert [j["id"] for j in json.loads(ok(alices, "list", "--json"))] == ["keep"]
+
+
+def test_postgres_roles_that_share_a_team_role_owning_the_schema_share_its_queue(pg_roles, tmp_path):
+    team = pg_roles.make("team", "NOLOGIN")
+    alice, bob = pg_roles.make("alice", "LOGIN", "IN ROLE", team), pg_roles.make("bob", "LOGIN", "IN ROLE", team)
+    carol = pg_roles.make("carol", "LOGIN")  # may only look
+    schema = f"{pg_roles.prefix}_q"
+    pg_roles.sql(f"CREATE SCHEMA {schema} AUTHORIZATION {team}")
+    enqueue(pg_roles.url(alice, schema), id="a", command="touch a-ran", cwd=str(tmp_path))
+    assert set(schema_tables(pg_roles, schema).values()) == {team}  # the team's, not alice's: bob may use them
+    enqueue(pg_roles.url(bob, schema), id="b", command="touch b-ran", cwd=str(tmp_path))
+    pool = Workers(pg_roles.url(bob, schema), tmp_path)
+    try:
+        worker = pool.start("--burst")
+        assert worker.wait() == 0, worker.log()
+    finally:
+        pool.cleanup()
+    assert (tmp_path / "a-ran").exists() and (tmp_path / "b-ran").exists()
+    pg_roles.sql(f"GRANT USAGE ON SCHEMA {schema} TO {carol}", f"GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {carol}")
+    carols = pg_roles.url(carol, schema)
+    assert {j["id"]: j["state"] for j in json.loads(ok(carols, "list", "--json"))} == {"a": "completed", "b": "completed"}
+    assert json.loads(ok(carols, "status", "--json"))["jobs"]["completed"] == 2
+    code, out, err = cli(carols, "enqueue", '{"command": "true"}')
+    assert (code, out) == (1, "")
+    assert_one_error(err, f"schema {schema} is owned by {team}", f"not by {carol}")
+
+
 def test_postgres_schema_name_must_be_a_plain_identifier(pg_url):
     for bad in ('x"; DROP TABLE jobs; --', "a-b", "x" * 64, ""):
         code, out, err = cli(with_params(pg_url, schema=bad), "list")
@@ -5355,6 +5480,53 @@ def test_no_shell_sees_ids_cwd_or_env_values(db, workers, tmp_path):
         assert not os.path.exists(os.path.join(folder, "pwned")), folder
     out = ok(db, "logs", job_id)
     assert out == f"{job_id}|`touch pwned`{odd}\n"
+
+
+OTHER_WRITERS = "anyone who can write it chooses the commands"
+
+
+def burst_log(workers, db):
+    """The log of one burst worker on db (one job to run, so it also shows it ran)."""
+    enqueue(db, command="true")
+    worker = workers.start("--burst")
+    assert worker.wait() == 0, worker.log()
+    assert "completed" in worker.log()
+    return worker.log()
+
+
+def test_a_worker_warns_when_others_can_write_its_database_file(sqlite_db, workers):
+    import grp
+    enqueue(sqlite_db, command="true")  # creates it, 0600
+    assert OTHER_WRITERS not in burst_log(workers, sqlite_db)  # a private file: nothing to say
+    os.chmod(sqlite_db, 0o660)  # a group-shared queue: still runs, but says who chooses its commands
+    group = grp.getgrgid(os.stat(sqlite_db).st_gid).gr_name
+    log = burst_log(workers, sqlite_db)
+    assert f"the database {sqlite_db} is writable by group {group}: {OTHER_WRITERS}" in log
+    os.chmod(sqlite_db, 0o606)
+    assert f"is writable by every user: {OTHER_WRITERS}" in burst_log(workers, sqlite_db)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can give a file to another user")
+def test_a_worker_run_as_root_warns_on_a_database_another_user_owns(sqlite_db, workers):
+    import pwd
+    enqueue(sqlite_db, command="true")
+    other = pwd.getpwnam("nobody")
+    os.chown(sqlite_db, other.pw_uid, -1)  # mode 0600: only its owner (and root) can write it
+    log = burst_log(workers, sqlite_db)
+    assert f"worker runs as root, but the database {sqlite_db} is owned by nobody: {OTHER_WRITERS} root runs" in log
+
+
+def test_other_writers_names_each_reason_and_is_silent_for_a_private_file():
+    import pwd
+
+    def st(uid, gid, mode):
+        return os.stat_result((stat.S_IFREG | mode, 0, 0, 1, uid, gid, 0, 0, 0, 0))
+    me = os.geteuid()
+    assert queuectl.other_writers("/q.db", st(me, 0, 0o600), me) is None
+    assert queuectl.other_writers("/q.db", st(me, 0, 0o640), me) is None  # others may read: not write
+    note = queuectl.other_writers("/q.db", st(4242424, 4242424, 0o662), me)  # ids no one here has
+    assert note.endswith("the database /q.db is owned by 4242424 and writable by group 4242424 and writable by "
+                         f"every user: {OTHER_WRITERS} {pwd.getpwuid(me).pw_name} runs")
 
 
 # ==== Benchmark ====================================================================================
