@@ -129,7 +129,7 @@ MAX_RETRIES_LIMIT = 1_000_000
 MAX_SECONDS = 10 * 365 * 86400  # caps timeouts and delays: keeps every number finite and storable
 OUTPUT_TAIL_BYTES = 64 * 1024  # the default of config output-limit
 MIN_OUTPUT_LIMIT, MAX_OUTPUT_LIMIT = 1024, 64 * 1024 * 1024
-SIZE = re.compile(r"(\d+)[ \t]*(KiB|MiB|K|M|k|m|B)?", re.ASCII)  # as DURATION: "１０２４" is no size
+SIZE = re.compile(r"\s*([0-9]+)[ \t]*(KiB|MiB|K|M|k|m|B)?\s*", re.ASCII)  # as DURATION: "１０２４" is no size
 SIZE_UNITS = {"B": 1, "K": 1024, "k": 1024, "KiB": 1024, "M": 1024 ** 2, "m": 1024 ** 2, "MiB": 1024 ** 2}
 PR_SET_PDEATHSIG, SIGKILL = 1, 9  # Linux's prctl option, and the signal it asks for (see _die_with_runner)
 # A command made only of these words is exec'd without a shell (see direct_argv); the first word
@@ -146,7 +146,11 @@ MAX_LIMIT = 1_000_000  # the largest per-queue concurrency limit
 MAX_EPOCH = 253_402_300_799  # 9999-12-31T23:59:59Z
 DEFAULT_QUEUE = "default"
 QUEUE_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
-DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw]?)", re.ASCII)  # see parse_duration
+# Numbers as people type them, one grammar for every number queuectl reads (see parse_number): ASCII
+# digits only (int() takes "３" and "1_000", float() "+5", "1e3" and "nan"), blanks around them ignored.
+NUMBER = re.compile(r"\s*(-?[0-9]+(?:\.[0-9]+)?)\s*", re.ASCII)
+INTEGER = re.compile(r"\s*(-?[0-9]+)\s*", re.ASCII)
+DURATION = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)([smhdw]?)\s*", re.ASCII)  # a NUMBER, unsigned, and a unit
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 PURGE_SLICE = 2000  # jobs that purge and retention delete per transaction: tens of ms of write lock
 BATCH_PROGRESS_LINES = 10_000  # `enqueue -` shows its progress line on a terminal past this many lines
@@ -174,56 +178,59 @@ SOFT_STOPS = ("timeout", "canceled")  # why a run may end in SIGTERM and kill-gr
 GRACE_STEP_S = 0.1  # how often a run in its kill-grace is checked for having exited
 
 
-def _parse_number(text: str, *, integer: bool = False) -> float | int:
-    """Parse a finite number from a config string; integers only when asked."""
-    try:
-        if "_" in text:  # int() and float() take Python's 1_000; a config value should not
-            raise ValueError
-        value = int(text) if integer else float(text)
-    except ValueError:
-        raise UsageError(f"not {'an integer' if integer else 'a number'}: {text!r}") from None
-    if abs(value) > MAX_SECONDS * 10 or not math.isfinite(value):  # in this order: a huge int has no float
-        raise UsageError(f"number out of range: {text!r}")
-    return int(value) if value == int(value) else value
+def parse_number(value: object, what: str, low: float, high: float, *, integer: bool = False) -> float | int:
+    """The one parser of every count and number queuectl takes (flags, config keys, job fields, the
+    dashboard's parameters): a JSON number, or a string of ASCII digits with an optional '-' and, unless
+    `integer`, a '.fraction' (NUMBER), blanks around it ignored; from low to high. UsageError naming
+    `what` (e.g. "field 'priority'") and the value as given."""
+    where, kind = f"{what}: " if what else "", "an integer" if integer else "a number"
+    if isinstance(value, str) and (match := (INTEGER if integer else NUMBER).fullmatch(value)):
+        # int() of more than 4,300 digits raises, and no bound has 30 digits: out of range unconverted
+        too_long = integer and len(match[1].lstrip("-").lstrip("0")) > 30
+        number = math.inf if too_long else int(match[1]) if integer else float(match[1])
+    elif isinstance(value, int if integer else (int, float)) and not isinstance(value, bool):
+        number = value
+    else:
+        raise UsageError(f"{where}not {kind}: {shown(value)}")
+    if not low <= number <= high or math.isinf(number):  # also refuses NaN
+        raise UsageError(f"{where}value {shown(value)} must be {kind} from {low} to {high}")
+    return int(number) if number == int(number) else number
 
 
-def _check(value: float, ok: bool, rule: str) -> float:
-    if not ok:
-        raise UsageError(f"value {value:g} must be {rule}")
-    return value
+def shown(value: object) -> str:
+    """A value as an error names it: repr(), the start only of a long one (a 5,000-digit number)."""
+    if isinstance(value, str) and len(value) > 64:
+        return f"{value[:24]!r}… ({len(value)} characters)"
+    text = repr(value)
+    return text if len(text) <= 64 else f"{text[:24]}… ({len(text)} characters)"
 
 
-def _output_limit(size: int) -> int:
+def _output_limit(text: str) -> int:
+    size = parse_size(text)
     if not MIN_OUTPUT_LIMIT <= size <= MAX_OUTPUT_LIMIT:
-        raise UsageError(f"{size} bytes is not from 1024 (1 KiB) to 67108864 (64 MiB)")
+        raise UsageError(f"value {shown(text)} ({size} bytes) must be from 1024 (1 KiB) to 67108864 (64 MiB)")
     return size
 
 
-def seconds_key(low: float, high: float, rule: str):
+def seconds_key(low: float, high: float):
     """The validator of a config key measured in seconds: a duration (90, 15m, 2h, 1d, 1w) from low to high."""
-    def validate(text: str) -> float | int:
-        value = parse_duration(text)
-        if not low <= value <= high:
-            raise UsageError(f"value {text!r} must be {rule}")
-        return value
-    return validate
+    return lambda text: parse_duration(text, "", low, high)
 
 
 # key -> (default, validator taking the CLI string and returning the stored value)
 CONFIG = {
-    "max_retries": (3, lambda s: _check(v := _parse_number(s, integer=True), 0 <= v <= MAX_RETRIES_LIMIT,
-                                        f"an integer from 0 to {MAX_RETRIES_LIMIT}")),
-    "backoff_base": (2, lambda s: _check(v := _parse_number(s), 1 <= v <= 1000, "from 1 to 1000")),
-    "backoff_max": (3600, seconds_key(0, MAX_SECONDS, "seconds >= 0")),
+    "max_retries": (3, lambda s: parse_number(s, "", 0, MAX_RETRIES_LIMIT, integer=True)),
+    "backoff_base": (2, lambda s: parse_number(s, "", 1, 1000)),
+    "backoff_max": (3600, seconds_key(0, MAX_SECONDS)),
     # At least 1 s: heartbeats come at most every 0.2 s, and a lease must span several of them.
-    "stale_timeout": (10, seconds_key(1, 86400, "seconds from 1 to 86400 (1d)")),
-    "job_timeout": (0, seconds_key(0, MAX_SECONDS, "seconds >= 0 (0 = none)")),
+    "stale_timeout": (10, seconds_key(1, 86400)),
+    "job_timeout": (0, seconds_key(0, MAX_SECONDS)),
     # How long completed jobs are kept; 0 = forever.
-    "retention": (7 * 86400, seconds_key(0, MAX_SECONDS, "seconds >= 0 (0 = forever)")),
+    "retention": (7 * 86400, seconds_key(0, MAX_SECONDS)),
     # the tail of each run's output that is kept, in bytes
-    "output_limit": (OUTPUT_TAIL_BYTES, lambda s: _output_limit(parse_size(s))),
+    "output_limit": (OUTPUT_TAIL_BYTES, _output_limit),
     # SIGTERM, then this long for a timed-out or canceled job to exit before SIGKILL; 0 = SIGKILL at once.
-    "kill_grace": (10, seconds_key(0, 3600, "seconds from 0 to 3600")),
+    "kill_grace": (10, seconds_key(0, 3600)),
 }
 
 
@@ -347,7 +354,7 @@ def text(output: bytes | None) -> str | None:
 
 def parse_size(text: str) -> int:
     """'65536', '64K', '64KiB', '1M', '1MiB' -> bytes (K and M are 1024 and 1024²)."""
-    match = SIZE.fullmatch(text.strip())
+    match = SIZE.fullmatch(text)
     if not match or len(match[1]) > 12:
         raise UsageError(f"not a size: {text!r} (use bytes, or e.g. 64K, 512KiB, 1M, 16MiB)")
     return int(match[1]) * SIZE_UNITS[match[2] or "B"]
@@ -2645,10 +2652,7 @@ def _pg_target(url: str) -> tuple[str, str, str, str]:
     schema = next((v for k, v in query if k == "schema"), "queuectl")
     if not PG_SCHEMA_NAME.fullmatch(schema):
         raise UsageError(f"schema {schema!r} in the database URL: use 1 to 63 letters, digits or underscores")
-    try:
-        port = port or int(os.environ.get("PGPORT") or 5432)
-    except ValueError:
-        raise UsageError("the port in the database URL is not a number from 0 to 65535") from None
+    port = port or parse_number(os.environ.get("PGPORT") or "5432", "$PGPORT", 0, 65535, integer=True)
     host = unquote(parts.hostname or "") or os.environ.get("PGHOST") or "localhost"
     host = f"[{host}]" if ":" in host else host
     user = unquote(parts.username or "") or os.environ.get("PGUSER") or getpass.getuser()
@@ -3271,16 +3275,19 @@ def _valid_run_at(obj: dict, now: float) -> float | None:
 
 def parse_time(value: object, what: str) -> float:
     """An ISO-8601 string (no offset: local time) or a number of Unix seconds -> epoch seconds."""
-    if isinstance(value, str):
-        if not (value.isascii() and value.isprintable()):
-            raise UsageError(f"{what} is not an ISO-8601 time: {value!r}")
-        try:
-            value = datetime.fromisoformat(value).timestamp()  # no offset: local time
-        except (ValueError, OverflowError, OSError):
-            raise UsageError(f"{what} is not an ISO-8601 time: {value!r}") from None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_EPOCH:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise UsageError(f"{what} must be an ISO-8601 string or a Unix time in seconds")
-    return float(value)
+    if not isinstance(value, str):
+        return float(parse_number(value, what, 0, MAX_EPOCH))
+    if not (value.isascii() and value.isprintable()):
+        raise UsageError(f"{what} is not an ISO-8601 time: {shown(value)}")
+    try:
+        seconds = datetime.fromisoformat(value).timestamp()  # no offset: local time
+    except (ValueError, OverflowError, OSError):
+        raise UsageError(f"{what} is not an ISO-8601 time: {shown(value)}") from None
+    if not 0 <= seconds <= MAX_EPOCH:
+        raise UsageError(f"{what}: time {shown(value)} is out of range (1970-01-01 to 9999-12-31 UTC)")
+    return seconds
 
 
 def _valid_deps(value: object) -> list[str]:
@@ -3296,20 +3303,22 @@ def valid_queue(value: object, what: str) -> str:
     return value
 
 
-def parse_duration(value: object, what: str = "") -> float | int:
+def parse_duration(value: object, what: str = "", low: float = 0, high: float = MAX_SECONDS) -> float | int:
     """Seconds from a number (a JSON field) or a string of a number with at most one unit: 90, '90',
     '90s', '15m', '2h', '1d', '1w'. The one parser of every time span queuectl takes (job fields, flags,
-    config keys); UsageError naming the value (and `what`, e.g. "field 'delay'", when given)."""
+    config keys), and its one range check, from low to high seconds (default 0 to 10 years); UsageError
+    naming the value (and `what`, e.g. "field 'delay'", when given)."""
     where = f"{what}: " if what else ""
-    match = DURATION.fullmatch(value.strip()) if isinstance(value, str) else None
+    match = DURATION.fullmatch(value) if isinstance(value, str) else None
     if match:
         seconds = float(match[1]) * DURATION_UNITS[match[2] or "s"]
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
         seconds = value
     else:
-        raise UsageError(f"{where}not a duration: {value!r} (use seconds, or one unit: 90s, 15m, 2h, 1d, 1w)")
-    if not 0 <= seconds <= MAX_SECONDS:  # also refuses NaN
-        raise UsageError(f"{where}duration out of range: {value!r} (0 to {MAX_SECONDS} seconds, 10 years)")
+        raise UsageError(f"{where}not a duration: {shown(value)} (use seconds, or one unit: 90s, 15m, 2h, 1d, 1w)")
+    if not low <= seconds <= high:  # also refuses NaN
+        years = ", 10 years" if high == MAX_SECONDS else ""
+        raise UsageError(f"{where}duration out of range: {shown(value)} ({low} to {high} seconds{years})")
     return int(seconds) if seconds == int(seconds) else seconds
 
 
@@ -3344,9 +3353,10 @@ def _valid_id(value: object, field: str = "id") -> str:
 
 
 def _valid_int(value: object, field: str, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise UsageError(f"field {field!r} must be an integer from {low} to {high}")
-    return value
+    if isinstance(value, str):  # a JSON integer, as documented: "5" is text (only durations take text)
+        raise UsageError(f"field {field!r} must be a JSON integer from {low} to {high}, not a string: "
+                         f"{shown(value)}")
+    return parse_number(value, f"field {field!r}", low, high, integer=True)
 
 
 def _valid_seconds(value: object, field: str) -> float:
@@ -3486,10 +3496,12 @@ def _cron_field(field: str, name: str, low: int, high: int, names: tuple, text: 
 def _cron_value(word: str, name: str, low: int, high: int, names: tuple, text: str) -> int:
     if word.lower() in names:
         return low + names.index(word.lower())
-    if not (word.isascii() and word.isdigit()) or not low <= int(word) <= high:
+    try:
+        return parse_number(word, "", low, high, integer=True)
+    except UsageError:
         allowed = f" or {names[0]}-{names[-1]}" if names else ""
-        raise UsageError(f"cron {text!r}: {name} {word!r} is not a number from {low} to {high}{allowed}")
-    return int(word)
+        raise UsageError(f"cron {shown(text)}: {name} {shown(word)} is not a number from {low} to {high}{allowed}") \
+            from None
 
 
 def cron_day_matches(cron: Cron, day) -> bool:
@@ -3639,10 +3651,7 @@ def parse_every(value: object) -> int:
     """`every`: a duration (parse_duration) of whole seconds, at least 1 s: 30s, 15m, 2h, 1d, 1w or seconds."""
     if isinstance(value, float) or isinstance(value, str) and "." in value:
         raise UsageError(f"field 'every' must be whole seconds (e.g. 30s, 15m, 2h, 1d, 1w): {value!r}")
-    seconds = parse_duration(value, "field 'every'")
-    if seconds < 1:
-        raise UsageError(f"field 'every' must be from 1 second to {MAX_SECONDS} seconds: {value!r}")
-    return int(seconds)
+    return int(parse_duration(value, "field 'every'", 1))
 
 
 def validate_schedule(obj: object, defaults: dict, cwd: str, now: float) -> Schedule:
@@ -5710,13 +5719,9 @@ class Query:
         return self.values.get(name) or None
 
     def integer(self, name: str, default: int | None, low: int, high: int) -> int | None:
-        """A whole number from low to high (ASCII digits only), or the default when absent."""
+        """A whole number from low to high (parse_number), or the default when absent."""
         value = self.text(name)
-        if value is None:
-            return default
-        if not (value.isascii() and value.isdigit() and len(value) <= 19 and low <= int(value) <= high):
-            raise UsageError(f"parameter {name!r} must be an integer from {low} to {high}")
-        return int(value)
+        return default if value is None else parse_number(value, f"parameter {name!r}", low, high, integer=True)
 
     def state(self) -> str | None:
         """`state`: one of STATES, or None for all."""
@@ -5733,7 +5738,7 @@ class Query:
     def duration(self, name: str, default: float) -> float:
         """A duration such as 30s, 15m, 12h, 7d or plain seconds."""
         value = self.text(name)
-        return default if value is None else parse_duration(value)
+        return default if value is None else parse_duration(value, f"parameter {name!r}")
 
 
 def route_of(path: str) -> tuple[str, str | None]:
@@ -6051,10 +6056,13 @@ class DashboardHandler:
         self._send(self.dashboard.respond("GET", self.path, self.headers))
 
     def do_POST(self) -> None:
-        length = self.headers.get("Content-Length") or "0"
-        if not length.isdigit() or int(length) > MAX_REQUEST_BODY:
-            return self.send_error(413 if length.isdigit() else 400, "request body too large or unreadable")
-        self.rfile.read(int(length))  # ignored: the path says it all, but unread bytes would reset the socket
+        try:  # "²" passes str.isdigit() but not int()
+            length = parse_number(self.headers.get("Content-Length") or "0", "", 0, math.inf, integer=True)
+        except UsageError:
+            return self.send_error(400, "request body unreadable")
+        if length > MAX_REQUEST_BODY:
+            return self.send_error(413, "request body too large")
+        self.rfile.read(length)  # ignored: the path says it all, but unread bytes would reset the socket
         self._send(self.dashboard.respond("POST", self.path, self.headers))
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
@@ -6736,8 +6744,10 @@ def _add_add_command(sub) -> None:
                         "exactly that argument list (quoted with shlex.join)")
     a.add_argument("--id", help="the job's id (default: a random one)")
     a.add_argument("--queue", help=f"queue (default {DEFAULT_QUEUE})")
-    a.add_argument("--priority", type=int, metavar="N", help="higher runs first (default 0)")
-    a.add_argument("--max-retries", type=int, metavar="N", help="runs before the DLQ (default: config max-retries)")
+    a.add_argument("--priority", type=_int_arg(-MAX_PRIORITY, MAX_PRIORITY), metavar="N",
+                   help="higher runs first (default 0)")
+    a.add_argument("--max-retries", type=_int_arg(0, MAX_RETRIES_LIMIT), metavar="N",
+                   help="runs before the DLQ (default: config max-retries)")
     a.add_argument("--timeout", metavar="DURATION", help="kill a run after this long, e.g. 90, 30s, 15m (0 = none)")
     a.add_argument("--delay", metavar="DURATION", help="run no sooner than this from now, e.g. 90, 15m, 2h, 1d")
     a.add_argument("--run-at", metavar="TIME", help="run no sooner than this ISO-8601 time (local without offset) "
@@ -6759,10 +6769,10 @@ def _add_view_commands(sub) -> None:
     ls = _command(sub, "list", cmd_list, "list jobs, oldest first", json_flag=True, reads=True)
     ls.add_argument("--state", help=f"one of {', '.join(STATES)}")
     ls.add_argument("--queue", type=_queue_arg)
-    ls.add_argument("--limit", type=int, default=None, help="only the N most recently created")
+    ls.add_argument("--limit", type=_int_arg(0, 2**62), default=None, help="only the N most recently created")
     _command(sub, "show", cmd_show, "one job in full, with its runs", json_flag=True, ids="1", reads=True)
     lg = _command(sub, "logs", cmd_logs, "output of the job's latest run (or run N)", ids="1", reads=True)
-    lg.add_argument("--run", type=int, default=None, metavar="N")
+    lg.add_argument("--run", type=_int_arg(1, 2**62), default=None, metavar="N")
     lg.add_argument("--follow", "-f", action="store_true", help="stream a running job's output until it ends")
     st = _command(sub, "stats", cmd_stats, "throughput, durations and waits over a window", json_flag=True,
                   reads=True)
@@ -6788,14 +6798,14 @@ def _add_dashboard_command(sub) -> None:
     d = _command(sub, "dashboard", cmd_dashboard, "serve a live web view of the queue and its JSON API", reads=True,
                  check=check_dashboard)
     d.add_argument("--bind", default="127.0.0.1", metavar="ADDRESS", help="address to listen on (default 127.0.0.1)")
-    d.add_argument("--port", type=int, default=8321, help="port (default 8321; 0 = any free port)")
+    d.add_argument("--port", type=_int_arg(0, 65535), default=8321, help="port (default 8321; 0 = any free port)")
     d.add_argument("--allow-actions", action="store_true", help="allow retry, cancel and delete from the page")
     d.add_argument("--no-token", action="store_true", help="serve without the access token (trusted machines only)")
 
 
 def _add_worker_commands(w) -> None:
-    ws = _command(w, "start", cmd_worker_start, "run a worker in the foreground", check=check_worker_start)
-    ws.add_argument("--count", type=int, default=1, help="threads, each running one job at a time")
+    ws = _command(w, "start", cmd_worker_start, "run a worker in the foreground")
+    ws.add_argument("--count", type=_int_arg(1, 256), default=1, help="threads, each running one job at a time")
     ws.add_argument("--burst", action="store_true", help="exit once the due work is drained")
     ws.add_argument("--queue", type=_queue_arg, action="append", default=[],
                     help="claim only from this queue; repeat it for more (default: every queue)")
@@ -6838,9 +6848,8 @@ def _add_schedule_commands(s) -> None:
     a.add_argument("schedule", metavar="JSON")
     _command(s, "list", cmd_schedule_list, "every schedule, its next slot and its last job", json_flag=True,
              reads=True)
-    n = _command(s, "next", cmd_schedule_next, "the next slots of a schedule", ids="1", reads=True,
-                 check=check_schedule_next)
-    n.add_argument("--count", type=int, default=5, metavar="N", help="how many (default 5)")
+    n = _command(s, "next", cmd_schedule_next, "the next slots of a schedule", ids="1", reads=True)
+    n.add_argument("--count", type=_int_arg(1, 10_000), default=5, metavar="N", help="how many (default 5)")
     n.add_argument("--after", type=_time_arg, default=None, metavar="TIME",
                    help="ISO-8601 (no offset: local time) or Unix seconds (default now)")
     _command(s, "pause", cmd_schedule_pause, "stop making jobs from these schedules", ids="+")
@@ -6849,10 +6858,10 @@ def _add_schedule_commands(s) -> None:
     _command(s, "remove", cmd_schedule_remove, "delete schedules (the jobs they made stay)", ids="+")
 
 
-def cli_time(text: str) -> float | str:
-    """A time typed on a command line as the JSON field `run_at` takes it: digits are Unix seconds,
-    anything else an ISO-8601 string (for parse_time)."""
-    return float(text) if re.fullmatch(r"[0-9]+(\.[0-9]+)?", text) else text
+def cli_time(text: str, what: str = "") -> float | str:
+    """A time typed on a command line as the JSON field `run_at` takes it: a NUMBER is Unix seconds
+    (checked here, so an error shows it as typed), anything else an ISO-8601 string (for parse_time)."""
+    return float(parse_number(text, what, 0, MAX_EPOCH)) if NUMBER.fullmatch(text) else text
 
 
 def _time_arg(text: str) -> float:
@@ -6861,6 +6870,16 @@ def _time_arg(text: str) -> float:
         return parse_time(cli_time(text), "--after")
     except UsageError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _int_arg(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an integer from low to high (parse_number); a bad one is argparse's error."""
+    def integer(text: str) -> int:
+        try:
+            return parse_number(text, "", low, high, integer=True)
+        except UsageError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return integer
 
 
 def _duration_arg(text: str) -> float:
@@ -7156,7 +7175,7 @@ def add_job_object(args) -> dict:
         if getattr(args, field) is not None:
             obj[field] = getattr(args, field)
     if args.run_at is not None:  # a Unix time, or an ISO-8601 string
-        obj["run_at"] = cli_time(args.run_at)
+        obj["run_at"] = cli_time(args.run_at, "--run-at")
     if args.cwd is not None:  # relative to the current folder here, where `enqueue` wants an absolute path
         obj["cwd"] = os.path.join(current_dir(), args.cwd) if current_dir() else args.cwd
     if args.depends_on:
@@ -7431,8 +7450,6 @@ def due_text(job: Job, now: float, paused: list[str]) -> str:
 def cmd_list(args, store: Store) -> None:
     if args.state is not None and args.state not in STATES:
         raise UsageError(f"unknown state {args.state!r} (valid: {', '.join(STATES)})")
-    if args.limit is not None and not 0 <= args.limit <= 2**62:
-        raise UsageError("--limit must be from 0 to 2**62")
     print_jobs(store, store.list_jobs(args.state, -1 if args.limit is None else args.limit, args.queue), args.json)
 
 
@@ -7470,8 +7487,6 @@ def cmd_show(args, store: Store) -> None:
 
 def cmd_logs(args, store: Store) -> None:
     checked_ids([args.id])
-    if args.run is not None and not 1 <= args.run <= 2**62:
-        raise UsageError("--run must be a run number from 1")
     run = store.run_output(args.id, args.run)
     if run is None and args.run is not None:
         raise NotFound(f"job {args.id!r} has no run {args.run}")
@@ -7574,9 +7589,7 @@ def valid_limit(text: str) -> int | None:
     """A queue limit from the command line: an integer from 1, or 'none' (None: no limit)."""
     if text == "none":
         return None
-    if not re.fullmatch(r"[0-9]{1,7}", text) or not 1 <= int(text) <= MAX_LIMIT:
-        raise UsageError(f"limit: N must be an integer from 1 to {MAX_LIMIT}, or none (got {text!r})")
-    return int(text)
+    return parse_number(text, "limit: N (or none)", 1, MAX_LIMIT, integer=True)
 
 
 def cmd_limit(args, store: Store) -> None:
@@ -7600,11 +7613,6 @@ def cmd_queues(args, store: Store) -> None:
     for name, r in zip(names, rows):
         print(f"{name:<{width}} " + " ".join(f"{r['jobs'][s]:>10}" for s in STATES)
               + f" {'-' if r['limit'] is None else r['limit']:>6}  {'yes' if r['paused'] else 'no'}")
-
-
-def check_worker_start(args) -> None:
-    if not 1 <= args.count <= 256:
-        raise UsageError("--count must be from 1 to 256")
 
 
 def cmd_worker_start(args, store: Store) -> int:
@@ -7656,8 +7664,6 @@ def cmd_worker_list(args, store: Store) -> None:
 
 
 def check_dashboard(args) -> None:
-    if not 0 <= args.port <= 65535:
-        raise UsageError("--port must be from 0 to 65535 (0 = any free port)")
     if args.no_token and args.allow_actions and not loopback_bind(args.bind):
         raise UsageError(f"--no-token with --allow-actions on {args.bind!r}, which other machines can reach, "
                          "would let anyone on the network retry, cancel and delete jobs: drop --no-token, "
@@ -7752,11 +7758,6 @@ def cmd_schedule_list(args, store: Store) -> None:
             last = _cell(printable(s.last_job_id), 36 - len(state)).rstrip() + state
         print(f"{_cell(printable(s.id), 16)} {printable(spec):<14} {printable(s.tz):<16} {s.overlap:<7} "
               f"{upcoming:<20}  {_cell(last, 36)} {_short(printable(s.job['command']))}")
-
-
-def check_schedule_next(args) -> None:
-    if not 1 <= args.count <= 10_000:
-        raise UsageError("--count must be from 1 to 10000")
 
 
 def cmd_schedule_next(args, store: Store) -> None:

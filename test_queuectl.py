@@ -9523,6 +9523,127 @@ def test_a_schedule_firing_logs_a_queuectl_event_with_its_schedule_and_job_not_t
     assert (line["schedule_id"], line["job_id"]) == ("s", f"s@{queuectl.slot_text(T0 + 10)}")
 
 
+# ==== Review of numbers in input: one grammar, range errors that name the value (review-numbers) ==
+# int() and float() take "３" (fullwidth), "٣" (Arabic-Indic), "1_000", "+5", " 5", "1e3" and "nan";
+# a duration took none of them. Every number now goes through parse_number (or parse_duration): ASCII
+# digits, an optional '-', a '.fraction' where fractions are allowed, blanks around ignored.
+
+def unchanged_everywhere(db):
+    """snapshot(db) with the schedules, which a refused `schedule add` must leave as they were too."""
+    return snapshot(db), ok(db, "schedule", "list", "--json")
+
+
+@pytest.mark.parametrize("key,value", [
+    *(("max-retries", v) for v in ("３", "٣", "+5", " ５ ")),
+    *(("backoff-base", v) for v in ("３", "٣", "+5", " ５ ", "1e1"))])
+def test_config_numbers_take_ascii_digits_only_as_durations_do(seeded_db, key, value):
+    before = snapshot(seeded_db)
+    code, out, err = cli(seeded_db, "config", "set", key, value)
+    assert (code, out) == (2, ""), err
+    assert_one_error(err, f"config {key}", repr(value))
+    assert snapshot(seeded_db) == before
+
+
+@pytest.mark.parametrize("argv", [
+    ("list", "--limit", "３"), ("list", "--limit", "1_0"), ("logs", "keep", "--run", "١"),
+    ("add", "--priority", "３", "--", "true"), ("add", "--priority", "+5", "--", "true"),
+    ("add", "--max-retries", "1_0", "--", "true"), ("schedule", "next", "nightly", "--count", "３"),
+])
+def test_flags_and_arguments_take_the_same_numbers_as_config(seeded_db, argv):
+    ok(seeded_db, "schedule", "add", '{"id": "nightly", "cron": "0 3 * * *", "tz": "UTC", "command": "true"}')
+    before = unchanged_everywhere(seeded_db)
+    code, out, err = cli(seeded_db, *argv)
+    assert (code, out) == (2, ""), err
+    assert_one_error(err, repr(argv[argv.index("--") - 1] if "--" in argv else argv[-1]))
+    assert unchanged_everywhere(seeded_db) == before
+
+
+@pytest.mark.parametrize("argv", [("worker", "start", "--count", "３"), ("dashboard", "--port", "８０８０")])
+def test_the_long_running_commands_refuse_a_fullwidth_count_or_port(argv):
+    """Parsed only: before the fix these would have started a worker or a dashboard."""
+    with pytest.raises(queuectl.UsageError, match=re.escape(repr(argv[-1]))):
+        queuectl.build_parser().parse_args(list(argv))
+
+
+def test_blanks_around_a_number_are_ignored_wherever_a_number_is_read(db):
+    """A duration and a config number took " 3"; a queue limit refused it."""
+    ok(db, "limit", "images", " 3")
+    ok(db, "config", "set", "max-retries", " 5 ")
+    ok(db, "config", "set", "job-timeout", " 5m ")
+    assert json.loads(ok(db, "limit", "--json")) == {"images": 3}
+    assert json.loads(ok(db, "config", "list", "--json"))["max-retries"] == 5
+
+
+@pytest.mark.parametrize("key,value", [("stale_timeout", "5\u3000"), ("output_limit", "\u30001K"),
+                                       ("max_retries", "5\u3000")])
+def test_only_ascii_blanks_are_ignored_around_a_number(key, value):
+    """str.strip() also strips an ideographic space; the grammar's blanks are ASCII, as its digits."""
+    with pytest.raises(queuectl.UsageError):
+        queuectl.CONFIG[key][1](value)
+
+
+@pytest.mark.parametrize("key,value,rule", [
+    ("backoff-base", "1000.0000001", "from 1 to 1000"), ("backoff-base", "0.9999999", "from 1 to 1000"),
+    ("max-retries", "1000001", "from 0 to 1000000"), ("output-limit", "65M", "67108864")])
+def test_a_config_range_error_shows_the_value_as_given(db, key, value, rule):
+    """`value 1000 must be from 1 to 1000` (the value rounded by :g) read as a contradiction."""
+    before = snapshot(db)
+    code, out, err = cli(db, "config", "set", key, value)
+    assert (code, out) == (2, ""), err
+    assert_one_error(err, f"config {key}", repr(value), rule)
+    assert snapshot(db) == before
+
+
+@pytest.mark.parametrize("fields,named", [
+    ({"priority": 5_000_000}, "5000000"), ({"max_retries": -1}, "-1"), ({"run_at": 1e300}, "1e+300"),
+    ({"priority": "5"}, "'5'")])
+def test_a_job_field_range_error_names_the_value(db, fields, named):
+    before = snapshot(db)
+    code, out, err = cli(db, "enqueue", json.dumps({"command": "true", **fields}))
+    assert (code, out) == (2, ""), err
+    assert_one_error(err, f"field {next(iter(fields))!r}", named)
+    assert snapshot(db) == before
+
+
+def test_a_huge_cron_number_is_a_one_line_error_not_a_traceback(db):
+    """int() of more than 4,300 digits raises ValueError: the cron field let it escape main()."""
+    before = unchanged_everywhere(db)
+    for cron in ("9" * 5000 + " * * * *", "*/" + "9" * 5000 + " * * * *"):
+        code, out, err = cli(db, "schedule", "add", json.dumps({"id": "s", "cron": cron, "command": "true"}))
+        assert (code, out) == (2, ""), err[-300:]
+        assert_one_error(err, "minute", "5000 characters")
+        assert len(err) < 300  # the value's start and its length, not 5,000 digits
+    assert unchanged_everywhere(db) == before
+
+
+def test_a_huge_number_anywhere_is_a_short_one_line_error(db):
+    before = snapshot(db)
+    for argv in (("config", "set", "max-retries", "9" * 5000), ("list", "--limit", "9" * 5000),
+                 ("add", "--priority", "9" * 5000, "--", "true"), ("limit", "images", "9" * 5000)):
+        code, out, err = cli(db, *argv)
+        assert (code, out) == (2, ""), err[-300:]
+        assert_one_error(err, "5000 characters")
+        assert len(err) < 300
+    assert snapshot(db) == before
+
+
+def test_a_dashboard_post_with_a_content_length_that_is_no_ascii_number_gets_400(dashboard):
+    """'²' passes str.isdigit() but int() refuses it: the handler died without an answer."""
+    d = dashboard(allow_actions=True)
+    for length in (b"\xb2", b"9" * 5000):
+        answer = raw_http(d, b"POST /api/jobs/img-1/cancel HTTP/1.0\r\nContent-Length: " + length + b"\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.0 400"), answer
+    assert d.get("/api/jobs/img-1")["state"] == "pending"
+
+
+def test_pgport_takes_the_same_integers(monkeypatch):
+    monkeypatch.setenv("PGPORT", "５４３２")
+    with pytest.raises(queuectl.UsageError, match="PGPORT"):
+        queuectl._pg_target("postgresql://u@127.0.0.1/d")
+    monkeypatch.setenv("PGPORT", "5433")
+    assert queuectl._pg_target("postgresql://u@127.0.0.1/d")[2] == "127.0.0.1:5433"
+
+
 # ==== Session four: a command started with its output closed ======================================
 
 def test_add_with_its_output_closed_stores_the_job_and_exits_zero_without_a_traceback(sqlite_db):

@@ -483,11 +483,7 @@ def ids_verdict(command: str, picks: list[tuple[str, str]], extra: list[str]) ->
     if extra[:1] == ["--timeout"] and not duration_ok(extra[1], 0, MAX_SECONDS):
         return INVALID
     if extra[:1] == ["--run"]:
-        try:
-            n = int(extra[1])
-        except ValueError:
-            return INVALID
-        if not 1 <= n <= 2 ** 62:
+        if not re.fullmatch(r"\s*-?[0-9]+\s*", extra[1], re.ASCII) or not 1 <= int(extra[1]) <= 2 ** 62:
             return INVALID
     ids = list(dict.fromkeys(i for i, _ in picks))
     if any(i not in EXISTING for i in ids):
@@ -521,11 +517,13 @@ def ids_verdict(command: str, picks: list[tuple[str, str]], extra: list[str]) ->
 
 CONFIG_VALUES = {
     # key: (valid values, invalid values)
-    "max-retries": (["0", "3", "1000000", "-0", "+5", " 7 ", "0003"],
+    # numbers: ASCII digits, an optional '-', a '.fraction' where allowed; blanks around; nothing else
+    "max-retries": (["0", "3", "1000000", "-0", " 7 ", "0003"],
                     ["-1", "1000001", "1.5", "3.0", "1e2", "nan", "", "x", "0x10", "1_0", "9" * 5000, "1" * 30, "9" * 400,
-                     "-" + "9" * 400]),
-    "backoff-base": (["1", "2", "1.5", "1000", "1e3", "1E0"],
-                     ["0.5", "0", "-2", "1001", "nan", "inf", "-inf", "1e309", "", "two", "1e-400"]),
+                     "-" + "9" * 400, "+5", "３"]),
+    "backoff-base": (["1", "2", "1.5", "1000", "1000.0", " 2 "],
+                     ["0.5", "0", "-2", "1001", "nan", "inf", "-inf", "1e309", "", "two", "1e-400", "1e3", "1E0", "+2",
+                      "1000.0000001"]),
     # the keys in seconds take a duration: digits, at most one unit (s m h d w), no sign, no exponent
     "backoff-max": (["0", "60", "0.25", str(MAX_SECONDS), "1h", "1w"],
                     ["-1", "-0", str(MAX_SECONDS + 1), "nan", "Infinity", "1e309", "", "1e-300", "1H"]),
