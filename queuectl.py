@@ -1200,9 +1200,14 @@ class Store:
         def revive_all(cur):
             todo = [r[0] for r in cur.execute(self.sql.SQL_DEAD_CHAINS, (queue,)).fetchall()]
             ids, seen = [], set()
-            # On PostgreSQL the chain is a snapshot: while this waits for a row's lock, another command may
-            # revive or purge a job of it (skipped, not an error), or a dependency may die (taken along).
-            # SQL_JOB_STATE and SQL_DEAD_DEPS lock what they read, so nothing found here changes before COMMIT.
+            # The chain is walked twice, on purpose. SQL_DEAD_CHAINS finds it in one statement, in enqueue
+            # order. On PostgreSQL that is a snapshot taken before any of its rows is locked: while this
+            # waits for a row's lock, another command may revive or purge a job of it (skipped, not an
+            # error), or a dependency may die (taken along: revived without it, the job would wait on a dead
+            # dependency). So each job is locked and read again here, and its dead dependencies found
+            # again under their locks: SQL_JOB_STATE and SQL_DEAD_DEPS lock what they read, so nothing found
+            # here changes before COMMIT. On SQLite, one writer, this walk finds what the first found: kept,
+            # so that the rule is written once for both backends.
             for job_id in todo:  # the loop also visits what is appended to `todo` while it runs
                 if job_id in seen:
                     continue
