@@ -1224,9 +1224,14 @@ class Store:
         def revive_all(cur):
             todo = [r[0] for r in cur.execute(self.sql.SQL_DEAD_CHAINS, (queue,)).fetchall()]
             ids, seen = [], set()
-            # On PostgreSQL the chain is a snapshot: while this waits for a row's lock, another command may
-            # revive or purge a job of it (skipped, not an error), or a dependency may die (taken along).
-            # SQL_JOB_STATE and SQL_DEAD_DEPS lock what they read, so nothing found here changes before COMMIT.
+            # The chain is walked twice, on purpose. SQL_DEAD_CHAINS finds it in one statement, in enqueue
+            # order. On PostgreSQL that is a snapshot taken before any of its rows is locked: while this
+            # waits for a row's lock, another command may revive or purge a job of it (skipped, not an
+            # error), or a dependency may die (taken along: revived without it, the job would wait on a dead
+            # dependency). So each job is locked and read again here, and its dead dependencies found
+            # again under their locks: SQL_JOB_STATE and SQL_DEAD_DEPS lock what they read, so nothing found
+            # here changes before COMMIT. On SQLite, one writer, this walk finds what the first found: kept,
+            # so that the rule is written once for both backends.
             for job_id in todo:  # the loop also visits what is appended to `todo` while it runs
                 if job_id in seen:
                     continue
@@ -1829,8 +1834,26 @@ class SqliteStore(Store):
             cur.execute("COMMIT")
             return result
         except BaseException:
-            self.conn.rollback()
+            self._roll_back(cur)
             raise
+
+    def _roll_back(self, cur: sqlite3.Cursor) -> None:
+        """Undo the transaction under way, for certain. A ROLLBACK that fails (an I/O error, a signal)
+        may leave it open: holding the file's write lock, its half-done writes seen by the next read on
+        this connection, every later BEGIN refused, so every thread sharing the connection would wedge.
+        Then the connection is closed, which undoes the transaction, and opened again; the caller's
+        error stands (a `locked` one is retried on the new connection, like any other)."""
+        try:
+            self.conn.rollback()
+        except sqlite3.Error:
+            pass  # still in the transaction or not, the check below makes sure it is gone
+        finally:
+            if self.conn.in_transaction:
+                # Closing the cursor first: a statement left unfinished in it would keep the closed
+                # connection's transaction, and its lock, alive until the cursor is freed.
+                cur.close()
+                self.conn.close()
+                self._open()  # under the process's turn (see write), as every use of a shared connection
 
     def read(self, sql: str, params: tuple = ()) -> list[tuple]:
         """Run one read-only statement with busy retries. A frozen Store (see _connect_read_only) that
@@ -2857,8 +2880,8 @@ class PostgresStore(Store):
                     return self._direct(fn)
                 if pipelined:
                     return self._pipelined(fn)
-                with self._usable().transaction():
-                    return fn(self.conn.cursor())
+                with self._transaction() as conn:
+                    return fn(conn.cursor())
             except (errors.SerializationFailure, errors.DeadlockDetected):
                 conflicts += 1
                 if conflicts == PG_ATTEMPTS or self.give_up():
@@ -2886,9 +2909,29 @@ class PostgresStore(Store):
             if not conn.closed and conn.info.transaction_status != self.psycopg.pq.TransactionStatus.IDLE:
                 with contextlib.suppress(self.psycopg.Error):
                     conn.execute(self.sql.SQL_ROLLBACK)
+            self._close_if_in_transaction(conn)
             raise
         finally:
             self.pipeline = None
+
+    @contextlib.contextmanager
+    def _transaction(self):
+        """psycopg's transaction on the usable connection, which it yields (see _close_if_in_transaction)."""
+        conn = self._usable()
+        try:
+            with conn.transaction():
+                yield conn
+        except BaseException:
+            self._close_if_in_transaction(conn)
+            raise
+
+    def _close_if_in_transaction(self, conn) -> None:
+        """After a failed transaction: a connection whose ROLLBACK failed (psycopg only logs that) is still
+        in it, and must not be used again. Its next transaction() would be a savepoint in it, reported done
+        but never committed, and the next BEGIN only a warning, whose COMMIT would commit the half-done
+        writes with its own. Closed, it is rolled back by the server; _usable opens another."""
+        if not conn.closed and conn.info.transaction_status != self.psycopg.pq.TransactionStatus.IDLE:
+            conn.close()
 
     def _direct(self, fn):
         """fn(pipeline), sent straight through libpq (see PgPipeline): the statements before a sync
@@ -3088,9 +3131,9 @@ class PostgresStore(Store):
         waits for a lock (it is only worth a short delay); False if it did not. A worker calls it from a
         thread of its own (see Runner._flush): a connection that hangs here cannot delay a job's kill."""
         try:
-            with self._usable().transaction():
-                self.conn.execute(self.sql.SQL_FLUSH_LOCK_TIMEOUT)
-                self.conn.execute(self.sql.SQL_FLUSH_OUTPUT, (tail, total, job.id, job.run_count))
+            with self._transaction() as conn:
+                conn.execute(self.sql.SQL_FLUSH_LOCK_TIMEOUT)
+                conn.execute(self.sql.SQL_FLUSH_OUTPUT, (tail, total, job.id, job.run_count))
             return True
         except self.psycopg.Error:
             return False

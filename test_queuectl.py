@@ -1354,6 +1354,114 @@ def with_params(url, **params):
     return urlunsplit(parts._replace(query=urlencode(query)))
 
 
+class RollbackFailsOnce:
+    """A Store's connection (a thin proxy) whose next rollback fails and leaves the transaction open, as a
+    ROLLBACK that fails does: SQLite's raises (an I/O error, a signal); psycopg logs a failed one and goes
+    on. SQLite's Store calls rollback(); PostgreSQL's, psycopg's transaction() or a ROLLBACK statement."""
+
+    def __init__(self, conn):
+        self.real, self.failed = conn, False
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def _fail_once(self) -> bool:
+        failing, self.failed = not self.failed, True
+        return failing
+
+    def rollback(self):
+        if self._fail_once():
+            raise sqlite3.OperationalError("disk I/O error")
+        self.real.rollback()
+
+    def execute(self, sql, *args, **kwargs):
+        if sql == "ROLLBACK" and self._fail_once():
+            import psycopg
+            raise psycopg.OperationalError("the ROLLBACK failed")
+        return self.real.execute(sql, *args, **kwargs)
+
+    @contextlib.contextmanager
+    def transaction(self):
+        if self.failed:
+            with self.real.transaction():
+                yield
+            return
+        self.real.execute("BEGIN")
+        try:
+            yield
+        except BaseException:
+            self.failed = True  # no ROLLBACK: psycopg's failed, and it only logged that
+            raise
+        self.real.execute("COMMIT")
+
+
+def test_a_write_whose_rollback_fails_is_never_committed_and_the_store_goes_on(store):
+    """A failed ROLLBACK left the connection in the transaction. SQLite's held the file's write lock, and
+    every later BEGIN was refused: a worker's runners, which share the connection, wedged, and every other
+    process found the queue busy. PostgreSQL's next writes only opened savepoints in it, reported done but
+    not committed, until a pipelined enqueue's COMMIT committed them with the half-done write."""
+    store.enqueue([spec("a")], T0)
+    faulty = store.conn = RollbackFailsOnce(store.conn)
+
+    def half_done(cur):
+        cur.execute(store.sql.SQL_CONFIG_SET, ("max_retries", "9"))
+        raise queuectl.BadDatabase("the disk is full")  # as a transaction's next statement may fail
+    with pytest.raises(queuectl.BadDatabase, match="disk is full"):
+        store.write(half_done)
+    assert faulty.failed
+    store.config_set("backoff_base", 5)
+    store.enqueue([spec("b")], T0)  # pipelined on PostgreSQL: its own BEGIN and COMMIT
+    with contextlib.closing(queuectl.open_database(store.target)) as other:
+        assert [job.id for job in other.list_jobs()] == ["a", "b"]
+        settings = other.config_all()
+        assert (settings["max_retries"], settings["backoff_base"]) == (queuectl.CONFIG["max_retries"][0], 5)
+
+
+def test_an_enqueue_refused_while_its_rollback_fails_stores_none_of_its_jobs(store):
+    """The same through a real refusal: a batch whose second id is taken, refused after its first job was
+    inserted (its savepoint undoes that insert; on PostgreSQL the ROLLBACK that fails is the pipelined
+    enqueue's own statement). On SQLite every later write was refused."""
+    store.enqueue([spec("a")], T0)
+    faulty = store.conn = RollbackFailsOnce(store.conn)
+    with pytest.raises(queuectl.Conflict, match="already exists"):
+        store.enqueue([spec("c"), spec("a", command="echo again")], T0)
+    assert faulty.failed
+    store.enqueue([spec("b")], T0)
+    with contextlib.closing(queuectl.open_database(store.target)) as other:
+        assert [(job.id, job.command) for job in other.list_jobs()] == [("a", "true"), ("b", "true")]
+
+
+def test_a_shared_sqlite_connection_whose_rollback_failed_is_opened_again_for_every_runner(sqlite_db):
+    """A worker's runners share one connection: after one runner's half-done claim fails to roll back,
+    another runner sees the job unclaimed and claims it. The connection is opened again as it was (a
+    worker's synchronous=NORMAL), in the turn the failed write holds (taken again to read while opening)."""
+    shared = queuectl.SqliteStore(sqlite_db, durable=False, shared=True)
+    try:
+        shared.enqueue([spec("a")], T0)
+        register(shared)
+        faulty = shared.conn = RollbackFailsOnce(shared.conn)
+
+        def half_done(cur):
+            assert shared._claim_in(cur, "w1", T0, ()).id == "a"
+            raise queuectl.BadDatabase("the disk is full")
+        failures = []
+
+        def runner():
+            try:
+                shared.write(half_done)
+            except queuectl.BadDatabase as e:
+                failures.append(e)
+        thread = threading.Thread(target=runner)
+        thread.start()
+        thread.join(WAIT_S)
+        assert faulty.failed and len(failures) == 1 and shared.conn is not faulty
+        assert shared.get("a").state == "pending"
+        assert shared.claim("w1", T0).id == "a"
+        assert shared.read("PRAGMA synchronous") == [(1,)]  # NORMAL
+    finally:
+        shared.close()
+
+
 def with_password(url, password, port=None):
     """`url` with a password (and another port) in its authority."""
     from urllib.parse import urlsplit, urlunsplit
