@@ -8,12 +8,11 @@
 # queuectl` read these lines as one string assignment. exec (not a child process): the worker gets
 # its signals and exit code as it would without the launcher.
 _LAUNCHER=''''
-exec python3 -c '# queuectl: run this file from cached bytecode (see above)
+exec python3 -P -c '# queuectl: run this file from cached bytecode (see above)
 import marshal, os, sys, types
 from importlib.util import MAGIC_NUMBER, source_hash
 path, real = sys.argv[1], os.path.realpath(sys.argv[1])
-if sys.path[0] == "":
-    sys.path[0] = os.path.dirname(real)  # as for a script: its folder, not the current one
+sys.path.insert(0, os.path.dirname(real))  # as for a script: its own folder (-P left out the current one)
 del sys.argv[0]
 with open(path, "rb") as f:
     source = f.read()

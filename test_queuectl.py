@@ -7399,6 +7399,50 @@ def test_installed_copy_does_not_import_from_the_current_folder(tmp_path):
     assert r.returncode == 0 and queuectl.__version__ in r.stdout, r.stderr
 
 
+def _bare_python3(tmp_path):
+    """A folder whose `python3` loads no module it need not at start-up (as Debian's /usr/bin/python3;
+    this one's site preloads `types`, which would hide a launcher import from the current folder)."""
+    folder = tmp_path / "bare"
+    folder.mkdir()
+    wrapper = folder / "python3"
+    for interpreter in ("/usr/bin/python3", f"{sys.executable} -S"):
+        wrapper.write_text(f'#!/bin/sh\nexec {interpreter} "$@"\n')
+        wrapper.chmod(0o755)
+        probe = "import sys; print(sys.version_info >= (3, 11) and not {'types', 'importlib.util'} & set(sys.modules))"
+        r = subprocess.run([str(wrapper), "-c", probe], capture_output=True, text=True, timeout=WAIT_S, cwd=tmp_path)
+        if r.stdout == "True\n":
+            return folder
+    raise AssertionError("no python3 without preloaded modules")
+
+
+def test_installed_copy_imports_none_of_its_own_modules_from_the_current_folder(tmp_path):
+    """Not even the loader's own imports, on a python3 that has not loaded them yet at start-up: a
+    types.py or importlib/ where someone runs queuectl (as root, say) must never run."""
+    here = tmp_path / "here"
+    (here / "importlib").mkdir(parents=True)
+    planted = ["types", "marshal", "os", "stat", "sys", "pwd", "json", "argparse", "sqlite3", "importlib/__init__"]
+    for name in planted:
+        (here / f"{name}.py").write_text(f"open({str(tmp_path / 'planted-ran')!r}, 'a').write({name!r})\n")
+    env = _launcher_env(tmp_path, PATH=f"{_bare_python3(tmp_path)}{os.pathsep}{os.environ['PATH']}")
+    program, db = _installed(tmp_path), str(tmp_path / "q.db")
+    for i in range(2):  # compiled and cached, then from the cache
+        r = _run_installed(program, env, "--db", db, "enqueue", f'{{"id": "j{i}", "command": "true"}}', cwd=here)
+        assert (r.returncode, r.stdout, r.stderr) == (0, f"j{i}\n", "")
+        assert not (tmp_path / "planted-ran").exists(), (tmp_path / "planted-ran").read_text()
+    assert len(_cached(tmp_path)) == 1
+
+
+def test_installed_copy_finds_modules_on_pythonpath(tmp_path):
+    """The loader keeps the current folder off sys.path (-P), not PYTHONPATH or the user's site (-I
+    would drop both): psycopg installed there must still import."""
+    fake = tmp_path / "site"
+    fake.mkdir()
+    (fake / "psycopg.py").write_text("raise SystemExit('psycopg from PYTHONPATH')\n")
+    r = _run_installed(_installed(tmp_path), _launcher_env(tmp_path, PYTHONPATH=str(fake)),
+                       "--db", "postgresql://nobody@127.0.0.1:9/none", "status")
+    assert "psycopg from PYTHONPATH" in r.stderr
+
+
 def test_script_and_module_runs_are_unchanged(tmp_path):
     env = _launcher_env(tmp_path, PYTHONPATH=HERE)
     for argv in ([sys.executable, QUEUECTL, "--version"], [sys.executable, "-m", "queuectl", "--version"]):
