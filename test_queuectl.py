@@ -7375,6 +7375,86 @@ def test_installed_copy_works_without_a_usable_cache_folder(tmp_path, cache):
         assert len(list((tmp_path / "home" / ".cache" / "queuectl").iterdir())) == 1
 
 
+def _entry_name(program):
+    """The name of a program's cache entry: a hash of its real path, the interpreter's tag, -O level."""
+    from importlib.util import source_hash
+    digest = source_hash(os.fsencode(os.path.realpath(program))).hex()
+    return f"queuectl-{digest}.{sys.implementation.cache_tag}-O{sys.flags.optimize}.pyc"
+
+
+def _from_the_cache(program):
+    """A cache entry with the right key whose code prints "from the cache" (as an attacker would plant it)."""
+    from importlib.util import MAGIC_NUMBER, source_hash
+    key = MAGIC_NUMBER + (3).to_bytes(4, "little") + source_hash(program.read_bytes())
+    return key + marshal.dumps(compile("print('from the cache')", str(program), "exec"))
+
+
+@pytest.mark.parametrize("plant", ["foreign-entry", "foreign-folder", "shared-folder", "writable-entry", "symlink",
+                                   "fifo", "oversized"])
+def test_installed_copy_runs_only_bytecode_that_only_its_user_could_have_cached(tmp_path, plant):
+    """An entry someone else could have written (root run with another user's HOME, a folder others may
+    write to), a link, a FIFO (which would block the read) or an implausibly large file: compiled instead."""
+    program, env = _installed(tmp_path), _launcher_env(tmp_path)
+    assert _run_installed(program, env, "--version").returncode == 0
+    folder = tmp_path / "cache" / "queuectl"
+    pyc = folder / _entry_name(program)
+    pyc.unlink()
+    if plant.startswith("foreign"):
+        if os.geteuid() != 0:
+            pytest.skip("only root can give a file to another user")
+        import pwd
+        pyc.write_bytes(_from_the_cache(program))
+        os.chown(pyc if plant == "foreign-entry" else folder, pwd.getpwnam("nobody").pw_uid, -1)
+    elif plant == "shared-folder":
+        pyc.write_bytes(_from_the_cache(program))
+        folder.chmod(0o770)
+    elif plant == "writable-entry":
+        pyc.write_bytes(_from_the_cache(program))
+        pyc.chmod(0o666)
+    elif plant == "symlink":
+        (tmp_path / "elsewhere.pyc").write_bytes(_from_the_cache(program))
+        pyc.symlink_to(tmp_path / "elsewhere.pyc")
+    elif plant == "fifo":
+        os.mkfifo(pyc)
+    else:
+        pyc.write_bytes(_from_the_cache(program))  # marshal ignores what follows the code
+        os.truncate(pyc, 17 << 20)
+    r = _run_installed(program, env, "--version")
+    assert (r.returncode, r.stdout, r.stderr) == (0, f"queuectl {queuectl.__version__}\n", "")
+
+
+def test_installed_copy_writes_its_cache_entry_without_following_links(tmp_path):
+    """The entry is written to a new private file (0600), never through a link planted at the
+    temporary name, which would overwrite the link's target."""
+    program, env = _installed(tmp_path), _launcher_env(tmp_path)
+    (tmp_path / "cache" / "queuectl").mkdir(parents=True, mode=0o700)
+    pyc = tmp_path / "cache" / "queuectl" / _entry_name(program)
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    # $$ is the pid the launcher gets: sh execs the program, whose sh execs python3.
+    plant = 'ln -s "$1" "$2.$$.tmp" && exec "$3" --version'
+    r = subprocess.run(["sh", "-c", plant, "sh", str(victim), str(pyc), str(program)], capture_output=True,
+                       text=True, timeout=WAIT_S, env=env, stdin=subprocess.DEVNULL)
+    assert (r.returncode, r.stdout, r.stderr) == (0, f"queuectl {queuectl.__version__}\n", "")
+    assert victim.read_bytes() == b"keep"
+    assert _run_installed(program, env, "--version").returncode == 0
+    assert [p.name for p in _cached(tmp_path)] == [pyc.name]
+    assert stat.S_IMODE(pyc.lstat().st_mode) == 0o600 and stat.S_ISREG(pyc.lstat().st_mode)
+
+
+def test_installed_copy_caches_nothing_with_an_empty_home(tmp_path):
+    """HOME= is no home: no cache (root would otherwise write /.cache/queuectl), the command still works."""
+    program, env = _installed(tmp_path), _launcher_env(tmp_path, HOME="")
+    del env["XDG_CACHE_HOME"]
+    here = tmp_path / "here"
+    here.mkdir()
+    root_entry = os.path.join("/.cache/queuectl", _entry_name(program))
+    for _ in range(2):
+        r = _run_installed(program, env, "--version", cwd=here)
+        assert (r.returncode, r.stdout) == (0, f"queuectl {queuectl.__version__}\n")
+    assert not os.path.lexists(root_entry) and list(here.iterdir()) == []
+
+
 def test_installed_copy_honours_pythondontwritebytecode(tmp_path):
     program = _installed(tmp_path)
     r = _run_installed(program, _launcher_env(tmp_path, PYTHONDONTWRITEBYTECODE="1"), "--version")
