@@ -4,45 +4,60 @@
 # $XDG_CACHE_HOME/queuectl (default ~/.cache/queuectl): Python caches the bytecode of imported modules
 # only, never of the script it runs, and compiling this file costs more than the rest of a command's
 # start-up. The cache is checked against a hash of the file's content, so an edited file never runs
-# old code; without a usable cache folder it just compiles. `python3 queuectl.py` and `python3 -m
-# queuectl` read these lines as one string assignment. exec (not a child process): the worker gets
-# its signals and exit code as it would without the launcher.
+# old code, and it is used only if no one but this user could have written it; else (or without a
+# usable cache folder) it just compiles. `python3 queuectl.py` and `python3 -m queuectl` read these
+# lines as one string assignment. exec (not a child process): the worker gets its signals and exit
+# code as it would without the launcher.
 _LAUNCHER=''''
-exec python3 -c '# queuectl: run this file from cached bytecode (see above)
-import marshal, os, sys, types
+exec python3 -P -c '# queuectl: run this file from cached bytecode (see above)
+import marshal, os, stat, sys, types
 from importlib.util import MAGIC_NUMBER, source_hash
 path, real = sys.argv[1], os.path.realpath(sys.argv[1])
-if sys.path[0] == "":
-    sys.path[0] = os.path.dirname(real)  # as for a script: its folder, not the current one
+sys.path.insert(0, os.path.dirname(real))  # as for a script: its own folder (-P left out the current one)
 del sys.argv[0]
 with open(path, "rb") as f:
     source = f.read()
 key = MAGIC_NUMBER + (3).to_bytes(4, "little") + source_hash(source)
-home = os.environ.get("XDG_CACHE_HOME", "")
-folder = os.path.join(home if os.path.isabs(home) else os.path.expanduser("~/.cache"), "queuectl")
+xdg, home = os.environ.get("XDG_CACHE_HOME", ""), os.environ.get("HOME", os.path.expanduser("~"))
+folder = os.path.join(xdg if os.path.isabs(xdg) else os.path.join(home, ".cache"), "queuectl")
 name = f"queuectl-{source_hash(os.fsencode(real)).hex()}.{sys.implementation.cache_tag}-O{sys.flags.optimize}.pyc"
-pyc, code = os.path.join(folder, name), None
+def own(fd):  # owned by this user, writable by nobody else: no one else can have planted what it holds
+    st = os.fstat(fd)
+    return st.st_uid == os.geteuid() and not st.st_mode & 0o022
+at = code = None
 try:
-    if os.path.isabs(pyc):  # else no HOME to put it in
-        with open(pyc, "rb") as f:
-            data = f.read()
-        code = marshal.loads(data[16:]) if data[:16] == key else None
+    if os.path.isabs(folder):  # else an empty or relative HOME: no cache
+        if not sys.dont_write_bytecode:
+            os.makedirs(folder, 0o700, exist_ok=True)
+        at = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        if not own(at):  # e.g. root run with the HOME of another user (sudo -E): neither read nor write it
+            os.close(at)
+            at = None
+    if at is not None:  # never through a link, never waiting on a FIFO, never reading a device or a huge file
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=at)
+        with open(fd, "rb") as f:
+            st = os.fstat(fd)
+            if stat.S_ISREG(st.st_mode) and st.st_size < 1 << 24 and own(fd):
+                data = f.read()
+                code = marshal.loads(data[16:]) if data[:16] == key else None
 except Exception:
-    pass  # missing, unreadable or damaged: compile
+    pass  # missing, unreadable, damaged or not safe to trust: compile
 if code is None:
     code = compile(source, real, "exec", dont_inherit=True)
-    if os.path.isabs(pyc) and not sys.dont_write_bytecode:
-        temp = f"{pyc}.{os.getpid()}.tmp"
+    if at is not None and not sys.dont_write_bytecode:
+        temp = f"{name}.{os.getpid()}.tmp"
         try:
-            os.makedirs(folder, 0o700, exist_ok=True)
-            with open(temp, "wb") as f:
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=at)
+            with open(fd, "wb") as f:
                 f.write(key + marshal.dumps(code))
-            os.replace(temp, pyc)
+            os.replace(temp, name, src_dir_fd=at, dst_dir_fd=at)
         except OSError:
             try:
-                os.unlink(temp)
+                os.unlink(temp, dir_fd=at)
             except OSError:
                 pass
+if at is not None:
+    os.close(at)
 main = types.ModuleType("__main__")
 main.__file__ = path
 sys.modules["__main__"] = main

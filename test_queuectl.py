@@ -7655,6 +7655,86 @@ def test_installed_copy_works_without_a_usable_cache_folder(tmp_path, cache):
         assert len(list((tmp_path / "home" / ".cache" / "queuectl").iterdir())) == 1
 
 
+def _entry_name(program):
+    """The name of a program's cache entry: a hash of its real path, the interpreter's tag, -O level."""
+    from importlib.util import source_hash
+    digest = source_hash(os.fsencode(os.path.realpath(program))).hex()
+    return f"queuectl-{digest}.{sys.implementation.cache_tag}-O{sys.flags.optimize}.pyc"
+
+
+def _from_the_cache(program):
+    """A cache entry with the right key whose code prints "from the cache" (as an attacker would plant it)."""
+    from importlib.util import MAGIC_NUMBER, source_hash
+    key = MAGIC_NUMBER + (3).to_bytes(4, "little") + source_hash(program.read_bytes())
+    return key + marshal.dumps(compile("print('from the cache')", str(program), "exec"))
+
+
+@pytest.mark.parametrize("plant", ["foreign-entry", "foreign-folder", "shared-folder", "writable-entry", "symlink",
+                                   "fifo", "oversized"])
+def test_installed_copy_runs_only_bytecode_that_only_its_user_could_have_cached(tmp_path, plant):
+    """An entry someone else could have written (root run with another user's HOME, a folder others may
+    write to), a link, a FIFO (which would block the read) or an implausibly large file: compiled instead."""
+    program, env = _installed(tmp_path), _launcher_env(tmp_path)
+    assert _run_installed(program, env, "--version").returncode == 0
+    folder = tmp_path / "cache" / "queuectl"
+    pyc = folder / _entry_name(program)
+    pyc.unlink()
+    if plant.startswith("foreign"):
+        if os.geteuid() != 0:
+            pytest.skip("only root can give a file to another user")
+        import pwd
+        pyc.write_bytes(_from_the_cache(program))
+        os.chown(pyc if plant == "foreign-entry" else folder, pwd.getpwnam("nobody").pw_uid, -1)
+    elif plant == "shared-folder":
+        pyc.write_bytes(_from_the_cache(program))
+        folder.chmod(0o770)
+    elif plant == "writable-entry":
+        pyc.write_bytes(_from_the_cache(program))
+        pyc.chmod(0o666)
+    elif plant == "symlink":
+        (tmp_path / "elsewhere.pyc").write_bytes(_from_the_cache(program))
+        pyc.symlink_to(tmp_path / "elsewhere.pyc")
+    elif plant == "fifo":
+        os.mkfifo(pyc)
+    else:
+        pyc.write_bytes(_from_the_cache(program))  # marshal ignores what follows the code
+        os.truncate(pyc, 17 << 20)
+    r = _run_installed(program, env, "--version")
+    assert (r.returncode, r.stdout, r.stderr) == (0, f"queuectl {queuectl.__version__}\n", "")
+
+
+def test_installed_copy_writes_its_cache_entry_without_following_links(tmp_path):
+    """The entry is written to a new private file (0600), never through a link planted at the
+    temporary name, which would overwrite the link's target."""
+    program, env = _installed(tmp_path), _launcher_env(tmp_path)
+    (tmp_path / "cache" / "queuectl").mkdir(parents=True, mode=0o700)
+    pyc = tmp_path / "cache" / "queuectl" / _entry_name(program)
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    # $$ is the pid the launcher gets: sh execs the program, whose sh execs python3.
+    plant = 'ln -s "$1" "$2.$$.tmp" && exec "$3" --version'
+    r = subprocess.run(["sh", "-c", plant, "sh", str(victim), str(pyc), str(program)], capture_output=True,
+                       text=True, timeout=WAIT_S, env=env, stdin=subprocess.DEVNULL)
+    assert (r.returncode, r.stdout, r.stderr) == (0, f"queuectl {queuectl.__version__}\n", "")
+    assert victim.read_bytes() == b"keep"
+    assert _run_installed(program, env, "--version").returncode == 0
+    assert [p.name for p in _cached(tmp_path)] == [pyc.name]
+    assert stat.S_IMODE(pyc.lstat().st_mode) == 0o600 and stat.S_ISREG(pyc.lstat().st_mode)
+
+
+def test_installed_copy_caches_nothing_with_an_empty_home(tmp_path):
+    """HOME= is no home: no cache (root would otherwise write /.cache/queuectl), the command still works."""
+    program, env = _installed(tmp_path), _launcher_env(tmp_path, HOME="")
+    del env["XDG_CACHE_HOME"]
+    here = tmp_path / "here"
+    here.mkdir()
+    root_entry = os.path.join("/.cache/queuectl", _entry_name(program))
+    for _ in range(2):
+        r = _run_installed(program, env, "--version", cwd=here)
+        assert (r.returncode, r.stdout) == (0, f"queuectl {queuectl.__version__}\n")
+    assert not os.path.lexists(root_entry) and list(here.iterdir()) == []
+
+
 def test_installed_copy_honours_pythondontwritebytecode(tmp_path):
     program = _installed(tmp_path)
     r = _run_installed(program, _launcher_env(tmp_path, PYTHONDONTWRITEBYTECODE="1"), "--version")
@@ -7677,6 +7757,50 @@ def test_installed_copy_does_not_import_from_the_current_folder(tmp_path):
     (here / "argparse.py").write_text("raise SystemExit('imported from the current folder')\n")
     r = _run_installed(_installed(tmp_path), _launcher_env(tmp_path), "--version", cwd=here)
     assert r.returncode == 0 and queuectl.__version__ in r.stdout, r.stderr
+
+
+def _bare_python3(tmp_path):
+    """A folder whose `python3` loads no module it need not at start-up (as Debian's /usr/bin/python3;
+    this one's site preloads `types`, which would hide a launcher import from the current folder)."""
+    folder = tmp_path / "bare"
+    folder.mkdir()
+    wrapper = folder / "python3"
+    for interpreter in ("/usr/bin/python3", f"{sys.executable} -S"):
+        wrapper.write_text(f'#!/bin/sh\nexec {interpreter} "$@"\n')
+        wrapper.chmod(0o755)
+        probe = "import sys; print(sys.version_info >= (3, 11) and not {'types', 'importlib.util'} & set(sys.modules))"
+        r = subprocess.run([str(wrapper), "-c", probe], capture_output=True, text=True, timeout=WAIT_S, cwd=tmp_path)
+        if r.stdout == "True\n":
+            return folder
+    raise AssertionError("no python3 without preloaded modules")
+
+
+def test_installed_copy_imports_none_of_its_own_modules_from_the_current_folder(tmp_path):
+    """Not even the loader's own imports, on a python3 that has not loaded them yet at start-up: a
+    types.py or importlib/ where someone runs queuectl (as root, say) must never run."""
+    here = tmp_path / "here"
+    (here / "importlib").mkdir(parents=True)
+    planted = ["types", "marshal", "os", "stat", "sys", "pwd", "json", "argparse", "sqlite3", "importlib/__init__"]
+    for name in planted:
+        (here / f"{name}.py").write_text(f"open({str(tmp_path / 'planted-ran')!r}, 'a').write({name!r})\n")
+    env = _launcher_env(tmp_path, PATH=f"{_bare_python3(tmp_path)}{os.pathsep}{os.environ['PATH']}")
+    program, db = _installed(tmp_path), str(tmp_path / "q.db")
+    for i in range(2):  # compiled and cached, then from the cache
+        r = _run_installed(program, env, "--db", db, "enqueue", f'{{"id": "j{i}", "command": "true"}}', cwd=here)
+        assert (r.returncode, r.stdout, r.stderr) == (0, f"j{i}\n", "")
+        assert not (tmp_path / "planted-ran").exists(), (tmp_path / "planted-ran").read_text()
+    assert len(_cached(tmp_path)) == 1
+
+
+def test_installed_copy_finds_modules_on_pythonpath(tmp_path):
+    """The loader keeps the current folder off sys.path (-P), not PYTHONPATH or the user's site (-I
+    would drop both): psycopg installed there must still import."""
+    fake = tmp_path / "site"
+    fake.mkdir()
+    (fake / "psycopg.py").write_text("raise SystemExit('psycopg from PYTHONPATH')\n")
+    r = _run_installed(_installed(tmp_path), _launcher_env(tmp_path, PYTHONPATH=str(fake)),
+                       "--db", "postgresql://nobody@127.0.0.1:9/none", "status")
+    assert "psycopg from PYTHONPATH" in r.stderr
 
 
 def test_script_and_module_runs_are_unchanged(tmp_path):
