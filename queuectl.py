@@ -5610,7 +5610,10 @@ class Supervisor:
 # server's threads, and a GET request's connection is query-only, so a GET never writes.
 # http.server is imported only when serving (it costs every other command ~20 ms of start-up).
 
-TOKEN_HEADER = "X-Queuectl-Token"  # POST needs it: another origin cannot set it without CORS, which we never grant
+# Every request but the page's own carries the token in this header, and only there: a cookie would
+# go to every server on the machine (browsers do not separate cookies by port), a query string ends up
+# in history and logs. Another origin cannot set the header without CORS, which we never grant.
+TOKEN_HEADER = "X-Queuectl-Token"
 MAX_PAGE_JOBS = 1000
 CHART_MINUTES = 60
 MAX_REQUEST_BODY = 64 * 1024
@@ -5767,8 +5770,8 @@ class Query:
             self.values[name] = value
 
     def only(self, allowed: tuple) -> None:
-        """UsageError for a parameter this endpoint does not take (`token` is always allowed)."""
-        unknown = sorted(set(self.values) - set(allowed) - {"token"})
+        """UsageError for a parameter this endpoint does not take."""
+        unknown = sorted(set(self.values) - set(allowed))
         if unknown:
             raise UsageError(f"unknown parameter {unknown[0]!r} (valid: {', '.join(allowed) or 'none'})")
 
@@ -5810,15 +5813,6 @@ def route_of(path: str) -> tuple[str, str | None]:
     except UnicodeDecodeError:
         raise UsageError("the job id in the path is not UTF-8") from None
     return "/".join(parts[:3] + ["ID"] + parts[4:]), job_id
-
-
-def cookie_value(header: str | None, name: str) -> str | None:
-    """One cookie's value from a Cookie header."""
-    for part in (header or "").split(";"):
-        key, _, value = part.strip().partition("=")
-        if key == name:
-            return value
-    return None
 
 
 def same_secret(given: str | None, secret: str) -> bool:
@@ -5966,7 +5960,6 @@ class Dashboard:
         self.target, self.token, self.allow_actions = target, token, allow_actions
         self.path = database_name(target)  # for messages: no password
         self.loopback = True  # set by serve(): a loopback server answers only to loopback host names
-        self.cookie = "queuectl_token"  # serve() adds the port: cookies are shared across ports
 
     def serve(self, bind: str, port: int):
         """Listen on bind:port and return the server; serve_forever() runs it, shutdown() stops it."""
@@ -5982,11 +5975,10 @@ class Dashboard:
             raise QueueError(f"cannot listen on {bind} port {port}: {e.strerror or e}") from None
         host, self.port = server.server_address[:2]
         self.loopback = ipaddress.ip_address(host).is_loopback
-        self.cookie = f"queuectl_token_{self.port}"
         return server
 
     def url(self, server) -> str:
-        """The address to open, with the token."""
+        """The address to open, with the token in the fragment (which a browser never sends to any server)."""
         import ipaddress
         import socket
         host = server.server_address[0]
@@ -5994,7 +5986,7 @@ class Dashboard:
             host = socket.gethostname()
         elif ":" in host:
             host = f"[{host}]"
-        return f"http://{host}:{self.port}/" + (f"?token={self.token}" if self.token else "")
+        return f"http://{host}:{self.port}/" + (f"#token={self.token}" if self.token else "")
 
     def respond(self, method: str, target: str, headers) -> Reply:
         """Answer one request (headers: a mapping with .get); never raises, so no request can stop the server."""
@@ -6011,31 +6003,31 @@ class Dashboard:
     def _respond(self, method: str, target: str, headers) -> Reply:
         path, _, query_text = target.partition("?")
         query = Query(query_text)
-        denied = self._denied(method, query, headers)
+        denied = self._denied(method, path, query, headers)
         if denied:
             return json_reply({"error": denied}, 403)
-        reply = self._route(method, path, query)
-        if self.token and query.text("token"):  # a first visit by the printed URL: remember the token
-            reply.headers.append(("Set-Cookie", f"{self.cookie}={self.token}; Path=/; HttpOnly; SameSite=Strict"))
-        return reply
+        return self._route(method, path, query)
 
-    def _denied(self, method: str, query: Query, headers) -> str | None:
+    def _denied(self, method: str, path: str, query: Query, headers) -> str | None:
         """Why this request is refused (403), or None."""
         if self.loopback and not loopback_host(headers.get("Host")):
             return "this dashboard answers only to localhost, 127.0.0.1 or [::1] (Host header)"
-        sent = query.text("token") or headers.get(TOKEN_HEADER) or cookie_value(headers.get("Cookie"), self.cookie)
-        if self.token and not same_secret(sent, self.token):
-            return "missing or wrong token: open the URL that `queuectl dashboard` printed"
+        if "token" in query.values:
+            return (f"the token goes in the {TOKEN_HEADER} header, not the query string "
+                    "(in a browser, open the URL that `queuectl dashboard` printed)")
+        if (method, path) == ("GET", "/"):  # the page holds no data: its script asks for it with the token
+            return None
+        if self.token and not same_secret(headers.get(TOKEN_HEADER), self.token):
+            return f"missing or wrong token: open the URL that `queuectl dashboard` printed (or send {TOKEN_HEADER})"
         return self._action_denied(headers) if method == "POST" else None
 
     def _action_denied(self, headers) -> str | None:
-        # The header, not the cookie: a browser sends the cookie along with a form another site
-        # posts, but lets no other origin set a custom header (that needs CORS, never granted).
+        # Even with --no-token an action needs the header: a browser lets another site post a form
+        # here, but not set a custom header (that needs CORS, never granted).
         if not self.allow_actions:
             return "actions are off: start the dashboard with --allow-actions"
-        header = headers.get(TOKEN_HEADER)
-        if header is None or (self.token and not same_secret(header, self.token)):
-            return f"actions need the token in the {TOKEN_HEADER} header"
+        if headers.get(TOKEN_HEADER) is None:
+            return f"actions need the {TOKEN_HEADER} header"
         origin = headers.get("Origin")
         if origin and origin != f"http://{headers.get('Host')}":
             return "cross-origin request refused"
@@ -6074,11 +6066,10 @@ class Dashboard:
             store.close()
 
     def _page(self, query: Query) -> Reply:
-        import html
         query.only(())
         import secrets
         nonce = secrets.token_urlsafe(16)  # lets the page's own script and style run, and nothing else
-        page = (DASHBOARD_PAGE.replace("{{NONCE}}", nonce).replace("{{TOKEN}}", html.escape(self.token or ""))
+        page = (DASHBOARD_PAGE.replace("{{NONCE}}", nonce).replace("{{NEEDS_TOKEN}}", "1" if self.token else "")
                 .replace("{{ACTIONS}}", "1" if self.allow_actions else ""))
         return Reply(200, page.encode(), "text/html; charset=utf-8", [
             ("Content-Security-Policy", PAGE_CSP.format(nonce=nonce)), ("X-Frame-Options", "DENY"),
@@ -6151,7 +6142,7 @@ DASHBOARD_PAGE = """<!doctype html>
 <head>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<meta name="queuectl-token" content="{{TOKEN}}">
+<meta name="queuectl-needs-token" content="{{NEEDS_TOKEN}}">
 <meta name="queuectl-actions" content="{{ACTIONS}}">
 <title>queuectl dashboard</title>
 <link rel="icon" href="data:,">
@@ -6335,13 +6326,27 @@ pre { margin: 4px 0 0; max-height: 260px; overflow: auto; background: var(--code
 "use strict";
 const $ = (selector) => document.querySelector(selector);
 const meta = (name) => document.querySelector(`meta[name="${name}"]`).content;
-const TOKEN = meta("queuectl-token"), ACTIONS = meta("queuectl-actions") === "1";
+const NEEDS_TOKEN = meta("queuectl-needs-token") === "1", ACTIONS = meta("queuectl-actions") === "1";
 const STATES = ["pending", "processing", "completed", "failed", "dead"], OUTCOMES = ["completed", "failed", "dead"];
 const PAGE = 25, REFRESH_MS = 1500, TAIL_CHARS = 16384, QUEUE_NAME = /^[A-Za-z0-9._-]{0,64}$/;
 const view = { state: "", queue: "", offset: 0, job: null, closed: new Set(), paused: [] };
 const drawn = {};  // the JSON each panel last drew: an unchanged panel is left alone
 
-history.replaceState(null, "", location.pathname + location.hash);  // the token stays out of the address bar
+// The token: the printed URL brings it in the fragment (#token=T, optionally &job=ID), which no browser
+// sends to a server. It moves to sessionStorage, kept by a reload of this tab and by no other origin
+// (another port is another origin), and out of the address bar. Never a cookie: a browser would send
+// that to every server on this host, whatever its port.
+let token = takeToken();
+function takeToken() {
+  const match = /^#token=([^&]*)&?(.*)$/.exec(location.hash);
+  if (match) history.replaceState(null, "", location.pathname + (match[2] ? "#" + match[2] : ""));
+  try {
+    if (match) sessionStorage.setItem("queuectl-token", match[1]);
+    return sessionStorage.getItem("queuectl-token") || "";
+  } catch {  // storage refused (a browser setting): this visit works, a reload needs the URL again
+    return match ? match[1] : "";
+  }
+}
 
 // DOM builders. Children that are strings become text nodes: nothing from the API is parsed as HTML.
 function h(tag, props, ...children) {
@@ -6398,7 +6403,7 @@ function due(j) {
 
 // The API
 async function api(path, method = "GET") {
-  const res = await fetch(path, { method, cache: "no-store", headers: { "X-Queuectl-Token": TOKEN } });
+  const res = await fetch(path, { method, cache: "no-store", headers: { "X-Queuectl-Token": token } });
   const body = await res.json().catch(() => ({}));
   if (!res.ok) throw Object.assign(new Error(body.error || `HTTP ${res.status}`), { status: res.status });
   return [body, res];
@@ -6647,8 +6652,14 @@ async function update() {
   $("#live").classList.toggle("down", Boolean(failure));
 }
 async function loop() {
-  if (!document.hidden) await update();
+  if (NEEDS_TOKEN && !token) noToken();
+  else if (!document.hidden) await update();
   setTimeout(loop, REFRESH_MS);
+}
+function noToken() {  // a bare URL (a new tab, a bookmark): say how to get in rather than poll for 403s
+  setBanner("This tab has no access token: open the URL that `queuectl dashboard` printed (it ends in #token=…).");
+  $("#live").textContent = "no token";
+  $("#live").classList.add("down");
 }
 function jobFromHash() {
   const match = /^#job=(.*)$/.exec(location.hash);
@@ -6677,6 +6688,10 @@ $("#retryall").onclick = async () => {
 $("#prev").onclick = () => { view.offset = Math.max(0, view.offset - PAGE); reloadJobs(); };
 $("#next").onclick = () => { view.offset += PAGE; reloadJobs(); };
 window.addEventListener("hashchange", () => {
+  if (location.hash.startsWith("#token=")) {  // the printed URL pasted into this tab: no reload happens
+    token = takeToken();
+    update();
+  }
   const id = jobFromHash();
   if (id !== null && id !== view.job) selectJob(id);
 });

@@ -2609,17 +2609,14 @@ class DashboardUnderTest:
         self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self.thread.start()
 
-    def request(self, path, *, auth="query", method="GET", headers=None):
-        """(status, headers, body: parsed JSON, or text) of one request; auth is query, header, cookie or None."""
+    def request(self, path, *, auth="header", method="GET", headers=None):
+        """(status, headers, body: parsed JSON, or text) of one request; auth is "header" (the token in
+        X-Queuectl-Token) or None (only the headers given)."""
         import urllib.error
         import urllib.request
         headers = dict(headers or {})
-        if auth == "query":
-            path += ("&" if "?" in path else "?") + "token=" + self.token
-        elif auth == "header":
+        if auth == "header":
             headers["X-Queuectl-Token"] = self.token
-        elif auth == "cookie":
-            headers["Cookie"] = f"{self.dashboard.cookie}={self.token}"
         req = urllib.request.Request(self.base + path, method=method, headers=headers,
                                      data=b"" if method == "POST" else None)
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via $http_proxy
@@ -2687,25 +2684,41 @@ def cli_json(capsys, path, *args):
 
 def test_dashboard_refuses_every_request_without_the_right_token(dashboard):
     d = dashboard()
-    for path in ("/", "/api/status", "/api/jobs", "/api/jobs/done-1", "/nope"):
-        for auth, headers in ((None, {}), (None, {"X-Queuectl-Token": "wrong"}),
-                              (None, {"Cookie": f"{d.dashboard.cookie}=wrong"})):
-            status, _, body = d.request(path, auth=auth, headers=headers)
+    port = d.server.server_address[1]
+    for path in ("/api/status", "/api/jobs", "/api/jobs/done-1", "/metrics", "/nope"):
+        for headers in ({}, {"X-Queuectl-Token": "wrong"}, {"X-Queuectl-Token": ""},
+                        {"Cookie": f"queuectl_token_{port}={DASH_TOKEN}"}):  # the cookie an older version set
+            status, _, body = d.request(path, auth=None, headers=headers)
             assert status == 403 and "token" in body["error"], (path, headers, status, body)
-        status, _, body = d.request(path + "?token=wrong", auth=None)
-        assert status == 403, (path, body)
 
 
-def test_dashboard_token_in_the_query_sets_a_strict_httponly_cookie_that_then_suffices(dashboard):
+def test_dashboard_takes_the_token_from_its_header_only_never_the_query_string(dashboard):
     d = dashboard()
-    status, headers, _ = d.request("/api/status", auth="query")
-    assert status == 200
-    cookie = headers["Set-Cookie"]
-    assert cookie.startswith(f"{d.dashboard.cookie}={DASH_TOKEN};")
-    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Path=/" in cookie
-    for auth in ("cookie", "header"):
-        status, headers, _ = d.request("/api/status", auth=auth)
-        assert status == 200 and "Set-Cookie" not in headers
+    for path in ("/?token=" + DASH_TOKEN, "/api/status?token=" + DASH_TOKEN, "/api/status?token=wrong"):
+        for auth in (None, "header"):
+            status, _, body = d.request(path, auth=auth)
+            assert status == 403 and "X-Queuectl-Token header, not the query string" in body["error"], (path, body)
+    assert d.get("/api/status")["jobs"]["pending"] == 2
+
+
+def test_dashboard_never_sets_a_cookie(dashboard):
+    d = dashboard(allow_actions=True)
+    printed = d.dashboard.url(d.server).removeprefix(d.base).partition("#")[0]  # what a browser asks for it
+    for path, method, auth in ((printed, "GET", None), ("/", "GET", "header"), ("/api/status", "GET", "header"),
+                               ("/api/status", "GET", None), ("/api/jobs/img-1/cancel", "POST", "header")):
+        status, headers, _ = d.request(path, method=method, auth=auth)
+        assert status in (200, 403) and headers.get_all("Set-Cookie") is None, (path, method, auth, status)
+    assert d.store.get("img-1").state == "dead"  # the cancel went through: the loop saw answers of each kind
+
+
+def test_dashboard_page_needs_no_token_and_holds_no_data_or_token(dashboard):
+    d = dashboard()
+    status, headers, page = d.request("/", auth=None)
+    assert status == 200 and headers["Content-Type"] == "text/html; charset=utf-8"
+    assert DASH_TOKEN not in page and "img-1" not in page and "done-1" not in page
+    assert '<meta name="queuectl-needs-token" content="1">' in page
+    assert '<meta name="queuectl-needs-token" content="">' in dashboard(token=None).request("/", auth=None)[2]
+    assert d.request("/", auth=None, headers={"Host": "evil.example"})[0] == 403  # the Host check still holds
 
 
 def test_dashboard_without_a_token_serves_everyone_on_this_machine(dashboard):
@@ -2869,8 +2882,10 @@ def job_states(d):
 def test_dashboard_actions_need_the_token_in_a_header(dashboard):
     d = dashboard(allow_actions=True)
     path = "/api/jobs/" + quote_id(SCRIPT_ID) + "/retry"
-    refused = [d.request(path, method="POST", auth="cookie"), d.request(path, method="POST", auth="query"),
-               d.request(path, method="POST", auth="cookie", headers={"X-Queuectl-Token": "wrong"}),
+    cookie = {"Cookie": f"queuectl_token_{d.server.server_address[1]}={DASH_TOKEN}"}  # what an older version set
+    refused = [d.request(path, method="POST", auth=None, headers=cookie),
+               d.request(path + "?token=" + DASH_TOKEN, method="POST", auth=None),
+               d.request(path, method="POST", auth=None, headers={**cookie, "X-Queuectl-Token": "wrong"}),
                d.request(path, method="POST", auth="header", headers={"Origin": "http://evil.example"})]
     assert [status for status, _, _ in refused] == [403] * 4
     assert d.store.get(SCRIPT_ID).state == "dead"
@@ -2946,9 +2961,11 @@ def test_dashboard_command_prints_the_url_and_stops_cleanly_on_ctrl_c(db):
     import signal
     import urllib.request
     proc, url = start_dashboard_process(db)
-    assert url.startswith("http://127.0.0.1:") and "/?token=" in url, url
+    base, _, fragment = url.partition("/#token=")  # the token only in the fragment, which no browser sends
+    assert base.startswith("http://127.0.0.1:") and fragment and "?" not in url, url
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with opener.open(url.replace("/?", "/api/status?"), timeout=30) as res:
+    request = urllib.request.Request(base + "/api/status", headers={"X-Queuectl-Token": fragment})
+    with opener.open(request, timeout=30) as res:
         assert json.loads(res.read())["jobs"]["pending"] == 0
     code, err = stop_dashboard_process(proc, signal.SIGINT)
     assert code == 0 and "Traceback" not in err and "stopped" in err and "warning" not in err, err
@@ -2989,8 +3006,8 @@ def test_dashboard_refuses_actions_without_a_token_off_loopback_before_listening
     assert served == ["127.0.0.1", "0.0.0.0", "0.0.0.0"]
 
 
-def chromium_dom(url, tmp_path):
-    """The DOM of url after the page's scripts ran (headless Chromium, virtual time)."""
+def chromium_dom(url, tmp_path, *flags):
+    """The DOM of url after the page's scripts ran (headless Chromium, virtual time; more flags given)."""
     if not os.path.exists(CHROMIUM):
         if os.environ.get("CI") == "true":
             pytest.fail(f"{CHROMIUM} is missing; CI must run the browser test (apt-get install chromium)")
@@ -2998,7 +3015,7 @@ def chromium_dom(url, tmp_path):
     proc = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
                            "--disable-background-networking", "--disable-component-update", "--disable-sync",
                            f"--user-data-dir={tmp_path / 'chromium-profile'}", "--virtual-time-budget=5000",
-                           "--dump-dom", url], capture_output=True, text=True, timeout=180)
+                           *flags, "--dump-dom", url], capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0 and "</html>" in proc.stdout, proc.stderr[-3000:]
     return proc.stdout
 
@@ -3007,7 +3024,7 @@ def test_dashboard_in_a_real_browser_shows_the_queue_from_the_api(dashboard, tmp
     d = dashboard(allow_actions=True)
     served = d.request("/")[2]
     assert "img-2" not in served and "alert(" not in served
-    dom = chromium_dom(f"{d.base}/?token={DASH_TOKEN}#job={quote_id(SCRIPT_ID)}", tmp_path)
+    dom = chromium_dom(f"{d.base}/#token={DASH_TOKEN}&job={quote_id(SCRIPT_ID)}", tmp_path)
     counts = {"pending": 2, "processing": 1, "completed": 1, "failed": 0, "dead": 1, "workers": 1}
     for name, count in counts.items():
         assert f'id="n-{name}">{count}<' in dom, (name, count)
@@ -3022,6 +3039,90 @@ def test_dashboard_in_a_real_browser_shows_the_queue_from_the_api(dashboard, tmp
     assert '<button id="retryall" class="retry">Retry all dead</button>' in dom  # shown with --allow-actions
     assert '<td class="num">1/1</td>' in dom and '<td class="num">0/3</td><td>now</td>' in dom  # attempts, due
     assert '<td class="muted">all</td>' in dom  # the worker serves every queue
+
+
+def test_dashboard_in_a_real_browser_without_a_token_says_how_to_get_in(dashboard, tmp_path, monkeypatch):
+    d = dashboard()
+    asked = recorded_requests(d, monkeypatch)
+    dom = chromium_dom(f"{d.base}/", tmp_path)  # a bare URL, as in a new tab: no token in this tab
+    assert "This tab has no access token: open the URL that `queuectl dashboard` printed" in dom
+    assert '<span id="live" class="down">no token</span>' in dom and 'id="n-pending">–<' in dom
+    assert [path for path, _ in asked] == ["/"]  # it does not poll the API for 403s
+
+
+def recorded_requests(d, monkeypatch):
+    """A list that gets (target, headers) of every request the dashboard d answers from now on."""
+    asked, respond = [], d.dashboard.respond
+    monkeypatch.setattr(d.dashboard, "respond", lambda method, target, headers: asked.append(
+        (target, dict(headers))) or respond(method, target, headers))
+    return asked
+
+
+def neighbour_server(page, answer):
+    """Another local user's web server on a free loopback port (the machine's other sites): GET / is
+    `page`, any other path gets answer(path); it records (path, headers) of every request. Stop it with
+    .shutdown()."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            server.asked.append((self.path, dict(self.headers)))
+            body = page if self.path == "/" else answer(self.path)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Length", str(len(body.encode())))
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.asked, server.base = [], f"http://127.0.0.1:{server.server_address[1]}"
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    return server
+
+
+def test_dashboard_in_a_real_browser_keeps_the_token_from_other_ports_and_through_a_reload(dashboard, tmp_path,
+                                                                                            monkeypatch):
+    """The reported leak: Alice opens the printed URL, then visits bob's server on another loopback
+    port; a cookie for 127.0.0.1 went there too (browsers do not separate cookies by port)."""
+    d = dashboard()
+    asked = recorded_requests(d, monkeypatch)
+
+    def loaded(n, token):  # the page was loaded n times, and after its nth load it called the API with token
+        loads = [i for i, (target, _) in enumerate(asked) if target.partition("?")[0] == "/"]
+        return len(loads) >= n and any(target.startswith("/api/") and headers.get("X-Queuectl-Token") == token
+                                       for target, headers in asked[loads[n - 1]:])
+    steps = {"/wait/1": (1, "stale"), "/wait/2": (1, DASH_TOKEN), "/wait/3": (2, DASH_TOKEN)}
+
+    def answer(path):
+        try:
+            return "ok" if wait_for(lambda: loaded(*steps[path]), f"{path}: {steps[path]}") else ""
+        except (AssertionError, KeyError):
+            return "no"
+    # bob's page opens the dashboard in a tab with a stale token (a restarted dashboard), then goes to
+    # the printed URL there (only the fragment changes: no reload), then to the bare URL (a reload:
+    # sessionStorage keeps the token), then calls home, with whatever the browser holds for 127.0.0.1.
+    # (A timer before /wait/2: with a fetch pending, virtual time holds the other tab's fragment
+    # navigation until the fetch ends; the timer lets it run first. The wait itself polls.)
+    script = (f"const tab = window.open({json.dumps(d.base + '/#token=stale')}); (async () => {{"
+              "const say = async (path) => out.append(' ' + await (await fetch(path)).text());"
+              f"await say('/wait/1'); tab.location = {json.dumps(d.dashboard.url(d.server))};"
+              "await new Promise((done) => setTimeout(done, 100)); await say('/wait/2');"
+              f"tab.location = {json.dumps(d.base + '/')}; await say('/wait/3'); await say('/home'); }})();")
+    bob = neighbour_server(f"<!doctype html><p id=out>bob:</p><script>{script}</script>", answer)
+    try:
+        dom = chromium_dom(bob.base + "/", tmp_path, "--disable-popup-blocking")
+    finally:
+        bob.shutdown()
+    assert '<p id="out">bob: ok ok ok no</p>' in dom, dom[-2000:]
+    assert [target for target, _ in asked if target.partition("?")[0] == "/"] == ["/", "/"]  # two loads, not three
+    assert [path for path, _ in bob.asked if path != "/favicon.ico"] == ["/", "/wait/1", "/wait/2", "/wait/3", "/home"]
+    for path, headers in bob.asked:
+        assert "Cookie" not in headers and DASH_TOKEN not in path + repr(headers), (path, headers)
+    assert not any("Cookie" in headers for _, headers in asked)
 
 
 # ==== CLI ==========================================================================================
@@ -5904,9 +6005,9 @@ def test_dashboard_api_gives_the_kept_and_printed_sizes(dashboard):
 def test_dashboard_in_a_real_browser_says_when_output_was_cut(sqlite_dashboard, tmp_path):
     d = sqlite_dashboard()
     add_cut_run(d.store, "cut-1", 1024, 14_889_779)
-    dom = chromium_dom(f"{d.base}/?token={DASH_TOKEN}#job=cut-1", tmp_path)
+    dom = chromium_dom(f"{d.base}/#token={DASH_TOKEN}&job=cut-1", tmp_path)
     assert "run 1 output, last 1 KiB of 14.2 MiB</summary>" in dom
-    dom = chromium_dom(f"{d.base}/?token={DASH_TOKEN}#job=done-1", tmp_path)
+    dom = chromium_dom(f"{d.base}/#token={DASH_TOKEN}&job=done-1", tmp_path)
     assert "run 1 output, 19 B</summary>" in dom
 
 
@@ -5984,8 +6085,8 @@ def test_metrics_label_values_are_escaped():
 
 def test_dashboard_metrics_need_the_token_and_are_prometheus_text(dashboard):
     d = dashboard()
-    for auth in (None, "wrong"):
-        status, _, body = d.request("/metrics" + ("?token=wrong" if auth else ""), auth=None)
+    for headers in ({}, {"X-Queuectl-Token": "wrong"}):
+        status, _, body = d.request("/metrics", auth=None, headers=headers)
         assert status == 403 and "token" in body["error"]
     status, headers, body = d.request("/metrics", auth="header")
     assert status == 200 and headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
