@@ -5815,6 +5815,18 @@ def route_of(path: str) -> tuple[str, str | None]:
     return "/".join(parts[:3] + ["ID"] + parts[4:]), job_id
 
 
+def given_token(headers) -> str | None:
+    """The token a request carries: the X-Queuectl-Token header, else `Authorization: Bearer TOKEN` (what
+    Prometheus's `authorization` and older scrapers send). A page of another site can set neither
+    without a CORS preflight, which is never granted, and a browser sends Authorization on its own only
+    after a 401 challenge, which the dashboard never makes."""
+    token = headers.get(TOKEN_HEADER)
+    if token is None:
+        scheme, _, credentials = (headers.get("Authorization") or "").partition(" ")
+        token = credentials.strip() if scheme.lower() == "bearer" and credentials.strip() else None
+    return token
+
+
 def same_secret(given: str | None, secret: str) -> bool:
     """Constant-time comparison that also takes non-ASCII input (compare_digest refuses such str)."""
     import secrets
@@ -6017,7 +6029,7 @@ class Dashboard:
                     "(in a browser, open the URL that `queuectl dashboard` printed)")
         if (method, path) == ("GET", "/"):  # the page holds no data: its script asks for it with the token
             return None
-        if self.token and not same_secret(headers.get(TOKEN_HEADER), self.token):
+        if self.token and not same_secret(given_token(headers), self.token):
             return f"missing or wrong token: open the URL that `queuectl dashboard` printed (or send {TOKEN_HEADER})"
         return self._action_denied(headers) if method == "POST" else None
 
@@ -6026,7 +6038,7 @@ class Dashboard:
         # here, but not set a custom header (that needs CORS, never granted).
         if not self.allow_actions:
             return "actions are off: start the dashboard with --allow-actions"
-        if headers.get(TOKEN_HEADER) is None:
+        if given_token(headers) is None:
             return f"actions need the {TOKEN_HEADER} header"
         origin = headers.get("Origin")
         if origin and origin != f"http://{headers.get('Host')}":

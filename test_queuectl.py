@@ -2701,6 +2701,20 @@ def test_dashboard_takes_the_token_from_its_header_only_never_the_query_string(d
     assert d.get("/api/status")["jobs"]["pending"] == 2
 
 
+def test_dashboard_takes_a_bearer_token_as_prometheus_sends_it(dashboard):
+    """Prometheus's `authorization` (and older scrapers, which have no custom headers) send the token as
+    `Authorization: Bearer TOKEN`; a page of another site cannot set that header either."""
+    d = dashboard(allow_actions=True)
+    for headers in ({"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {DASH_TOKEN}"},
+                    {"Authorization": "Bearer "}):
+        assert d.request("/metrics", auth=None, headers=headers)[0] == 403, headers
+    status, _, body = d.request("/metrics", auth=None, headers={"Authorization": f"Bearer {DASH_TOKEN}"})
+    assert status == 200 and "queuectl_jobs" in body
+    status, _, job = d.request("/api/jobs/img-1/cancel", method="POST", auth=None,
+                               headers={"Authorization": f"bearer {DASH_TOKEN}"})
+    assert status == 200 and job["state"] == "dead"
+
+
 def test_dashboard_never_sets_a_cookie(dashboard):
     d = dashboard(allow_actions=True)
     printed = d.dashboard.url(d.server).removeprefix(d.base).partition("#")[0]  # what a browser asks for it
