@@ -160,6 +160,17 @@ MAX_DEPS = 1000
 MAX_LIMIT = 1_000_000  # the largest per-queue concurrency limit
 MAX_EPOCH = 253_402_300_799  # 9999-12-31T23:59:59Z
 DEFAULT_QUEUE = "default"
+# Text for a terminal: what a person reads is printed through printable(): a job's command, error,
+# output, ids, queue and host names come from whoever enqueued the job or ran the worker, and a raw ESC,
+# CR or C1 character in them would let that person clear the reader's screen, recolour it, or forge
+# lines of output. C0 and C1 controls, DEL, the line and paragraph separators and the bidirectional
+# formatting characters (which reorder what follows them on the line) are shown escaped; other Unicode
+# is kept. A job id may contain none of them (see _valid_id): ids are printed as they are, for scripts.
+NOT_C0 = r"\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069"  # DEL, C1, separators, bidi controls
+UNSAFE_TEXT = re.compile(rf"[\x00-\x1f{NOT_C0}]")
+UNSAFE_IN_LINES = re.compile(rf"[\x00-\x08\x0b-\x1f{NOT_C0}]")  # a job's output keeps its lines and tabs
+UNSAFE_IN_JSON = re.compile(rf"[{NOT_C0}]")  # json.dumps escapes C0 itself
+NAMED_ESCAPES = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
 QUEUE_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 # Numbers as people type them, one grammar for every number queuectl reads (see parse_number): ASCII
 # digits only (int() takes "３" and "1_000", float() "+5", "1e3" and "nan"), blanks around them ignored.
@@ -3405,8 +3416,9 @@ def _valid_id(value: object, field: str = "id") -> str:
     job_id = _valid_text(value, field)
     if not job_id or len(job_id) > MAX_ID_CHARS:
         raise UsageError(f"field {field!r}: an id must be 1 to {MAX_ID_CHARS} characters")
-    if any(ord(c) < 32 or 127 <= ord(c) < 160 or c in "\u2028\u2029" for c in job_id):
-        raise UsageError(f"field {field!r}: an id must not contain control characters or line separators")
+    if UNSAFE_TEXT.search(job_id):  # so that it prints as it is, for scripts that read ids back
+        raise UsageError(f"field {field!r}: an id must not contain control characters, line separators or "
+                         "direction marks")
     return job_id
 
 
@@ -3448,9 +3460,10 @@ def _valid_env(value: object) -> dict:
         if size > MAX_COMMAND_BYTES:
             raise UsageError(f"env {key!r}: NAME=VALUE is {size} bytes, more than the system takes in one "
                              f"environment string ({MAX_COMMAND_BYTES})")
-        total += size
+        total += size + 1 + 8  # as the kernel counts it: the string's NUL and its pointer in envp
     if total > MAX_ENV_BYTES:
-        raise UsageError(f"field 'env' is {total} bytes in all, more than {MAX_ENV_BYTES}")
+        raise UsageError(f"field 'env' takes {total} bytes of the system's room for it (each NAME=VALUE with "
+                         f"its NUL and pointer), more than {MAX_ENV_BYTES}")
     return value
 
 
@@ -7013,17 +7026,7 @@ def config_key(name: str) -> str:
 
 
 # -- text for a terminal ---------------------------------------------------------------------------
-# What a person reads is printed through printable(): a job's command, error, output, ids, queue and
-# host names come from whoever enqueued the job or ran the worker, and a raw ESC, CR or C1 character
-# in them would let that person clear the reader's screen, recolour it, or forge lines of output.
-# C0 and C1 controls, DEL, the line and paragraph separators and the bidirectional formatting
-# characters (which reorder what follows them on the line) are shown escaped; other Unicode is kept.
-
-NOT_C0 = r"\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069"  # DEL, C1, separators, bidi controls
-UNSAFE_TEXT = re.compile(rf"[\x00-\x1f{NOT_C0}]")
-UNSAFE_IN_LINES = re.compile(rf"[\x00-\x08\x0b-\x1f{NOT_C0}]")  # a job's output keeps its lines and tabs
-UNSAFE_IN_JSON = re.compile(rf"[{NOT_C0}]")  # json.dumps escapes C0 itself
-NAMED_ESCAPES = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
+# What a person reads is printed through printable() (see UNSAFE_TEXT).
 
 
 def printable(text: str, lines: bool = False) -> str:
@@ -7051,8 +7054,9 @@ def emit_json(value) -> None:
 
 
 def print_ids(ids: list[str]) -> None:
-    """One id a line: what enqueue, cancel, delete and dlq retry print."""
-    sys.stdout.write("".join(f"{i}\n" for i in ids))
+    """One id a line: what enqueue, cancel, delete and dlq retry print. Ids are checked at input (see
+    _valid_id), so printable() changes only one written into the database behind queuectl's back."""
+    sys.stdout.write("".join(f"{printable(i)}\n" for i in ids))
 
 
 def checked_ids(ids: list[str]) -> list[str]:
@@ -7626,7 +7630,10 @@ def write_bytes(data: bytes | None) -> None:
         return
     if hasattr(sys.stdout, "buffer"):
         sys.stdout.flush()
-        sys.stdout.buffer.write(data)
+        if isinstance(sys.stdout, Stdout):
+            sys.stdout.write_bytes(data)
+        else:
+            sys.stdout.buffer.write(data)
     else:
         sys.stdout.write(text(data))
 
@@ -7809,7 +7816,7 @@ def cmd_config_set(args, store: Store) -> None:
 
 
 def cmd_config_get(args, store: Store) -> None:
-    print(store.config_get(config_key(args.key)))
+    print(printable(str(store.config_get(config_key(args.key)))))
 
 
 def cmd_config_list(args, store: Store) -> None:
@@ -7817,7 +7824,7 @@ def cmd_config_list(args, store: Store) -> None:
     if args.json:
         return emit_json(values)
     for key, value in values.items():
-        print(f"{key} = {value}")
+        print(f"{key} = {printable(str(value))}")
 
 
 # -- schedules -----------------------------------------------------------------------------------
@@ -7917,6 +7924,10 @@ class Stdout:
 
     def flush(self) -> None:
         self._guarded(self.stream.flush)
+
+    def write_bytes(self, data: bytes) -> None:
+        """Bytes as they are (a job's output), through the stream's byte layer, guarded the same way."""
+        self._guarded(self.stream.buffer.write, data)
 
     def _guarded(self, call, *args):
         try:

@@ -10083,6 +10083,12 @@ def test_an_env_string_the_system_would_refuse_is_refused_at_enqueue(db):
     code, _, err = cli(db, "enqueue", "-", stdin=json.dumps({"command": "true", "env": many}))
     assert code == 2
     assert_one_error(err, "field 'env'", str(queuectl.MAX_ENV_BYTES))
+    # The kernel also counts each string's NUL and pointer: 100,000 empty variables (800,000 bytes of
+    # text) take 1,700,000 bytes of its room, and would fail every attempt.
+    empty = {f"A{i:06d}": "" for i in range(100_000)}
+    code, _, err = cli(db, "enqueue", "-", stdin=json.dumps({"command": "true", "env": empty}))
+    assert code == 2
+    assert_one_error(err, "field 'env'", "NUL and pointer")
     assert snapshot(db) == before
     code, _, err = cli(db, "enqueue", "-", stdin=json.dumps({"id": "fits", "command": "true", "env": {"BIG": fits}}))
     assert code == 0, err
@@ -10296,3 +10302,43 @@ def test_a_worker_text_log_shows_a_hostile_command_and_id_escaped(db, workers, t
     assert_terminal_safe(log_text)
     # the claimed line's command has its whitespace (U+2028 among it) run together, then is escaped
     assert "job job\\u202eevil claimed (attempt 1): exit 3 # \\x1b[2J\\x9b \\u202e\n" in log_text
+
+
+# ==== Session five: the first review of the fixes (review-r1) =====================================
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+def test_logs_to_a_full_disk_names_standard_output(sqlite_db):
+    """`logs` writes a job's output as bytes, past the text layer that OutputLost guarded: a full disk
+    still said only "No space left on device"."""
+    enqueue(sqlite_db, id="o", command="echo hello")
+    ok(sqlite_db, "worker", "start", "--burst")
+    code, err = full_output("--db", sqlite_db, "logs", "o")
+    assert code == 1
+    assert_one_error(err, "cannot write to standard output")
+
+
+def test_an_id_with_a_direction_mark_is_refused_so_ids_print_as_they_are(db):
+    """A bidi control (U+202E) in an id was accepted and echoed raw by enqueue, reordering the line on a
+    terminal; escaped, it would no longer be the id a script reads back. Ids may not contain one."""
+    before = snapshot(db)
+    for bad in ("a\u202eb", "a\u2066b", "a\u200fb", "a\u061cb"):
+        code, out, err = cli(db, "enqueue", json.dumps({"id": bad, "command": "true"}))
+        assert (code, out) == (2, "")
+        assert_one_error(err, "direction marks")
+    assert snapshot(db) == before
+
+
+def test_ids_and_config_values_written_behind_queuectls_back_print_escaped(sqlite_db):
+    """print_ids and `config get`/`list` trusted what they printed; a value written into the database
+    directly (not through queuectl) reached the terminal raw."""
+    enqueue(sqlite_db, id="seed", command="true")
+    conn = sqlite3.connect(sqlite_db)
+    with conn:
+        conn.execute("UPDATE jobs SET id = ?, state = 'dead' WHERE id = 'seed'", ("evil\x1b]0;owned\x07",))
+        conn.execute("INSERT OR REPLACE INTO config (key, value) VALUES ('max_retries', ?)", (json.dumps("\x1b[2J"),))
+    conn.close()
+    out = ok(sqlite_db, "dlq", "retry", "--all")
+    assert out == "evil\\x1b]0;owned\\x07\n"
+    assert ok(sqlite_db, "config", "get", "max-retries") == "\\x1b[2J\n"
+    assert "max-retries = \\x1b[2J\n" in ok(sqlite_db, "config", "list")
+
