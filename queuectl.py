@@ -3830,7 +3830,8 @@ def run_command(job: Job, env_extra: dict, abort, on_output=None, *, die_with_wo
     reason, ended = capture.collect(job.timeout, abort, kill_grace)
     stuck = end_run(proc, env_extra.get("QUEUECTL_RUN", "")) if reason else None
     if die_with_worker and Watchdog.current and proc.returncode is not None:
-        Watchdog.current.ended(proc.pid)  # reaped by us: the run is over, its background children are not ours
+        # reaped by us: the run is over, its background children are not ours
+        Watchdog.current.ended(proc.pid, env_extra.get("QUEUECTL_RUN", "").encode())
     proc.stdout.close()
     outcome = _outcome(proc.returncode, reason, bytes(capture.tail), time.monotonic() - started, job.timeout, ended)
     outcome.output_bytes, outcome.stuck = capture.total, stuck
@@ -3866,8 +3867,17 @@ def _spawn(job: Job, extra: dict, die_with_worker: bool):
     import subprocess
     watchdog = Watchdog.current if die_with_worker else None
     if watchdog and watchdog.alive:  # it kills the run if the worker dies: start the job as on SQLite
-        proc = _spawn(job, extra, False)
-        watchdog.tell(proc.pid, extra.get(b"QUEUECTL_RUN", b""))
+        # Told of the token first: a worker killed after the job's first process exists and before
+        # the message below (milliseconds on a busy host: this thread must get the GIL back) still
+        # has its run killed, by token (see Watchdog).
+        token = extra.get(b"QUEUECTL_RUN", b"")
+        watchdog.starting(token)
+        try:
+            proc = _spawn(job, extra, False)
+        except BaseException:
+            watchdog.not_started(token)
+            raise
+        watchdog.tell(proc.pid, token)
         return proc
     # start_new_session: the job gets its own process group, so the terminal's Ctrl+C meant for
     # the worker never reaches it, and killpg() reaches all of its children.
@@ -4571,10 +4581,11 @@ class Watchdog:
     Forked by the worker at its start (see Supervisor.run), in a session of its own, so neither the
     terminal's Ctrl+C nor a kill of the worker's process group reaches it. It holds the read end of a
     pipe whose write end only the worker holds (close-on-exec: no job inherits it). The worker writes
-    the PID of each job's first process, which leads the run's session, and the run's token as it
-    starts it, and the PID again once it has reaped that process (the run is over). EOF means the
-    worker is gone: the watchdog SIGKILLs the runs not over, by token and session (kill_run), waits
-    until they are gone, then exits. A worker that ends cleanly SIGKILLs its watchdog first.
+    the run's token just before it starts a job, the PID of the job's first process, which leads the
+    run's session, with the token once started, and the PID and token again once it has reaped that
+    process (the run is over). EOF means the worker is gone: the watchdog SIGKILLs the runs not over,
+    by token and session (kill_run), a run whose start it was told of but not its PID by token
+    alone, waits until they are gone, then exits. A worker that ends cleanly SIGKILLs its watchdog first.
 
     A sweeper on this host must not requeue the runs while processes the watchdog killed are still
     exiting: their environment already reads empty, so its token scan would miss them, yet they hold
@@ -4618,15 +4629,27 @@ class Watchdog:
         cls.current = cls(pid, write_end)
         return cls.current
 
+    def starting(self, token: bytes) -> None:
+        """Tell of a run about to start, before its first process exists: a worker that dies between
+        that start and tell() would otherwise leave the run to the next sweep."""
+        if token:
+            self._send(b"+%s\n" % token)
+
+    def not_started(self, token: bytes) -> None:
+        """Tell that the run announced by starting() did not start (no process carries its token)."""
+        if token:
+            self._send(b"!%s\n" % token)
+
     def tell(self, pid: int, token: bytes) -> None:
         """Tell of a job just started: its first process and its run's token. One write of one line
         (a token is printable ASCII), atomic (under PIPE_BUF) and never blocking: a message that
         finds the pipe full leaves that run to the next sweep's token scan on this host."""
         self._send(b"%d %s\n" % (pid, token))
 
-    def ended(self, pid: int) -> None:
-        """Tell that the run led by `pid` is over: we reaped its first process (see _watch)."""
-        self._send(b"-%d\n" % pid)
+    def ended(self, pid: int, token: bytes) -> None:
+        """Tell that the run led by `pid` is over: we reaped its first process (see _watch). The token
+        too, in case the message of its start found the pipe full and only starting() got through."""
+        self._send(b"-%d %s\n" % (pid, token))
 
     def _send(self, message: bytes) -> None:
         with self.lock:
@@ -4733,7 +4756,7 @@ def _watchdog_main(read_end: int, name: int) -> None:
         # worker's jobs unguarded. The worker ends us with SIGKILL.
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)
-        _kill_runs(_watch(reader))
+        _kill_runs(*_watch(reader))
     finally:
         os._exit(0)
 
@@ -4749,27 +4772,35 @@ def _rename_command_line(name: bytes) -> None:
         mem.write(name[:end - start - 1].ljust(end - start, b"\0"))
 
 
-def _watch(fd: int) -> dict[int, tuple[str | None, bytes]]:
+def _watch(fd: int) -> tuple[dict[int, tuple[str | None, bytes]], set[bytes]]:
     """Read the worker's messages until EOF; returns the runs it told of and has not told over
     (leader PID -> (its start time if it was still running when told, which tells a recycled PID
-    apart, and the run's token)).
+    apart, and the run's token)), and the tokens of the runs it was starting and never told the
+    first process of (the worker died in between: that process may run all the same).
 
     A run is over when the worker has reaped its first process (`-PID`), not when that process is
     gone: one that dies of the worker's death (SIGPIPE on its output, which only the worker read) is
     reaped at once by whoever adopts orphans, and its run was never over."""
-    told, rest = {}, b""
+    told, starting, rest = {}, set(), b""
     while True:
         chunk = os.read(fd, 65536)
         if not chunk:
-            return told
+            return told, starting
         lines = (rest + chunk).split(b"\n")
         rest = lines.pop()
         for line in lines:
             with contextlib.suppress(ValueError):  # never ours to send, but a bad line must not end us
-                if line.startswith(b"-"):
-                    told.pop(int(line[1:]), None)
-                else:
+                if line.startswith(b"+"):  # about to start
+                    starting.add(line[1:])
+                elif line.startswith(b"!"):  # did not start
+                    starting.discard(line[1:])
+                elif line.startswith(b"-"):  # over
+                    pid, _, token = line[1:].partition(b" ")
+                    starting.discard(token)
+                    told.pop(int(pid), None)
+                else:  # started
                     pid, _, token = line.partition(b" ")
+                    starting.discard(token)
                     told[int(pid)] = (_told_start(int(pid)), token)  # None: ended already, only its token left
         # Read in batches: woken for each job, this process cost a tenth of a short job's CPU. To act
         # 20 ms later changes nothing: a rerun elsewhere waits for stale-timeout.
@@ -4789,16 +4820,18 @@ def _told_start(pid: int) -> str | None:
     return fields[19] if fields[0] not in ("Z", "X") else proc_start_time(pid)  # one read, but for a zombie
 
 
-def _kill_runs(told: dict[int, tuple[str | None, bytes]]) -> None:
+def _kill_runs(told: dict[int, tuple[str | None, bytes]], starting: set[bytes] = frozenset()) -> None:
     """SIGKILL the runs still in progress (told of, not told over): by their exact token, and by their
     session where its leader is still the process told of (a zombie too: its session may have
-    members). A run the worker saw end is over: a background child it left is neither waited for nor
-    killed, as everywhere (the README's rule), so no scan of the worker's token prefix."""
+    members); a run told of as starting only, by its token (a process found by it gives the session).
+    A run the worker saw end is over: a background child it left is neither waited for nor killed,
+    as everywhere (the README's rule), so no scan of the worker's token prefix."""
     left = Leftovers()
     left.sessions |= {pid for pid, (start, _) in told.items()
                       if start and (fields := _stat_fields(pid)) and fields[19] == start}
+    tokens = [token for _, token in told.values()] + sorted(starting)
     for _ in range(2):  # once more a moment later: a child between fork and exec has no token to read yet
-        for _, token in told.values():
+        for token in tokens:
             kill_run(token.decode(errors="replace"), left)
         time.sleep(0.05)
     wait_gone(left, HARD_STOP_S)  # then our name is freed, and a sweeper here may requeue the runs

@@ -9414,6 +9414,45 @@ def test_the_watchdog_never_takes_a_recycled_pid_for_a_run_it_was_told_of(tmp_pa
             os.kill(stranger, signal.SIGKILL)
 
 
+_DIES_AFTER_SPAWN = """
+import os, signal, sys
+sys.path.insert(0, sys.argv[1])
+import queuectl
+queuectl.Watchdog.start(f"review:{os.getpid()}:{os.urandom(3).hex()}")
+real_spawn = queuectl._spawn
+def spawn(job, extra, die_with_worker):
+    proc = real_spawn(job, extra, die_with_worker)
+    if not die_with_worker:  # the job runs, and its worker dies before it could tell the watchdog of it
+        print(proc.pid, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return proc
+queuectl._spawn = spawn
+job = queuectl.Job(id="j", command=sys.argv[3], state="processing", attempts=0, max_retries=0, timeout=0.0,
+                   cwd=sys.argv[2], env={}, created_at=0.0, updated_at=0.0, next_run_at=0.0, last_error=None,
+                   exit_code=None, worker_id="w", run_count=1, lost_count=0, priority=0, queue="default",
+                   waiting_on=0)
+queuectl.run_command(job, {"QUEUECTL_RUN": sys.argv[4]}, lambda: None, die_with_worker=True)
+"""
+
+
+@pytest.mark.parametrize("where", ["posix_spawn", "popen"])
+@pytest.mark.parametrize("command", ["sleep 60", "sh -c 'sleep 60; true'"])
+def test_a_job_whose_worker_dies_before_telling_its_watchdog_still_dies_with_it(tmp_path, where, command):
+    """The worker tells its watchdog of a run before the run's first process exists: a worker killed
+    between the start and the message (a few milliseconds on a loaded host, time enough for a
+    `kill -9` or the OOM killer) left a job the watchdog never heard of running until the next sweep."""
+    token = f"review/1/{uuid.uuid4().hex}"
+    cwd = str(tmp_path) if where == "posix_spawn" else "/"  # the worker's own folder: posix_spawn, else Popen
+    dying = subprocess.run([sys.executable, "-c", _DIES_AFTER_SPAWN, HERE, cwd, command, token], cwd=tmp_path,
+                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=WAIT_S)
+    assert dying.returncode == -signal.SIGKILL, dying.stderr
+    first = int(dying.stdout)
+    try:
+        wait_for(lambda: pid_gone(first), "the job's first process to die with its worker", timeout=5)
+    finally:
+        queuectl.kill_run(token)  # what the watchdog left, if it missed the run
+
+
 def test_pkill_9_f_of_the_worker_command_line_leaves_the_watchdog_to_kill_its_jobs(pg_url, pg_workers, tmp_path):
     """`pkill -9 -f 'queuectl.*worker start'` is how many stop a worker that will not stop. The watchdog is a
     fork of the worker: with the worker's command line it was killed together with it, and nothing killed
