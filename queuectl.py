@@ -2077,8 +2077,11 @@ PG_MIGRATIONS = [
     # 4: as SQLite's migration 4.
     "ALTER TABLE workers ADD COLUMN queues TEXT",
 ]
-# Every table the migrations create, whose owners an open checks (see SQL_STRANGER).
+# Every table the migrations create, whose owners an open checks (see SQL_OWNERS).
 PG_TABLES = ("queuectl_version", "jobs", "deps", "runs", "workers", "config", "paused", "queue_limits", "schedules")
+# pg_class.relkind of what may stand in a schema under one of those names, for the error that refuses it.
+PG_RELKINDS = {"v": "a view", "m": "a materialized view", "f": "a foreign table", "p": "a partitioned table",
+               "S": "a sequence", "i": "an index", "I": "a partitioned index", "c": "a composite type"}
 
 
 class PostgresSQL:
@@ -2092,22 +2095,36 @@ class PostgresSQL:
                     "WHERE schemaname = %s")
     SQL_SCHEMA_EXISTS = "SELECT 1 FROM pg_namespace WHERE nspname = %s"
     SQL_VERSION = "SELECT version FROM queuectl_version"
-    # Whoever owns the schema or one of our tables in it can rewrite the jobs (and read them): the first
-    # of them owned by a role that is neither current_user nor one it is a member of, with its owner, if
-    # any (see PostgresStore._check_owners). Parameters: the schema, the schema, PG_TABLES (by name: an
-    # index lookup each, where a scan of the schema's tables would read all of pg_class at every open).
-    SQL_STRANGER = (
-        "SELECT 'schema ' || nspname, pg_get_userbyid(nspowner), current_user FROM pg_namespace "
-        "WHERE nspname = %s AND NOT pg_has_role(current_user, nspowner, 'MEMBER') "
-        "UNION ALL SELECT 'table ' || schemaname || '.' || tablename, tableowner, current_user FROM pg_tables "
-        "WHERE schemaname = %s AND tablename = ANY(%s::name[]) AND NOT pg_has_role(current_user, tableowner, "
-        "'MEMBER') LIMIT 1")
-    # What every open reads: the version and SQL_STRANGER's row (NULLs if none), in one round trip.
-    SQL_VERSION_STRANGER = f"SELECT v.version, s.* FROM queuectl_version v LEFT JOIN ({SQL_STRANGER}) s ON true"
-    # The tables a migration creates belong to the schema's owner, which current_user may only be a
-    # member of (a team's role): a SET LOCAL ROLE to it, for the migration's transaction.
+    # Who owns the schema and each of our tables in it, from the catalog alone: an open runs it before any
+    # statement reads a relation of the schema, whose owner could have made one of our names a view of a
+    # function of theirs (or put a policy on a table) that would run as us. One row for the schema (table
+    # NULL) and one per table of PG_TABLES it holds (by name: an index lookup each, where a scan of the
+    # schema would read all of pg_class at every open): (table, relkind, owner, whether the owner is ours,
+    # current_user, a column of the table whose type is not pg_catalog's). Such a type would bring the
+    # operators its owner put in the schema (on our search_path) into our statements: with PostgreSQL's
+    # own types, pg_catalog's operators match our statements exactly, and pg_catalog is searched first.
+    # An owner is ours when current_user is it or a member of it, or when it is a superuser (who can rewrite
+    # anything anyway); pg_database_owner (PostgreSQL 15's public) stands for the database's owner. Only
+    # pg_catalog's functions and exact-match operators: nothing the schema's owner planted can be called.
+    SQL_OWNERS = (
+        "SELECT o.relname, o.relkind, r.rolname, r.rolsuper OR pg_catalog.pg_has_role(current_user, r.oid, 'MEMBER'), "
+        "current_user, o.strange_column "
+        "FROM (SELECT NULL::name, NULL::\"char\", n.nspowner, NULL::name FROM pg_catalog.pg_namespace n "
+        "WHERE n.nspname = %(schema)s "
+        "UNION ALL SELECT c.relname, c.relkind, c.relowner, (SELECT a.attname FROM pg_catalog.pg_attribute a "
+        "JOIN pg_catalog.pg_type t ON t.oid = a.atttypid WHERE a.attrelid = c.oid AND a.attnum > 0 "
+        "AND t.typnamespace <> 'pg_catalog'::pg_catalog.regnamespace LIMIT 1) FROM pg_catalog.pg_class c "
+        "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = %(schema)s AND c.relname = ANY(%(tables)s::name[])) o (relname, relkind, owner, strange_column) "
+        "JOIN pg_catalog.pg_roles r ON r.oid = CASE WHEN pg_catalog.pg_get_userbyid(o.owner) = 'pg_database_owner' "
+        "THEN (SELECT d.datdba FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database()) "
+        "ELSE o.owner END")
+    # The tables a migration creates in a schema without any of ours belong to the schema's owner, which
+    # current_user may only be a member of (a team's role): a SET LOCAL ROLE to it, for the migration's
+    # transaction. Not to a role current_user is no member of (a superuser's schema: the tables are ours).
     SQL_AS_SCHEMA_OWNER = ("SELECT set_config('role', pg_get_userbyid(nspowner), true) FROM pg_namespace "
-                           "WHERE nspname = %s AND pg_get_userbyid(nspowner) <> current_user")
+                           "WHERE nspname = %s AND pg_get_userbyid(nspowner) NOT IN (current_user, 'pg_database_owner') "
+                           "AND pg_has_role(current_user, nspowner, 'MEMBER')")
     SQL_CREATE_VERSION = "CREATE TABLE queuectl_version (version BIGINT NOT NULL)"
     SQL_INIT_VERSION = "INSERT INTO queuectl_version (version) VALUES (0)"
     SQL_SET_VERSION = "UPDATE queuectl_version SET version = %s"
@@ -2765,6 +2782,9 @@ class PostgresStore(Store):
                 # until its deadline, so a table another session holds locked ends in Busy, and a hard
                 # stop's give_up() is heard, instead of a statement that waits forever.
                 conn.execute(f"SET lock_timeout = '{int(BUSY_TIMEOUT_S * 1000)}ms'")
+                # queuectl never uses row-level security: with it off, a policy someone put on one of our
+                # tables makes the statement fail instead of running the policy's functions as us.
+                conn.execute("SET row_security = off")
                 before = time.time()
                 server = conn.execute(self.sql.SQL_CLOCK).fetchone()[0]
             self.clock_offset_s = server - (before + time.time()) / 2
@@ -2802,37 +2822,42 @@ class PostgresStore(Store):
 
     def _migrate(self) -> None:
         """Check the schema is ours, then bring it up to date; safe against concurrent first uses.
-        A schema with queuectl's version table is ours: read that first, with its owners, one
-        statement where a schema in use needs no more (the identity check costs two more round trips)."""
+        The owners first, from the catalog alone (SQL_OWNERS: its own round trip, since no statement
+        that reads a relation of the schema may run before it); then a schema with queuectl's version
+        table is ours, and one up to date needs no more (the identity check costs two more round trips)."""
         try:
-            try:
-                version, *stranger = self.conn.execute(self.sql.SQL_VERSION_STRANGER, self._owned()).fetchone()
-            except self.psycopg.errors.UndefinedTable:  # no schema, or not ours: see _version
-                version, stranger = self._version(self.conn), None  # the migration checks the owners
-            if version > SCHEMA_VERSION:
+            if not any(table == "queuectl_version" for table, *_ in self._owners(self.conn, not self.reads_only)):
+                version = self._version(self.conn)  # no schema, or not ours: see _version
+            elif (version := self.conn.execute(self.sql.SQL_VERSION).fetchone()[0]) > SCHEMA_VERSION:
                 raise self._too_new(version)
-            if version == SCHEMA_VERSION and stranger is not None:
-                if not self.reads_only:  # reading a queue someone else writes runs nothing of theirs
-                    self._check_owners(stranger)
+            if version == SCHEMA_VERSION:
                 return
         except self.psycopg.Error as e:
             raise self._failure(e) from None
         self.write(self._apply_migrations)
 
-    def _owned(self) -> tuple:
-        """SQL_STRANGER's parameters: what must be ours."""
-        return self.schema, self.schema, list(PG_TABLES)
-
-    def _check_owners(self, stranger) -> None:
-        """BadDatabase if SQL_STRANGER found the schema or one of its tables owned by a role that is
-        not current_user's (a row, or None or NULLs if it found none): that owner could drop the jobs
-        enqueued here, put in the commands our workers run, and read the jobs' environments."""
-        what, owner, user = stranger or (None, None, None)
-        if what is not None:
-            raise BadDatabase(f"{self.path}: {what} is owned by {owner}, not by {user} or a role {user} is a "
-                              f"member of, so {owner} could choose the commands your workers run and read your "
-                              "jobs: use a schema of your own (?schema=), or have the schema and its tables "
-                              "owned by a role you are a member of")
+    def _owners(self, cur, writes: bool) -> list[tuple]:
+        """SQL_OWNERS' rows; BadDatabase if one of our names is not a plain table of PostgreSQL's types (a
+        view, or an operator of a column's type, would run its owner's code as whoever reads it), or, when
+        `writes`, if the schema or one of its tables is owned by a role that is not ours: that owner could
+        drop the jobs enqueued here, put in the commands our workers run, and read the jobs' environments.
+        A reader may read a queue others own (with SELECT)."""
+        rows = cur.execute(self.sql.SQL_OWNERS, {"schema": self.schema, "tables": list(PG_TABLES)}).fetchall()
+        for table, kind, *_, column in rows:
+            if table is not None and kind != "r":
+                raise BadDatabase(f"{self.path}: {self.schema}.{table} is {PG_RELKINDS.get(kind, 'no table')}, "
+                                  "not a table: not queuectl's (name another schema with ?schema=)")
+            if column is not None:
+                raise BadDatabase(f"{self.path}: column {column} of {self.schema}.{table} has a type that is not "
+                                  "PostgreSQL's own: not queuectl's (name another schema with ?schema=)")
+        for table, _, owner, ours, user, _ in rows if writes else ():
+            if not ours:
+                what = f"table {self.schema}.{table}" if table else f"schema {self.schema}"
+                raise BadDatabase(f"{self.path}: {what} is owned by {owner}, not by {user} or a role {user} is a "
+                                  f"member of, so {owner} could choose the commands your workers run and read your "
+                                  f"jobs: use a schema of your own (?schema=), or make {user} a member of {owner} "
+                                  f"(GRANT {owner} TO {user})")
+        return rows
 
     def _version(self, cur) -> int:
         """The schema's version (0: empty or absent); BadDatabase if it holds someone else's tables
@@ -2853,11 +2878,15 @@ class PostgresStore(Store):
     def _apply_migrations(self, cur) -> None:
         # Under the lock, read again: another process may have migrated while we waited.
         cur.execute(self.sql.SQL_MIGRATION_LOCK, (APPLICATION_ID, self.schema))
-        # Before anything is written: tables put in someone else's schema would be theirs to rewrite.
-        self._check_owners(cur.execute(self.sql.SQL_STRANGER, self._owned()).fetchone())
+        # Before anything is read or written: tables put in someone else's schema would be theirs to rewrite.
+        owners = self._owners(cur, True)
         if cur.execute(self.sql.SQL_SCHEMA_EXISTS, (self.schema,)).fetchone() is None:
             cur.execute(f'CREATE SCHEMA "{self.schema}"')
-        cur.execute(self.sql.SQL_AS_SCHEMA_OWNER, (self.schema,))
+        elif all(table is None for table, *_ in owners):
+            # A fresh schema: its tables will be its owner's. One that holds ours already is migrated as
+            # current_user, who owns them or is a member of their owner (checked above): tables a member
+            # made before owners were checked are that member's, and the team's role may not alter them.
+            cur.execute(self.sql.SQL_AS_SCHEMA_OWNER, (self.schema,))
         version = self._version(cur)
         if not cur.execute(self.sql.SQL_IDENTITY, (self.schema,)).fetchone()[1]:
             cur.execute(self.sql.SQL_CREATE_VERSION)

@@ -1569,11 +1569,13 @@ class PgRoles:
         self.sql(f"CREATE ROLE {full} {' '.join(options)}")
         return full
 
-    def url(self, role, schema=None):
-        """The server's URL for `role` (the test server trusts every local role), with ?schema=."""
+    def url(self, role, schema=None, database=None):
+        """The server's URL for `role` (the test server trusts every local role; None: the superuser), with
+        ?schema=, and another database."""
         from urllib.parse import urlsplit, urlunsplit
         parts = urlsplit(self.admin)
-        url = urlunsplit(parts._replace(netloc=f"{role}@{parts.hostname}:{parts.port}"))
+        parts = parts._replace(path=f"/{database}") if database else parts
+        url = urlunsplit(parts._replace(netloc=f"{role}@{parts.hostname}:{parts.port}") if role else parts)
         return with_params(url, schema=schema) if schema else url
 
     def cleanup(self):
@@ -1669,6 +1671,165 @@ def test_postgres_roles_that_share_a_team_role_owning_the_schema_share_its_queue
     assert (code, out) == (1, "")
     assert_one_error(err, f"schema {schema} is owned by {team}", f"not by {carol}")
 
+
+def plant_payload(roles, owner, schema):
+    """As `owner`, a function `schema.payload()` that records who ran it in `schema.ran` (which every role
+    may write) and returns the schema version, for a view or a policy to call; the roles it recorded."""
+    roles.sql(f"CREATE TABLE {schema}.ran (who text)", f"GRANT INSERT, SELECT ON {schema}.ran TO PUBLIC",
+              f"CREATE FUNCTION {schema}.payload() RETURNS bigint LANGUAGE plpgsql AS $$ BEGIN "
+              f"INSERT INTO {schema}.ran VALUES (current_user); RETURN {queuectl.SCHEMA_VERSION}; END $$",
+              f"GRANT USAGE ON SCHEMA {schema} TO PUBLIC", f"GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO PUBLIC",
+              role=owner)
+
+    def ran():
+        import psycopg
+        with psycopg.connect(roles.admin, autocommit=True) as conn:
+            return [who for (who,) in conn.execute(f"SELECT who FROM {schema}.ran")]
+    return ran
+
+
+def test_postgres_a_view_of_our_names_is_refused_before_it_is_read(pg_roles):
+    # Bob owns the queue's schema, and turns queuectl_version into a view of a function of his: a
+    # reader (carol, SELECT only), a writer who is no member of bob's (alice) and a superuser must all
+    # refuse it without reading it, or bob's function runs as them, read-write.
+    bob, alice, carol = (pg_roles.make(name, "LOGIN") for name in ("bob", "alice", "carol"))
+    schema = f"{pg_roles.prefix}_q"
+    pg_roles.sql(f"GRANT CREATE ON DATABASE {pg_roles.dbname} TO {bob}")
+    pg_roles.sql(f"CREATE SCHEMA {schema}", role=bob)
+    ok(pg_roles.url(bob, schema), "enqueue", '{"id": "bobs", "command": "true"}')
+    ran = plant_payload(pg_roles, bob, schema)
+    pg_roles.sql(f"ALTER TABLE {schema}.queuectl_version RENAME TO real_version",
+                 f"CREATE VIEW {schema}.queuectl_version AS SELECT {schema}.payload() AS version",
+                 f"GRANT SELECT ON {schema}.queuectl_version TO PUBLIC", role=bob)
+    for user, args in ((carol, ("list",)), (alice, ("enqueue", '{"command": "true"}')), (None, ("list",))):
+        url = pg_roles.url(user, schema)
+        code, out, err = cli(url, *args)
+        assert (code, out) == (1, ""), (user, err)
+        assert_one_error(err, f"{schema}.queuectl_version is a view, not a table", "not queuectl's")
+    assert ran() == []
+    # A view of another of our names is refused as well, whichever table it stands for.
+    pg_roles.sql(f"DROP VIEW {schema}.queuectl_version", f"ALTER TABLE {schema}.real_version RENAME TO queuectl_version",
+                 f"ALTER TABLE {schema}.schedules RENAME TO real_schedules",
+                 f"CREATE VIEW {schema}.schedules AS SELECT * FROM {schema}.real_schedules WHERE {schema}.payload() > 0",
+                 role=bob)
+    code, out, err = cli(pg_roles.url(carol, schema), "schedule", "list")
+    assert (code, out) == (1, "")
+    assert_one_error(err, f"{schema}.schedules is a view, not a table")
+    assert ran() == []
+
+
+def test_postgres_a_policy_of_the_owner_never_runs_for_a_reader(pg_roles):
+    # Row-level security on a table bob owns would run his policy's function as whoever reads it: the
+    # session has row_security off, so carol's read fails instead, and a read without policies works.
+    bob, carol = pg_roles.make("bob", "LOGIN"), pg_roles.make("carol", "LOGIN")
+    schema = f"{pg_roles.prefix}_q"
+    pg_roles.sql(f"GRANT CREATE ON DATABASE {pg_roles.dbname} TO {bob}")
+    pg_roles.sql(f"CREATE SCHEMA {schema}", role=bob)
+    bobs = pg_roles.url(bob, schema)
+    ok(bobs, "enqueue", '{"id": "bobs", "command": "true"}')
+    ran = plant_payload(pg_roles, bob, schema)
+    carols = pg_roles.url(carol, schema)
+    assert [j["id"] for j in json.loads(ok(carols, "list", "--json"))] == ["bobs"]
+    for table in ("queuectl_version", "jobs"):
+        pg_roles.sql(f"ALTER TABLE {schema}.{table} ENABLE ROW LEVEL SECURITY",
+                     f"CREATE POLICY p ON {schema}.{table} USING ({schema}.payload() > 0)", role=bob)
+        code, out, err = cli(carols, "list")
+        assert (code, out) == (1, ""), table
+        assert_one_error(err, "row-level security", f'"{table}"')
+        assert ran() == []
+        pg_roles.sql(f"ALTER TABLE {schema}.{table} DISABLE ROW LEVEL SECURITY", role=bob)
+    # A table's owner is not subject to its policies: row_security off does not stop him.
+    pg_roles.sql(f"ALTER TABLE {schema}.jobs ENABLE ROW LEVEL SECURITY", role=bob)
+    assert [j["id"] for j in json.loads(ok(bobs, "list", "--json"))] == ["bobs"]
+    assert ran() == []
+
+
+def test_postgres_a_column_of_a_type_the_owner_made_is_refused_before_its_operators_run(pg_roles):
+    # Our statements name no schema, so an operator bob puts in the queue's schema for a type of his
+    # (a domain over text for jobs.state) is the one `state = ...` calls, as carol, who only reads.
+    bob, carol = pg_roles.make("bob", "LOGIN"), pg_roles.make("carol", "LOGIN")
+    schema = f"{pg_roles.prefix}_q"
+    pg_roles.sql(f"GRANT CREATE ON DATABASE {pg_roles.dbname} TO {bob}")
+    pg_roles.sql(f"CREATE SCHEMA {schema}", role=bob)
+    ok(pg_roles.url(bob, schema), "enqueue", '{"id": "bobs", "command": "true"}')
+    pg_roles.sql(f"CREATE DOMAIN {schema}.state AS text", f"DROP INDEX {schema}.jobs_state",
+                 f"ALTER TABLE {schema}.jobs ALTER COLUMN state TYPE {schema}.state",
+                 f"CREATE FUNCTION {schema}.eq({schema}.state, {schema}.state) RETURNS bool LANGUAGE plpgsql "
+                 "AS $$ BEGIN RAISE EXCEPTION 'planted operator ran as %', current_user; END $$",
+                 f"CREATE OPERATOR {schema}.= (LEFTARG = {schema}.state, RIGHTARG = {schema}.state, "
+                 f"FUNCTION = {schema}.eq)",
+                 f"GRANT USAGE ON SCHEMA {schema} TO {carol}", f"GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {carol}",
+                 role=bob)
+    code, out, err = cli(pg_roles.url(carol, schema), "list", "--state", "pending")
+    assert (code, out) == (1, "")
+    assert_one_error(err, f"column state of {schema}.jobs has a type that is not PostgreSQL's own", "not queuectl's")
+    assert "planted" not in err
+
+def test_postgres_a_team_schema_whose_tables_a_member_made_before_owners_were_checked_still_migrates(pg_roles):
+    # Before owners were checked, alice's first use of the team's schema made tables owned by alice; a
+    # migration must run as her (who owns them), not as the team (which does not, and may not alter them).
+    team = pg_roles.make("team", "NOLOGIN")
+    alice = pg_roles.make("alice", "LOGIN", "IN ROLE", team)
+    schema = f"{pg_roles.prefix}_q"
+    pg_roles.sql(f"CREATE SCHEMA {schema} AUTHORIZATION {team}")
+    alices = pg_roles.url(alice, schema)
+    enqueue(alices, id="old", command="true")
+    pg_roles.sql(*(f"ALTER TABLE {schema}.{t} OWNER TO {alice}" for t in queuectl.PG_TABLES),  # as then
+                 f"ALTER TABLE {schema}.workers DROP COLUMN queues",  # and one migration behind
+                 f"UPDATE {schema}.queuectl_version SET version = {queuectl.SCHEMA_VERSION - 1}")
+    assert set(schema_tables(pg_roles, schema).values()) == {alice}
+    enqueue(alices, id="new", command="true")
+    with contextlib.closing(queuectl.PostgresStore(alices, reads_only=True)) as s:
+        assert s.read("SELECT version FROM queuectl_version") == [(queuectl.SCHEMA_VERSION,)]
+        assert [j.id for j in s.list_jobs()] == ["old", "new"]
+    assert set(schema_tables(pg_roles, schema).values()) == {alice}
+
+
+def test_postgres_a_schema_a_superuser_or_the_database_owner_made_is_ours(pg_roles):
+    # A DBA (superuser) makes the schema and lets the app in: a superuser can rewrite anything anyway,
+    # so refusing it protects nothing. The app's tables are its own (it cannot become the superuser).
+    app, dbo = pg_roles.make("app", "LOGIN"), pg_roles.make("dbo", "LOGIN")
+    schema = f"{pg_roles.prefix}_q"
+    pg_roles.sql(f"CREATE SCHEMA {schema}", f"GRANT USAGE, CREATE ON SCHEMA {schema} TO {app}")
+    enqueue(pg_roles.url(app, schema), id="a", command="true")
+    assert set(schema_tables(pg_roles, schema).values()) == {app}
+    # PostgreSQL 15's public belongs to pg_database_owner: the database's owner, here a superuser...
+    import psycopg
+    for owner in ("postgres", dbo):
+        database = f"{pg_roles.prefix}_{owner.rsplit('_')[-1]}"
+        pg_roles.sql(f"CREATE DATABASE {database} OWNER {owner}")
+        try:
+            with psycopg.connect(pg_roles.url(None, database=database), autocommit=True) as conn:
+                conn.execute(f"GRANT USAGE, CREATE ON SCHEMA public TO {app}")
+                public_owner = conn.execute("SELECT nspowner::regrole::text FROM pg_namespace "
+                                            "WHERE nspname = 'public'").fetchone()[0]
+            apps = pg_roles.url(app, "public", database)
+            if owner == "postgres" or public_owner != "pg_database_owner":
+                enqueue(apps, id="p", command="true")
+            else:  # ...or a role the app is no member of: its owner could rewrite the queue
+                code, out, err = cli(apps, "enqueue", '{"command": "true"}')
+                assert (code, out) == (1, "")
+                assert_one_error(err, f"schema public is owned by {dbo}", f"GRANT {dbo} TO {app}")
+        finally:
+            pg_roles.sql(f"DROP DATABASE {database} WITH (FORCE)")
+
+
+def test_postgres_tables_of_a_role_the_app_only_has_privileges_on_are_refused_until_it_is_a_member(pg_roles):
+    # Least privilege: the tables belong to `owner`, the app may only use them. `owner` could rewrite
+    # the queue, so the app refuses it, and says how to accept it.
+    owner, app = pg_roles.make("owner", "LOGIN"), pg_roles.make("app", "LOGIN")
+    schema = f"{pg_roles.prefix}_q"
+    pg_roles.sql(f"CREATE SCHEMA {schema} AUTHORIZATION {owner}")
+    ok(pg_roles.url(owner, schema), "enqueue", '{"id": "o", "command": "true"}')
+    pg_roles.sql(f"GRANT USAGE ON SCHEMA {schema} TO {app}",
+                 f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema} TO {app}",
+                 f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA {schema} TO {app}")
+    apps = pg_roles.url(app, schema)
+    code, out, err = cli(apps, "enqueue", '{"command": "true"}')
+    assert (code, out) == (1, "")
+    assert_one_error(err, f"schema {schema} is owned by {owner}", f"GRANT {owner} TO {app}", "?schema=")
+    pg_roles.sql(f"GRANT {owner} TO {app}")
+    enqueue(apps, id="a", command="true")
 
 def test_postgres_schema_name_must_be_a_plain_identifier(pg_url):
     for bad in ('x"; DROP TABLE jobs; --', "a-b", "x" * 64, ""):
