@@ -3896,18 +3896,7 @@ def _spawn(job: Job, extra: dict, die_with_worker: bool):
     import subprocess
     watchdog = Watchdog.current if die_with_worker else None
     if watchdog and watchdog.alive:  # it kills the run if the worker dies: start the job as on SQLite
-        # Told of the token first: a worker killed after the job's first process exists and before
-        # the message below (milliseconds on a busy host: this thread must get the GIL back) still
-        # has its run killed, by token (see Watchdog).
-        token = extra.get(b"QUEUECTL_RUN", b"")
-        watchdog.starting(token)
-        try:
-            proc = _spawn(job, extra, False)
-        except BaseException:
-            watchdog.not_started(token)
-            raise
-        watchdog.tell(proc.pid, token)
-        return proc
+        return _spawn_watched(job, extra, watchdog)
     # start_new_session: the job gets its own process group, so the terminal's Ctrl+C meant for
     # the worker never reaches it, and killpg() reaches all of its children.
     options = dict(cwd=job.cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -3932,6 +3921,21 @@ def _spawn(job: Job, extra: dict, die_with_worker: bool):
     if start:
         return start(b"/bin/sh", ["/bin/sh", "-c", job.command], extra)
     return subprocess.Popen(["/bin/sh", "-c", job.command], env={**base, **extra}, **options)
+
+
+def _spawn_watched(job: Job, extra: dict, watchdog: "Watchdog"):
+    """Start the job as on SQLite, its watchdog told of the run's token first: a worker killed after the
+    job's first process exists and before tell() (milliseconds on a busy host: this thread must get
+    the GIL back) still has its run killed, by token (see Watchdog)."""
+    token = extra.get(b"QUEUECTL_RUN", b"")
+    watchdog.starting(token)
+    try:
+        proc = _spawn(job, extra, False)
+    except BaseException:
+        watchdog.not_started(token)
+        raise
+    watchdog.tell(proc.pid, token)
+    return proc
 
 
 def _in_current_folder(cwd: str) -> bool:
