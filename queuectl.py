@@ -146,6 +146,8 @@ OUTPUT_TAIL_BYTES = 64 * 1024  # the default of config output-limit
 MIN_OUTPUT_LIMIT, MAX_OUTPUT_LIMIT = 1024, 64 * 1024 * 1024
 SIZE = re.compile(r"\s*([0-9]+)[ \t]*(KiB|MiB|K|M|k|m|B)?\s*", re.ASCII)  # as DURATION: "１０２４" is no size
 SIZE_UNITS = {"B": 1, "K": 1024, "k": 1024, "KiB": 1024, "M": 1024 ** 2, "m": 1024 ** 2, "MiB": 1024 ** 2}
+# Messages to a worker's watchdog that wait for room in its pipe, at most (about 3 a job, 40 bytes each).
+WATCHDOG_BACKLOG = 100_000
 PR_SET_PDEATHSIG, SIGKILL = 1, 9  # Linux's prctl option, and the signal it asks for (see _die_with_runner)
 # A command made only of these words is exec'd without a shell (see direct_argv); the first word
 # may not contain '=', which would make it a variable assignment.
@@ -2100,25 +2102,51 @@ class PostgresSQL:
     # function of theirs (or put a policy on a table) that would run as us. One row for the schema (table
     # NULL) and one per table of PG_TABLES it holds (by name: an index lookup each, where a scan of the
     # schema would read all of pg_class at every open): (table, relkind, owner, whether the owner is ours,
-    # current_user, a column of the table whose type is not pg_catalog's). Such a type would bring the
-    # operators its owner put in the schema (on our search_path) into our statements: with PostgreSQL's
-    # own types, pg_catalog's operators match our statements exactly, and pg_catalog is searched first.
-    # An owner is ours when current_user is it or a member of it, or when it is a superuser (who can rewrite
-    # anything anyway); pg_database_owner (PostgreSQL 15's public) stands for the database's owner. Only
-    # pg_catalog's functions and exact-match operators: nothing the schema's owner planted can be called.
-    SQL_OWNERS = (
-        "SELECT o.relname, o.relkind, r.rolname, r.rolsuper OR pg_catalog.pg_has_role(current_user, r.oid, 'MEMBER'), "
-        "current_user, o.strange_column "
-        "FROM (SELECT NULL::name, NULL::\"char\", n.nspowner, NULL::name FROM pg_catalog.pg_namespace n "
-        "WHERE n.nspname = %(schema)s "
-        "UNION ALL SELECT c.relname, c.relkind, c.relowner, (SELECT a.attname FROM pg_catalog.pg_attribute a "
-        "JOIN pg_catalog.pg_type t ON t.oid = a.atttypid WHERE a.attrelid = c.oid AND a.attnum > 0 "
-        "AND t.typnamespace <> 'pg_catalog'::pg_catalog.regnamespace LIMIT 1) FROM pg_catalog.pg_class c "
-        "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
-        "WHERE n.nspname = %(schema)s AND c.relname = ANY(%(tables)s::name[])) o (relname, relkind, owner, strange_column) "
-        "JOIN pg_catalog.pg_roles r ON r.oid = CASE WHEN pg_catalog.pg_get_userbyid(o.owner) = 'pg_database_owner' "
-        "THEN (SELECT d.datdba FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database()) "
-        "ELSE o.owner END")
+    # current_user, whether current_user is a superuser, a column of the table whose type is not
+    # pg_catalog's, the roles not ours that may CREATE in the schema). Such a type would bring operators
+    # its owner put in the schema into our statements; a role that may CREATE there can put in an
+    # operator that matches our arguments more exactly than pg_catalog's, which then wins.
+    # This statement runs with the schema on search_path, so every operator in it is pg_catalog's by name
+    # (OPERATOR(pg_catalog.=)) and every function and type is qualified: nothing planted can be called.
+    # A role is ours when it is current_user, a superuser (who can rewrite anything anyway), or one
+    # current_user is a member of, unless current_user is a superuser, who is a member of every role:
+    # for a superuser only its own and other superusers' objects are ours. pg_database_owner (PostgreSQL
+    # 15's public) stands for the database's owner.
+    SQL_OWNERS = """
+    WITH me AS (SELECT r.oid, r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname OPERATOR(pg_catalog.=) current_user),
+    ours AS (SELECT r.oid FROM pg_catalog.pg_roles r CROSS JOIN me
+             WHERE r.rolsuper OR r.oid OPERATOR(pg_catalog.=) me.oid
+                OR NOT me.rolsuper AND pg_catalog.pg_has_role(me.oid, r.oid, 'MEMBER')),
+    db AS (SELECT d.datdba FROM pg_catalog.pg_database d WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()),
+    o (relname, relkind, owner, strange_column, acl) AS (
+        SELECT NULL::pg_catalog.name, NULL::pg_catalog."char", n.nspowner, NULL::pg_catalog.name, n.nspacl
+        FROM pg_catalog.pg_namespace n WHERE n.nspname OPERATOR(pg_catalog.=) %(schema)s::pg_catalog.name
+        UNION ALL
+        SELECT c.relname, c.relkind, c.relowner,
+               (SELECT a.attname FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type t
+                                  ON t.oid OPERATOR(pg_catalog.=) a.atttypid
+                WHERE a.attrelid OPERATOR(pg_catalog.=) c.oid AND a.attnum OPERATOR(pg_catalog.>) 0::pg_catalog.int2
+                  AND t.typnamespace OPERATOR(pg_catalog.<>) 'pg_catalog'::pg_catalog.regnamespace::pg_catalog.oid
+                LIMIT 1),
+               NULL::pg_catalog.aclitem[]
+        FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+        WHERE n.nspname OPERATOR(pg_catalog.=) %(schema)s::pg_catalog.name
+          AND c.relname OPERATOR(pg_catalog.=) ANY(%(tables)s::pg_catalog.name[])),
+    owned AS (  -- pg_database_owner, as an owner or a grantee, is the database's owner
+        SELECT o.*, CASE WHEN pg_catalog.pg_get_userbyid(o.owner) OPERATOR(pg_catalog.=) 'pg_database_owner'::pg_catalog.name
+                         THEN db.datdba ELSE o.owner END AS role
+        FROM o CROSS JOIN db)
+    SELECT owned.relname, owned.relkind, r.rolname,
+           EXISTS (SELECT 1 FROM ours WHERE ours.oid OPERATOR(pg_catalog.=) owned.role),
+           current_user, me.rolsuper, owned.strange_column,
+           (SELECT pg_catalog.string_agg(CASE WHEN x.grantee OPERATOR(pg_catalog.=) 0::pg_catalog.oid THEN 'PUBLIC'
+                                             ELSE pg_catalog.pg_get_userbyid(x.grantee)::pg_catalog.text END, ', ')
+            FROM pg_catalog.aclexplode(owned.acl) x
+            WHERE x.privilege_type OPERATOR(pg_catalog.=) 'CREATE'::pg_catalog.text
+              AND NOT EXISTS (SELECT 1 FROM ours WHERE ours.oid OPERATOR(pg_catalog.=) CASE
+                  WHEN pg_catalog.pg_get_userbyid(x.grantee) OPERATOR(pg_catalog.=) 'pg_database_owner'::pg_catalog.name
+                  THEN db.datdba ELSE x.grantee END))
+    FROM owned JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) owned.role CROSS JOIN me CROSS JOIN db"""
     # The tables a migration creates in a schema without any of ours belong to the schema's owner, which
     # current_user may only be a member of (a team's role): a SET LOCAL ROLE to it, for the migration's
     # transaction. Not to a role current_user is no member of (a superuser's schema: the tables are ours).
@@ -2839,24 +2867,33 @@ class PostgresStore(Store):
     def _owners(self, cur, writes: bool) -> list[tuple]:
         """SQL_OWNERS' rows; BadDatabase if one of our names is not a plain table of PostgreSQL's types (a
         view, or an operator of a column's type, would run its owner's code as whoever reads it), or, when
-        `writes`, if the schema or one of its tables is owned by a role that is not ours: that owner could
-        drop the jobs enqueued here, put in the commands our workers run, and read the jobs' environments.
-        A reader may read a queue others own (with SELECT)."""
+        `writes` or for a superuser, if the schema or one of its tables is owned by a role that is not ours,
+        or if a role not ours may create objects in the schema: either could drop the jobs enqueued here,
+        put in the commands our workers run, read the jobs' environments, or plant an operator our
+        statements would call as us. A reader that is no superuser may read a queue others own (with
+        SELECT): it trusts that owner (see README, "Owners")."""
         rows = cur.execute(self.sql.SQL_OWNERS, {"schema": self.schema, "tables": list(PG_TABLES)}).fetchall()
-        for table, kind, *_, column in rows:
+        for table, kind, *_, column, _ in rows:
             if table is not None and kind != "r":
                 raise BadDatabase(f"{self.path}: {self.schema}.{table} is {PG_RELKINDS.get(kind, 'no table')}, "
                                   "not a table: not queuectl's (name another schema with ?schema=)")
             if column is not None:
                 raise BadDatabase(f"{self.path}: column {column} of {self.schema}.{table} has a type that is not "
                                   "PostgreSQL's own: not queuectl's (name another schema with ?schema=)")
-        for table, _, owner, ours, user, _ in rows if writes else ():
+        for table, _, owner, ours, user, superuser, _, creators in rows:
+            if not (writes or superuser):
+                continue
+            what = f"table {self.schema}.{table}" if table else f"schema {self.schema}"
             if not ours:
-                what = f"table {self.schema}.{table}" if table else f"schema {self.schema}"
                 raise BadDatabase(f"{self.path}: {what} is owned by {owner}, not by {user} or a role {user} is a "
                                   f"member of, so {owner} could choose the commands your workers run and read your "
                                   f"jobs: use a schema of your own (?schema=), or make {user} a member of {owner} "
-                                  f"(GRANT {owner} TO {user})")
+                                  f"(GRANT {owner} TO {user})" + (", and connect as that role, not a superuser"
+                                                                  if superuser else ""))
+            if creators:
+                raise BadDatabase(f"{self.path}: {creators} may create objects in {what}, and so make queuectl's "
+                                  f"statements run their code as {user}: REVOKE CREATE ON SCHEMA {self.schema} "
+                                  f"FROM {creators}, or use a schema of your own (?schema=)")
         return rows
 
     def _version(self, cur) -> int:
@@ -4632,6 +4669,7 @@ class Watchdog:
         import threading
         self.pid, self.write_end, self.alive = pid, write_end, True
         self.lock = threading.Lock()  # orders a runner's message against the close of the pipe at stop
+        self.backlog: list[bytes] = []  # messages that found the pipe full, oldest first (see _send)
 
     @classmethod
     def start(cls, worker_id: str) -> "Watchdog | None":
@@ -4676,7 +4714,7 @@ class Watchdog:
     def tell(self, pid: int, token: bytes) -> None:
         """Tell of a job just started: its first process and its run's token. One write of one line
         (a token is printable ASCII), atomic (under PIPE_BUF) and never blocking: a message that
-        finds the pipe full leaves that run to the next sweep's token scan on this host."""
+        finds the pipe full waits in the backlog (see _send)."""
         self._send(b"%d %s\n" % (pid, token))
 
     def ended(self, pid: int, token: bytes) -> None:
@@ -4685,19 +4723,34 @@ class Watchdog:
         self._send(b"-%d %s\n" % (pid, token))
 
     def _send(self, message: bytes) -> None:
+        """Write one message, after those still waiting. A message that finds the pipe full (a watchdog
+        stopped or starved) waits in the backlog, in order, and goes with the next message or at the next
+        housekeeping tick (check): a lost end of a run would have the watchdog kill that finished run's
+        background children. Each message is one write under PIPE_BUF: whole or not at all."""
         with self.lock:
+            if self.alive and len(self.backlog) < WATCHDOG_BACKLOG:
+                self.backlog.append(message)
+            self._flush()
+
+    def _flush(self) -> None:
+        """Send the backlog, oldest first, until the pipe is full (under self.lock)."""
+        while self.backlog and self.alive:  # else stop() may have closed the descriptor, and its number be reused
             try:
-                if self.alive:  # else stop() may have closed the descriptor, and its number be reused
-                    os.write(self.write_end, message)
+                os.write(self.write_end, self.backlog[0])
             except BlockingIOError:
-                pass
+                return
             except OSError:  # EPIPE: the watchdog is gone; check() reaps it and says so
                 self.alive = False
+                return
+            del self.backlog[0]
 
     def check(self) -> None:
-        """At each housekeeping tick: if the watchdog died (someone killed it), reap it and warn once.
+        """At each housekeeping tick: send what waits in the backlog (see _send); if the watchdog died
+        (someone killed it), reap it and warn once.
         Jobs started from then on get the parent-death signal instead (see _spawn); those already
         running are left to the token scan of a later sweep on this host."""
+        with self.lock:
+            self._flush()
         if self.pid is None or not _reaped(self.pid):
             return
         self.pid, self.alive = None, False
@@ -4830,7 +4883,8 @@ def _watch(fd: int) -> tuple[dict[int, tuple[str | None, bytes]], set[bytes]]:
                 elif line.startswith(b"-"):  # over
                     pid, _, token = line[1:].partition(b" ")
                     starting.discard(token)
-                    told.pop(int(pid), None)
+                    if told.get(int(pid), (None, None))[1] == token:  # not a later run that got the PID
+                        del told[int(pid)]
                 else:  # started
                     pid, _, token = line.partition(b" ")
                     starting.discard(token)

@@ -1615,6 +1615,12 @@ def test_postgres_a_schema_another_role_owns_is_refused_before_anything_is_writt
     assert (code, out) == (1, "")
     assert_one_error(err, f"schema {schema} is owned by {bob}", f"not by {alice}", "?schema=")
     assert schema_tables(pg_roles, schema) == {}
+    # While alice may create objects in his schema, bob is refused too: an operator she put there could
+    # match queuectl's statements better than pg_catalog's and run as bob.
+    code, out, err = cli(pg_roles.url(bob, schema), "enqueue", json.dumps({"id": "bobs", "command": "touch ran"}))
+    assert (code, out) == (1, "")
+    assert_one_error(err, f"{alice} may create objects in schema {schema}", "REVOKE CREATE")
+    pg_roles.sql(f"REVOKE CREATE ON SCHEMA {schema} FROM {alice}", role=bob)
     # Bob makes the queue himself and lets alice in: her workers still will not take his jobs.
     ok(pg_roles.url(bob, schema), "enqueue", json.dumps({"id": "bobs", "command": "touch ran"}))
     pg_roles.sql(f"GRANT ALL ON ALL TABLES IN SCHEMA {schema} TO {alice}", role=bob)
@@ -10548,3 +10554,108 @@ def test_ids_and_config_values_written_behind_queuectls_back_print_escaped(sqlit
     assert ok(sqlite_db, "config", "get", "max-retries") == "\\x1b[2J\n"
     assert "max-retries = \\x1b[2J\n" in ok(sqlite_db, "config", "list")
 
+
+
+# ==== Session five: the second review of the fixes (review-r2) ====================================
+
+def plant_operator(roles, schema, role):
+    """As `role`, an operator `<>(oid, regnamespace)` in `schema` that records who ran it (in
+    `schema.loot`, which every role may write): pg_catalog has no exact match for it, so an unqualified
+    `oid <> regnamespace` on that search_path calls it. Returns who it recorded."""
+    roles.sql(f"CREATE TABLE {schema}.loot (who text)", f"GRANT INSERT, SELECT ON {schema}.loot TO PUBLIC",
+              f"CREATE FUNCTION {schema}.evil_ne(oid, regnamespace) RETURNS boolean LANGUAGE plpgsql AS $$ BEGIN "
+              f"INSERT INTO {schema}.loot VALUES (current_user); RETURN $1 OPERATOR(pg_catalog.<>) $2::oid; END $$",
+              f"CREATE OPERATOR {schema}.<> (LEFTARG = oid, RIGHTARG = regnamespace, FUNCTION = {schema}.evil_ne)",
+              role=role)
+
+    def loot():
+        import psycopg
+        with psycopg.connect(roles.admin, autocommit=True) as conn:
+            return [who for (who,) in conn.execute(f"SELECT who FROM {schema}.loot")]
+    return loot
+
+
+def test_postgres_the_owner_check_calls_no_operator_planted_in_the_schema(pg_roles):
+    """The check itself ran with the schema on search_path and an unqualified `oid <> regnamespace`, for
+    which an operator evil put in the schema matched better than pg_catalog's: it ran as whoever opened
+    the queue (a superuser's `status` ran it too), before the refusal."""
+    evil, victim = pg_roles.make("evil", "LOGIN"), pg_roles.make("victim", "LOGIN")
+    schema = f"{pg_roles.prefix}_q"
+    pg_roles.sql(f"GRANT CREATE ON DATABASE {pg_roles.dbname} TO {evil}")
+    pg_roles.sql(f"CREATE SCHEMA {schema}", f"GRANT USAGE ON SCHEMA {schema} TO PUBLIC",
+                 f"CREATE TABLE {schema}.jobs (x int)", role=evil)
+    loot = plant_operator(pg_roles, schema, evil)
+    for url in (pg_roles.url(victim, schema), with_params(pg_roles.admin, schema=schema)):
+        for args in (("status",), ("add", "--", "echo hi")):
+            code, _, err = cli(url, *args)
+            assert code == 1, (url, args, err)
+    assert loot() == []
+
+
+def test_postgres_a_schema_others_may_create_in_is_refused_for_writers(pg_roles):
+    """A schema a superuser made with CREATE for PUBLIC (the default of `public` up to PostgreSQL 14):
+    another role could plant an operator there that queuectl's statements call as the writer."""
+    victim, evil = pg_roles.make("victim", "LOGIN"), pg_roles.make("evil", "LOGIN")
+    schema = f"{pg_roles.prefix}_pub"
+    pg_roles.sql(f"CREATE SCHEMA {schema}", f"GRANT USAGE, CREATE ON SCHEMA {schema} TO PUBLIC")
+    victims = pg_roles.url(victim, schema)
+    code, out, err = cli(victims, "add", "--", "echo hi")
+    assert (code, out) == (1, "")
+    assert_one_error(err, f"PUBLIC may create objects in schema {schema}", f"REVOKE CREATE ON SCHEMA {schema}")
+    assert schema_tables(pg_roles, schema) == {}
+    pg_roles.sql(f"REVOKE CREATE ON SCHEMA {schema} FROM PUBLIC", f"GRANT CREATE ON SCHEMA {schema} TO {victim}")
+    ok(victims, "add", "--", "echo hi")  # a schema only the victim (and superusers) may create in
+    assert evil  # (the role that could have planted something had the grant stayed)
+
+
+def test_postgres_a_superuser_does_not_read_a_queue_another_role_owns(pg_roles):
+    """A reader trusts the queue's owner (an index predicate of the owner's runs when a query is planned),
+    so a superuser, whose trust would be worth the whole server, is refused; a superuser is a member of
+    every role, so membership does not make another's schema its own."""
+    bob = pg_roles.make("bob", "LOGIN")
+    schema = f"{pg_roles.prefix}_q"
+    pg_roles.sql(f"GRANT CREATE ON DATABASE {pg_roles.dbname} TO {bob}")
+    pg_roles.sql(f"CREATE SCHEMA {schema}", role=bob)
+    ok(pg_roles.url(bob, schema), "enqueue", '{"id": "bobs", "command": "true"}')
+    for args in (("list",), ("enqueue", '{"command": "true"}')):
+        code, out, err = cli(with_params(pg_roles.admin, schema=schema), *args)
+        assert (code, out) == (1, ""), args
+        assert_one_error(err, f"schema {schema} is owned by {bob}", "not a superuser")
+
+
+def test_the_end_of_a_run_is_not_taken_for_the_end_of_a_later_run_with_its_pid():
+    """`-PID TOKEN` dropped whatever run held that PID: if the PID was reused by another runner's job
+    before the end of the first was sent, the watchdog forgot the second and would leave it running."""
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"+TA\n4242 TA\n+TB\n4242 TB\n-4242 TA\n")
+    os.close(write_end)
+    told, starting = queuectl._watch(read_end)
+    os.close(read_end)
+    assert [token for _, token in told.values()] == [b"TB"] and starting == set()
+
+
+def test_watchdog_messages_that_find_the_pipe_full_wait_and_go_in_order():
+    """A stalled watchdog's full pipe dropped messages: with `+TOKEN` through and the run's end lost, the
+    watchdog killed the background child of a run that had finished. Now they wait, in order."""
+    read_end, write_end = os.pipe2(os.O_CLOEXEC)
+    os.set_blocking(write_end, False)
+    filler = 0
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            filler += os.write(write_end, b"\n" * 512)
+    watchdog = queuectl.Watchdog(None, write_end)
+    watchdog.starting(b"w/1/a")
+    watchdog.tell(4242, b"w/1/a")
+    watchdog.ended(4242, b"w/1/a")
+    assert len(watchdog.backlog) == 3
+    drained = b""
+    while len(drained) < filler:  # the watchdog reads again: room in the pipe
+        drained += os.read(read_end, filler - len(drained))
+    watchdog.check()  # the housekeeping tick sends what waited
+    assert watchdog.backlog == []
+    os.close(write_end)
+    rest = b""
+    while chunk := os.read(read_end, 65536):
+        rest += chunk
+    os.close(read_end)
+    assert rest == b"+w/1/a\n4242 w/1/a\n-4242 w/1/a\n"
