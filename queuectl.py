@@ -146,8 +146,9 @@ OUTPUT_TAIL_BYTES = 64 * 1024  # the default of config output-limit
 MIN_OUTPUT_LIMIT, MAX_OUTPUT_LIMIT = 1024, 64 * 1024 * 1024
 SIZE = re.compile(r"\s*([0-9]+)[ \t]*(KiB|MiB|K|M|k|m|B)?\s*", re.ASCII)  # as DURATION: "１０２４" is no size
 SIZE_UNITS = {"B": 1, "K": 1024, "k": 1024, "KiB": 1024, "M": 1024 ** 2, "m": 1024 ** 2, "MiB": 1024 ** 2}
-# Messages to a worker's watchdog that wait for room in its pipe, at most (about 3 a job, 40 bytes each).
-WATCHDOG_BACKLOG = 100_000
+# Messages to a worker's watchdog that wait for room in its pipe, at most (3 a job, up to about 300 bytes
+# each with a long job id: a few MB at worst).
+WATCHDOG_BACKLOG = 20_000
 PR_SET_PDEATHSIG, SIGKILL = 1, 9  # Linux's prctl option, and the signal it asks for (see _die_with_runner)
 # A command made only of these words is exec'd without a shell (see direct_argv); the first word
 # may not contain '=', which would make it a variable assignment.
@@ -2118,8 +2119,8 @@ class PostgresSQL:
              WHERE r.rolsuper OR r.oid OPERATOR(pg_catalog.=) me.oid
                 OR NOT me.rolsuper AND pg_catalog.pg_has_role(me.oid, r.oid, 'MEMBER')),
     db AS (SELECT d.datdba FROM pg_catalog.pg_database d WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()),
-    o (relname, relkind, owner, strange_column, acl) AS (
-        SELECT NULL::pg_catalog.name, NULL::pg_catalog."char", n.nspowner, NULL::pg_catalog.name, n.nspacl
+    o (relname, relkind, owner, strange_column, acl, nsp) AS (
+        SELECT NULL::pg_catalog.name, NULL::pg_catalog."char", n.nspowner, NULL::pg_catalog.name, n.nspacl, n.oid
         FROM pg_catalog.pg_namespace n WHERE n.nspname OPERATOR(pg_catalog.=) %(schema)s::pg_catalog.name
         UNION ALL
         SELECT c.relname, c.relkind, c.relowner,
@@ -2128,10 +2129,30 @@ class PostgresSQL:
                 WHERE a.attrelid OPERATOR(pg_catalog.=) c.oid AND a.attnum OPERATOR(pg_catalog.>) 0::pg_catalog.int2
                   AND t.typnamespace OPERATOR(pg_catalog.<>) 'pg_catalog'::pg_catalog.regnamespace::pg_catalog.oid
                 LIMIT 1),
-               NULL::pg_catalog.aclitem[]
+               NULL::pg_catalog.aclitem[], NULL::pg_catalog.oid
         FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
         WHERE n.nspname OPERATOR(pg_catalog.=) %(schema)s::pg_catalog.name
           AND c.relname OPERATOR(pg_catalog.=) ANY(%(tables)s::pg_catalog.name[])),
+    -- What queuectl never makes in its schema: functions, operators, types other than its tables' (and
+    -- their arrays), collations, conversions. One a role not ours put there (if only before its CREATE
+    -- was revoked) could be what one of our statements calls, as us.
+    planted (nsp, what, owner) AS (  -- (its first, if any; computed once: no reference to a row)
+        SELECT p.pronamespace, pg_catalog.concat('function ', p.proname), p.proowner FROM pg_catalog.pg_proc p
+        UNION ALL SELECT op.oprnamespace, pg_catalog.concat('operator ', op.oprname), op.oprowner
+        FROM pg_catalog.pg_operator op
+        UNION ALL SELECT t.typnamespace, pg_catalog.concat('type ', t.typname), t.typowner FROM pg_catalog.pg_type t
+        WHERE t.typrelid OPERATOR(pg_catalog.=) 0::pg_catalog.oid AND NOT EXISTS (
+            SELECT 1 FROM pg_catalog.pg_type e WHERE e.oid OPERATOR(pg_catalog.=) t.typelem
+              AND e.typrelid OPERATOR(pg_catalog.<>) 0::pg_catalog.oid)
+        UNION ALL SELECT co.collnamespace, pg_catalog.concat('collation ', co.collname), co.collowner
+        FROM pg_catalog.pg_collation co
+        UNION ALL SELECT cv.connamespace, pg_catalog.concat('conversion ', cv.conname), cv.conowner
+        FROM pg_catalog.pg_conversion cv),
+    first_planted AS (
+        SELECT pg_catalog.concat(p.what, ' of ', pg_catalog.pg_get_userbyid(p.owner)) AS what
+        FROM planted p JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) p.nsp
+        WHERE n.nspname OPERATOR(pg_catalog.=) %(schema)s::pg_catalog.name
+          AND NOT EXISTS (SELECT 1 FROM ours WHERE ours.oid OPERATOR(pg_catalog.=) p.owner) LIMIT 1),
     owned AS (  -- pg_database_owner, as an owner or a grantee, is the database's owner
         SELECT o.*, CASE WHEN pg_catalog.pg_get_userbyid(o.owner) OPERATOR(pg_catalog.=) 'pg_database_owner'::pg_catalog.name
                          THEN db.datdba ELSE o.owner END AS role
@@ -2145,14 +2166,19 @@ class PostgresSQL:
             WHERE x.privilege_type OPERATOR(pg_catalog.=) 'CREATE'::pg_catalog.text
               AND NOT EXISTS (SELECT 1 FROM ours WHERE ours.oid OPERATOR(pg_catalog.=) CASE
                   WHEN pg_catalog.pg_get_userbyid(x.grantee) OPERATOR(pg_catalog.=) 'pg_database_owner'::pg_catalog.name
-                  THEN db.datdba ELSE x.grantee END))
+                  THEN db.datdba ELSE x.grantee END)),
+           CASE WHEN owned.nsp IS NOT NULL THEN (SELECT what FROM first_planted) END,
+           owned.nsp IS NULL OR pg_catalog.has_schema_privilege(owned.nsp, 'USAGE')
     FROM owned JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) owned.role CROSS JOIN me CROSS JOIN db"""
     # The tables a migration creates in a schema without any of ours belong to the schema's owner, which
     # current_user may only be a member of (a team's role): a SET LOCAL ROLE to it, for the migration's
     # transaction. Not to a role current_user is no member of (a superuser's schema: the tables are ours).
-    SQL_AS_SCHEMA_OWNER = ("SELECT set_config('role', pg_get_userbyid(nspowner), true) FROM pg_namespace "
-                           "WHERE nspname = %s AND pg_get_userbyid(nspowner) NOT IN (current_user, 'pg_database_owner') "
-                           "AND pg_has_role(current_user, nspowner, 'MEMBER')")
+    SQL_AS_SCHEMA_OWNER = (
+        "SELECT pg_catalog.set_config('role', pg_catalog.pg_get_userbyid(nspowner)::pg_catalog.text, true) "
+        "FROM pg_catalog.pg_namespace WHERE nspname OPERATOR(pg_catalog.=) %s::pg_catalog.name "
+        "AND pg_catalog.pg_get_userbyid(nspowner) OPERATOR(pg_catalog.<>) current_user "
+        "AND pg_catalog.pg_get_userbyid(nspowner) OPERATOR(pg_catalog.<>) 'pg_database_owner'::pg_catalog.name "
+        "AND pg_catalog.pg_has_role(current_user, nspowner, 'MEMBER')")
     SQL_CREATE_VERSION = "CREATE TABLE queuectl_version (version BIGINT NOT NULL)"
     SQL_INIT_VERSION = "INSERT INTO queuectl_version (version) VALUES (0)"
     SQL_SET_VERSION = "UPDATE queuectl_version SET version = %s"
@@ -2243,7 +2269,7 @@ class PostgresSQL:
         SELECT id, run_count, worker_id, %(now)s, next_run_at FROM claimed)
     SELECT best.name, best.free, claimed.* FROM best LEFT JOIN claimed ON true"""
     SQL_CLAIM_FROM_QUEUES = """
-    WITH q(name) AS (SELECT unnest(%(queues)s::text[])),  -- the queues of `worker start --queue`
+    WITH q(name) AS (SELECT pg_catalog.unnest(%(queues)s::text[])),  -- the queues of `worker start --queue`
     eligible(name, free) AS (  -- not paused, not full; free: no limit, or this claim holds the queue's lock
         SELECT q.name, l.queue IS NULL OR q.name = ANY(%(held)s::text[])
         FROM q LEFT JOIN queue_limits AS l ON l.queue = q.name
@@ -2294,7 +2320,7 @@ class PostgresSQL:
         OR EXISTS (SELECT 1 FROM jobs
                    WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= %(now)s)"""
     SQL_POLL_FROM_QUEUES = """
-    WITH q(name) AS (SELECT unnest(%(queues)s::text[])),  -- the queues of `worker start --queue`
+    WITH q(name) AS (SELECT pg_catalog.unnest(%(queues)s::text[])),  -- the queues of `worker start --queue`
     eligible(name) AS (  -- not paused, not full
         SELECT q.name FROM q LEFT JOIN queue_limits AS l ON l.queue = q.name
         WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
@@ -2873,14 +2899,18 @@ class PostgresStore(Store):
         statements would call as us. A reader that is no superuser may read a queue others own (with
         SELECT): it trusts that owner (see README, "Owners")."""
         rows = cur.execute(self.sql.SQL_OWNERS, {"schema": self.schema, "tables": list(PG_TABLES)}).fetchall()
-        for table, kind, *_, column, _ in rows:
+        for table, kind, owner, _, user, _, column, _, _, usage in rows:
+            if not usage:  # the schema's row (e.g. a NOINHERIT member of its owner): said before any migration
+                raise BadDatabase(f"{self.path}: {user} may not use schema {self.schema} (no USAGE: a member of "
+                                  f"{owner} that does not inherit its privileges?): connect as a role that may, "
+                                  f"or GRANT USAGE ON SCHEMA {self.schema}")
             if table is not None and kind != "r":
                 raise BadDatabase(f"{self.path}: {self.schema}.{table} is {PG_RELKINDS.get(kind, 'no table')}, "
                                   "not a table: not queuectl's (name another schema with ?schema=)")
             if column is not None:
                 raise BadDatabase(f"{self.path}: column {column} of {self.schema}.{table} has a type that is not "
                                   "PostgreSQL's own: not queuectl's (name another schema with ?schema=)")
-        for table, _, owner, ours, user, superuser, _, creators in rows:
+        for table, _, owner, ours, user, superuser, _, creators, planted, _ in rows:
             if not (writes or superuser):
                 continue
             what = f"table {self.schema}.{table}" if table else f"schema {self.schema}"
@@ -2894,6 +2924,9 @@ class PostgresStore(Store):
                 raise BadDatabase(f"{self.path}: {creators} may create objects in {what}, and so make queuectl's "
                                   f"statements run their code as {user}: REVOKE CREATE ON SCHEMA {self.schema} "
                                   f"FROM {creators}, or use a schema of your own (?schema=)")
+            if planted:  # queuectl makes none: one a role not ours left there may be what a statement calls
+                raise BadDatabase(f"{self.path}: {what} holds {planted}, which queuectl's statements could call as "
+                                  f"{user}: drop it, or use a schema of your own (?schema=)")
         return rows
 
     def _version(self, cur) -> int:
@@ -4670,6 +4703,7 @@ class Watchdog:
         self.pid, self.write_end, self.alive = pid, write_end, True
         self.lock = threading.Lock()  # orders a runner's message against the close of the pipe at stop
         self.backlog: list[bytes] = []  # messages that found the pipe full, oldest first (see _send)
+        self.overflowed = False  # has the backlog been full (said once)?
 
     @classmethod
     def start(cls, worker_id: str) -> "Watchdog | None":
@@ -4730,6 +4764,11 @@ class Watchdog:
         with self.lock:
             if self.alive and len(self.backlog) < WATCHDOG_BACKLOG:
                 self.backlog.append(message)
+            elif self.alive and not self.overflowed:
+                self.overflowed = True
+                log.warning("the watchdog has not read its messages for a long time: from now on some are lost, and "
+                            "a run's processes may be missed, or a finished one's background children killed, if "
+                            "this worker dies", extra=event("watchdog_backlog_full"))
             self._flush()
 
     def _flush(self) -> None:
@@ -4765,6 +4804,8 @@ class Watchdog:
         if clean and self.pid is not None:
             os.kill(self.pid, signal.SIGKILL)  # first: the EOF of the close below would set it killing
         with self.lock:
+            if not clean:
+                self._flush()  # what waits (the end of a finished run above all) before the EOF
             self.alive = False
             os.close(self.write_end)  # under the lock, with alive False: see tell
         if Watchdog.current is self:

@@ -10659,3 +10659,61 @@ def test_watchdog_messages_that_find_the_pipe_full_wait_and_go_in_order():
         rest += chunk
     os.close(read_end)
     assert rest == b"+w/1/a\n4242 w/1/a\n-4242 w/1/a\n"
+
+
+# ==== Session five: the third review of the fixes (review-r3) =====================================
+
+def test_postgres_a_function_a_stranger_left_in_the_schema_is_refused_for_writers(pg_roles):
+    """A role whose CREATE on the schema was revoked (as the error asks) had already put `unnest(text[])`
+    there, which the claim of `worker start --queue` called as the worker: pg_catalog has only
+    unnest(anyarray), so the planted exact match won. Writers refuse a schema holding an object queuectl
+    never makes, owned by a role not theirs."""
+    app, mallory = pg_roles.make("app", "LOGIN"), pg_roles.make("mallory", "LOGIN")
+    schema = f"{pg_roles.prefix}_m"
+    pg_roles.sql(f"CREATE SCHEMA {schema}", f"GRANT USAGE, CREATE ON SCHEMA {schema} TO {app}, {mallory}")
+    pg_roles.sql(f"CREATE TABLE {schema}.ran (who text)", f"GRANT INSERT, SELECT ON {schema}.ran TO PUBLIC")
+    pg_roles.sql(f"CREATE FUNCTION {schema}.unnest(text[]) RETURNS SETOF text LANGUAGE plpgsql AS $$ BEGIN "
+                 f"INSERT INTO {schema}.ran VALUES (current_user); RETURN QUERY SELECT pg_catalog.unnest($1); END $$",
+                 role=mallory)
+    pg_roles.sql(f"REVOKE CREATE ON SCHEMA {schema} FROM {mallory}")
+    apps = pg_roles.url(app, schema)
+    code, out, err = cli(apps, "add", "--", "true")
+    assert (code, out) == (1, "")
+    assert_one_error(err, f"schema {schema} holds function unnest of {mallory}", "drop it")
+    assert schema_tables(pg_roles, schema) == {"ran": "postgres"}
+
+
+def test_postgres_a_member_that_does_not_inherit_is_told_before_anything_is_migrated(pg_roles):
+    """A NOINHERIT member of the team that owns the schema has no USAGE on it: its first `add` created and
+    committed every table (as the team) and then failed with `relation "config" does not exist`."""
+    team = pg_roles.make("team")
+    member = pg_roles.make("member", "LOGIN", "NOINHERIT", f"IN ROLE {team}")
+    schema = f"{pg_roles.prefix}_q"
+    pg_roles.sql(f"CREATE SCHEMA {schema} AUTHORIZATION {team}")
+    code, out, err = cli(pg_roles.url(member, schema), "add", "--", "true")
+    assert (code, out) == (1, "")
+    assert_one_error(err, f"{member} may not use schema {schema}", "USAGE")
+    assert schema_tables(pg_roles, schema) == {}
+
+
+def test_a_watchdog_stopped_uncleanly_first_sends_what_waits():
+    """stop(clean=False) closed the pipe with the backlog unsent: the end of a finished run was lost, and
+    the watchdog, reading EOF, killed that run's background children."""
+    read_end, write_end = os.pipe2(os.O_CLOEXEC)
+    os.set_blocking(write_end, False)
+    filler = 0
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            filler += os.write(write_end, b"\n" * 512)
+    watchdog = queuectl.Watchdog(None, write_end)
+    watchdog.tell(4242, b"w/1/a")
+    watchdog.ended(4242, b"w/1/a")
+    drained = b""
+    while len(drained) < filler:
+        drained += os.read(read_end, filler - len(drained))
+    watchdog.stop(clean=False)
+    rest = b""
+    while chunk := os.read(read_end, 65536):
+        rest += chunk
+    os.close(read_end)
+    assert rest == b"4242 w/1/a\n-4242 w/1/a\n"
