@@ -1686,12 +1686,14 @@ def plant_payload(roles, owner, schema):
               f"INSERT INTO {schema}.ran VALUES (current_user); RETURN {queuectl.SCHEMA_VERSION}; END $$",
               f"GRANT USAGE ON SCHEMA {schema} TO PUBLIC", f"GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO PUBLIC",
               role=owner)
+    return lambda: recorded(roles, f"{schema}.ran")
 
-    def ran():
-        import psycopg
-        with psycopg.connect(roles.admin, autocommit=True) as conn:
-            return [who for (who,) in conn.execute(f"SELECT who FROM {schema}.ran")]
-    return ran
+
+def recorded(roles, table):
+    """Who a planted function recorded in `table` (read as the superuser)."""
+    import psycopg
+    with psycopg.connect(roles.admin, autocommit=True) as conn:
+        return [who for (who,) in conn.execute(f"SELECT who FROM {table}")]
 
 
 def test_postgres_a_view_of_our_names_is_refused_before_it_is_read(pg_roles):
@@ -10567,12 +10569,7 @@ def plant_operator(roles, schema, role):
               f"INSERT INTO {schema}.loot VALUES (current_user); RETURN $1 OPERATOR(pg_catalog.<>) $2::oid; END $$",
               f"CREATE OPERATOR {schema}.<> (LEFTARG = oid, RIGHTARG = regnamespace, FUNCTION = {schema}.evil_ne)",
               role=role)
-
-    def loot():
-        import psycopg
-        with psycopg.connect(roles.admin, autocommit=True) as conn:
-            return [who for (who,) in conn.execute(f"SELECT who FROM {schema}.loot")]
-    return loot
+    return lambda: recorded(roles, f"{schema}.loot")
 
 
 def test_postgres_the_owner_check_calls_no_operator_planted_in_the_schema(pg_roles):
