@@ -8191,21 +8191,27 @@ def _fail(error: QueueError) -> int:
 
 
 def exit_now(code: int):
-    """Exit with `code`. With no other thread left, skip the interpreter's teardown (os._exit): by
-    now every connection is closed and every commit made, and nothing of ours runs at exit; only
-    the output is flushed. The teardown frees every object of this large module one by one (about
-    a quarter of what a one-job `enqueue` adds to Python's own start) and unloads psycopg (about 50 ms
-    of CPU). A worker or dashboard with threads left exits the usual way."""
+    """Exit with `code`. With no thread left that Python would wait for, skip the interpreter's teardown
+    (os._exit): by now every commit is made and nothing of ours runs at exit; only the output is
+    flushed. The teardown frees every object of this large module one by one (about a quarter of what a
+    one-job `enqueue` adds to Python's own start) and unloads psycopg (about 50 ms of CPU). Daemon
+    threads do not count: a stopped worker leaves its signal watcher, and on PostgreSQL its listener
+    (in libpq's wait for up to a second) and output flushers, and a teardown that raced them crashed a
+    worker once in a torture run (SIGSEGV in libpython after "worker exited (0)"). A thread that is no
+    daemon (none of ours) gets the usual exit, which waits for it."""
     threads = sys.modules.get("threading")
-    if threads is None or threads.active_count() == 1:
-        try:
-            for stream in (sys.stdout, sys.stderr):  # never None: see _closed_streams_to_devnull
-                with contextlib.suppress(BrokenPipeError):  # a reader that left changes nothing now
-                    stream.flush()
-        except (OSError, ValueError):  # output that could not be written (a full disk): the usual exit says so
-            sys.exit(code)
-        os._exit(code)
-    sys.exit(code)
+    others = [] if threads is None else [t for t in threads.enumerate() if t is not threads.current_thread()]
+    if any(not t.daemon for t in others):
+        sys.exit(code)
+    try:
+        for stream in (sys.stdout, sys.stderr):  # never None: see _closed_streams_to_devnull
+            with contextlib.suppress(BrokenPipeError):  # a reader that left changes nothing now
+                stream.flush()
+    except OutputLost as e:  # what main() left unwritten (it flushes a command's output itself)
+        code = code or _fail(e)
+    except (OSError, ValueError):  # stderr that could not be written (a full disk): the usual exit says so
+        sys.exit(code)
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -10714,3 +10714,20 @@ def test_a_watchdog_stopped_uncleanly_first_sends_what_waits():
         rest += chunk
     os.close(read_end)
     assert rest == b"4242 w/1/a\n-4242 w/1/a\n"
+
+
+def test_a_process_left_with_daemon_threads_only_skips_the_interpreters_teardown():
+    """A stopped PostgreSQL worker leaves daemon threads (its listener in libpq's wait, the signal
+    watcher): a teardown that raced them crashed a worker with SIGSEGV in libpython after it had logged
+    "worker exited (0)" (once, in a torture run). exit_now skips the teardown (os._exit) unless a thread
+    Python would wait for is left; atexit handlers, part of the teardown, then never run."""
+    probe = ("import atexit, sys, threading, time; sys.path.insert(0, sys.argv[1]); import queuectl; "
+             "threading.Thread(target=time.sleep, args=(60,), daemon=True).start(); "
+             "atexit.register(print, 'teardown', flush=True); print('out', end=''); queuectl.exit_now(3)")
+    result = subprocess.run([sys.executable, "-c", probe, HERE], capture_output=True, text=True, timeout=WAIT_S,
+                            env=child_env())
+    assert (result.returncode, result.stdout, result.stderr) == (3, "out", "")
+    waits = probe.replace("daemon=True", "daemon=False").replace("args=(60,)", "args=(0.2,)")
+    result = subprocess.run([sys.executable, "-c", waits, HERE], capture_output=True, text=True, timeout=WAIT_S,
+                            env=child_env())
+    assert (result.returncode, result.stdout) == (3, "outteardown\n")  # a thread it must wait for: the usual exit
