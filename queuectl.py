@@ -2104,9 +2104,10 @@ class PostgresSQL:
     # NULL) and one per table of PG_TABLES it holds (by name: an index lookup each, where a scan of the
     # schema would read all of pg_class at every open): (table, relkind, owner, whether the owner is ours,
     # current_user, whether current_user is a superuser, a column of the table whose type is not
-    # pg_catalog's, the roles not ours that may CREATE in the schema). Such a type would bring operators
-    # its owner put in the schema into our statements; a role that may CREATE there can put in an
-    # operator that matches our arguments more exactly than pg_catalog's, which then wins.
+    # pg_catalog's, the roles not ours that may CREATE in the schema, the first object in it that one of
+    # them made (first_planted), whether current_user may use the schema). Such a type would bring
+    # operators its owner put in the schema into our statements; a role that may CREATE there can put in
+    # an operator or function that matches our arguments more exactly than pg_catalog's, which then wins.
     # This statement runs with the schema on search_path, so every operator in it is pg_catalog's by name
     # (OPERATOR(pg_catalog.=)) and every function and type is qualified: nothing planted can be called.
     # A role is ours when it is current_user, a superuser (who can rewrite anything anyway), or one
@@ -8049,8 +8050,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout = Stdout(sys.stdout)
     try:
         args = build_parser().parse_args(argv)
-        sys.stdout.flush()  # --help, --version: a failure to print them is an error, not a silent exit 0
-    except SystemExit as e:  # --help, --version
+    except SystemExit as e:  # --help, --version: a failure to print them is an error, not a silent exit 0
         return _flushed(e.code if isinstance(e.code, int) else EXIT_OK)
     except QueueError as e:
         return _fail(e)

@@ -1678,6 +1678,16 @@ def test_postgres_roles_that_share_a_team_role_owning_the_schema_share_its_queue
     assert_one_error(err, f"schema {schema} is owned by {team}", f"not by {carol}")
 
 
+def bobs_queue(roles):
+    """A role bob, allowed to create schemas, and a queue he made in a schema of his with one job, `bobs`:
+    (bob, the schema)."""
+    bob, schema = roles.make("bob", "LOGIN"), f"{roles.prefix}_q"
+    roles.sql(f"GRANT CREATE ON DATABASE {roles.dbname} TO {bob}")
+    roles.sql(f"CREATE SCHEMA {schema}", role=bob)
+    ok(roles.url(bob, schema), "enqueue", '{"id": "bobs", "command": "true"}')
+    return bob, schema
+
+
 def plant_payload(roles, owner, schema):
     """As `owner`, a function `schema.payload()` that records who ran it in `schema.ran` (which every role
     may write) and returns the schema version, for a view or a policy to call; the roles it recorded."""
@@ -1700,11 +1710,8 @@ def test_postgres_a_view_of_our_names_is_refused_before_it_is_read(pg_roles):
     # Bob owns the queue's schema, and turns queuectl_version into a view of a function of his: a
     # reader (carol, SELECT only), a writer who is no member of bob's (alice) and a superuser must all
     # refuse it without reading it, or bob's function runs as them, read-write.
-    bob, alice, carol = (pg_roles.make(name, "LOGIN") for name in ("bob", "alice", "carol"))
-    schema = f"{pg_roles.prefix}_q"
-    pg_roles.sql(f"GRANT CREATE ON DATABASE {pg_roles.dbname} TO {bob}")
-    pg_roles.sql(f"CREATE SCHEMA {schema}", role=bob)
-    ok(pg_roles.url(bob, schema), "enqueue", '{"id": "bobs", "command": "true"}')
+    alice, carol = (pg_roles.make(name, "LOGIN") for name in ("alice", "carol"))
+    bob, schema = bobs_queue(pg_roles)
     ran = plant_payload(pg_roles, bob, schema)
     pg_roles.sql(f"ALTER TABLE {schema}.queuectl_version RENAME TO real_version",
                  f"CREATE VIEW {schema}.queuectl_version AS SELECT {schema}.payload() AS version",
@@ -1729,12 +1736,9 @@ def test_postgres_a_view_of_our_names_is_refused_before_it_is_read(pg_roles):
 def test_postgres_a_policy_of_the_owner_never_runs_for_a_reader(pg_roles):
     # Row-level security on a table bob owns would run his policy's function as whoever reads it: the
     # session has row_security off, so carol's read fails instead, and a read without policies works.
-    bob, carol = pg_roles.make("bob", "LOGIN"), pg_roles.make("carol", "LOGIN")
-    schema = f"{pg_roles.prefix}_q"
-    pg_roles.sql(f"GRANT CREATE ON DATABASE {pg_roles.dbname} TO {bob}")
-    pg_roles.sql(f"CREATE SCHEMA {schema}", role=bob)
+    carol = pg_roles.make("carol", "LOGIN")
+    bob, schema = bobs_queue(pg_roles)
     bobs = pg_roles.url(bob, schema)
-    ok(bobs, "enqueue", '{"id": "bobs", "command": "true"}')
     ran = plant_payload(pg_roles, bob, schema)
     carols = pg_roles.url(carol, schema)
     assert [j["id"] for j in json.loads(ok(carols, "list", "--json"))] == ["bobs"]
@@ -1755,11 +1759,8 @@ def test_postgres_a_policy_of_the_owner_never_runs_for_a_reader(pg_roles):
 def test_postgres_a_column_of_a_type_the_owner_made_is_refused_before_its_operators_run(pg_roles):
     # Our statements name no schema, so an operator bob puts in the queue's schema for a type of his
     # (a domain over text for jobs.state) is the one `state = ...` calls, as carol, who only reads.
-    bob, carol = pg_roles.make("bob", "LOGIN"), pg_roles.make("carol", "LOGIN")
-    schema = f"{pg_roles.prefix}_q"
-    pg_roles.sql(f"GRANT CREATE ON DATABASE {pg_roles.dbname} TO {bob}")
-    pg_roles.sql(f"CREATE SCHEMA {schema}", role=bob)
-    ok(pg_roles.url(bob, schema), "enqueue", '{"id": "bobs", "command": "true"}')
+    carol = pg_roles.make("carol", "LOGIN")
+    bob, schema = bobs_queue(pg_roles)
     pg_roles.sql(f"CREATE DOMAIN {schema}.state AS text", f"DROP INDEX {schema}.jobs_state",
                  f"ALTER TABLE {schema}.jobs ALTER COLUMN state TYPE {schema}.state",
                  f"CREATE FUNCTION {schema}.eq({schema}.state, {schema}.state) RETURNS bool LANGUAGE plpgsql "
@@ -10609,11 +10610,7 @@ def test_postgres_a_superuser_does_not_read_a_queue_another_role_owns(pg_roles):
     """A reader trusts the queue's owner (an index predicate of the owner's runs when a query is planned),
     so a superuser, whose trust would be worth the whole server, is refused; a superuser is a member of
     every role, so membership does not make another's schema its own."""
-    bob = pg_roles.make("bob", "LOGIN")
-    schema = f"{pg_roles.prefix}_q"
-    pg_roles.sql(f"GRANT CREATE ON DATABASE {pg_roles.dbname} TO {bob}")
-    pg_roles.sql(f"CREATE SCHEMA {schema}", role=bob)
-    ok(pg_roles.url(bob, schema), "enqueue", '{"id": "bobs", "command": "true"}')
+    bob, schema = bobs_queue(pg_roles)
     for args in (("list",), ("enqueue", '{"command": "true"}')):
         code, out, err = cli(with_params(pg_roles.admin, schema=schema), *args)
         assert (code, out) == (1, ""), args
@@ -10631,23 +10628,36 @@ def test_the_end_of_a_run_is_not_taken_for_the_end_of_a_later_run_with_its_pid()
     assert [token for _, token in told.values()] == [b"TB"] and starting == set()
 
 
-def test_watchdog_messages_that_find_the_pipe_full_wait_and_go_in_order():
-    """A stalled watchdog's full pipe dropped messages: with `+TOKEN` through and the run's end lost, the
-    watchdog killed the background child of a run that had finished. Now they wait, in order."""
+def full_pipe():
+    """A pipe whose write end is non-blocking and full, as a stalled watchdog leaves the worker's: (read
+    end, write end, the bytes of filler in it)."""
     read_end, write_end = os.pipe2(os.O_CLOEXEC)
     os.set_blocking(write_end, False)
     filler = 0
     with contextlib.suppress(BlockingIOError):
         while True:
             filler += os.write(write_end, b"\n" * 512)
+    return read_end, write_end, filler
+
+
+def read_exactly(fd, size):
+    """Read `size` bytes from `fd` (the filler full_pipe wrote)."""
+    data = b""
+    while len(data) < size:
+        data += os.read(fd, size - len(data))
+    return data
+
+
+def test_watchdog_messages_that_find_the_pipe_full_wait_and_go_in_order():
+    """A stalled watchdog's full pipe dropped messages: with `+TOKEN` through and the run's end lost, the
+    watchdog killed the background child of a run that had finished. Now they wait, in order."""
+    read_end, write_end, filler = full_pipe()
     watchdog = queuectl.Watchdog(None, write_end)
     watchdog.starting(b"w/1/a")
     watchdog.tell(4242, b"w/1/a")
     watchdog.ended(4242, b"w/1/a")
     assert len(watchdog.backlog) == 3
-    drained = b""
-    while len(drained) < filler:  # the watchdog reads again: room in the pipe
-        drained += os.read(read_end, filler - len(drained))
+    read_exactly(read_end, filler)  # the watchdog reads again: room in the pipe
     watchdog.check()  # the housekeeping tick sends what waited
     assert watchdog.backlog == []
     os.close(write_end)
@@ -10696,18 +10706,11 @@ def test_postgres_a_member_that_does_not_inherit_is_told_before_anything_is_migr
 def test_a_watchdog_stopped_uncleanly_first_sends_what_waits():
     """stop(clean=False) closed the pipe with the backlog unsent: the end of a finished run was lost, and
     the watchdog, reading EOF, killed that run's background children."""
-    read_end, write_end = os.pipe2(os.O_CLOEXEC)
-    os.set_blocking(write_end, False)
-    filler = 0
-    with contextlib.suppress(BlockingIOError):
-        while True:
-            filler += os.write(write_end, b"\n" * 512)
+    read_end, write_end, filler = full_pipe()
     watchdog = queuectl.Watchdog(None, write_end)
     watchdog.tell(4242, b"w/1/a")
     watchdog.ended(4242, b"w/1/a")
-    drained = b""
-    while len(drained) < filler:
-        drained += os.read(read_end, filler - len(drained))
+    read_exactly(read_end, filler)
     watchdog.stop(clean=False)
     rest = b""
     while chunk := os.read(read_end, 65536):
