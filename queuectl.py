@@ -98,7 +98,7 @@ import sqlite3
 import sys
 import time
 from collections.abc import Callable, Iterator
-from datetime import datetime, timezone
+from datetime import date, datetime, timezone
 
 __version__ = "1.0.0"
 
@@ -3684,18 +3684,31 @@ def cron_day_matches(cron: Cron, day) -> bool:
 def cron_walls(cron: Cron, start: datetime, years: int = CRON_YEARS) -> Iterator[datetime]:
     """The wall times (naive, whole minutes) that `cron` names from `start` on, ascending, for at
     most `years` years: whole months and days that cannot match are skipped, not walked."""
-    from datetime import timedelta
-    day, first, end = start.date(), (start.hour, start.minute), min(start.year + years, 9999)
-    while day.year < end:
+    day, first, end = start.date(), (start.hour, start.minute), start.year + years
+    while day is not None and day.year < end:
         if day.month not in cron.months:
-            day, first = (day.replace(day=1) + timedelta(days=32)).replace(day=1), (0, 0)
+            day, first = _month_after(day), (0, 0)
             continue
         if cron_day_matches(cron, day):
             for hour in cron.hours:
                 for minute in cron.minutes:
                     if (hour, minute) >= first:
                         yield datetime(day.year, day.month, day.day, hour, minute)
-        day, first = day + timedelta(days=1), (0, 0)
+        day, first = _day_after(day), (0, 0)
+
+
+def _day_after(day: date) -> date | None:
+    """The next date; None after the calendar's last day (31 December 9999), where the walk ends."""
+    from datetime import timedelta
+    return None if day == date.max else day + timedelta(days=1)
+
+
+def _month_after(day: date) -> date | None:
+    """The first day of the next month; None in the calendar's last month."""
+    from datetime import timedelta
+    if (day.year, day.month) == (date.max.year, 12):
+        return None
+    return (day.replace(day=1) + timedelta(days=32)).replace(day=1)
 
 
 def wall_instant(wall: datetime, zone) -> float:
@@ -3717,7 +3730,11 @@ def next_cron_slot(cron: Cron, zone, after: float) -> float | None:
         return None
     # Walls in a repeated hour map to its first pass, which may lie before `after`: skip those.
     instants = (wall_instant(wall, zone) for wall in cron_walls(cron, start))
-    return next((at for at in instants if at > after), None)
+    try:
+        slot = next((at for at in instants if at > after), None)
+    except OverflowError:  # west of UTC, the calendar's last walls are already year 10000 in UTC
+        return None
+    return slot if slot is not None and slot <= MAX_EPOCH else None
 
 
 def next_every_slot(anchor: float, every_s: int, after: float) -> float:

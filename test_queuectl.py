@@ -7844,6 +7844,24 @@ def test_schedule_next_ends_quietly_at_the_last_storable_time(db):
     assert len(ok(db, "schedule", "next", "w", "--after", near_end).split()) <= 1
     assert ok(db, "schedule", "next", "c", "--after", near_end) == ""
 
+
+def test_cron_slots_run_through_the_last_year_queuectl_stores(db):
+    # The time limit is 9999-12-31T23:59:59Z: year 9999 has slots up to its last hour, and none after.
+    ok(db, "schedule", "add", '{"id": "h", "cron": "0 * * * *", "tz": "UTC", "command": "true"}')
+    assert ok(db, "schedule", "next", "h", "--after", "9998-12-31T22:30:00Z").split() == [
+        "9998-12-31T23:00:00Z", "9999-01-01T00:00:00Z", "9999-01-01T01:00:00Z", "9999-01-01T02:00:00Z",
+        "9999-01-01T03:00:00Z"]
+    assert ok(db, "schedule", "next", "h", "--after", "9999-06-01T00:00:00Z", "--count", "2").split() == [
+        "9999-06-01T01:00:00Z", "9999-06-01T02:00:00Z"]
+    assert ok(db, "schedule", "next", "h", "--after", "9999-12-31T21:30:00Z").split() == [
+        "9999-12-31T22:00:00Z", "9999-12-31T23:00:00Z"]
+    for after in ("9999-12-31T23:00:00Z", str(queuectl.MAX_EPOCH)):
+        assert ok(db, "schedule", "next", "h", "--after", after) == ""
+    # West of UTC the calendar's last wall times lie past the limit: the slots stop at it, quietly.
+    ok(db, "schedule", "add", '{"id": "ny", "cron": "0 * * * *", "tz": "America/New_York", "command": "true"}')
+    assert ok(db, "schedule", "next", "ny", "--after", "9999-12-31T21:30:00Z").split() == [
+        "9999-12-31T22:00:00Z", "9999-12-31T23:00:00Z"]
+
 # ==== Launcher: the command as users install it (a copied file run directly) ====================
 # Run as a program, the file's `#!/bin/sh` header execs python3 on a loader that runs it from
 # bytecode cached in $XDG_CACHE_HOME/queuectl.
