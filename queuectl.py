@@ -808,6 +808,12 @@ class SqliteSQL:
     SQL_SCHEDULE_FIRED = ("UPDATE schedules SET next_run_at = ?, last_run_at = coalesce(?, last_run_at), "
                           "last_job_id = coalesce(?, last_job_id) WHERE id = ? AND next_run_at = ?")
     SQL_SCHEDULE_TO_CHANGE = f"SELECT {Schedule.COLUMNS}, NULL FROM schedules WHERE id = ?"
+    # The greatest id below :below that is :prefix (a schedule's id and '@') then a slot's shape: a range
+    # of the id index (every id from 'ID@' up to 'ID@:' starts with 'ID@'), then GLOB on the rest. Slot
+    # times have a fixed width, so the greatest such id is the latest slot's.
+    SQL_NEWEST_SLOT_JOB = ("SELECT max(id) FROM jobs WHERE id > :prefix AND id < :below "
+                           "AND substr(id, length(:prefix) + 1) "
+                           "GLOB '[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]T[0-9][0-9]:[0-9][0-9]:[0-9][0-9]Z'")
     SQL_PAUSE_SCHEDULE = "UPDATE schedules SET paused = 1 WHERE id = ?"
     SQL_RESUME_SCHEDULE = "UPDATE schedules SET paused = 0, next_run_at = ? WHERE id = ?"
     SQL_REMOVE_SCHEDULE = "DELETE FROM schedules WHERE id = ?"
@@ -1523,17 +1529,33 @@ class Store:
     # -- schedules ------------------------------------------------------------------------------
 
     def add_schedule(self, schedule: Schedule) -> None:
-        """Store a validated schedule; Conflict if its id is taken."""
-        row = (schedule.id, schedule.cron, schedule.every_s, schedule.tz, schedule.overlap, json.dumps(schedule.job),
-               schedule.created_at, int(schedule.paused), schedule.next_run_at, schedule.last_run_at,
-               schedule.last_job_id)
-
+        """Store a validated schedule; Conflict if its id is taken. The newest slot job an earlier
+        schedule of the same id made is its previous job, so `overlap: skip` holds across a re-add."""
         def insert(cur):
+            # In the insert's transaction: what it finds is what the schedule starts from.
+            previous = self._newest_slot_job(cur, schedule.id)
+            last_job_id, last_run_at = previous or (schedule.last_job_id, schedule.last_run_at)
+            row = (schedule.id, schedule.cron, schedule.every_s, schedule.tz, schedule.overlap,
+                   json.dumps(schedule.job), schedule.created_at, int(schedule.paused), schedule.next_run_at,
+                   last_run_at, last_job_id)
             try:
                 cur.execute(self.sql.SQL_INSERT_SCHEDULE, row)
             except self.IntegrityError:
                 raise Conflict(f"schedule {schedule.id!r} already exists") from None
         self.write(insert)
+
+    def _newest_slot_job(self, cur: Cursor, schedule_id: str) -> tuple[str, float] | None:
+        """(id, slot) of the job with the latest slot among those whose id is `schedule_id`, '@' and a
+        slot time as slot_text writes it; an id of that shape naming no real time is passed over."""
+        prefix = below = f"{schedule_id}@"
+        below += ":"  # the character after '9': every slot time sorts below it
+        while (job_id := cur.execute(self.sql.SQL_NEWEST_SLOT_JOB,
+                                     {"prefix": prefix, "below": below}).fetchone()[0]) is not None:
+            slot = slot_of(job_id[len(prefix):])
+            if slot is not None:
+                return job_id, slot
+            below = job_id
+        return None
 
     def schedules(self, schedule_id: str | None = None) -> list[Schedule]:
         """Every schedule by id (or the one named), each with its last job's state."""
@@ -2506,6 +2528,10 @@ class PostgresSQL:
     SQL_SCHEDULE_FIRED = ("UPDATE schedules SET next_run_at = %s, last_run_at = coalesce(%s, last_run_at), "
                           "last_job_id = coalesce(%s, last_job_id) WHERE id = %s AND next_run_at = %s")
     SQL_SCHEDULE_TO_CHANGE = f"SELECT {Schedule.COLUMNS}, NULL FROM schedules WHERE id = %s FOR UPDATE"
+    # As SQLite's, compared byte by byte (COLLATE "C"): the database's collation may order text otherwise.
+    SQL_NEWEST_SLOT_JOB = ("SELECT max(id COLLATE \"C\") FROM jobs WHERE left(id, length(%(prefix)s)) = %(prefix)s "
+                           "AND id COLLATE \"C\" < %(below)s AND substr(id, length(%(prefix)s) + 1) "
+                           "~ '^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z$'")
     SQL_PAUSE_SCHEDULE = "UPDATE schedules SET paused = 1 WHERE id = %s"
     SQL_RESUME_SCHEDULE = "UPDATE schedules SET paused = 0, next_run_at = %s WHERE id = %s"
     SQL_REMOVE_SCHEDULE = "DELETE FROM schedules WHERE id = %s"
@@ -3777,6 +3803,15 @@ def firing_rule(schedule: Schedule, now: float) -> tuple[float | None, float | N
 def slot_text(slot: float) -> str:
     """A slot as its jobs' ids end: UTC to the second, `2026-12-01T02:00:00Z`."""
     return datetime.fromtimestamp(int(slot), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def slot_of(text: str) -> float | None:
+    """The slot a job id names after its '@', if written exactly as slot_text writes one; else None."""
+    try:
+        slot = datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
+    except ValueError:
+        return None
+    return slot if slot_text(slot) == text else None  # strptime also takes "2026-1-5T2:0:0Z"
 
 
 def slot_job(schedule: Schedule, slot: float, defaults: dict) -> dict:

@@ -7468,6 +7468,48 @@ def test_overlap_skip_also_waits_for_a_failed_job_and_not_for_a_dead_or_deleted_
     assert store.fire_schedules(T0 + 240)[0][2] == f"s@{queuectl.slot_text(T0 + 240)}"  # deleted: neither
 
 
+@pytest.mark.parametrize("running", [True, False])
+def test_a_re_added_schedule_takes_the_newest_job_of_its_id_as_its_previous_one(store, running):
+    # `schedule remove` then `add` (how a schedule is changed) must not let a second job start beside
+    # the first: the new schedule starts from the latest slot job its id made.
+    add_schedule(store, now=T0, every="1m")
+    register(store)
+    older = store.fire_schedules(T0 + 60)[0][2]
+    store.delete([older])
+    newest = store.fire_schedules(T0 + 120)[0][2]
+    job = store.claim("w1", T0 + 120) if running else None
+    assert job is None or job.id == newest
+    store.remove_schedules(["s"])
+    # ids that only look like slot jobs of "s": no real time, another shape, another schedule's
+    lookalikes = ["s@9999-99-99T99:99:99Z", "s@2099-02-31T00:00:00Z", "s@2099-01-01T00:00:00Zx",
+                  "s@2099-1-1T0:0:0Z", "s@2099-01-01 00:00:00Z", "s@x", "sx@2099-01-01T00:00:00Z",
+                  "s@2099-01-01T00:00:00Z@2099-01-01T00:00:00Z"]
+    store.enqueue([spec(job_id) for job_id in lookalikes], T0 + 121)
+    store.enqueue([spec(f"s@{queuectl.slot_text(T0 + 100)}")], T0 + 122)  # a slot before the newest one
+    add_schedule(store, now=T0 + 130, every="1m")
+    schedule = store.schedule("s")
+    state = "processing" if running else "pending"
+    assert (schedule.last_job_id, schedule.last_run_at, schedule.last_job_state) == (newest, T0 + 120, state)
+    assert store.fire_schedules(T0 + 190) == [("s", None, None, f"slot skipped (overlap skip): job {newest} "
+                                                                f"is still {state}")]
+    if running:  # completed, or deleted: no longer in the way
+        store.finish(job, "w1", outcome(), SETTINGS, T0 + 200)
+    else:
+        store.delete([newest])
+    assert store.fire_schedules(T0 + 250)[0][2] == f"s@{queuectl.slot_text(T0 + 250)}"
+
+
+def test_schedule_remove_then_add_keeps_the_previous_job(db):
+    ok(db, "schedule", "add", '{"id": "b", "every": "1h", "command": "true"}')
+    with opened(db) as s:
+        made = s.fire_schedules(s.now() + 3600.5)[0][2]
+    ok(db, "schedule", "remove", "b")
+    ok(db, "schedule", "add", '{"id": "b", "cron": "@hourly", "command": "true"}')
+    [listed] = json.loads(ok(db, "schedule", "list", "--json"))
+    assert (listed["last_job_id"], listed["last_job_state"]) == (made, "pending")
+    assert f"{made} (pending)" in ok(db, "schedule", "list")
+
+
 def test_overlap_allow_fires_while_the_last_job_runs(store):
     add_schedule(store, now=T0, every="1m", overlap="allow")
     register(store)
