@@ -647,6 +647,7 @@ class SqliteSQL:
                     f"INDEXED BY jobs_staged WHERE {SQL_STAGED} AND next_run_at <= ? {{queues}} "
                     "AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')))")
     SQL_ANY_PROCESSING = "SELECT 1 FROM jobs WHERE state = 'processing' {queues} LIMIT 1"
+    # due_at: when the job became eligible (eligible_at), which the run's wait is counted from.
     SQL_INSERT_RUN = "INSERT INTO runs (job_id, run_no, worker_id, started_at, due_at) VALUES (?, ?, ?, ?, ?)"
     SQL_FLUSH_OUTPUT = ("UPDATE runs SET output = ?, output_bytes = ? "
                         "WHERE job_id = ? AND run_no = ? AND ended_at IS NULL")
@@ -768,11 +769,12 @@ class SqliteSQL:
     SQL_STATS_TIMES = ("SELECT ended_at - started_at, max(0, started_at - due_at) FROM runs "
                        "WHERE ended_at >= ? AND outcome IN ('completed', 'failed', 'dead')")
     # `metrics`: jobs by queue and state; the oldest eligible job (ready or staged, due, not paused) of
-    # each queue, of which `stats` takes the least.
+    # each queue, of which `stats` takes the least, by when it became eligible (see eligible_at).
     SQL_QUEUE_COUNTS = "SELECT queue, state, count(*) FROM jobs GROUP BY queue, state"
     SQL_OLDEST_ELIGIBLE_BY_QUEUE = (
-        f"SELECT e.queue, min(e.next_run_at) FROM (SELECT queue, next_run_at FROM jobs INDEXED BY jobs_claim "
-        f"WHERE {SQL_READY} AND next_run_at <= ?1 UNION ALL SELECT queue, next_run_at FROM jobs "
+        "SELECT e.queue, min(e.eligible_at) FROM (SELECT queue, max(next_run_at, created_at) AS eligible_at "
+        f"FROM jobs INDEXED BY jobs_claim WHERE {SQL_READY} AND next_run_at <= ?1 UNION ALL "
+        "SELECT queue, max(next_run_at, created_at) FROM jobs "
         f"INDEXED BY jobs_staged WHERE {SQL_STAGED} AND next_run_at <= ?1) AS e "
         "WHERE NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (e.queue, '*')) GROUP BY e.queue")
     SQL_IDENTITY = ("SELECT (SELECT application_id FROM pragma_application_id()), "
@@ -1446,7 +1448,7 @@ class Store:
         return self.read(self.sql.SQL_QUEUE_COUNTS)
 
     def oldest_eligible_by_queue(self, now: float) -> dict[str, float]:
-        """Queue -> next_run_at of its longest-waiting eligible job (due, no unfinished dependency, not paused)."""
+        """Queue -> eligible_at of its longest-waiting eligible job (due, no unfinished dependency, not paused)."""
         return dict(self.read(self.sql.SQL_OLDEST_ELIGIBLE_BY_QUEUE, (now,)))
 
     def runs_per_minute(self, start: float) -> list[tuple]:
@@ -1956,7 +1958,7 @@ class SqliteStore(Store):
         if row is None:
             return None
         job = Job.from_row(row)
-        cur.execute(self.sql.SQL_INSERT_RUN, (job.id, job.run_count, worker_id, now, job.next_run_at))
+        cur.execute(self.sql.SQL_INSERT_RUN, (job.id, job.run_count, worker_id, now, eligible_at(job)))
         return job
 
     def _claim_without_returning(self, cur: sqlite3.Cursor, worker_id: str, now: float, queues: tuple) -> tuple | None:
@@ -2287,9 +2289,9 @@ class PostgresSQL:
         RETURNING jobs.id, jobs.command, jobs.state, jobs.attempts, jobs.max_retries, jobs.timeout_s, jobs.cwd,
                   jobs.env, jobs.created_at, jobs.updated_at, jobs.next_run_at, jobs.last_error, jobs.exit_code,
                   jobs.worker_id, jobs.run_count, jobs.lost_count, jobs.priority, jobs.queue, jobs.waiting_on),
-    opened AS (
+    opened AS (  -- due_at as eligible_at: the later of the due time and the enqueue
         INSERT INTO runs (job_id, run_no, worker_id, started_at, due_at)
-        SELECT id, run_count, worker_id, %(now)s, next_run_at FROM claimed)
+        SELECT id, run_count, worker_id, %(now)s, GREATEST(next_run_at, created_at) FROM claimed)
     SELECT best.name, best.free, claimed.* FROM best LEFT JOIN claimed ON true"""
     SQL_CLAIM_FROM_QUEUES = """
     WITH q(name) AS (SELECT pg_catalog.unnest(%(queues)s::text[])),  -- the queues of `worker start --queue`
@@ -2316,7 +2318,7 @@ class PostgresSQL:
                   jobs.worker_id, jobs.run_count, jobs.lost_count, jobs.priority, jobs.queue, jobs.waiting_on),
     opened AS (
         INSERT INTO runs (job_id, run_no, worker_id, started_at, due_at)
-        SELECT id, run_count, worker_id, %(now)s, next_run_at FROM claimed)
+        SELECT id, run_count, worker_id, %(now)s, GREATEST(next_run_at, created_at) FROM claimed)
     SELECT best.name, best.free, claimed.* FROM best LEFT JOIN claimed ON true"""
     # Serialises the claims of one limited queue until commit: the first lock a claim waits for; a
     # second one it only tries (SKIP LOCKED), so two claims never wait for each other's locks.
@@ -2495,7 +2497,8 @@ class PostgresSQL:
     SQL_QUEUE_COUNTS = "SELECT queue, state, count(*) FROM jobs GROUP BY queue, state"
     # Ready and staged together are every waiting job.
     SQL_OLDEST_ELIGIBLE_BY_QUEUE = (
-        "SELECT queue, min(next_run_at) FROM jobs WHERE state IN ('pending', 'failed') AND waiting_on = 0 "
+        "SELECT queue, min(GREATEST(next_run_at, created_at)) FROM jobs "
+        "WHERE state IN ('pending', 'failed') AND waiting_on = 0 "
         "AND next_run_at <= %s AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')) "
         "GROUP BY queue")
     SQL_CONFIG_GET = "SELECT value FROM config WHERE key = %s"
@@ -3330,6 +3333,14 @@ def failure_rule(job: Job, outcome: Outcome, settings: dict, now: float) -> tupl
         return DEAD, attempts, job.next_run_at
     delay = backoff_delay(attempts, settings["backoff_base"], settings["backoff_max"])
     return FAILED, attempts, now + delay
+
+
+def eligible_at(job: Job) -> float:
+    """When a waiting job became eligible to run, the moment its wait is counted from: the later of
+    its due time and its enqueue. Every later return to waiting (a retry, a requeue, `dlq retry`, a
+    dependency completing) moves next_run_at to that moment or after, so only an enqueue's run_at
+    can lie before the wait began; claims still order by next_run_at (the SQL says the same)."""
+    return max(job.next_run_at, job.created_at)
 
 
 def percentiles(values) -> tuple:

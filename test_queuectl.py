@@ -1344,6 +1344,27 @@ def test_stats_over_a_known_history(store):
         {"completed": 0, "failed": 1, "dead": 1}
 
 
+def test_a_run_at_before_the_enqueue_counts_the_wait_from_the_enqueue(store):
+    # run_at 1 is 1970: the job has waited since it was enqueued, not for 56 years.
+    store.enqueue([spec("now")], T0)
+    store.enqueue([spec("past", run_at=1.0, max_retries=2)], T0 + 1)
+    assert store.stats(T0, T0 + 5)["oldest_eligible_age_s"] == pytest.approx(5)  # "now", waiting since T0
+    store.delete(["now"])
+    assert store.stats(T0, T0 + 5)["oldest_eligible_age_s"] == pytest.approx(4)
+    families = prometheus_families(queuectl.metrics_text(store, T0 + 5))
+    assert sample(families, "queuectl_oldest_due_age_seconds", queue="default") == pytest.approx(4)
+    store.enqueue([spec("now")], T0 + 2)
+    register(store, now=T0)
+    assert claim_ids(store, T0 + 6) == ["past", "now"]  # the claim order still goes by run_at
+    store.finish(store.get("past"), "w1", outcome(1, "exit code 1"), SETTINGS, T0 + 7)  # retried from T0 + 9
+    store.finish(store.get("now"), "w1", outcome(), SETTINGS, T0 + 7)
+    assert store.stats(T0, T0 + 10)["oldest_eligible_age_s"] == pytest.approx(1)
+    finish_next(store, 0, T0 + 12)
+    assert [run["due_at"] for run in store.runs("past")] == [T0 + 1, T0 + 9]
+    assert sorted(t[1] for t in store.read(store.sql.SQL_STATS_TIMES, (T0,))) == pytest.approx([3, 4, 5])
+    assert store.stats(T0, T0 + 12)["wait"] == pytest.approx((5, 4, 5))  # max, p50, p95
+
+
 # ---- PostgreSQL
 
 def with_params(url, **params):
@@ -6265,6 +6286,25 @@ def test_metrics_label_values_are_escaped():
     families = prometheus_families(text)
     assert sample(families, "queuectl_test", queue='x"\\\ny') == 1
     assert math.isnan(sample(families, "queuectl_test", queue="plain"))
+
+
+def test_a_past_run_at_leaves_every_wait_figure_small(dashboard):
+    # `add --run-at 1` (1970) once made stats, metrics and the dashboard report a wait of ~1.8e9 s.
+    d = dashboard()
+    ok(d.path, "add", "--queue", "q1", "--run-at", "1", "--", "echo")
+    for stats in (json.loads(ok(d.path, "stats", "--json")), d.get("/api/stats")):
+        assert 0 <= stats["oldest_eligible_age_s"] < WAIT_S
+    families = prometheus_families(ok(d.path, "metrics"))
+    assert 0 <= sample(families, "queuectl_oldest_due_age_seconds", queue="q1") < WAIT_S
+    families = prometheus_families(d.request("/metrics")[2])
+    assert 0 <= sample(families, "queuectl_oldest_due_age_seconds", queue="q1") < WAIT_S
+    [row] = [line for line in ok(d.path, "list", "--queue", "q1").splitlines()[1:]]
+    assert row.split()[4] == "now"  # DUE: due, waiting to be claimed
+    finish_next(d.store, 0, d.store.now(), worker="dash-worker")
+    for stats in (json.loads(ok(d.path, "stats", "--json")), d.get("/api/stats")):
+        assert all(0 <= wait < WAIT_S for wait in stats["wait_s"].values()), stats
+    line = next(x for x in ok(d.path, "stats").splitlines() if x.startswith("wait:"))
+    assert all(float(word.rstrip("s")) < WAIT_S for word in line.split()[2::2]), line
 
 
 def test_dashboard_metrics_need_the_token_and_are_prometheus_text(dashboard):
