@@ -6290,21 +6290,22 @@ def test_metrics_label_values_are_escaped():
 
 def test_a_past_run_at_leaves_every_wait_figure_small(dashboard):
     # `add --run-at 1` (1970) once made stats, metrics and the dashboard report a wait of ~1.8e9 s.
+    small = 86400  # a generous bound for a slow machine, far below that
     d = dashboard()
     ok(d.path, "add", "--queue", "q1", "--run-at", "1", "--", "echo")
     for stats in (json.loads(ok(d.path, "stats", "--json")), d.get("/api/stats")):
-        assert 0 <= stats["oldest_eligible_age_s"] < WAIT_S
+        assert 0 <= stats["oldest_eligible_age_s"] < small
     families = prometheus_families(ok(d.path, "metrics"))
-    assert 0 <= sample(families, "queuectl_oldest_due_age_seconds", queue="q1") < WAIT_S
+    assert 0 <= sample(families, "queuectl_oldest_due_age_seconds", queue="q1") < small
     families = prometheus_families(d.request("/metrics")[2])
-    assert 0 <= sample(families, "queuectl_oldest_due_age_seconds", queue="q1") < WAIT_S
+    assert 0 <= sample(families, "queuectl_oldest_due_age_seconds", queue="q1") < small
     [row] = [line for line in ok(d.path, "list", "--queue", "q1").splitlines()[1:]]
     assert row.split()[4] == "now"  # DUE: due, waiting to be claimed
     finish_next(d.store, 0, d.store.now(), worker="dash-worker")
     for stats in (json.loads(ok(d.path, "stats", "--json")), d.get("/api/stats")):
-        assert all(0 <= wait < WAIT_S for wait in stats["wait_s"].values()), stats
+        assert all(0 <= wait < small for wait in stats["wait_s"].values()), stats
     line = next(x for x in ok(d.path, "stats").splitlines() if x.startswith("wait:"))
-    assert all(float(word.rstrip("s")) < WAIT_S for word in line.split()[2::2]), line
+    assert all(float(word.rstrip("s")) < small for word in line.split()[2::2]), line
 
 
 def test_dashboard_metrics_need_the_token_and_are_prometheus_text(dashboard):
