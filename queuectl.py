@@ -98,7 +98,7 @@ import sqlite3
 import sys
 import time
 from collections.abc import Callable, Iterator
-from datetime import datetime, timezone
+from datetime import date, datetime, timezone
 
 __version__ = "1.0.0"
 
@@ -647,6 +647,7 @@ class SqliteSQL:
                     f"INDEXED BY jobs_staged WHERE {SQL_STAGED} AND next_run_at <= ? {{queues}} "
                     "AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')))")
     SQL_ANY_PROCESSING = "SELECT 1 FROM jobs WHERE state = 'processing' {queues} LIMIT 1"
+    # due_at: when the job became eligible (eligible_at), which the run's wait is counted from.
     SQL_INSERT_RUN = "INSERT INTO runs (job_id, run_no, worker_id, started_at, due_at) VALUES (?, ?, ?, ?, ?)"
     SQL_FLUSH_OUTPUT = ("UPDATE runs SET output = ?, output_bytes = ? "
                         "WHERE job_id = ? AND run_no = ? AND ended_at IS NULL")
@@ -768,11 +769,12 @@ class SqliteSQL:
     SQL_STATS_TIMES = ("SELECT ended_at - started_at, max(0, started_at - due_at) FROM runs "
                        "WHERE ended_at >= ? AND outcome IN ('completed', 'failed', 'dead')")
     # `metrics`: jobs by queue and state; the oldest eligible job (ready or staged, due, not paused) of
-    # each queue, of which `stats` takes the least.
+    # each queue, of which `stats` takes the least, by when it became eligible (see eligible_at).
     SQL_QUEUE_COUNTS = "SELECT queue, state, count(*) FROM jobs GROUP BY queue, state"
     SQL_OLDEST_ELIGIBLE_BY_QUEUE = (
-        f"SELECT e.queue, min(e.next_run_at) FROM (SELECT queue, next_run_at FROM jobs INDEXED BY jobs_claim "
-        f"WHERE {SQL_READY} AND next_run_at <= ?1 UNION ALL SELECT queue, next_run_at FROM jobs "
+        "SELECT e.queue, min(e.eligible_at) FROM (SELECT queue, max(next_run_at, created_at) AS eligible_at "
+        f"FROM jobs INDEXED BY jobs_claim WHERE {SQL_READY} AND next_run_at <= ?1 UNION ALL "
+        "SELECT queue, max(next_run_at, created_at) FROM jobs "
         f"INDEXED BY jobs_staged WHERE {SQL_STAGED} AND next_run_at <= ?1) AS e "
         "WHERE NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (e.queue, '*')) GROUP BY e.queue")
     SQL_IDENTITY = ("SELECT (SELECT application_id FROM pragma_application_id()), "
@@ -808,6 +810,12 @@ class SqliteSQL:
     SQL_SCHEDULE_FIRED = ("UPDATE schedules SET next_run_at = ?, last_run_at = coalesce(?, last_run_at), "
                           "last_job_id = coalesce(?, last_job_id) WHERE id = ? AND next_run_at = ?")
     SQL_SCHEDULE_TO_CHANGE = f"SELECT {Schedule.COLUMNS}, NULL FROM schedules WHERE id = ?"
+    # The greatest id below :below that is :prefix (a schedule's id and '@') then a slot's shape: a range
+    # of the id index (every id from 'ID@' up to 'ID@:' starts with 'ID@'), then GLOB on the rest. Slot
+    # times have a fixed width, so the greatest such id is the latest slot's.
+    SQL_NEWEST_SLOT_JOB = ("SELECT max(id) FROM jobs WHERE id > :prefix AND id < :below "
+                           "AND substr(id, length(:prefix) + 1) "
+                           "GLOB '[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]T[0-9][0-9]:[0-9][0-9]:[0-9][0-9]Z'")
     SQL_PAUSE_SCHEDULE = "UPDATE schedules SET paused = 1 WHERE id = ?"
     SQL_RESUME_SCHEDULE = "UPDATE schedules SET paused = 0, next_run_at = ? WHERE id = ?"
     SQL_REMOVE_SCHEDULE = "DELETE FROM schedules WHERE id = ?"
@@ -1440,7 +1448,7 @@ class Store:
         return self.read(self.sql.SQL_QUEUE_COUNTS)
 
     def oldest_eligible_by_queue(self, now: float) -> dict[str, float]:
-        """Queue -> next_run_at of its longest-waiting eligible job (due, no unfinished dependency, not paused)."""
+        """Queue -> eligible_at of its longest-waiting eligible job (due, no unfinished dependency, not paused)."""
         return dict(self.read(self.sql.SQL_OLDEST_ELIGIBLE_BY_QUEUE, (now,)))
 
     def runs_per_minute(self, start: float) -> list[tuple]:
@@ -1523,17 +1531,33 @@ class Store:
     # -- schedules ------------------------------------------------------------------------------
 
     def add_schedule(self, schedule: Schedule) -> None:
-        """Store a validated schedule; Conflict if its id is taken."""
-        row = (schedule.id, schedule.cron, schedule.every_s, schedule.tz, schedule.overlap, json.dumps(schedule.job),
-               schedule.created_at, int(schedule.paused), schedule.next_run_at, schedule.last_run_at,
-               schedule.last_job_id)
-
+        """Store a validated schedule; Conflict if its id is taken. The newest slot job an earlier
+        schedule of the same id made is its previous job, so `overlap: skip` holds across a re-add."""
         def insert(cur):
+            # In the insert's transaction: what it finds is what the schedule starts from.
+            previous = self._newest_slot_job(cur, schedule.id)
+            last_job_id, last_run_at = previous or (schedule.last_job_id, schedule.last_run_at)
+            row = (schedule.id, schedule.cron, schedule.every_s, schedule.tz, schedule.overlap,
+                   json.dumps(schedule.job), schedule.created_at, int(schedule.paused), schedule.next_run_at,
+                   last_run_at, last_job_id)
             try:
                 cur.execute(self.sql.SQL_INSERT_SCHEDULE, row)
             except self.IntegrityError:
                 raise Conflict(f"schedule {schedule.id!r} already exists") from None
         self.write(insert)
+
+    def _newest_slot_job(self, cur: Cursor, schedule_id: str) -> tuple[str, float] | None:
+        """(id, slot) of the job with the latest slot among those whose id is `schedule_id`, '@' and a
+        slot time as slot_text writes it; an id of that shape naming no real time is passed over."""
+        prefix = below = f"{schedule_id}@"
+        below += ":"  # the character after '9': every slot time sorts below it
+        while (job_id := cur.execute(self.sql.SQL_NEWEST_SLOT_JOB,
+                                     {"prefix": prefix, "below": below}).fetchone()[0]) is not None:
+            slot = slot_of(job_id[len(prefix):])
+            if slot is not None:
+                return job_id, slot
+            below = job_id
+        return None
 
     def schedules(self, schedule_id: str | None = None) -> list[Schedule]:
         """Every schedule by id (or the one named), each with its last job's state."""
@@ -1934,7 +1958,7 @@ class SqliteStore(Store):
         if row is None:
             return None
         job = Job.from_row(row)
-        cur.execute(self.sql.SQL_INSERT_RUN, (job.id, job.run_count, worker_id, now, job.next_run_at))
+        cur.execute(self.sql.SQL_INSERT_RUN, (job.id, job.run_count, worker_id, now, eligible_at(job)))
         return job
 
     def _claim_without_returning(self, cur: sqlite3.Cursor, worker_id: str, now: float, queues: tuple) -> tuple | None:
@@ -2265,9 +2289,9 @@ class PostgresSQL:
         RETURNING jobs.id, jobs.command, jobs.state, jobs.attempts, jobs.max_retries, jobs.timeout_s, jobs.cwd,
                   jobs.env, jobs.created_at, jobs.updated_at, jobs.next_run_at, jobs.last_error, jobs.exit_code,
                   jobs.worker_id, jobs.run_count, jobs.lost_count, jobs.priority, jobs.queue, jobs.waiting_on),
-    opened AS (
+    opened AS (  -- due_at as eligible_at: the later of the due time and the enqueue
         INSERT INTO runs (job_id, run_no, worker_id, started_at, due_at)
-        SELECT id, run_count, worker_id, %(now)s, next_run_at FROM claimed)
+        SELECT id, run_count, worker_id, %(now)s, GREATEST(next_run_at, created_at) FROM claimed)
     SELECT best.name, best.free, claimed.* FROM best LEFT JOIN claimed ON true"""
     SQL_CLAIM_FROM_QUEUES = """
     WITH q(name) AS (SELECT pg_catalog.unnest(%(queues)s::text[])),  -- the queues of `worker start --queue`
@@ -2294,7 +2318,7 @@ class PostgresSQL:
                   jobs.worker_id, jobs.run_count, jobs.lost_count, jobs.priority, jobs.queue, jobs.waiting_on),
     opened AS (
         INSERT INTO runs (job_id, run_no, worker_id, started_at, due_at)
-        SELECT id, run_count, worker_id, %(now)s, next_run_at FROM claimed)
+        SELECT id, run_count, worker_id, %(now)s, GREATEST(next_run_at, created_at) FROM claimed)
     SELECT best.name, best.free, claimed.* FROM best LEFT JOIN claimed ON true"""
     # Serialises the claims of one limited queue until commit: the first lock a claim waits for; a
     # second one it only tries (SKIP LOCKED), so two claims never wait for each other's locks.
@@ -2473,7 +2497,8 @@ class PostgresSQL:
     SQL_QUEUE_COUNTS = "SELECT queue, state, count(*) FROM jobs GROUP BY queue, state"
     # Ready and staged together are every waiting job.
     SQL_OLDEST_ELIGIBLE_BY_QUEUE = (
-        "SELECT queue, min(next_run_at) FROM jobs WHERE state IN ('pending', 'failed') AND waiting_on = 0 "
+        "SELECT queue, min(GREATEST(next_run_at, created_at)) FROM jobs "
+        "WHERE state IN ('pending', 'failed') AND waiting_on = 0 "
         "AND next_run_at <= %s AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')) "
         "GROUP BY queue")
     SQL_CONFIG_GET = "SELECT value FROM config WHERE key = %s"
@@ -2506,6 +2531,10 @@ class PostgresSQL:
     SQL_SCHEDULE_FIRED = ("UPDATE schedules SET next_run_at = %s, last_run_at = coalesce(%s, last_run_at), "
                           "last_job_id = coalesce(%s, last_job_id) WHERE id = %s AND next_run_at = %s")
     SQL_SCHEDULE_TO_CHANGE = f"SELECT {Schedule.COLUMNS}, NULL FROM schedules WHERE id = %s FOR UPDATE"
+    # As SQLite's, compared byte by byte (COLLATE "C"): the database's collation may order text otherwise.
+    SQL_NEWEST_SLOT_JOB = ("SELECT max(id COLLATE \"C\") FROM jobs WHERE left(id, length(%(prefix)s)) = %(prefix)s "
+                           "AND id COLLATE \"C\" < %(below)s AND substr(id, length(%(prefix)s) + 1) "
+                           "~ '^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z$'")
     SQL_PAUSE_SCHEDULE = "UPDATE schedules SET paused = 1 WHERE id = %s"
     SQL_RESUME_SCHEDULE = "UPDATE schedules SET paused = 0, next_run_at = %s WHERE id = %s"
     SQL_REMOVE_SCHEDULE = "DELETE FROM schedules WHERE id = %s"
@@ -3306,6 +3335,14 @@ def failure_rule(job: Job, outcome: Outcome, settings: dict, now: float) -> tupl
     return FAILED, attempts, now + delay
 
 
+def eligible_at(job: Job) -> float:
+    """When a waiting job became eligible to run, the moment its wait is counted from: the later of
+    its due time and its enqueue. Every later return to waiting (a retry, a requeue, `dlq retry`, a
+    dependency completing) moves next_run_at to that moment or after, so only an enqueue's run_at
+    can lie before the wait began; claims still order by next_run_at (the SQL says the same)."""
+    return max(job.next_run_at, job.created_at)
+
+
 def percentiles(values) -> tuple:
     """(max, p50, p95) by rank: the smallest value with at least that share of values at or below it."""
     ordered = sorted(values)
@@ -3684,18 +3721,31 @@ def cron_day_matches(cron: Cron, day) -> bool:
 def cron_walls(cron: Cron, start: datetime, years: int = CRON_YEARS) -> Iterator[datetime]:
     """The wall times (naive, whole minutes) that `cron` names from `start` on, ascending, for at
     most `years` years: whole months and days that cannot match are skipped, not walked."""
-    from datetime import timedelta
-    day, first, end = start.date(), (start.hour, start.minute), min(start.year + years, 9999)
-    while day.year < end:
+    day, first, end = start.date(), (start.hour, start.minute), start.year + years
+    while day is not None and day.year < end:
         if day.month not in cron.months:
-            day, first = (day.replace(day=1) + timedelta(days=32)).replace(day=1), (0, 0)
+            day, first = _month_after(day), (0, 0)
             continue
         if cron_day_matches(cron, day):
             for hour in cron.hours:
                 for minute in cron.minutes:
                     if (hour, minute) >= first:
                         yield datetime(day.year, day.month, day.day, hour, minute)
-        day, first = day + timedelta(days=1), (0, 0)
+        day, first = _day_after(day), (0, 0)
+
+
+def _day_after(day: date) -> date | None:
+    """The next date; None after the calendar's last day (31 December 9999), where the walk ends."""
+    from datetime import timedelta
+    return None if day == date.max else day + timedelta(days=1)
+
+
+def _month_after(day: date) -> date | None:
+    """The first day of the next month; None in the calendar's last month."""
+    from datetime import timedelta
+    if (day.year, day.month) == (date.max.year, 12):
+        return None
+    return (day.replace(day=1) + timedelta(days=32)).replace(day=1)
 
 
 def wall_instant(wall: datetime, zone) -> float:
@@ -3717,7 +3767,11 @@ def next_cron_slot(cron: Cron, zone, after: float) -> float | None:
         return None
     # Walls in a repeated hour map to its first pass, which may lie before `after`: skip those.
     instants = (wall_instant(wall, zone) for wall in cron_walls(cron, start))
-    return next((at for at in instants if at > after), None)
+    try:
+        slot = next((at for at in instants if at > after), None)
+    except OverflowError:  # west of UTC, the calendar's last walls are already year 10000 in UTC
+        return None
+    return slot if slot is not None and slot <= MAX_EPOCH else None
 
 
 def next_every_slot(anchor: float, every_s: int, after: float) -> float:
@@ -3760,6 +3814,15 @@ def firing_rule(schedule: Schedule, now: float) -> tuple[float | None, float | N
 def slot_text(slot: float) -> str:
     """A slot as its jobs' ids end: UTC to the second, `2026-12-01T02:00:00Z`."""
     return datetime.fromtimestamp(int(slot), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def slot_of(text: str) -> float | None:
+    """The slot a job id names after its '@', if written exactly as slot_text writes one; else None."""
+    try:
+        slot = datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
+    except ValueError:
+        return None
+    return slot if slot_text(slot) == text else None  # strptime also takes "2026-1-5T2:0:0Z"
 
 
 def slot_job(schedule: Schedule, slot: float, defaults: dict) -> dict:

@@ -1344,6 +1344,27 @@ def test_stats_over_a_known_history(store):
         {"completed": 0, "failed": 1, "dead": 1}
 
 
+def test_a_run_at_before_the_enqueue_counts_the_wait_from_the_enqueue(store):
+    # run_at 1 is 1970: the job has waited since it was enqueued, not for 56 years.
+    store.enqueue([spec("now")], T0)
+    store.enqueue([spec("past", run_at=1.0, max_retries=2)], T0 + 1)
+    assert store.stats(T0, T0 + 5)["oldest_eligible_age_s"] == pytest.approx(5)  # "now", waiting since T0
+    store.delete(["now"])
+    assert store.stats(T0, T0 + 5)["oldest_eligible_age_s"] == pytest.approx(4)
+    families = prometheus_families(queuectl.metrics_text(store, T0 + 5))
+    assert sample(families, "queuectl_oldest_due_age_seconds", queue="default") == pytest.approx(4)
+    store.enqueue([spec("now")], T0 + 2)
+    register(store, now=T0)
+    assert claim_ids(store, T0 + 6) == ["past", "now"]  # the claim order still goes by run_at
+    store.finish(store.get("past"), "w1", outcome(1, "exit code 1"), SETTINGS, T0 + 7)  # retried from T0 + 9
+    store.finish(store.get("now"), "w1", outcome(), SETTINGS, T0 + 7)
+    assert store.stats(T0, T0 + 10)["oldest_eligible_age_s"] == pytest.approx(1)
+    finish_next(store, 0, T0 + 12)
+    assert [run["due_at"] for run in store.runs("past")] == [T0 + 1, T0 + 9]
+    assert sorted(t[1] for t in store.read(store.sql.SQL_STATS_TIMES, (T0,))) == pytest.approx([3, 4, 5])
+    assert store.stats(T0, T0 + 12)["wait"] == pytest.approx((5, 4, 5))  # max, p50, p95
+
+
 # ---- PostgreSQL
 
 def with_params(url, **params):
@@ -6267,6 +6288,26 @@ def test_metrics_label_values_are_escaped():
     assert math.isnan(sample(families, "queuectl_test", queue="plain"))
 
 
+def test_a_past_run_at_leaves_every_wait_figure_small(dashboard):
+    # `add --run-at 1` (1970) once made stats, metrics and the dashboard report a wait of ~1.8e9 s.
+    small = 86400  # a generous bound for a slow machine, far below that
+    d = dashboard()
+    ok(d.path, "add", "--queue", "q1", "--run-at", "1", "--", "echo")
+    for stats in (json.loads(ok(d.path, "stats", "--json")), d.get("/api/stats")):
+        assert 0 <= stats["oldest_eligible_age_s"] < small
+    families = prometheus_families(ok(d.path, "metrics"))
+    assert 0 <= sample(families, "queuectl_oldest_due_age_seconds", queue="q1") < small
+    families = prometheus_families(d.request("/metrics")[2])
+    assert 0 <= sample(families, "queuectl_oldest_due_age_seconds", queue="q1") < small
+    [row] = [line for line in ok(d.path, "list", "--queue", "q1").splitlines()[1:]]
+    assert row.split()[4] == "now"  # DUE: due, waiting to be claimed
+    finish_next(d.store, 0, d.store.now(), worker="dash-worker")
+    for stats in (json.loads(ok(d.path, "stats", "--json")), d.get("/api/stats")):
+        assert all(0 <= wait < small for wait in stats["wait_s"].values()), stats
+    line = next(x for x in ok(d.path, "stats").splitlines() if x.startswith("wait:"))
+    assert all(float(word.rstrip("s")) < small for word in line.split()[2::2]), line
+
+
 def test_dashboard_metrics_need_the_token_and_are_prometheus_text(dashboard):
     d = dashboard()
     for headers in ({}, {"X-Queuectl-Token": "wrong"}):
@@ -7468,6 +7509,48 @@ def test_overlap_skip_also_waits_for_a_failed_job_and_not_for_a_dead_or_deleted_
     assert store.fire_schedules(T0 + 240)[0][2] == f"s@{queuectl.slot_text(T0 + 240)}"  # deleted: neither
 
 
+@pytest.mark.parametrize("running", [True, False])
+def test_a_re_added_schedule_takes_the_newest_job_of_its_id_as_its_previous_one(store, running):
+    # `schedule remove` then `add` (how a schedule is changed) must not let a second job start beside
+    # the first: the new schedule starts from the latest slot job its id made.
+    add_schedule(store, now=T0, every="1m")
+    register(store)
+    older = store.fire_schedules(T0 + 60)[0][2]
+    store.delete([older])
+    newest = store.fire_schedules(T0 + 120)[0][2]
+    job = store.claim("w1", T0 + 120) if running else None
+    assert job is None or job.id == newest
+    store.remove_schedules(["s"])
+    # ids that only look like slot jobs of "s": no real time, another shape, another schedule's
+    lookalikes = ["s@9999-99-99T99:99:99Z", "s@2099-02-31T00:00:00Z", "s@2099-01-01T00:00:00Zx",
+                  "s@2099-1-1T0:0:0Z", "s@2099-01-01 00:00:00Z", "s@x", "sx@2099-01-01T00:00:00Z",
+                  "s@2099-01-01T00:00:00Z@2099-01-01T00:00:00Z"]
+    store.enqueue([spec(job_id) for job_id in lookalikes], T0 + 121)
+    store.enqueue([spec(f"s@{queuectl.slot_text(T0 + 100)}")], T0 + 122)  # a slot before the newest one
+    add_schedule(store, now=T0 + 130, every="1m")
+    schedule = store.schedule("s")
+    state = "processing" if running else "pending"
+    assert (schedule.last_job_id, schedule.last_run_at, schedule.last_job_state) == (newest, T0 + 120, state)
+    assert store.fire_schedules(T0 + 190) == [("s", None, None, f"slot skipped (overlap skip): job {newest} "
+                                                                f"is still {state}")]
+    if running:  # completed, or deleted: no longer in the way
+        store.finish(job, "w1", outcome(), SETTINGS, T0 + 200)
+    else:
+        store.delete([newest])
+    assert store.fire_schedules(T0 + 250)[0][2] == f"s@{queuectl.slot_text(T0 + 250)}"
+
+
+def test_schedule_remove_then_add_keeps_the_previous_job(db):
+    ok(db, "schedule", "add", '{"id": "b", "every": "1h", "command": "true"}')
+    with opened(db) as s:
+        made = s.fire_schedules(s.now() + 3600.5)[0][2]
+    ok(db, "schedule", "remove", "b")
+    ok(db, "schedule", "add", '{"id": "b", "cron": "@hourly", "command": "true"}')
+    [listed] = json.loads(ok(db, "schedule", "list", "--json"))
+    assert (listed["last_job_id"], listed["last_job_state"]) == (made, "pending")
+    assert f"{made} (pending)" in ok(db, "schedule", "list")
+
+
 def test_overlap_allow_fires_while_the_last_job_runs(store):
     add_schedule(store, now=T0, every="1m", overlap="allow")
     register(store)
@@ -7843,6 +7926,24 @@ def test_schedule_next_ends_quietly_at_the_last_storable_time(db):
     near_end = str(queuectl.MAX_EPOCH - 86400)
     assert len(ok(db, "schedule", "next", "w", "--after", near_end).split()) <= 1
     assert ok(db, "schedule", "next", "c", "--after", near_end) == ""
+
+
+def test_cron_slots_run_through_the_last_year_queuectl_stores(db):
+    # The time limit is 9999-12-31T23:59:59Z: year 9999 has slots up to its last hour, and none after.
+    ok(db, "schedule", "add", '{"id": "h", "cron": "0 * * * *", "tz": "UTC", "command": "true"}')
+    assert ok(db, "schedule", "next", "h", "--after", "9998-12-31T22:30:00Z").split() == [
+        "9998-12-31T23:00:00Z", "9999-01-01T00:00:00Z", "9999-01-01T01:00:00Z", "9999-01-01T02:00:00Z",
+        "9999-01-01T03:00:00Z"]
+    assert ok(db, "schedule", "next", "h", "--after", "9999-06-01T00:00:00Z", "--count", "2").split() == [
+        "9999-06-01T01:00:00Z", "9999-06-01T02:00:00Z"]
+    assert ok(db, "schedule", "next", "h", "--after", "9999-12-31T21:30:00Z").split() == [
+        "9999-12-31T22:00:00Z", "9999-12-31T23:00:00Z"]
+    for after in ("9999-12-31T23:00:00Z", str(queuectl.MAX_EPOCH)):
+        assert ok(db, "schedule", "next", "h", "--after", after) == ""
+    # West of UTC the calendar's last wall times lie past the limit: the slots stop at it, quietly.
+    ok(db, "schedule", "add", '{"id": "ny", "cron": "0 * * * *", "tz": "America/New_York", "command": "true"}')
+    assert ok(db, "schedule", "next", "ny", "--after", "9999-12-31T21:30:00Z").split() == [
+        "9999-12-31T22:00:00Z", "9999-12-31T23:00:00Z"]
 
 # ==== Launcher: the command as users install it (a copied file run directly) ====================
 # Run as a program, the file's `#!/bin/sh` header execs python3 on a loader that runs it from
