@@ -90,6 +90,7 @@ commands:
 import argparse
 import contextlib
 import functools
+import io
 import json
 import math
 import os
@@ -5792,6 +5793,14 @@ TOKEN_HEADER = "X-Queuectl-Token"
 MAX_PAGE_JOBS = 1000
 CHART_MINUTES = 60
 MAX_REQUEST_BODY = 64 * 1024
+# A connection gets a thread of its own, so connections that send half a request and wait (slowloris)
+# must not hold threads and descriptors for long: each must deliver its whole request, headers and
+# body, within REQUEST_DEADLINE_S of being accepted, and at most MAX_CONNECTIONS are served at once.
+# A browser on any working link sends a dashboard request in far less than the deadline. The cap
+# leaves most of the usual 1,024 descriptors free for the database connections of the requests.
+REQUEST_DEADLINE_S = 10.0
+MAX_CONNECTIONS = 64
+ACCEPT_PAUSE_S = 0.1  # out of descriptors: how long the server waits before it tries accept() again
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
 # Status codes for the QueueError subclasses (they all share exit code 1, so the class decides).
 HTTP_STATUS_OF = ((NotFound, 404), (Conflict, 409), (UsageError, 400), (Busy, 503))
@@ -6263,10 +6272,90 @@ class Dashboard:
             ("Referrer-Policy", "no-referrer")])
 
 
+class Slot:
+    """An accepted connection's place among the MAX_CONNECTIONS served: its deadline and whether it is
+    still sending its request (only then may a newer connection take its place)."""
+
+    def __init__(self, deadline: float):
+        self.deadline, self.reading, self.evicted = deadline, True, False
+
+
 class DashboardServer:
     """Mixed into http.server.ThreadingHTTPServer by Dashboard.serve()."""
     daemon_threads = True  # Ctrl+C does not wait for a browser's open connections
     allow_reuse_address = True
+    # The kernel's queue of connections not yet accepted: nginx's and Apache's default (socketserver's
+    # is 5). It costs no descriptor, and a handshake that finds it full is dropped, which costs its
+    # client a second's retry: a burst of connections, a flood included, must not delay a page load.
+    request_queue_size = 511
+
+    def __init__(self, *args, **kwargs):
+        import threading
+        self.slots: dict = {}  # connection -> its Slot, oldest first; evicted ones until their thread ends
+        self.slots_lock = threading.Lock()  # the accept loop and every connection's thread change slots
+        self.out_of_files = False
+        super().__init__(*args, **kwargs)
+
+    def get_request(self):
+        """accept(); out of descriptors, pause before the next try instead of spinning."""
+        import errno
+        try:
+            request = super().get_request()
+        except OSError as e:
+            if e.errno in (errno.EMFILE, errno.ENFILE):
+                self._pause_accepting()
+            raise  # serve_forever drops it and polls again
+        self.out_of_files = False
+        return request
+
+    def _pause_accepting(self) -> None:
+        # The connection accept() could not take stays in the backlog, so the listening socket stays
+        # readable: without a pause serve_forever would call accept() again at once, using a whole core.
+        # Requests in progress close their connections and database files meanwhile.
+        if not self.out_of_files:
+            log.warning("dashboard: out of file descriptors; new connections wait until some close",
+                        extra=event("dashboard_out_of_files"))
+        self.out_of_files = True
+        time.sleep(ACCEPT_PAUSE_S)
+
+    def process_request(self, request, client_address) -> None:
+        """Serve the connection in a thread of its own if it gets a slot; close it at once if not."""
+        with self.slots_lock:
+            admitted = self._free_slot()
+            if admitted:
+                self.slots[request] = Slot(time.monotonic() + REQUEST_DEADLINE_S)
+        if not admitted:
+            return self.shutdown_request(request)
+        super().process_request(request, client_address)
+
+    def _free_slot(self) -> bool:
+        """Whether a new connection may be served: below the cap, or after evicting the connection that
+        has been sending its request the longest (caller holds slots_lock)."""
+        served = [(connection, slot) for connection, slot in self.slots.items() if not slot.evicted]
+        if len(served) < MAX_CONNECTIONS:
+            return True
+        # Evicting the oldest request still being read, rather than refusing the newcomer, is what keeps
+        # connections that never finish their request from shutting everyone else out until their
+        # deadline: a real request, sent in one go, is in long before the cap's worth of newer ones.
+        oldest = next(((connection, slot) for connection, slot in served if slot.reading), None)
+        if oldest is None:  # every slot is answering a request: those end on their own
+            return False
+        import socket
+        oldest[1].evicted = True  # before shutdown(): its thread must see an eviction, not the client's EOF
+        with contextlib.suppress(OSError):
+            oldest[0].shutdown(socket.SHUT_RDWR)  # wakes its thread's recv(); that thread closes it
+        return True
+
+    def answering(self, slot: Slot) -> bool:
+        """Mark the connection's request as read (no longer evictable); False if it was evicted already."""
+        with self.slots_lock:
+            slot.reading = False
+            return not slot.evicted
+
+    def shutdown_request(self, request) -> None:
+        with self.slots_lock:
+            self.slots.pop(request, None)
+        super().shutdown_request(request)
 
     def server_bind(self) -> None:
         # HTTPServer.server_bind also calls socket.getfqdn(), a reverse DNS lookup that can hang
@@ -6279,17 +6368,49 @@ class DashboardServer:
         log.exception("dashboard: request from %s failed", client_address[0], extra=event("dashboard_error"))
 
 
+class RequestReader(io.RawIOBase):
+    """A connection's incoming bytes, cut off (TimeoutError) at its slot's deadline or when it is evicted."""
+
+    def __init__(self, connection, slot: Slot):
+        super().__init__()
+        self.connection, self.slot = connection, slot
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        left = self.slot.deadline - time.monotonic()
+        if left <= 0 or self.slot.evicted:
+            raise TimeoutError("the request did not arrive in time")
+        # The timeout is what is left of the whole request's time, not a fresh one per read: a client
+        # sending a byte now and then must not keep its connection past the deadline.
+        self.connection.settimeout(left)
+        read = self.connection.recv_into(buffer)
+        if not read and self.slot.evicted:  # the end our shutdown() made: not a complete request
+            raise TimeoutError("the connection was evicted before its request arrived")
+        return read
+
+
 class DashboardHandler:
     """The HTTP side, mixed into http.server.BaseHTTPRequestHandler by Dashboard.serve()."""
     dashboard: Dashboard
     server_version = f"queuectl/{__version__}"
+
+    def setup(self) -> None:
+        """StreamRequestHandler's files, the request read against the connection's deadline.
+        (http.server closes the connection without a reply when that read raises TimeoutError.)"""
+        super().setup()
+        with self.server.slots_lock:
+            self.slot = self.server.slots[self.request]
+        self.rfile = io.BufferedReader(RequestReader(self.connection, self.slot))
 
     def version_string(self) -> str:
         """The Server header: queuectl's version only."""
         return self.server_version
 
     def do_GET(self) -> None:
-        self._send(self.dashboard.respond("GET", self.path, self.headers))
+        if self._request_read():
+            self._send(self.dashboard.respond("GET", self.path, self.headers))
 
     def do_POST(self) -> None:
         try:  # "²" passes str.isdigit() but not int()
@@ -6298,8 +6419,17 @@ class DashboardHandler:
             return self.send_error(400, "request body unreadable")
         if length > MAX_REQUEST_BODY:
             return self.send_error(413, "request body too large")
-        self.rfile.read(length)  # ignored: the path says it all, but unread bytes would reset the socket
-        self._send(self.dashboard.respond("POST", self.path, self.headers))
+        # The body is ignored (the path says it all), but it is read: unread bytes would reset the socket.
+        if len(self.rfile.read(length)) < length:  # the client stopped sending: no complete request to act on
+            self.close_connection = True
+            return
+        if self._request_read():
+            self._send(self.dashboard.respond("POST", self.path, self.headers))
+
+    def _request_read(self) -> bool:
+        """The request is in: keep the connection from eviction, and give the reply's writes a timeout."""
+        self.connection.settimeout(REQUEST_DEADLINE_S)  # a client that does not read the reply cannot hold the thread
+        return self.server.answering(self.slot)
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         """http.server's own errors (a bad request line, an unknown method) as JSON too."""

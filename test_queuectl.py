@@ -3124,10 +3124,10 @@ def test_runs_per_minute_counts_finished_runs_by_minute(tmp_path):
     store.close()
 
 
-def start_dashboard_process(db, *args):
+def start_dashboard_process(db, *args, **popen_args):
     """`queuectl --db DB dashboard --port 0 ARGS` as a process; returns it and the URL it printed."""
     proc = subprocess.Popen([sys.executable, queuectl.__file__, "--db", db, "dashboard", "--port", "0", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen_args)
     return proc, proc.stdout.readline().strip()
 
 
@@ -3307,6 +3307,143 @@ def test_dashboard_in_a_real_browser_keeps_the_token_from_other_ports_and_throug
     for path, headers in bob.asked:
         assert "Cookie" not in headers and DASH_TOKEN not in path + repr(headers), (path, headers)
     assert not any("Cookie" in headers for _, headers in asked)
+
+
+
+HALF_A_REQUEST = b"GET /api/status HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Queuectl-Token: "  # and then nothing
+
+
+def cpu_seconds(pid):
+    """utime + stime of a running process, from /proc/PID/stat, in seconds."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_share(pid, seconds):
+    """The share of one core that pid used over the next `seconds` of wall time."""
+    start, used = time.monotonic(), cpu_seconds(pid)
+    wait_for(lambda: time.monotonic() - start >= seconds, f"{seconds} s to pass", interval=0.2)
+    return (cpu_seconds(pid) - used) / (time.monotonic() - start)
+
+
+def open_files(pid):
+    """How many descriptors pid has open."""
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def hold_half_open_connections(pid, address, count, settled):
+    """Open `count` connections to the server pid that each send half a request and wait, a few at a
+    time beyond those the server has taken or closed (a handshake that finds its listen queue full is
+    retried only a second or more later); returns their sockets once `settled(closed)` holds for the
+    number the server has closed, or after WAIT_S in any case."""
+    import selectors
+    held, selector, closed, base = [], selectors.DefaultSelector(), 0, open_files(pid)
+    deadline = time.monotonic() + WAIT_S
+    while not settled(closed) and time.monotonic() < deadline:
+        queued = len(held) - closed - (open_files(pid) - base)  # opened, not yet taken by the server
+        for _ in range(min(4 - queued, count - len(held))):
+            conn = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            conn.setblocking(False)
+            conn.connect_ex(address)
+            held.append(conn)
+            selector.register(conn, selectors.EVENT_WRITE)
+        for key, events in selector.select(timeout=0.01):
+            conn = key.fileobj
+            try:
+                if events & selectors.EVENT_WRITE:  # connected: half a request, then wait for the server's end
+                    conn.send(HALF_A_REQUEST)
+                    selector.modify(conn, selectors.EVENT_READ)
+                    continue
+                ended = conn.recv(4096) == b""
+            except OSError:
+                ended = True
+            if ended:
+                closed += 1
+                selector.unregister(conn)
+    selector.close()
+    return held
+
+
+def test_dashboard_answers_within_2_s_and_stays_idle_while_1100_half_open_connections_are_held(sqlite_db):
+    """Slowloris against the usual limit of 1,024 descriptors: 1,100 connections that send part of a
+    request and wait once took every descriptor, so a real request timed out and the accept loop spun."""
+    import resource
+    import urllib.request
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1300:
+        pytest.skip("needs more than 1,300 open files in the test process")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1300), hard))
+    proc, url = start_dashboard_process(sqlite_db, preexec_fn=lambda: resource.setrlimit(
+        resource.RLIMIT_NOFILE, (1024, hard)))
+    held = []
+    try:
+        base, _, token = url.partition("/#token=")
+        host, port = base.removeprefix("http://").split(":")
+        # Settled when the server has closed all it does not hold; on a server that closes none, the
+        # request below is simply made after the wait.
+        held = hold_half_open_connections(proc.pid, (host, int(port)), 1100,
+                                          lambda closed: closed >= 1100 - queuectl.MAX_CONNECTIONS)
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        started, answer = time.monotonic(), None
+        try:
+            with opener.open(urllib.request.Request(base + "/api/status", headers={"X-Queuectl-Token": token}),
+                             timeout=2) as res:
+                answer = res.status, json.loads(res.read())
+        except OSError as e:
+            answer = e
+        took = time.monotonic() - started
+        share = cpu_share(proc.pid, 3)
+        assert isinstance(answer, tuple) and answer[0] == 200 and "jobs" in answer[1] and took < 2, (answer, took, share)
+        assert share < 0.1, f"the dashboard used {share:.0%} of a core while the connections were held"
+    finally:
+        for conn in held:
+            conn.close()
+        proc.kill()
+        proc.communicate(timeout=30)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def request_threads():
+    """The dashboard's connection threads (http.server's ThreadingMixIn) alive in this process."""
+    return [t for t in threading.enumerate() if "process_request_thread" in t.name]
+
+
+@pytest.mark.parametrize("slow_part", ["headers", "body"])
+def test_dashboard_closes_a_request_that_trickles_past_its_deadline(sqlite_dashboard, monkeypatch, slow_part):
+    """A byte every 0.1 s never lets a per-read timeout fire; the deadline counts for the whole request
+    (shortened here so the test is quick; it is read when a connection is accepted)."""
+    monkeypatch.setattr(queuectl, "REQUEST_DEADLINE_S", 1.0)
+    d = sqlite_dashboard(allow_actions=True)
+    body = b"x" * 60
+    head = (f"POST /api/jobs/img-1/cancel HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Queuectl-Token: {DASH_TOKEN}\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    sent_at_once, trickled = (head[:20], head[20:] + body) if slow_part == "headers" else (head, body)
+    conn = socket.create_connection(("127.0.0.1", d.server.server_address[1]), timeout=WAIT_S)
+    trickle_ended = []
+
+    def trickle():
+        try:
+            for i in range(len(trickled)):
+                conn.send(trickled[i:i + 1])
+                time.sleep(0.1)
+            trickle_ended.append("all sent")
+        except OSError as e:
+            trickle_ended.append(e)
+    try:
+        conn.sendall(sent_at_once)
+        sender = threading.Thread(target=trickle, daemon=True)
+        sender.start()
+        try:
+            reply = conn.recv(4096)  # the server's end of the connection, or its reply
+        except ConnectionResetError:  # the end, sent as a reset: bytes were still arriving
+            reply = b""
+        assert reply == b"" and not trickle_ended, (reply, trickle_ended)
+        wait_for(lambda: not request_threads(), "the connection's thread to end")
+        assert d.store.get("img-1").state == "pending"  # nothing was acted on
+        sender.join(WAIT_S)
+    finally:
+        conn.close()
 
 
 # ==== CLI ==========================================================================================
