@@ -3394,7 +3394,8 @@ def test_dashboard_answers_within_2_s_and_stays_idle_while_1100_half_open_connec
             answer = e
         took = time.monotonic() - started
         share = cpu_share(proc.pid, 3)
-        assert isinstance(answer, tuple) and answer[0] == 200 and "jobs" in answer[1] and took < 2, (answer, took, share)
+        assert isinstance(answer, tuple) and answer[0] == 200 and "jobs" in answer[1] and took < 2, (answer, took,
+                                                                                                      share)
         assert share < 0.1, f"the dashboard used {share:.0%} of a core while the connections were held"
     finally:
         for conn in held:
@@ -3402,6 +3403,33 @@ def test_dashboard_answers_within_2_s_and_stays_idle_while_1100_half_open_connec
         proc.kill()
         proc.communicate(timeout=30)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_dashboard_out_of_descriptors_pauses_accepting_instead_of_spinning(sqlite_db):
+    """A connection that accept() cannot take for want of a descriptor stays in the listen queue, so
+    the listening socket stays readable: the server must wait, not call accept() again at once."""
+    import resource
+    proc, url = start_dashboard_process(sqlite_db)
+    conn = None
+    try:
+        base, _, token = url.partition("/#token=")
+        host, port = base.removeprefix("http://").split(":")
+        _, hard = resource.prlimit(proc.pid, resource.RLIMIT_NOFILE)
+        taken = {int(fd) for fd in os.listdir(f"/proc/{proc.pid}/fd")}
+        lowest_free = min(set(range(len(taken) + 1)) - taken)
+        resource.prlimit(proc.pid, resource.RLIMIT_NOFILE, (lowest_free, hard))  # no descriptor left to take
+        conn = socket.create_connection((host, int(port)), timeout=WAIT_S)
+        conn.sendall(f"GET /api/status HTTP/1.0\r\nHost: 127.0.0.1\r\n{queuectl.TOKEN_HEADER}: {token}\r\n\r\n"
+                     .encode())
+        share = cpu_share(proc.pid, 3)
+        resource.prlimit(proc.pid, resource.RLIMIT_NOFILE, (1024, hard))
+        reply = conn.makefile("rb").readline()
+        assert share < 0.1 and reply.startswith(b"HTTP/1.0 200 "), (share, reply)
+    finally:
+        if conn:
+            conn.close()
+        code, err = stop_dashboard_process(proc, signal.SIGTERM)
+    assert code == 0 and err.count("out of file descriptors") == 1, err
 
 
 def request_threads():
