@@ -734,9 +734,16 @@ class SqliteSQL:
     # dependent counts: `dlq retry` may revive it, and it must then find its dependency, not run without it.)
     SQL_NEEDED_BY = ("SELECT deps.job_id FROM deps JOIN jobs j ON j.id = deps.job_id JOIN jobs d ON d.id = deps.dep_id "
                      "WHERE deps.dep_id = ? AND j.state <> 'completed' AND d.state <> 'completed'")
-    # Edges in both directions go: a later job reusing the id must not inherit them.
-    SQL_DELETE_JOB = ["DELETE FROM runs WHERE job_id = ?", "DELETE FROM deps WHERE job_id = ?1 OR dep_id = ?1",
-                      "DELETE FROM jobs WHERE id = ?"]
+    # Edges in both directions go: a later job reusing the id must not inherit them. The job's finished
+    # runs are first added to the tally of forgotten runs (SQL_RUN_TOTALS).
+    SQL_DELETE_JOB = [
+        "INSERT INTO config (key, value) SELECT 'runs_forgotten', json_array(count(*), "
+        "sum(CAST(round((ended_at - started_at) * 1000000) AS INTEGER))) FROM runs "
+        "WHERE job_id = ? AND outcome IN ('completed', 'failed', 'dead') HAVING count(*) > 0 "
+        "ON CONFLICT (key) DO UPDATE SET value = json_array(json_extract(value, '$[0]') + "
+        "json_extract(excluded.value, '$[0]'), json_extract(value, '$[1]') + json_extract(excluded.value, '$[1]'))",
+        "DELETE FROM runs WHERE job_id = ?", "DELETE FROM deps WHERE job_id = ?1 OR dep_id = ?1",
+        "DELETE FROM jobs WHERE id = ?"]
     SQL_PURGE_IDS = ("SELECT id FROM jobs WHERE state = ? AND updated_at < ? AND (state = 'completed' OR NOT EXISTS "
                      "(SELECT 1 FROM deps JOIN jobs j ON j.id = deps.job_id WHERE deps.dep_id = jobs.id "
                      "AND j.state <> 'completed')) LIMIT ?")
@@ -768,6 +775,12 @@ class SqliteSQL:
     # floats in a small fraction of that.
     SQL_STATS_TIMES = ("SELECT ended_at - started_at, max(0, started_at - due_at) FROM runs "
                        "WHERE ended_at >= ? AND outcome IN ('completed', 'failed', 'dead')")
+    # `metrics`' run_duration _count and _sum: the finished runs kept, plus those deleted with their jobs
+    # (the tally SQL_DELETE_JOB keeps in `config`, a key no setting has), so neither ever goes down.
+    # Durations are summed in whole microseconds: integers add up the same in either place.
+    SQL_RUN_TOTALS = ("SELECT count(*), coalesce(sum(CAST(round((ended_at - started_at) * 1000000) AS INTEGER)), 0), "
+                      "(SELECT value FROM config WHERE key = 'runs_forgotten') FROM runs "
+                      "WHERE outcome IN ('completed', 'failed', 'dead')")
     # `metrics`: jobs by queue and state; the oldest eligible job (ready or staged, due, not paused) of
     # each queue, of which `stats` takes the least.
     SQL_QUEUE_COUNTS = "SELECT queue, state, count(*) FROM jobs GROUP BY queue, state"
@@ -1435,6 +1448,13 @@ class Store:
     def outcomes(self, since: float) -> dict[str, int]:
         """Runs that ended since `since`, counted by outcome."""
         return dict(self.read(self.sql.SQL_STATS_OUTCOMES, (since,)))
+
+    def run_totals(self) -> tuple[int, int]:
+        """Runs ever ended completed, failed or dead, and their total duration in microseconds (never less
+        than at the last call: deleted jobs' runs stay counted)."""
+        count, micros, forgotten = self.read(self.sql.SQL_RUN_TOTALS)[0]
+        gone_count, gone_micros = json.loads(forgotten) if forgotten else (0, 0)
+        return int(count) + gone_count, int(micros) + gone_micros
 
     def queue_counts(self) -> list[tuple[str, str, int]]:
         """(queue, state, jobs) for every queue and state that has jobs."""
@@ -2442,8 +2462,15 @@ class PostgresSQL:
     SQL_CANCEL_RUNNING = "UPDATE jobs SET cancel_requested = run_count WHERE id = %s AND state = 'processing'"
     SQL_NEEDED_BY = ("SELECT deps.job_id FROM deps JOIN jobs j ON j.id = deps.job_id JOIN jobs d ON d.id = deps.dep_id "
                      "WHERE deps.dep_id = %s AND j.state <> 'completed' AND d.state <> 'completed'")
-    SQL_DELETE_JOB = ["DELETE FROM runs WHERE job_id = %s", "DELETE FROM deps WHERE %s IN (job_id, dep_id)",
-                      "DELETE FROM jobs WHERE id = %s"]
+    SQL_DELETE_JOB = [
+        "INSERT INTO config (key, value) SELECT 'runs_forgotten', json_build_array(count(*), "
+        "sum(round((ended_at - started_at) * 1000000)::bigint))::text FROM runs "
+        "WHERE job_id = %s AND outcome IN ('completed', 'failed', 'dead') HAVING count(*) > 0 "
+        "ON CONFLICT (key) DO UPDATE SET value = json_build_array("
+        "(config.value::json ->> 0)::bigint + (excluded.value::json ->> 0)::bigint, "
+        "(config.value::json ->> 1)::bigint + (excluded.value::json ->> 1)::bigint)::text",
+        "DELETE FROM runs WHERE job_id = %s", "DELETE FROM deps WHERE %s IN (job_id, dep_id)",
+        "DELETE FROM jobs WHERE id = %s"]
     SQL_PURGE_IDS = ("SELECT id FROM jobs WHERE state = %s AND updated_at < %s AND (state = 'completed' OR NOT EXISTS "
                      "(SELECT 1 FROM deps JOIN jobs j ON j.id = deps.job_id WHERE deps.dep_id = jobs.id "
                      "AND j.state <> 'completed')) LIMIT nullif(%s, -1) FOR UPDATE")
@@ -2471,6 +2498,9 @@ class PostgresSQL:
     SQL_STATS_OUTCOMES = "SELECT outcome, count(*) FROM runs WHERE ended_at >= %s GROUP BY outcome"
     SQL_STATS_TIMES = ("SELECT ended_at - started_at, GREATEST(0, started_at - due_at) FROM runs "
                        "WHERE ended_at >= %s AND outcome IN ('completed', 'failed', 'dead')")
+    SQL_RUN_TOTALS = ("SELECT count(*), coalesce(sum(round((ended_at - started_at) * 1000000)::bigint), 0), "
+                      "(SELECT value FROM config WHERE key = 'runs_forgotten') FROM runs "
+                      "WHERE outcome IN ('completed', 'failed', 'dead')")
     SQL_QUEUE_COUNTS = "SELECT queue, state, count(*) FROM jobs GROUP BY queue, state"
     # Ready and staged together are every waiting job.
     SQL_OLDEST_ELIGIBLE_BY_QUEUE = (
@@ -5894,7 +5924,7 @@ METRICS_WINDOWS = (("1m", 60), ("1h", 3600))  # queuectl_runs_finished's window 
 
 
 def metrics_text(store: Store, now: float) -> str:
-    """`queuectl metrics` and GET /metrics: the queue as Prometheus gauges."""
+    """`queuectl metrics` and GET /metrics: the queue as Prometheus gauges, run durations as a summary."""
     rows, paused = store.queue_counts(), set(store.paused())
     queues, counts = sorted({queue for queue, _, _ in rows}), {(queue, state): n for queue, state, n in rows}
     oldest = store.oldest_eligible_by_queue(now)
@@ -5902,6 +5932,7 @@ def metrics_text(store: Store, now: float) -> str:
     finished = {window: hour["outcomes"] if seconds == 3600 else store.outcomes(now - seconds)
                 for window, seconds in METRICS_WINDOWS}
     p50, p95 = (None if v is None else round(v, 6) for v in hour["duration"][1:])
+    count, micros = store.run_totals()
     families = (
         ("queuectl_jobs", "Jobs by queue and state (every state of each queue that has jobs).",
          [({"queue": q, "state": state}, counts.get((q, state), 0)) for q in queues for state in STATES]),
@@ -5912,18 +5943,22 @@ def metrics_text(store: Store, now: float) -> str:
           for q in queues if not paused & {q, "*"}]),
         ("queuectl_runs_finished", "Runs that ended within the window (1m or 1h), by outcome.",
          [({"outcome": o, "window": w}, finished[w].get(o, 0)) for w, _ in METRICS_WINDOWS for o in RUN_OUTCOMES]),
-        ("queuectl_run_duration_seconds", "Duration quantiles of the runs that ended completed, failed or dead "
-         "in the last hour (NaN when none did).", [({"quantile": "0.5"}, p50), ({"quantile": "0.95"}, p95)]),
+        ("queuectl_run_duration_seconds", "Durations of the runs that ended completed, failed or dead: quantiles "
+         "over the last hour (NaN when none ended), _sum and _count over every such run since the queue began.",
+         [({"quantile": "0.5"}, p50), ({"quantile": "0.95"}, p95), ("_sum", {}, micros / 1e6), ("_count", {}, count)],
+         "summary"),
     )
     return "".join(_metric(*family) for family in families)
 
 
-def _metric(name: str, help_text: str, samples: list[tuple[dict, float | int | None]]) -> str:
-    """One metric family: HELP and TYPE lines, then a line per sample (None is written NaN)."""
-    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
-    for labels, value in samples:
+def _metric(name: str, help_text: str, samples: list[tuple], kind: str = "gauge") -> str:
+    """One metric family: HELP and TYPE lines, then a line per sample, (labels, value) or a summary's
+    (suffix, labels, value) for _sum and _count (None is written NaN)."""
+    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+    for *suffix, labels, value in samples:
         label_text = ",".join(f'{k}="{prometheus_escape(str(v))}"' for k, v in labels.items())
-        lines.append(f"{name}{{{label_text}}} {_number(value)}" if labels else f"{name} {_number(value)}")
+        sample_name = name + "".join(suffix)
+        lines.append(f"{sample_name}{{{label_text}}} {_number(value)}" if labels else f"{sample_name} {_number(value)}")
     return "\n".join(lines) + "\n"
 
 

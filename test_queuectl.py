@@ -6362,8 +6362,11 @@ def test_dashboard_in_a_real_browser_says_when_output_was_cut(sqlite_dashboard, 
 
 # ---- metrics: Prometheus text exposition
 
-def prometheus_families(text):
-    """name -> {frozenset(labels.items()): value}, parsed by prometheus_client's own parser."""
+SUMMARIES = {"queuectl_run_duration_seconds"}  # every other family is a gauge
+
+
+def parsed_families(text):
+    """The metric families of text, parsed by prometheus_client's own parser."""
     try:
         from prometheus_client.parser import text_string_to_metric_families
     except ImportError:
@@ -6371,10 +6374,17 @@ def prometheus_families(text):
             pytest.fail("prometheus_client is missing; CI must run the metrics parser test (pip install "
                         "prometheus_client)")
         pytest.skip("metrics parser test skipped: pip install prometheus_client")
+    return list(text_string_to_metric_families(text))
+
+
+def prometheus_families(text):
+    """sample name -> {frozenset(labels.items()): value}; each family of its declared type."""
     families = {}
-    for family in text_string_to_metric_families(text):
-        assert family.type == "gauge" and family.documentation, family
-        families[family.name] = {frozenset(s.labels.items()): s.value for s in family.samples}
+    for family in parsed_families(text):
+        assert family.type == ("summary" if family.name in SUMMARIES else "gauge") and family.documentation, family
+        families.setdefault(family.name, {})
+        for s in family.samples:
+            families.setdefault(s.name, {})[frozenset(s.labels.items())] = s.value
     return families
 
 
@@ -6397,7 +6407,8 @@ def test_metrics_count_jobs_workers_waits_and_runs(store):
     text = queuectl.metrics_text(store, now)
     families = prometheus_families(text)
     assert set(families) == {"queuectl_jobs", "queuectl_workers", "queuectl_oldest_due_age_seconds",
-                             "queuectl_runs_finished", "queuectl_run_duration_seconds"}
+                             "queuectl_runs_finished", "queuectl_run_duration_seconds",
+                             "queuectl_run_duration_seconds_sum", "queuectl_run_duration_seconds_count"}
     assert sample(families, "queuectl_jobs", queue="a", state="completed") == 2
     assert sample(families, "queuectl_jobs", queue="a", state="dead") == 1
     assert sample(families, "queuectl_jobs", queue="a", state="pending") == 0  # every state of a queue
@@ -6413,8 +6424,63 @@ def test_metrics_count_jobs_workers_waits_and_runs(store):
     assert len(families["queuectl_runs_finished"]) == 2 * 6
     assert sample(families, "queuectl_run_duration_seconds", quantile="0.5") == 0.5
     assert sample(families, "queuectl_run_duration_seconds", quantile="0.95") == 2.0
-    for name in families:
-        assert f"# HELP {name} " in text and f"# TYPE {name} gauge\n" in text
+    assert sample(families, "queuectl_run_duration_seconds_sum") == 3.0
+    assert sample(families, "queuectl_run_duration_seconds_count") == 3
+    for name in families.keys() - {"queuectl_run_duration_seconds_sum", "queuectl_run_duration_seconds_count"}:
+        kind = "summary" if name in SUMMARIES else "gauge"
+        assert f"# HELP {name} " in text and f"# TYPE {name} {kind}\n" in text
+
+
+def test_metrics_keep_the_exposition_formats_rules(store):
+    """What `promtool check metrics` checks (and runs it where it is installed): a `quantile` label only
+    on a summary, `le` only on a histogram, a summary with its _sum and _count, one TYPE line per family
+    naming the family its samples belong to."""
+    register(store)
+    store.enqueue([spec("a"), spec("b")], T0)
+    for ended in (T0 + 10, T0 + 20):
+        store.finish(store.claim("w1", ended - 1.25), "w1", outcome(0, None, "x", 1.25), SETTINGS, ended)
+    text = queuectl.metrics_text(store, T0 + 30)
+    for family in parsed_families(text):
+        names = {s.name for s in family.samples}
+        if family.type != "summary":
+            assert all("quantile" not in s.labels for s in family.samples), family
+        if family.type != "histogram":
+            assert all("le" not in s.labels for s in family.samples), family
+        if family.type == "summary":
+            assert {family.name + "_sum", family.name + "_count"} <= names, family
+        assert names <= {family.name, family.name + "_sum", family.name + "_count"}, family
+    types = re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M)
+    assert len(types) == len({name for name, _ in types}) == text.count("# HELP ")
+    for line in text.splitlines():  # every sample follows the TYPE line of its own family
+        if not line.startswith("#"):
+            family = re.findall(r"^# TYPE (\S+) ", text[:text.index(line)], re.M)[-1]
+            assert re.match(re.escape(family) + r"(_sum|_count)?[{ ]", line), (family, line)
+    promtool = shutil.which("promtool")
+    if promtool:
+        checked = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_run_duration_sum_and_count_never_go_down_when_jobs_are_deleted(store):
+    """_sum and _count are counters: rate(_sum)/rate(_count) must not see a reset when runs leave the
+    database with their jobs (delete, purge, retention)."""
+    register(store)
+    store.enqueue([spec("a"), spec("b"), spec("c", max_retries=0), spec("d")], T0)
+    for code, ended in ((0, T0 + 10), (0, T0 + 20), (3, T0 + 30)):
+        job = store.claim("w1", ended - 0.5)
+        store.finish(job, "w1", outcome(code, None if code == 0 else "exit code 3", "x", 0.5), SETTINGS, ended)
+    assert store.run_totals() == (3, 1_500_000)
+    store.delete(["a"])
+    assert store.purge("completed", T0 + 100) == 1 and store.purge("dead", T0 + 100) == 1
+    assert store.run_totals() == (3, 1_500_000)
+    store.delete(["d"])  # no run: nothing to add
+    store.enqueue([spec("e")], T0 + 40)
+    store.finish(store.claim("w1", T0 + 40), "w1", outcome(0, None, "x", 0.25), SETTINGS, T0 + 40.25)
+    assert store.run_totals() == (4, 1_750_000)
+    families = prometheus_families(queuectl.metrics_text(store, T0 + 50))
+    assert sample(families, "queuectl_run_duration_seconds_count") == 4
+    assert sample(families, "queuectl_run_duration_seconds_sum") == 1.75
+    assert set(store.config_all()) == set(queuectl.CONFIG)  # the tally is no setting
 
 
 def test_metrics_cli_on_an_empty_queue(db):
