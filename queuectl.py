@@ -6345,8 +6345,8 @@ class DashboardServer:
 
     def _pause_accepting(self) -> None:
         # The connection accept() could not take stays in the backlog, so the listening socket stays
-        # readable: without a pause serve_forever would call accept() again at once, using a whole core.
-        # Requests in progress close their connections and database files meanwhile.
+        # readable: without a pause serve_forever would call accept() again at once, and spin. Requests
+        # in progress close their connections and database files meanwhile.
         if not self.out_of_files:
             log.warning("dashboard: out of file descriptors; new connections wait until some close",
                         extra=event("dashboard_out_of_files"))

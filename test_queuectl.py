@@ -3433,8 +3433,8 @@ def test_dashboard_out_of_descriptors_pauses_accepting_instead_of_spinning(sqlit
 
 
 def request_threads():
-    """The dashboard's connection threads (http.server's ThreadingMixIn) alive in this process."""
-    return [t for t in threading.enumerate() if "process_request_thread" in t.name]
+    """The connection threads of http.server's ThreadingMixIn alive in this process."""
+    return {t for t in threading.enumerate() if "process_request_thread" in t.name}
 
 
 @pytest.mark.parametrize("slow_part", ["headers", "body"])
@@ -3447,6 +3447,7 @@ def test_dashboard_closes_a_request_that_trickles_past_its_deadline(sqlite_dashb
     head = (f"POST /api/jobs/img-1/cancel HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Queuectl-Token: {DASH_TOKEN}\r\n"
             f"Content-Length: {len(body)}\r\n\r\n").encode()
     sent_at_once, trickled = (head[:20], head[20:] + body) if slow_part == "headers" else (head, body)
+    earlier_threads = request_threads()
     conn = socket.create_connection(("127.0.0.1", d.server.server_address[1]), timeout=WAIT_S)
     trickle_ended = []
 
@@ -3467,7 +3468,7 @@ def test_dashboard_closes_a_request_that_trickles_past_its_deadline(sqlite_dashb
         except ConnectionResetError:  # the end, sent as a reset: bytes were still arriving
             reply = b""
         assert reply == b"" and not trickle_ended, (reply, trickle_ended)
-        wait_for(lambda: not request_threads(), "the connection's thread to end")
+        wait_for(lambda: not request_threads() - earlier_threads, "the connection's thread to end")
         assert d.store.get("img-1").state == "pending"  # nothing was acted on
         sender.join(WAIT_S)
     finally:
