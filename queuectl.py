@@ -90,6 +90,7 @@ commands:
 import argparse
 import contextlib
 import functools
+import io
 import json
 import math
 import os
@@ -734,9 +735,16 @@ class SqliteSQL:
     # dependent counts: `dlq retry` may revive it, and it must then find its dependency, not run without it.)
     SQL_NEEDED_BY = ("SELECT deps.job_id FROM deps JOIN jobs j ON j.id = deps.job_id JOIN jobs d ON d.id = deps.dep_id "
                      "WHERE deps.dep_id = ? AND j.state <> 'completed' AND d.state <> 'completed'")
-    # Edges in both directions go: a later job reusing the id must not inherit them.
-    SQL_DELETE_JOB = ["DELETE FROM runs WHERE job_id = ?", "DELETE FROM deps WHERE job_id = ?1 OR dep_id = ?1",
-                      "DELETE FROM jobs WHERE id = ?"]
+    # Edges in both directions go: a later job reusing the id must not inherit them. The job's finished
+    # runs are first added to the tally of forgotten runs (SQL_RUN_TOTALS).
+    SQL_DELETE_JOB = [
+        "INSERT INTO config (key, value) SELECT 'runs_forgotten', json_array(count(*), "
+        "sum(CAST(round((ended_at - started_at) * 1000000) AS INTEGER))) FROM runs "
+        "WHERE job_id = ? AND outcome IN ('completed', 'failed', 'dead') HAVING count(*) > 0 "
+        "ON CONFLICT (key) DO UPDATE SET value = json_array(json_extract(value, '$[0]') + "
+        "json_extract(excluded.value, '$[0]'), json_extract(value, '$[1]') + json_extract(excluded.value, '$[1]'))",
+        "DELETE FROM runs WHERE job_id = ?", "DELETE FROM deps WHERE job_id = ?1 OR dep_id = ?1",
+        "DELETE FROM jobs WHERE id = ?"]
     SQL_PURGE_IDS = ("SELECT id FROM jobs WHERE state = ? AND updated_at < ? AND (state = 'completed' OR NOT EXISTS "
                      "(SELECT 1 FROM deps JOIN jobs j ON j.id = deps.job_id WHERE deps.dep_id = jobs.id "
                      "AND j.state <> 'completed')) LIMIT ?")
@@ -768,6 +776,12 @@ class SqliteSQL:
     # floats in a small fraction of that.
     SQL_STATS_TIMES = ("SELECT ended_at - started_at, max(0, started_at - due_at) FROM runs "
                        "WHERE ended_at >= ? AND outcome IN ('completed', 'failed', 'dead')")
+    # `metrics`' run_duration _count and _sum: the finished runs kept, plus those deleted with their jobs
+    # (the tally SQL_DELETE_JOB keeps in `config`, a key no setting has), so neither ever goes down.
+    # Durations are summed in whole microseconds: integers add up the same in either place.
+    SQL_RUN_TOTALS = ("SELECT count(*), coalesce(sum(CAST(round((ended_at - started_at) * 1000000) AS INTEGER)), 0), "
+                      "(SELECT value FROM config WHERE key = 'runs_forgotten') FROM runs "
+                      "WHERE outcome IN ('completed', 'failed', 'dead')")
     # `metrics`: jobs by queue and state; the oldest eligible job (ready or staged, due, not paused) of
     # each queue, of which `stats` takes the least, by when it became eligible (see eligible_at).
     SQL_QUEUE_COUNTS = "SELECT queue, state, count(*) FROM jobs GROUP BY queue, state"
@@ -1442,6 +1456,13 @@ class Store:
     def outcomes(self, since: float) -> dict[str, int]:
         """Runs that ended since `since`, counted by outcome."""
         return dict(self.read(self.sql.SQL_STATS_OUTCOMES, (since,)))
+
+    def run_totals(self) -> tuple[int, int]:
+        """Runs ever ended completed, failed or dead, and their total duration in microseconds (never less
+        than at the last call: deleted jobs' runs stay counted)."""
+        count, micros, forgotten = self.read(self.sql.SQL_RUN_TOTALS)[0]
+        gone_count, gone_micros = json.loads(forgotten) if forgotten else (0, 0)
+        return int(count) + gone_count, int(micros) + gone_micros
 
     def queue_counts(self) -> list[tuple[str, str, int]]:
         """(queue, state, jobs) for every queue and state that has jobs."""
@@ -2465,8 +2486,15 @@ class PostgresSQL:
     SQL_CANCEL_RUNNING = "UPDATE jobs SET cancel_requested = run_count WHERE id = %s AND state = 'processing'"
     SQL_NEEDED_BY = ("SELECT deps.job_id FROM deps JOIN jobs j ON j.id = deps.job_id JOIN jobs d ON d.id = deps.dep_id "
                      "WHERE deps.dep_id = %s AND j.state <> 'completed' AND d.state <> 'completed'")
-    SQL_DELETE_JOB = ["DELETE FROM runs WHERE job_id = %s", "DELETE FROM deps WHERE %s IN (job_id, dep_id)",
-                      "DELETE FROM jobs WHERE id = %s"]
+    SQL_DELETE_JOB = [
+        "INSERT INTO config (key, value) SELECT 'runs_forgotten', json_build_array(count(*), "
+        "sum(round((ended_at - started_at) * 1000000)::bigint))::text FROM runs "
+        "WHERE job_id = %s AND outcome IN ('completed', 'failed', 'dead') HAVING count(*) > 0 "
+        "ON CONFLICT (key) DO UPDATE SET value = json_build_array("
+        "(config.value::json ->> 0)::bigint + (excluded.value::json ->> 0)::bigint, "
+        "(config.value::json ->> 1)::bigint + (excluded.value::json ->> 1)::bigint)::text",
+        "DELETE FROM runs WHERE job_id = %s", "DELETE FROM deps WHERE %s IN (job_id, dep_id)",
+        "DELETE FROM jobs WHERE id = %s"]
     SQL_PURGE_IDS = ("SELECT id FROM jobs WHERE state = %s AND updated_at < %s AND (state = 'completed' OR NOT EXISTS "
                      "(SELECT 1 FROM deps JOIN jobs j ON j.id = deps.job_id WHERE deps.dep_id = jobs.id "
                      "AND j.state <> 'completed')) LIMIT nullif(%s, -1) FOR UPDATE")
@@ -2494,6 +2522,9 @@ class PostgresSQL:
     SQL_STATS_OUTCOMES = "SELECT outcome, count(*) FROM runs WHERE ended_at >= %s GROUP BY outcome"
     SQL_STATS_TIMES = ("SELECT ended_at - started_at, GREATEST(0, started_at - due_at) FROM runs "
                        "WHERE ended_at >= %s AND outcome IN ('completed', 'failed', 'dead')")
+    SQL_RUN_TOTALS = ("SELECT count(*), coalesce(sum(round((ended_at - started_at) * 1000000)::bigint), 0), "
+                      "(SELECT value FROM config WHERE key = 'runs_forgotten') FROM runs "
+                      "WHERE outcome IN ('completed', 'failed', 'dead')")
     SQL_QUEUE_COUNTS = "SELECT queue, state, count(*) FROM jobs GROUP BY queue, state"
     # Ready and staged together are every waiting job.
     SQL_OLDEST_ELIGIBLE_BY_QUEUE = (
@@ -5855,6 +5886,14 @@ TOKEN_HEADER = "X-Queuectl-Token"
 MAX_PAGE_JOBS = 1000
 CHART_MINUTES = 60
 MAX_REQUEST_BODY = 64 * 1024
+# A connection gets a thread of its own, so connections that send half a request and wait (slowloris)
+# must not hold threads and descriptors for long: each must deliver its whole request, headers and
+# body, within REQUEST_DEADLINE_S of being accepted, and at most MAX_CONNECTIONS are served at once.
+# A browser on any working link sends a dashboard request in far less than the deadline. The cap
+# leaves most of the usual 1,024 descriptors free for the database connections of the requests.
+REQUEST_DEADLINE_S = 10.0
+MAX_CONNECTIONS = 64
+ACCEPT_PAUSE_S = 0.1  # out of descriptors: how long the server waits before it tries accept() again
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
 # Status codes for the QueueError subclasses (they all share exit code 1, so the class decides).
 HTTP_STATUS_OF = ((NotFound, 404), (Conflict, 409), (UsageError, 400), (Busy, 503))
@@ -5948,7 +5987,7 @@ METRICS_WINDOWS = (("1m", 60), ("1h", 3600))  # queuectl_runs_finished's window 
 
 
 def metrics_text(store: Store, now: float) -> str:
-    """`queuectl metrics` and GET /metrics: the queue as Prometheus gauges."""
+    """`queuectl metrics` and GET /metrics: the queue as Prometheus gauges, run durations as a summary."""
     rows, paused = store.queue_counts(), set(store.paused())
     queues, counts = sorted({queue for queue, _, _ in rows}), {(queue, state): n for queue, state, n in rows}
     oldest = store.oldest_eligible_by_queue(now)
@@ -5956,6 +5995,7 @@ def metrics_text(store: Store, now: float) -> str:
     finished = {window: hour["outcomes"] if seconds == 3600 else store.outcomes(now - seconds)
                 for window, seconds in METRICS_WINDOWS}
     p50, p95 = (None if v is None else round(v, 6) for v in hour["duration"][1:])
+    count, micros = store.run_totals()
     families = (
         ("queuectl_jobs", "Jobs by queue and state (every state of each queue that has jobs).",
          [({"queue": q, "state": state}, counts.get((q, state), 0)) for q in queues for state in STATES]),
@@ -5966,18 +6006,22 @@ def metrics_text(store: Store, now: float) -> str:
           for q in queues if not paused & {q, "*"}]),
         ("queuectl_runs_finished", "Runs that ended within the window (1m or 1h), by outcome.",
          [({"outcome": o, "window": w}, finished[w].get(o, 0)) for w, _ in METRICS_WINDOWS for o in RUN_OUTCOMES]),
-        ("queuectl_run_duration_seconds", "Duration quantiles of the runs that ended completed, failed or dead "
-         "in the last hour (NaN when none did).", [({"quantile": "0.5"}, p50), ({"quantile": "0.95"}, p95)]),
+        ("queuectl_run_duration_seconds", "Durations of the runs that ended completed, failed or dead: quantiles "
+         "over the last hour (NaN when none ended), _sum and _count over every such run since the queue began.",
+         [({"quantile": "0.5"}, p50), ({"quantile": "0.95"}, p95), ("_sum", {}, micros / 1e6), ("_count", {}, count)],
+         "summary"),
     )
     return "".join(_metric(*family) for family in families)
 
 
-def _metric(name: str, help_text: str, samples: list[tuple[dict, float | int | None]]) -> str:
-    """One metric family: HELP and TYPE lines, then a line per sample (None is written NaN)."""
-    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
-    for labels, value in samples:
+def _metric(name: str, help_text: str, samples: list[tuple], kind: str = "gauge") -> str:
+    """One metric family: HELP and TYPE lines, then a line per sample, (labels, value) or a summary's
+    (suffix, labels, value) for _sum and _count (None is written NaN)."""
+    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+    for *suffix, labels, value in samples:
         label_text = ",".join(f'{k}="{prometheus_escape(str(v))}"' for k, v in labels.items())
-        lines.append(f"{name}{{{label_text}}} {_number(value)}" if labels else f"{name} {_number(value)}")
+        sample_name = name + "".join(suffix)
+        lines.append(f"{sample_name}{{{label_text}}} {_number(value)}" if labels else f"{sample_name} {_number(value)}")
     return "\n".join(lines) + "\n"
 
 
@@ -6326,10 +6370,90 @@ class Dashboard:
             ("Referrer-Policy", "no-referrer")])
 
 
+class Slot:
+    """An accepted connection's place among the MAX_CONNECTIONS served: its deadline and whether it is
+    still sending its request (only then may a newer connection take its place)."""
+
+    def __init__(self, deadline: float):
+        self.deadline, self.reading, self.evicted = deadline, True, False
+
+
 class DashboardServer:
     """Mixed into http.server.ThreadingHTTPServer by Dashboard.serve()."""
     daemon_threads = True  # Ctrl+C does not wait for a browser's open connections
     allow_reuse_address = True
+    # The kernel's queue of connections not yet accepted: nginx's and Apache's default (socketserver's
+    # is 5). It costs no descriptor, and a handshake that finds it full is dropped, which costs its
+    # client a second's retry: a burst of connections, a flood included, must not delay a page load.
+    request_queue_size = 511
+
+    def __init__(self, *args, **kwargs):
+        import threading
+        self.slots: dict = {}  # connection -> its Slot, oldest first; evicted ones until their thread ends
+        self.slots_lock = threading.Lock()  # the accept loop and every connection's thread change slots
+        self.out_of_files = False
+        super().__init__(*args, **kwargs)
+
+    def get_request(self):
+        """accept(); out of descriptors, pause before the next try instead of spinning."""
+        import errno
+        try:
+            request = super().get_request()
+        except OSError as e:
+            if e.errno in (errno.EMFILE, errno.ENFILE):
+                self._pause_accepting()
+            raise  # serve_forever drops it and polls again
+        self.out_of_files = False
+        return request
+
+    def _pause_accepting(self) -> None:
+        # The connection accept() could not take stays in the backlog, so the listening socket stays
+        # readable: without a pause serve_forever would call accept() again at once, and spin. Requests
+        # in progress close their connections and database files meanwhile.
+        if not self.out_of_files:
+            log.warning("dashboard: out of file descriptors; new connections wait until some close",
+                        extra=event("dashboard_out_of_files"))
+        self.out_of_files = True
+        time.sleep(ACCEPT_PAUSE_S)
+
+    def process_request(self, request, client_address) -> None:
+        """Serve the connection in a thread of its own if it gets a slot; close it at once if not."""
+        with self.slots_lock:
+            admitted = self._free_slot()
+            if admitted:
+                self.slots[request] = Slot(time.monotonic() + REQUEST_DEADLINE_S)
+        if not admitted:
+            return self.shutdown_request(request)
+        super().process_request(request, client_address)
+
+    def _free_slot(self) -> bool:
+        """Whether a new connection may be served: below the cap, or after evicting the connection that
+        has been sending its request the longest (caller holds slots_lock)."""
+        served = [(connection, slot) for connection, slot in self.slots.items() if not slot.evicted]
+        if len(served) < MAX_CONNECTIONS:
+            return True
+        # Evicting the oldest request still being read, rather than refusing the newcomer, is what keeps
+        # connections that never finish their request from shutting everyone else out until their
+        # deadline: a real request, sent in one go, is in long before the cap's worth of newer ones.
+        oldest = next(((connection, slot) for connection, slot in served if slot.reading), None)
+        if oldest is None:  # every slot is answering a request: those end on their own
+            return False
+        import socket
+        oldest[1].evicted = True  # before shutdown(): its thread must see an eviction, not the client's EOF
+        with contextlib.suppress(OSError):
+            oldest[0].shutdown(socket.SHUT_RDWR)  # wakes its thread's recv(); that thread closes it
+        return True
+
+    def answering(self, slot: Slot) -> bool:
+        """Mark the connection's request as read (no longer evictable); False if it was evicted already."""
+        with self.slots_lock:
+            slot.reading = False
+            return not slot.evicted
+
+    def shutdown_request(self, request) -> None:
+        with self.slots_lock:
+            self.slots.pop(request, None)
+        super().shutdown_request(request)
 
     def server_bind(self) -> None:
         # HTTPServer.server_bind also calls socket.getfqdn(), a reverse DNS lookup that can hang
@@ -6342,17 +6466,49 @@ class DashboardServer:
         log.exception("dashboard: request from %s failed", client_address[0], extra=event("dashboard_error"))
 
 
+class RequestReader(io.RawIOBase):
+    """A connection's incoming bytes, cut off (TimeoutError) at its slot's deadline or when it is evicted."""
+
+    def __init__(self, connection, slot: Slot):
+        super().__init__()
+        self.connection, self.slot = connection, slot
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        left = self.slot.deadline - time.monotonic()
+        if left <= 0 or self.slot.evicted:
+            raise TimeoutError("the request did not arrive in time")
+        # The timeout is what is left of the whole request's time, not a fresh one per read: a client
+        # sending a byte now and then must not keep its connection past the deadline.
+        self.connection.settimeout(left)
+        read = self.connection.recv_into(buffer)
+        if not read and self.slot.evicted:  # the end our shutdown() made: not a complete request
+            raise TimeoutError("the connection was evicted before its request arrived")
+        return read
+
+
 class DashboardHandler:
     """The HTTP side, mixed into http.server.BaseHTTPRequestHandler by Dashboard.serve()."""
     dashboard: Dashboard
     server_version = f"queuectl/{__version__}"
+
+    def setup(self) -> None:
+        """StreamRequestHandler's files, the request read against the connection's deadline.
+        (http.server closes the connection without a reply when that read raises TimeoutError.)"""
+        super().setup()
+        with self.server.slots_lock:
+            self.slot = self.server.slots[self.request]
+        self.rfile = io.BufferedReader(RequestReader(self.connection, self.slot))
 
     def version_string(self) -> str:
         """The Server header: queuectl's version only."""
         return self.server_version
 
     def do_GET(self) -> None:
-        self._send(self.dashboard.respond("GET", self.path, self.headers))
+        if self._request_read():
+            self._send(self.dashboard.respond("GET", self.path, self.headers))
 
     def do_POST(self) -> None:
         try:  # "²" passes str.isdigit() but not int()
@@ -6361,8 +6517,17 @@ class DashboardHandler:
             return self.send_error(400, "request body unreadable")
         if length > MAX_REQUEST_BODY:
             return self.send_error(413, "request body too large")
-        self.rfile.read(length)  # ignored: the path says it all, but unread bytes would reset the socket
-        self._send(self.dashboard.respond("POST", self.path, self.headers))
+        # The body is ignored (the path says it all), but it is read: unread bytes would reset the socket.
+        if len(self.rfile.read(length)) < length:  # the client stopped sending: no complete request to act on
+            self.close_connection = True
+            return
+        if self._request_read():
+            self._send(self.dashboard.respond("POST", self.path, self.headers))
+
+    def _request_read(self) -> bool:
+        """The request is in: keep the connection from eviction, and give the reply's writes a timeout."""
+        self.connection.settimeout(REQUEST_DEADLINE_S)  # a client that does not read the reply cannot hold the thread
+        return self.server.answering(self.slot)
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         """http.server's own errors (a bad request line, an unknown method) as JSON too."""

@@ -3145,10 +3145,10 @@ def test_runs_per_minute_counts_finished_runs_by_minute(tmp_path):
     store.close()
 
 
-def start_dashboard_process(db, *args):
+def start_dashboard_process(db, *args, **popen_args):
     """`queuectl --db DB dashboard --port 0 ARGS` as a process; returns it and the URL it printed."""
     proc = subprocess.Popen([sys.executable, queuectl.__file__, "--db", db, "dashboard", "--port", "0", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen_args)
     return proc, proc.stdout.readline().strip()
 
 
@@ -3328,6 +3328,172 @@ def test_dashboard_in_a_real_browser_keeps_the_token_from_other_ports_and_throug
     for path, headers in bob.asked:
         assert "Cookie" not in headers and DASH_TOKEN not in path + repr(headers), (path, headers)
     assert not any("Cookie" in headers for _, headers in asked)
+
+
+
+HALF_A_REQUEST = b"GET /api/status HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Queuectl-Token: "  # and then nothing
+
+
+def cpu_seconds(pid):
+    """utime + stime of a running process, from /proc/PID/stat, in seconds."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_share(pid, seconds):
+    """The share of one core that pid used over the next `seconds` of wall time."""
+    start, used = time.monotonic(), cpu_seconds(pid)
+    wait_for(lambda: time.monotonic() - start >= seconds, f"{seconds} s to pass", interval=0.2)
+    return (cpu_seconds(pid) - used) / (time.monotonic() - start)
+
+
+def open_files(pid):
+    """How many descriptors pid has open."""
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def hold_half_open_connections(pid, address, count, settled):
+    """Open `count` connections to the server pid that each send half a request and wait, a few at a
+    time beyond those the server has taken or closed (a handshake that finds its listen queue full is
+    retried only a second or more later); returns their sockets once `settled(closed)` holds for the
+    number the server has closed, or after WAIT_S in any case."""
+    import selectors
+    held, selector, closed, base = [], selectors.DefaultSelector(), 0, open_files(pid)
+    deadline = time.monotonic() + WAIT_S
+    while not settled(closed) and time.monotonic() < deadline:
+        queued = len(held) - closed - (open_files(pid) - base)  # opened, not yet taken by the server
+        for _ in range(min(4 - queued, count - len(held))):
+            conn = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            conn.setblocking(False)
+            conn.connect_ex(address)
+            held.append(conn)
+            selector.register(conn, selectors.EVENT_WRITE)
+        for key, events in selector.select(timeout=0.01):
+            conn = key.fileobj
+            try:
+                if events & selectors.EVENT_WRITE:  # connected: half a request, then wait for the server's end
+                    conn.send(HALF_A_REQUEST)
+                    selector.modify(conn, selectors.EVENT_READ)
+                    continue
+                ended = conn.recv(4096) == b""
+            except OSError:
+                ended = True
+            if ended:
+                closed += 1
+                selector.unregister(conn)
+    selector.close()
+    return held
+
+
+def test_dashboard_answers_within_2_s_and_stays_idle_while_1100_half_open_connections_are_held(sqlite_db):
+    """Slowloris against the usual limit of 1,024 descriptors: 1,100 connections that send part of a
+    request and wait once took every descriptor, so a real request timed out and the accept loop spun."""
+    import resource
+    import urllib.request
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1300:
+        pytest.skip("needs more than 1,300 open files in the test process")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1300), hard))
+    proc, url = start_dashboard_process(sqlite_db, preexec_fn=lambda: resource.setrlimit(
+        resource.RLIMIT_NOFILE, (1024, hard)))
+    held = []
+    try:
+        base, _, token = url.partition("/#token=")
+        host, port = base.removeprefix("http://").split(":")
+        # Settled when the server has closed all it does not hold; on a server that closes none, the
+        # request below is simply made after the wait.
+        held = hold_half_open_connections(proc.pid, (host, int(port)), 1100,
+                                          lambda closed: closed >= 1100 - queuectl.MAX_CONNECTIONS)
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        started, answer = time.monotonic(), None
+        try:
+            with opener.open(urllib.request.Request(base + "/api/status", headers={"X-Queuectl-Token": token}),
+                             timeout=2) as res:
+                answer = res.status, json.loads(res.read())
+        except OSError as e:
+            answer = e
+        took = time.monotonic() - started
+        share = cpu_share(proc.pid, 3)
+        assert isinstance(answer, tuple) and answer[0] == 200 and "jobs" in answer[1] and took < 2, (answer, took,
+                                                                                                      share)
+        assert share < 0.1, f"the dashboard used {share:.0%} of a core while the connections were held"
+    finally:
+        for conn in held:
+            conn.close()
+        proc.kill()
+        proc.communicate(timeout=30)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_dashboard_out_of_descriptors_pauses_accepting_instead_of_spinning(sqlite_db):
+    """A connection that accept() cannot take for want of a descriptor stays in the listen queue, so
+    the listening socket stays readable: the server must wait, not call accept() again at once."""
+    import resource
+    proc, url = start_dashboard_process(sqlite_db)
+    conn = None
+    try:
+        base, _, token = url.partition("/#token=")
+        host, port = base.removeprefix("http://").split(":")
+        _, hard = resource.prlimit(proc.pid, resource.RLIMIT_NOFILE)
+        taken = {int(fd) for fd in os.listdir(f"/proc/{proc.pid}/fd")}
+        lowest_free = min(set(range(len(taken) + 1)) - taken)
+        resource.prlimit(proc.pid, resource.RLIMIT_NOFILE, (lowest_free, hard))  # no descriptor left to take
+        conn = socket.create_connection((host, int(port)), timeout=WAIT_S)
+        conn.sendall(f"GET /api/status HTTP/1.0\r\nHost: 127.0.0.1\r\n{queuectl.TOKEN_HEADER}: {token}\r\n\r\n"
+                     .encode())
+        share = cpu_share(proc.pid, 3)
+        resource.prlimit(proc.pid, resource.RLIMIT_NOFILE, (1024, hard))
+        reply = conn.makefile("rb").readline()
+        assert share < 0.1 and reply.startswith(b"HTTP/1.0 200 "), (share, reply)
+    finally:
+        if conn:
+            conn.close()
+        code, err = stop_dashboard_process(proc, signal.SIGTERM)
+    assert code == 0 and err.count("out of file descriptors") == 1, err
+
+
+def request_threads():
+    """The connection threads of http.server's ThreadingMixIn alive in this process."""
+    return {t for t in threading.enumerate() if "process_request_thread" in t.name}
+
+
+@pytest.mark.parametrize("slow_part", ["headers", "body"])
+def test_dashboard_closes_a_request_that_trickles_past_its_deadline(sqlite_dashboard, monkeypatch, slow_part):
+    """A byte every 0.1 s never lets a per-read timeout fire; the deadline counts for the whole request
+    (shortened here so the test is quick; it is read when a connection is accepted)."""
+    monkeypatch.setattr(queuectl, "REQUEST_DEADLINE_S", 1.0)
+    d = sqlite_dashboard(allow_actions=True)
+    body = b"x" * 60
+    head = (f"POST /api/jobs/img-1/cancel HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Queuectl-Token: {DASH_TOKEN}\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    sent_at_once, trickled = (head[:20], head[20:] + body) if slow_part == "headers" else (head, body)
+    earlier_threads = request_threads()
+    conn = socket.create_connection(("127.0.0.1", d.server.server_address[1]), timeout=WAIT_S)
+    trickle_ended = []
+
+    def trickle():
+        try:
+            for i in range(len(trickled)):
+                conn.send(trickled[i:i + 1])
+                time.sleep(0.1)
+            trickle_ended.append("all sent")
+        except OSError as e:
+            trickle_ended.append(e)
+    try:
+        conn.sendall(sent_at_once)
+        sender = threading.Thread(target=trickle, daemon=True)
+        sender.start()
+        try:
+            reply = conn.recv(4096)  # the server's end of the connection, or its reply
+        except ConnectionResetError:  # the end, sent as a reset: bytes were still arriving
+            reply = b""
+        assert reply == b"" and not trickle_ended, (reply, trickle_ended)
+        wait_for(lambda: not request_threads() - earlier_threads, "the connection's thread to end")
+        assert d.store.get("img-1").state == "pending"  # nothing was acted on
+        sender.join(WAIT_S)
+    finally:
+        conn.close()
 
 
 # ==== CLI ==========================================================================================
@@ -6218,8 +6384,11 @@ def test_dashboard_in_a_real_browser_says_when_output_was_cut(sqlite_dashboard, 
 
 # ---- metrics: Prometheus text exposition
 
-def prometheus_families(text):
-    """name -> {frozenset(labels.items()): value}, parsed by prometheus_client's own parser."""
+SUMMARIES = {"queuectl_run_duration_seconds"}  # every other family is a gauge
+
+
+def parsed_families(text):
+    """The metric families of text, parsed by prometheus_client's own parser."""
     try:
         from prometheus_client.parser import text_string_to_metric_families
     except ImportError:
@@ -6227,10 +6396,17 @@ def prometheus_families(text):
             pytest.fail("prometheus_client is missing; CI must run the metrics parser test (pip install "
                         "prometheus_client)")
         pytest.skip("metrics parser test skipped: pip install prometheus_client")
+    return list(text_string_to_metric_families(text))
+
+
+def prometheus_families(text):
+    """sample name -> {frozenset(labels.items()): value}; each family of its declared type."""
     families = {}
-    for family in text_string_to_metric_families(text):
-        assert family.type == "gauge" and family.documentation, family
-        families[family.name] = {frozenset(s.labels.items()): s.value for s in family.samples}
+    for family in parsed_families(text):
+        assert family.type == ("summary" if family.name in SUMMARIES else "gauge") and family.documentation, family
+        families.setdefault(family.name, {})
+        for s in family.samples:
+            families.setdefault(s.name, {})[frozenset(s.labels.items())] = s.value
     return families
 
 
@@ -6253,7 +6429,8 @@ def test_metrics_count_jobs_workers_waits_and_runs(store):
     text = queuectl.metrics_text(store, now)
     families = prometheus_families(text)
     assert set(families) == {"queuectl_jobs", "queuectl_workers", "queuectl_oldest_due_age_seconds",
-                             "queuectl_runs_finished", "queuectl_run_duration_seconds"}
+                             "queuectl_runs_finished", "queuectl_run_duration_seconds",
+                             "queuectl_run_duration_seconds_sum", "queuectl_run_duration_seconds_count"}
     assert sample(families, "queuectl_jobs", queue="a", state="completed") == 2
     assert sample(families, "queuectl_jobs", queue="a", state="dead") == 1
     assert sample(families, "queuectl_jobs", queue="a", state="pending") == 0  # every state of a queue
@@ -6269,8 +6446,63 @@ def test_metrics_count_jobs_workers_waits_and_runs(store):
     assert len(families["queuectl_runs_finished"]) == 2 * 6
     assert sample(families, "queuectl_run_duration_seconds", quantile="0.5") == 0.5
     assert sample(families, "queuectl_run_duration_seconds", quantile="0.95") == 2.0
-    for name in families:
-        assert f"# HELP {name} " in text and f"# TYPE {name} gauge\n" in text
+    assert sample(families, "queuectl_run_duration_seconds_sum") == 3.0
+    assert sample(families, "queuectl_run_duration_seconds_count") == 3
+    for name in families.keys() - {"queuectl_run_duration_seconds_sum", "queuectl_run_duration_seconds_count"}:
+        kind = "summary" if name in SUMMARIES else "gauge"
+        assert f"# HELP {name} " in text and f"# TYPE {name} {kind}\n" in text
+
+
+def test_metrics_keep_the_exposition_formats_rules(store):
+    """What `promtool check metrics` checks (and runs it where it is installed): a `quantile` label only
+    on a summary, `le` only on a histogram, a summary with its _sum and _count, one TYPE line per family
+    naming the family its samples belong to."""
+    register(store)
+    store.enqueue([spec("a"), spec("b")], T0)
+    for ended in (T0 + 10, T0 + 20):
+        store.finish(store.claim("w1", ended - 1.25), "w1", outcome(0, None, "x", 1.25), SETTINGS, ended)
+    text = queuectl.metrics_text(store, T0 + 30)
+    for family in parsed_families(text):
+        names = {s.name for s in family.samples}
+        if family.type != "summary":
+            assert all("quantile" not in s.labels for s in family.samples), family
+        if family.type != "histogram":
+            assert all("le" not in s.labels for s in family.samples), family
+        if family.type == "summary":
+            assert {family.name + "_sum", family.name + "_count"} <= names, family
+        assert names <= {family.name, family.name + "_sum", family.name + "_count"}, family
+    types = re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M)
+    assert len(types) == len({name for name, _ in types}) == text.count("# HELP ")
+    for line in text.splitlines():  # every sample follows the TYPE line of its own family
+        if not line.startswith("#"):
+            family = re.findall(r"^# TYPE (\S+) ", text[:text.index(line)], re.M)[-1]
+            assert re.match(re.escape(family) + r"(_sum|_count)?[{ ]", line), (family, line)
+    promtool = shutil.which("promtool")
+    if promtool:
+        checked = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_run_duration_sum_and_count_never_go_down_when_jobs_are_deleted(store):
+    """_sum and _count are counters: rate(_sum)/rate(_count) must not see a reset when runs leave the
+    database with their jobs (delete, purge, retention)."""
+    register(store)
+    store.enqueue([spec("a"), spec("b"), spec("c", max_retries=0), spec("d")], T0)
+    for code, ended in ((0, T0 + 10), (0, T0 + 20), (3, T0 + 30)):
+        job = store.claim("w1", ended - 0.5)
+        store.finish(job, "w1", outcome(code, None if code == 0 else "exit code 3", "x", 0.5), SETTINGS, ended)
+    assert store.run_totals() == (3, 1_500_000)
+    store.delete(["a"])
+    assert store.purge("completed", T0 + 100) == 1 and store.purge("dead", T0 + 100) == 1
+    assert store.run_totals() == (3, 1_500_000)
+    store.delete(["d"])  # no run: nothing to add
+    store.enqueue([spec("e")], T0 + 40)
+    store.finish(store.claim("w1", T0 + 40), "w1", outcome(0, None, "x", 0.25), SETTINGS, T0 + 40.25)
+    assert store.run_totals() == (4, 1_750_000)
+    families = prometheus_families(queuectl.metrics_text(store, T0 + 50))
+    assert sample(families, "queuectl_run_duration_seconds_count") == 4
+    assert sample(families, "queuectl_run_duration_seconds_sum") == 1.75
+    assert set(store.config_all()) == set(queuectl.CONFIG)  # the tally is no setting
 
 
 def test_metrics_cli_on_an_empty_queue(db):
