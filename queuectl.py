@@ -5421,7 +5421,7 @@ class Supervisor:
         self.worker_id = f"{self.me['host']}:{self.me['pid']}:{os.urandom(3).hex()}"
         self.wake = threading.Condition()
         self.wakes = 0  # wake-ups sent to idle runner threads so far (see _wake_runners)
-        self.signals = 0  # SIGINT and SIGTERM deliveries so far
+        self.signals = 0  # SIGINT, SIGTERM and SIGHUP deliveries so far
         # The main loop's interruptible sleep, set by a burst worker's runner that found nothing to
         # claim and by a runner thread that ends: the drained queue or the last thread's exit is acted
         # on at once, not at the next poll (two polls' wait on every `worker start --burst`).
@@ -5459,7 +5459,8 @@ class Supervisor:
     # -- signals: counted by a thread of their own -----------------------------------------------
 
     def install_signals(self) -> None:
-        """SIGINT/SIGTERM: first = graceful stop, second = hard stop; SIGQUIT = hard stop at once.
+        """SIGINT/SIGTERM/SIGHUP: first = graceful stop, second = hard stop; SIGQUIT = hard stop at once.
+        SIGHUP is what a closed terminal sends: a worker started from it finishes its jobs, as for SIGTERM.
 
         Python runs a handler once for several deliveries of a signal that land before it gets to
         run, and only in the main thread, which may be inside a long SQLite call. So the handlers
@@ -5471,7 +5472,7 @@ class Supervisor:
         import threading
         read_fd, write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)  # first: no delivery goes uncounted
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGHUP):
             signal.signal(sig, _ignore_signal)
         threading.Thread(target=self._watch_signals, args=(read_fd,), name="signals", daemon=True).start()
 
@@ -5486,9 +5487,9 @@ class Supervisor:
                     self.on_signal(signum)
 
     def on_signal(self, signum: int) -> None:
-        """One delivered signal: the first SIGINT or SIGTERM stops gracefully; a second, or SIGQUIT, hard."""
+        """One delivered signal: the first SIGINT, SIGTERM or SIGHUP stops gracefully; a second, or SIGQUIT, hard."""
         import signal
-        if signum not in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT):
+        if signum not in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGHUP):
             return
         if signum != signal.SIGQUIT:
             self.signals += 1
@@ -5498,7 +5499,7 @@ class Supervisor:
                         extra=event("hard_stop", reason=why))
             self.hard_at = time.monotonic()
             self.hard.set()
-        self._stop("signal")
+        self._stop("SIGHUP: its terminal closed?" if signum == signal.SIGHUP else "signal")
 
     def abort_reason(self, job: Job, epoch: int) -> str | None:
         """Why a running job must be killed now, if it must."""

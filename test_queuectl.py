@@ -4896,14 +4896,15 @@ def test_worker_stop_wait_returns_once_workers_exited(db, workers):
     assert worker.wait() == 0, worker.log()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["SIGINT", "SIGTERM", "SIGHUP"])
 def test_first_signal_lets_the_running_job_finish(db, workers, tmp_path, sig):
+    """SIGHUP too: closing the terminal a worker runs in must not kill it with its jobs left running."""
     enqueue(db, id="run", command=BLOCKING_JOB, cwd=str(tmp_path))
     worker = workers.start("--count", "2")
     worker.wait_log("worker started")
     _wait_started(tmp_path)
     worker.signal(sig)
-    worker.wait_log("stopping")
+    worker.wait_log("stopping (SIGHUP" if sig == signal.SIGHUP else "stopping (signal)")
     enqueue(db, id="late", command="true")
     # A free thread must not claim anything once stopping: watch for a moment, then release.
     deadline = time.monotonic() + 1.0
@@ -4920,7 +4921,7 @@ def test_first_signal_lets_the_running_job_finish(db, workers, tmp_path, sig):
     assert (late["state"], late["attempts"], late["run_count"]) == ("pending", 0, 0)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["SIGINT", "SIGTERM", "SIGHUP"])
 def test_second_signal_kills_the_job_and_requeues_it(db, workers, tmp_path, sig):
     enqueue(db, id="run", command=BLOCKING_JOB, cwd=str(tmp_path))
     worker = workers.start()
@@ -9522,9 +9523,9 @@ def test_a_finished_jobs_background_child_outlives_a_later_crash_of_its_worker(d
 def test_a_signal_to_every_queuectl_process_leaves_the_watchdog_to_guard_the_worker(pg_url, pg_workers, tmp_path,
                                                                                      sig):
     """`pkill -f queuectl` (or -INT, -HUP) reaches the watchdog too: it is a fork of the worker, with its
-    command line. SIGTERM and SIGINT ask the worker to stop gracefully, and its running job goes on; SIGHUP
-    ends the worker at once. Either way the watchdog must still be there to kill the job when the worker
-    dies (here: a SIGKILL during the graceful stop), or a rerun on another host overlaps it."""
+    command line. Each asks the worker to stop gracefully, and its running job goes on. The watchdog must
+    still be there to kill the job when the worker dies (here: a SIGKILL during the graceful stop), or a
+    rerun on another host overlaps it."""
     enqueue(pg_url, id="j", command="sleep 60 & echo $! > bg; wait", cwd=str(tmp_path))
     worker = pg_workers.start()
     wait_for(lambda: (tmp_path / "bg").is_file() and (tmp_path / "bg").read_text().endswith("\n"), "the job")
@@ -9533,10 +9534,9 @@ def test_a_signal_to_every_queuectl_process_leaves_the_watchdog_to_guard_the_wor
     bg = int((tmp_path / "bg").read_text())
     for pid in (worker.popen.pid, watchdog):  # what pkill -f does, one process after the other
         os.kill(pid, sig)
-    if sig != signal.SIGHUP:
-        worker.wait_log("stopping (signal)")
-        worker.signal(signal.SIGKILL)
-    assert worker.wait() == -(signal.SIGKILL if sig != signal.SIGHUP else signal.SIGHUP)
+    worker.wait_log("stopping (")
+    worker.signal(signal.SIGKILL)
+    assert worker.wait() == -signal.SIGKILL
     wait_for(lambda: pid_gone(shell) and pid_gone(bg), "the job's processes to die with their worker", timeout=10)
 
 
