@@ -1530,10 +1530,10 @@ class Store:
                           f"{printable(w.version) if w.version else f'{UNRECORDED_VERSION}, schema {version} or older'})"
                           for w in live[:5]) + (f" and {len(live) - 5} more" if len(live) > 5 else "")
         raise UpgradeRefused(
-            f"{self.path} was left at schema {version}: queuectl {__version__} would upgrade it to schema "
-            f"{SCHEMA_VERSION}, but {len(live)} worker(s) of the older version are running: {named}. Stop them "
-            f"(`queuectl worker stop --wait` with the queuectl they run, or SIGTERM), then start workers of "
-            f"queuectl {__version__}, whose first command upgrades it")
+            f"{self.path} has schema {version}, and queuectl {__version__} would upgrade it to schema {SCHEMA_VERSION} "
+            f"under {len(live)} running worker(s) of an older queuectl: {named}. Nothing was changed: stop them first "
+            f"(`queuectl worker stop --wait` with the queuectl they run, or SIGTERM), then run this again and start "
+            f"workers of queuectl {__version__}")
 
     def heartbeat(self, worker_id: str, now: float) -> bool | None:
         """Refresh our heartbeat; returns whether a stop was requested, or None if our row is gone."""
@@ -5786,9 +5786,9 @@ class Supervisor:
         """Stop for good, exit 1: the database moved on (see Store.moved_on). The running jobs finish and
         the heartbeat goes on meanwhile (a worker that stopped beating would see its jobs rerun by others)."""
         self.leaving = why
-        log.error("%s; claiming nothing more, letting running jobs finish, then exiting 1", why,
+        log.error("%s; exiting 1 once the running jobs finish", why,
                   extra=event("database_moved_on", db=self.path, reason=why))
-        self._stop("database moved on")
+        self._stop("the database moved on")
 
     def _read_stale_timeout(self) -> None:
         """Read stale-timeout; a new value also bounds how long our connections may hang (the

@@ -6599,6 +6599,191 @@ def test_a_version_1_database_upgrades_to_record_worker_queues(db, monkeypatch):
         s.register("w", queuectl.host_identity(), 1, s.now(), ("q",))
         assert s.workers()[0].queues == '["q"]' and s.get("old").state == "pending"
 
+
+# ---- Upgrades while workers run: a migration waits for the older workers, a worker leaves a moved-on database
+
+OLDER_REGISTER = ("INSERT INTO workers (id, host, pid, proc_start, boot_id, pid_ns, threads, started_at, heartbeat_at) "
+                  "VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?)")  # what the queuectl before schema 5 registered
+
+
+@contextlib.contextmanager
+def previous_schema(monkeypatch):
+    """This queuectl as the previous one was: schema 4, whose worker rows record no version."""
+    with monkeypatch.context() as m:
+        m.setattr(queuectl, "SCHEMA_VERSION", 4)
+        m.setattr(queuectl, "MIGRATIONS", queuectl.MIGRATIONS[:4])
+        m.setattr(queuectl, "PG_MIGRATIONS", queuectl.PG_MIGRATIONS[:4])
+        yield
+
+
+def register_older(store, worker_id, identity, heartbeat_at):
+    """Register a worker row as the previous queuectl wrote it (no version), in `store`'s dialect."""
+    row = (worker_id, identity["host"], identity["pid"], identity["proc_start"], identity["boot_id"],
+           identity["pid_ns"], heartbeat_at, heartbeat_at)
+    store.write(lambda cur: cur.execute(OLDER_REGISTER.replace("?", store.sql.PARAM), row))
+
+
+def dump(db):
+    """Everything the database holds, definitions and rows, to compare before and after a command that
+    must change nothing: SQLite's own dump and header fields, or the PostgreSQL schema's columns,
+    constraints, indexes and every table's rows."""
+    if not is_pg(db):
+        conn = sqlite3.connect(db)
+        try:
+            return [*conn.execute("SELECT (SELECT user_version FROM pragma_user_version()), "
+                                  "(SELECT application_id FROM pragma_application_id())"), *conn.iterdump()]
+        finally:
+            conn.close()
+    import psycopg
+    from psycopg import sql as pgsql
+    url, schema = db.rsplit("schema=", 1)
+    with psycopg.connect(url[:-1], autocommit=True) as conn:
+        found = [conn.execute(query, (schema,)).fetchall() for query in (
+            "SELECT table_name, column_name, data_type FROM information_schema.columns WHERE table_schema = %s "
+            "ORDER BY 1, 2",
+            "SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid) FROM pg_constraint "
+            "WHERE connamespace = %s::regnamespace ORDER BY 1, 2",
+            "SELECT tablename, indexname, indexdef FROM pg_indexes WHERE schemaname = %s ORDER BY 1, 2")]
+        for (table,) in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = %s ORDER BY 1", (schema,)):
+            rows = conn.execute(pgsql.SQL("SELECT * FROM {}.{}").format(pgsql.Identifier(schema),
+                                                                       pgsql.Identifier(table))).fetchall()
+            found.append((table, sorted(map(repr, rows))))
+        return found
+
+
+def test_an_upgrade_is_refused_while_workers_of_the_older_schema_are_alive_and_changes_nothing(db, monkeypatch):
+    """A rolling upgrade: the previous queuectl's workers serve the queue (one on this host, alive by its PID;
+    one on another host, by its fresh heartbeat; one here whose process is gone). Any command of this version
+    would upgrade the schema under them: it refuses, naming the live ones, and leaves the database as it was."""
+    me = queuectl.host_identity()
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    with subprocess.Popen(["sleep", "60"]) as sleeper:
+        try:
+            here = {**me, "pid": sleeper.pid, "proc_start": queuectl.proc_start_time(sleeper.pid)}
+            elsewhere = {"host": "old-host", "pid": 4242, "proc_start": "1", "boot_id": "b", "pid_ns": "n"}
+            with previous_schema(monkeypatch), opened(db) as s:
+                s.enqueue([spec("old", queue="deploy")], s.now())
+                register_older(s, "here", here, s.now())
+                register_older(s, "elsewhere", elsewhere, s.now())
+                register_older(s, "gone", {**me, "pid": ended.pid, "proc_start": "0"}, s.now())
+            before = dump(db)
+            for args in (("status",), ("limit", "deploy", "1"), ("worker", "list", "--json")):
+                code, out, err = cli(db, *args)
+                assert (code, out) == (1, ""), (args, code, out, err)
+                assert_one_error(err, "schema 4", f"{me['host']} PID {sleeper.pid} (queuectl 1.0.0",
+                                 "old-host PID 4242 (queuectl 1.0.0", "worker stop", queuectl.__version__)
+                assert f"PID {ended.pid} " not in err
+            started = script(db, "worker", "start", "--burst")  # a worker of the new version does not start either
+            assert started.returncode == 1 and "old-host PID 4242" in started.stderr, started.stderr
+            assert dump(db) == before
+        finally:
+            sleeper.kill()
+            sleeper.wait()
+    # Both gone (the other host's heartbeat stale): the next command upgrades, and keeps the queue.
+    with previous_schema(monkeypatch), opened(db) as s:
+        s.write(lambda cur: cur.execute(f"UPDATE workers SET heartbeat_at = {s.sql.PARAM}", (s.now() - 3600,)))
+    ok(db, "limit", "deploy", "1")
+    assert get_job(db, "old")["state"] == "pending"
+    with opened(db) as s:
+        assert s.schema_version() == queuectl.SCHEMA_VERSION
+
+
+def test_after_an_upgrade_an_older_worker_cannot_register(db, monkeypatch):
+    """A worker of the previous queuectl that opened the database just before the upgrade, and registers just
+    after it, is refused: it would claim by the older schema's rules."""
+    with previous_schema(monkeypatch):
+        older = queuectl.open_database(db)
+    with contextlib.closing(older):
+        ok(db, "status")  # this version upgrades the schema meanwhile
+        with pytest.raises((queuectl.QueueError, sqlite3.Error)):
+            register_older(older, "late", queuectl.host_identity(), older.now())
+    assert json.loads(ok(db, "worker", "list", "--json")) == []
+
+
+def test_postgres_an_upgrade_waits_for_a_registration_under_way_and_then_refuses(pg_url, monkeypatch):
+    """The check for live older workers and the migration are one transaction, which takes the workers table
+    first: a registration not yet committed when the command starts is waited for and seen."""
+    import psycopg
+    with previous_schema(monkeypatch), opened(pg_url) as s:
+        s.enqueue([spec("old")], s.now())
+    url, schema = pg_url.rsplit("schema=", 1)
+    with psycopg.connect(url[:-1]) as registering:  # a transaction: the INSERT waits for its commit
+        registering.execute(f'SET search_path = "{schema}"')
+        me = queuectl.host_identity()
+        registering.execute(OLDER_REGISTER.replace("?", "%s"), ("older", me["host"], me["pid"], me["proc_start"],
+                                                                me["boot_id"], me["pid_ns"], time.time(), time.time()))
+        result = {}
+        command = threading.Thread(target=lambda: result.update(zip(("code", "out", "err"), cli(pg_url, "status"))))
+        command.start()
+        try:
+            with psycopg.connect(url[:-1], autocommit=True) as watcher:
+                wait_for(lambda: watcher.execute("SELECT count(*) FROM pg_locks WHERE NOT granted").fetchone()[0],
+                         "the command to wait for the registration")
+            registering.commit()
+        finally:
+            command.join(WAIT_S)
+    assert result["code"] == 1, result
+    assert_one_error(result["err"], f"PID {me['pid']} (queuectl 1.0.0")
+
+
+def set_schema_version(db, version):
+    """Write the schema version straight into the database, as a newer queuectl's migration would."""
+    if is_pg(db):
+        import psycopg
+        url, schema = db.rsplit("schema=", 1)
+        with psycopg.connect(url[:-1], autocommit=True) as conn:
+            conn.execute(f'UPDATE "{schema}".queuectl_version SET version = %s', (version,))
+    else:
+        sql(db, f"PRAGMA user_version = {version}")
+
+
+def test_a_worker_leaves_a_database_a_newer_queuectl_upgraded(db, workers, tmp_path):
+    """Should a newer queuectl upgrade the schema under a live worker anyway, the worker sees it at its next
+    heartbeat: it claims nothing more, lets its running job finish, says why, and exits 1."""
+    ok(db, "config", "set", "stale-timeout", "1")  # a heartbeat every 0.2 s
+    enqueue(db, id="run", command=BLOCKING_JOB, cwd=str(tmp_path))
+    worker = workers.start()
+    worker.wait_log("worker started")
+    _wait_started(tmp_path)
+    enqueue(db, id="late", command="true")  # the worker's one thread is busy: it stays pending
+    set_schema_version(db, queuectl.SCHEMA_VERSION + 1)
+    try:
+        worker.wait_log(f"upgraded to schema {queuectl.SCHEMA_VERSION + 1}")
+        assert worker.popen.poll() is None  # its job still runs
+        (tmp_path / "release").touch()
+        assert worker.wait() == 1, worker.log()
+    finally:
+        set_schema_version(db, queuectl.SCHEMA_VERSION)
+    assert "start workers of the new version" in worker.log() and "job late claimed" not in worker.log()
+    assert (get_job(db, "run")["state"], get_job(db, "late")["state"]) == ("completed", "pending")
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_a_worker_leaves_a_database_file_that_was_deleted_or_replaced(sqlite_db, workers, tmp_path, how):
+    """`rm queue.db*` (or a new file moved over it) under a running worker: the path names another file, where
+    commands now enqueue. The worker sees it within a heartbeat, logs it naming the path, claims nothing
+    more, lets its running job finish, and exits 1 (rather than serving a file nobody else sees)."""
+    ok(sqlite_db, "config", "set", "stale-timeout", "1")  # a heartbeat every 0.2 s
+    enqueue(sqlite_db, id="run", command=BLOCKING_JOB, cwd=str(tmp_path))
+    worker = workers.start("--count", "2")
+    worker.wait_log("worker started")
+    _wait_started(tmp_path)
+    for name in (sqlite_db, f"{sqlite_db}-wal", f"{sqlite_db}-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name)
+    if how == "replaced":
+        other = str(tmp_path / "other.db")
+        ok(other, "status")
+        os.rename(other, sqlite_db)
+    worker.wait_log(f"{sqlite_db} is no longer the database file this worker opened")
+    enqueue(sqlite_db, id="new", command="true")  # in the file the path names now: this worker must not claim it
+    assert worker.popen.poll() is None  # its job still runs
+    (tmp_path / "release").touch()
+    assert worker.wait() == 1, worker.log()
+    assert "job run completed" in worker.log() and "job new claimed" not in worker.log()
+    assert get_job(sqlite_db, "new")["state"] == "pending"
+
 # ==== Robustness of a worker's database connection: lost claim answers, hung connections ==========
 
 def test_a_run_no_runner_holds_is_taken_back_after_the_grace_never_a_held_one(store):
