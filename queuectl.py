@@ -1516,7 +1516,7 @@ class Store:
     def refuse_older_workers(self, cur, version: int, now: float) -> None:
         """Inside the migration's transaction, before it changes anything: UpgradeRefused if a worker
         registered in this database at its older `version` looks alive (see looks_alive). It runs the
-        older schema's rules, and would go on claiming by them on the new one (see DECISIONS.md)."""
+        older schema's rules, and would go on claiming by them on the new one."""
         if not 1 <= version < SCHEMA_VERSION:
             return
         older = self.sql.SQL_OLDER_WORKERS_VERSIONED if version >= VERSIONED_WORKERS else self.sql.SQL_OLDER_WORKERS

@@ -2936,6 +2936,7 @@ def test_dashboard_api_shapes_equal_the_cli_json(dashboard, capsys):
         assert [r.pop("heartbeat_age_s") >= 0 for r in rows] == [True]
     assert api_workers == cli_workers
     assert api_workers[0]["jobs"] == ["running-1"] and api_workers[0]["alive"] is True
+    assert api_workers[0]["version"] == queuectl.__version__ and "<th>version</th>" in d.get("/")
 
 
 def quote_id(job_id):
@@ -6580,10 +6581,11 @@ def test_workers_say_which_queues_they_serve(db, workers):
     with opened(db) as s:
         s.register("some", queuectl.host_identity(), 1, s.now(), ("x",))
         s.register("every", queuectl.host_identity(), 1, s.now())
-    listed = {w["id"]: w["queues"] for w in json.loads(ok(db, "worker", "list", "--json"))}
-    assert listed == {"some": ["x"], "every": None}
+    listed = {w["id"]: (w["queues"], w["version"]) for w in json.loads(ok(db, "worker", "list", "--json"))}
+    assert listed == {"some": (["x"], queuectl.__version__), "every": (None, queuectl.__version__)}
     table = ok(db, "worker", "list")
     assert "QUEUES" in table and " (all) " in table
+    assert " VERSION " in table and f" {queuectl.__version__} " in table
 
 
 def test_a_version_1_database_upgrades_to_record_worker_queues(db, monkeypatch):
