@@ -6675,7 +6675,7 @@ def test_an_upgrade_is_refused_while_workers_of_the_older_schema_are_alive_and_c
                 assert (code, out) == (1, ""), (args, code, out, err)
                 assert_one_error(err, "schema 4", f"{me['host']} PID {sleeper.pid} (queuectl 1.0.0",
                                  "old-host PID 4242 (queuectl 1.0.0", "worker stop", queuectl.__version__)
-                assert f"PID {ended.pid} " not in err
+                assert f"{me['host']} PID {ended.pid} " not in err
             started = script(db, "worker", "start", "--burst")  # a worker of the new version does not start either
             assert started.returncode == 1 and "old-host PID 4242" in started.stderr, started.stderr
             assert dump(db) == before
