@@ -6720,8 +6720,9 @@ def test_postgres_an_upgrade_waits_for_a_registration_under_way_and_then_refuses
         command.start()
         try:
             with psycopg.connect(url[:-1], autocommit=True) as watcher:
-                wait_for(lambda: watcher.execute("SELECT count(*) FROM pg_locks WHERE NOT granted").fetchone()[0],
-                         "the command to wait for the registration")
+                waiting = ("SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = %s::regclass",
+                           (f'"{schema}".workers',))
+                wait_for(lambda: watcher.execute(*waiting).fetchone()[0], "the command to wait for the registration")
             registering.commit()
         finally:
             command.join(WAIT_S)
