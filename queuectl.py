@@ -101,7 +101,9 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import date, datetime, timezone
 
-__version__ = "1.0.0"
+# A new schema version (SCHEMA_VERSION) always comes with a new __version__: a worker's version, which
+# `worker list` shows, then tells which schema it knows.
+__version__ = "1.1.0"
 
 class _Log:
     """logging.getLogger("queuectl"), imported on first use: only workers log, and the import
@@ -133,7 +135,9 @@ STATES = (PENDING, PROCESSING, COMPLETED, FAILED, DEAD)
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
+VERSIONED_WORKERS = 5  # the first schema whose worker rows record their queuectl version
+UNRECORDED_VERSION = "1.0.0"  # what every queuectl before that schema called itself
 APPLICATION_ID = 0x51435431  # "QCT1": marks a SQLite file as a queuectl database
 
 MAX_COMMAND_BYTES = 131_071  # Linux MAX_ARG_STRLEN (one argv string) less its terminating NUL
@@ -290,6 +294,10 @@ class Busy(QueueError):
 
 class BadDatabase(QueueError):
     """The file is not a queuectl database this version can use."""
+
+
+class UpgradeRefused(BadDatabase):
+    """The schema was not upgraded: workers of the older schema are alive (see Store.refuse_older_workers)."""
 
 
 class OutputLost(QueueError):
@@ -502,6 +510,13 @@ MIGRATIONS = [
     """,
     # 4: the queues a worker serves (`worker start --queue`), a JSON list; NULL = every queue.
     "ALTER TABLE workers ADD COLUMN queues TEXT",
+    # 5: each worker's queuectl version (`worker list`). A row without one comes from a queuectl older than
+    # this schema that registered after the migration found none of its kind alive (it had opened the file
+    # just before): the trigger refuses it, so no worker of an older schema runs on this one. A list of
+    # statements: the trigger's body holds semicolons.
+    ["ALTER TABLE workers ADD COLUMN version TEXT",
+     "CREATE TRIGGER workers_versioned BEFORE INSERT ON workers WHEN NEW.version IS NULL BEGIN "
+     "SELECT RAISE(ABORT, 'this queue was upgraded by a newer queuectl: start workers of that version'); END"],
 ]
 
 class SqliteSQL:
@@ -758,7 +773,7 @@ class SqliteSQL:
     SQL_REMOVE_LIMIT = "DELETE FROM queue_limits WHERE queue = ?"
     SQL_LIMITS = "SELECT queue, max_running FROM queue_limits ORDER BY queue"
     SQL_REGISTER = ("INSERT INTO workers (id, host, pid, proc_start, boot_id, pid_ns, threads, started_at, "
-                    "heartbeat_at, queues) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+                    "heartbeat_at, queues, version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
     SQL_HEARTBEAT = "UPDATE workers SET heartbeat_at = ?, beat = beat + 1 WHERE id = ?"
     SQL_STOP_REQUESTED = "SELECT stop_requested FROM workers WHERE id = ?"
     SQL_DEREGISTER = "DELETE FROM workers WHERE id = ?"
@@ -767,7 +782,11 @@ class SqliteSQL:
     # meanwhile is not deleted, and one that is deleted can no longer beat or claim.
     SQL_DROP_DEAD_WORKER = "DELETE FROM workers WHERE id = ? AND started_at = ? AND beat = ?"
     SQL_WORKERS = ("SELECT id, host, pid, proc_start, boot_id, pid_ns, heartbeat_at, beat, stop_requested, threads, "
-                   "started_at, queues FROM workers ORDER BY started_at")
+                   "started_at, queues, version FROM workers ORDER BY started_at")
+    # Before a migration, the workers of the schema it upgrades (see Store.refuse_older_workers): in the
+    # columns every schema has, and the version where the schema records it.
+    SQL_OLDER_WORKERS = "SELECT id, host, pid, proc_start, boot_id, pid_ns, heartbeat_at, NULL FROM workers"
+    SQL_OLDER_WORKERS_VERSIONED = "SELECT id, host, pid, proc_start, boot_id, pid_ns, heartbeat_at, version FROM workers"
     SQL_REQUEST_STOP = "UPDATE workers SET stop_requested = 1 WHERE id = ?"
     # Stats over the run history, all in SQL; runs_ended limits each query to the window.
     SQL_STATS_OUTCOMES = "SELECT outcome, count(*) FROM runs WHERE ended_at >= ? GROUP BY outcome"
@@ -793,6 +812,7 @@ class SqliteSQL:
         "WHERE NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (e.queue, '*')) GROUP BY e.queue")
     SQL_IDENTITY = ("SELECT (SELECT application_id FROM pragma_application_id()), "
                     "(SELECT count(*) FROM sqlite_master), (SELECT user_version FROM pragma_user_version())")
+    SQL_VERSION = "SELECT user_version FROM pragma_user_version()"
     SQL_CONFIG_GET = "SELECT value FROM config WHERE key = ?"
     SQL_CONFIG_SET = ("INSERT INTO config (key, value) VALUES (?, ?) "
                       "ON CONFLICT (key) DO UPDATE SET value = excluded.value")
@@ -854,7 +874,12 @@ Cursor = sqlite3.Cursor  # what a Store's rules are given: a DB-API cursor (exec
 class WorkerRow(Record):
     """A registered worker process as stored."""
     FIELDS = ("id", "host", "pid", "proc_start", "boot_id", "pid_ns", "heartbeat_at", "beat", "stop_requested",
-              "threads", "started_at", "queues")  # queues: JSON list, or None for every queue
+              "threads", "started_at", "queues", "version")  # queues: JSON list, or None for every queue
+
+
+class OlderWorker(Record):
+    """A worker registered in a database at an older schema, as a migration reads it (SQL_OLDER_WORKERS)."""
+    FIELDS = ("id", "host", "pid", "proc_start", "boot_id", "pid_ns", "heartbeat_at", "version")
 
 
 def _where_in_batch(spec: dict) -> str:
@@ -989,6 +1014,15 @@ def _signature(path: str) -> tuple:
     except OSError:
         return (None,)
     return (os.path.exists(f"{path}-wal"), st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _file_id(path: str) -> tuple | None:
+    """(st_dev, st_ino) of the file `path` names now, None if it names none."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_dev, st.st_ino)
 
 
 def _check_regular(path: str, real: str) -> None:
@@ -1479,10 +1513,56 @@ class Store:
     # -- workers --------------------------------------------------------------------------------
 
     def register(self, worker_id: str, identity: dict, threads: int, now: float, queues: tuple = ()) -> None:
-        """Add this worker process to the workers table, with the queues it serves (none named: all)."""
-        self.write(lambda cur: cur.execute(self.sql.SQL_REGISTER, (
-            worker_id, identity["host"], identity["pid"], identity["proc_start"], identity["boot_id"],
-            identity["pid_ns"], threads, now, now, json.dumps(list(queues)) if queues else None)))
+        """Add this worker process to the workers table, with the queues it serves (none named: all) and
+        its version; BadDatabase if a newer queuectl upgraded the schema since we opened it."""
+        def insert(cur):
+            # In the registration's transaction: a migration that committed before it is seen here, and
+            # one that commits after it sees us (see refuse_older_workers).
+            version = cur.execute(self.sql.SQL_VERSION).fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise self._too_new(version)
+            cur.execute(self.sql.SQL_REGISTER, (
+                worker_id, identity["host"], identity["pid"], identity["proc_start"], identity["boot_id"],
+                identity["pid_ns"], threads, now, now, json.dumps(list(queues)) if queues else None, __version__))
+        self.write(insert)
+
+    def schema_version(self) -> int:
+        """The database's schema version now (a worker checks it at every heartbeat)."""
+        return self.read(self.sql.SQL_VERSION)[0][0]
+
+    def moved_on(self) -> str | None:
+        """Why a worker may no longer serve this database (a newer queuectl upgraded its schema), or None."""
+        version = self.schema_version()
+        if version <= SCHEMA_VERSION:
+            return None
+        return (f"{self.path} was upgraded to schema {version} by a newer queuectl, and this worker "
+                f"(queuectl {__version__}) knows schema {SCHEMA_VERSION} only: start workers of the new version")
+
+    def _too_new(self, version: int) -> BadDatabase:
+        return BadDatabase(f"{self.path} has schema version {version}, newer than this queuectl "
+                           f"({__version__}, schema {SCHEMA_VERSION}); upgrade queuectl")
+
+    def refuse_older_workers(self, cur, version: int, now: float) -> None:
+        """Inside the migration's transaction, before it changes anything: UpgradeRefused if a worker
+        registered in this database at its older `version` looks alive (see looks_alive). It runs the
+        older schema's rules, and would go on claiming by them on the new one."""
+        if not 1 <= version < SCHEMA_VERSION:
+            return
+        older = self.sql.SQL_OLDER_WORKERS_VERSIONED if version >= VERSIONED_WORKERS else self.sql.SQL_OLDER_WORKERS
+        stored = cur.execute(self.sql.SQL_CONFIG_GET, ("stale_timeout",)).fetchone()
+        stale_s, me = json.loads(stored[0]) if stored else CONFIG["stale_timeout"][0], host_identity()
+        live = [w for w in (OlderWorker(*row) for row in cur.execute(older).fetchall())
+                if looks_alive(w, me, now, stale_s)]
+        if not live:
+            return
+        named = ", ".join(f"{printable(w.host)} PID {w.pid} (queuectl "
+                          f"{printable(w.version) if w.version else f'{UNRECORDED_VERSION}, schema {version} or older'})"
+                          for w in live[:5]) + (f" and {len(live) - 5} more" if len(live) > 5 else "")
+        raise UpgradeRefused(
+            f"{self.path} has schema {version}, and queuectl {__version__} would upgrade it to schema {SCHEMA_VERSION} "
+            f"under {len(live)} running worker(s) of an older queuectl: {named}. Nothing was changed: stop them first "
+            f"(`queuectl worker stop --wait` with the queuectl they run, or SIGTERM), then run this again and start "
+            f"workers of queuectl {__version__}")
 
     def heartbeat(self, worker_id: str, now: float) -> bool | None:
         """Refresh our heartbeat; returns whether a stop was requested, or None if our row is gone."""
@@ -1734,6 +1814,7 @@ class SqliteStore(Store):
             self.conn, self.frozen = self._connect_read_only(real)
         else:
             self.conn, self.frozen = self._connect(self.path), False
+        self.file_id = _file_id(real)  # what the path names now: see moved_on
         try:
             if self.read_only:
                 self._check_readable()
@@ -1753,6 +1834,14 @@ class SqliteStore(Store):
         except BaseException:
             self.conn.close()
             raise
+
+    def moved_on(self) -> str | None:
+        """As Store's, and also when the path no longer names the file we opened (deleted, or replaced by
+        another): commands at that path use the new file, and the jobs they enqueue would wait for ever."""
+        if _file_id(self.path) != self.file_id:
+            return (f"{self.path} is no longer the database file this worker opened (deleted or replaced); "
+                    "start a worker on the queue the path holds now")
+        return super().moved_on()
 
     def _changed(self) -> bool:
         """True if a writer may have touched a frozen (immutable=1) database since we opened it."""
@@ -1829,14 +1918,15 @@ class SqliteStore(Store):
         if app != APPLICATION_ID and (app != 0 or tables or version):
             raise BadDatabase(f"{self.path} is not a queuectl database")
         if version > SCHEMA_VERSION:
-            raise BadDatabase(f"{self.path} has schema version {version}, newer than this queuectl "
-                              f"({__version__}, schema {SCHEMA_VERSION}); upgrade queuectl")
+            raise self._too_new(version)
 
     def _apply_migrations(self, cur: sqlite3.Cursor) -> None:
-        # Re-read inside BEGIN IMMEDIATE: another process may have migrated while we waited.
+        # Re-read inside BEGIN IMMEDIATE: another process may have migrated while we waited. The check for
+        # live older workers is in it too: no worker registers between the check and the migration.
         version = cur.execute("PRAGMA user_version").fetchone()[0]
+        self.refuse_older_workers(cur, version, self.now())
         for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
-            for statement in filter(str.strip, script.split(";")):
+            for statement in script if isinstance(script, list) else filter(str.strip, script.split(";")):
                 cur.execute(statement)
             cur.execute(f"PRAGMA user_version = {number}")
         cur.execute(f"PRAGMA application_id = {APPLICATION_ID}")
@@ -2124,6 +2214,12 @@ PG_MIGRATIONS = [
     """,
     # 4: as SQLite's migration 4.
     "ALTER TABLE workers ADD COLUMN queues TEXT",
+    # 5: as SQLite's migration 5. A CHECK that skips the rows already there (NOT VALID) refuses a row without
+    # a version as SQLite's trigger does (and the heartbeat of such a row, which no live worker has).
+    """
+    ALTER TABLE workers ADD COLUMN version TEXT;
+    ALTER TABLE workers ADD CONSTRAINT workers_versioned CHECK (version IS NOT NULL) NOT VALID
+    """,
 ]
 # Every table the migrations create, whose owners an open checks (see SQL_OWNERS).
 PG_TABLES = ("queuectl_version", "jobs", "deps", "runs", "workers", "config", "paused", "queue_limits", "schedules")
@@ -2511,13 +2607,18 @@ class PostgresSQL:
     SQL_REMOVE_LIMIT = "DELETE FROM queue_limits WHERE queue = %s"
     SQL_LIMITS = "SELECT queue, max_running FROM queue_limits ORDER BY queue"
     SQL_REGISTER = ("INSERT INTO workers (id, host, pid, proc_start, boot_id, pid_ns, threads, started_at, "
-                    "heartbeat_at, queues) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
+                    "heartbeat_at, queues, version) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
     SQL_HEARTBEAT = "UPDATE workers SET heartbeat_at = %s, beat = beat + 1 WHERE id = %s"
     SQL_STOP_REQUESTED = "SELECT stop_requested FROM workers WHERE id = %s"
     SQL_DEREGISTER = "DELETE FROM workers WHERE id = %s"
     SQL_DROP_DEAD_WORKER = "DELETE FROM workers WHERE id = %s AND started_at = %s AND beat = %s"
     SQL_WORKERS = ("SELECT id, host, pid, proc_start, boot_id, pid_ns, heartbeat_at, beat, stop_requested, threads, "
-                   "started_at, queues FROM workers ORDER BY started_at")
+                   "started_at, queues, version FROM workers ORDER BY started_at")
+    SQL_OLDER_WORKERS = "SELECT id, host, pid, proc_start, boot_id, pid_ns, heartbeat_at, NULL FROM workers"
+    SQL_OLDER_WORKERS_VERSIONED = "SELECT id, host, pid, proc_start, boot_id, pid_ns, heartbeat_at, version FROM workers"
+    # Taken by a migration before it looks for live workers: a registration under way commits first and is
+    # seen, a later one waits for the migration and then meets the schema it brought (plain reads go on).
+    SQL_LOCK_WORKERS = "LOCK TABLE workers IN EXCLUSIVE MODE"
     SQL_REQUEST_STOP = "UPDATE workers SET stop_requested = 1 WHERE id = %s"
     SQL_STATS_OUTCOMES = "SELECT outcome, count(*) FROM runs WHERE ended_at >= %s GROUP BY outcome"
     SQL_STATS_TIMES = ("SELECT ended_at - started_at, GREATEST(0, started_at - due_at) FROM runs "
@@ -3002,10 +3103,6 @@ class PostgresStore(Store):
             raise self._too_new(version)
         return version
 
-    def _too_new(self, version: int) -> BadDatabase:
-        return BadDatabase(f"{self.path} has schema version {version}, newer than this queuectl "
-                           f"({__version__}, schema {SCHEMA_VERSION}); upgrade queuectl")
-
     def _apply_migrations(self, cur) -> None:
         # Under the lock, read again: another process may have migrated while we waited.
         cur.execute(self.sql.SQL_MIGRATION_LOCK, (APPLICATION_ID, self.schema))
@@ -3019,6 +3116,9 @@ class PostgresStore(Store):
             # made before owners were checked are that member's, and the team's role may not alter them.
             cur.execute(self.sql.SQL_AS_SCHEMA_OWNER, (self.schema,))
         version = self._version(cur)
+        if 0 < version < SCHEMA_VERSION:  # nothing is written before this check (see SQL_LOCK_WORKERS)
+            cur.execute(self.sql.SQL_LOCK_WORKERS)
+            self.refuse_older_workers(cur, version, self.now())
         if not cur.execute(self.sql.SQL_IDENTITY, (self.schema,)).fetchone()[1]:
             cur.execute(self.sql.SQL_CREATE_VERSION)
             cur.execute(self.sql.SQL_INIT_VERSION)
@@ -4642,6 +4742,14 @@ def same_namespace(row: WorkerRow, me: dict) -> bool:
         me["boot_id"], me["pid_ns"], me["host"])
 
 
+def looks_alive(row: WorkerRow | OlderWorker, me: dict, now: float, stale_s: float) -> bool:
+    """Whether a registered worker looks alive to a command, which sees it once: in our PID namespace by its
+    PID (gone, a zombie, or another process: dead), elsewhere by a heartbeat within stale_s of `now`."""
+    if same_namespace(row, me):
+        return not process_gone(row.pid, row.proc_start)
+    return now - row.heartbeat_at <= stale_s
+
+
 def process_gone(pid: int, start: str | None) -> bool:
     """True if `pid` is gone, a zombie, or now a different process (start time differs)."""
     return proc_start_time(pid) != start
@@ -5515,7 +5623,7 @@ class Supervisor:
         self.worker_id = f"{self.me['host']}:{self.me['pid']}:{os.urandom(3).hex()}"
         self.wake = threading.Condition()
         self.wakes = 0  # wake-ups sent to idle runner threads so far (see _wake_runners)
-        self.signals = 0  # SIGINT and SIGTERM deliveries so far
+        self.signals = 0  # SIGINT, SIGTERM and SIGHUP deliveries so far
         # The main loop's interruptible sleep, set by a burst worker's runner that found nothing to
         # claim and by a runner thread that ends: the drained queue or the last thread's exit is acted
         # on at once, not at the next poll (two polls' wait on every `worker start --burst`).
@@ -5524,6 +5632,7 @@ class Supervisor:
         self.stalled_s = 0.0  # how late our heartbeats were committed, in all (see lease_expired)
         self.beat_ok_at = time.monotonic()  # when the last heartbeat that went through was sent
         self.was_cut_off = False
+        self.leaving: str | None = None  # why this worker may serve the database no more (see _leave)
         self.runners: list[Runner] = []
         self.holdings = Holdings()  # the runs our runners hold, and claims taken back (see Holdings)
         self.canceled: set[tuple[str, int]] = set()  # (job id, run) of running jobs a user asked to cancel
@@ -5553,7 +5662,8 @@ class Supervisor:
     # -- signals: counted by a thread of their own -----------------------------------------------
 
     def install_signals(self) -> None:
-        """SIGINT/SIGTERM: first = graceful stop, second = hard stop; SIGQUIT = hard stop at once.
+        """SIGINT/SIGTERM/SIGHUP: first = graceful stop, second = hard stop; SIGQUIT = hard stop at once.
+        SIGHUP is what a closed terminal sends: a worker started from it finishes its jobs, as for SIGTERM.
 
         Python runs a handler once for several deliveries of a signal that land before it gets to
         run, and only in the main thread, which may be inside a long SQLite call. So the handlers
@@ -5565,7 +5675,7 @@ class Supervisor:
         import threading
         read_fd, write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)  # first: no delivery goes uncounted
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGHUP):
             signal.signal(sig, _ignore_signal)
         threading.Thread(target=self._watch_signals, args=(read_fd,), name="signals", daemon=True).start()
 
@@ -5580,9 +5690,9 @@ class Supervisor:
                     self.on_signal(signum)
 
     def on_signal(self, signum: int) -> None:
-        """One delivered signal: the first SIGINT or SIGTERM stops gracefully; a second, or SIGQUIT, hard."""
+        """One delivered signal: the first SIGINT, SIGTERM or SIGHUP stops gracefully; a second, or SIGQUIT, hard."""
         import signal
-        if signum not in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT):
+        if signum not in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGHUP):
             return
         if signum != signal.SIGQUIT:
             self.signals += 1
@@ -5592,7 +5702,7 @@ class Supervisor:
                         extra=event("hard_stop", reason=why))
             self.hard_at = time.monotonic()
             self.hard.set()
-        self._stop("signal")
+        self._stop("SIGHUP: its terminal closed?" if signum == signal.SIGHUP else "signal")
 
     def abort_reason(self, job: Job, epoch: int) -> str | None:
         """Why a running job must be killed now, if it must."""
@@ -5654,7 +5764,7 @@ class Supervisor:
             self.runners_store.close()
         self._finish_recoveries()
         self._deregister()
-        code = EXIT_INTERRUPTED if self.hard.is_set() else EXIT_OK
+        code = EXIT_INTERRUPTED if self.hard.is_set() else EXIT_FAIL if self.leaving else EXIT_OK
         log.info("worker exited (%d)", code, extra=event("worker_exited", worker_id=self.worker_id, exit_code=code))
         return code
 
@@ -5759,8 +5869,20 @@ class Supervisor:
         elif stop:
             self._stop("worker stop")
         self.beat_ok_at = sent  # when it was sent: no sweeper can have seen it earlier
+        if not self.leaving:
+            why = self.store.moved_on()
+            if why:
+                self._leave(why)
         self._read_stale_timeout()
         return max(0.2, min(2.0, self.stale_s / 5))
+
+    def _leave(self, why: str) -> None:
+        """Stop for good, exit 1: the database moved on (see Store.moved_on). The running jobs finish and
+        the heartbeat goes on meanwhile (a worker that stopped beating would see its jobs rerun by others)."""
+        self.leaving = why
+        log.error("%s; exiting 1 once the running jobs finish", why,
+                  extra=event("database_moved_on", db=self.path, reason=why))
+        self._stop("the database moved on")
 
     def _read_stale_timeout(self) -> None:
         """Read stale-timeout; a new value also bounds how long our connections may hang (the
@@ -5924,12 +6046,14 @@ def stats_dict(store: Store, since_s: float, now: float) -> dict:
 
 
 def worker_dicts(store: Store, now: float) -> list[dict]:
-    """`worker list --json`: every registered worker, whether it looks alive, and the jobs it runs."""
+    """`worker list --json`: every registered worker, whether it looks alive, the jobs it runs, and its
+    queuectl version (null for a row an older queuectl left, which recorded none)."""
     live, held = {w.id for w in live_workers(store)}, store.processing_by_worker()
     return [{"id": w.id, "host": w.host, "pid": w.pid, "started_at": iso(w.started_at),
              "heartbeat_at": iso(w.heartbeat_at), "heartbeat_age_s": round(max(0.0, now - w.heartbeat_at), 3),
              "threads": w.threads, "alive": w.id in live, "stopping": bool(w.stop_requested),
-             "queues": json.loads(w.queues) if w.queues else None, "jobs": held.get(w.id, [])}
+             "queues": json.loads(w.queues) if w.queues else None, "jobs": held.get(w.id, []),
+             "version": w.version}
             for w in store.workers()]
 
 
@@ -6719,10 +6843,10 @@ pre { margin: 4px 0 0; max-height: 260px; overflow: auto; background: var(--code
   <section class="card wide">
     <h2>Workers</h2>
     <table>
-      <colgroup><col class="w18"><col class="w9"><col class="w9"><col class="w12">
-        <col class="w10"><col class="w17"><col></colgroup>
-      <thead><tr><th>host</th><th class="num">pid</th><th class="num">threads</th><th class="num">heartbeat age</th>
-        <th>status</th><th>queues</th><th>jobs</th></tr></thead>
+      <colgroup><col class="w15"><col class="w8"><col class="w8"><col class="w8"><col class="w12">
+        <col class="w10"><col class="w15"><col></colgroup>
+      <thead><tr><th>host</th><th class="num">pid</th><th>version</th><th class="num">threads</th>
+        <th class="num">heartbeat age</th><th>status</th><th>queues</th><th>jobs</th></tr></thead>
       <tbody id="workers"></tbody>
     </table>
   </section>
@@ -7019,12 +7143,12 @@ async function loadWorkers() {
     if (!w.jobs.length) jobs.append(h("span", { className: "muted" }, "idle"));
     const status = !w.alive ? badge("dead?", "gone") : w.stopping ? badge("stopping") : badge("alive");
     return h("tr", {}, h("td", {}, w.host), h("td", { className: "num" }, w.pid),
-      h("td", { className: "num" }, w.threads),
+      h("td", w.version ? {} : { className: "muted" }, w.version || "-"), h("td", { className: "num" }, w.threads),
       h("td", { className: "num" }, `${w.heartbeat_age_s.toFixed(1)} s`), h("td", {}, status),
       h("td", w.queues ? {} : { className: "muted" }, w.queues ? w.queues.join(", ") : "all"), jobs);
   });
   $("#workers").replaceChildren(...(rows.length ? rows
-    : [h("tr", {}, h("td", { colSpan: 7, className: "empty" },
+    : [h("tr", {}, h("td", { colSpan: 8, className: "empty" },
                      "no workers registered (start one: queuectl worker start)"))]));
 }
 
@@ -7884,10 +8008,9 @@ def _status_text(store: Store, queue: str | None) -> str:
 
 
 def live_workers(store: Store) -> list[WorkerRow]:
-    """Workers that look alive: same namespace by PID, others by a recent heartbeat (wall clock, display only)."""
+    """Workers that look alive (see looks_alive)."""
     me, now, stale = host_identity(), store.now(), store.config_get("stale_timeout")
-    return [w for w in store.workers()
-            if (not process_gone(w.pid, w.proc_start) if same_namespace(w, me) else now - w.heartbeat_at <= stale)]
+    return [w for w in store.workers() if looks_alive(w, me, now, stale)]
 
 
 def print_jobs(store: Store, jobs: list[Job], as_json: bool) -> None:
@@ -8136,12 +8259,14 @@ def cmd_worker_list(args, store: Store) -> None:
     rows = worker_dicts(store, store.now())
     if args.json:
         return emit_json(rows)
-    print(f"{'ID':<32} {'HOST':<16} {'PID':>7} {'STARTED':<20} {'THREADS':>7} {'BEAT':>6}  {'QUEUES':<16} JOBS")
+    print(f"{'ID':<32} {'HOST':<16} {'PID':>7} {'VERSION':<8} {'STARTED':<20} {'THREADS':>7} {'BEAT':>6}  "
+          f"{'QUEUES':<16} JOBS")
     for r in rows:
         state = "" if r["alive"] else " (dead?)"
         queues = _short(printable(",".join(r["queues"])), 16) if r["queues"] else "(all)"
         jobs = printable(", ".join(r["jobs"])) or "-"
-        print(f"{printable(r['id']):<32} {printable(r['host']):<16} {r['pid']:>7} {r['started_at']:<20} "
+        version = _short(printable(r["version"]), 8) if r["version"] else "-"
+        print(f"{printable(r['id']):<32} {printable(r['host']):<16} {r['pid']:>7} {version:<8} {r['started_at']:<20} "
               f"{r['threads']:>7} {r['heartbeat_age_s']:>5.1f}s  {queues:<16} {jobs}{state}")
 
 

@@ -1805,7 +1805,7 @@ def test_postgres_a_team_schema_whose_tables_a_member_made_before_owners_were_ch
     alices = pg_roles.url(alice, schema)
     enqueue(alices, id="old", command="true")
     pg_roles.sql(*(f"ALTER TABLE {schema}.{t} OWNER TO {alice}" for t in queuectl.PG_TABLES),  # as then
-                 f"ALTER TABLE {schema}.workers DROP COLUMN queues",  # and one migration behind
+                 f"ALTER TABLE {schema}.workers DROP COLUMN version",  # and one migration behind
                  f"UPDATE {schema}.queuectl_version SET version = {queuectl.SCHEMA_VERSION - 1}")
     assert set(schema_tables(pg_roles, schema).values()) == {alice}
     enqueue(alices, id="new", command="true")
@@ -2957,6 +2957,7 @@ def test_dashboard_api_shapes_equal_the_cli_json(dashboard, capsys):
         assert [r.pop("heartbeat_age_s") >= 0 for r in rows] == [True]
     assert api_workers == cli_workers
     assert api_workers[0]["jobs"] == ["running-1"] and api_workers[0]["alive"] is True
+    assert api_workers[0]["version"] == queuectl.__version__ and "<th>version</th>" in d.get("/")
 
 
 def quote_id(job_id):
@@ -5083,14 +5084,15 @@ def test_worker_stop_wait_returns_once_workers_exited(db, workers):
     assert worker.wait() == 0, worker.log()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["SIGINT", "SIGTERM", "SIGHUP"])
 def test_first_signal_lets_the_running_job_finish(db, workers, tmp_path, sig):
+    """SIGHUP too: closing the terminal a worker runs in must not kill it with its jobs left running."""
     enqueue(db, id="run", command=BLOCKING_JOB, cwd=str(tmp_path))
     worker = workers.start("--count", "2")
     worker.wait_log("worker started")
     _wait_started(tmp_path)
     worker.signal(sig)
-    worker.wait_log("stopping")
+    worker.wait_log("stopping (SIGHUP" if sig == signal.SIGHUP else "stopping (signal)")
     enqueue(db, id="late", command="true")
     # A free thread must not claim anything once stopping: watch for a moment, then release.
     deadline = time.monotonic() + 1.0
@@ -5107,7 +5109,7 @@ def test_first_signal_lets_the_running_job_finish(db, workers, tmp_path, sig):
     assert (late["state"], late["attempts"], late["run_count"]) == ("pending", 0, 0)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["SIGINT", "SIGTERM", "SIGHUP"])
 def test_second_signal_kills_the_job_and_requeues_it(db, workers, tmp_path, sig):
     enqueue(db, id="run", command=BLOCKING_JOB, cwd=str(tmp_path))
     worker = workers.start()
@@ -6852,10 +6854,11 @@ def test_workers_say_which_queues_they_serve(db, workers):
     with opened(db) as s:
         s.register("some", queuectl.host_identity(), 1, s.now(), ("x",))
         s.register("every", queuectl.host_identity(), 1, s.now())
-    listed = {w["id"]: w["queues"] for w in json.loads(ok(db, "worker", "list", "--json"))}
-    assert listed == {"some": ["x"], "every": None}
+    listed = {w["id"]: (w["queues"], w["version"]) for w in json.loads(ok(db, "worker", "list", "--json"))}
+    assert listed == {"some": (["x"], queuectl.__version__), "every": (None, queuectl.__version__)}
     table = ok(db, "worker", "list")
     assert "QUEUES" in table and " (all) " in table
+    assert " VERSION " in table and f" {queuectl.__version__} " in table
 
 
 def test_a_version_1_database_upgrades_to_record_worker_queues(db, monkeypatch):
@@ -6867,9 +6870,195 @@ def test_a_version_1_database_upgrades_to_record_worker_queues(db, monkeypatch):
             s.enqueue([spec("old")], s.now())
     with opened(db) as s:
         version = "SELECT version FROM queuectl_version" if is_pg(db) else "PRAGMA user_version"
-        assert s.read(version)[0][0] == queuectl.SCHEMA_VERSION == 4
+        assert s.read(version)[0][0] == queuectl.SCHEMA_VERSION >= 4
         s.register("w", queuectl.host_identity(), 1, s.now(), ("q",))
         assert s.workers()[0].queues == '["q"]' and s.get("old").state == "pending"
+
+
+# ---- Upgrades while workers run: a migration waits for the older workers, a worker leaves a moved-on database
+
+OLDER_REGISTER = ("INSERT INTO workers (id, host, pid, proc_start, boot_id, pid_ns, threads, started_at, heartbeat_at) "
+                  "VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?)")  # what the queuectl before schema 5 registered
+
+
+@contextlib.contextmanager
+def previous_schema(monkeypatch):
+    """This queuectl as the previous one was: schema 4, whose worker rows record no version."""
+    with monkeypatch.context() as m:
+        m.setattr(queuectl, "SCHEMA_VERSION", 4)
+        m.setattr(queuectl, "MIGRATIONS", queuectl.MIGRATIONS[:4])
+        m.setattr(queuectl, "PG_MIGRATIONS", queuectl.PG_MIGRATIONS[:4])
+        yield
+
+
+def register_older(store, worker_id, identity, heartbeat_at):
+    """Register a worker row as the previous queuectl wrote it (no version), in `store`'s dialect."""
+    row = (worker_id, identity["host"], identity["pid"], identity["proc_start"], identity["boot_id"],
+           identity["pid_ns"], heartbeat_at, heartbeat_at)
+    store.write(lambda cur: cur.execute(OLDER_REGISTER.replace("?", store.sql.PARAM), row))
+
+
+def dump(db):
+    """Everything the database holds, definitions and rows, to compare before and after a command that
+    must change nothing: SQLite's own dump and header fields, or the PostgreSQL schema's columns,
+    constraints, indexes and every table's rows."""
+    if not is_pg(db):
+        conn = sqlite3.connect(db)
+        try:
+            return [*conn.execute("SELECT (SELECT user_version FROM pragma_user_version()), "
+                                  "(SELECT application_id FROM pragma_application_id())"), *conn.iterdump()]
+        finally:
+            conn.close()
+    import psycopg
+    from psycopg import sql as pgsql
+    url, schema = db.rsplit("schema=", 1)
+    with psycopg.connect(url[:-1], autocommit=True) as conn:
+        found = [conn.execute(query, (schema,)).fetchall() for query in (
+            "SELECT table_name, column_name, data_type FROM information_schema.columns WHERE table_schema = %s "
+            "ORDER BY 1, 2",
+            "SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid) FROM pg_constraint "
+            "WHERE connamespace = %s::regnamespace ORDER BY 1, 2",
+            "SELECT tablename, indexname, indexdef FROM pg_indexes WHERE schemaname = %s ORDER BY 1, 2")]
+        for (table,) in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = %s ORDER BY 1", (schema,)):
+            rows = conn.execute(pgsql.SQL("SELECT * FROM {}.{}").format(pgsql.Identifier(schema),
+                                                                       pgsql.Identifier(table))).fetchall()
+            found.append((table, sorted(map(repr, rows))))
+        return found
+
+
+def test_an_upgrade_is_refused_while_workers_of_the_older_schema_are_alive_and_changes_nothing(db, monkeypatch):
+    """A rolling upgrade: the previous queuectl's workers serve the queue (one on this host, alive by its PID;
+    one on another host, by its fresh heartbeat; one here whose process is gone). Any command of this version
+    would upgrade the schema under them: it refuses, naming the live ones, and leaves the database as it was."""
+    me = queuectl.host_identity()
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    with subprocess.Popen(["sleep", "60"]) as sleeper:
+        try:
+            here = {**me, "pid": sleeper.pid, "proc_start": queuectl.proc_start_time(sleeper.pid)}
+            elsewhere = {"host": "old-host", "pid": 4242, "proc_start": "1", "boot_id": "b", "pid_ns": "n"}
+            with previous_schema(monkeypatch), opened(db) as s:
+                s.enqueue([spec("old", queue="deploy")], s.now())
+                register_older(s, "here", here, s.now())
+                register_older(s, "elsewhere", elsewhere, s.now())
+                register_older(s, "gone", {**me, "pid": ended.pid, "proc_start": "0"}, s.now())
+            before = dump(db)
+            for args in (("status",), ("limit", "deploy", "1"), ("worker", "list", "--json")):
+                code, out, err = cli(db, *args)
+                assert (code, out) == (1, ""), (args, code, out, err)
+                assert_one_error(err, "schema 4", f"{me['host']} PID {sleeper.pid} (queuectl 1.0.0",
+                                 "old-host PID 4242 (queuectl 1.0.0", "worker stop", queuectl.__version__)
+                assert f"{me['host']} PID {ended.pid} " not in err
+            started = script(db, "worker", "start", "--burst")  # a worker of the new version does not start either
+            assert started.returncode == 1 and "old-host PID 4242" in started.stderr, started.stderr
+            assert dump(db) == before
+        finally:
+            sleeper.kill()
+            sleeper.wait()
+    # Both gone (the other host's heartbeat stale): the next command upgrades, and keeps the queue.
+    with previous_schema(monkeypatch), opened(db) as s:
+        s.write(lambda cur: cur.execute(f"UPDATE workers SET heartbeat_at = {s.sql.PARAM}", (s.now() - 3600,)))
+    ok(db, "limit", "deploy", "1")
+    assert get_job(db, "old")["state"] == "pending"
+    with opened(db) as s:
+        assert s.schema_version() == queuectl.SCHEMA_VERSION
+
+
+def test_after_an_upgrade_an_older_worker_cannot_register(db, monkeypatch):
+    """A worker of the previous queuectl that opened the database just before the upgrade, and registers just
+    after it, is refused: it would claim by the older schema's rules."""
+    with previous_schema(monkeypatch):
+        older = queuectl.open_database(db)
+    with contextlib.closing(older):
+        ok(db, "status")  # this version upgrades the schema meanwhile
+        with pytest.raises((queuectl.QueueError, sqlite3.Error)):
+            register_older(older, "late", queuectl.host_identity(), older.now())
+    assert json.loads(ok(db, "worker", "list", "--json")) == []
+
+
+def test_postgres_an_upgrade_waits_for_a_registration_under_way_and_then_refuses(pg_url, monkeypatch):
+    """The check for live older workers and the migration are one transaction, which takes the workers table
+    first: a registration not yet committed when the command starts is waited for and seen."""
+    import psycopg
+    with previous_schema(monkeypatch), opened(pg_url) as s:
+        s.enqueue([spec("old")], s.now())
+    url, schema = pg_url.rsplit("schema=", 1)
+    with psycopg.connect(url[:-1]) as registering:  # a transaction: the INSERT waits for its commit
+        registering.execute(f'SET search_path = "{schema}"')
+        me = queuectl.host_identity()
+        registering.execute(OLDER_REGISTER.replace("?", "%s"), ("older", me["host"], me["pid"], me["proc_start"],
+                                                                me["boot_id"], me["pid_ns"], time.time(), time.time()))
+        result = {}
+        command = threading.Thread(target=lambda: result.update(zip(("code", "out", "err"), cli(pg_url, "status"))))
+        command.start()
+        try:
+            with psycopg.connect(url[:-1], autocommit=True) as watcher:
+                waiting = ("SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = %s::regclass",
+                           (f'"{schema}".workers',))
+                wait_for(lambda: watcher.execute(*waiting).fetchone()[0], "the command to wait for the registration")
+            registering.commit()
+        finally:
+            command.join(WAIT_S)
+    assert result["code"] == 1, result
+    assert_one_error(result["err"], f"PID {me['pid']} (queuectl 1.0.0")
+
+
+def set_schema_version(db, version):
+    """Write the schema version straight into the database, as a newer queuectl's migration would."""
+    if is_pg(db):
+        import psycopg
+        url, schema = db.rsplit("schema=", 1)
+        with psycopg.connect(url[:-1], autocommit=True) as conn:
+            conn.execute(f'UPDATE "{schema}".queuectl_version SET version = %s', (version,))
+    else:
+        sql(db, f"PRAGMA user_version = {version}")
+
+
+def test_a_worker_leaves_a_database_a_newer_queuectl_upgraded(db, workers, tmp_path):
+    """Should a newer queuectl upgrade the schema under a live worker anyway, the worker sees it at its next
+    heartbeat: it claims nothing more, lets its running job finish, says why, and exits 1."""
+    ok(db, "config", "set", "stale-timeout", "1")  # a heartbeat every 0.2 s
+    enqueue(db, id="run", command=BLOCKING_JOB, cwd=str(tmp_path))
+    worker = workers.start()
+    worker.wait_log("worker started")
+    _wait_started(tmp_path)
+    enqueue(db, id="late", command="true")  # the worker's one thread is busy: it stays pending
+    set_schema_version(db, queuectl.SCHEMA_VERSION + 1)
+    try:
+        worker.wait_log(f"upgraded to schema {queuectl.SCHEMA_VERSION + 1}")
+        assert worker.popen.poll() is None  # its job still runs
+        (tmp_path / "release").touch()
+        assert worker.wait() == 1, worker.log()
+    finally:
+        set_schema_version(db, queuectl.SCHEMA_VERSION)
+    assert "start workers of the new version" in worker.log() and "job late claimed" not in worker.log()
+    assert (get_job(db, "run")["state"], get_job(db, "late")["state"]) == ("completed", "pending")
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_a_worker_leaves_a_database_file_that_was_deleted_or_replaced(sqlite_db, workers, tmp_path, how):
+    """`rm queue.db*` (or a new file moved over it) under a running worker: the path names another file, where
+    commands now enqueue. The worker sees it within a heartbeat, logs it naming the path, claims nothing
+    more, lets its running job finish, and exits 1 (rather than serving a file nobody else sees)."""
+    ok(sqlite_db, "config", "set", "stale-timeout", "1")  # a heartbeat every 0.2 s
+    enqueue(sqlite_db, id="run", command=BLOCKING_JOB, cwd=str(tmp_path))
+    worker = workers.start("--count", "2")
+    worker.wait_log("worker started")
+    _wait_started(tmp_path)
+    for name in (sqlite_db, f"{sqlite_db}-wal", f"{sqlite_db}-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name)
+    if how == "replaced":
+        other = str(tmp_path / "other.db")
+        ok(other, "status")
+        os.rename(other, sqlite_db)
+    worker.wait_log(f"{sqlite_db} is no longer the database file this worker opened")
+    enqueue(sqlite_db, id="new", command="true")  # in the file the path names now: this worker must not claim it
+    assert worker.popen.poll() is None  # its job still runs
+    (tmp_path / "release").touch()
+    assert worker.wait() == 1, worker.log()
+    assert "job run completed" in worker.log() and "job new claimed" not in worker.log()
+    assert get_job(sqlite_db, "new")["state"] == "pending"
 
 # ==== Robustness of a worker's database connection: lost claim answers, hung connections ==========
 
@@ -9855,9 +10044,9 @@ def test_a_finished_jobs_background_child_outlives_a_later_crash_of_its_worker(d
 def test_a_signal_to_every_queuectl_process_leaves_the_watchdog_to_guard_the_worker(pg_url, pg_workers, tmp_path,
                                                                                      sig):
     """`pkill -f queuectl` (or -INT, -HUP) reaches the watchdog too: it is a fork of the worker, with its
-    command line. SIGTERM and SIGINT ask the worker to stop gracefully, and its running job goes on; SIGHUP
-    ends the worker at once. Either way the watchdog must still be there to kill the job when the worker
-    dies (here: a SIGKILL during the graceful stop), or a rerun on another host overlaps it."""
+    command line. Each asks the worker to stop gracefully, and its running job goes on. The watchdog must
+    still be there to kill the job when the worker dies (here: a SIGKILL during the graceful stop), or a
+    rerun on another host overlaps it."""
     enqueue(pg_url, id="j", command="sleep 60 & echo $! > bg; wait", cwd=str(tmp_path))
     worker = pg_workers.start()
     wait_for(lambda: (tmp_path / "bg").is_file() and (tmp_path / "bg").read_text().endswith("\n"), "the job")
@@ -9866,10 +10055,9 @@ def test_a_signal_to_every_queuectl_process_leaves_the_watchdog_to_guard_the_wor
     bg = int((tmp_path / "bg").read_text())
     for pid in (worker.popen.pid, watchdog):  # what pkill -f does, one process after the other
         os.kill(pid, sig)
-    if sig != signal.SIGHUP:
-        worker.wait_log("stopping (signal)")
-        worker.signal(signal.SIGKILL)
-    assert worker.wait() == -(signal.SIGKILL if sig != signal.SIGHUP else signal.SIGHUP)
+    worker.wait_log("stopping (")
+    worker.signal(signal.SIGKILL)
+    assert worker.wait() == -signal.SIGKILL
     wait_for(lambda: pid_gone(shell) and pid_gone(bg), "the job's processes to die with their worker", timeout=10)
 
 
