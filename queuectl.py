@@ -7754,7 +7754,8 @@ def due_text(job: Job, now: float, paused: list[str]) -> str:
     if left <= 0:
         return "paused" if job.queue in paused or "*" in paused else "now"
     if left >= 86400:  # local time, as `run_at` without an offset is read
-        return datetime.fromtimestamp(job.next_run_at).strftime("%Y-%m-%d %H:%M")
+        # time, not datetime: east of UTC the latest run_at is year 10000 on the clock, past datetime's range
+        return time.strftime("%Y-%m-%d %H:%M", time.localtime(job.next_run_at))
     if left <= 59:  # rounded up, so never "in 60s" or "in 60m"
         return f"in {math.ceil(left)}s"
     minutes = math.ceil(left / 60)

@@ -6561,6 +6561,14 @@ def test_due_text_a_day_or_more_ahead_is_a_local_date_and_time(local_tz):
     assert queuectl.due_text(job, T0, []) == "2027-01-17 13:30"
 
 
+def test_a_run_at_at_the_time_limit_lists_east_of_utc(local_tz, db):
+    # The latest run_at queuectl takes, 9999-12-31T23:59:59Z, is already year 10000 on a clock east of UTC.
+    local_tz("Asia/Tokyo")  # UTC+9
+    ok(db, "add", "--id", "last", "--run-at", str(queuectl.MAX_EPOCH), "--", "true")
+    assert ok(db, "list").splitlines()[1].split()[4:6] == ["10000-01-01", "08:59"]
+    assert "10000-01-01 08:59" in ok(db, "show", "last")
+
+
 @pytest.mark.parametrize("state,attempts,max_retries,shown", [
     ("completed", 0, 3, (1, 3)), ("completed", 0, 0, (1, 1)), ("completed", 2, 3, (3, 3)), ("pending", 0, 3, (0, 3)),
     ("failed", 1, 3, (1, 3)), ("processing", 1, 3, (2, 3)), ("dead", 1, 0, (1, 1)), ("dead", 3, 3, (3, 3))])
