@@ -7559,6 +7559,31 @@ def test_schedule_remove_then_add_keeps_the_previous_job(db):
     assert f"{made} (pending)" in ok(db, "schedule", "list")
 
 
+def test_postgres_a_re_added_schedule_finds_its_previous_job_whatever_the_database_collation(pg_server):
+    # ICU's en-US sorts punctuation before digits ('b@9' > 'b@:'), where C.UTF-8, the test servers'
+    # collation, sorts by code point: the slot jobs of an id must be found in byte order on either.
+    import psycopg
+    from urllib.parse import urlsplit
+    database = f"icu_{uuid.uuid4().hex}"
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        try:
+            conn.execute(f"CREATE DATABASE {database} TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US'")
+        except psycopg.Error as e:
+            pytest.skip(f"this server has no ICU collation: {e}")
+    try:
+        db = urlsplit(pg_server)._replace(path=f"/{database}").geturl()
+        ok(db, "schedule", "add", '{"id": "b", "every": "1h", "command": "true"}')
+        with opened(db) as s:
+            made = s.fire_schedules(s.now() + 3600.5)[0][2]
+        ok(db, "schedule", "remove", "b")
+        ok(db, "schedule", "add", '{"id": "b", "cron": "@hourly", "command": "true"}')
+        [listed] = json.loads(ok(db, "schedule", "list", "--json"))
+        assert (listed["last_job_id"], listed["last_job_state"]) == (made, "pending")
+    finally:
+        with psycopg.connect(pg_server, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE {database} WITH (FORCE)")
+
+
 def test_overlap_allow_fires_while_the_last_job_runs(store):
     add_schedule(store, now=T0, every="1m", overlap="allow")
     register(store)
