@@ -3488,7 +3488,15 @@ def parse_time(value: object, what: str) -> float:
     if not (value.isascii() and value.isprintable()):
         raise UsageError(f"{what} is not an ISO-8601 time: {shown(value)}")
     try:
-        seconds = datetime.fromisoformat(value).timestamp()  # no offset: local time
+        parsed = datetime.fromisoformat(value)
+        try:
+            seconds = parsed.timestamp()  # no offset: local time
+        except (ValueError, OverflowError):
+            if parsed.tzinfo is not None:
+                raise
+            # East of UTC, datetime fails late on 9999-12-31 (its conversion passes through year
+            # 10000); the C library's has no such limit.
+            seconds = time.mktime(parsed.timetuple())
     except (ValueError, OverflowError, OSError):
         raise UsageError(f"{what} is not an ISO-8601 time: {shown(value)}") from None
     if not 0 <= seconds <= MAX_EPOCH:

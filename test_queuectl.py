@@ -2126,6 +2126,16 @@ def test_validate_job_run_at_without_offset_is_local_time(local_tz):
     assert scheduled(run_at="2030-01-01T12:00:00Z")["run_at"] == Y2030  # an explicit Z is not local
 
 
+def test_a_local_time_on_the_last_day_east_of_utc_is_in_range(local_tz):
+    # 9999-12-31T23:59:59 in Tokyo is 14:59:59 UTC, within queuectl's time limit; west of UTC it is past it.
+    local_tz("Asia/Tokyo")  # UTC+9
+    assert scheduled(run_at="9999-12-31T23:59:59")["run_at"] == queuectl.MAX_EPOCH - 9 * 3600
+    assert queuectl.parse_time("9999-12-31T15:00:00", "--after") == queuectl.MAX_EPOCH - 9 * 3600 - 32399
+    local_tz("America/New_York")
+    with pytest.raises(queuectl.UsageError, match="out of range"):
+        scheduled(run_at="9999-12-31T23:59:59")
+
+
 def test_validate_job_delay_is_relative_to_now():
     assert scheduled(delay=30)["run_at"] == T0 + 30
     assert scheduled(delay=0.5)["run_at"] == T0 + 0.5
