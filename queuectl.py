@@ -3619,7 +3619,15 @@ def parse_time(value: object, what: str) -> float:
     if not (value.isascii() and value.isprintable()):
         raise UsageError(f"{what} is not an ISO-8601 time: {shown(value)}")
     try:
-        seconds = datetime.fromisoformat(value).timestamp()  # no offset: local time
+        parsed = datetime.fromisoformat(value)
+        try:
+            seconds = parsed.timestamp()  # no offset: local time
+        except (ValueError, OverflowError):
+            if parsed.tzinfo is not None:
+                raise
+            # East of UTC, datetime fails late on 9999-12-31 (its conversion passes through year
+            # 10000); the C library's has no such limit.
+            seconds = time.mktime(parsed.timetuple())
     except (ValueError, OverflowError, OSError):
         raise UsageError(f"{what} is not an ISO-8601 time: {shown(value)}") from None
     if not 0 <= seconds <= MAX_EPOCH:
@@ -8042,7 +8050,8 @@ def due_text(job: Job, now: float, paused: list[str]) -> str:
     if left <= 0:
         return "paused" if job.queue in paused or "*" in paused else "now"
     if left >= 86400:  # local time, as `run_at` without an offset is read
-        return datetime.fromtimestamp(job.next_run_at).strftime("%Y-%m-%d %H:%M")
+        # time, not datetime: east of UTC the latest run_at is year 10000 on the clock, past datetime's range
+        return time.strftime("%Y-%m-%d %H:%M", time.localtime(job.next_run_at))
     if left <= 59:  # rounded up, so never "in 60s" or "in 60m"
         return f"in {math.ceil(left)}s"
     minutes = math.ceil(left / 60)

@@ -2126,6 +2126,16 @@ def test_validate_job_run_at_without_offset_is_local_time(local_tz):
     assert scheduled(run_at="2030-01-01T12:00:00Z")["run_at"] == Y2030  # an explicit Z is not local
 
 
+def test_a_local_time_on_the_last_day_east_of_utc_is_in_range(local_tz):
+    # 9999-12-31T23:59:59 in Tokyo is 14:59:59 UTC, within queuectl's time limit; west of UTC it is past it.
+    local_tz("Asia/Tokyo")  # UTC+9
+    assert scheduled(run_at="9999-12-31T23:59:59")["run_at"] == queuectl.MAX_EPOCH - 9 * 3600
+    assert queuectl.parse_time("9999-12-31T15:00:00", "--after") == queuectl.MAX_EPOCH - 9 * 3600 - 32399
+    local_tz("America/New_York")
+    with pytest.raises(queuectl.UsageError, match="out of range"):
+        scheduled(run_at="9999-12-31T23:59:59")
+
+
 def test_validate_job_delay_is_relative_to_now():
     assert scheduled(delay=30)["run_at"] == T0 + 30
     assert scheduled(delay=0.5)["run_at"] == T0 + 0.5
@@ -6795,6 +6805,14 @@ def test_due_text_a_day_or_more_ahead_is_a_local_date_and_time(local_tz):
     assert queuectl.due_text(job, T0, []) == "2027-01-17 13:30"
 
 
+def test_a_run_at_at_the_time_limit_lists_east_of_utc(local_tz, db):
+    # The latest run_at queuectl takes, 9999-12-31T23:59:59Z, is already year 10000 on a clock east of UTC.
+    local_tz("Asia/Tokyo")  # UTC+9
+    ok(db, "add", "--id", "last", "--run-at", str(queuectl.MAX_EPOCH), "--", "true")
+    assert ok(db, "list").splitlines()[1].split()[4:6] == ["10000-01-01", "08:59"]
+    assert "10000-01-01 08:59" in ok(db, "show", "last")
+
+
 @pytest.mark.parametrize("state,attempts,max_retries,shown", [
     ("completed", 0, 3, (1, 3)), ("completed", 0, 0, (1, 1)), ("completed", 2, 3, (3, 3)), ("pending", 0, 3, (0, 3)),
     ("failed", 1, 3, (1, 3)), ("processing", 1, 3, (2, 3)), ("dead", 1, 0, (1, 1)), ("dead", 3, 3, (3, 3))])
@@ -7970,6 +7988,31 @@ def test_schedule_remove_then_add_keeps_the_previous_job(db):
     [listed] = json.loads(ok(db, "schedule", "list", "--json"))
     assert (listed["last_job_id"], listed["last_job_state"]) == (made, "pending")
     assert f"{made} (pending)" in ok(db, "schedule", "list")
+
+
+def test_postgres_a_re_added_schedule_finds_its_previous_job_whatever_the_database_collation(pg_server):
+    # ICU's en-US sorts punctuation before digits ('b@9' > 'b@:'), where C.UTF-8, the test servers'
+    # collation, sorts by code point: the slot jobs of an id must be found in byte order on either.
+    import psycopg
+    from urllib.parse import urlsplit
+    database = f"icu_{uuid.uuid4().hex}"
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        try:
+            conn.execute(f"CREATE DATABASE {database} TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US'")
+        except psycopg.Error as e:
+            pytest.skip(f"this server has no ICU collation: {e}")
+    try:
+        db = urlsplit(pg_server)._replace(path=f"/{database}").geturl()
+        ok(db, "schedule", "add", '{"id": "b", "every": "1h", "command": "true"}')
+        with opened(db) as s:
+            made = s.fire_schedules(s.now() + 3600.5)[0][2]
+        ok(db, "schedule", "remove", "b")
+        ok(db, "schedule", "add", '{"id": "b", "cron": "@hourly", "command": "true"}')
+        [listed] = json.loads(ok(db, "schedule", "list", "--json"))
+        assert (listed["last_job_id"], listed["last_job_state"]) == (made, "pending")
+    finally:
+        with psycopg.connect(pg_server, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE {database} WITH (FORCE)")
 
 
 def test_overlap_allow_fires_while_the_last_job_runs(store):
