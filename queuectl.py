@@ -5628,7 +5628,7 @@ class Supervisor:
             last = time.monotonic()
             if not any(t.is_alive() for t in threads):
                 break
-            self._note_cut_off()  # the guard says it when it happens; this says when it ends
+            self._note_cut_off()  # so does the guard, on time even while this loop waits on the database
             try:
                 self._housekeeping(due, time.monotonic())
                 failing.ok()
