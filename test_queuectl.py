@@ -6951,6 +6951,29 @@ def test_postgres_a_hard_stop_exits_130_within_5s_while_the_server_hangs(pg_url,
     assert [r["outcome"] for r in get_job(pg_url, "run")["runs"]] == ["lost", "completed"]
 
 
+def test_a_hard_stop_exits_130_within_5s_while_a_database_call_never_returns(db, workers, tmp_path):
+    """Both backends: the worker's deregistering never returns (as a call to a server that hangs does
+    not); SIGQUIT still ends it with 130 within HARD_STOP_S, and once."""
+    start = ("import sys, time; sys.path.insert(0, sys.argv[1]); import queuectl; "
+             "queuectl.Store.deregister = lambda self, worker_id: time.sleep(3600); "
+             "queuectl.exit_now(queuectl.main(sys.argv[2:]))")
+    enqueue(db, id="run", command=BLOCKING_JOB, cwd=str(tmp_path))
+    with open(tmp_path / "hung.stderr", "wb") as err:
+        popen = subprocess.Popen([sys.executable, "-c", start, HERE, "--db", db, "worker", "start"],
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                                 start_new_session=True, env=child_env(**{TAG_VAR: workers.tag}))
+    worker = WorkerProc(popen, tmp_path / "hung.stderr")
+    workers.procs.append(worker)
+    _wait_started(tmp_path)
+    worker.signal(signal.SIGQUIT)
+    signaled = time.monotonic()
+    assert worker.wait(timeout=30) == 130, worker.log()
+    exited_after_s = time.monotonic() - signaled
+    assert exited_after_s <= queuectl.HARD_STOP_S + 1, f"exited {exited_after_s:.1f} s after SIGQUIT"
+    assert worker.log().count("worker exited (130)") == 1
+    assert state_of(db, "run") == "pending"  # the killed run was recorded before the hung call
+
+
 def _runs_a_job_after_a_first_failure(db, monkeypatch, cls, name):
     """Start a worker in this process whose cls.name fails once (a connection dropped just after the
     worker registered); it must go on and run a job."""
