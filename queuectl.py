@@ -5446,6 +5446,8 @@ class Supervisor:
         self.guard_wake, self.ended, self.leaving = threading.Event(), threading.Event(), threading.Lock()
         self.noting = threading.Lock()  # the guard and the main loop both note the cut-off
         self.owns_process = False  # exit the process itself when a hard stop outlasts HARD_STOP_S (see install_signals)
+        self.sweeper: Sweeper | None = None  # see _run
+        self.adopted_waits = False  # a hard stop waits for adopted runs' processes too (see _exit_by)
 
     def _open(self, **shared) -> Store:
         """A connection for one thread: busy waits are long, but end in time for a hard stop."""
@@ -5592,10 +5594,10 @@ class Supervisor:
                 self.stopping.wait(failing.failed(e))
 
     def _finish_recoveries(self) -> None:
-        """Before leaving, requeue the runs we adopted. Their killed processes are waited for (at most
-        HARD_STOP_S, and not past a hard stop's deadline): once we are gone the next sweeper adopts what
-        is left, and its scan cannot see a killed process whose environment already reads empty."""
-        deadline = min(time.monotonic(), self.hard_at) + HARD_STOP_S
+        """Before leaving, requeue the runs we adopted. Their killed processes are waited for even
+        after a hard stop (at most HARD_STOP_S more): once we are gone the next sweeper adopts what is
+        left, and its scan cannot see a killed process whose environment already reads empty."""
+        deadline = min(time.monotonic(), self.hard_at + HARD_STOP_S) + HARD_STOP_S  # the guard's too (_exit_by)
         while self.sweeper.recovering and time.monotonic() < deadline:
             try:
                 self.sweeper.finish(self.store.now())
@@ -5735,14 +5737,22 @@ class Supervisor:
         stop that outlasts HARD_STOP_S. Wakes at those moments, else once a second."""
         while not self.ended.is_set():
             now = time.monotonic()
-            if now >= self.hard_at + HARD_STOP_S:
+            if now >= self._exit_by():
                 return self._exit_late()
             self._note_cut_off()
-            wake = min(now + 1.0, self.hard_at + HARD_STOP_S)
+            wake = min(now + 1.0, self._exit_by())
             if self.store.cut_off_kills and not self.was_cut_off:
                 wake = min(wake, self.beat_ok_at + self.stale_s / 2 + 0.01)  # just past the moment cut_off() turns
             self.guard_wake.wait(max(0.0, wake - now))
             self.guard_wake.clear()
+
+    def _exit_by(self) -> float:
+        """When a hard-stopped worker is gone at the latest: HARD_STOP_S after the signal, HARD_STOP_S more
+        if it has adopted runs whose killed processes it waits for (see _finish_recoveries)."""
+        if not self.hard.is_set():
+            return math.inf
+        self.adopted_waits = self.adopted_waits or bool(self.sweeper and self.sweeper.recovering)  # once seen, for good
+        return self.hard_at + HARD_STOP_S * (2 if self.adopted_waits else 1)
 
     def _exit_late(self) -> None:
         """A hard stop's deadline passed with the main thread still at work (a database call that does not

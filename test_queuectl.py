@@ -6974,6 +6974,24 @@ def test_a_hard_stop_exits_130_within_5s_while_a_database_call_never_returns(db,
     assert state_of(db, "run") == "pending"  # the killed run was recorded before the hung call
 
 
+def test_a_hard_stop_waits_longer_only_for_its_adopted_runs_processes(tmp_path):
+    """The guard ends a hard-stopped worker HARD_STOP_S after the signal, or HARD_STOP_S later if it
+    had adopted runs whose killed processes it waits for before leaving (see _finish_recoveries)."""
+    supervisor = queuectl.Supervisor(str(tmp_path / "s.db"), 1, False)
+    try:
+        assert supervisor._exit_by() == math.inf  # no hard stop
+        supervisor.hard_at = 100.0
+        supervisor.hard.set()
+        assert supervisor._exit_by() == 100.0 + queuectl.HARD_STOP_S
+        supervisor.sweeper = queuectl.Sweeper(supervisor.store, supervisor.me, supervisor.worker_id)
+        supervisor.sweeper.recovering[("j", 1)] = ("w/1/j", queuectl.Leftovers())
+        assert supervisor._exit_by() == 100.0 + 2 * queuectl.HARD_STOP_S
+        supervisor.sweeper.recovering.clear()  # requeued: its deregistering still gets that time
+        assert supervisor._exit_by() == 100.0 + 2 * queuectl.HARD_STOP_S
+    finally:
+        supervisor.store.close()
+
+
 def _runs_a_job_after_a_first_failure(db, monkeypatch, cls, name):
     """Start a worker in this process whose cls.name fails once (a connection dropped just after the
     worker registered); it must go on and run a job."""
