@@ -5761,9 +5761,10 @@ class Supervisor:
         owns its process (not one a test runs in a thread)."""
         if not self.owns_process or not self.leaving.acquire(blocking=False):
             return  # the main thread is leaving already
-        log.warning("hard stop: the database did not let the worker finish within %gs; exiting without "
-                    "deregistering, other workers will recover what is left", HARD_STOP_S,
-                    extra=event("hard_stop_late", seconds=HARD_STOP_S))
+        late_s = time.monotonic() - self.hard_at
+        log.warning("hard stop: the database did not let the worker finish within %.0fs; exiting without "
+                    "deregistering, other workers will recover what is left", late_s,
+                    extra=event("hard_stop_late", seconds=round(late_s, 3)))
         log.info("worker exited (%d)", EXIT_INTERRUPTED,
                  extra=event("worker_exited", worker_id=self.worker_id, exit_code=EXIT_INTERRUPTED))
         for stream in (sys.stdout, sys.stderr):
