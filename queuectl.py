@@ -5245,6 +5245,7 @@ class Runner:
         self.prefetched: tuple[Job, int] | None = None  # (job, epoch) claimed with the last result
         self.runner = self._run_command  # injectable for tests and simulation
         self.current: Job | None = None
+        self.running = False  # a job's process runs (from its start until it ended or was killed)
         self.settings, self.settings_at = {}, -math.inf
         self.holdings = holdings or Holdings()  # shared by the worker's runners and its sweeper
         self.flushing = None  # the thread of the output flush under way, where flushes have one (see _flush)
@@ -5280,6 +5281,7 @@ class Runner:
         env = {"QUEUECTL_JOB_ID": job.id, "QUEUECTL_ATTEMPT": str(job.attempts + 1),
                "QUEUECTL_RUN": run_token(job, self.worker_id)}
         try:
+            self.running = True
             return self.runner(job, env, lambda: self.abort(job, epoch),
                                lambda tail, total: self._flush(job, tail, total))
         except Exception as e:  # noqa: BLE001 - a claimed job must always get a recorded outcome
@@ -5287,6 +5289,7 @@ class Runner:
                           extra=event("job_internal_error", job_id=job.id, error=repr(e)))
             return Outcome(None, f"internal error: {e!r}", b"", 0.0)
         finally:
+            self.running = False
             if self.flushing:  # the result goes through the same connection: no two transactions at once
                 self.flushing.join()
 
@@ -5366,8 +5369,10 @@ class Runner:
         return self.settings
 
     def _kill_grace(self) -> float:
-        """kill-grace as last read (the run was started with settings read, so there is one)."""
-        return self._settings()["kill_grace"]
+        """kill-grace as read when the run started. Never read again here: this is asked on the way to
+        killing a job (a timeout, a cancel), and a read from a database that hangs would hold the kill
+        up, and with it the cut-off kill, past the time another host may rerun the job."""
+        return self.settings.get("kill_grace", CONFIG["kill_grace"][0])
 
 
 def _log_result(job: Job, after: Job | None, outcome: Outcome) -> None:
@@ -5647,6 +5652,13 @@ class Supervisor:
         self.schedules = ScheduleFirer()
         self.runners_store: Store | None = None  # the connection runners share, where they may (see _runner_store)
         self.watchdog: Watchdog | None = None  # see run
+        # The guard thread's (see _guard): its wake-up, the end of the run, and the lock whoever ends the
+        # process takes first, the main thread or the guard at a hard stop's deadline.
+        self.guard_wake, self.ended, self.exiting = threading.Event(), threading.Event(), threading.Lock()
+        self.noting = threading.Lock()  # the guard and the main loop both note the cut-off
+        self.owns_process = False  # exit the process itself when a hard stop outlasts HARD_STOP_S (see install_signals)
+        self.sweeper: Sweeper | None = None  # see _run
+        self.adopted_waits = False  # a hard stop waits for adopted runs' processes too (see _exit_by)
 
     def _open(self, **shared) -> Store:
         """A connection for one thread: busy waits are long, but end in time for a hard stop."""
@@ -5681,6 +5693,7 @@ class Supervisor:
         """
         import signal
         import threading
+        self.owns_process = True  # the process is this worker's: a hard stop may end it (see _exit_late)
         read_fd, write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)  # first: no delivery goes uncounted
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGHUP):
@@ -5710,6 +5723,7 @@ class Supervisor:
                         extra=event("hard_stop", reason=why))
             self.hard_at = time.monotonic()
             self.hard.set()
+            self.guard_wake.set()  # its deadline moved
         self._stop("SIGHUP: its terminal closed?" if signum == signal.SIGHUP else "signal")
 
     def abort_reason(self, job: Job, epoch: int) -> str | None:
@@ -5736,6 +5750,8 @@ class Supervisor:
         finally:
             if self.watchdog:
                 self.watchdog.stop(clean)  # not clean (an exception): it kills our runs, as if we had died
+            self.ended.set()
+            self.guard_wake.set()
 
     def _warn_other_writers(self) -> None:
         """Log who else can write an SQLite file (see other_writers). On PostgreSQL the schema and its
@@ -5750,6 +5766,7 @@ class Supervisor:
     def _run(self) -> int:
         """Run until stopped; returns the exit code."""
         import threading
+        threading.Thread(target=self._guard, name="guard", daemon=True).start()
         self._read_stale_timeout()
         self.beat_ok_at = time.monotonic()
         self.store.register(self.worker_id, self.me, self.count, self.store.now(), self.queues)
@@ -5759,7 +5776,7 @@ class Supervisor:
                              queues=list(self.queues) or None))
         self._warn_other_writers()
         self.sweeper = Sweeper(self.store, self.me, self.worker_id, lambda: self.stalled_s, self.holdings)
-        self.sweeper.sweep(self.store.now())  # recover what a previous crash or boot left, before claiming
+        self._first_sweep()
         if self.store.notifies:
             self._start_listener()
         threads = [threading.Thread(target=self._thread_main, daemon=True) for _ in range(self.count)]
@@ -5773,14 +5790,26 @@ class Supervisor:
         self._finish_recoveries()
         self._deregister()
         code = EXIT_INTERRUPTED if self.hard.is_set() else EXIT_FAIL if self.leaving else EXIT_OK
+        self.exiting.acquire()  # held by the guard if it is ending the process (see _exit_late): we never get it
         log.info("worker exited (%d)", code, extra=event("worker_exited", worker_id=self.worker_id, exit_code=code))
         return code
+
+    def _first_sweep(self) -> None:
+        """Recover what a previous crash or boot left, before claiming. A database that fails meanwhile
+        (a dropped connection) is retried with backoff, as at every later sweep: it never ends the worker."""
+        failing = Backoff("sweep at start", 1.0)
+        while not self.stopping.is_set():
+            try:
+                self.sweeper.sweep(self.store.now())
+                return failing.ok()
+            except (QueueError, sqlite3.Error) as e:
+                self.stopping.wait(failing.failed(e))
 
     def _finish_recoveries(self) -> None:
         """Before leaving, requeue the runs we adopted. Their killed processes are waited for even
         after a hard stop (at most HARD_STOP_S more): once we are gone the next sweeper adopts what is
         left, and its scan cannot see a killed process whose environment already reads empty."""
-        deadline = time.monotonic() + HARD_STOP_S
+        deadline = min(time.monotonic(), self.hard_at + HARD_STOP_S) + HARD_STOP_S  # the guard's too (_exit_by)
         while self.sweeper.recovering and time.monotonic() < deadline:
             try:
                 self.sweeper.finish(self.store.now())
@@ -5813,7 +5842,7 @@ class Supervisor:
             last = time.monotonic()
             if not any(t.is_alive() for t in threads):
                 break
-            self._note_cut_off()
+            self._note_cut_off()  # so does the guard, on time even while this loop waits on the database
             try:
                 self._housekeeping(due, time.monotonic())
                 failing.ok()
@@ -5912,15 +5941,60 @@ class Supervisor:
         return self.store.cut_off_kills and time.monotonic() - self.beat_ok_at > self.stale_s / 2
 
     def _note_cut_off(self) -> None:
-        cut = self.cut_off()
-        if cut and not self.was_cut_off:
-            late, running = time.monotonic() - self.beat_ok_at, sum(1 for r in self.runners if r.current)
-            log.error("no heartbeat for %.1fs (half of stale-timeout): killing %d running job(s), "
-                      "to be recorded as lost when the database is back", late, running,
-                      extra=event("heartbeat_lost", seconds=round(late, 3), running=running))
-        elif self.was_cut_off and not cut:
-            log.warning("heartbeat works again; claiming again", extra=event("heartbeat_back"))
-        self.was_cut_off = cut
+        with self.noting:  # one line for each change, whichever thread sees it first
+            cut = self.cut_off()
+            if cut and not self.was_cut_off:
+                # The jobs whose processes run now: the runners kill them within their next look at abort().
+                late, running = time.monotonic() - self.beat_ok_at, sum(1 for r in self.runners if r.running)
+                log.error("no heartbeat for %.1fs (half of stale-timeout): killing %d running job(s), "
+                          "to be recorded as lost when the database is back", late, running,
+                          extra=event("heartbeat_lost", seconds=round(late, 3), running=running))
+            elif self.was_cut_off and not cut:
+                log.warning("heartbeat works again; claiming again", extra=event("heartbeat_back"))
+            self.was_cut_off = cut
+
+    # -- the guard: what must happen on time whatever the database does ---------------------------
+
+    def _guard(self) -> None:
+        """A thread that makes no database call (the main loop may wait on a connection that hangs for as
+        long as the server does): it logs the cut-off when it happens, and ends the process of a hard
+        stop that outlasts HARD_STOP_S. Wakes at those moments, else once a second."""
+        while not self.ended.is_set():
+            now = time.monotonic()
+            if now >= self._exit_by():
+                return self._exit_late()
+            self._note_cut_off()
+            wake = min(now + 1.0, self._exit_by())
+            if self.store.cut_off_kills and not self.was_cut_off:
+                wake = min(wake, self.beat_ok_at + self.stale_s / 2 + 0.01)  # just past the moment cut_off() turns
+            self.guard_wake.wait(max(0.0, wake - now))
+            self.guard_wake.clear()
+
+    def _exit_by(self) -> float:
+        """When a hard-stopped worker is gone at the latest: HARD_STOP_S after the signal, HARD_STOP_S more
+        if it has adopted runs whose killed processes it waits for (see _finish_recoveries)."""
+        if not self.hard.is_set():
+            return math.inf
+        self.adopted_waits = self.adopted_waits or bool(self.sweeper and self.sweeper.recovering)  # once seen, for good
+        return self.hard_at + HARD_STOP_S * (2 if self.adopted_waits else 1)
+
+    def _exit_late(self) -> None:
+        """A hard stop's deadline passed with the main thread still at work (a database call that does not
+        return): exit 130 now, as the README promises. What is not written is crash recovery's, as after a
+        SIGKILL, and the watchdog kills what is left of our runs when it sees us gone. Only a worker that
+        owns its process (not one a test runs in a thread)."""
+        if not self.owns_process or not self.exiting.acquire(blocking=False):
+            return  # the main thread is leaving already
+        late_s = time.monotonic() - self.hard_at
+        log.warning("hard stop: the database did not let the worker finish within %.0fs; exiting without "
+                    "deregistering, other workers will recover what is left", late_s,
+                    extra=event("hard_stop_late", seconds=round(late_s, 3)))
+        log.info("worker exited (%d)", EXIT_INTERRUPTED,
+                 extra=event("worker_exited", worker_id=self.worker_id, exit_code=EXIT_INTERRUPTED))
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):  # nothing may stand between this and the exit
+                stream.flush()
+        os._exit(EXIT_INTERRUPTED)
 
     def _on_lost_registration(self) -> None:
         # Another worker declared us dead (we were paused past the lease) and requeued our jobs.
@@ -5947,14 +6021,20 @@ class Supervisor:
         idle runner threads are woken at once instead of at the next poll. LISTEN runs before the
         runner threads start, so no job enqueued after their first claim waits for the poll."""
         import threading
-        listener = self._open()
-        listener.wait_notified(0)
-        threading.Thread(target=self._listen, args=(listener,), name="listener", daemon=True).start()
+        failing, listener = Backoff("listening for wake-ups", 5.0), None
+        try:
+            listener = self._open()
+            listener.wait_notified(0)
+        except QueueError as e:  # a connection dropped now: the listener thread opens one again
+            failing.failed(e)
+            if listener:
+                listener.close()
+            listener = None
+        threading.Thread(target=self._listen, args=(listener, failing), name="listener", daemon=True).start()
 
-    def _listen(self, listener: Store | None) -> None:
+    def _listen(self, listener: Store | None, failing: Backoff) -> None:
         # A wake-up is only a hint: the poll still finds every due job, so a lost connection costs
         # latency, never a job. It is opened again with backoff, and LISTENs again.
-        failing = Backoff("listening for wake-ups", 5.0)
         while not self.stopping.is_set():
             try:
                 listener = listener or self._open()

@@ -7266,6 +7266,251 @@ def test_a_claim_that_fails_after_its_commit_is_run_once_by_the_same_worker(db, 
     assert [(r["outcome"], r["error"]) for r in job["runs"]] == [("lost", "claim answer lost"), ("completed", None)]
     assert (tmp_path / "ran.txt").read_text() == "ran\n"
 
+
+# ---- a server that hangs: kill paths, hard stop and start-up (issue 22)
+
+class HangingProxy:
+    """A TCP proxy in front of the test's PostgreSQL server that can stop forwarding while it keeps every
+    connection open, as a server whose processes are stopped (or a network that drops packets without a
+    reset) looks to a client: the kernel still acknowledges, nothing answers."""
+
+    def __init__(self, server_url):
+        from urllib.parse import urlsplit
+        parts = urlsplit(server_url)
+        self.upstream = (parts.hostname, parts.port)
+        self.forwarding = threading.Event()
+        self.forwarding.set()
+        self.closed = False
+        self.sockets = []
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def url(self, pg_url):
+        """pg_url, through this proxy."""
+        from urllib.parse import urlsplit, urlunsplit
+        parts = urlsplit(pg_url)
+        netloc = parts.netloc.rsplit("@", 1)[0] + f"@127.0.0.1:{self.port}" if "@" in parts.netloc \
+            else f"127.0.0.1:{self.port}"
+        return urlunsplit(parts._replace(netloc=netloc))
+
+    def hang(self):
+        """Stop forwarding (what was read is held back); connections stay open, new ones are accepted."""
+        self.forwarding.clear()
+
+    def resume(self):
+        self.forwarding.set()
+
+    def close(self):
+        self.closed = True
+        self.forwarding.set()
+        self.listener.close()
+        for s in self.sockets:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+
+    def _accept(self):
+        while not self.closed:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.upstream)
+            self.sockets += [client, server]
+            for source, sink in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    def _pump(self, source, sink):
+        with contextlib.suppress(OSError):
+            while True:
+                data = source.recv(65536)
+                self.forwarding.wait()  # hung: held here, the connection open
+                if not data or self.closed:
+                    break
+                sink.sendall(data)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+
+@pytest.fixture
+def hanging_pg(pg_url):
+    """A HangingProxy in front of the test's server, closed (forwarding again first) at teardown."""
+    proxy = HangingProxy(pg_url)
+    try:
+        yield proxy
+    finally:
+        proxy.close()
+
+
+@pytest.mark.parametrize("reason", ["timeout", "canceled"])
+def test_a_runners_kill_path_never_waits_on_the_database(store, reason):
+    """A timeout or a cancel kills with the settings the run started with: a config read that hangs
+    (a server that stopped answering) must not hold the kill up, nor the cut-off kill behind it."""
+    register(store)
+    store.enqueue([spec("j", command="sleep 30", timeout=1.5 if reason == "timeout" else 0)], T0)
+    real_config_all, reads, release = store.config_all, [], threading.Event()
+
+    def config_all():
+        reads.append(time.monotonic())
+        if len(reads) > 1:  # the read at the start of the run answers; later ones hang
+            release.wait(WAIT_S)
+        return real_config_all()
+    store.config_all = config_all
+    started = time.monotonic()
+
+    def abort(job, epoch):
+        return "canceled" if reason == "canceled" and time.monotonic() - started > 1.5 else None
+    runner = queuectl.Runner(store, "w1", abort)
+    real_run, ended = runner._run_command, []
+    runner.runner = lambda *args: ended.append(real_run(*args)) or ended[0]
+    running = threading.Thread(target=runner.run_once, args=(T0,), daemon=True)
+    running.start()
+    try:
+        wait_for(lambda: ended, "the job to be killed", timeout=15)
+    finally:
+        release.set()  # the result is written with settings read again: that may wait
+        running.join(WAIT_S)
+    assert ended[0].error == ("timed out after 1.5s (terminated)" if reason == "timeout" else "canceled (terminated)")
+
+
+def test_postgres_a_job_timing_out_while_the_server_hangs_dies_before_another_host_reruns_it(
+        pg_url, hosts, workers, hanging_pg, tmp_path):
+    """The job's timeout falls due while host A's server hangs: the kill must not wait on it, and the
+    cut-off kills the job (which ignores SIGTERM) by stale-timeout/2 + 1 s after A's last heartbeat, so
+    host B's rerun never meets it (a `flock -n` probe). A says so when it happens, with the right count."""
+    stale_s = 8.0  # heartbeats every 1.6 s: the cut-off comes 2.4-4 s after the hang, after the timeout
+    ok(pg_url, "config", "set", "stale-timeout", str(stale_s))
+    job = ('if [ -e first ]; then if flock -n lock true; then echo rerun >> runs; else echo overlap >> runs; fi; '
+           'else touch first; exec flock lock sh -c "trap \'\' TERM; echo run >> runs; sleep 60"; fi')
+    enqueue(pg_url, id="j", command=job, cwd=str(tmp_path), timeout=2)
+    a = Host(workers, "host-a", hanging_pg.url(pg_url))
+    wait_for(lambda: (tmp_path / "runs").exists(), "host A to run the job")
+    hanging_pg.hang()  # at once: the job's timeout, 2 s after its start, falls due inside the outage
+    hung_at = time.monotonic()
+    token = f"{json.loads(ok(pg_url, 'show', 'j', '--json'))['runs'][0]['worker_id']}/1/j"
+    b = hosts("host-b")
+    wait_for(lambda: not _run_processes(token), "host A's run to be killed", timeout=4 * stale_s)
+    dead_after_s = time.monotonic() - hung_at
+    assert dead_after_s <= stale_s / 2 + 1, f"killed {dead_after_s:.1f} s after the hang"
+    a.proc.wait_log("killing 1 running job(s)", timeout=2)  # said while the server still hangs
+    wait_for(lambda: state_of(pg_url, "j") == "completed", "the rerun on host B", timeout=6 * stale_s)
+    assert (tmp_path / "runs").read_text() == "run\nrerun\n"  # no overlap
+    assert b.proc.popen.poll() is None
+    hanging_pg.resume()
+
+
+def test_postgres_a_hard_stop_exits_130_within_5s_while_the_server_hangs(pg_url, workers, hanging_pg, tmp_path):
+    """SIGQUIT while the server hangs: the job dies at once and the worker exits 130 within HARD_STOP_S,
+    though its main thread and runner wait on connections that never answer. The cut-off that falls due
+    meanwhile is said when it happens, and counts no job: the hard stop killed it already."""
+    ok(pg_url, "config", "set", "stale-timeout", "4")  # the cut-off comes 1.2-2 s after the hang
+    enqueue(pg_url, id="run", command=BLOCKING_JOB, cwd=str(tmp_path))
+    pool = Workers(hanging_pg.url(pg_url), tmp_path)
+    try:
+        worker = pool.start()
+        _wait_started(tmp_path)
+        shell_pid = int((tmp_path / "sh.pid").read_text())
+        hanging_pg.hang()
+        worker.signal(signal.SIGQUIT)
+        signaled = time.monotonic()
+        code = worker.wait(timeout=30)
+        exited_after_s = time.monotonic() - signaled
+        assert code == 130, worker.log()
+        assert exited_after_s <= queuectl.HARD_STOP_S + 1, f"exited {exited_after_s:.1f} s after SIGQUIT"
+        assert pid_gone(shell_pid)
+        log = worker.log()
+        assert "killing 0 running job(s)" in log and "worker exited (130)" in log, log
+        assert log.count("worker exited") == 1
+    finally:
+        hanging_pg.resume()
+        pool.cleanup()
+    (tmp_path / "release").touch()
+    rescuer = workers.start("--burst")  # the run it could not record is crash recovery's
+    assert rescuer.wait() == 0, rescuer.log()
+    assert [r["outcome"] for r in get_job(pg_url, "run")["runs"]] == ["lost", "completed"]
+
+
+def test_a_hard_stop_exits_130_within_5s_while_a_database_call_never_returns(db, workers, tmp_path):
+    """Both backends: the worker's deregistering never returns (as a call to a server that hangs does
+    not); SIGQUIT still ends it with 130 within HARD_STOP_S, and once."""
+    start = ("import sys, time; sys.path.insert(0, sys.argv[1]); import queuectl; "
+             "queuectl.Store.deregister = lambda self, worker_id: time.sleep(3600); "
+             "queuectl.exit_now(queuectl.main(sys.argv[2:]))")
+    enqueue(db, id="run", command=BLOCKING_JOB, cwd=str(tmp_path))
+    with open(tmp_path / "hung.stderr", "wb") as err:
+        popen = subprocess.Popen([sys.executable, "-c", start, HERE, "--db", db, "worker", "start"],
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                                 start_new_session=True, env=child_env(**{TAG_VAR: workers.tag}))
+    worker = WorkerProc(popen, tmp_path / "hung.stderr")
+    workers.procs.append(worker)
+    _wait_started(tmp_path)
+    worker.signal(signal.SIGQUIT)
+    signaled = time.monotonic()
+    assert worker.wait(timeout=30) == 130, worker.log()
+    exited_after_s = time.monotonic() - signaled
+    assert exited_after_s <= queuectl.HARD_STOP_S + 1, f"exited {exited_after_s:.1f} s after SIGQUIT"
+    assert worker.log().count("worker exited (130)") == 1
+    assert state_of(db, "run") == "pending"  # the killed run was recorded before the hung call
+
+
+def test_a_hard_stop_waits_longer_only_for_its_adopted_runs_processes(tmp_path):
+    """The guard ends a hard-stopped worker HARD_STOP_S after the signal, or HARD_STOP_S later if it
+    had adopted runs whose killed processes it waits for before leaving (see _finish_recoveries)."""
+    supervisor = queuectl.Supervisor(str(tmp_path / "s.db"), 1, False)
+    try:
+        assert supervisor._exit_by() == math.inf  # no hard stop
+        supervisor.hard_at = 100.0
+        supervisor.hard.set()
+        assert supervisor._exit_by() == 100.0 + queuectl.HARD_STOP_S
+        supervisor.sweeper = queuectl.Sweeper(supervisor.store, supervisor.me, supervisor.worker_id)
+        supervisor.sweeper.recovering[("j", 1)] = ("w/1/j", queuectl.Leftovers())
+        assert supervisor._exit_by() == 100.0 + 2 * queuectl.HARD_STOP_S
+        supervisor.sweeper.recovering.clear()  # requeued: its deregistering still gets that time
+        assert supervisor._exit_by() == 100.0 + 2 * queuectl.HARD_STOP_S
+    finally:
+        supervisor.store.close()
+
+
+def _runs_a_job_after_a_first_failure(db, monkeypatch, cls, name):
+    """Start a worker in this process whose cls.name fails once (a connection dropped just after the
+    worker registered); it must go on and run a job."""
+    failed, real = [], getattr(cls, name)
+
+    def fails_once(self, *args, **kwargs):
+        if not failed:
+            failed.append(name)
+            raise queuectl.BadDatabase("connection lost (injected)")
+        return real(self, *args, **kwargs)
+    monkeypatch.setattr(cls, name, fails_once)
+    supervisor, exits = queuectl.Supervisor(db, 1, False), []
+
+    def run():
+        try:
+            exits.append(supervisor.run())
+        except queuectl.QueueError as e:
+            exits.append(e)
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    try:
+        enqueue(db, id="j", command="true")
+        wait_for(lambda: state_of(db, "j") == "completed" or exits, "the job to run")
+        assert exits == [] and state_of(db, "j") == "completed" and failed == [name]
+    finally:
+        supervisor._stop("test over")
+        worker.join(WAIT_S)
+        supervisor.store.close()
+    assert exits == [0]
+
+
+def test_a_database_that_fails_in_the_start_up_sweep_does_not_stop_the_worker(db, monkeypatch):
+    _runs_a_job_after_a_first_failure(db, monkeypatch, queuectl.Sweeper, "sweep")
+
+
+def test_postgres_a_connection_that_fails_at_the_first_listen_does_not_stop_the_worker(pg_url, monkeypatch):
+    _runs_a_job_after_a_first_failure(pg_url, monkeypatch, queuectl.PostgresStore, "wait_notified")
+
+
 # ==== Progress line and wait --all =================================================================
 # `wait --all` on both backends, and the live progress line of `wait`, `enqueue -` and `purge`: run
 # under a pseudo-terminal for what a person sees, and with pipes for what a script sees (nothing new).
