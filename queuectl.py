@@ -6495,11 +6495,11 @@ class Dashboard:
 
 
 class Slot:
-    """An accepted connection's place among the MAX_CONNECTIONS served: its deadline and whether it is
-    still sending its request (only then may a newer connection take its place)."""
+    """An accepted connection's place among the MAX_CONNECTIONS served: its deadline and whether it waits
+    on its client, sending its request or taking its reply (only then may a newer connection take its place)."""
 
     def __init__(self, deadline: float):
-        self.deadline, self.reading, self.evicted = deadline, True, False
+        self.deadline, self.on_client, self.evicted = deadline, True, False
 
 
 class DashboardServer:
@@ -6556,23 +6556,30 @@ class DashboardServer:
         served = [(connection, slot) for connection, slot in self.slots.items() if not slot.evicted]
         if len(served) < MAX_CONNECTIONS:
             return True
-        # Evicting the oldest request still being read, rather than refusing the newcomer, is what keeps
-        # connections that never finish their request from shutting everyone else out until their
-        # deadline: a real request, sent in one go, is in long before the cap's worth of newer ones.
-        oldest = next(((connection, slot) for connection, slot in served if slot.reading), None)
-        if oldest is None:  # every slot is answering a request: those end on their own
+        # Evicting the oldest connection that waits on its client, rather than refusing the newcomer, is
+        # what keeps connections that never finish their request, or never read their reply, from shutting
+        # everyone else out until their deadline: a real request, sent in one go, is in long before the
+        # cap's worth of newer ones, and a reply to a client that reads is out as quickly.
+        oldest = next(((connection, slot) for connection, slot in served if slot.on_client), None)
+        if oldest is None:  # every slot is working on an answer: those end on their own
             return False
         import socket
         oldest[1].evicted = True  # before shutdown(): its thread must see an eviction, not the client's EOF
         with contextlib.suppress(OSError):
-            oldest[0].shutdown(socket.SHUT_RDWR)  # wakes its thread's recv(); that thread closes it
+            oldest[0].shutdown(socket.SHUT_RDWR)  # wakes its thread's recv() or send(); that thread closes it
         return True
 
     def answering(self, slot: Slot) -> bool:
-        """Mark the connection's request as read (no longer evictable); False if it was evicted already."""
+        """Mark the connection's request as read (not evictable while its answer is made); False if it was
+        evicted already."""
         with self.slots_lock:
-            slot.reading = False
+            slot.on_client = False
             return not slot.evicted
+
+    def replying(self, slot: Slot) -> None:
+        """Mark the connection as waiting on its client again, which now takes the reply (evictable)."""
+        with self.slots_lock:
+            slot.on_client = True
 
     def shutdown_request(self, request) -> None:
         with self.slots_lock:
@@ -6659,7 +6666,10 @@ class DashboardHandler:
         self._send(json_reply({"error": message or f"HTTP {code}"}, code))
 
     def _send(self, reply: Reply) -> None:
-        with contextlib.suppress(ConnectionError):  # the client left; there is no one to tell
+        # A client that reads slowly, or not at all, holds its slot for as long as the reply's writes may
+        # take: so while they run, the slot may make way for a newcomer, as while the request arrives.
+        self.server.replying(self.slot)
+        with contextlib.suppress(ConnectionError):  # the client left, or its slot made way; no one to tell
             self.send_response(reply.status)
             for name, value in (*reply.headers, *COMMON_HEADERS):
                 self.send_header(name, value)

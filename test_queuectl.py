@@ -3497,6 +3497,40 @@ def test_dashboard_closes_a_request_that_trickles_past_its_deadline(sqlite_dashb
         conn.close()
 
 
+def test_dashboard_makes_way_at_the_cap_when_every_connection_holds_a_reply_its_client_does_not_read(
+        sqlite_dashboard, monkeypatch):
+    """A client that asks for a big page and reads none of it holds its connection for as long as the
+    reply's writes may take: at the cap, the oldest of those makes way for a newcomer, as one still
+    sending its request would (the cap is lowered here so that a few such clients reach it)."""
+    monkeypatch.setattr(queuectl, "MAX_CONNECTIONS", 2)
+    d = sqlite_dashboard()
+    now = time.time()
+    command = "echo " + "x" * 100_000  # a page of these is far more than a socket's buffers hold
+    d.store.enqueue([queuectl.validate_job({"id": f"big-{i}", "command": command}, d.store.config_all(), "/tmp", now)
+                     for i in range(100)], now)
+    request = (f"GET /api/jobs?limit=1000 HTTP/1.0\r\nHost: 127.0.0.1\r\nX-Queuectl-Token: {DASH_TOKEN}\r\n\r\n"
+               .encode())
+    earlier_threads, stalled = request_threads(), []
+    try:
+        for _ in range(queuectl.MAX_CONNECTIONS):
+            conn = socket.socket()
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect(): a small window
+            conn.settimeout(WAIT_S)
+            stalled.append(conn)
+            conn.connect(("127.0.0.1", d.server.server_address[1]))
+            conn.sendall(request)
+            assert conn.recv(12) == b"HTTP/1.0 200"  # its reply is being written; nothing more is read
+        try:
+            status = d.request("/api/status")[0]
+        except OSError as e:  # closed unanswered
+            status = e
+        assert status == 200, status
+    finally:
+        for conn in stalled:
+            conn.close()
+    wait_for(lambda: not request_threads() - earlier_threads, "the connections' threads to end")
+
+
 # ==== CLI ==========================================================================================
 
 # ---- enqueue
