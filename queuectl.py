@@ -750,16 +750,19 @@ class SqliteSQL:
     # dependent counts: `dlq retry` may revive it, and it must then find its dependency, not run without it.)
     SQL_NEEDED_BY = ("SELECT deps.job_id FROM deps JOIN jobs j ON j.id = deps.job_id JOIN jobs d ON d.id = deps.dep_id "
                      "WHERE deps.dep_id = ? AND j.state <> 'completed' AND d.state <> 'completed'")
-    # Edges in both directions go: a later job reusing the id must not inherit them. The job's finished
-    # runs are first added to the tally of forgotten runs (SQL_RUN_TOTALS).
-    SQL_DELETE_JOB = [
+    # Before jobs are deleted, their finished runs are added to the tally of forgotten runs (SQL_RUN_TOTALS):
+    # one statement for every job a delete or a purge slice removes (a JSON array of ids), as one a job
+    # made purge twice as slow on PostgreSQL.
+    SQL_FORGET_RUNS = (
         "INSERT INTO config (key, value) SELECT 'runs_forgotten', json_array(count(*), "
         "sum(CAST(round((ended_at - started_at) * 1000000) AS INTEGER))) FROM runs "
-        "WHERE job_id = ? AND outcome IN ('completed', 'failed', 'dead') HAVING count(*) > 0 "
+        "WHERE job_id IN (SELECT value FROM json_each(?)) AND outcome IN ('completed', 'failed', 'dead') "
+        "HAVING count(*) > 0 "
         "ON CONFLICT (key) DO UPDATE SET value = json_array(json_extract(value, '$[0]') + "
-        "json_extract(excluded.value, '$[0]'), json_extract(value, '$[1]') + json_extract(excluded.value, '$[1]'))",
-        "DELETE FROM runs WHERE job_id = ?", "DELETE FROM deps WHERE job_id = ?1 OR dep_id = ?1",
-        "DELETE FROM jobs WHERE id = ?"]
+        "json_extract(excluded.value, '$[0]'), json_extract(value, '$[1]') + json_extract(excluded.value, '$[1]'))")
+    # Edges in both directions go: a later job reusing the id must not inherit them.
+    SQL_DELETE_JOB = ["DELETE FROM runs WHERE job_id = ?", "DELETE FROM deps WHERE job_id = ?1 OR dep_id = ?1",
+                      "DELETE FROM jobs WHERE id = ?"]
     SQL_PURGE_IDS = ("SELECT id FROM jobs WHERE state = ? AND updated_at < ? AND (state = 'completed' OR NOT EXISTS "
                      "(SELECT 1 FROM deps JOIN jobs j ON j.id = deps.job_id WHERE deps.dep_id = jobs.id "
                      "AND j.state <> 'completed')) LIMIT ?")
@@ -796,7 +799,7 @@ class SqliteSQL:
     SQL_STATS_TIMES = ("SELECT ended_at - started_at, max(0, started_at - due_at) FROM runs "
                        "WHERE ended_at >= ? AND outcome IN ('completed', 'failed', 'dead')")
     # `metrics`' run_duration _count and _sum: the finished runs kept, plus those deleted with their jobs
-    # (the tally SQL_DELETE_JOB keeps in `config`, a key no setting has), so neither ever goes down.
+    # (the tally SQL_FORGET_RUNS keeps in `config`, a key no setting has), so neither ever goes down.
     # Durations are summed in whole microseconds: integers add up the same in either place.
     SQL_RUN_TOTALS = ("SELECT count(*), coalesce(sum(CAST(round((ended_at - started_at) * 1000000) AS INTEGER)), 0), "
                       "(SELECT value FROM config WHERE key = 'runs_forgotten') FROM runs "
@@ -865,6 +868,11 @@ class SqliteSQL:
     def in_queues(queues: tuple) -> str:
         """A queue filter: nothing, or `AND queue IN (?, …)`."""
         return f"AND queue IN ({', '.join('?' * len(queues))})" if queues else ""
+
+    @staticmethod
+    def id_array(ids: list[str]) -> str:
+        """Job ids as SQL_FORGET_RUNS takes them: a JSON array."""
+        return json.dumps(ids)
 
 
 HAS_RETURNING = sqlite3.sqlite_version_info >= (3, 35, 0)
@@ -1399,6 +1407,9 @@ class Store:
                 if needed:
                     raise Conflict(f"job {job_id!r} is needed by job(s) not completed: {', '.join(needed)} "
                                    "(delete them too, or first)")
+            # After the checks above, which on PostgreSQL lock each job: the tally's row is locked last,
+            # as a purge slice does, so the two cannot wait on each other in a cycle.
+            cur.execute(self.sql.SQL_FORGET_RUNS, (self.sql.id_array(job_ids),))
             for job_id in job_ids:
                 for sql in self.sql.SQL_DELETE_JOB:
                     cur.execute(sql, (job_id,))
@@ -1409,6 +1420,8 @@ class Store:
         A dead job that a job not completed depends on stays until that job is gone (see self.sql.SQL_NEEDED_BY)."""
         def purge(cur):
             ids = [r[0] for r in cur.execute(self.sql.SQL_PURGE_IDS, (state, before, limit))]
+            if ids:
+                cur.execute(self.sql.SQL_FORGET_RUNS, (self.sql.id_array(ids),))
             for job_id in ids:
                 for sql in self.sql.SQL_DELETE_JOB:
                     cur.execute(sql, (job_id,))
@@ -2582,15 +2595,15 @@ class PostgresSQL:
     SQL_CANCEL_RUNNING = "UPDATE jobs SET cancel_requested = run_count WHERE id = %s AND state = 'processing'"
     SQL_NEEDED_BY = ("SELECT deps.job_id FROM deps JOIN jobs j ON j.id = deps.job_id JOIN jobs d ON d.id = deps.dep_id "
                      "WHERE deps.dep_id = %s AND j.state <> 'completed' AND d.state <> 'completed'")
-    SQL_DELETE_JOB = [
+    SQL_FORGET_RUNS = (
         "INSERT INTO config (key, value) SELECT 'runs_forgotten', json_build_array(count(*), "
         "sum(round((ended_at - started_at) * 1000000)::bigint))::text FROM runs "
-        "WHERE job_id = %s AND outcome IN ('completed', 'failed', 'dead') HAVING count(*) > 0 "
+        "WHERE job_id = ANY(%s) AND outcome IN ('completed', 'failed', 'dead') HAVING count(*) > 0 "
         "ON CONFLICT (key) DO UPDATE SET value = json_build_array("
         "(config.value::json ->> 0)::bigint + (excluded.value::json ->> 0)::bigint, "
-        "(config.value::json ->> 1)::bigint + (excluded.value::json ->> 1)::bigint)::text",
-        "DELETE FROM runs WHERE job_id = %s", "DELETE FROM deps WHERE %s IN (job_id, dep_id)",
-        "DELETE FROM jobs WHERE id = %s"]
+        "(config.value::json ->> 1)::bigint + (excluded.value::json ->> 1)::bigint)::text")
+    SQL_DELETE_JOB = ["DELETE FROM runs WHERE job_id = %s", "DELETE FROM deps WHERE %s IN (job_id, dep_id)",
+                      "DELETE FROM jobs WHERE id = %s"]
     SQL_PURGE_IDS = ("SELECT id FROM jobs WHERE state = %s AND updated_at < %s AND (state = 'completed' OR NOT EXISTS "
                      "(SELECT 1 FROM deps JOIN jobs j ON j.id = deps.job_id WHERE deps.dep_id = jobs.id "
                      "AND j.state <> 'completed')) LIMIT nullif(%s, -1) FOR UPDATE")
@@ -2670,6 +2683,11 @@ class PostgresSQL:
     SQL_PAUSE_SCHEDULE = "UPDATE schedules SET paused = 1 WHERE id = %s"
     SQL_RESUME_SCHEDULE = "UPDATE schedules SET paused = 0, next_run_at = %s WHERE id = %s"
     SQL_REMOVE_SCHEDULE = "DELETE FROM schedules WHERE id = %s"
+
+    @staticmethod
+    def id_array(ids: list[str]) -> list[str]:
+        """Job ids as SQL_FORGET_RUNS takes them: a text[]."""
+        return list(ids)
 
 
 class _NotStreamed(Exception):

@@ -6541,6 +6541,32 @@ def test_run_duration_sum_and_count_never_go_down_when_jobs_are_deleted(store):
     assert set(store.config_all()) == set(queuectl.CONFIG)  # the tally is no setting
 
 
+def test_deleting_many_jobs_adds_their_runs_to_the_tally_in_one_write(store):
+    """A delete or a purge slice writes the tally's row once, not once per job: on PostgreSQL every write
+    of it leaves a row version behind, and one write per job made purge twice as slow."""
+    register(store)
+    ids = [f"j{i}" for i in range(6)]
+    store.enqueue([spec(i) for i in ids], T0)
+    for i in ids:
+        store.finish(store.claim("w1", T0), "w1", outcome(0, None, "x", 0.5), SETTINGS, T0 + 0.5)
+    pg = isinstance(store, queuectl.PostgresStore)
+    count_writes = ["CREATE TABLE tally_writes (n INTEGER NOT NULL)", "INSERT INTO tally_writes VALUES (0)"] + (
+        ["CREATE FUNCTION count_tally_write() RETURNS trigger LANGUAGE plpgsql AS "
+         "$$BEGIN UPDATE tally_writes SET n = n + 1; RETURN NULL; END$$",
+         "CREATE TRIGGER tally_written AFTER INSERT OR UPDATE ON config FOR EACH ROW EXECUTE FUNCTION count_tally_write()"]
+        if pg else
+        [f"CREATE TRIGGER tally_{event} AFTER {event} ON config BEGIN UPDATE tally_writes SET n = n + 1; END"
+         for event in ("INSERT", "UPDATE")])
+    store.write(lambda cur: [cur.execute(statement) for statement in count_writes])
+
+    def writes():
+        return store.write(lambda cur: cur.execute("SELECT n FROM tally_writes").fetchone()[0])
+    store.delete(ids[:3])
+    assert writes() == 1 and store.run_totals() == (6, 3_000_000)
+    assert store.purge("completed", T0 + 100) == 3
+    assert writes() == 2 and store.run_totals() == (6, 3_000_000)
+
+
 def test_metrics_cli_on_an_empty_queue(db):
     families = prometheus_families(ok(db, "metrics"))
     assert families["queuectl_jobs"] == {} and sample(families, "queuectl_workers") == 0
