@@ -751,8 +751,8 @@ class SqliteSQL:
     SQL_NEEDED_BY = ("SELECT deps.job_id FROM deps JOIN jobs j ON j.id = deps.job_id JOIN jobs d ON d.id = deps.dep_id "
                      "WHERE deps.dep_id = ? AND j.state <> 'completed' AND d.state <> 'completed'")
     # Before jobs are deleted, their finished runs are added to the tally of forgotten runs (SQL_RUN_TOTALS):
-    # one statement for every job a delete or a purge slice removes (a JSON array of ids), as one a job
-    # made purge twice as slow on PostgreSQL.
+    # one statement for all the jobs a delete or a purge slice removes (a JSON array of ids). One a job
+    # rewrote the row once a job, and on PostgreSQL each rewrite leaves a row version for the next to pass.
     SQL_FORGET_RUNS = (
         "INSERT INTO config (key, value) SELECT 'runs_forgotten', json_array(count(*), "
         "sum(CAST(round((ended_at - started_at) * 1000000) AS INTEGER))) FROM runs "

@@ -6546,7 +6546,7 @@ def test_run_duration_sum_and_count_never_go_down_when_jobs_are_deleted(store):
 
 def test_deleting_many_jobs_adds_their_runs_to_the_tally_in_one_write(store):
     """A delete or a purge slice writes the tally's row once, not once per job: on PostgreSQL every write
-    of it leaves a row version behind, and one write per job made purge twice as slow."""
+    of it leaves a row version behind, and one write per job made purge far slower."""
     register(store)
     ids = [f"j{i}" for i in range(6)]
     store.enqueue([spec(i) for i in ids], T0)
