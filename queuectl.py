@@ -6033,6 +6033,10 @@ MAX_REQUEST_BODY = 64 * 1024
 # leaves most of the usual 1,024 descriptors free for the database connections of the requests.
 REQUEST_DEADLINE_S = 10.0
 MAX_CONNECTIONS = 64
+# Nor may they hold much memory: http.server alone reads up to 100 header lines of 64 KiB each, and the
+# cap's worth of connections sending that held several hundred MB. A request line and headers beyond
+# this are not read (a browser's, cookies included, stay far below it).
+MAX_REQUEST_HEAD = 64 * 1024
 ACCEPT_PAUSE_S = 0.1  # out of descriptors: how long the server waits before it tries accept() again
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
 # Status codes for the QueueError subclasses (they all share exit code 1, so the class decides).
@@ -6616,11 +6620,13 @@ class DashboardServer:
 
 
 class RequestReader(io.RawIOBase):
-    """A connection's incoming bytes, cut off (TimeoutError) at its slot's deadline or when it is evicted."""
+    """A connection's incoming bytes, cut off (TimeoutError) at its slot's deadline, when it is evicted, or
+    past MAX_REQUEST_HEAD + MAX_REQUEST_BODY bytes."""
 
     def __init__(self, connection, slot: Slot):
         super().__init__()
         self.connection, self.slot = connection, slot
+        self.unread = MAX_REQUEST_HEAD + MAX_REQUEST_BODY  # what a request may still send
 
     def readable(self) -> bool:
         return True
@@ -6629,10 +6635,15 @@ class RequestReader(io.RawIOBase):
         left = self.slot.deadline - time.monotonic()
         if left <= 0 or self.slot.evicted:
             raise TimeoutError("the request did not arrive in time")
+        if self.unread <= 0:
+            # A TimeoutError too: http.server closes the connection without a reply at one, wherever in
+            # the request it is raised (request line, headers or body).
+            raise TimeoutError("the request is larger than any the dashboard takes")
         # The timeout is what is left of the whole request's time, not a fresh one per read: a client
         # sending a byte now and then must not keep its connection past the deadline.
         self.connection.settimeout(left)
-        read = self.connection.recv_into(buffer)
+        read = self.connection.recv_into(memoryview(buffer)[:self.unread])
+        self.unread -= read
         if not read and self.slot.evicted:  # the end our shutdown() made: not a complete request
             raise TimeoutError("the connection was evicted before its request arrived")
         return read
