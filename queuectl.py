@@ -6034,8 +6034,9 @@ MAX_REQUEST_BODY = 64 * 1024
 REQUEST_DEADLINE_S = 10.0
 MAX_CONNECTIONS = 64
 # Nor may they hold much memory: http.server alone reads up to 100 header lines of 64 KiB each, and the
-# cap's worth of connections sending that held several hundred MB. A request line and headers beyond
-# this are not read (a browser's, cookies included, stay far below it).
+# cap's worth of connections sending that held several hundred MB. So no more than this plus the largest
+# body is read from a connection: what the request line and headers may take (a browser's, cookies
+# included, stay far below it).
 MAX_REQUEST_HEAD = 64 * 1024
 ACCEPT_PAUSE_S = 0.1  # out of descriptors: how long the server waits before it tries accept() again
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
