@@ -6518,11 +6518,12 @@ class Dashboard:
 
 
 class Slot:
-    """An accepted connection's place among the MAX_CONNECTIONS served: its deadline and whether it waits
-    on its client, sending its request or taking its reply (only then may a newer connection take its place)."""
+    """An accepted connection's place among the MAX_CONNECTIONS served: its deadline and its phase, "request"
+    (arriving), "answer" (being worked out) or "reply" (being sent); a newer connection may take its place
+    in the first and the last, when it waits on its client."""
 
     def __init__(self, deadline: float):
-        self.deadline, self.on_client, self.evicted = deadline, True, False
+        self.deadline, self.phase, self.evicted = deadline, "request", False
 
 
 class DashboardServer:
@@ -6574,16 +6575,18 @@ class DashboardServer:
         super().process_request(request, client_address)
 
     def _free_slot(self) -> bool:
-        """Whether a new connection may be served: below the cap, or after evicting the connection that
-        has been sending its request the longest (caller holds slots_lock)."""
+        """Whether a new connection may be served: below the cap, or after evicting the oldest connection
+        still sending its request or, if none is, still taking its reply (caller holds slots_lock)."""
         served = [(connection, slot) for connection, slot in self.slots.items() if not slot.evicted]
         if len(served) < MAX_CONNECTIONS:
             return True
         # Evicting the oldest connection that waits on its client, rather than refusing the newcomer, is
         # what keeps connections that never finish their request, or never read their reply, from shutting
         # everyone else out until their deadline: a real request, sent in one go, is in long before the
-        # cap's worth of newer ones, and a reply to a client that reads is out as quickly.
-        oldest = next(((connection, slot) for connection, slot in served if slot.on_client), None)
+        # cap's worth of newer ones. A reply goes only when no request is arriving: most are out in one
+        # write, and a flood of connections that send nothing must not cut the replies of real requests.
+        oldest = next(((connection, slot) for phase in ("request", "reply") for connection, slot in served
+                       if slot.phase == phase), None)
         if oldest is None:  # every slot is working on an answer: those end on their own
             return False
         import socket
@@ -6596,13 +6599,13 @@ class DashboardServer:
         """Mark the connection's request as read (not evictable while its answer is made); False if it was
         evicted already."""
         with self.slots_lock:
-            slot.on_client = False
+            slot.phase = "answer"
             return not slot.evicted
 
     def replying(self, slot: Slot) -> None:
         """Mark the connection as waiting on its client again, which now takes the reply (evictable)."""
         with self.slots_lock:
-            slot.on_client = True
+            slot.phase = "reply"
 
     def shutdown_request(self, request) -> None:
         with self.slots_lock:

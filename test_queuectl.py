@@ -3526,6 +3526,41 @@ def test_dashboard_reads_no_request_head_beyond_its_bound(sqlite_dashboard, monk
         conn.close()
 
 
+def add_big_jobs(d):
+    """Jobs enough in dashboard `d`'s queue that a page of them is far more than a socket's buffers hold."""
+    now, command = time.time(), "echo " + "x" * 100_000
+    d.store.enqueue([queuectl.validate_job({"id": f"big-{i}", "command": command}, d.store.config_all(), "/tmp", now)
+                     for i in range(100)], now)
+
+
+def big_page_unread(d):
+    """A connection to dashboard `d` (see add_big_jobs) that asks for a page of jobs and reads only its
+    status line: the rest of the reply waits on this client (the server's write of it blocks)."""
+    conn = socket.socket()
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect(): a small window
+    conn.settimeout(WAIT_S)
+    try:
+        conn.connect(("127.0.0.1", d.server.server_address[1]))
+        conn.sendall(f"GET /api/jobs?limit=1000 HTTP/1.0\r\nHost: 127.0.0.1\r\nX-Queuectl-Token: {DASH_TOKEN}"
+                     "\r\n\r\n".encode())
+        head = b""
+        while len(head) < 12 and (part := conn.recv(12 - len(head))):
+            head += part
+        assert head == b"HTTP/1.0 200", head
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def request_status(d, path):
+    """A request's status, or the error of a connection closed unanswered."""
+    try:
+        return d.request(path)[0]
+    except OSError as e:
+        return e
+
+
 def test_dashboard_makes_way_at_the_cap_when_every_connection_holds_a_reply_its_client_does_not_read(
         sqlite_dashboard, monkeypatch):
     """A client that asks for a big page and reads none of it holds its connection for as long as the
@@ -3533,34 +3568,42 @@ def test_dashboard_makes_way_at_the_cap_when_every_connection_holds_a_reply_its_
     sending its request would (the cap is lowered here so that a few such clients reach it)."""
     monkeypatch.setattr(queuectl, "MAX_CONNECTIONS", 2)
     d = sqlite_dashboard()
-    now = time.time()
-    command = "echo " + "x" * 100_000  # a page of these is far more than a socket's buffers hold
-    d.store.enqueue([queuectl.validate_job({"id": f"big-{i}", "command": command}, d.store.config_all(), "/tmp", now)
-                     for i in range(100)], now)
-    request = (f"GET /api/jobs?limit=1000 HTTP/1.0\r\nHost: 127.0.0.1\r\nX-Queuectl-Token: {DASH_TOKEN}\r\n\r\n"
-               .encode())
+    add_big_jobs(d)
     earlier_threads, stalled = request_threads(), []
     try:
         for _ in range(queuectl.MAX_CONNECTIONS):
-            conn = socket.socket()
-            conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect(): a small window
-            conn.settimeout(WAIT_S)
-            stalled.append(conn)
-            conn.connect(("127.0.0.1", d.server.server_address[1]))
-            conn.sendall(request)
-            head = b""
-            while len(head) < 12 and (part := conn.recv(12 - len(head))):
-                head += part
-            assert head == b"HTTP/1.0 200"  # its reply is being written; nothing more is read
-        try:
-            status = d.request("/api/status")[0]
-        except OSError as e:  # closed unanswered
-            status = e
-        assert status == 200, status
+            stalled.append(big_page_unread(d))
+        assert request_status(d, "/api/status") == 200
     finally:
         for conn in stalled:
             conn.close()
     wait_for(lambda: not request_threads() - earlier_threads, "the connections' threads to end")
+
+
+def test_dashboard_at_the_cap_cuts_a_request_still_arriving_before_any_reply(sqlite_dashboard, monkeypatch):
+    """A reply is cut only when no request is arriving: a flood of connections that send nothing must not
+    cut the replies of real requests, most of which are out in one write."""
+    monkeypatch.setattr(queuectl, "MAX_CONNECTIONS", 2)
+    d = sqlite_dashboard()
+    add_big_jobs(d)
+    earlier_threads = request_threads()
+    replying = big_page_unread(d)  # the older of the two
+    arriving = socket.create_connection(("127.0.0.1", d.server.server_address[1]), timeout=WAIT_S)
+    try:
+        arriving.sendall(b"GET /api/status HTTP/1.0\r\n")
+        wait_for(lambda: len(request_threads() - earlier_threads) == 2, "both connections to be served")
+        assert request_status(d, "/api/status") == 200
+        with contextlib.suppress(ConnectionResetError):
+            assert arriving.recv(100) == b""  # closed unanswered
+        reply = b"HTTP/1.0 200"
+        while part := replying.recv(1 << 20):
+            reply += part
+        head, body = reply.split(b"\r\n\r\n", 1)
+        length = int(re.search(rb"Content-Length: (\d+)", head)[1])
+        assert len(body) == length and len(json.loads(body)) >= 100  # the whole reply came
+    finally:
+        arriving.close()
+        replying.close()
 
 
 # ==== CLI ==========================================================================================
