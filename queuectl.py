@@ -6603,7 +6603,7 @@ class DashboardServer:
             return not slot.evicted
 
     def replying(self, slot: Slot) -> None:
-        """Mark the connection as waiting on its client again, which now takes the reply (evictable)."""
+        """Mark the connection as waiting on its client again, which now takes the reply (see _free_slot)."""
         with self.slots_lock:
             slot.phase = "reply"
 
@@ -6700,7 +6700,7 @@ class DashboardHandler:
 
     def _send(self, reply: Reply) -> None:
         # A client that reads slowly, or not at all, holds its slot for as long as the reply's writes may
-        # take: so while they run, the slot may make way for a newcomer, as while the request arrives.
+        # take: so while they run, the slot may make way for a newcomer (after those still receiving requests).
         self.server.replying(self.slot)
         with contextlib.suppress(ConnectionError):  # the client left, or its slot made way; no one to tell
             self.send_response(reply.status)
