@@ -3510,6 +3510,115 @@ def test_dashboard_closes_a_request_that_trickles_past_its_deadline(sqlite_dashb
         conn.close()
 
 
+def test_dashboard_reads_no_request_head_beyond_its_bound(sqlite_dashboard, monkeypatch):
+    """http.server alone takes 100 header lines of 64 KiB each: a connection sending that, short of the
+    blank line that ends them, held 6 MB until its deadline (pushed out of reach here). Past
+    MAX_REQUEST_HEAD + MAX_REQUEST_BODY bytes it is closed unanswered; a large head within the bound is
+    answered."""
+    monkeypatch.setattr(queuectl, "REQUEST_DEADLINE_S", 3600.0)
+    d = sqlite_dashboard()
+    cookie = "c=" + "x" * 60_000  # within the bound: a host's cookies can run to tens of KB
+    assert d.request("/api/status", headers={"Cookie": cookie})[0] == 200
+    conn = socket.create_connection(("127.0.0.1", d.server.server_address[1]), timeout=WAIT_S)
+    try:
+        line = b"X-Filler: " + b"x" * 60_000 + b"\r\n"
+        with contextlib.suppress(OSError):  # the server may close while this still sends
+            conn.sendall(b"GET /api/status HTTP/1.0\r\n")
+            for _ in range(99):
+                conn.sendall(line)
+        try:
+            reply = conn.recv(4096)
+            while reply and (more := conn.recv(4096)):
+                reply += more
+        except ConnectionResetError:  # the end, sent as a reset: bytes were still arriving
+            reply = b""
+        except TimeoutError:
+            reply = "neither answered nor closed"
+        assert reply == b"", reply[:100]
+    finally:
+        conn.close()
+
+
+def add_big_jobs(d):
+    """Jobs enough in dashboard `d`'s queue that a page of them is far more than a socket's buffers hold."""
+    now, command = time.time(), "echo " + "x" * 100_000
+    d.store.enqueue([queuectl.validate_job({"id": f"big-{i}", "command": command}, d.store.config_all(), "/tmp", now)
+                     for i in range(100)], now)
+
+
+def big_page_unread(d):
+    """A connection to dashboard `d` (see add_big_jobs) that asks for a page of jobs and reads only its
+    status line: the rest of the reply waits on this client (the server's write of it blocks)."""
+    conn = socket.socket()
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect(): a small window
+    conn.settimeout(WAIT_S)
+    try:
+        conn.connect(("127.0.0.1", d.server.server_address[1]))
+        conn.sendall(f"GET /api/jobs?limit=1000 HTTP/1.0\r\nHost: 127.0.0.1\r\nX-Queuectl-Token: {DASH_TOKEN}"
+                     "\r\n\r\n".encode())
+        head = b""
+        while len(head) < 12 and (part := conn.recv(12 - len(head))):
+            head += part
+        assert head == b"HTTP/1.0 200", head
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def request_status(d, path):
+    """A request's status, or the error of a connection closed unanswered."""
+    try:
+        return d.request(path)[0]
+    except OSError as e:
+        return e
+
+
+def test_dashboard_makes_way_at_the_cap_when_every_connection_holds_a_reply_its_client_does_not_read(
+        sqlite_dashboard, monkeypatch):
+    """A client that asks for a big page and reads none of it holds its connection for as long as the
+    reply's writes may take: at the cap, the oldest of those makes way for a newcomer, as one still
+    sending its request would (the cap is lowered here so that a few such clients reach it)."""
+    monkeypatch.setattr(queuectl, "MAX_CONNECTIONS", 2)
+    d = sqlite_dashboard()
+    add_big_jobs(d)
+    earlier_threads, stalled = request_threads(), []
+    try:
+        for _ in range(queuectl.MAX_CONNECTIONS):
+            stalled.append(big_page_unread(d))
+        assert request_status(d, "/api/status") == 200
+    finally:
+        for conn in stalled:
+            conn.close()
+    wait_for(lambda: not request_threads() - earlier_threads, "the connections' threads to end")
+
+
+def test_dashboard_at_the_cap_cuts_a_request_still_arriving_before_any_reply(sqlite_dashboard, monkeypatch):
+    """A reply is cut only when no request is arriving: a flood of connections that send nothing must not
+    cut the replies of real requests, most of which are out in one write."""
+    monkeypatch.setattr(queuectl, "MAX_CONNECTIONS", 2)
+    d = sqlite_dashboard()
+    add_big_jobs(d)
+    earlier_threads = request_threads()
+    replying = big_page_unread(d)  # the older of the two
+    arriving = socket.create_connection(("127.0.0.1", d.server.server_address[1]), timeout=WAIT_S)
+    try:
+        arriving.sendall(b"GET /api/status HTTP/1.0\r\n")
+        wait_for(lambda: len(request_threads() - earlier_threads) == 2, "both connections to be served")
+        assert request_status(d, "/api/status") == 200
+        with contextlib.suppress(ConnectionResetError):
+            assert arriving.recv(100) == b""  # closed unanswered
+        reply = b"HTTP/1.0 200"
+        while part := replying.recv(1 << 20):
+            reply += part
+        head, body = reply.split(b"\r\n\r\n", 1)
+        length = int(re.search(rb"Content-Length: (\d+)", head)[1])
+        assert len(body) == length and len(json.loads(body)) >= 100  # the whole reply came
+    finally:
+        arriving.close()
+        replying.close()
+
+
 # ==== CLI ==========================================================================================
 
 # ---- enqueue
@@ -6518,6 +6627,32 @@ def test_run_duration_sum_and_count_never_go_down_when_jobs_are_deleted(store):
     assert sample(families, "queuectl_run_duration_seconds_count") == 4
     assert sample(families, "queuectl_run_duration_seconds_sum") == 1.75
     assert set(store.config_all()) == set(queuectl.CONFIG)  # the tally is no setting
+
+
+def test_deleting_many_jobs_adds_their_runs_to_the_tally_in_one_write(store):
+    """A delete or a purge slice writes the tally's row once, not once per job: on PostgreSQL every write
+    of it leaves a row version behind, and one write per job made purge far slower."""
+    register(store)
+    ids = [f"j{i}" for i in range(6)]
+    store.enqueue([spec(i) for i in ids], T0)
+    for i in ids:
+        store.finish(store.claim("w1", T0), "w1", outcome(0, None, "x", 0.5), SETTINGS, T0 + 0.5)
+    pg = isinstance(store, queuectl.PostgresStore)
+    count_writes = ["CREATE TABLE tally_writes (n INTEGER NOT NULL)", "INSERT INTO tally_writes VALUES (0)"] + (
+        ["CREATE FUNCTION count_tally_write() RETURNS trigger LANGUAGE plpgsql AS "
+         "$$BEGIN UPDATE tally_writes SET n = n + 1; RETURN NULL; END$$",
+         "CREATE TRIGGER tally_written AFTER INSERT OR UPDATE ON config FOR EACH ROW EXECUTE FUNCTION count_tally_write()"]
+        if pg else
+        [f"CREATE TRIGGER tally_{event} AFTER {event} ON config BEGIN UPDATE tally_writes SET n = n + 1; END"
+         for event in ("INSERT", "UPDATE")])
+    store.write(lambda cur: [cur.execute(statement) for statement in count_writes])
+
+    def writes():
+        return store.write(lambda cur: cur.execute("SELECT n FROM tally_writes").fetchone()[0])
+    store.delete(ids[:3])
+    assert writes() == 1 and store.run_totals() == (6, 3_000_000)
+    assert store.purge("completed", T0 + 100) == 3
+    assert writes() == 2 and store.run_totals() == (6, 3_000_000)
 
 
 def test_metrics_cli_on_an_empty_queue(db):
