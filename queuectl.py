@@ -5623,7 +5623,7 @@ class Supervisor:
         self.worker_id = f"{self.me['host']}:{self.me['pid']}:{os.urandom(3).hex()}"
         self.wake = threading.Condition()
         self.wakes = 0  # wake-ups sent to idle runner threads so far (see _wake_runners)
-        self.signals = 0  # SIGINT, SIGTERM and SIGHUP deliveries so far
+        self.signals = 0  # SIGINT and SIGTERM deliveries so far
         # The main loop's interruptible sleep, set by a burst worker's runner that found nothing to
         # claim and by a runner thread that ends: the drained queue or the last thread's exit is acted
         # on at once, not at the next poll (two polls' wait on every `worker start --burst`).
@@ -5662,8 +5662,8 @@ class Supervisor:
     # -- signals: counted by a thread of their own -----------------------------------------------
 
     def install_signals(self) -> None:
-        """SIGINT/SIGTERM/SIGHUP: first = graceful stop, second = hard stop; SIGQUIT = hard stop at once.
-        SIGHUP is what a closed terminal sends: a worker started from it finishes its jobs, as for SIGTERM.
+        """SIGINT/SIGTERM: first = graceful stop, second = hard stop; SIGQUIT = hard stop at once. SIGHUP
+        (a closed terminal) = graceful stop, however many arrive; one ignored when we start (nohup) stays ignored.
 
         Python runs a handler once for several deliveries of a signal that land before it gets to
         run, and only in the main thread, which may be inside a long SQLite call. So the handlers
@@ -5676,7 +5676,9 @@ class Supervisor:
         read_fd, write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)  # first: no delivery goes uncounted
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGHUP):
-            signal.signal(sig, _ignore_signal)
+            # `nohup queuectl worker start &` asks for a worker that outlives its terminal: keep its SIGHUP ignored.
+            if sig != signal.SIGHUP or signal.getsignal(sig) != signal.SIG_IGN:
+                signal.signal(sig, _ignore_signal)
         threading.Thread(target=self._watch_signals, args=(read_fd,), name="signals", daemon=True).start()
 
     def _watch_signals(self, fd: int) -> None:
@@ -5690,11 +5692,14 @@ class Supervisor:
                     self.on_signal(signum)
 
     def on_signal(self, signum: int) -> None:
-        """One delivered signal: the first SIGINT, SIGTERM or SIGHUP stops gracefully; a second, or SIGQUIT, hard."""
+        """One delivered signal: the first SIGINT or SIGTERM stops gracefully; a second, or SIGQUIT, hard;
+        SIGHUP always gracefully."""
         import signal
         if signum not in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGHUP):
             return
-        if signum != signal.SIGQUIT:
+        # A closed terminal sends SIGHUP twice, as a rule: its shell passes its own on to its jobs, and the
+        # kernel sends one more to the foreground job when that shell exits. Counted, that would be a hard stop.
+        if signum not in (signal.SIGQUIT, signal.SIGHUP):
             self.signals += 1
         if (signum == signal.SIGQUIT or self.signals >= 2) and not self.hard.is_set():
             why = "SIGQUIT" if signum == signal.SIGQUIT else "second signal"

@@ -5109,7 +5109,7 @@ def test_first_signal_lets_the_running_job_finish(db, workers, tmp_path, sig):
     assert (late["state"], late["attempts"], late["run_count"]) == ("pending", 0, 0)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["SIGINT", "SIGTERM", "SIGHUP"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_second_signal_kills_the_job_and_requeues_it(db, workers, tmp_path, sig):
     enqueue(db, id="run", command=BLOCKING_JOB, cwd=str(tmp_path))
     worker = workers.start()
@@ -5126,6 +5126,42 @@ def test_second_signal_kills_the_job_and_requeues_it(db, workers, tmp_path, sig)
     assert (job["state"], job["attempts"]) == ("pending", 0)
     wait_for(lambda: pid_gone(shell_pid), "the job's shell to be killed", timeout=10)
     assert not (tmp_path / "release").exists()
+
+
+def test_a_second_sighup_is_no_hard_stop(db, workers, tmp_path):
+    """A closed terminal sends SIGHUP twice, as a rule: its shell passes its own on to its jobs, and the kernel
+    sends one more to the foreground job when that shell exits. The worker still finishes its job and exits 0."""
+    enqueue(db, id="run", command=BLOCKING_JOB, cwd=str(tmp_path))
+    worker = workers.start()
+    worker.wait_log("worker started")
+    _wait_started(tmp_path)
+    worker.signal(signal.SIGHUP)
+    worker.wait_log("stopping (SIGHUP")  # handled: the second is a delivery of its own (see the test above)
+    worker.signal(signal.SIGHUP)
+    wait_for(lambda: not _signal_pending(worker.popen.pid, signal.SIGHUP), "the second SIGHUP to be delivered")
+    deadline = time.monotonic() + 1.0  # a hard stop would follow its delivery at once: watch for a moment
+    while time.monotonic() < deadline:
+        assert "second signal" not in worker.log() and worker.popen.poll() is None, worker.log()
+        time.sleep(0.05)
+    (tmp_path / "release").touch()
+    assert worker.wait() == 0, worker.log()
+    assert get_job(db, "run")["state"] == "completed"
+
+
+def test_a_worker_started_with_sighup_ignored_keeps_it_ignored(db, workers, tmp_path):
+    """`nohup queuectl worker start &`: the user asked for a worker that outlives its terminal."""
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # inherited by the worker, as nohup does it
+    try:
+        worker = workers.start()
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+    worker.wait_log("worker started")
+    worker.signal(signal.SIGHUP)
+    enqueue(db, id="after", command="true", cwd=str(tmp_path))
+    worker.wait_log("job after completed")
+    assert "stopping" not in worker.log()
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0, worker.log()
 
 
 def _signal_pending(pid, sig):
