@@ -7071,6 +7071,28 @@ def test_a_worker_leaves_a_database_a_newer_queuectl_upgraded(db, workers, tmp_p
     assert (get_job(db, "run")["state"], get_job(db, "late")["state"]) == ("completed", "pending")
 
 
+def test_a_worker_presumed_dead_across_an_upgrade_leaves_instead_of_registering_again(db, workers, tmp_path):
+    """Our lease ran out (a paused worker, a network cut) while a newer queuectl, finding us dead, upgraded the
+    schema: at the next heartbeat our row is gone and registering again would be refused, at every beat for
+    ever. The worker kills its requeued job, as after any lost registration, and leaves: exit 1."""
+    ok(db, "config", "set", "stale-timeout", "1")  # a heartbeat every 0.2 s
+    enqueue(db, id="run", command=BLOCKING_JOB, cwd=str(tmp_path))
+    worker = workers.start()
+    worker.wait_log("worker started")
+    _wait_started(tmp_path)
+    shell = int((tmp_path / "sh.pid").read_text())
+    newer = queuectl.SCHEMA_VERSION + 1
+    with opened(db) as s:  # the sweep that dropped us and the migration, together: no beat between them
+        s.write(lambda cur: (cur.execute("DELETE FROM workers"), cur.execute(
+            "UPDATE queuectl_version SET version = %s" % newer if is_pg(db) else f"PRAGMA user_version = {newer}")))
+    try:
+        assert worker.wait() == 1, worker.log()
+    finally:
+        set_schema_version(db, queuectl.SCHEMA_VERSION)
+    assert f"upgraded to schema {newer}" in worker.log() and "re-registering" not in worker.log()
+    wait_for(lambda: pid_gone(shell), "the requeued job's shell to be killed", timeout=10)
+
+
 @pytest.mark.parametrize("how", ["deleted", "replaced"])
 def test_a_worker_leaves_a_database_file_that_was_deleted_or_replaced(sqlite_db, workers, tmp_path, how):
     """`rm queue.db*` (or a new file moved over it) under a running worker: the path names another file, where
