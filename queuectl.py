@@ -2619,7 +2619,9 @@ class PostgresSQL:
     # Taken by a migration before it looks for live workers: a registration under way commits first and is
     # seen, a later one waits for the migration and then meets the schema it brought (plain reads go on).
     SQL_LOCK_WORKERS = "LOCK TABLE workers IN EXCLUSIVE MODE"
-    SQL_REQUEST_STOP = "UPDATE workers SET stop_requested = 1 WHERE id = %s"
+    # Not a row without a version (an older worker the upgrade found dead): workers_versioned refuses its update,
+    # and that worker, whose heartbeat it refuses too, would never read the request.
+    SQL_REQUEST_STOP = "UPDATE workers SET stop_requested = 1 WHERE id = %s AND version IS NOT NULL"
     SQL_STATS_OUTCOMES = "SELECT outcome, count(*) FROM runs WHERE ended_at >= %s GROUP BY outcome"
     SQL_STATS_TIMES = ("SELECT ended_at - started_at, GREATEST(0, started_at - due_at) FROM runs "
                        "WHERE ended_at >= %s AND outcome IN ('completed', 'failed', 'dead')")

@@ -7039,6 +7039,31 @@ def test_postgres_an_upgrade_waits_for_a_registration_under_way_and_then_refuses
     assert_one_error(result["err"], f"PID {me['pid']} (queuectl 1.0.0")
 
 
+def test_worker_stop_reaches_the_workers_though_an_older_workers_row_outlived_the_upgrade(db, monkeypatch):
+    """An upgrade run on another host found the older worker dead (no heartbeat for stale-timeout: a network
+    cut), so its row, which records no version, stayed; on its own host `worker stop` finds it alive by its PID.
+    The older worker can no longer beat (PostgreSQL refuses any write of a row without a version, so it cannot
+    see a stop request either): asking it must not fail the request to every other worker."""
+    with subprocess.Popen(["sleep", "60"]) as sleeper:
+        try:
+            me = queuectl.host_identity()
+            with previous_schema(monkeypatch), opened(db) as s:
+                register_older(s, "older", {**me, "pid": sleeper.pid,
+                                            "proc_start": queuectl.proc_start_time(sleeper.pid)}, s.now() - 3600)
+            with monkeypatch.context() as m:  # the upgrading host judges it by its heartbeat: dead
+                m.setattr(queuectl, "looks_alive", lambda *args: False)
+                ok(db, "status")
+            with opened(db) as s:
+                s.register("newer", me, 1, s.now())
+            code, out, err = cli(db, "worker", "stop")
+            assert code == 0 and "Traceback" not in err, (code, out, err)
+            with opened(db) as s:
+                assert {w.id: w.stop_requested for w in s.workers()}["newer"] == 1
+        finally:
+            sleeper.kill()
+            sleeper.wait()
+
+
 def set_schema_version(db, version):
     """Write the schema version straight into the database, as a newer queuectl's migration would."""
     if is_pg(db):
