@@ -1017,10 +1017,11 @@ def _signature(path: str) -> tuple:
 
 
 def _file_id(path: str) -> tuple | None:
-    """(st_dev, st_ino) of the file `path` names now, None if it names none."""
+    """(st_dev, st_ino) of the file `path` names now, None if it leads to none (any error: a folder on the way
+    replaced by a file, or made unreadable, is a path commands cannot use either)."""
     try:
         st = os.stat(path)
-    except FileNotFoundError:
+    except OSError:
         return None
     return (st.st_dev, st.st_ino)
 

@@ -7096,6 +7096,30 @@ def test_a_worker_leaves_a_database_a_newer_queuectl_upgraded(db, workers, tmp_p
     assert (get_job(db, "run")["state"], get_job(db, "late")["state"]) == ("completed", "pending")
 
 
+def test_a_worker_leaves_a_database_whose_folder_was_replaced_by_a_file(tmp_path, monkeypatch):
+    """`mv queue queue.old; touch queue` under a worker of queue/queue.db: its path leads to no file (ENOTDIR,
+    not ENOENT). It leaves as for a deleted file, instead of failing its housekeeping after every heartbeat
+    (no sweep, no cancel honoured) for ever."""
+    monkeypatch.delenv("QUEUECTL_DB", raising=False)
+    (tmp_path / "queue").mkdir()
+    db = str(tmp_path / "queue" / "queue.db")
+    ok(db, "config", "set", "stale-timeout", "1")  # a heartbeat every 0.2 s
+    enqueue(db, id="run", command=BLOCKING_JOB, cwd=str(tmp_path))
+    pool = Workers(db, tmp_path)
+    try:
+        worker = pool.start()
+        worker.wait_log("worker started")
+        _wait_started(tmp_path)
+        (tmp_path / "queue").rename(tmp_path / "queue.old")
+        (tmp_path / "queue").touch()
+        worker.wait_log(f"{db} is no longer the database file this worker opened")
+        (tmp_path / "release").touch()
+        assert worker.wait() == 1, worker.log()
+        assert "housekeeping failed" not in worker.log() and "job run completed" in worker.log()
+    finally:
+        pool.cleanup()
+
+
 def test_a_worker_presumed_dead_across_an_upgrade_leaves_instead_of_registering_again(db, workers, tmp_path):
     """Our lease ran out (a paused worker, a network cut) while a newer queuectl, finding us dead, upgraded the
     schema: at the next heartbeat our row is gone and registering again would be refused, at every beat for
