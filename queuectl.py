@@ -1592,9 +1592,9 @@ class Store:
         """(id, run) of this worker's running jobs that a user asked to cancel."""
         return {(r[0], r[1]) for r in self.read(self.sql.SQL_CANCEL_REQUESTS, (worker_id,))}
 
-    def request_stop(self, worker_ids: list[str]) -> int:
-        """Ask these workers to stop; returns how many were asked."""
-        return self.write(lambda cur: sum(cur.execute(self.sql.SQL_REQUEST_STOP, (w,)).rowcount for w in worker_ids))
+    def request_stop(self, worker_ids: list[str]) -> list[str]:
+        """Ask these workers to stop; returns those that were asked (see SQL_REQUEST_STOP)."""
+        return self.write(lambda cur: [w for w in worker_ids if cur.execute(self.sql.SQL_REQUEST_STOP, (w,)).rowcount])
 
     def orphan_jobs(self) -> list[tuple]:
         """(id, run_count, lost_count, worker_id) of processing jobs whose worker is not registered."""
@@ -8257,8 +8257,9 @@ def check_worker_stop(args) -> None:
 
 
 def cmd_worker_stop(args, store: Store) -> int:
-    asked = {w.id for w in live_workers(store)}  # a dead worker's row would only inflate the count
-    n = store.request_stop(sorted(asked))
+    # A dead worker's row would only inflate the count; one that could not be asked would be waited for in vain.
+    asked = set(store.request_stop(sorted(w.id for w in live_workers(store))))
+    n = len(asked)
     print(f"asked {n} worker{'s' if n != 1 else ''} to stop")
     if not args.wait:
         return EXIT_OK
