@@ -1815,7 +1815,7 @@ class SqliteStore(Store):
             self.conn, self.frozen = self._connect_read_only(real)
         else:
             self.conn, self.frozen = self._connect(self.path), False
-        self.file_id = _file_id(real)  # what the path names now: see moved_on
+        self.file_id, self.companion_ids = _file_id(real), {}  # what the path names now: see moved_on
         try:
             if self.read_only:
                 self._check_readable()
@@ -1825,6 +1825,9 @@ class SqliteStore(Store):
                 sync = "FULL" if self.durable else "NORMAL"
                 self._retry(lambda: self.conn.execute(f"PRAGMA synchronous = {sync}"))
                 self._migrate()
+                # The -wal and -shm our connection opened (it has read): they stay while it is open, as
+                # SQLite deletes them only when the last connection closes (see moved_on).
+                self.companion_ids = {name: _file_id(name) for name in _companions(real)}
             if self.reads_only:
                 self.query_only()
         except sqlite3.Error as e:
@@ -1842,6 +1845,12 @@ class SqliteStore(Store):
         if _file_id(self.path) != self.file_id:
             return (f"{self.path} is no longer the database file this worker opened (deleted or replaced); "
                     "start a worker on the queue the path holds now")
+        # Deleted under us (`rm queue.db-*`), they are made anew by the next command, which then sees none of
+        # our writes nor we its: its jobs would wait for ever (and the file's pages are at risk).
+        lost = [name for name, was in self.companion_ids.items() if was and _file_id(name) != was]
+        if lost:
+            return (f"{' and '.join(lost)}, which this worker opened with {self.path}, no longer exist as they were "
+                    "(deleted?): other commands no longer see its changes, nor it theirs; start a worker again")
         return super().moved_on()
 
     def _changed(self) -> bool:

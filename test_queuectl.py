@@ -7098,6 +7098,30 @@ def test_a_worker_leaves_a_database_a_newer_queuectl_upgraded(db, workers, tmp_p
     assert (get_job(db, "run")["state"], get_job(db, "late")["state"]) == ("completed", "pending")
 
 
+def test_a_worker_leaves_a_database_whose_wal_and_shm_were_deleted(sqlite_db, workers, tmp_path):
+    """`rm queue.db-wal queue.db-shm` (taken for leftovers) under a running worker: the next command makes new
+    ones and sees none of the worker's changes, nor the worker its, so what it enqueues would wait for ever.
+    The worker leaves as for a deleted file; a checkpoint or VACUUM, which keep both files, is no reason to."""
+    ok(sqlite_db, "config", "set", "stale-timeout", "1")  # a heartbeat every 0.2 s
+    worker = workers.start()
+    worker.wait_log("worker started")
+    conn = sqlite3.connect(sqlite_db)
+    conn.execute("VACUUM")
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    enqueue(sqlite_db, id="before", command="true", cwd=str(tmp_path))
+    worker.wait_log("job before completed")
+    enqueue(sqlite_db, id="run", command=BLOCKING_JOB, cwd=str(tmp_path))
+    _wait_started(tmp_path)
+    for name in (f"{sqlite_db}-wal", f"{sqlite_db}-shm"):
+        os.unlink(name)
+    worker.wait_log(f"{sqlite_db}-wal and {sqlite_db}-shm, which this worker opened")
+    assert worker.popen.poll() is None  # its job still runs
+    (tmp_path / "release").touch()
+    assert worker.wait() == 1, worker.log()
+    assert "job run completed" in worker.log()
+
+
 def test_a_worker_leaves_a_database_whose_folder_was_replaced_by_a_file(tmp_path, monkeypatch):
     """`mv queue queue.old; touch queue` under a worker of queue/queue.db: its path leads to no file (ENOTDIR,
     not ENOENT). It leaves as for a deleted file, instead of failing its housekeeping after every heartbeat
