@@ -5935,12 +5935,12 @@ class Supervisor:
         # Another worker declared us dead (we were paused past the lease) and requeued our jobs.
         # A new epoch makes every run claimed under the old registration abort within 250 ms (so
         # it cannot overlap its rerun), including one whose claim is still being returned.
+        self.epoch += 1  # before anything that may fail
         # A database that moved on meanwhile (our lease ran out in an upgrade that found us dead) would refuse
         # the registration at every beat, for ever: then we leave instead.
         why = self.leaving or self.store.moved_on()
         log.error("this worker was presumed dead by another; killing its running jobs and %s",
                   "leaving" if why else "re-registering", extra=event("registration_lost", worker_id=self.worker_id))
-        self.epoch += 1
         if why:
             if not self.leaving:
                 self._leave(why)
