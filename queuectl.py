@@ -1025,10 +1025,11 @@ def _signature(path: str) -> tuple:
 
 
 def _file_id(path: str) -> tuple | None:
-    """(st_dev, st_ino) of the file `path` names now, None if it names none."""
+    """(st_dev, st_ino) of the file `path` names now, None if it leads to none (any error: a folder on the way
+    replaced by a file, or made unreadable, is a path commands cannot use either)."""
     try:
         st = os.stat(path)
-    except FileNotFoundError:
+    except OSError:
         return None
     return (st.st_dev, st.st_ino)
 
@@ -1604,9 +1605,9 @@ class Store:
         """(id, run) of this worker's running jobs that a user asked to cancel."""
         return {(r[0], r[1]) for r in self.read(self.sql.SQL_CANCEL_REQUESTS, (worker_id,))}
 
-    def request_stop(self, worker_ids: list[str]) -> int:
-        """Ask these workers to stop; returns how many were asked."""
-        return self.write(lambda cur: sum(cur.execute(self.sql.SQL_REQUEST_STOP, (w,)).rowcount for w in worker_ids))
+    def request_stop(self, worker_ids: list[str]) -> list[str]:
+        """Ask these workers to stop; returns those that were asked (see SQL_REQUEST_STOP)."""
+        return self.write(lambda cur: [w for w in worker_ids if cur.execute(self.sql.SQL_REQUEST_STOP, (w,)).rowcount])
 
     def orphan_jobs(self) -> list[tuple]:
         """(id, run_count, lost_count, worker_id) of processing jobs whose worker is not registered."""
@@ -1827,7 +1828,7 @@ class SqliteStore(Store):
             self.conn, self.frozen = self._connect_read_only(real)
         else:
             self.conn, self.frozen = self._connect(self.path), False
-        self.file_id = _file_id(real)  # what the path names now: see moved_on
+        self.file_id, self.companion_ids = _file_id(real), {}  # what the path names now: see moved_on
         try:
             if self.read_only:
                 self._check_readable()
@@ -1837,6 +1838,9 @@ class SqliteStore(Store):
                 sync = "FULL" if self.durable else "NORMAL"
                 self._retry(lambda: self.conn.execute(f"PRAGMA synchronous = {sync}"))
                 self._migrate()
+                # The -wal and -shm our connection opened (it has read): they stay while it is open, as
+                # SQLite deletes them only when the last connection closes (see moved_on).
+                self.companion_ids = {name: _file_id(name) for name in _companions(real)}
             if self.reads_only:
                 self.query_only()
         except sqlite3.Error as e:
@@ -1854,6 +1858,12 @@ class SqliteStore(Store):
         if _file_id(self.path) != self.file_id:
             return (f"{self.path} is no longer the database file this worker opened (deleted or replaced); "
                     "start a worker on the queue the path holds now")
+        # Deleted under us (`rm queue.db-*`), they are made anew by the next command, which then sees none of
+        # our writes nor we its: its jobs would wait for ever (and the file's pages are at risk).
+        lost = [name for name, was in self.companion_ids.items() if was and _file_id(name) != was]
+        if lost:
+            return (f"{' and '.join(lost)}, which this worker opened with {self.path}, no longer exist as they were "
+                    "(deleted?): other commands no longer see its changes, nor it theirs; start a worker again")
         return super().moved_on()
 
     def _changed(self) -> bool:
@@ -2632,7 +2642,9 @@ class PostgresSQL:
     # Taken by a migration before it looks for live workers: a registration under way commits first and is
     # seen, a later one waits for the migration and then meets the schema it brought (plain reads go on).
     SQL_LOCK_WORKERS = "LOCK TABLE workers IN EXCLUSIVE MODE"
-    SQL_REQUEST_STOP = "UPDATE workers SET stop_requested = 1 WHERE id = %s"
+    # Not a row without a version (an older worker the upgrade found dead): workers_versioned refuses its update,
+    # and that worker, whose heartbeat it refuses too, would never read the request.
+    SQL_REQUEST_STOP = "UPDATE workers SET stop_requested = 1 WHERE id = %s AND version IS NOT NULL"
     SQL_STATS_OUTCOMES = "SELECT outcome, count(*) FROM runs WHERE ended_at >= %s GROUP BY outcome"
     SQL_STATS_TIMES = ("SELECT ended_at - started_at, GREATEST(0, started_at - due_at) FROM runs "
                        "WHERE ended_at >= %s AND outcome IN ('completed', 'failed', 'dead')")
@@ -5654,7 +5666,7 @@ class Supervisor:
         self.worker_id = f"{self.me['host']}:{self.me['pid']}:{os.urandom(3).hex()}"
         self.wake = threading.Condition()
         self.wakes = 0  # wake-ups sent to idle runner threads so far (see _wake_runners)
-        self.signals = 0  # SIGINT, SIGTERM and SIGHUP deliveries so far
+        self.signals = 0  # SIGINT and SIGTERM deliveries so far
         # The main loop's interruptible sleep, set by a burst worker's runner that found nothing to
         # claim and by a runner thread that ends: the drained queue or the last thread's exit is acted
         # on at once, not at the next poll (two polls' wait on every `worker start --burst`).
@@ -5700,8 +5712,8 @@ class Supervisor:
     # -- signals: counted by a thread of their own -----------------------------------------------
 
     def install_signals(self) -> None:
-        """SIGINT/SIGTERM/SIGHUP: first = graceful stop, second = hard stop; SIGQUIT = hard stop at once.
-        SIGHUP is what a closed terminal sends: a worker started from it finishes its jobs, as for SIGTERM.
+        """SIGINT/SIGTERM: first = graceful stop, second = hard stop; SIGQUIT = hard stop at once. SIGHUP
+        (a closed terminal) = graceful stop, however many arrive; one ignored when we start (nohup) stays ignored.
 
         Python runs a handler once for several deliveries of a signal that land before it gets to
         run, and only in the main thread, which may be inside a long SQLite call. So the handlers
@@ -5715,7 +5727,9 @@ class Supervisor:
         read_fd, write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)  # first: no delivery goes uncounted
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGHUP):
-            signal.signal(sig, _ignore_signal)
+            # `nohup queuectl worker start &` asks for a worker that outlives its terminal: keep its SIGHUP ignored.
+            if sig != signal.SIGHUP or signal.getsignal(sig) != signal.SIG_IGN:
+                signal.signal(sig, _ignore_signal)
         threading.Thread(target=self._watch_signals, args=(read_fd,), name="signals", daemon=True).start()
 
     def _watch_signals(self, fd: int) -> None:
@@ -5729,11 +5743,14 @@ class Supervisor:
                     self.on_signal(signum)
 
     def on_signal(self, signum: int) -> None:
-        """One delivered signal: the first SIGINT, SIGTERM or SIGHUP stops gracefully; a second, or SIGQUIT, hard."""
+        """One delivered signal: the first SIGINT or SIGTERM stops gracefully; a second, or SIGQUIT, hard;
+        SIGHUP always gracefully."""
         import signal
         if signum not in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGHUP):
             return
-        if signum != signal.SIGQUIT:
+        # A closed terminal sends SIGHUP twice, as a rule: its shell passes its own on to its jobs, and the
+        # kernel sends one more to the foreground job when that shell exits. Counted, that would be a hard stop.
+        if signum not in (signal.SIGQUIT, signal.SIGHUP):
             self.signals += 1
         if (signum == signal.SIGQUIT or self.signals >= 2) and not self.hard.is_set():
             why = "SIGQUIT" if signum == signal.SIGQUIT else "second signal"
@@ -6018,9 +6035,16 @@ class Supervisor:
         # Another worker declared us dead (we were paused past the lease) and requeued our jobs.
         # A new epoch makes every run claimed under the old registration abort within 250 ms (so
         # it cannot overlap its rerun), including one whose claim is still being returned.
-        log.error("this worker was presumed dead by another; killing its running jobs and re-registering",
-                  extra=event("registration_lost", worker_id=self.worker_id))
-        self.epoch += 1
+        self.epoch += 1  # before anything that may fail
+        # A database that moved on meanwhile (our lease ran out in an upgrade that found us dead) would refuse
+        # the registration at every beat, for ever: then we leave instead.
+        why = self.leaving or self.store.moved_on()
+        log.error("this worker was presumed dead by another; killing its running jobs and %s",
+                  "leaving" if why else "re-registering", extra=event("registration_lost", worker_id=self.worker_id))
+        if why:
+            if not self.leaving:
+                self._leave(why)
+            return
         self.store.register(self.worker_id, self.me, self.count, self.store.now(), self.queues)
 
     def _poll(self) -> None:
@@ -8374,8 +8398,9 @@ def check_worker_stop(args) -> None:
 
 
 def cmd_worker_stop(args, store: Store) -> int:
-    asked = {w.id for w in live_workers(store)}  # a dead worker's row would only inflate the count
-    n = store.request_stop(sorted(asked))
+    # A dead worker's row would only inflate the count; one that could not be asked would be waited for in vain.
+    asked = set(store.request_stop(sorted(w.id for w in live_workers(store))))
+    n = len(asked)
     print(f"asked {n} worker{'s' if n != 1 else ''} to stop")
     if not args.wait:
         return EXIT_OK
