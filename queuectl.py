@@ -4122,6 +4122,12 @@ def run_command(job: Job, env_extra: dict, abort, on_output=None, *, die_with_wo
     SIGTERM and SIGKILL (see _Capture.stop).
     """
     started = time.monotonic()
+    # Asked before the start too: the claim or the settings read before it may have answered only after
+    # the worker was cut off (a server that hung meanwhile), when another host may already be rerunning
+    # the job; then no process of it may run here, not even until the first look below.
+    reason = abort()
+    if reason:
+        return _outcome(None, reason, b"", 0.0, job.timeout)
     extra = {k.encode(): v.encode() for d in (job.env, env_extra) for k, v in d.items()}
     try:
         proc = _spawn(job, extra, die_with_worker)

@@ -7374,6 +7374,31 @@ def test_a_runners_kill_path_never_waits_on_the_database(store, reason):
     assert ended[0].error == ("timed out after 1.5s (terminated)" if reason == "timeout" else "canceled (terminated)")
 
 
+@pytest.mark.parametrize("late", ["claim", "config_all"])
+def test_a_job_whose_claim_or_settings_answer_after_the_cut_off_never_starts(store, monkeypatch, tmp_path, late):
+    """The claim, or the settings read before the start, answers only after the worker was cut off from
+    the database (a server that hung meanwhile): a sweeper elsewhere may be rerunning the job by then, so
+    its process must not start, not even for the moment until the first look at abort(). The run is
+    recorded as lost, as a run the cut-off killed."""
+    register(store)
+    store.enqueue([spec("j", command=f"touch {tmp_path / 'started'}")], T0)
+    cut, real = threading.Event(), getattr(store, late)
+
+    def answers_late(*args):
+        answer = real(*args)
+        cut.set()  # the worker was cut off while it waited for this answer
+        return answer
+    monkeypatch.setattr(store, late, answers_late)
+    spawned, real_spawn = [], queuectl._spawn
+    monkeypatch.setattr(queuectl, "_spawn", lambda *args: spawned.append(args[0].id) or real_spawn(*args))
+    runner = queuectl.Runner(store, "w1", lambda job, epoch: queuectl.CUT_OFF if cut.is_set() else None)
+    assert runner.run_once(T0) is True
+    assert spawned == [] and not (tmp_path / "started").exists()
+    job = store.get("j")
+    assert (job.state, job.lost_count) == ("pending", 1)
+    assert [(r["outcome"], r["error"]) for r in store.runs("j")] == [("lost", queuectl.CUT_OFF)]
+
+
 def test_postgres_a_job_timing_out_while_the_server_hangs_dies_before_another_host_reruns_it(
         pg_url, hosts, workers, hanging_pg, tmp_path):
     """The job's timeout falls due while host A's server hangs: the kill must not wait on it, and the
