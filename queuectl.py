@@ -5287,6 +5287,9 @@ class Runner:
         env = {"QUEUECTL_JOB_ID": job.id, "QUEUECTL_ATTEMPT": str(job.attempts + 1),
                "QUEUECTL_RUN": run_token(job, self.worker_id)}
         try:
+            # Read first, and only then running: a read that hangs (a server that stopped answering) holds
+            # no process, and the cut-off line counts only runs it kills (see Supervisor._note_cut_off).
+            self._settings()
             self.running = True
             return self.runner(job, env, lambda: self.abort(job, epoch),
                                lambda tail, total: self._flush(job, tail, total))

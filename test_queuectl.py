@@ -7399,6 +7399,37 @@ def test_a_job_whose_claim_or_settings_answer_after_the_cut_off_never_starts(sto
     assert [(r["outcome"], r["error"]) for r in store.runs("j")] == [("lost", queuectl.CUT_OFF)]
 
 
+def test_postgres_the_cut_off_line_does_not_count_a_start_that_waits_on_the_database(pg_url, caplog):
+    """A runner whose settings read before a start hangs (the server stopped answering) has no process
+    running: the cut-off line counts it not (and once the read answers, nothing starts: see above)."""
+    supervisor, release = queuectl.Supervisor(pg_url, 1, False), threading.Event()
+    try:
+        register(supervisor.store, supervisor.worker_id)
+        supervisor.store.enqueue([spec("j", command="true")], supervisor.store.now())
+        runner = supervisor._new_runner()
+        real, reads = runner.store.config_all, []
+
+        def hangs():
+            reads.append(1)
+            release.wait(WAIT_S)
+            return real()
+        runner.store.config_all = hangs
+        running = threading.Thread(target=runner.run_once, daemon=True)
+        running.start()
+        wait_for(lambda: reads, "the runner to read the settings before the start")
+        supervisor.stale_s, supervisor.beat_ok_at = 4.0, time.monotonic() - 3.0
+        with caplog.at_level("ERROR", logger="queuectl"):
+            supervisor._note_cut_off()
+        lines = [r.getMessage() for r in caplog.records if "no heartbeat" in r.getMessage()]
+        assert len(lines) == 1 and "killing 0 running job(s)" in lines[0], lines
+    finally:
+        release.set()
+        running.join(WAIT_S)
+        for runner in supervisor.runners:
+            runner.store.close()
+        supervisor.store.close()
+
+
 def test_postgres_a_job_timing_out_while_the_server_hangs_dies_before_another_host_reruns_it(
         pg_url, hosts, workers, hanging_pg, tmp_path):
     """The job's timeout falls due while host A's server hangs: the kill must not wait on it, and the
