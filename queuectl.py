@@ -5446,19 +5446,23 @@ class Sweeper:
         self.stalled = stalled  # seconds our own heartbeat was late in all: not held against anyone's lease
         self.holdings = holdings  # what our runners hold; None: no runners, no stray runs to look for
         self.strays: dict[tuple[str, int], float] = {}  # our runs no runner held -> monotonic time first seen
-        # (id, started_at) -> (beat, monotonic time it last changed, stalled() then)
-        self.seen: dict[tuple, tuple[int, float, float]] = {}
+        # (id, started_at) -> (beat, monotonic time it last changed, stalled() then, its lease then: see is_dead)
+        self.seen: dict[tuple, tuple[int, float, float, float]] = {}
+        self.stale_before: float | None = None  # stale-timeout as our previous sweep read it
         # runs this worker adopted and has not requeued yet: (job id, run) -> (run token or "", leftovers)
         self.recovering: dict[tuple[str, int], tuple[str, Leftovers]] = {}
 
     def sweep(self, now: float, now_mono: float | None = None) -> int:
         """One pass; returns how many jobs were recovered."""
         stale_s = self.store.config_get("stale_timeout")
+        # The lease of a beat seen moving now: the longer of this value and the last one. The worker may
+        # have read the last one with that beat, just before a change: it kills by that one's half.
+        lease_s, self.stale_before = max(stale_s, self.stale_before or stale_s), stale_s
         rows = self.store.workers()
         # Read the clock after the rows: a stall while reading them must not age what we saw.
         now_mono = time.monotonic() if now_mono is None else now_mono
         for row in rows:
-            if row.id != self.worker_id and self.is_dead(row, now_mono, stale_s):
+            if row.id != self.worker_id and self.is_dead(row, now_mono, stale_s, lease_s):
                 self._drop(row)
         current = {(row.id, row.started_at) for row in rows}
         self.seen = {key: value for key, value in self.seen.items() if key in current}  # forget the departed
@@ -5486,10 +5490,12 @@ class Sweeper:
                             job_id, extra=event("claim_unanswered", job_id=job_id, run=run_no))
                 self._begin(job_id, run_no, self.worker_id)
 
-    def is_dead(self, row: WorkerRow, now_mono: float, stale_s: float) -> bool:
+    def is_dead(self, row: WorkerRow, now_mono: float, stale_s: float, lease_s: float | None = None) -> bool:
         """Same namespace: its PID tells at once (once its watchdog is done, or else as its lease
-        does); an earlier boot: dead. Otherwise: its heartbeat stopped moving for stale_s (less the
-        time our own heartbeat could not be written)."""
+        does); an earlier boot: dead. Otherwise: its heartbeat stopped moving for stale_s, or for
+        `lease_s` if that was in force when we saw it last move (less the time our own heartbeat
+        could not be written). A stale-timeout lowered while a worker cannot beat (a server that hangs
+        for it alone) does not shorten its lease: it still kills its runs at half the value it read."""
         if same_namespace(row, self.me):
             if not process_gone(row.pid, row.proc_start):
                 return False
@@ -5503,11 +5509,11 @@ class Sweeper:
             return True  # a local file: a row with our hostname and another boot id is an earlier boot
         key = (row.id, row.started_at)  # one registration: a re-registered worker starts afresh
         stalled = self.stalled()
-        beat, since, stalled_then = self.seen.get(key, (None, now_mono, stalled))
+        beat, since, stalled_then, lease_then = self.seen.get(key, (None, now_mono, stalled, stale_s))
         if beat != row.beat:
-            self.seen[key] = (row.beat, now_mono, stalled)
+            self.seen[key] = (row.beat, now_mono, stalled, max(stale_s, lease_s or stale_s))
             return False
-        return lease_expired(since, now_mono, stale_s, stalled - stalled_then)
+        return lease_expired(since, now_mono, max(stale_s, lease_then), stalled - stalled_then)
 
     def _drop(self, row: WorkerRow) -> None:
         # Deregister and adopt its jobs in one transaction: a job it claims after re-registering

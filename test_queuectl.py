@@ -2572,6 +2572,34 @@ def test_a_leftover_that_cannot_be_killed_sends_its_job_dead_once(store, monkeyp
         f"job stuck recovered from lost worker -> dead ({stuck})"]
 
 
+def test_a_lowered_stale_timeout_does_not_shorten_the_lease_of_a_silent_worker(store):
+    """stale-timeout lowered while a remote worker cannot beat (a server that hangs for it alone): that
+    worker still kills its runs at half the value it read with its last beat, which it cannot re-read now.
+    So a sweeper holds it to the longest value in force since it last saw that beat move (the value of its
+    sweep before too: the worker may have read it just before the change), and reruns nothing earlier."""
+    me = queuectl.host_identity()
+    store.register("remote", {**me, "host": "elsewhere", "boot_id": "other-boot"}, 1, T0)
+    register(store, "me")
+    store.enqueue([spec("a")], T0)
+    store.claim("remote", T0)
+    store.config_set("stale_timeout", 60)
+    sweeper = queuectl.Sweeper(store, me, "me")
+    assert sweeper.sweep(T0, now_mono=1000.0) == 0
+    store.heartbeat("remote", T0)  # its last beat: it reads 60 with it, then its server hangs
+    store.config_set("stale_timeout", 4)
+    assert sweeper.sweep(T0, now_mono=1001.0) == 0  # the beat seen moving, after the change
+    assert sweeper.sweep(T0, now_mono=1010.0) == 0  # 9 s: it kills its run only at 30 s
+    assert sweeper.sweep(T0, now_mono=1060.0) == 0
+    assert store.get("a").state == "processing"
+    assert sweeper.sweep(T0, now_mono=1061.5) == 1
+    # A worker that beat once the change was in force read it: the lower value holds it from then on.
+    store.register("remote2", {**me, "host": "elsewhere2", "boot_id": "other-boot"}, 1, T0)
+    store.enqueue([spec("b")], T0)
+    store.claim("remote2", T0)
+    assert sweeper.sweep(T0, now_mono=1070.0) == 0
+    assert sweeper.sweep(T0, now_mono=1075.0) == 1
+
+
 def test_lease_time_excludes_the_time_our_own_heartbeat_was_stalled(store):
     """A long write holds the database: nobody can beat, us included. That time is nobody's fault."""
     me = queuectl.host_identity()
