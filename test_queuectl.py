@@ -7430,7 +7430,7 @@ def test_a_job_whose_claim_or_settings_answer_after_the_cut_off_never_starts(sto
 def test_postgres_the_cut_off_line_does_not_count_a_start_that_waits_on_the_database(pg_url, caplog):
     """A runner whose settings read before a start hangs (the server stopped answering) has no process
     running: the cut-off line counts it not (and once the read answers, nothing starts: see above)."""
-    supervisor, release = queuectl.Supervisor(pg_url, 1, False), threading.Event()
+    supervisor, release, running = queuectl.Supervisor(pg_url, 1, False), threading.Event(), None
     try:
         register(supervisor.store, supervisor.worker_id)
         supervisor.store.enqueue([spec("j", command="true")], supervisor.store.now())
@@ -7452,7 +7452,8 @@ def test_postgres_the_cut_off_line_does_not_count_a_start_that_waits_on_the_data
         assert len(lines) == 1 and "killing 0 running job(s)" in lines[0], lines
     finally:
         release.set()
-        running.join(WAIT_S)
+        if running:
+            running.join(WAIT_S)
         for runner in supervisor.runners:
             runner.store.close()
         supervisor.store.close()
