@@ -208,6 +208,7 @@ CLI_BUSY_DEADLINE_S = 5.0  # a CLI command gives up (exit 1) after retrying this
 CUT_OFF = "worker cut off from the database"  # why a worker killed runs it could no longer hold (lost runs)
 CLAIM_ANSWER_LOST = "claim answer lost"  # the error of a run recovered as a stray (see Holdings)
 HARD_STOP_S = 5.0  # a hard-stopped worker exits this long after the signal at most, whatever the database does
+LATE_EXIT_LINE_S = 0.5  # how long a hard stop's late exit waits for its log lines (see Supervisor._exit_late)
 SOFT_STOPS = ("timeout", "canceled")  # why a run may end in SIGTERM and kill-grace; any other reason kills at once
 GRACE_STEP_S = 0.1  # how often a run in its kill-grace is checked for having exited
 
@@ -5734,11 +5735,13 @@ class Supervisor:
             self.signals += 1
         if (signum == signal.SIGQUIT or self.signals >= 2) and not self.hard.is_set():
             why = "SIGQUIT" if signum == signal.SIGQUIT else "second signal"
-            log.warning("%s: killing running jobs and putting them back", why,
-                        extra=event("hard_stop", reason=why))
+            # In force before the line is written: a write to stderr may block (a full pipe, a terminal
+            # paused with Ctrl+S), and the kills and the guard's deadline must not wait for it.
             self.hard_at = time.monotonic()
             self.hard.set()
             self.guard_wake.set()  # its deadline moved
+            log.warning("%s: killing running jobs and putting them back", why,
+                        extra=event("hard_stop", reason=why))
         self._stop("SIGHUP: its terminal closed?" if signum == signal.SIGHUP else "signal")
 
     def abort_reason(self, job: Job, epoch: int) -> str | None:
@@ -5998,8 +6001,22 @@ class Supervisor:
         return): exit 130 now, as the README promises. What is not written is crash recovery's, as after a
         SIGKILL, and the watchdog kills what is left of our runs when it sees us gone. Only a worker that
         owns its process (not one a test runs in a thread)."""
-        if not self.owns_process or not self.exiting.acquire(blocking=False):
-            return  # the main thread is leaving already
+        if not self.owns_process:
+            return
+        # The main thread takes the lock to write its last line and return: it has a moment for that, not
+        # for ever (that line's write may block on stderr too); then the exit is ours, without a line.
+        if self.exiting.acquire(timeout=LATE_EXIT_LINE_S):
+            import threading
+            # Written by a thread of its own, waited for a moment only: a stderr that blocks (a full pipe,
+            # a terminal paused with Ctrl+S) holds the log's lock, and must not hold the exit.
+            writer = threading.Thread(target=self._say_late, daemon=True)
+            with contextlib.suppress(RuntimeError):  # no thread to be had (a process limit): exit without them
+                writer.start()
+                writer.join(LATE_EXIT_LINE_S)
+        os._exit(EXIT_INTERRUPTED)
+
+    def _say_late(self) -> None:
+        """The late exit's lines (see _exit_late)."""
         late_s = time.monotonic() - self.hard_at
         log.warning("hard stop: the database did not let the worker finish within %.0fs; exiting without "
                     "deregistering, other workers will recover what is left", late_s,
@@ -6009,7 +6026,6 @@ class Supervisor:
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):  # nothing may stand between this and the exit
                 stream.flush()
-        os._exit(EXIT_INTERRUPTED)
 
     def _on_lost_registration(self) -> None:
         # Another worker declared us dead (we were paused past the lease) and requeued our jobs.

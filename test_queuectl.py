@@ -7539,6 +7539,37 @@ def test_a_hard_stop_exits_130_within_5s_while_a_database_call_never_returns(db,
     assert state_of(db, "run") == "pending"  # the killed run was recorded before the hung call
 
 
+def test_a_hard_stop_kills_and_exits_130_while_stderr_blocks(db, workers, tmp_path):
+    """Both backends: the worker's stderr is a pipe that nobody reads and that is full (a log reader that
+    stopped, a terminal paused with Ctrl+S), so every log line blocks. SIGQUIT still kills the job at
+    once and ends the worker with 130 within HARD_STOP_S (a moment more for the lines it could not write)."""
+    enqueue(db, id="run", command=BLOCKING_JOB, cwd=str(tmp_path))
+    read_end, write_end = os.pipe()
+    try:
+        popen = subprocess.Popen([sys.executable, QUEUECTL, "--db", db, "worker", "start"], stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL, stderr=write_end, start_new_session=True,
+                                 env=child_env(**{TAG_VAR: workers.tag}))
+        workers.others.append(popen)
+        _wait_started(tmp_path)
+        shell_pid = int((tmp_path / "sh.pid").read_text())
+        os.set_blocking(write_end, False)
+        for size in (4096, 1):  # fill the pipe to the last byte: the worker's next line blocks
+            with contextlib.suppress(BlockingIOError):
+                while True:
+                    os.write(write_end, b"x" * size)
+        os.set_blocking(write_end, True)  # the worker's stderr is the same open pipe: it must block, not fail
+        popen.send_signal(signal.SIGQUIT)
+        signaled = time.monotonic()
+        wait_for(lambda: pid_gone(shell_pid), "the job to be killed", timeout=queuectl.HARD_STOP_S)
+        code = popen.wait(timeout=30)
+        exited_after_s = time.monotonic() - signaled
+        assert code == 130
+        assert exited_after_s <= queuectl.HARD_STOP_S + 2, f"exited {exited_after_s:.1f} s after SIGQUIT"
+    finally:
+        os.close(write_end)
+        os.close(read_end)
+
+
 def test_a_hard_stop_waits_longer_only_for_its_adopted_runs_processes(tmp_path):
     """The guard ends a hard-stopped worker HARD_STOP_S after the signal, or HARD_STOP_S later if it
     had adopted runs whose killed processes it waits for before leaving (see _finish_recoveries)."""
