@@ -85,6 +85,26 @@ commands:
                           output-limit, kill-grace
 """
 
+# ---- A map of this file ----------------------------------------------------------------------
+# Sections, in order (`grep -n '^# ====' queuectl.py` lists them): Constants (states, exit codes, the CONFIG
+# table) · Errors (QueueError and its exit codes) · Model (Job, time helpers) · Storage (the schema, every
+# SQL statement beside the class that runs it: Store, SqliteStore, PostgresStore) · Core rules (pure: backoff,
+# failure_rule, lease_expired, validate_job) · Schedules (cron, ScheduleFirer) · Execution (run_command and
+# the process group it kills) · Process identity (orphans, kill_run, Watchdog) · Workers (Runner, Sweeper) ·
+# Signals and supervisor (Supervisor: one worker process) · Dashboard (HTTP, metrics_text) · CLI (build_parser,
+# cmd_*, main).
+#
+# The path of a job:
+#   enqueue   cmd_enqueue / cmd_add -> validate_job -> Store.enqueue (one transaction; synced before the id prints)
+#   claim     Supervisor._thread_main -> Runner.run_once -> Store.claim (an atomic UPDATE ... RETURNING that
+#             also opens the run's record; PostgreSQL: FOR UPDATE SKIP LOCKED)
+#   run       Runner._run -> run_command -> _spawn (own process group) -> _Capture.collect (output tail,
+#             timeout, abort(): cancel, hard stop, cut-off) -> _Capture.stop (SIGTERM, grace, SIGKILL)
+#   record    Runner._record -> Store.finish / finish_and_claim (failure_rule: retry with backoff, or dead)
+#   recover   Supervisor._housekeeping -> Sweeper.sweep: a worker presumed dead (same host: its PID; else
+#             lease_expired) is dropped, kill_run ends its runs' processes, then Store.interrupt requeues
+#   guard     Supervisor._guard: what must happen on time whatever the database does (cut-off line, hard stop)
+
 # Heavy modules (subprocess, threading, signal, select) are imported only by the worker code
 # that needs them: every command pays for what it imports, and `enqueue` should start fast.
 import argparse
