@@ -335,7 +335,7 @@ def iso(t: float | None) -> str | None:
 
 
 class Record:
-    """A row with named fields: a tiny dataclass (importing dataclasses costs every command ~5 ms)."""
+    """A row with named fields: a tiny dataclass (importing dataclasses would slow every command's start)."""
     FIELDS: tuple[str, ...] = ()
 
     def __init__(self, *values, **named):
@@ -4354,7 +4354,7 @@ class _GlibcSpawn:
     """The same call as _os_spawn, to the same libc function, but through ctypes, which releases the
     GIL for the call: os.posix_spawn keeps it while the child is created and exec's (glibc's spawn
     waits for the exec), so on a busy machine the other runner thread could run no Python until the
-    new child got a CPU. Profiled, that wait was half of a runner's time per `true` job.
+    new child got a CPU: a large share of a runner's time per tiny job (figures in DECISIONS.md).
 
     The attributes (new session, SIGPIPE and SIGXFSZ back to their defaults) are set once and only
     read by posix_spawn. So are the file actions of each descriptor number the output pipe gets (a
@@ -5651,7 +5651,7 @@ def _few_malloc_arenas() -> None:
     """Cap glibc's malloc at two arenas, before the runner threads exist. By default glibc gives
     threads that allocate at once arenas of their own, up to eight per core; a worker's runners
     allocate little (they take turns under the GIL), but each arena keeps what was freed in it, and
-    with --count 8 that held a quarter of the worker's peak RSS (40 MB, 36.6 MB with two). What
+    with --count 8 that held a large share of the worker's peak RSS (figures in DECISIONS.md). What
     MALLOC_ARENA_MAX in the environment says wins: glibc reads it at start, and the user chose it."""
     if "MALLOC_ARENA_MAX" in os.environ or not on_glibc():
         return
@@ -6180,7 +6180,7 @@ class Supervisor:
 # `queuectl dashboard`: one self-contained page and the small JSON API it polls, served by
 # http.server. Every request opens its own Store: a sqlite3 connection must not be shared by the
 # server's threads, and a GET request's connection is query-only, so a GET never writes.
-# http.server is imported only when serving (it costs every other command ~20 ms of start-up).
+# http.server is imported only when serving (it would slow every other command's start-up).
 
 # Every request but the page's own carries the token in this header, and only there: a cookie would
 # go to every server on the machine (browsers do not separate cookies by port), a query string ends up
@@ -8754,11 +8754,11 @@ def _fail(error: QueueError) -> int:
 def exit_now(code: int):
     """Exit with `code`. With no thread left that Python would wait for, skip the interpreter's teardown
     (os._exit): by now every commit is made and nothing of ours runs at exit; only the output is
-    flushed. The teardown frees every object of this large module one by one (about a quarter of what a
-    one-job `enqueue` adds to Python's own start) and unloads psycopg (about 50 ms of CPU). Daemon
+    flushed. The teardown frees every object of this large module one by one and unloads psycopg, a
+    share of a short command's time worth saving (figures in DECISIONS.md). Daemon
     threads do not count: a stopped worker leaves its signal watcher, and on PostgreSQL its listener
-    (in libpq's wait for up to a second) and output flushers, and a teardown that raced them crashed a
-    worker once in a torture run (SIGSEGV in libpython after "worker exited (0)"). A thread that is no
+    (in libpq's wait for up to a second) and output flushers, and a teardown that races them can crash
+    the interpreter (SIGSEGV in libpython after "worker exited (0)"). A thread that is no
     daemon (none of ours) gets the usual exit, which waits for it."""
     threads = sys.modules.get("threading")
     others = [] if threads is None else [t for t in threads.enumerate() if t is not threads.current_thread()]
