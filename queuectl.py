@@ -5477,8 +5477,9 @@ class Sweeper:
         self.stalled = stalled  # seconds our own heartbeat was late in all: not held against anyone's lease
         self.holdings = holdings  # what our runners hold; None: no runners, no stray runs to look for
         self.strays: dict[tuple[str, int], float] = {}  # our runs no runner held -> monotonic time first seen
-        # (id, started_at) -> (beat, monotonic time it last changed, stalled() then, its lease then: see is_dead)
-        self.seen: dict[tuple, tuple[int, float, float, float]] = {}
+        # (id, started_at) -> (beat, monotonic time it last changed, stalled() then, its lease then, the longest
+        # stale-timeout read since: see is_dead)
+        self.seen: dict[tuple, tuple[int, float, float, float, float]] = {}
         self.stale_before: float | None = None  # stale-timeout as our previous sweep read it
         # runs this worker adopted and has not requeued yet: (job id, run) -> (run token or "", leftovers)
         self.recovering: dict[tuple[str, int], tuple[str, Leftovers]] = {}
@@ -5540,10 +5541,15 @@ class Sweeper:
             return True  # a local file: a row with our hostname and another boot id is an earlier boot
         key = (row.id, row.started_at)  # one registration: a re-registered worker starts afresh
         stalled = self.stalled()
-        beat, since, stalled_then, lease_then = self.seen.get(key, (None, now_mono, stalled, stale_s))
+        lease_s = max(stale_s, lease_s or stale_s)
+        beat, since, stalled_then, lease_then, read_since = self.seen.get(key, (None, now_mono, stalled, stale_s, stale_s))
         if beat != row.beat:
-            self.seen[key] = (row.beat, now_mono, stalled, max(stale_s, lease_s or stale_s))
+            # The worker may hold the value it read with its beat before this one (the read after this one
+            # may hang): any value our sweeps read since the one before we saw that beat move. A worker beats
+            # up to every 2 s and we sweep every second, so that can be more than one sweep back.
+            self.seen[key] = (row.beat, now_mono, stalled, max(read_since, lease_s), lease_s)
             return False
+        self.seen[key] = (beat, since, stalled_then, lease_then, max(read_since, stale_s))
         return lease_expired(since, now_mono, max(stale_s, lease_then), stalled - stalled_then)
 
     def _drop(self, row: WorkerRow) -> None:

@@ -2603,6 +2603,30 @@ def test_a_lowered_stale_timeout_does_not_shorten_the_lease_of_a_silent_worker(s
     assert sweeper.sweep(T0, now_mono=1075.0) == 1
 
 
+def test_a_lowered_stale_timeout_spares_a_silent_worker_that_beat_after_a_later_sweep(store):
+    """A worker beats every 2 s at most, a sweeper sweeps every second: a sweep may come between the
+    change and the beat after it. The worker that beats then and finds its server hung before it reads
+    the value again still holds the value it read with its beat before (60), and kills at half of it."""
+    me = queuectl.host_identity()
+    store.register("remote", {**me, "host": "elsewhere", "boot_id": "other-boot"}, 1, T0)
+    register(store, "me")
+    store.enqueue([spec("a")], T0)
+    store.claim("remote", T0)
+    store.config_set("stale_timeout", 60)
+    sweeper = queuectl.Sweeper(store, me, "me")
+    assert sweeper.sweep(T0, now_mono=1000.0) == 0
+    store.heartbeat("remote", T0)  # it reads 60 with this beat
+    store.config_set("stale_timeout", 4)
+    assert sweeper.sweep(T0, now_mono=1001.0) == 0  # this beat seen moving, after the change
+    assert sweeper.sweep(T0, now_mono=1002.0) == 0  # a sweep before its next beat
+    store.heartbeat("remote", T0)  # its last beat: the read after it hangs, it still holds 60
+    assert sweeper.sweep(T0, now_mono=1003.0) == 0
+    assert sweeper.sweep(T0, now_mono=1010.0) == 0  # 7 s: it kills its run only at 30 s
+    assert sweeper.sweep(T0, now_mono=1063.0) == 0
+    assert store.get("a").state == "processing"
+    assert sweeper.sweep(T0, now_mono=1064.5) == 1
+
+
 def test_lease_time_excludes_the_time_our_own_heartbeat_was_stalled(store):
     """A long write holds the database: nobody can beat, us included. That time is nobody's fault."""
     me = queuectl.host_identity()
