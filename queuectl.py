@@ -6131,8 +6131,9 @@ class Supervisor:
 
     def _thread_main(self) -> None:
         runner, failing = None, Backoff("claim", 5.0)
-        # A job claimed together with the last result is ours: run it even if a stop came since.
-        while not self.stopping.is_set() or (runner and runner.prefetched):
+        # A job claimed together with the last result is ours: run it even if a stop came since. A hard stop
+        # ends claiming as soon as it is in force, not once `stopping` is set after its line (which may block).
+        while not self.claiming_ends() or (runner and runner.prefetched):
             seen = self.wakes  # read before the claim: a wake-up sent during it is not lost
             if self.cut_off() and not (runner and runner.prefetched):  # it would be killed at once
                 self.stopping.wait(0.1)  # until a heartbeat goes through
@@ -6153,10 +6154,14 @@ class Supervisor:
             runner.store.close()
         self.tick.set()
 
+    def claiming_ends(self) -> bool:
+        """Whether runners claim nothing more: a stop, or a hard stop (in force before its log lines)."""
+        return self.stopping.is_set() or self.hard.is_set()
+
     def _new_runner(self) -> Runner:
         store = self._runner_store()
         runner = Runner(store, self.worker_id, self.abort_reason, self.queues, lambda: self.epoch,
-                        lambda: not self.stopping.is_set(), self.give_up, self.holdings)
+                        lambda: not self.claiming_ends(), self.give_up, self.holdings)
         self.runners.append(runner)
         return runner
 

@@ -7865,6 +7865,40 @@ def test_a_hard_stop_kills_and_exits_130_while_stderr_blocks(db, workers, tmp_pa
         os.close(read_end)
 
 
+def test_a_hard_stop_whose_line_blocks_claims_nothing_more(db, monkeypatch):
+    """SIGQUIT with a stderr that blocks: the hard stop is in force before its line is written, and so is
+    the end of claiming. A runner that claimed on would start nothing (the hard stop aborts it before its
+    start) and put the job back, at once, again and again until the process ends: a run a loop in the
+    runs table; or, where its own line blocks, hold a job that crash recovery then counts as lost."""
+    import logging
+    supervisor, blocked = queuectl.Supervisor(db, 1, False), threading.Event()
+
+    def warning(message, *args, **kwargs):
+        if "killing running jobs" in message:
+            blocked.wait(WAIT_S)  # the line's write blocks: a full pipe, a terminal paused with Ctrl+S
+        logging.getLogger("queuectl").warning(message, *args, **kwargs)
+    monkeypatch.setattr(queuectl.log, "warning", warning, raising=False)
+    signaled = threading.Thread(target=supervisor.on_signal, args=(signal.SIGQUIT,), daemon=True)
+    runner = threading.Thread(target=supervisor._thread_main, daemon=True)
+    try:
+        register(supervisor.store, supervisor.worker_id, supervisor.store.now())
+        supervisor.store.enqueue([spec("j")], supervisor.store.now())
+        signaled.start()
+        wait_for(supervisor.hard.is_set, "the hard stop")
+        runner.start()
+        wait_for(lambda: not runner.is_alive() or supervisor.store.runs("j"), "the runner to end or to claim")
+        assert supervisor.store.runs("j") == []
+        assert not runner.is_alive()
+        assert supervisor.store.get("j").state == "pending"
+    finally:
+        blocked.set()
+        signaled.join(WAIT_S)
+        runner.join(WAIT_S)
+        for each in supervisor.runners:
+            each.store.close()
+        supervisor.store.close()
+
+
 def test_a_hard_stop_waits_longer_only_for_its_adopted_runs_processes(tmp_path):
     """The guard ends a hard-stopped worker HARD_STOP_S after the signal, or HARD_STOP_S later if it
     had adopted runs whose killed processes it waits for before leaving (see _finish_recoveries)."""
