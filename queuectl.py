@@ -5542,7 +5542,8 @@ class Sweeper:
         key = (row.id, row.started_at)  # one registration: a re-registered worker starts afresh
         stalled = self.stalled()
         lease_s = max(stale_s, lease_s or stale_s)
-        beat, since, stalled_then, lease_then, read_since = self.seen.get(key, (None, now_mono, stalled, stale_s, stale_s))
+        beat, since, stalled_then, lease_then, read_since = self.seen.get(
+            key, (None, now_mono, stalled, stale_s, stale_s))
         if beat != row.beat:
             # The worker may hold the value it read with its beat before this one (the read after this one
             # may hang): any value our sweeps read since the one before we saw that beat move. A worker beats
@@ -5698,6 +5699,7 @@ class Supervisor:
         self.beat_ok_at = time.monotonic()  # when the last heartbeat that went through was sent
         self.was_cut_off = False
         self.leaving: str | None = None  # why this worker may serve the database no more (see _leave)
+        self.unregistered = False  # leaving with no row of ours left (see _on_lost_registration)
         self.runners: list[Runner] = []
         self.holdings = Holdings()  # the runs our runners hold, and claims taken back (see Holdings)
         self.canceled: set[tuple[str, int]] = set()  # (job id, run) of running jobs a user asked to cancel
@@ -6076,9 +6078,12 @@ class Supervisor:
         # A database that moved on meanwhile (our lease ran out in an upgrade that found us dead) would refuse
         # the registration at every beat, for ever: then we leave instead.
         why = self.leaving or self.store.moved_on()
-        log.error("this worker was presumed dead by another; killing its running jobs and %s",
-                  "leaving" if why else "re-registering", extra=event("registration_lost", worker_id=self.worker_id))
+        if not (why and self.unregistered):  # leaving unregistered, every later beat finds no row again: said once
+            log.error("this worker was presumed dead by another; killing its running jobs and %s",
+                      "leaving" if why else "re-registering",
+                      extra=event("registration_lost", worker_id=self.worker_id))
         if why:
+            self.unregistered = True
             if not self.leaving:
                 self._leave(why)
             return

@@ -7376,6 +7376,22 @@ def test_a_worker_presumed_dead_across_an_upgrade_leaves_instead_of_registering_
     wait_for(lambda: pid_gone(shell), "the requeued job's shell to be killed", timeout=10)
 
 
+def test_a_worker_leaving_without_its_registration_says_so_once(sqlite_db, monkeypatch, caplog):
+    """Presumed dead by a database that moved on, the worker leaves once its killed runs are recorded: every
+    beat meanwhile finds its row gone again. That is one event, logged once, not an error line a beat."""
+    supervisor = queuectl.Supervisor(sqlite_db, 1, False)  # never registered: each beat finds no row
+    try:
+        monkeypatch.setattr(supervisor.store, "moved_on", lambda: "the database moved on (injected)")
+        with caplog.at_level("ERROR", logger="queuectl"):
+            for _ in range(3):
+                supervisor._heartbeat()
+        lines = [r.getMessage() for r in caplog.records if "presumed dead" in r.getMessage()]
+        assert len(lines) == 1 and lines[0].endswith("leaving"), lines
+        assert supervisor.leaving and supervisor.stopping.is_set()
+    finally:
+        supervisor.store.close()
+
+
 @pytest.mark.parametrize("how", ["deleted", "replaced"])
 def test_a_worker_leaves_a_database_file_that_was_deleted_or_replaced(sqlite_db, workers, tmp_path, how):
     """`rm queue.db*` (or a new file moved over it) under a running worker: the path names another file, where
