@@ -7884,7 +7884,7 @@ def test_a_hard_stop_kills_and_exits_130_while_stderr_blocks(db, workers, tmp_pa
 def test_a_hard_stop_whose_line_blocks_claims_nothing_more(db, monkeypatch):
     """SIGQUIT with a stderr that blocks: the hard stop is in force before its line is written, and so is
     the end of claiming. A runner that claimed on would start nothing (the hard stop aborts it before its
-    start) and put the job back, at once, again and again until the process ends: a run a loop in the
+    start) and put the job back, at once, again and again until the process ends: a run row each round in the
     runs table; or, where its own line blocks, hold a job that crash recovery then counts as lost."""
     import logging
     supervisor, blocked = queuectl.Supervisor(db, 1, False), threading.Event()
