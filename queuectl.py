@@ -5497,8 +5497,9 @@ class Sweeper:
         self.stalled = stalled  # seconds our own heartbeat was late in all: not held against anyone's lease
         self.holdings = holdings  # what our runners hold; None: no runners, no stray runs to look for
         self.strays: dict[tuple[str, int], float] = {}  # our runs no runner held -> monotonic time first seen
-        # (id, started_at) -> (beat, monotonic time it last changed, stalled() then, its lease then: see is_dead)
-        self.seen: dict[tuple, tuple[int, float, float, float]] = {}
+        # (id, started_at) -> (beat, monotonic time it last changed, stalled() then, its lease then, the longest
+        # stale-timeout read since: see is_dead)
+        self.seen: dict[tuple, tuple[int, float, float, float, float]] = {}
         self.stale_before: float | None = None  # stale-timeout as our previous sweep read it
         # runs this worker adopted and has not requeued yet: (job id, run) -> (run token or "", leftovers)
         self.recovering: dict[tuple[str, int], tuple[str, Leftovers]] = {}
@@ -5560,10 +5561,16 @@ class Sweeper:
             return True  # a local file: a row with our hostname and another boot id is an earlier boot
         key = (row.id, row.started_at)  # one registration: a re-registered worker starts afresh
         stalled = self.stalled()
-        beat, since, stalled_then, lease_then = self.seen.get(key, (None, now_mono, stalled, stale_s))
+        lease_s = max(stale_s, lease_s or stale_s)
+        beat, since, stalled_then, lease_then, read_since = self.seen.get(
+            key, (None, now_mono, stalled, stale_s, stale_s))
         if beat != row.beat:
-            self.seen[key] = (row.beat, now_mono, stalled, max(stale_s, lease_s or stale_s))
+            # The worker may hold the value it read with its beat before this one (the read after this one
+            # may hang): any value our sweeps read since the one before we saw that beat move. A worker beats
+            # up to every 2 s and we sweep every second, so that can be more than one sweep back.
+            self.seen[key] = (row.beat, now_mono, stalled, max(read_since, lease_s), lease_s)
             return False
+        self.seen[key] = (beat, since, stalled_then, lease_then, max(read_since, stale_s))
         return lease_expired(since, now_mono, max(stale_s, lease_then), stalled - stalled_then)
 
     def _drop(self, row: WorkerRow) -> None:
@@ -5712,6 +5719,7 @@ class Supervisor:
         self.beat_ok_at = time.monotonic()  # when the last heartbeat that went through was sent
         self.was_cut_off = False
         self.leaving: str | None = None  # why this worker may serve the database no more (see _leave)
+        self.unregistered = False  # leaving with no row of ours left (see _on_lost_registration)
         self.runners: list[Runner] = []
         self.holdings = Holdings()  # the runs our runners hold, and claims taken back (see Holdings)
         self.canceled: set[tuple[str, int]] = set()  # (job id, run) of running jobs a user asked to cancel
@@ -6090,9 +6098,12 @@ class Supervisor:
         # A database that moved on meanwhile (our lease ran out in an upgrade that found us dead) would refuse
         # the registration at every beat, for ever: then we leave instead.
         why = self.leaving or self.store.moved_on()
-        log.error("this worker was presumed dead by another; killing its running jobs and %s",
-                  "leaving" if why else "re-registering", extra=event("registration_lost", worker_id=self.worker_id))
+        if not (why and self.unregistered):  # leaving unregistered, every later beat finds no row again: said once
+            log.error("this worker was presumed dead by another; killing its running jobs and %s",
+                      "leaving" if why else "re-registering",
+                      extra=event("registration_lost", worker_id=self.worker_id))
         if why:
+            self.unregistered = True
             if not self.leaving:
                 self._leave(why)
             return
@@ -6145,8 +6156,9 @@ class Supervisor:
 
     def _thread_main(self) -> None:
         runner, failing = None, Backoff("claim", 5.0)
-        # A job claimed together with the last result is ours: run it even if a stop came since.
-        while not self.stopping.is_set() or (runner and runner.prefetched):
+        # A job claimed together with the last result is ours: run it even if a stop came since. A hard stop
+        # ends claiming as soon as it is in force, not once `stopping` is set after its line (which may block).
+        while not self.claiming_ends() or (runner and runner.prefetched):
             seen = self.wakes  # read before the claim: a wake-up sent during it is not lost
             if self.cut_off() and not (runner and runner.prefetched):  # it would be killed at once
                 self.stopping.wait(0.1)  # until a heartbeat goes through
@@ -6167,10 +6179,14 @@ class Supervisor:
             runner.store.close()
         self.tick.set()
 
+    def claiming_ends(self) -> bool:
+        """Whether runners claim nothing more: a stop, or a hard stop (in force before its log lines)."""
+        return self.stopping.is_set() or self.hard.is_set()
+
     def _new_runner(self) -> Runner:
         store = self._runner_store()
         runner = Runner(store, self.worker_id, self.abort_reason, self.queues, lambda: self.epoch,
-                        lambda: not self.stopping.is_set(), self.give_up, self.holdings)
+                        lambda: not self.claiming_ends(), self.give_up, self.holdings)
         self.runners.append(runner)
         return runner
 
