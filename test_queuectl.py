@@ -2859,6 +2859,22 @@ def test_a_worker_presumed_dead_across_an_upgrade_leaves_instead_of_registering_
     wait_for(lambda: pid_gone(shell), "the requeued job's shell to be killed", timeout=10)
 
 
+def test_a_worker_leaving_without_its_registration_says_so_once(sqlite_db, monkeypatch, caplog):
+    """Presumed dead by a database that moved on, the worker leaves once its killed runs are recorded: every
+    beat meanwhile finds its row gone again. That is one event, logged once, not an error line a beat."""
+    supervisor = queuectl.Supervisor(sqlite_db, 1, False)  # never registered: each beat finds no row
+    try:
+        monkeypatch.setattr(supervisor.store, "moved_on", lambda: "the database moved on (injected)")
+        with caplog.at_level("ERROR", logger="queuectl"):
+            for _ in range(3):
+                supervisor._heartbeat()
+        lines = [r.getMessage() for r in caplog.records if "presumed dead" in r.getMessage()]
+        assert len(lines) == 1 and lines[0].endswith("leaving"), lines
+        assert supervisor.leaving and supervisor.stopping.is_set()
+    finally:
+        supervisor.store.close()
+
+
 @pytest.mark.parametrize("how", ["deleted", "replaced"])
 def test_a_worker_leaves_a_database_file_that_was_deleted_or_replaced(sqlite_db, workers, tmp_path, how):
     """`rm queue.db*` (or a new file moved over it) under a running worker: the path names another file, where
@@ -7359,6 +7375,30 @@ def test_a_lowered_stale_timeout_does_not_shorten_the_lease_of_a_silent_worker(s
     assert sweeper.sweep(T0, now_mono=1075.0) == 1
 
 
+def test_a_lowered_stale_timeout_spares_a_silent_worker_that_beat_after_a_later_sweep(store):
+    """A worker beats every 2 s at most, a sweeper sweeps every second: a sweep may come between the
+    change and the beat after it. The worker that beats then and finds its server hung before it reads
+    the value again still holds the value it read with its beat before (60), and kills at half of it."""
+    me = queuectl.host_identity()
+    store.register("remote", {**me, "host": "elsewhere", "boot_id": "other-boot"}, 1, T0)
+    register(store, "me")
+    store.enqueue([spec("a")], T0)
+    store.claim("remote", T0)
+    store.config_set("stale_timeout", 60)
+    sweeper = queuectl.Sweeper(store, me, "me")
+    assert sweeper.sweep(T0, now_mono=1000.0) == 0
+    store.heartbeat("remote", T0)  # it reads 60 with this beat
+    store.config_set("stale_timeout", 4)
+    assert sweeper.sweep(T0, now_mono=1001.0) == 0  # this beat seen moving, after the change
+    assert sweeper.sweep(T0, now_mono=1002.0) == 0  # a sweep before its next beat
+    store.heartbeat("remote", T0)  # its last beat: the read after it hangs, it still holds 60
+    assert sweeper.sweep(T0, now_mono=1003.0) == 0
+    assert sweeper.sweep(T0, now_mono=1010.0) == 0  # 7 s: it kills its run only at 30 s
+    assert sweeper.sweep(T0, now_mono=1063.0) == 0
+    assert store.get("a").state == "processing"
+    assert sweeper.sweep(T0, now_mono=1064.5) == 1
+
+
 def test_lease_time_excludes_the_time_our_own_heartbeat_was_stalled(store):
     """A long write holds the database: nobody can beat, us included. That time is nobody's fault."""
     me = queuectl.host_identity()
@@ -8350,6 +8390,40 @@ def test_a_hard_stop_kills_and_exits_130_while_stderr_blocks(db, workers, tmp_pa
     finally:
         os.close(write_end)
         os.close(read_end)
+
+
+def test_a_hard_stop_whose_line_blocks_claims_nothing_more(db, monkeypatch):
+    """SIGQUIT with a stderr that blocks: the hard stop is in force before its line is written, and so is
+    the end of claiming. A runner that claimed on would start nothing (the hard stop aborts it before its
+    start) and put the job back, at once, again and again until the process ends: a run row each round in the
+    runs table; or, where its own line blocks, hold a job that crash recovery then counts as lost."""
+    import logging
+    supervisor, blocked = queuectl.Supervisor(db, 1, False), threading.Event()
+
+    def warning(message, *args, **kwargs):
+        if "killing running jobs" in message:
+            blocked.wait(WAIT_S)  # the line's write blocks: a full pipe, a terminal paused with Ctrl+S
+        logging.getLogger("queuectl").warning(message, *args, **kwargs)
+    monkeypatch.setattr(queuectl.log, "warning", warning, raising=False)
+    signaled = threading.Thread(target=supervisor.on_signal, args=(signal.SIGQUIT,), daemon=True)
+    runner = threading.Thread(target=supervisor._thread_main, daemon=True)
+    try:
+        register(supervisor.store, supervisor.worker_id, supervisor.store.now())
+        supervisor.store.enqueue([spec("j")], supervisor.store.now())
+        signaled.start()
+        wait_for(supervisor.hard.is_set, "the hard stop")
+        runner.start()
+        wait_for(lambda: not runner.is_alive() or supervisor.store.runs("j"), "the runner to end or to claim")
+        assert supervisor.store.runs("j") == []
+        assert not runner.is_alive()
+        assert supervisor.store.get("j").state == "pending"
+    finally:
+        blocked.set()
+        signaled.join(WAIT_S)
+        runner.join(WAIT_S)
+        for each in supervisor.runners:
+            each.store.close()
+        supervisor.store.close()
 
 
 def test_a_hard_stop_waits_longer_only_for_its_adopted_runs_processes(tmp_path):
