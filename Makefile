@@ -3,7 +3,7 @@ PYTHON ?= python3
 PREFIX ?= $(HOME)/.local
 DEMO_DB ?= /tmp/queuectl-demo.db
 
-.PHONY: help demo test smoke install bench bench-tiny torture fuzz simulate
+.PHONY: help demo check test smoke install bench bench-tiny torture fuzz simulate
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' Makefile | sed 's/:.*## /\t/'
@@ -18,6 +18,9 @@ demo:  ## enqueue a few jobs (one failing), drain them with a burst worker, show
 	$(PYTHON) queuectl.py --db $(DEMO_DB) status
 	$(PYTHON) queuectl.py --db $(DEMO_DB) dlq list
 	$(PYTHON) queuectl.py --db $(DEMO_DB) logs hello
+
+check:  ## the quick loop before every commit: the pytest suite on SQLite only (no PostgreSQL, fuzz, torture or benchmark)
+	QUEUECTL_TEST_BACKENDS=sqlite $(PYTHON) -m pytest -q -k 'not postgres' test_queuectl.py
 
 # With $QUEUECTL_TEST_PG (a PostgreSQL server's URL; .ci/run sets it), `test` runs the short fuzz and
 # torture runs again on that server (about 30 s together). The URL is not echoed: it may hold a password.

@@ -750,16 +750,19 @@ class SqliteSQL:
     # dependent counts: `dlq retry` may revive it, and it must then find its dependency, not run without it.)
     SQL_NEEDED_BY = ("SELECT deps.job_id FROM deps JOIN jobs j ON j.id = deps.job_id JOIN jobs d ON d.id = deps.dep_id "
                      "WHERE deps.dep_id = ? AND j.state <> 'completed' AND d.state <> 'completed'")
-    # Edges in both directions go: a later job reusing the id must not inherit them. The job's finished
-    # runs are first added to the tally of forgotten runs (SQL_RUN_TOTALS).
-    SQL_DELETE_JOB = [
+    # Before jobs are deleted, their finished runs are added to the tally of forgotten runs (SQL_RUN_TOTALS):
+    # one statement for all the jobs a delete or a purge slice removes (a JSON array of ids). One a job
+    # rewrote the row once a job, and on PostgreSQL each rewrite leaves a row version for the next to pass.
+    SQL_FORGET_RUNS = (
         "INSERT INTO config (key, value) SELECT 'runs_forgotten', json_array(count(*), "
         "sum(CAST(round((ended_at - started_at) * 1000000) AS INTEGER))) FROM runs "
-        "WHERE job_id = ? AND outcome IN ('completed', 'failed', 'dead') HAVING count(*) > 0 "
+        "WHERE job_id IN (SELECT value FROM json_each(?)) AND outcome IN ('completed', 'failed', 'dead') "
+        "HAVING count(*) > 0 "
         "ON CONFLICT (key) DO UPDATE SET value = json_array(json_extract(value, '$[0]') + "
-        "json_extract(excluded.value, '$[0]'), json_extract(value, '$[1]') + json_extract(excluded.value, '$[1]'))",
-        "DELETE FROM runs WHERE job_id = ?", "DELETE FROM deps WHERE job_id = ?1 OR dep_id = ?1",
-        "DELETE FROM jobs WHERE id = ?"]
+        "json_extract(excluded.value, '$[0]'), json_extract(value, '$[1]') + json_extract(excluded.value, '$[1]'))")
+    # Edges in both directions go: a later job reusing the id must not inherit them.
+    SQL_DELETE_JOB = ["DELETE FROM runs WHERE job_id = ?", "DELETE FROM deps WHERE job_id = ?1 OR dep_id = ?1",
+                      "DELETE FROM jobs WHERE id = ?"]
     SQL_PURGE_IDS = ("SELECT id FROM jobs WHERE state = ? AND updated_at < ? AND (state = 'completed' OR NOT EXISTS "
                      "(SELECT 1 FROM deps JOIN jobs j ON j.id = deps.job_id WHERE deps.dep_id = jobs.id "
                      "AND j.state <> 'completed')) LIMIT ?")
@@ -796,7 +799,7 @@ class SqliteSQL:
     SQL_STATS_TIMES = ("SELECT ended_at - started_at, max(0, started_at - due_at) FROM runs "
                        "WHERE ended_at >= ? AND outcome IN ('completed', 'failed', 'dead')")
     # `metrics`' run_duration _count and _sum: the finished runs kept, plus those deleted with their jobs
-    # (the tally SQL_DELETE_JOB keeps in `config`, a key no setting has), so neither ever goes down.
+    # (the tally SQL_FORGET_RUNS keeps in `config`, a key no setting has), so neither ever goes down.
     # Durations are summed in whole microseconds: integers add up the same in either place.
     SQL_RUN_TOTALS = ("SELECT count(*), coalesce(sum(CAST(round((ended_at - started_at) * 1000000) AS INTEGER)), 0), "
                       "(SELECT value FROM config WHERE key = 'runs_forgotten') FROM runs "
@@ -865,6 +868,11 @@ class SqliteSQL:
     def in_queues(queues: tuple) -> str:
         """A queue filter: nothing, or `AND queue IN (?, …)`."""
         return f"AND queue IN ({', '.join('?' * len(queues))})" if queues else ""
+
+    @staticmethod
+    def id_array(ids: list[str]) -> str:
+        """Job ids as SQL_FORGET_RUNS takes them: a JSON array."""
+        return json.dumps(ids)
 
 
 HAS_RETURNING = sqlite3.sqlite_version_info >= (3, 35, 0)
@@ -1017,10 +1025,11 @@ def _signature(path: str) -> tuple:
 
 
 def _file_id(path: str) -> tuple | None:
-    """(st_dev, st_ino) of the file `path` names now, None if it names none."""
+    """(st_dev, st_ino) of the file `path` names now, None if it leads to none (any error: a folder on the way
+    replaced by a file, or made unreadable, is a path commands cannot use either)."""
     try:
         st = os.stat(path)
-    except FileNotFoundError:
+    except OSError:
         return None
     return (st.st_dev, st.st_ino)
 
@@ -1399,6 +1408,9 @@ class Store:
                 if needed:
                     raise Conflict(f"job {job_id!r} is needed by job(s) not completed: {', '.join(needed)} "
                                    "(delete them too, or first)")
+            # After the checks above, which on PostgreSQL lock each job: the tally's row is locked last,
+            # as a purge slice does, so the two cannot wait on each other in a cycle.
+            cur.execute(self.sql.SQL_FORGET_RUNS, (self.sql.id_array(job_ids),))
             for job_id in job_ids:
                 for sql in self.sql.SQL_DELETE_JOB:
                     cur.execute(sql, (job_id,))
@@ -1409,6 +1421,8 @@ class Store:
         A dead job that a job not completed depends on stays until that job is gone (see self.sql.SQL_NEEDED_BY)."""
         def purge(cur):
             ids = [r[0] for r in cur.execute(self.sql.SQL_PURGE_IDS, (state, before, limit))]
+            if ids:
+                cur.execute(self.sql.SQL_FORGET_RUNS, (self.sql.id_array(ids),))
             for job_id in ids:
                 for sql in self.sql.SQL_DELETE_JOB:
                     cur.execute(sql, (job_id,))
@@ -1591,9 +1605,9 @@ class Store:
         """(id, run) of this worker's running jobs that a user asked to cancel."""
         return {(r[0], r[1]) for r in self.read(self.sql.SQL_CANCEL_REQUESTS, (worker_id,))}
 
-    def request_stop(self, worker_ids: list[str]) -> int:
-        """Ask these workers to stop; returns how many were asked."""
-        return self.write(lambda cur: sum(cur.execute(self.sql.SQL_REQUEST_STOP, (w,)).rowcount for w in worker_ids))
+    def request_stop(self, worker_ids: list[str]) -> list[str]:
+        """Ask these workers to stop; returns those that were asked (see SQL_REQUEST_STOP)."""
+        return self.write(lambda cur: [w for w in worker_ids if cur.execute(self.sql.SQL_REQUEST_STOP, (w,)).rowcount])
 
     def orphan_jobs(self) -> list[tuple]:
         """(id, run_count, lost_count, worker_id) of processing jobs whose worker is not registered."""
@@ -1814,7 +1828,7 @@ class SqliteStore(Store):
             self.conn, self.frozen = self._connect_read_only(real)
         else:
             self.conn, self.frozen = self._connect(self.path), False
-        self.file_id = _file_id(real)  # what the path names now: see moved_on
+        self.file_id, self.companion_ids = _file_id(real), {}  # what the path names now: see moved_on
         try:
             if self.read_only:
                 self._check_readable()
@@ -1824,6 +1838,9 @@ class SqliteStore(Store):
                 sync = "FULL" if self.durable else "NORMAL"
                 self._retry(lambda: self.conn.execute(f"PRAGMA synchronous = {sync}"))
                 self._migrate()
+                # The -wal and -shm our connection opened (it has read): they stay while it is open, as
+                # SQLite deletes them only when the last connection closes (see moved_on).
+                self.companion_ids = {name: _file_id(name) for name in _companions(real)}
             if self.reads_only:
                 self.query_only()
         except sqlite3.Error as e:
@@ -1841,6 +1858,12 @@ class SqliteStore(Store):
         if _file_id(self.path) != self.file_id:
             return (f"{self.path} is no longer the database file this worker opened (deleted or replaced); "
                     "start a worker on the queue the path holds now")
+        # Deleted under us (`rm queue.db-*`), they are made anew by the next command, which then sees none of
+        # our writes nor we its: its jobs would wait for ever (and the file's pages are at risk).
+        lost = [name for name, was in self.companion_ids.items() if was and _file_id(name) != was]
+        if lost:
+            return (f"{' and '.join(lost)}, which this worker opened with {self.path}, no longer exist as they were "
+                    "(deleted?): other commands no longer see its changes, nor it theirs; start a worker again")
         return super().moved_on()
 
     def _changed(self) -> bool:
@@ -2582,15 +2605,15 @@ class PostgresSQL:
     SQL_CANCEL_RUNNING = "UPDATE jobs SET cancel_requested = run_count WHERE id = %s AND state = 'processing'"
     SQL_NEEDED_BY = ("SELECT deps.job_id FROM deps JOIN jobs j ON j.id = deps.job_id JOIN jobs d ON d.id = deps.dep_id "
                      "WHERE deps.dep_id = %s AND j.state <> 'completed' AND d.state <> 'completed'")
-    SQL_DELETE_JOB = [
+    SQL_FORGET_RUNS = (
         "INSERT INTO config (key, value) SELECT 'runs_forgotten', json_build_array(count(*), "
         "sum(round((ended_at - started_at) * 1000000)::bigint))::text FROM runs "
-        "WHERE job_id = %s AND outcome IN ('completed', 'failed', 'dead') HAVING count(*) > 0 "
+        "WHERE job_id = ANY(%s) AND outcome IN ('completed', 'failed', 'dead') HAVING count(*) > 0 "
         "ON CONFLICT (key) DO UPDATE SET value = json_build_array("
         "(config.value::json ->> 0)::bigint + (excluded.value::json ->> 0)::bigint, "
-        "(config.value::json ->> 1)::bigint + (excluded.value::json ->> 1)::bigint)::text",
-        "DELETE FROM runs WHERE job_id = %s", "DELETE FROM deps WHERE %s IN (job_id, dep_id)",
-        "DELETE FROM jobs WHERE id = %s"]
+        "(config.value::json ->> 1)::bigint + (excluded.value::json ->> 1)::bigint)::text")
+    SQL_DELETE_JOB = ["DELETE FROM runs WHERE job_id = %s", "DELETE FROM deps WHERE %s IN (job_id, dep_id)",
+                      "DELETE FROM jobs WHERE id = %s"]
     SQL_PURGE_IDS = ("SELECT id FROM jobs WHERE state = %s AND updated_at < %s AND (state = 'completed' OR NOT EXISTS "
                      "(SELECT 1 FROM deps JOIN jobs j ON j.id = deps.job_id WHERE deps.dep_id = jobs.id "
                      "AND j.state <> 'completed')) LIMIT nullif(%s, -1) FOR UPDATE")
@@ -2619,7 +2642,9 @@ class PostgresSQL:
     # Taken by a migration before it looks for live workers: a registration under way commits first and is
     # seen, a later one waits for the migration and then meets the schema it brought (plain reads go on).
     SQL_LOCK_WORKERS = "LOCK TABLE workers IN EXCLUSIVE MODE"
-    SQL_REQUEST_STOP = "UPDATE workers SET stop_requested = 1 WHERE id = %s"
+    # Not a row without a version (an older worker the upgrade found dead): workers_versioned refuses its update,
+    # and that worker, whose heartbeat it refuses too, would never read the request.
+    SQL_REQUEST_STOP = "UPDATE workers SET stop_requested = 1 WHERE id = %s AND version IS NOT NULL"
     SQL_STATS_OUTCOMES = "SELECT outcome, count(*) FROM runs WHERE ended_at >= %s GROUP BY outcome"
     SQL_STATS_TIMES = ("SELECT ended_at - started_at, GREATEST(0, started_at - due_at) FROM runs "
                        "WHERE ended_at >= %s AND outcome IN ('completed', 'failed', 'dead')")
@@ -2670,6 +2695,11 @@ class PostgresSQL:
     SQL_PAUSE_SCHEDULE = "UPDATE schedules SET paused = 1 WHERE id = %s"
     SQL_RESUME_SCHEDULE = "UPDATE schedules SET paused = 0, next_run_at = %s WHERE id = %s"
     SQL_REMOVE_SCHEDULE = "DELETE FROM schedules WHERE id = %s"
+
+    @staticmethod
+    def id_array(ids: list[str]) -> list[str]:
+        """Job ids as SQL_FORGET_RUNS takes them: a text[]."""
+        return list(ids)
 
 
 class _NotStreamed(Exception):
@@ -5636,7 +5666,7 @@ class Supervisor:
         self.worker_id = f"{self.me['host']}:{self.me['pid']}:{os.urandom(3).hex()}"
         self.wake = threading.Condition()
         self.wakes = 0  # wake-ups sent to idle runner threads so far (see _wake_runners)
-        self.signals = 0  # SIGINT, SIGTERM and SIGHUP deliveries so far
+        self.signals = 0  # SIGINT and SIGTERM deliveries so far
         # The main loop's interruptible sleep, set by a burst worker's runner that found nothing to
         # claim and by a runner thread that ends: the drained queue or the last thread's exit is acted
         # on at once, not at the next poll (two polls' wait on every `worker start --burst`).
@@ -5682,8 +5712,8 @@ class Supervisor:
     # -- signals: counted by a thread of their own -----------------------------------------------
 
     def install_signals(self) -> None:
-        """SIGINT/SIGTERM/SIGHUP: first = graceful stop, second = hard stop; SIGQUIT = hard stop at once.
-        SIGHUP is what a closed terminal sends: a worker started from it finishes its jobs, as for SIGTERM.
+        """SIGINT/SIGTERM: first = graceful stop, second = hard stop; SIGQUIT = hard stop at once. SIGHUP
+        (a closed terminal) = graceful stop, however many arrive; one ignored when we start (nohup) stays ignored.
 
         Python runs a handler once for several deliveries of a signal that land before it gets to
         run, and only in the main thread, which may be inside a long SQLite call. So the handlers
@@ -5697,7 +5727,9 @@ class Supervisor:
         read_fd, write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)  # first: no delivery goes uncounted
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGHUP):
-            signal.signal(sig, _ignore_signal)
+            # `nohup queuectl worker start &` asks for a worker that outlives its terminal: keep its SIGHUP ignored.
+            if sig != signal.SIGHUP or signal.getsignal(sig) != signal.SIG_IGN:
+                signal.signal(sig, _ignore_signal)
         threading.Thread(target=self._watch_signals, args=(read_fd,), name="signals", daemon=True).start()
 
     def _watch_signals(self, fd: int) -> None:
@@ -5711,11 +5743,14 @@ class Supervisor:
                     self.on_signal(signum)
 
     def on_signal(self, signum: int) -> None:
-        """One delivered signal: the first SIGINT, SIGTERM or SIGHUP stops gracefully; a second, or SIGQUIT, hard."""
+        """One delivered signal: the first SIGINT or SIGTERM stops gracefully; a second, or SIGQUIT, hard;
+        SIGHUP always gracefully."""
         import signal
         if signum not in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGHUP):
             return
-        if signum != signal.SIGQUIT:
+        # A closed terminal sends SIGHUP twice, as a rule: its shell passes its own on to its jobs, and the
+        # kernel sends one more to the foreground job when that shell exits. Counted, that would be a hard stop.
+        if signum not in (signal.SIGQUIT, signal.SIGHUP):
             self.signals += 1
         if (signum == signal.SIGQUIT or self.signals >= 2) and not self.hard.is_set():
             why = "SIGQUIT" if signum == signal.SIGQUIT else "second signal"
@@ -6000,9 +6035,16 @@ class Supervisor:
         # Another worker declared us dead (we were paused past the lease) and requeued our jobs.
         # A new epoch makes every run claimed under the old registration abort within 250 ms (so
         # it cannot overlap its rerun), including one whose claim is still being returned.
-        log.error("this worker was presumed dead by another; killing its running jobs and re-registering",
-                  extra=event("registration_lost", worker_id=self.worker_id))
-        self.epoch += 1
+        self.epoch += 1  # before anything that may fail
+        # A database that moved on meanwhile (our lease ran out in an upgrade that found us dead) would refuse
+        # the registration at every beat, for ever: then we leave instead.
+        why = self.leaving or self.store.moved_on()
+        log.error("this worker was presumed dead by another; killing its running jobs and %s",
+                  "leaving" if why else "re-registering", extra=event("registration_lost", worker_id=self.worker_id))
+        if why:
+            if not self.leaving:
+                self._leave(why)
+            return
         self.store.register(self.worker_id, self.me, self.count, self.store.now(), self.queues)
 
     def _poll(self) -> None:
@@ -6103,6 +6145,11 @@ MAX_REQUEST_BODY = 64 * 1024
 # leaves most of the usual 1,024 descriptors free for the database connections of the requests.
 REQUEST_DEADLINE_S = 10.0
 MAX_CONNECTIONS = 64
+# Nor may they hold much memory: http.server alone reads up to 100 header lines of 64 KiB each, and the
+# cap's worth of connections sending that held several hundred MB. So no more than this plus the largest
+# body is read from a connection: what the request line and headers may take (a browser's, cookies
+# included, stay far below it).
+MAX_REQUEST_HEAD = 64 * 1024
 ACCEPT_PAUSE_S = 0.1  # out of descriptors: how long the server waits before it tries accept() again
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
 # Status codes for the QueueError subclasses (they all share exit code 1, so the class decides).
@@ -6583,11 +6630,12 @@ class Dashboard:
 
 
 class Slot:
-    """An accepted connection's place among the MAX_CONNECTIONS served: its deadline and whether it is
-    still sending its request (only then may a newer connection take its place)."""
+    """An accepted connection's place among the MAX_CONNECTIONS served: its deadline and its phase, "request"
+    (arriving), "answer" (being worked out) or "reply" (being sent); a newer connection may take its place
+    in the first and the last, when it waits on its client."""
 
     def __init__(self, deadline: float):
-        self.deadline, self.reading, self.evicted = deadline, True, False
+        self.deadline, self.phase, self.evicted = deadline, "request", False
 
 
 class DashboardServer:
@@ -6639,28 +6687,37 @@ class DashboardServer:
         super().process_request(request, client_address)
 
     def _free_slot(self) -> bool:
-        """Whether a new connection may be served: below the cap, or after evicting the connection that
-        has been sending its request the longest (caller holds slots_lock)."""
+        """Whether a new connection may be served: below the cap, or after evicting the oldest connection
+        still sending its request or, if none is, still taking its reply (caller holds slots_lock)."""
         served = [(connection, slot) for connection, slot in self.slots.items() if not slot.evicted]
         if len(served) < MAX_CONNECTIONS:
             return True
-        # Evicting the oldest request still being read, rather than refusing the newcomer, is what keeps
-        # connections that never finish their request from shutting everyone else out until their
-        # deadline: a real request, sent in one go, is in long before the cap's worth of newer ones.
-        oldest = next(((connection, slot) for connection, slot in served if slot.reading), None)
-        if oldest is None:  # every slot is answering a request: those end on their own
+        # Evicting the oldest connection that waits on its client, rather than refusing the newcomer, is
+        # what keeps connections that never finish their request, or never read their reply, from shutting
+        # everyone else out until their deadline: a real request, sent in one go, is in long before the
+        # cap's worth of newer ones. A reply goes only when no request is arriving: most are out in one
+        # write, and a flood of connections that send nothing must not cut the replies of real requests.
+        oldest = next(((connection, slot) for phase in ("request", "reply") for connection, slot in served
+                       if slot.phase == phase), None)
+        if oldest is None:  # every slot is working on an answer: those end on their own
             return False
         import socket
         oldest[1].evicted = True  # before shutdown(): its thread must see an eviction, not the client's EOF
         with contextlib.suppress(OSError):
-            oldest[0].shutdown(socket.SHUT_RDWR)  # wakes its thread's recv(); that thread closes it
+            oldest[0].shutdown(socket.SHUT_RDWR)  # wakes its thread's recv() or send(); that thread closes it
         return True
 
     def answering(self, slot: Slot) -> bool:
-        """Mark the connection's request as read (no longer evictable); False if it was evicted already."""
+        """Mark the connection's request as read (not evictable while its answer is made); False if it was
+        evicted already."""
         with self.slots_lock:
-            slot.reading = False
+            slot.phase = "answer"
             return not slot.evicted
+
+    def replying(self, slot: Slot) -> None:
+        """Mark the connection as waiting on its client again, which now takes the reply (see _free_slot)."""
+        with self.slots_lock:
+            slot.phase = "reply"
 
     def shutdown_request(self, request) -> None:
         with self.slots_lock:
@@ -6679,11 +6736,13 @@ class DashboardServer:
 
 
 class RequestReader(io.RawIOBase):
-    """A connection's incoming bytes, cut off (TimeoutError) at its slot's deadline or when it is evicted."""
+    """A connection's incoming bytes, cut off (TimeoutError) at its slot's deadline, when it is evicted, or
+    past MAX_REQUEST_HEAD + MAX_REQUEST_BODY bytes."""
 
     def __init__(self, connection, slot: Slot):
         super().__init__()
         self.connection, self.slot = connection, slot
+        self.unread = MAX_REQUEST_HEAD + MAX_REQUEST_BODY  # what a request may still send
 
     def readable(self) -> bool:
         return True
@@ -6692,10 +6751,15 @@ class RequestReader(io.RawIOBase):
         left = self.slot.deadline - time.monotonic()
         if left <= 0 or self.slot.evicted:
             raise TimeoutError("the request did not arrive in time")
+        if self.unread <= 0:
+            # A TimeoutError too: http.server closes the connection without a reply at one, wherever in
+            # the request it is raised (request line, headers or body).
+            raise TimeoutError("the request is larger than any the dashboard takes")
         # The timeout is what is left of the whole request's time, not a fresh one per read: a client
         # sending a byte now and then must not keep its connection past the deadline.
         self.connection.settimeout(left)
-        read = self.connection.recv_into(buffer)
+        read = self.connection.recv_into(memoryview(buffer)[:self.unread])
+        self.unread -= read
         if not read and self.slot.evicted:  # the end our shutdown() made: not a complete request
             raise TimeoutError("the connection was evicted before its request arrived")
         return read
@@ -6747,7 +6811,10 @@ class DashboardHandler:
         self._send(json_reply({"error": message or f"HTTP {code}"}, code))
 
     def _send(self, reply: Reply) -> None:
-        with contextlib.suppress(ConnectionError):  # the client left; there is no one to tell
+        # A client that reads slowly, or not at all, holds its slot for as long as the reply's writes may
+        # take: so while they run, the slot may make way for a newcomer (after those still receiving requests).
+        self.server.replying(self.slot)
+        with contextlib.suppress(ConnectionError):  # the client left, or its slot made way; no one to tell
             self.send_response(reply.status)
             for name, value in (*reply.headers, *COMMON_HEADERS):
                 self.send_header(name, value)
@@ -8331,8 +8398,9 @@ def check_worker_stop(args) -> None:
 
 
 def cmd_worker_stop(args, store: Store) -> int:
-    asked = {w.id for w in live_workers(store)}  # a dead worker's row would only inflate the count
-    n = store.request_stop(sorted(asked))
+    # A dead worker's row would only inflate the count; one that could not be asked would be waited for in vain.
+    asked = set(store.request_stop(sorted(w.id for w in live_workers(store))))
+    n = len(asked)
     print(f"asked {n} worker{'s' if n != 1 else ''} to stop")
     if not args.wait:
         return EXIT_OK

@@ -441,7 +441,10 @@ def pg_unavailable(why):
 
 @pytest.fixture(scope="session")
 def pg_server():
-    """URL of a PostgreSQL server for the session (see above); skips when there is none."""
+    """URL of a PostgreSQL server for the session (see above); skips when there is none, and under
+    `make check` (QUEUECTL_TEST_BACKENDS=sqlite), the quick loop that leaves PostgreSQL to `make test`."""
+    if os.environ.get("QUEUECTL_TEST_BACKENDS") == "sqlite" and os.environ.get("CI") != "true":
+        pytest.skip("make check runs the SQLite tests only; make test runs them all")
     try:
         import psycopg  # noqa: F401  (only the PostgreSQL tests need it)
     except ImportError:
@@ -934,7 +937,7 @@ def test_retry_dead_is_all_or_nothing(store):
 def test_heartbeat_reports_stop_and_lost_registration(store):
     register(store)
     assert store.heartbeat("w1", T0 + 1) is False
-    assert store.request_stop(["w1"]) == 1
+    assert store.request_stop(["w1"]) == ["w1"]
     assert store.heartbeat("w1", T0 + 2) is True
     store.deregister("w1")
     assert store.heartbeat("w1", T0 + 3) is None
@@ -3507,6 +3510,115 @@ def test_dashboard_closes_a_request_that_trickles_past_its_deadline(sqlite_dashb
         conn.close()
 
 
+def test_dashboard_reads_no_request_head_beyond_its_bound(sqlite_dashboard, monkeypatch):
+    """http.server alone takes 100 header lines of 64 KiB each: a connection sending that, short of the
+    blank line that ends them, held 6 MB until its deadline (pushed out of reach here). Past
+    MAX_REQUEST_HEAD + MAX_REQUEST_BODY bytes it is closed unanswered; a large head within the bound is
+    answered."""
+    monkeypatch.setattr(queuectl, "REQUEST_DEADLINE_S", 3600.0)
+    d = sqlite_dashboard()
+    cookie = "c=" + "x" * 60_000  # within the bound: a host's cookies can run to tens of KB
+    assert d.request("/api/status", headers={"Cookie": cookie})[0] == 200
+    conn = socket.create_connection(("127.0.0.1", d.server.server_address[1]), timeout=WAIT_S)
+    try:
+        line = b"X-Filler: " + b"x" * 60_000 + b"\r\n"
+        with contextlib.suppress(OSError):  # the server may close while this still sends
+            conn.sendall(b"GET /api/status HTTP/1.0\r\n")
+            for _ in range(99):
+                conn.sendall(line)
+        try:
+            reply = conn.recv(4096)
+            while reply and (more := conn.recv(4096)):
+                reply += more
+        except ConnectionResetError:  # the end, sent as a reset: bytes were still arriving
+            reply = b""
+        except TimeoutError:
+            reply = "neither answered nor closed"
+        assert reply == b"", reply[:100]
+    finally:
+        conn.close()
+
+
+def add_big_jobs(d):
+    """Jobs enough in dashboard `d`'s queue that a page of them is far more than a socket's buffers hold."""
+    now, command = time.time(), "echo " + "x" * 100_000
+    d.store.enqueue([queuectl.validate_job({"id": f"big-{i}", "command": command}, d.store.config_all(), "/tmp", now)
+                     for i in range(100)], now)
+
+
+def big_page_unread(d):
+    """A connection to dashboard `d` (see add_big_jobs) that asks for a page of jobs and reads only its
+    status line: the rest of the reply waits on this client (the server's write of it blocks)."""
+    conn = socket.socket()
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect(): a small window
+    conn.settimeout(WAIT_S)
+    try:
+        conn.connect(("127.0.0.1", d.server.server_address[1]))
+        conn.sendall(f"GET /api/jobs?limit=1000 HTTP/1.0\r\nHost: 127.0.0.1\r\nX-Queuectl-Token: {DASH_TOKEN}"
+                     "\r\n\r\n".encode())
+        head = b""
+        while len(head) < 12 and (part := conn.recv(12 - len(head))):
+            head += part
+        assert head == b"HTTP/1.0 200", head
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def request_status(d, path):
+    """A request's status, or the error of a connection closed unanswered."""
+    try:
+        return d.request(path)[0]
+    except OSError as e:
+        return e
+
+
+def test_dashboard_makes_way_at_the_cap_when_every_connection_holds_a_reply_its_client_does_not_read(
+        sqlite_dashboard, monkeypatch):
+    """A client that asks for a big page and reads none of it holds its connection for as long as the
+    reply's writes may take: at the cap, the oldest of those makes way for a newcomer, as one still
+    sending its request would (the cap is lowered here so that a few such clients reach it)."""
+    monkeypatch.setattr(queuectl, "MAX_CONNECTIONS", 2)
+    d = sqlite_dashboard()
+    add_big_jobs(d)
+    earlier_threads, stalled = request_threads(), []
+    try:
+        for _ in range(queuectl.MAX_CONNECTIONS):
+            stalled.append(big_page_unread(d))
+        assert request_status(d, "/api/status") == 200
+    finally:
+        for conn in stalled:
+            conn.close()
+    wait_for(lambda: not request_threads() - earlier_threads, "the connections' threads to end")
+
+
+def test_dashboard_at_the_cap_cuts_a_request_still_arriving_before_any_reply(sqlite_dashboard, monkeypatch):
+    """A reply is cut only when no request is arriving: a flood of connections that send nothing must not
+    cut the replies of real requests, most of which are out in one write."""
+    monkeypatch.setattr(queuectl, "MAX_CONNECTIONS", 2)
+    d = sqlite_dashboard()
+    add_big_jobs(d)
+    earlier_threads = request_threads()
+    replying = big_page_unread(d)  # the older of the two
+    arriving = socket.create_connection(("127.0.0.1", d.server.server_address[1]), timeout=WAIT_S)
+    try:
+        arriving.sendall(b"GET /api/status HTTP/1.0\r\n")
+        wait_for(lambda: len(request_threads() - earlier_threads) == 2, "both connections to be served")
+        assert request_status(d, "/api/status") == 200
+        with contextlib.suppress(ConnectionResetError):
+            assert arriving.recv(100) == b""  # closed unanswered
+        reply = b"HTTP/1.0 200"
+        while part := replying.recv(1 << 20):
+            reply += part
+        head, body = reply.split(b"\r\n\r\n", 1)
+        length = int(re.search(rb"Content-Length: (\d+)", head)[1])
+        assert len(body) == length and len(json.loads(body)) >= 100  # the whole reply came
+    finally:
+        arriving.close()
+        replying.close()
+
+
 # ==== CLI ==========================================================================================
 
 # ---- enqueue
@@ -5119,7 +5231,7 @@ def test_first_signal_lets_the_running_job_finish(db, workers, tmp_path, sig):
     assert (late["state"], late["attempts"], late["run_count"]) == ("pending", 0, 0)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["SIGINT", "SIGTERM", "SIGHUP"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_second_signal_kills_the_job_and_requeues_it(db, workers, tmp_path, sig):
     enqueue(db, id="run", command=BLOCKING_JOB, cwd=str(tmp_path))
     worker = workers.start()
@@ -5136,6 +5248,42 @@ def test_second_signal_kills_the_job_and_requeues_it(db, workers, tmp_path, sig)
     assert (job["state"], job["attempts"]) == ("pending", 0)
     wait_for(lambda: pid_gone(shell_pid), "the job's shell to be killed", timeout=10)
     assert not (tmp_path / "release").exists()
+
+
+def test_a_second_sighup_is_no_hard_stop(db, workers, tmp_path):
+    """A closed terminal sends SIGHUP twice, as a rule: its shell passes its own on to its jobs, and the kernel
+    sends one more to the foreground job when that shell exits. The worker still finishes its job and exits 0."""
+    enqueue(db, id="run", command=BLOCKING_JOB, cwd=str(tmp_path))
+    worker = workers.start()
+    worker.wait_log("worker started")
+    _wait_started(tmp_path)
+    worker.signal(signal.SIGHUP)
+    worker.wait_log("stopping (SIGHUP")  # handled: the second is a delivery of its own (see the test above)
+    worker.signal(signal.SIGHUP)
+    wait_for(lambda: not _signal_pending(worker.popen.pid, signal.SIGHUP), "the second SIGHUP to be delivered")
+    deadline = time.monotonic() + 1.0  # a hard stop would follow its delivery at once: watch for a moment
+    while time.monotonic() < deadline:
+        assert "second signal" not in worker.log() and worker.popen.poll() is None, worker.log()
+        time.sleep(0.05)
+    (tmp_path / "release").touch()
+    assert worker.wait() == 0, worker.log()
+    assert get_job(db, "run")["state"] == "completed"
+
+
+def test_a_worker_started_with_sighup_ignored_keeps_it_ignored(db, workers, tmp_path):
+    """`nohup queuectl worker start &`: the user asked for a worker that outlives its terminal."""
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # inherited by the worker, as nohup does it
+    try:
+        worker = workers.start()
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+    worker.wait_log("worker started")
+    worker.signal(signal.SIGHUP)
+    enqueue(db, id="after", command="true", cwd=str(tmp_path))
+    worker.wait_log("job after completed")
+    assert "stopping" not in worker.log()
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0, worker.log()
 
 
 def _signal_pending(pid, sig):
@@ -6517,6 +6665,32 @@ def test_run_duration_sum_and_count_never_go_down_when_jobs_are_deleted(store):
     assert set(store.config_all()) == set(queuectl.CONFIG)  # the tally is no setting
 
 
+def test_deleting_many_jobs_adds_their_runs_to_the_tally_in_one_write(store):
+    """A delete or a purge slice writes the tally's row once, not once per job: on PostgreSQL every write
+    of it leaves a row version behind, and one write per job made purge far slower."""
+    register(store)
+    ids = [f"j{i}" for i in range(6)]
+    store.enqueue([spec(i) for i in ids], T0)
+    for i in ids:
+        store.finish(store.claim("w1", T0), "w1", outcome(0, None, "x", 0.5), SETTINGS, T0 + 0.5)
+    pg = isinstance(store, queuectl.PostgresStore)
+    count_writes = ["CREATE TABLE tally_writes (n INTEGER NOT NULL)", "INSERT INTO tally_writes VALUES (0)"] + (
+        ["CREATE FUNCTION count_tally_write() RETURNS trigger LANGUAGE plpgsql AS "
+         "$$BEGIN UPDATE tally_writes SET n = n + 1; RETURN NULL; END$$",
+         "CREATE TRIGGER tally_written AFTER INSERT OR UPDATE ON config FOR EACH ROW EXECUTE FUNCTION count_tally_write()"]
+        if pg else
+        [f"CREATE TRIGGER tally_{event} AFTER {event} ON config BEGIN UPDATE tally_writes SET n = n + 1; END"
+         for event in ("INSERT", "UPDATE")])
+    store.write(lambda cur: [cur.execute(statement) for statement in count_writes])
+
+    def writes():
+        return store.write(lambda cur: cur.execute("SELECT n FROM tally_writes").fetchone()[0])
+    store.delete(ids[:3])
+    assert writes() == 1 and store.run_totals() == (6, 3_000_000)
+    assert store.purge("completed", T0 + 100) == 3
+    assert writes() == 2 and store.run_totals() == (6, 3_000_000)
+
+
 def test_metrics_cli_on_an_empty_queue(db):
     families = prometheus_families(ok(db, "metrics"))
     assert families["queuectl_jobs"] == {} and sample(families, "queuectl_workers") == 0
@@ -7021,6 +7195,33 @@ def test_postgres_an_upgrade_waits_for_a_registration_under_way_and_then_refuses
     assert_one_error(result["err"], f"PID {me['pid']} (queuectl 1.0.0")
 
 
+def test_worker_stop_reaches_the_workers_though_an_older_workers_row_outlived_the_upgrade(db, monkeypatch):
+    """An upgrade run on another host found the older worker dead (no heartbeat for stale-timeout: a network
+    cut), so its row, which records no version, stayed; on its own host `worker stop` finds it alive by its PID.
+    The older worker can no longer beat (PostgreSQL refuses any write of a row without a version, so it cannot
+    see a stop request either): asking it must not fail the request to every other worker."""
+    with subprocess.Popen(["sleep", "60"]) as sleeper:
+        try:
+            me = queuectl.host_identity()
+            with previous_schema(monkeypatch), opened(db) as s:
+                register_older(s, "older", {**me, "pid": sleeper.pid,
+                                            "proc_start": queuectl.proc_start_time(sleeper.pid)}, s.now() - 3600)
+            with monkeypatch.context() as m:  # the upgrading host judges it by its heartbeat: dead
+                m.setattr(queuectl, "looks_alive", lambda *args: False)
+                ok(db, "status")
+            if is_pg(db):  # nor is it waited for, in vain (for ever, or until --timeout and exit 1)
+                assert ok(db, "worker", "stop", "--wait", "--timeout", "20") == "asked 0 workers to stop\n"
+            with opened(db) as s:
+                s.register("newer", me, 1, s.now())
+            code, out, err = cli(db, "worker", "stop")
+            assert code == 0 and "Traceback" not in err, (code, out, err)
+            with opened(db) as s:
+                assert {w.id: w.stop_requested for w in s.workers()}["newer"] == 1
+        finally:
+            sleeper.kill()
+            sleeper.wait()
+
+
 def set_schema_version(db, version):
     """Write the schema version straight into the database, as a newer queuectl's migration would."""
     if is_pg(db):
@@ -7051,6 +7252,76 @@ def test_a_worker_leaves_a_database_a_newer_queuectl_upgraded(db, workers, tmp_p
         set_schema_version(db, queuectl.SCHEMA_VERSION)
     assert "start workers of the new version" in worker.log() and "job late claimed" not in worker.log()
     assert (get_job(db, "run")["state"], get_job(db, "late")["state"]) == ("completed", "pending")
+
+
+def test_a_worker_leaves_a_database_whose_wal_and_shm_were_deleted(sqlite_db, workers, tmp_path):
+    """`rm queue.db-wal queue.db-shm` (taken for leftovers) under a running worker: the next command makes new
+    ones and sees none of the worker's changes, nor the worker its, so what it enqueues would wait for ever.
+    The worker leaves as for a deleted file; a checkpoint or VACUUM, which keep both files, is no reason to."""
+    ok(sqlite_db, "config", "set", "stale-timeout", "1")  # a heartbeat every 0.2 s
+    worker = workers.start()
+    worker.wait_log("worker started")
+    conn = sqlite3.connect(sqlite_db)
+    conn.execute("VACUUM")
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    enqueue(sqlite_db, id="before", command="true", cwd=str(tmp_path))
+    worker.wait_log("job before completed")
+    enqueue(sqlite_db, id="run", command=BLOCKING_JOB, cwd=str(tmp_path))
+    _wait_started(tmp_path)
+    for name in (f"{sqlite_db}-wal", f"{sqlite_db}-shm"):
+        os.unlink(name)
+    worker.wait_log(f"{sqlite_db}-wal and {sqlite_db}-shm, which this worker opened")
+    assert worker.popen.poll() is None  # its job still runs
+    (tmp_path / "release").touch()
+    assert worker.wait() == 1, worker.log()
+    assert "job run completed" in worker.log()
+
+
+def test_a_worker_leaves_a_database_whose_folder_was_replaced_by_a_file(tmp_path, monkeypatch):
+    """`mv queue queue.old; touch queue` under a worker of queue/queue.db: its path leads to no file (ENOTDIR,
+    not ENOENT). It leaves as for a deleted file, instead of failing its housekeeping after every heartbeat
+    (no sweep, no cancel honoured) for ever."""
+    monkeypatch.delenv("QUEUECTL_DB", raising=False)
+    (tmp_path / "queue").mkdir()
+    db = str(tmp_path / "queue" / "queue.db")
+    ok(db, "config", "set", "stale-timeout", "1")  # a heartbeat every 0.2 s
+    enqueue(db, id="run", command=BLOCKING_JOB, cwd=str(tmp_path))
+    pool = Workers(db, tmp_path)
+    try:
+        worker = pool.start()
+        worker.wait_log("worker started")
+        _wait_started(tmp_path)
+        (tmp_path / "queue").rename(tmp_path / "queue.old")
+        (tmp_path / "queue").touch()
+        worker.wait_log(f"{db} is no longer the database file this worker opened")
+        (tmp_path / "release").touch()
+        assert worker.wait() == 1, worker.log()
+        assert "housekeeping failed" not in worker.log() and "job run completed" in worker.log()
+    finally:
+        pool.cleanup()
+
+
+def test_a_worker_presumed_dead_across_an_upgrade_leaves_instead_of_registering_again(db, workers, tmp_path):
+    """Our lease ran out (a paused worker, a network cut) while a newer queuectl, finding us dead, upgraded the
+    schema: at the next heartbeat our row is gone and registering again would be refused, at every beat for
+    ever. The worker kills its requeued job, as after any lost registration, and leaves: exit 1."""
+    ok(db, "config", "set", "stale-timeout", "1")  # a heartbeat every 0.2 s
+    enqueue(db, id="run", command=BLOCKING_JOB, cwd=str(tmp_path))
+    worker = workers.start()
+    worker.wait_log("worker started")
+    _wait_started(tmp_path)
+    shell = int((tmp_path / "sh.pid").read_text())
+    newer = queuectl.SCHEMA_VERSION + 1
+    with opened(db) as s:  # the sweep that dropped us and the migration, together: no beat between them
+        s.write(lambda cur: (cur.execute("DELETE FROM workers"), cur.execute(
+            "UPDATE queuectl_version SET version = %s" % newer if is_pg(db) else f"PRAGMA user_version = {newer}")))
+    try:
+        assert worker.wait() == 1, worker.log()
+    finally:
+        set_schema_version(db, queuectl.SCHEMA_VERSION)
+    assert f"upgraded to schema {newer}" in worker.log() and "re-registering" not in worker.log()
+    wait_for(lambda: pid_gone(shell), "the requeued job's shell to be killed", timeout=10)
 
 
 @pytest.mark.parametrize("how", ["deleted", "replaced"])
