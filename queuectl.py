@@ -208,6 +208,7 @@ CLI_BUSY_DEADLINE_S = 5.0  # a CLI command gives up (exit 1) after retrying this
 CUT_OFF = "worker cut off from the database"  # why a worker killed runs it could no longer hold (lost runs)
 CLAIM_ANSWER_LOST = "claim answer lost"  # the error of a run recovered as a stray (see Holdings)
 HARD_STOP_S = 5.0  # a hard-stopped worker exits this long after the signal at most, whatever the database does
+LATE_EXIT_LINE_S = 0.5  # how long a hard stop's late exit waits for its log lines (see Supervisor._exit_late)
 SOFT_STOPS = ("timeout", "canceled")  # why a run may end in SIGTERM and kill-grace; any other reason kills at once
 GRACE_STEP_S = 0.1  # how often a run in its kill-grace is checked for having exited
 
@@ -4152,6 +4153,12 @@ def run_command(job: Job, env_extra: dict, abort, on_output=None, *, die_with_wo
     SIGTERM and SIGKILL (see _Capture.stop).
     """
     started = time.monotonic()
+    # Asked before the start too: the claim or the settings read before it may have answered only after
+    # the worker was cut off (a server that hung meanwhile), when another host may already be rerunning
+    # the job; then no process of it may run here, not even until the first look below.
+    reason = abort()
+    if reason:
+        return _outcome(None, reason, b"", 0.0, job.timeout)
     extra = {k.encode(): v.encode() for d in (job.env, env_extra) for k, v in d.items()}
     try:
         proc = _spawn(job, extra, die_with_worker)
@@ -5311,6 +5318,9 @@ class Runner:
         env = {"QUEUECTL_JOB_ID": job.id, "QUEUECTL_ATTEMPT": str(job.attempts + 1),
                "QUEUECTL_RUN": run_token(job, self.worker_id)}
         try:
+            # Read first, and only then running: a read that hangs (a server that stopped answering) holds
+            # no process, and the cut-off line counts only runs it kills (see Supervisor._note_cut_off).
+            self._settings()
             self.running = True
             return self.runner(job, env, lambda: self.abort(job, epoch),
                                lambda tail, total: self._flush(job, tail, total))
@@ -5467,19 +5477,23 @@ class Sweeper:
         self.stalled = stalled  # seconds our own heartbeat was late in all: not held against anyone's lease
         self.holdings = holdings  # what our runners hold; None: no runners, no stray runs to look for
         self.strays: dict[tuple[str, int], float] = {}  # our runs no runner held -> monotonic time first seen
-        # (id, started_at) -> (beat, monotonic time it last changed, stalled() then)
-        self.seen: dict[tuple, tuple[int, float, float]] = {}
+        # (id, started_at) -> (beat, monotonic time it last changed, stalled() then, its lease then: see is_dead)
+        self.seen: dict[tuple, tuple[int, float, float, float]] = {}
+        self.stale_before: float | None = None  # stale-timeout as our previous sweep read it
         # runs this worker adopted and has not requeued yet: (job id, run) -> (run token or "", leftovers)
         self.recovering: dict[tuple[str, int], tuple[str, Leftovers]] = {}
 
     def sweep(self, now: float, now_mono: float | None = None) -> int:
         """One pass; returns how many jobs were recovered."""
         stale_s = self.store.config_get("stale_timeout")
+        # The lease of a beat seen moving now: the longer of this value and the last one. The worker may
+        # have read the last one with that beat, just before a change: it kills by that one's half.
+        lease_s, self.stale_before = max(stale_s, self.stale_before or stale_s), stale_s
         rows = self.store.workers()
         # Read the clock after the rows: a stall while reading them must not age what we saw.
         now_mono = time.monotonic() if now_mono is None else now_mono
         for row in rows:
-            if row.id != self.worker_id and self.is_dead(row, now_mono, stale_s):
+            if row.id != self.worker_id and self.is_dead(row, now_mono, stale_s, lease_s):
                 self._drop(row)
         current = {(row.id, row.started_at) for row in rows}
         self.seen = {key: value for key, value in self.seen.items() if key in current}  # forget the departed
@@ -5507,10 +5521,12 @@ class Sweeper:
                             job_id, extra=event("claim_unanswered", job_id=job_id, run=run_no))
                 self._begin(job_id, run_no, self.worker_id)
 
-    def is_dead(self, row: WorkerRow, now_mono: float, stale_s: float) -> bool:
+    def is_dead(self, row: WorkerRow, now_mono: float, stale_s: float, lease_s: float | None = None) -> bool:
         """Same namespace: its PID tells at once (once its watchdog is done, or else as its lease
-        does); an earlier boot: dead. Otherwise: its heartbeat stopped moving for stale_s (less the
-        time our own heartbeat could not be written)."""
+        does); an earlier boot: dead. Otherwise: its heartbeat stopped moving for stale_s, or for
+        `lease_s` if that was in force when we saw it last move (less the time our own heartbeat
+        could not be written). A stale-timeout lowered while a worker cannot beat (a server that hangs
+        for it alone) does not shorten its lease: it still kills its runs at half the value it read."""
         if same_namespace(row, self.me):
             if not process_gone(row.pid, row.proc_start):
                 return False
@@ -5524,11 +5540,11 @@ class Sweeper:
             return True  # a local file: a row with our hostname and another boot id is an earlier boot
         key = (row.id, row.started_at)  # one registration: a re-registered worker starts afresh
         stalled = self.stalled()
-        beat, since, stalled_then = self.seen.get(key, (None, now_mono, stalled))
+        beat, since, stalled_then, lease_then = self.seen.get(key, (None, now_mono, stalled, stale_s))
         if beat != row.beat:
-            self.seen[key] = (row.beat, now_mono, stalled)
+            self.seen[key] = (row.beat, now_mono, stalled, max(stale_s, lease_s or stale_s))
             return False
-        return lease_expired(since, now_mono, stale_s, stalled - stalled_then)
+        return lease_expired(since, now_mono, max(stale_s, lease_then), stalled - stalled_then)
 
     def _drop(self, row: WorkerRow) -> None:
         # Deregister and adopt its jobs in one transaction: a job it claims after re-registering
@@ -5754,11 +5770,13 @@ class Supervisor:
             self.signals += 1
         if (signum == signal.SIGQUIT or self.signals >= 2) and not self.hard.is_set():
             why = "SIGQUIT" if signum == signal.SIGQUIT else "second signal"
-            log.warning("%s: killing running jobs and putting them back", why,
-                        extra=event("hard_stop", reason=why))
+            # In force before the line is written: a write to stderr may block (a full pipe, a terminal
+            # paused with Ctrl+S), and the kills and the guard's deadline must not wait for it.
             self.hard_at = time.monotonic()
             self.hard.set()
             self.guard_wake.set()  # its deadline moved
+            log.warning("%s: killing running jobs and putting them back", why,
+                        extra=event("hard_stop", reason=why))
         self._stop("SIGHUP: its terminal closed?" if signum == signal.SIGHUP else "signal")
 
     def abort_reason(self, job: Job, epoch: int) -> str | None:
@@ -6018,8 +6036,22 @@ class Supervisor:
         return): exit 130 now, as the README promises. What is not written is crash recovery's, as after a
         SIGKILL, and the watchdog kills what is left of our runs when it sees us gone. Only a worker that
         owns its process (not one a test runs in a thread)."""
-        if not self.owns_process or not self.exiting.acquire(blocking=False):
-            return  # the main thread is leaving already
+        if not self.owns_process:
+            return
+        # The main thread takes the lock to write its last line and return: it has a moment for that, not
+        # for ever (that line's write may block on stderr too); then the exit is ours, without a line.
+        if self.exiting.acquire(timeout=LATE_EXIT_LINE_S):
+            import threading
+            # Written by a thread of its own, waited for a moment only: a stderr that blocks (a full pipe,
+            # a terminal paused with Ctrl+S) holds the log's lock, and must not hold the exit.
+            writer = threading.Thread(target=self._say_late, daemon=True)
+            with contextlib.suppress(RuntimeError):  # no thread to be had (a process limit): exit without them
+                writer.start()
+                writer.join(LATE_EXIT_LINE_S)
+        os._exit(EXIT_INTERRUPTED)
+
+    def _say_late(self) -> None:
+        """The late exit's lines (see _exit_late)."""
         late_s = time.monotonic() - self.hard_at
         log.warning("hard stop: the database did not let the worker finish within %.0fs; exiting without "
                     "deregistering, other workers will recover what is left", late_s,
@@ -6029,7 +6061,6 @@ class Supervisor:
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):  # nothing may stand between this and the exit
                 stream.flush()
-        os._exit(EXIT_INTERRUPTED)
 
     def _on_lost_registration(self) -> None:
         # Another worker declared us dead (we were paused past the lease) and requeued our jobs.

@@ -2575,6 +2575,34 @@ def test_a_leftover_that_cannot_be_killed_sends_its_job_dead_once(store, monkeyp
         f"job stuck recovered from lost worker -> dead ({stuck})"]
 
 
+def test_a_lowered_stale_timeout_does_not_shorten_the_lease_of_a_silent_worker(store):
+    """stale-timeout lowered while a remote worker cannot beat (a server that hangs for it alone): that
+    worker still kills its runs at half the value it read with its last beat, which it cannot re-read now.
+    So a sweeper holds it to the longest value in force since it last saw that beat move (the value of its
+    sweep before too: the worker may have read it just before the change), and reruns nothing earlier."""
+    me = queuectl.host_identity()
+    store.register("remote", {**me, "host": "elsewhere", "boot_id": "other-boot"}, 1, T0)
+    register(store, "me")
+    store.enqueue([spec("a")], T0)
+    store.claim("remote", T0)
+    store.config_set("stale_timeout", 60)
+    sweeper = queuectl.Sweeper(store, me, "me")
+    assert sweeper.sweep(T0, now_mono=1000.0) == 0
+    store.heartbeat("remote", T0)  # its last beat: it reads 60 with it, then its server hangs
+    store.config_set("stale_timeout", 4)
+    assert sweeper.sweep(T0, now_mono=1001.0) == 0  # the beat seen moving, after the change
+    assert sweeper.sweep(T0, now_mono=1010.0) == 0  # 9 s: it kills its run only at 30 s
+    assert sweeper.sweep(T0, now_mono=1060.0) == 0
+    assert store.get("a").state == "processing"
+    assert sweeper.sweep(T0, now_mono=1061.5) == 1
+    # A worker that beat once the change was in force read it: the lower value holds it from then on.
+    store.register("remote2", {**me, "host": "elsewhere2", "boot_id": "other-boot"}, 1, T0)
+    store.enqueue([spec("b")], T0)
+    store.claim("remote2", T0)
+    assert sweeper.sweep(T0, now_mono=1070.0) == 0
+    assert sweeper.sweep(T0, now_mono=1075.0) == 1
+
+
 def test_lease_time_excludes_the_time_our_own_heartbeat_was_stalled(store):
     """A long write holds the database: nobody can beat, us included. That time is nobody's fault."""
     me = queuectl.host_identity()
@@ -7645,6 +7673,63 @@ def test_a_runners_kill_path_never_waits_on_the_database(store, reason):
     assert ended[0].error == ("timed out after 1.5s (terminated)" if reason == "timeout" else "canceled (terminated)")
 
 
+@pytest.mark.parametrize("late", ["claim", "config_all"])
+def test_a_job_whose_claim_or_settings_answer_after_the_cut_off_never_starts(store, monkeypatch, tmp_path, late):
+    """The claim, or the settings read before the start, answers only after the worker was cut off from
+    the database (a server that hung meanwhile): a sweeper elsewhere may be rerunning the job by then, so
+    its process must not start, not even for the moment until the first look at abort(). The run is
+    recorded as lost, as a run the cut-off killed."""
+    register(store)
+    store.enqueue([spec("j", command=f"touch {tmp_path / 'started'}")], T0)
+    cut, real = threading.Event(), getattr(store, late)
+
+    def answers_late(*args):
+        answer = real(*args)
+        cut.set()  # the worker was cut off while it waited for this answer
+        return answer
+    monkeypatch.setattr(store, late, answers_late)
+    spawned, real_spawn = [], queuectl._spawn
+    monkeypatch.setattr(queuectl, "_spawn", lambda *args: spawned.append(args[0].id) or real_spawn(*args))
+    runner = queuectl.Runner(store, "w1", lambda job, epoch: queuectl.CUT_OFF if cut.is_set() else None)
+    assert runner.run_once(T0) is True
+    assert spawned == [] and not (tmp_path / "started").exists()
+    job = store.get("j")
+    assert (job.state, job.lost_count) == ("pending", 1)
+    assert [(r["outcome"], r["error"]) for r in store.runs("j")] == [("lost", queuectl.CUT_OFF)]
+
+
+def test_postgres_the_cut_off_line_does_not_count_a_start_that_waits_on_the_database(pg_url, caplog):
+    """A runner whose settings read before a start hangs (the server stopped answering) has no process
+    running: the cut-off line counts it not (and once the read answers, nothing starts: see above)."""
+    supervisor, release, running = queuectl.Supervisor(pg_url, 1, False), threading.Event(), None
+    try:
+        register(supervisor.store, supervisor.worker_id)
+        supervisor.store.enqueue([spec("j", command="true")], supervisor.store.now())
+        runner = supervisor._new_runner()
+        real, reads = runner.store.config_all, []
+
+        def hangs():
+            reads.append(1)
+            release.wait(WAIT_S)
+            return real()
+        runner.store.config_all = hangs
+        running = threading.Thread(target=runner.run_once, daemon=True)
+        running.start()
+        wait_for(lambda: reads, "the runner to read the settings before the start")
+        supervisor.stale_s, supervisor.beat_ok_at = 4.0, time.monotonic() - 3.0
+        with caplog.at_level("ERROR", logger="queuectl"):
+            supervisor._note_cut_off()
+        lines = [r.getMessage() for r in caplog.records if "no heartbeat" in r.getMessage()]
+        assert len(lines) == 1 and "killing 0 running job(s)" in lines[0], lines
+    finally:
+        release.set()
+        if running:
+            running.join(WAIT_S)
+        for runner in supervisor.runners:
+            runner.store.close()
+        supervisor.store.close()
+
+
 def test_postgres_a_job_timing_out_while_the_server_hangs_dies_before_another_host_reruns_it(
         pg_url, hosts, workers, hanging_pg, tmp_path):
     """The job's timeout falls due while host A's server hangs: the kill must not wait on it, and the
@@ -7723,6 +7808,37 @@ def test_a_hard_stop_exits_130_within_5s_while_a_database_call_never_returns(db,
     assert exited_after_s <= queuectl.HARD_STOP_S + 1, f"exited {exited_after_s:.1f} s after SIGQUIT"
     assert worker.log().count("worker exited (130)") == 1
     assert state_of(db, "run") == "pending"  # the killed run was recorded before the hung call
+
+
+def test_a_hard_stop_kills_and_exits_130_while_stderr_blocks(db, workers, tmp_path):
+    """Both backends: the worker's stderr is a pipe that nobody reads and that is full (a log reader that
+    stopped, a terminal paused with Ctrl+S), so every log line blocks. SIGQUIT still kills the job at
+    once and ends the worker with 130 within HARD_STOP_S (a moment more for the lines it could not write)."""
+    enqueue(db, id="run", command=BLOCKING_JOB, cwd=str(tmp_path))
+    read_end, write_end = os.pipe()
+    try:
+        popen = subprocess.Popen([sys.executable, QUEUECTL, "--db", db, "worker", "start"], stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL, stderr=write_end, start_new_session=True,
+                                 env=child_env(**{TAG_VAR: workers.tag}))
+        workers.others.append(popen)
+        _wait_started(tmp_path)
+        shell_pid = int((tmp_path / "sh.pid").read_text())
+        os.set_blocking(write_end, False)
+        for size in (4096, 1):  # fill the pipe to the last byte: the worker's next line blocks
+            with contextlib.suppress(BlockingIOError):
+                while True:
+                    os.write(write_end, b"x" * size)
+        os.set_blocking(write_end, True)  # the worker's stderr is the same open pipe: it must block, not fail
+        popen.send_signal(signal.SIGQUIT)
+        signaled = time.monotonic()
+        wait_for(lambda: pid_gone(shell_pid), "the job to be killed", timeout=queuectl.HARD_STOP_S)
+        code = popen.wait(timeout=30)
+        exited_after_s = time.monotonic() - signaled
+        assert code == 130
+        assert exited_after_s <= queuectl.HARD_STOP_S + 2, f"exited {exited_after_s:.1f} s after SIGQUIT"
+    finally:
+        os.close(write_end)
+        os.close(read_end)
 
 
 def test_a_hard_stop_waits_longer_only_for_its_adopted_runs_processes(tmp_path):

@@ -537,8 +537,8 @@ class Simulation:
         for w in self.workers:
             if not w.up:
                 continue
-            for (wid, _), (_, since, stalled_then) in w.sweeper.seen.items():
-                left = since + STALE_S + (w.stalled - stalled_then) - mono
+            for (wid, _), (_, since, stalled_then, lease_s) in w.sweeper.seen.items():
+                left = since + max(STALE_S, lease_s) + (w.stalled - stalled_then) - mono
                 if left >= 0 and (soonest is None or left < soonest) and not self.worker_by_id(wid).up:
                     soonest = left
             for token, leftovers in w.sweeper.recovering.values():  # an adopted run's processes finish exiting
