@@ -85,6 +85,26 @@ commands:
                           output-limit, kill-grace
 """
 
+# ---- A map of this file ----------------------------------------------------------------------
+# Sections, in order (`grep -n '^# ====' queuectl.py` lists them): Constants (states, exit codes, the CONFIG
+# table) · Errors (QueueError and its exit codes) · Model (Job, time helpers) · Storage (the schema, every
+# SQL statement beside the class that runs it: Store, SqliteStore, PostgresStore) · Core rules (pure: backoff,
+# failure_rule, lease_expired, validate_job) · Schedules (cron, ScheduleFirer) · Execution (run_command and
+# the process group it kills) · Process identity (orphans, kill_run, Watchdog) · Workers (Runner, Sweeper) ·
+# Signals and supervisor (Supervisor: one worker process) · Dashboard (HTTP, metrics_text) · CLI (build_parser,
+# cmd_*, main).
+#
+# The path of a job:
+#   enqueue   cmd_enqueue / cmd_add -> validate_job -> Store.enqueue (one transaction; synced before the id prints)
+#   claim     Supervisor._thread_main -> Runner.run_once -> Store.claim (an atomic UPDATE ... RETURNING that
+#             also opens the run's record; PostgreSQL: FOR UPDATE SKIP LOCKED)
+#   run       Runner._run -> run_command -> _spawn (own process group) -> _Capture.collect (output tail,
+#             timeout, abort(): cancel, hard stop, cut-off) -> _Capture.stop (SIGTERM, grace, SIGKILL)
+#   record    Runner._record -> Store.finish / finish_and_claim (failure_rule: retry with backoff, or dead)
+#   recover   Supervisor._housekeeping -> Sweeper.sweep: a worker presumed dead (same host: its PID; else
+#             lease_expired) is dropped, kill_run ends its runs' processes, then Store.interrupt requeues
+#   guard     Supervisor._guard: what must happen on time whatever the database does (cut-off line, hard stop)
+
 # Heavy modules (subprocess, threading, signal, select) are imported only by the worker code
 # that needs them: every command pays for what it imports, and `enqueue` should start fast.
 import argparse
@@ -315,7 +335,7 @@ def iso(t: float | None) -> str | None:
 
 
 class Record:
-    """A row with named fields: a tiny dataclass (importing dataclasses costs every command ~5 ms)."""
+    """A row with named fields: a tiny dataclass (importing dataclasses would slow every command's start)."""
     FIELDS: tuple[str, ...] = ()
 
     def __init__(self, *values, **named):
@@ -4334,7 +4354,7 @@ class _GlibcSpawn:
     """The same call as _os_spawn, to the same libc function, but through ctypes, which releases the
     GIL for the call: os.posix_spawn keeps it while the child is created and exec's (glibc's spawn
     waits for the exec), so on a busy machine the other runner thread could run no Python until the
-    new child got a CPU. Profiled, that wait was half of a runner's time per `true` job.
+    new child got a CPU: a large share of a runner's time per tiny job (figures in DECISIONS.md).
 
     The attributes (new session, SIGPIPE and SIGXFSZ back to their defaults) are set once and only
     read by posix_spawn. So are the file actions of each descriptor number the output pipe gets (a
@@ -5477,8 +5497,9 @@ class Sweeper:
         self.stalled = stalled  # seconds our own heartbeat was late in all: not held against anyone's lease
         self.holdings = holdings  # what our runners hold; None: no runners, no stray runs to look for
         self.strays: dict[tuple[str, int], float] = {}  # our runs no runner held -> monotonic time first seen
-        # (id, started_at) -> (beat, monotonic time it last changed, stalled() then, its lease then: see is_dead)
-        self.seen: dict[tuple, tuple[int, float, float, float]] = {}
+        # (id, started_at) -> (beat, monotonic time it last changed, stalled() then, its lease then, the longest
+        # stale-timeout read since: see is_dead)
+        self.seen: dict[tuple, tuple[int, float, float, float, float]] = {}
         self.stale_before: float | None = None  # stale-timeout as our previous sweep read it
         # runs this worker adopted and has not requeued yet: (job id, run) -> (run token or "", leftovers)
         self.recovering: dict[tuple[str, int], tuple[str, Leftovers]] = {}
@@ -5540,10 +5561,16 @@ class Sweeper:
             return True  # a local file: a row with our hostname and another boot id is an earlier boot
         key = (row.id, row.started_at)  # one registration: a re-registered worker starts afresh
         stalled = self.stalled()
-        beat, since, stalled_then, lease_then = self.seen.get(key, (None, now_mono, stalled, stale_s))
+        lease_s = max(stale_s, lease_s or stale_s)
+        beat, since, stalled_then, lease_then, read_since = self.seen.get(
+            key, (None, now_mono, stalled, stale_s, stale_s))
         if beat != row.beat:
-            self.seen[key] = (row.beat, now_mono, stalled, max(stale_s, lease_s or stale_s))
+            # The worker may hold the value it read with its beat before this one (the read after this one
+            # may hang): any value our sweeps read since the one before we saw that beat move. A worker beats
+            # up to every 2 s and we sweep every second, so that can be more than one sweep back.
+            self.seen[key] = (row.beat, now_mono, stalled, max(read_since, lease_s), lease_s)
             return False
+        self.seen[key] = (beat, since, stalled_then, lease_then, max(read_since, stale_s))
         return lease_expired(since, now_mono, max(stale_s, lease_then), stalled - stalled_then)
 
     def _drop(self, row: WorkerRow) -> None:
@@ -5631,7 +5658,7 @@ def _few_malloc_arenas() -> None:
     """Cap glibc's malloc at two arenas, before the runner threads exist. By default glibc gives
     threads that allocate at once arenas of their own, up to eight per core; a worker's runners
     allocate little (they take turns under the GIL), but each arena keeps what was freed in it, and
-    with --count 8 that held a quarter of the worker's peak RSS (40 MB, 36.6 MB with two). What
+    with --count 8 that held a large share of the worker's peak RSS (figures in DECISIONS.md). What
     MALLOC_ARENA_MAX in the environment says wins: glibc reads it at start, and the user chose it."""
     if "MALLOC_ARENA_MAX" in os.environ or not on_glibc():
         return
@@ -5692,6 +5719,7 @@ class Supervisor:
         self.beat_ok_at = time.monotonic()  # when the last heartbeat that went through was sent
         self.was_cut_off = False
         self.leaving: str | None = None  # why this worker may serve the database no more (see _leave)
+        self.unregistered = False  # leaving with no row of ours left (see _on_lost_registration)
         self.runners: list[Runner] = []
         self.holdings = Holdings()  # the runs our runners hold, and claims taken back (see Holdings)
         self.canceled: set[tuple[str, int]] = set()  # (job id, run) of running jobs a user asked to cancel
@@ -6070,9 +6098,12 @@ class Supervisor:
         # A database that moved on meanwhile (our lease ran out in an upgrade that found us dead) would refuse
         # the registration at every beat, for ever: then we leave instead.
         why = self.leaving or self.store.moved_on()
-        log.error("this worker was presumed dead by another; killing its running jobs and %s",
-                  "leaving" if why else "re-registering", extra=event("registration_lost", worker_id=self.worker_id))
+        if not (why and self.unregistered):  # leaving unregistered, every later beat finds no row again: said once
+            log.error("this worker was presumed dead by another; killing its running jobs and %s",
+                      "leaving" if why else "re-registering",
+                      extra=event("registration_lost", worker_id=self.worker_id))
         if why:
+            self.unregistered = True
             if not self.leaving:
                 self._leave(why)
             return
@@ -6125,8 +6156,9 @@ class Supervisor:
 
     def _thread_main(self) -> None:
         runner, failing = None, Backoff("claim", 5.0)
-        # A job claimed together with the last result is ours: run it even if a stop came since.
-        while not self.stopping.is_set() or (runner and runner.prefetched):
+        # A job claimed together with the last result is ours: run it even if a stop came since. A hard stop
+        # ends claiming as soon as it is in force, not once `stopping` is set after its line (which may block).
+        while not self.claiming_ends() or (runner and runner.prefetched):
             seen = self.wakes  # read before the claim: a wake-up sent during it is not lost
             if self.cut_off() and not (runner and runner.prefetched):  # it would be killed at once
                 self.stopping.wait(0.1)  # until a heartbeat goes through
@@ -6147,10 +6179,14 @@ class Supervisor:
             runner.store.close()
         self.tick.set()
 
+    def claiming_ends(self) -> bool:
+        """Whether runners claim nothing more: a stop, or a hard stop (in force before its log lines)."""
+        return self.stopping.is_set() or self.hard.is_set()
+
     def _new_runner(self) -> Runner:
         store = self._runner_store()
         runner = Runner(store, self.worker_id, self.abort_reason, self.queues, lambda: self.epoch,
-                        lambda: not self.stopping.is_set(), self.give_up, self.holdings)
+                        lambda: not self.claiming_ends(), self.give_up, self.holdings)
         self.runners.append(runner)
         return runner
 
@@ -6160,7 +6196,7 @@ class Supervisor:
 # `queuectl dashboard`: one self-contained page and the small JSON API it polls, served by
 # http.server. Every request opens its own Store: a sqlite3 connection must not be shared by the
 # server's threads, and a GET request's connection is query-only, so a GET never writes.
-# http.server is imported only when serving (it costs every other command ~20 ms of start-up).
+# http.server is imported only when serving (it would slow every other command's start-up).
 
 # Every request but the page's own carries the token in this header, and only there: a cookie would
 # go to every server on the machine (browsers do not separate cookies by port), a query string ends up
@@ -8734,11 +8770,11 @@ def _fail(error: QueueError) -> int:
 def exit_now(code: int):
     """Exit with `code`. With no thread left that Python would wait for, skip the interpreter's teardown
     (os._exit): by now every commit is made and nothing of ours runs at exit; only the output is
-    flushed. The teardown frees every object of this large module one by one (about a quarter of what a
-    one-job `enqueue` adds to Python's own start) and unloads psycopg (about 50 ms of CPU). Daemon
+    flushed. The teardown frees every object of this large module one by one and unloads psycopg, a
+    share of a short command's time worth saving (figures in DECISIONS.md). Daemon
     threads do not count: a stopped worker leaves its signal watcher, and on PostgreSQL its listener
-    (in libpq's wait for up to a second) and output flushers, and a teardown that raced them crashed a
-    worker once in a torture run (SIGSEGV in libpython after "worker exited (0)"). A thread that is no
+    (in libpq's wait for up to a second) and output flushers, and a teardown that races them can crash
+    the interpreter (SIGSEGV in libpython after "worker exited (0)"). A thread that is no
     daemon (none of ours) gets the usual exit, which waits for it."""
     threads = sys.modules.get("threading")
     others = [] if threads is None else [t for t in threads.enumerate() if t is not threads.current_thread()]

@@ -537,7 +537,7 @@ class Simulation:
         for w in self.workers:
             if not w.up:
                 continue
-            for (wid, _), (_, since, stalled_then, lease_s) in w.sweeper.seen.items():
+            for (wid, _), (_, since, stalled_then, lease_s, _) in w.sweeper.seen.items():
                 left = since + max(STALE_S, lease_s) + (w.stalled - stalled_then) - mono
                 if left >= 0 and (soonest is None or left < soonest) and not self.worker_by_id(wid).up:
                     soonest = left
