@@ -1840,6 +1840,964 @@ def test_iso_is_utc_with_z():
     assert queuectl.iso(None) is None
 
 
+# ==== Rules and validation ========================================================================
+
+@pytest.mark.parametrize("attempts,base,cap,expected", [
+    (1, 2, 3600, 2), (2, 2, 3600, 4), (3, 2, 5, 5), (10**6, 2, 3600, 3600), (5, 1, 3600, 1), (3, 2, 0, 0)])
+def test_backoff_delay(attempts, base, cap, expected):
+    assert queuectl.backoff_delay(attempts, base, cap) == expected
+
+
+def test_failure_rule_counts_runs():
+    fail = outcome(1, "exit code 1")
+    assert queuectl.failure_rule(make_job(), outcome(), SETTINGS, T0)[0] == "completed"
+    assert queuectl.failure_rule(make_job(), fail, SETTINGS, T0) == ("failed", 1, T0 + 2)
+    assert queuectl.failure_rule(make_job(attempts=2), fail, SETTINGS, T0) == ("dead", 3, T0)
+    assert queuectl.failure_rule(make_job(max_retries=0), fail, SETTINGS, T0)[0] == "dead"
+    timed_out = queuectl.Outcome(None, "timed out after 1s", "", 1.0)
+    assert queuectl.failure_rule(make_job(), timed_out, SETTINGS, T0)[0] == "failed"
+
+
+def test_recovery_rule_and_lease():
+    assert queuectl.interrupt_rule(1, True, False) == ("pending", None)
+    assert queuectl.interrupt_rule(3, True, False)[0] == "dead"
+    assert queuectl.interrupt_rule(5, False, False) == ("pending", None)  # a stop is never capped
+    assert queuectl.interrupt_rule(0, False, True) == ("dead", "canceled")
+    assert not queuectl.lease_expired(100.0, 110.0, 10)
+    assert queuectl.lease_expired(100.0, 110.5, 10)
+
+
+def test_parse_json_rejects_hostile_input():
+    for text in ('{"a": NaN}', '{"a": 1e309}', '{"a": 1, "a": 2}', '[' * 100000, '{"a": ' + "9" * 5000 + '}'):
+        with pytest.raises(queuectl.UsageError):
+            queuectl.parse_json(text)
+    assert queuectl.parse_json('{"a": -0}') == {"a": 0}
+
+
+def test_validate_job_fills_defaults_and_names_unknown_fields():
+    defaults = {"max_retries": 5, "job_timeout": 7}
+    job = queuectl.validate_job({"command": "ls"}, defaults, "/tmp", T0)
+    assert (job["max_retries"], job["timeout"], job["cwd"], job["env"]) == (5, 7.0, "/tmp", {})
+    assert len(job["id"]) == 16
+    with pytest.raises(queuectl.UsageError, match="max_retry"):
+        queuectl.validate_job({"command": "ls", "max_retry": 1}, defaults, "/tmp", T0)
+    with pytest.raises(queuectl.UsageError, match="surrogate"):
+        queuectl.validate_job({"command": "echo \udcff"}, defaults, "/tmp", T0)
+
+
+@sqlite_only
+def test_an_empty_cwd_is_refused_as_not_absolute_not_as_a_vanished_current_folder(db):
+    """`"cwd": ""` is a field the user gave: the error names the rule it breaks (an absolute path), not
+    the current folder, which exists."""
+    code, _, err = cli(db, "enqueue", '{"command": "true", "cwd": ""}')
+    assert code == 2
+    assert_one_error(err, "field 'cwd' must be an absolute path")
+
+
+def test_an_env_string_the_system_would_refuse_is_refused_at_enqueue(db):
+    """The kernel takes at most 131,071 bytes in one NAME=VALUE string: a longer one was stored and then
+    failed every attempt with "Argument list too long". It is refused at enqueue (exit 2, nothing
+    stored); one at the limit runs."""
+    before = snapshot(db)
+    fits = "x" * (queuectl.MAX_COMMAND_BYTES - len("BIG="))
+    code, _, err = cli(db, "enqueue", "-", stdin=json.dumps({"command": "true", "env": {"BIG": fits + "x"}}))
+    assert code == 2
+    assert_one_error(err, "env 'BIG'", str(queuectl.MAX_COMMAND_BYTES))
+    many = {f"V{i}": "x" * 100_000 for i in range(11)}  # each fits, together more than MAX_ENV_BYTES
+    code, _, err = cli(db, "enqueue", "-", stdin=json.dumps({"command": "true", "env": many}))
+    assert code == 2
+    assert_one_error(err, "field 'env'", str(queuectl.MAX_ENV_BYTES))
+    # The kernel also counts each string's NUL and pointer: 100,000 empty variables (800,000 bytes of
+    # text) take 1,700,000 bytes of its room, and would fail every attempt.
+    empty = {f"A{i:06d}": "" for i in range(100_000)}
+    code, _, err = cli(db, "enqueue", "-", stdin=json.dumps({"command": "true", "env": empty}))
+    assert code == 2
+    assert_one_error(err, "field 'env'", "NUL and pointer")
+    assert snapshot(db) == before
+    code, _, err = cli(db, "enqueue", "-", stdin=json.dumps({"id": "fits", "command": "true", "env": {"BIG": fits}}))
+    assert code == 0, err
+    assert ok(db, "worker", "start", "--burst") == ""
+    assert state_of(db, "fits") == "completed"
+
+
+# ---- scheduling fields: priority, run_at, delay, queue, depends_on -------------------------------
+
+def scheduled(**fields):
+    return queuectl.validate_job({"command": "ls", **fields}, DEFAULTS, "/tmp", T0)
+
+
+def test_validate_job_scheduling_defaults():
+    job = scheduled()
+    assert (job["priority"], job["queue"], job["run_at"], job["depends_on"]) == (0, "default", None, [])
+
+
+@pytest.mark.parametrize("run_at, expected", [
+    ("2030-01-01T12:00:00Z", Y2030),
+    ("2030-01-01T12:00:00.250Z", Y2030 + 0.25),
+    ("2030-01-01T12:00:00+02:00", Y2030 - 7200),
+    ("2030-01-01T12:00:00-01:30", Y2030 + 5400),
+    (Y2030, Y2030),
+    (int(Y2030), Y2030),
+    (0, 0.0),
+], ids=["Z", "Z-fraction", "plus-offset", "minus-offset", "epoch-float", "epoch-int", "epoch-0"])
+def test_validate_job_run_at_forms(run_at, expected):
+    assert scheduled(run_at=run_at)["run_at"] == expected
+
+
+def test_validate_job_run_at_without_offset_is_local_time(local_tz):
+    local_tz("EST5")  # UTC-5 all year
+    assert scheduled(run_at="2030-01-01T12:00:00")["run_at"] == Y2030 + 5 * 3600
+    local_tz("JST-9")  # UTC+9
+    assert scheduled(run_at="2030-01-01T12:00:00")["run_at"] == Y2030 - 9 * 3600
+    assert scheduled(run_at="2030-01-01T12:00:00Z")["run_at"] == Y2030  # an explicit Z is not local
+
+
+def test_a_local_time_on_the_last_day_east_of_utc_is_in_range(local_tz):
+    # 9999-12-31T23:59:59 in Tokyo is 14:59:59 UTC, within queuectl's time limit; west of UTC it is past it.
+    local_tz("Asia/Tokyo")  # UTC+9
+    assert scheduled(run_at="9999-12-31T23:59:59")["run_at"] == queuectl.MAX_EPOCH - 9 * 3600
+    assert queuectl.parse_time("9999-12-31T15:00:00", "--after") == queuectl.MAX_EPOCH - 9 * 3600 - 32399
+    local_tz("America/New_York")
+    with pytest.raises(queuectl.UsageError, match="out of range"):
+        scheduled(run_at="9999-12-31T23:59:59")
+
+
+def test_validate_job_delay_is_relative_to_now():
+    assert scheduled(delay=30)["run_at"] == T0 + 30
+    assert scheduled(delay=0.5)["run_at"] == T0 + 0.5
+    assert scheduled(delay=0)["run_at"] == T0
+
+
+def test_validate_job_run_at_and_delay_together_is_an_error():
+    with pytest.raises(queuectl.UsageError, match="run_at.*delay|delay.*run_at"):
+        scheduled(run_at=Y2030, delay=5)
+
+
+def test_validate_job_queue_names_and_depends_on():
+    assert scheduled(queue="A-z_0.9")["queue"] == "A-z_0.9"
+    assert scheduled(queue="q" * 64)["queue"] == "q" * 64
+    for bad in ("q" * 65, "", "a b", "a/b", "é", 5):
+        with pytest.raises(queuectl.UsageError, match="queue"):
+            scheduled(queue=bad)
+    assert scheduled(depends_on=["a", "b", "a"])["depends_on"] == ["a", "b"]
+    assert scheduled(priority=-7)["priority"] == -7
+
+
+# ==== Schedules ===================================================================================
+
+# ---- cron and every: slots against known calendars -----------------------------------------------
+
+def cron_slots(expr, tz, after, count=6):
+    """The next `count` slots of a cron expression in a zone after a UTC time, as slot texts."""
+    cron, zone, at, found = queuectl.parse_cron(expr), queuectl.zone_of(tz), utc(after), []
+    for _ in range(count):
+        at = queuectl.next_cron_slot(cron, zone, at)
+        found.append(queuectl.slot_text(at))
+    return found
+
+
+def brute_force_slots(expr, tz, start, end):
+    """The slots in (start, end] found minute by minute from the DST rules themselves, independently of
+    wall_instant: a minute fires if its wall time matches and is the first occurrence of that wall
+    time, or if it is the first minute after a jump forward over a wall time that matches."""
+    cron, zone = queuectl.parse_cron(expr), queuectl.zone_of(tz)
+
+    def matches(wall):
+        return (wall.minute in cron.minutes and wall.hour in cron.hours and wall.month in cron.months
+                and queuectl.cron_day_matches(cron, wall.date()))
+    from datetime import timedelta
+    found, at = [], start - start % 60 + 60
+    while at <= end:
+        here = datetime.fromtimestamp(at, zone)
+        wall, before = here.replace(tzinfo=None), datetime.fromtimestamp(at - 60, zone).replace(tzinfo=None)
+        skipped, step = [], before + timedelta(minutes=1)
+        while step < wall:  # wall times the clock jumped over
+            skipped.append(step)
+            step += timedelta(minutes=1)
+        if (matches(wall) and here.fold == 0) or any(matches(w) for w in skipped):
+            found.append(at)
+        at += 60
+    return found
+
+
+@pytest.mark.parametrize("expr,field,values", [
+    ("*/15 * * * *", "minutes", (0, 15, 30, 45)),
+    ("1-10/3 * * * *", "minutes", (1, 4, 7, 10)),
+    ("5/20 * * * *", "minutes", (5, 25, 45)),
+    ("0,30,15 * * * *", "minutes", (0, 15, 30)),
+    ("0 9-17/4 * * *", "hours", (9, 13, 17)),
+    ("0 0 * jan-mar/2,DEC *", "months", (1, 3, 12)),
+    ("0 0 * * mon-fri", "weekdays", (1, 2, 3, 4, 5)),
+    ("0 0 * * 7", "weekdays", (0,)),
+    ("0 0 * * 0,7", "weekdays", (0,)),
+    ("0 0 * * 5-7", "weekdays", (0, 5, 6)),
+    ("0 0 * * */2", "weekdays", (0, 2, 4, 6)),
+    ("0 0 1-31/10 * *", "days", (1, 11, 21, 31)),
+])
+def test_cron_fields_parse_lists_ranges_steps_and_names(expr, field, values):
+    assert getattr(queuectl.parse_cron(expr), field) == values
+
+
+@pytest.mark.parametrize("alias,same_as", [
+    ("@hourly", "0 * * * *"), ("@daily", "0 0 * * *"), ("@midnight", "0 0 * * *"), ("@weekly", "0 0 * * 0"),
+    ("@monthly", "0 0 1 * *"), ("@yearly", "0 0 1 1 *"), ("@annually", "0 0 1 1 *"), ("@DAILY", "0 0 * * *")])
+def test_cron_aliases(alias, same_as):
+    assert queuectl.parse_cron(alias) == queuectl.parse_cron(same_as)
+
+
+@pytest.mark.parametrize("expr,named", [
+    ("60 * * * *", "minute '60'"), ("* 24 * * *", "hour '24'"), ("* * 0 * *", "day of month '0'"),
+    ("* * 32 * *", "day of month '32'"), ("* * * 13 *", "month '13'"), ("* * * * 8", "day of week '8'"),
+    ("* * * foo *", "month 'foo'"), ("* * * * monday", "day of week 'monday'"), ("*/0 * * * *", "minute step '0'"),
+    ("5-1 * * * *", "runs backwards"), ("fri-mon * * * *", "minute 'fri'"), ("0 0 * * fri-mon", "runs backwards"),
+    ("1- * * * *", "minute ''"), ("1,,2 * * * *", "minute ''"), ("* * * *", "expected 5 fields"),
+    ("* * * * * *", "got 6"), ("", "got 0"), ("@reboot", "unknown alias"), ("-1 * * * *", "minute ''"),
+    ("١ * * * *", "minute '١'"), ("*/x * * * *", "minute step 'x'")])
+def test_cron_rejects_bad_expressions_naming_the_bad_part(expr, named):
+    with pytest.raises(queuectl.UsageError, match="cron") as error:
+        queuectl.parse_cron(expr)
+    assert named in str(error.value)
+
+
+def test_cron_month_ends_skip_the_months_without_that_day():
+    assert cron_slots("0 0 31 * *", "UTC", "2026-01-01T00:00:00Z", 7) == [
+        "2026-01-31T00:00:00Z", "2026-03-31T00:00:00Z", "2026-05-31T00:00:00Z", "2026-07-31T00:00:00Z",
+        "2026-08-31T00:00:00Z", "2026-10-31T00:00:00Z", "2026-12-31T00:00:00Z"]
+    assert cron_slots("0 0 30 * *", "UTC", "2027-01-30T00:00:00Z", 2) == [
+        "2027-03-30T00:00:00Z", "2027-04-30T00:00:00Z"]
+    assert cron_slots("59 23 28-31 2 *", "UTC", "2026-12-31T00:00:00Z", 3) == [
+        "2027-02-28T23:59:00Z", "2028-02-28T23:59:00Z", "2028-02-29T23:59:00Z"]
+
+
+def test_cron_leap_days_follow_the_gregorian_rules():
+    assert cron_slots("0 12 29 2 *", "UTC", "2026-03-01T00:00:00Z", 3) == [
+        "2028-02-29T12:00:00Z", "2032-02-29T12:00:00Z", "2036-02-29T12:00:00Z"]
+    # 2100 is not a leap year (divisible by 100), 2000 and 2400 are (divisible by 400)
+    assert cron_slots("0 12 29 2 *", "UTC", "2096-03-01T00:00:00Z", 1) == ["2104-02-29T12:00:00Z"]
+    assert cron_slots("0 12 29 2 *", "UTC", "1999-01-01T00:00:00Z", 1) == ["2000-02-29T12:00:00Z"]
+
+
+def test_cron_never_firing_expression_has_no_slot():
+    for expr in ("0 0 30 2 *", "0 0 31 4,6,9,11 *"):
+        assert queuectl.next_cron_slot(queuectl.parse_cron(expr), queuectl.zone_of("UTC"), T0) is None
+
+
+def test_cron_both_day_fields_restricted_fire_on_either():
+    # Friday the 13th written as cron is "every 13th, and every Friday"
+    assert cron_slots("0 12 13 * fri", "UTC", "2026-01-01T00:00:00Z", 5) == [
+        "2026-01-02T12:00:00Z", "2026-01-09T12:00:00Z", "2026-01-13T12:00:00Z", "2026-01-16T12:00:00Z",
+        "2026-01-23T12:00:00Z"]
+    assert cron_slots("0 0 1,15 * mon", "UTC", "2026-06-01T00:00:00Z", 4) == [
+        "2026-06-08T00:00:00Z", "2026-06-15T00:00:00Z", "2026-06-22T00:00:00Z", "2026-06-29T00:00:00Z"]
+
+
+def test_cron_a_day_field_starting_with_a_star_is_unrestricted_as_in_vixie_cron():
+    # dom */2 starts with '*': only days matching both fire (odd days that are Mondays), as cronie does
+    assert cron_slots("0 0 */2 * mon", "UTC", "2026-06-01T00:00:00Z", 3) == [
+        "2026-06-15T00:00:00Z", "2026-06-29T00:00:00Z", "2026-07-13T00:00:00Z"]
+    # the same days written without the star are restricted: odd days or Mondays
+    assert cron_slots("0 0 1-31/2 * mon", "UTC", "2026-06-01T00:00:00Z", 3) == [
+        "2026-06-03T00:00:00Z", "2026-06-05T00:00:00Z", "2026-06-07T00:00:00Z"]
+
+
+def test_cron_sunday_is_0_and_7():
+    sundays = ["2026-12-06T00:00:00Z", "2026-12-13T00:00:00Z", "2026-12-20T00:00:00Z"]
+    for expr in ("0 0 * * 0", "0 0 * * 7", "0 0 * * sun", "@weekly"):
+        assert cron_slots(expr, "UTC", "2026-12-01T00:00:00Z", 3) == sundays
+
+
+def test_cron_names_and_steps_in_a_calendar():
+    # 09:30 on weekdays in January, March and May
+    assert cron_slots("30 9 * jan-may/2 mon-fri", "UTC", "2026-01-29T12:00:00Z", 3) == [
+        "2026-01-30T09:30:00Z", "2026-03-02T09:30:00Z", "2026-03-03T09:30:00Z"]
+    assert cron_slots("@monthly", "UTC", "2026-11-15T00:00:00Z", 2) == ["2026-12-01T00:00:00Z", "2027-01-01T00:00:00Z"]
+    assert cron_slots("@yearly", "UTC", "2026-11-15T00:00:00Z", 1) == ["2027-01-01T00:00:00Z"]
+    assert cron_slots("@hourly", "UTC", "2026-11-15T10:00:00Z", 2) == ["2026-11-15T11:00:00Z", "2026-11-15T12:00:00Z"]
+
+
+def test_cron_reads_wall_time_in_its_zone():
+    # 02:30 in Berlin: CET (+1) in winter, CEST (+2) in summer
+    assert cron_slots("30 2 * * *", "Europe/Berlin", "2026-01-10T12:00:00Z", 1) == ["2026-01-11T01:30:00Z"]
+    assert cron_slots("30 2 * * *", "Europe/Berlin", "2026-07-10T12:00:00Z", 1) == ["2026-07-11T00:30:00Z"]
+
+
+def test_cron_spring_forward_fires_a_skipped_wall_time_at_the_first_minute_after_it():
+    # Berlin 2026-03-29: 02:00 CET becomes 03:00 CEST (01:00Z); 02:30 does not exist that day
+    assert cron_slots("30 2 * * *", "Europe/Berlin", "2026-03-27T00:00:00Z", 4) == [
+        "2026-03-27T01:30:00Z", "2026-03-28T01:30:00Z", "2026-03-29T01:00:00Z", "2026-03-30T00:30:00Z"]
+    # every skipped quarter of an hour lands on 03:00, which is one slot
+    assert cron_slots("*/15 * * * *", "Europe/Berlin", "2026-03-29T00:40:00Z", 3) == [
+        "2026-03-29T00:45:00Z", "2026-03-29T01:00:00Z", "2026-03-29T01:15:00Z"]
+    # New York 2026-03-08: 02:00 EST becomes 03:00 EDT (07:00Z)
+    assert cron_slots("30 2 * * *", "America/New_York", "2026-03-07T00:00:00Z", 3) == [
+        "2026-03-07T07:30:00Z", "2026-03-08T07:00:00Z", "2026-03-09T06:30:00Z"]
+
+
+def test_cron_fall_back_fires_a_repeated_wall_time_once_at_its_first_occurrence():
+    # Berlin 2026-10-25: 03:00 CEST becomes 02:00 CET (01:00Z); 02:00-02:59 happen twice
+    assert cron_slots("*/15 * * * *", "Europe/Berlin", "2026-10-24T23:50:00Z", 6) == [
+        "2026-10-25T00:00:00Z", "2026-10-25T00:15:00Z", "2026-10-25T00:30:00Z", "2026-10-25T00:45:00Z",
+        "2026-10-25T02:00:00Z", "2026-10-25T02:15:00Z"]
+    # asked from inside the second pass of the hour, the next slot is after it
+    assert cron_slots("30 2 * * *", "Europe/Berlin", "2026-10-25T01:10:00Z", 1) == ["2026-10-26T01:30:00Z"]
+    # New York 2026-11-01: 02:00 EDT becomes 01:00 EST (06:00Z); 01:30 fires at 01:30 EDT only
+    assert cron_slots("30 1 * * *", "America/New_York", "2026-10-31T00:00:00Z", 3) == [
+        "2026-10-31T05:30:00Z", "2026-11-01T05:30:00Z", "2026-11-02T06:30:00Z"]
+
+
+def test_every_slots_count_from_the_add_rounded_down_to_the_second():
+    assert queuectl.next_every_slot(1000, 60, 1000) == 1060
+    assert queuectl.next_every_slot(1000, 60, 1059.9) == 1060
+    assert queuectl.next_every_slot(1000, 60, 1060) == 1120
+    assert queuectl.next_every_slot(1000, 60, 500) == 1060  # the first slot is one interval after the add
+    schedule = queuectl.validate_schedule({"id": "s", "every": "15m", "command": "true"}, CONFIG_DEFAULTS_INTERNAL,
+                                          "/", T0 + 0.7)
+    assert schedule.next_run_at == T0 + 900
+    assert queuectl.next_slot(schedule, T0 + 900) == T0 + 1800
+
+
+@pytest.mark.parametrize("text,seconds", [
+    ("30s", 30), ("15m", 900), ("2h", 7200), ("1d", 86400), ("1w", 604800), ("90", 90), (45, 45), ("1s", 1)])
+def test_every_durations(text, seconds):
+    assert queuectl.parse_every(text) == seconds
+
+
+@pytest.mark.parametrize("value", ["0s", 0, "1.5m", "-1", "5x", "", True, 2.0, "1 m", "٣s", None, "99999999999w"])
+def test_every_rejects_what_is_not_a_whole_duration_of_at_least_a_second(value):
+    with pytest.raises(queuectl.UsageError, match="every"):
+        queuectl.parse_every(value)
+
+
+def test_last_slot_finds_the_latest_missed_slot_in_few_steps():
+    cron, zone = queuectl.parse_cron("* * * * *"), queuectl.zone_of("UTC")
+    calls = []
+
+    def following(t):
+        calls.append(t)
+        return queuectl.next_cron_slot(cron, zone, t)
+    first = utc("2025-01-01T00:00:00Z")
+    assert queuectl.last_slot(following, first, utc("2026-01-01T10:20:30Z")) == utc("2026-01-01T10:20:00Z")
+    assert len(calls) < 100  # a year of minutely slots, found by halving
+    assert queuectl.last_slot(following, first, first + 30) == first
+    sparse = queuectl.parse_cron("0 12 29 2 *")
+    assert queuectl.last_slot(lambda t: queuectl.next_cron_slot(sparse, zone, t), utc("2028-02-29T12:00:00Z"),
+                              utc("2037-01-01T00:00:00Z")) == utc("2036-02-29T12:00:00Z")
+
+
+@pytest.mark.parametrize("tz,around", [
+    ("Europe/Berlin", "2026-03-29T01:00:00Z"), ("Europe/Berlin", "2026-10-25T01:00:00Z"),
+    ("America/New_York", "2026-03-08T07:00:00Z"), ("America/New_York", "2026-11-01T06:00:00Z"),
+    ("Australia/Lord_Howe", "2026-04-04T15:00:00Z"), ("Australia/Lord_Howe", "2026-10-03T15:30:00Z"),  # 30 min
+    ("America/Sao_Paulo", "2018-11-04T03:00:00Z"), ("America/Sao_Paulo", "2019-02-17T02:00:00Z"),  # at midnight
+    ("Pacific/Apia", "2011-12-30T10:00:00Z"),  # a whole day skipped
+])
+def test_cron_slots_around_dst_transitions_equal_a_minute_by_minute_reference(tz, around):
+    start, end = utc(around) - 86400, utc(around) + 86400
+    for expr in ("*/15 * * * *", "30 2 * * *", "0 0 * * *", "45 1 * * *", "*/7 1-3 * * *", "0,30 23 * * *"):
+        cron, zone, at, slots = queuectl.parse_cron(expr), queuectl.zone_of(tz), start, []
+        while (at := queuectl.next_cron_slot(cron, zone, at)) <= end:
+            slots.append(at)
+        assert slots == brute_force_slots(expr, tz, start, end), (expr, tz)
+
+
+def test_cron_slots_run_through_the_last_year_queuectl_stores(db):
+    # The time limit is 9999-12-31T23:59:59Z: year 9999 has slots up to its last hour, and none after.
+    ok(db, "schedule", "add", '{"id": "h", "cron": "0 * * * *", "tz": "UTC", "command": "true"}')
+    assert ok(db, "schedule", "next", "h", "--after", "9998-12-31T22:30:00Z").split() == [
+        "9998-12-31T23:00:00Z", "9999-01-01T00:00:00Z", "9999-01-01T01:00:00Z", "9999-01-01T02:00:00Z",
+        "9999-01-01T03:00:00Z"]
+    assert ok(db, "schedule", "next", "h", "--after", "9999-06-01T00:00:00Z", "--count", "2").split() == [
+        "9999-06-01T01:00:00Z", "9999-06-01T02:00:00Z"]
+    assert ok(db, "schedule", "next", "h", "--after", "9999-12-31T21:30:00Z").split() == [
+        "9999-12-31T22:00:00Z", "9999-12-31T23:00:00Z"]
+    for after in ("9999-12-31T23:00:00Z", str(queuectl.MAX_EPOCH)):
+        assert ok(db, "schedule", "next", "h", "--after", after) == ""
+    # West of UTC the calendar's last wall times lie past the limit: the slots stop at it, quietly.
+    ok(db, "schedule", "add", '{"id": "ny", "cron": "0 * * * *", "tz": "America/New_York", "command": "true"}')
+    assert ok(db, "schedule", "next", "ny", "--after", "9999-12-31T21:30:00Z").split() == [
+        "9999-12-31T22:00:00Z", "9999-12-31T23:00:00Z"]
+
+
+def test_a_huge_cron_number_is_a_one_line_error_not_a_traceback(db):
+    """int() of more than 4,300 digits raises ValueError: the cron field let it escape main()."""
+    before = unchanged_everywhere(db)
+    for cron in ("9" * 5000 + " * * * *", "*/" + "9" * 5000 + " * * * *"):
+        code, out, err = cli(db, "schedule", "add", json.dumps({"id": "s", "cron": cron, "command": "true"}))
+        assert (code, out) == (2, ""), err[-300:]
+        assert_one_error(err, "minute", "5000 characters")
+        assert len(err) < 300  # the value's start and its length, not 5,000 digits
+    assert unchanged_everywhere(db) == before
+
+
+# ---- firing with an injected time, on both backends ----------------------------------------------
+
+def slot_job_ids(store):
+    return [job.id for job in store.list_jobs()]
+
+
+def test_firing_makes_one_job_per_slot_with_the_slot_in_its_id(store):
+    add_schedule(store, now=utc("2026-12-01T01:59:10Z"), cron="0 2 * * *", env={"A": "1"}, queue="nightly",
+                 priority=5, max_retries=7)
+    assert store.next_schedule_at() == utc("2026-12-01T02:00:00Z")
+    assert store.fire_schedules(utc("2026-12-01T01:59:59Z")) == []
+    events = store.fire_schedules(utc("2026-12-01T02:00:00.4Z"))
+    assert events == [("s", utc("2026-12-01T02:00:00Z"), "s@2026-12-01T02:00:00Z",
+                       "job s@2026-12-01T02:00:00Z enqueued")]
+    job = store.get("s@2026-12-01T02:00:00Z")
+    assert (job.command, job.env, job.queue, job.priority, job.max_retries, job.state) == (
+        "true", {"A": "1"}, "nightly", 5, 7, "pending")
+    assert job.next_run_at == utc("2026-12-01T02:00:00Z")  # due at its slot: waits are measured from it
+    schedule = store.schedule("s")
+    assert (schedule.next_run_at, schedule.last_run_at, schedule.last_job_id, schedule.last_job_state) == (
+        utc("2026-12-02T02:00:00Z"), utc("2026-12-01T02:00:00Z"), "s@2026-12-01T02:00:00Z", "pending")
+    assert store.fire_schedules(utc("2026-12-01T02:00:01Z")) == []
+
+
+def test_firing_is_idempotent_across_workers(store, tmp_path, request):
+    add_schedule(store, now=T0, every="1m")
+    other = queuectl.open_database(store.target)
+    try:
+        first = store.fire_schedules(T0 + 60.5)
+        second = other.fire_schedules(T0 + 60.5)
+    finally:
+        other.close()
+    assert [e[2] for e in first] == [f"s@{queuectl.slot_text(T0 + 60)}"] and second == []
+    assert slot_job_ids(store) == [f"s@{queuectl.slot_text(T0 + 60)}"]
+
+
+def test_firing_from_many_connections_at_once_makes_one_job_per_slot(store):
+    add_schedule(store, now=T0, every="1m")
+    made, errors = [], []
+
+    def fire(now):
+        mine = queuectl.open_database(store.target, busy_deadline_s=30.0)
+        try:
+            for _ in range(5):
+                made.extend(e[2] for e in mine.fire_schedules(now) if e[2])
+        except Exception as e:  # noqa: BLE001 - any failure is the bug under test
+            errors.append(e)
+        finally:
+            mine.close()
+    threads = [threading.Thread(target=fire, args=(T0 + 60 * 3 + 1,)) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert made == slot_job_ids(store) == [f"s@{queuectl.slot_text(T0 + 180)}"]
+
+
+def test_a_slot_whose_job_exists_already_is_not_made_again(store):
+    add_schedule(store, now=T0, every="1m")
+    taken = f"s@{queuectl.slot_text(T0 + 60)}"
+    store.enqueue([spec(taken, command="echo mine")], T0)
+    assert store.fire_schedules(T0 + 61) == [("s", T0 + 60, None, f"job {taken} already exists")]
+    assert store.get(taken).command == "echo mine" and store.schedule("s").next_run_at == T0 + 120
+
+
+def test_catch_up_fires_only_the_most_recent_missed_slot_once(store):
+    add_schedule(store, now=utc("2026-12-01T00:00:00Z"), cron="*/5 * * * *")
+    # no worker ran for three hours and a bit
+    events = store.fire_schedules(utc("2026-12-01T03:07:30Z"))
+    assert [e[2] for e in events] == ["s@2026-12-01T03:05:00Z"]
+    assert slot_job_ids(store) == ["s@2026-12-01T03:05:00Z"]
+    assert store.schedule("s").next_run_at == utc("2026-12-01T03:10:00Z")
+    assert store.fire_schedules(utc("2026-12-01T03:09:59Z")) == []
+
+
+def test_overlap_skip_skips_slots_while_the_last_job_outlasts_its_interval(store):
+    add_schedule(store, now=T0, every="1m")
+    register(store)
+    first = store.fire_schedules(T0 + 60)[0][2]
+    job = store.claim("w1", T0 + 60)
+    assert job.id == first  # it runs, and is still running one and two intervals later
+    for slot in (T0 + 120, T0 + 180):
+        assert store.fire_schedules(slot) == [("s", None, None, f"slot skipped (overlap skip): job {first} "
+                                                                "is still processing")]
+    assert slot_job_ids(store) == [first] and store.schedule("s").next_run_at == T0 + 240
+    store.finish(job, "w1", outcome(), SETTINGS, T0 + 200)
+    assert [e[2] for e in store.fire_schedules(T0 + 240)] == [f"s@{queuectl.slot_text(T0 + 240)}"]
+
+
+def test_overlap_skip_also_waits_for_a_failed_job_and_not_for_a_dead_or_deleted_one(store):
+    add_schedule(store, now=T0, every="1m")
+    register(store)
+    first = store.fire_schedules(T0 + 60)[0][2]
+    store.finish(store.claim("w1", T0 + 60), "w1", outcome(1, "exit code 1"), SETTINGS, T0 + 61)
+    assert store.get(first).state == "failed"
+    assert store.fire_schedules(T0 + 120)[0][1] is None  # failed: a retry is coming
+    store.cancel([first], T0 + 150)
+    second = store.fire_schedules(T0 + 180)[0][2]
+    assert second == f"s@{queuectl.slot_text(T0 + 180)}"  # dead: no longer in the way
+    store.delete([second])
+    assert store.fire_schedules(T0 + 240)[0][2] == f"s@{queuectl.slot_text(T0 + 240)}"  # deleted: neither
+
+
+@pytest.mark.parametrize("running", [True, False])
+def test_a_re_added_schedule_takes_the_newest_job_of_its_id_as_its_previous_one(store, running):
+    # `schedule remove` then `add` (how a schedule is changed) must not let a second job start beside
+    # the first: the new schedule starts from the latest slot job its id made.
+    add_schedule(store, now=T0, every="1m")
+    register(store)
+    older = store.fire_schedules(T0 + 60)[0][2]
+    store.delete([older])
+    newest = store.fire_schedules(T0 + 120)[0][2]
+    job = store.claim("w1", T0 + 120) if running else None
+    assert job is None or job.id == newest
+    store.remove_schedules(["s"])
+    # ids that only look like slot jobs of "s": no real time, another shape, another schedule's
+    lookalikes = ["s@9999-99-99T99:99:99Z", "s@2099-02-31T00:00:00Z", "s@2099-01-01T00:00:00Zx",
+                  "s@2099-1-1T0:0:0Z", "s@2099-01-01 00:00:00Z", "s@x", "sx@2099-01-01T00:00:00Z",
+                  "s@2099-01-01T00:00:00Z@2099-01-01T00:00:00Z"]
+    store.enqueue([spec(job_id) for job_id in lookalikes], T0 + 121)
+    store.enqueue([spec(f"s@{queuectl.slot_text(T0 + 100)}")], T0 + 122)  # a slot before the newest one
+    add_schedule(store, now=T0 + 130, every="1m")
+    schedule = store.schedule("s")
+    state = "processing" if running else "pending"
+    assert (schedule.last_job_id, schedule.last_run_at, schedule.last_job_state) == (newest, T0 + 120, state)
+    assert store.fire_schedules(T0 + 190) == [("s", None, None, f"slot skipped (overlap skip): job {newest} "
+                                                                f"is still {state}")]
+    if running:  # completed, or deleted: no longer in the way
+        store.finish(job, "w1", outcome(), SETTINGS, T0 + 200)
+    else:
+        store.delete([newest])
+    assert store.fire_schedules(T0 + 250)[0][2] == f"s@{queuectl.slot_text(T0 + 250)}"
+
+
+def test_schedule_remove_then_add_keeps_the_previous_job(db):
+    ok(db, "schedule", "add", '{"id": "b", "every": "1h", "command": "true"}')
+    with opened(db) as s:
+        made = s.fire_schedules(s.now() + 3600.5)[0][2]
+    ok(db, "schedule", "remove", "b")
+    ok(db, "schedule", "add", '{"id": "b", "cron": "@hourly", "command": "true"}')
+    [listed] = json.loads(ok(db, "schedule", "list", "--json"))
+    assert (listed["last_job_id"], listed["last_job_state"]) == (made, "pending")
+    assert f"{made} (pending)" in ok(db, "schedule", "list")
+
+
+def test_postgres_a_re_added_schedule_finds_its_previous_job_whatever_the_database_collation(pg_server):
+    # ICU's en-US sorts punctuation before digits ('b@9' > 'b@:'), where C.UTF-8, the test servers'
+    # collation, sorts by code point: the slot jobs of an id must be found in byte order on either.
+    import psycopg
+    from urllib.parse import urlsplit
+    database = f"icu_{uuid.uuid4().hex}"
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        try:
+            conn.execute(f"CREATE DATABASE {database} TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US'")
+        except psycopg.Error as e:
+            pytest.skip(f"this server has no ICU collation: {e}")
+    try:
+        db = urlsplit(pg_server)._replace(path=f"/{database}").geturl()
+        ok(db, "schedule", "add", '{"id": "b", "every": "1h", "command": "true"}')
+        with opened(db) as s:
+            made = s.fire_schedules(s.now() + 3600.5)[0][2]
+        ok(db, "schedule", "remove", "b")
+        ok(db, "schedule", "add", '{"id": "b", "cron": "@hourly", "command": "true"}')
+        [listed] = json.loads(ok(db, "schedule", "list", "--json"))
+        assert (listed["last_job_id"], listed["last_job_state"]) == (made, "pending")
+    finally:
+        with psycopg.connect(pg_server, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE {database} WITH (FORCE)")
+
+
+def test_overlap_allow_fires_while_the_last_job_runs(store):
+    add_schedule(store, now=T0, every="1m", overlap="allow")
+    register(store)
+    store.fire_schedules(T0 + 60)
+    store.claim("w1", T0 + 60)
+    assert store.fire_schedules(T0 + 120)[0][2] == f"s@{queuectl.slot_text(T0 + 120)}"
+
+
+def test_paused_schedule_fires_nothing_and_resumes_without_catching_up(store):
+    add_schedule(store, now=T0, every="1m")
+    store.pause_schedules(["s"])
+    assert store.next_schedule_at() is None
+    assert store.fire_schedules(T0 + 600) == [] and slot_job_ids(store) == []
+    store.resume_schedules(["s"], T0 + 630)
+    assert store.schedule("s").next_run_at == T0 + 660  # the slots missed while paused are gone
+    assert store.fire_schedules(T0 + 630) == []
+    assert [e[2] for e in store.fire_schedules(T0 + 660)] == [f"s@{queuectl.slot_text(T0 + 660)}"]
+    store.resume_schedules(["s"], T0 + 700)  # not paused: left as it was
+    assert store.schedule("s").next_run_at == T0 + 720
+
+
+def test_pause_resume_remove_are_all_or_nothing_and_jobs_made_stay(store):
+    add_schedule(store, now=T0, every="1m")
+    add_schedule(store, now=T0, id="t", cron="@hourly")
+    made = store.fire_schedules(T0 + 60)[0][2]
+    for change in (store.pause_schedules, store.remove_schedules,
+                   lambda ids: store.resume_schedules(ids, T0)):
+        with pytest.raises(queuectl.NotFound, match="'nope'"):
+            change(["s", "nope", "t"])
+        assert [(s.id, s.paused) for s in store.schedules()] == [("s", False), ("t", False)]
+    store.remove_schedules(["s", "t"])
+    assert store.schedules() == [] and slot_job_ids(store) == [made]
+
+
+def test_a_schedule_this_host_cannot_compute_is_left_for_another_worker(store):
+    add_schedule(store, now=T0, cron="* * * * *", tz="Europe/Berlin")
+    add_schedule(store, now=T0, id="t", every="1m")
+    store.write(lambda cur: cur.execute("UPDATE schedules SET tz = 'Nowhere/Gone' WHERE id = 's'"))
+    events = store.fire_schedules(T0 + 60)
+    assert events[0][:3] == ("s", None, None) and "Nowhere/Gone" in events[0][3]
+    assert events[1][2] == f"t@{queuectl.slot_text(T0 + 60)}"
+    assert store.schedule("s").next_run_at == T0 + 60  # untouched
+
+
+def test_schedule_firer_looks_up_once_a_second_and_fires_a_known_slot_at_once(store, monkeypatch):
+    add_schedule(store, now=T0, every="10s")
+    lookups = []
+    real = store.next_schedule_at
+    monkeypatch.setattr(store, "next_schedule_at", lambda: lookups.append(1) or real())
+    firer = queuectl.ScheduleFirer()
+    assert firer.tick(store, mono=100.0, now=T0 + 1) == [] and len(lookups) == 1
+    for mono in (100.05, 100.5, 100.95):  # nothing due: no lookup within the second
+        assert firer.tick(store, mono=mono, now=T0 + 2) == []
+    assert len(lookups) == 1
+    firer.tick(store, mono=101.0, now=T0 + 3)
+    assert len(lookups) == 2
+    events = firer.tick(store, mono=101.02, now=T0 + 10.01)  # the slot it knows of is due: no waiting
+    assert [e[2] for e in events] == [f"s@{queuectl.slot_text(T0 + 10)}"]
+    assert firer.due_at == T0 + 20
+
+
+def test_schedule_json_round_trips_through_the_store(store):
+    add_schedule(store, now=T0, cron="0 2 * * *", tz="Europe/Berlin", overlap="allow", env={"K": "v"})
+    assert store.schedule("s").to_dict() == {
+        "id": "s", "cron": "0 2 * * *", "every": None, "tz": "Europe/Berlin", "overlap": "allow", "paused": False,
+        "next_run_at": queuectl.iso(queuectl.next_cron_slot(queuectl.parse_cron("0 2 * * *"),
+                                                             queuectl.zone_of("Europe/Berlin"), T0)),
+        "last_run_at": None, "last_job_id": None, "last_job_state": None,
+        "job": {"command": "true", "env": {"K": "v"}, "cwd": "/"}}
+
+
+def test_a_schedule_this_host_cannot_fire_is_logged_once_not_every_second(store, caplog):
+    add_schedule(store, now=T0, every="1m", overlap="allow")
+    add_schedule(store, now=T0, id="z", cron="* * * * *", tz="Europe/Berlin")
+    store.write(lambda cur: cur.execute("UPDATE schedules SET tz = 'Nowhere/Gone' WHERE id = 'z'"))
+    firer = queuectl.ScheduleFirer()
+    with caplog.at_level("INFO", logger="queuectl"):
+        for second in range(1, 200):  # a worker looks again each second while it stays due
+            firer.tick(store, mono=100.0 + second, now=T0 + second)
+    messages = [r.getMessage() for r in caplog.records]
+    assert [m for m in messages if m.startswith("schedule z:")] == [
+        "schedule z: not fired here: unknown time zone 'Nowhere/Gone' (use an IANA name such as Europe/Berlin or UTC)"]
+    assert sum(m.startswith("schedule s: job s@") for m in messages) == 3  # the others still fire and say so
+
+
+# ---- the schedule commands -----------------------------------------------------------------------
+
+def test_schedule_add_list_and_next(db, tmp_path):
+    assert ok(db, "schedule", "add", json.dumps({"id": "backup", "cron": "30 2 * * *", "tz": "Europe/Berlin",
+                                                 "command": "./backup.sh", "cwd": str(tmp_path)})) == "backup\n"
+    assert ok(db, "schedule", "add", '{"id": "tick", "every": "15m", "command": "date", "overlap": "allow"}') \
+        == "tick\n"
+    listed = json.loads(ok(db, "schedule", "list", "--json"))
+    assert [set(s) for s in listed] == [SCHEDULE_KEYS, SCHEDULE_KEYS]
+    backup, tick = listed
+    assert (backup["cron"], backup["every"], backup["tz"], backup["overlap"], backup["paused"]) == (
+        "30 2 * * *", None, "Europe/Berlin", "skip", False)
+    assert backup["job"] == {"command": "./backup.sh", "cwd": str(tmp_path)}
+    assert (tick["cron"], tick["every"], tick["overlap"], tick["job"]["cwd"]) == (None, 900, "allow", os.getcwd())
+    assert ISO_UTC.match(backup["next_run_at"]) and backup["last_run_at"] is None
+    text = ok(db, "schedule", "list")
+    assert "every 15m" in text and "30 2 * * *" in text and "Europe/Berlin" in text and "./backup.sh" in text
+    assert ok(db, "schedule", "next", "backup", "--after", "2026-03-27T00:00:00Z", "--count", "4").split() == [
+        "2026-03-27T01:30:00Z", "2026-03-28T01:30:00Z", "2026-03-29T01:00:00Z", "2026-03-30T00:30:00Z"]
+    assert ok(db, "schedule", "next", "backup", "--after", str(int(utc("2026-03-27T00:00:00Z"))),
+              "--count", "1").split() == ["2026-03-27T01:30:00Z"]
+    slots = ok(db, "schedule", "next", "tick").split()
+    assert len(slots) == 5 and all(ISO_UTC.match(s) for s in slots)
+    assert slots[0] == queuectl.slot_text(parse_iso(tick["next_run_at"]).timestamp())
+
+
+def test_schedule_zone_defaults_to_the_machines(db, local_tz):
+    local_tz("America/New_York")
+    ok(db, "schedule", "add", '{"id": "a", "cron": "0 9 * * *", "command": "true"}')
+    local_tz(":Europe/Berlin")
+    ok(db, "schedule", "add", '{"id": "b", "cron": "0 9 * * *", "command": "true"}')
+    assert [s["tz"] for s in json.loads(ok(db, "schedule", "list", "--json"))] == ["America/New_York",
+                                                                                   "Europe/Berlin"]
+    local_tz("EST5EDT,M3.2.0,M11.1.0")  # a POSIX rule, not a zone name: refused, naming it
+    code, _, err = cli(db, "schedule", "add", '{"id": "c", "cron": "0 9 * * *", "command": "true"}')
+    assert code == 2
+    assert_one_error(err, "EST5EDT,M3.2.0,M11.1.0", "'tz'")
+
+
+def test_local_zone_name_reads_tz_then_etc_localtime(monkeypatch):
+    monkeypatch.setenv("TZ", "/usr/share/zoneinfo/Asia/Tokyo")
+    assert queuectl.local_zone_name() == "Asia/Tokyo"
+    monkeypatch.delenv("TZ")
+    monkeypatch.setattr(queuectl.os, "readlink", lambda path: "../usr/share/zoneinfo/Europe/Paris")
+    assert queuectl.local_zone_name() == "Europe/Paris"
+
+    def missing(path):
+        raise FileNotFoundError(path)
+    monkeypatch.setattr(queuectl.os, "readlink", missing)
+    assert queuectl.local_zone_name() == "UTC"
+
+
+@sqlite_only
+@pytest.mark.parametrize("obj,named", [
+    ({"cron": "0 * * * *", "command": "true"}, "field 'id' is required"),
+    ({"id": "a", "command": "true"}, "exactly one of the fields 'cron' and 'every'"),
+    ({"id": "a", "cron": "0 * * * *", "every": "1m", "command": "true"}, "exactly one"),
+    ({"id": "a", "cron": "0 * * * * *", "command": "true"}, "cron '0 * * * * *'"),
+    ({"id": "a", "cron": "0 25 * * *", "command": "true"}, "hour '25'"),
+    ({"id": "a", "cron": "0 0 30 2 *", "command": "true"}, "never fires"),
+    ({"id": "a", "cron": 5, "command": "true"}, "field 'cron'"),
+    ({"id": "a", "every": "0s", "command": "true"}, "field 'every'"),
+    ({"id": "a", "every": "soon", "command": "true"}, "field 'every'"),
+    ({"id": "a", "every": "1m", "tz": "Mars/Olympus", "command": "true"}, "field 'tz'"),
+    ({"id": "a", "every": "1m", "tz": "../etc/passwd", "command": "true"}, "field 'tz'"),
+    ({"id": "a", "every": "1m", "tz": "localtime", "command": "true"}, "localtime"),
+    ({"id": "a", "every": "1m", "overlap": "queue", "command": "true"}, "field 'overlap'"),
+    ({"id": "a", "every": "1m"}, "field 'command' is required"),
+    ({"id": "a", "every": "1m", "command": "true", "priority": "high"}, "field 'priority'"),
+    ({"id": "a", "every": "1m", "command": "true", "run_at": 0}, "field 'run_at' cannot be used"),
+    ({"id": "a", "every": "1m", "command": "true", "delay": 5}, "field 'delay' cannot be used"),
+    ({"id": "a", "every": "1m", "command": "true", "depends_on": []}, "field 'depends_on' cannot be used"),
+    ({"id": "a", "every": "1m", "command": "true", "when": 1}, "unknown field 'when'"),
+    ({"id": "x" * 171, "every": "1m", "command": "true"}, "1 to 170 characters"),
+    ({"id": "a\nb", "every": "1m", "command": "true"}, "control characters"),
+    ([1], "schedule must be a JSON object"),
+])
+def test_schedule_add_refuses_invalid_input_naming_it_and_stores_nothing(db, obj, named):
+    ok(db, "schedule", "add", '{"id": "keep", "every": "1h", "command": "true"}')
+    before = ok(db, "schedule", "list", "--json")
+    code, out, err = cli(db, "schedule", "add", json.dumps(obj))
+    assert (code, out) == (2, "")
+    assert_one_error(err, named)
+    assert ok(db, "schedule", "list", "--json") == before
+
+
+def test_schedule_id_of_170_characters_makes_job_ids_that_fit(db):
+    long_id = "s" * 170
+    ok(db, "schedule", "add", json.dumps({"id": long_id, "every": "1s", "command": "true"}))
+    with opened(db) as s:
+        made = s.fire_schedules(s.now() + 2)[0][2]
+    assert len(made) == 191 <= queuectl.MAX_ID_CHARS and get_job(db, made)["id"] == made
+
+
+def test_schedule_add_duplicate_exits_1_and_keeps_the_first(db):
+    ok(db, "schedule", "add", '{"id": "a", "every": "1h", "command": "first"}')
+    code, out, err = cli(db, "schedule", "add", '{"id": "a", "cron": "@daily", "command": "second"}')
+    assert (code, out) == (1, "")
+    assert_one_error(err, "schedule 'a' already exists")
+    [only] = json.loads(ok(db, "schedule", "list", "--json"))
+    assert (only["every"], only["job"]["command"]) == (3600, "first")
+
+
+def test_schedule_pause_resume_remove_commands(db):
+    for name in ("a", "b"):
+        ok(db, "schedule", "add", json.dumps({"id": name, "every": "1h", "command": "true"}))
+    before = ok(db, "schedule", "list", "--json")
+    for action in ("pause", "resume", "remove"):
+        code, out, err = cli(db, "schedule", action, "a", "missing")
+        assert (code, out) == (1, "")
+        assert_one_error(err, "no schedule with id 'missing'")
+        assert ok(db, "schedule", "list", "--json") == before
+    assert ok(db, "schedule", "pause", "a", "a") == "a\n"
+    listed = {s["id"]: s for s in json.loads(ok(db, "schedule", "list", "--json"))}
+    assert listed["a"]["paused"] is True and listed["a"]["next_run_at"] is None
+    assert "paused" in ok(db, "schedule", "list").splitlines()[1]
+    assert ok(db, "schedule", "resume", "a") == "a\n"
+    assert json.loads(ok(db, "schedule", "list", "--json"))[0]["next_run_at"] is not None
+    assert ok(db, "schedule", "remove", "a", "b") == "a\nb\n"
+    assert json.loads(ok(db, "schedule", "list", "--json")) == []
+    code, _, err = cli(db, "schedule", "next", "a")
+    assert code == 1
+    assert_one_error(err, "no schedule with id 'a'")
+
+
+@sqlite_only
+def test_schedule_next_checks_its_options(db):
+    ok(db, "schedule", "add", '{"id": "a", "every": "1h", "command": "true"}')
+    for args, named in ((("--count", "0"), "--count"), (("--after", "tomorrow"), "--after")):
+        code, out, err = cli(db, "schedule", "next", "a", *args)
+        assert code == 2 and out == "" and any(named in line for line in err.splitlines()), err
+
+
+def test_schedule_list_shows_the_last_job_and_its_state(db):
+    ok(db, "schedule", "add", '{"id": "a", "every": "1s", "command": "true"}')
+    with opened(db) as s:
+        made = s.fire_schedules(s.now() + 1.5)[0][2]
+    [listed] = json.loads(ok(db, "schedule", "list", "--json"))
+    assert (listed["last_job_id"], listed["last_job_state"]) == (made, "pending")
+    assert listed["last_run_at"] == queuectl.iso(utc(made.partition("@")[2]))
+    assert f"{made} (pending)" in ok(db, "schedule", "list")
+
+
+def test_an_existing_database_gains_schedules_on_upgrade(db, monkeypatch):
+    with monkeypatch.context() as old:  # a queue made by the version before schedules
+        old.setattr(queuectl, "SCHEMA_VERSION", 1)
+        old.setattr(queuectl, "MIGRATIONS", queuectl.MIGRATIONS[:1])
+        old.setattr(queuectl, "PG_MIGRATIONS", queuectl.PG_MIGRATIONS[:1])
+        enqueue(db, id="old", command="true")
+    ok(db, "schedule", "add", '{"id": "a", "every": "1h", "command": "true"}')
+    assert get_job(db, "old")["state"] == "pending"
+    with opened(db) as s:
+        version = s.read("PRAGMA user_version" if not is_pg(db) else "SELECT version FROM queuectl_version")
+    assert version == [(queuectl.SCHEMA_VERSION,)] and queuectl.SCHEMA_VERSION >= 2
+
+
+@sqlite_only
+def test_schedule_add_survives_hostile_input_and_a_refusal_changes_nothing(db):
+    import random
+    rng = random.Random(11)
+    pool = {
+        "id": ["a", "b", "", "x" * 171, "a\u2028b", 5, None, "dup"],
+        "cron": ["* * * * *", "@daily", "@reboot", "61 * * * *", "*/0 * * * *", "0 0 30 2 *", "mon-fri * * * *",
+                 "* * * * mon-fri", "1-5/2 * * jan *", "", "\x00", 7, ["* * * * *"], "* * * * * *", "٣ * * * *"],
+        "every": ["1s", "0s", "1.5m", "2h", "1w", 0, -1, 1, 10**20, "10**3", True, "", "٣s", {"s": 1}],
+        "tz": ["UTC", "Europe/Berlin", "../../etc/passwd", "", "localtime", "Nowhere/X", 3, "UTC\x00", "/etc/hosts"],
+        "overlap": ["skip", "allow", "queue", None, 1],
+        "command": ["true", "", " ", None, 1, "echo \udcff"], "queue": ["q", "", "a b"], "priority": [1, "1", 1.5],
+        "env": [{"A": "b"}, {"": "x"}, ["A"]], "cwd": ["/", "rel", ""], "timeout": [1, -1, "x"],
+        "max_retries": [0, -1, 10**7], "run_at": [0], "delay": [1], "depends_on": [[]], "zzz": [1],
+    }
+    ok(db, "schedule", "add", '{"id": "dup", "every": "1h", "command": "true"}')
+    codes = []
+    for _ in range(150):
+        kind = rng.choice(["cron", "every"])
+        obj = {"id": rng.choice(pool["id"]), kind: rng.choice(pool[kind]), "command": "true"}
+        for key in rng.sample(sorted(pool), rng.randint(0, 4)):
+            obj[key] = rng.choice(pool[key])
+        before = ok(db, "schedule", "list", "--json")
+        code, out, err = cli(db, "schedule", "add", json.dumps(obj))
+        codes.append(code)
+        assert "Traceback" not in err, (obj, err)
+        if code == 0:
+            assert out == f"{obj['id']}\n"
+            ok(db, "schedule", "remove", obj["id"])
+        else:
+            assert code in (1, 2) and out == "", (obj, code, err)
+            assert_one_error(err)
+            assert code == 2 or "already exists" in err, (obj, err)
+        assert ok(db, "schedule", "list", "--json") == before
+    assert {0, 1, 2} <= set(codes)  # the mix reached acceptance, the duplicate and refusals
+
+
+def test_schedule_next_ends_quietly_at_the_last_storable_time(db):
+    ok(db, "schedule", "add", '{"id": "w", "every": "1w", "command": "true"}')
+    ok(db, "schedule", "add", '{"id": "c", "cron": "@yearly", "tz": "UTC", "command": "true"}')
+    near_end = str(queuectl.MAX_EPOCH - 86400)
+    assert len(ok(db, "schedule", "next", "w", "--after", near_end).split()) <= 1
+    assert ok(db, "schedule", "next", "c", "--after", near_end) == ""
+
+
+def test_schedule_next_near_the_last_storable_time_in_a_zone_east_of_utc_ends_quietly(db):
+    # Kiritimati is UTC+14: there, the last storable second is already in year 10000 on the clock.
+    ok(db, "schedule", "add", '{"id": "k", "cron": "* * * * *", "tz": "Pacific/Kiritimati", "command": "true"}')
+    for after in (queuectl.MAX_EPOCH, queuectl.MAX_EPOCH - 12 * 3600):
+        assert ok(db, "schedule", "next", "k", "--after", str(after)) == ""
+
+
+def test_local_zone_name_follows_a_tz_that_names_etc_localtime(monkeypatch):
+    # TZ=:/etc/localtime is set on many servers and containers (it spares the C library a stat per call)
+    links = {"/etc/localtime": "../usr/share/zoneinfo/Europe/Paris"}
+    monkeypatch.setattr(queuectl.os, "readlink", lambda path: links[path])
+    for tz in (":/etc/localtime", "/etc/localtime"):
+        monkeypatch.setenv("TZ", tz)
+        assert queuectl.local_zone_name() == "Europe/Paris"
+    monkeypatch.setenv("TZ", ":/usr/share/zoneinfo/Asia/Tokyo")  # a zone file itself: its name, as before
+    assert queuectl.local_zone_name() == "Asia/Tokyo"
+
+
+def test_a_cron_expression_is_stored_with_single_spaces_so_schedule_list_keeps_one_line_each(db):
+    # Any whitespace separates the fields (a newline, a tab, U+2028, a no-break space): it must not reach
+    # the one-line-per-schedule listing.
+    for i, spaced in enumerate(("0 2 * *\n*", "0\t2 * * *\u2028", " 0  2 * *\u00a0* ")):
+        ok(db, "schedule", "add", json.dumps({"id": f"s{i}", "cron": spaced, "tz": "UTC", "command": "true"}))
+    assert [s["cron"] for s in json.loads(ok(db, "schedule", "list", "--json"))] == ["0 2 * * *"] * 3
+    lines = ok(db, "schedule", "list").splitlines()
+    assert len(lines) == 4 and all(" 0 2 * * * " in line for line in lines[1:])
+
+
+def test_schedule_list_escapes_the_command_and_cuts_long_ids_as_list_does(db):
+    long_id = "nightly-backup-of-the-whole-database-" + "x" * 40
+    with opened(db) as s:
+        add_schedule(s, now=T0, id=long_id, every="10s", command=TERMINAL_HOSTILE)
+        add_schedule(s, now=T0, id="short", every="10s", command="true")
+        s.fire_schedules(T0 + 10.5)
+    out = ok(db, "schedule", "list")
+    assert_terminal_safe(out)
+    header, *rows = out.splitlines()
+    [row] = [r for r in rows if r.startswith(long_id[:15])]
+    assert row.startswith(long_id[:15] + "… ") and long_id not in row and row.endswith(" " + TERMINAL_SHOWN)
+    assert row.index(" every ") == header.index(" SCHEDULE ")  # the columns stay aligned
+    last = row[header.index("LAST JOB"):header.index(" COMMAND")]
+    assert len(last) == 36 and last.rstrip().endswith("… (pending)"), last  # cut, its state kept in sight
+    listed = {s["id"]: s for s in json.loads(ok(db, "schedule", "list", "--json"))}
+    assert listed[long_id]["job"]["command"] == TERMINAL_HOSTILE
+
+
+# ---- real workers --------------------------------------------------------------------------------
+
+def test_workers_fire_an_every_second_schedule_once_per_slot(db, workers):
+    ok(db, "schedule", "add", '{"id": "tick", "every": "1s", "command": "echo tick"}')
+    procs = [workers.start(), workers.start()]
+
+    def completed():
+        jobs = [j for j in json.loads(ok_when_free(db, "list", "--json")) if j["state"] == "completed"]
+        return jobs if len(jobs) >= 4 else None
+    wait_for(completed, "four completed slots")
+    for proc in procs:
+        proc.signal(signal.SIGTERM)
+    for proc in procs:
+        assert proc.wait() == 0, proc.log()
+    jobs = json.loads(ok(db, "list", "--json"))
+    slots = [utc(j["id"].partition("@")[2]) for j in jobs]
+    assert all(j["id"].startswith("tick@") for j in jobs)
+    assert len(set(slots)) == len(slots) and all(s == int(s) for s in slots)
+    assert sorted(slots) == slots and all(b - a >= 1 for a, b in zip(slots, slots[1:]))
+    assert set(run_counts(db).values()) == {1}  # every slot's job ran once, on one worker or the other
+    for proc in procs:
+        assert "Traceback" not in proc.log() and "not fired here" not in proc.log()
+
+
+def test_a_burst_worker_fires_due_slots_but_future_ones_do_not_keep_it_running(db, workers):
+    ok(db, "schedule", "add", '{"id": "soon", "every": "1s", "command": "echo soon"}')
+    ok(db, "schedule", "add", '{"id": "later", "cron": "@yearly", "command": "echo later"}')
+    wait_for(lambda: json.loads(ok(db, "schedule", "list", "--json"))[1]["next_run_at"] < queuectl.iso(time.time()),
+             "the every-second schedule to fall due")
+    worker = workers.start("--burst")
+    assert worker.wait() == 0, worker.log()
+    jobs = json.loads(ok(db, "list", "--json"))
+    assert jobs and all(j["id"].startswith("soon@") and j["state"] == "completed" for j in jobs)
+    assert "burst: queue drained" in worker.log()
+
+
+def test_a_stopping_worker_fires_nothing(db):
+    ok(db, "schedule", "add", '{"id": "a", "every": "1s", "command": "true"}')
+    supervisor = queuectl.Supervisor(db, 1, False)
+    try:
+        wait_for(lambda: supervisor.store.next_schedule_at() < supervisor.store.now(), "the first slot")
+        idle = dict.fromkeys(("beat", "sweep", "cancels", "retention"), math.inf)  # only schedules and the poll
+        supervisor.stopping.set()
+        supervisor._housekeeping(idle, time.monotonic())
+        assert list_ids(db) == []
+        supervisor.stopping.clear()
+        supervisor._housekeeping(idle, time.monotonic())
+        assert [i.partition("@")[0] for i in list_ids(db)] == ["a"]
+    finally:
+        supervisor.store.close()
+
+
+def test_a_schedule_firing_logs_a_queuectl_event_with_its_schedule_and_job_not_the_foreign_log_event(
+        store, caplog):
+    """README: `--log-format json` gives each of queuectl's lines its event and fields; the event `log` is
+    for another library's lines. A slot that fires is queuectl's own line, and a log shipper must be able
+    to tell which schedule made which job."""
+    add_schedule(store, now=T0, every="10s")
+    with caplog.at_level("INFO", logger="queuectl"):
+        queuectl.ScheduleFirer().tick(store, mono=100.0, now=T0 + 10.5)
+    [record] = caplog.records
+    line = json.loads(queuectl.JsonLines().format(record))
+    assert line["event"] == "schedule_fired"
+    assert (line["schedule_id"], line["job_id"]) == ("s", f"s@{queuectl.slot_text(T0 + 10)}")
+
+
 # ==== Storage =====================================================================================
 
 # ---- the store: opening, enqueue, claim, finish, recovery ----------------------------------------
@@ -5326,1372 +6284,7 @@ def test_postgres_a_completion_with_a_big_output_on_a_descriptor_above_1023_is_r
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
-# ==== Core rules ==================================================================================
-
-@pytest.mark.parametrize("attempts,base,cap,expected", [
-    (1, 2, 3600, 2), (2, 2, 3600, 4), (3, 2, 5, 5), (10**6, 2, 3600, 3600), (5, 1, 3600, 1), (3, 2, 0, 0)])
-def test_backoff_delay(attempts, base, cap, expected):
-    assert queuectl.backoff_delay(attempts, base, cap) == expected
-
-
-def test_failure_rule_counts_runs():
-    fail = outcome(1, "exit code 1")
-    assert queuectl.failure_rule(make_job(), outcome(), SETTINGS, T0)[0] == "completed"
-    assert queuectl.failure_rule(make_job(), fail, SETTINGS, T0) == ("failed", 1, T0 + 2)
-    assert queuectl.failure_rule(make_job(attempts=2), fail, SETTINGS, T0) == ("dead", 3, T0)
-    assert queuectl.failure_rule(make_job(max_retries=0), fail, SETTINGS, T0)[0] == "dead"
-    timed_out = queuectl.Outcome(None, "timed out after 1s", "", 1.0)
-    assert queuectl.failure_rule(make_job(), timed_out, SETTINGS, T0)[0] == "failed"
-
-
-def test_recovery_rule_and_lease():
-    assert queuectl.interrupt_rule(1, True, False) == ("pending", None)
-    assert queuectl.interrupt_rule(3, True, False)[0] == "dead"
-    assert queuectl.interrupt_rule(5, False, False) == ("pending", None)  # a stop is never capped
-    assert queuectl.interrupt_rule(0, False, True) == ("dead", "canceled")
-    assert not queuectl.lease_expired(100.0, 110.0, 10)
-    assert queuectl.lease_expired(100.0, 110.5, 10)
-
-
-def test_parse_json_rejects_hostile_input():
-    for text in ('{"a": NaN}', '{"a": 1e309}', '{"a": 1, "a": 2}', '[' * 100000, '{"a": ' + "9" * 5000 + '}'):
-        with pytest.raises(queuectl.UsageError):
-            queuectl.parse_json(text)
-    assert queuectl.parse_json('{"a": -0}') == {"a": 0}
-
-
-def test_validate_job_fills_defaults_and_names_unknown_fields():
-    defaults = {"max_retries": 5, "job_timeout": 7}
-    job = queuectl.validate_job({"command": "ls"}, defaults, "/tmp", T0)
-    assert (job["max_retries"], job["timeout"], job["cwd"], job["env"]) == (5, 7.0, "/tmp", {})
-    assert len(job["id"]) == 16
-    with pytest.raises(queuectl.UsageError, match="max_retry"):
-        queuectl.validate_job({"command": "ls", "max_retry": 1}, defaults, "/tmp", T0)
-    with pytest.raises(queuectl.UsageError, match="surrogate"):
-        queuectl.validate_job({"command": "echo \udcff"}, defaults, "/tmp", T0)
-
-
-@sqlite_only
-def test_an_empty_cwd_is_refused_as_not_absolute_not_as_a_vanished_current_folder(db):
-    """`"cwd": ""` is a field the user gave: the error names the rule it breaks (an absolute path), not
-    the current folder, which exists."""
-    code, _, err = cli(db, "enqueue", '{"command": "true", "cwd": ""}')
-    assert code == 2
-    assert_one_error(err, "field 'cwd' must be an absolute path")
-
-
-def test_an_env_string_the_system_would_refuse_is_refused_at_enqueue(db):
-    """The kernel takes at most 131,071 bytes in one NAME=VALUE string: a longer one was stored and then
-    failed every attempt with "Argument list too long". It is refused at enqueue (exit 2, nothing
-    stored); one at the limit runs."""
-    before = snapshot(db)
-    fits = "x" * (queuectl.MAX_COMMAND_BYTES - len("BIG="))
-    code, _, err = cli(db, "enqueue", "-", stdin=json.dumps({"command": "true", "env": {"BIG": fits + "x"}}))
-    assert code == 2
-    assert_one_error(err, "env 'BIG'", str(queuectl.MAX_COMMAND_BYTES))
-    many = {f"V{i}": "x" * 100_000 for i in range(11)}  # each fits, together more than MAX_ENV_BYTES
-    code, _, err = cli(db, "enqueue", "-", stdin=json.dumps({"command": "true", "env": many}))
-    assert code == 2
-    assert_one_error(err, "field 'env'", str(queuectl.MAX_ENV_BYTES))
-    # The kernel also counts each string's NUL and pointer: 100,000 empty variables (800,000 bytes of
-    # text) take 1,700,000 bytes of its room, and would fail every attempt.
-    empty = {f"A{i:06d}": "" for i in range(100_000)}
-    code, _, err = cli(db, "enqueue", "-", stdin=json.dumps({"command": "true", "env": empty}))
-    assert code == 2
-    assert_one_error(err, "field 'env'", "NUL and pointer")
-    assert snapshot(db) == before
-    code, _, err = cli(db, "enqueue", "-", stdin=json.dumps({"id": "fits", "command": "true", "env": {"BIG": fits}}))
-    assert code == 0, err
-    assert ok(db, "worker", "start", "--burst") == ""
-    assert state_of(db, "fits") == "completed"
-
-
-# ---- scheduling fields: priority, run_at, delay, queue, depends_on -------------------------------
-
-def scheduled(**fields):
-    return queuectl.validate_job({"command": "ls", **fields}, DEFAULTS, "/tmp", T0)
-
-
-def test_validate_job_scheduling_defaults():
-    job = scheduled()
-    assert (job["priority"], job["queue"], job["run_at"], job["depends_on"]) == (0, "default", None, [])
-
-
-@pytest.mark.parametrize("run_at, expected", [
-    ("2030-01-01T12:00:00Z", Y2030),
-    ("2030-01-01T12:00:00.250Z", Y2030 + 0.25),
-    ("2030-01-01T12:00:00+02:00", Y2030 - 7200),
-    ("2030-01-01T12:00:00-01:30", Y2030 + 5400),
-    (Y2030, Y2030),
-    (int(Y2030), Y2030),
-    (0, 0.0),
-], ids=["Z", "Z-fraction", "plus-offset", "minus-offset", "epoch-float", "epoch-int", "epoch-0"])
-def test_validate_job_run_at_forms(run_at, expected):
-    assert scheduled(run_at=run_at)["run_at"] == expected
-
-
-def test_validate_job_run_at_without_offset_is_local_time(local_tz):
-    local_tz("EST5")  # UTC-5 all year
-    assert scheduled(run_at="2030-01-01T12:00:00")["run_at"] == Y2030 + 5 * 3600
-    local_tz("JST-9")  # UTC+9
-    assert scheduled(run_at="2030-01-01T12:00:00")["run_at"] == Y2030 - 9 * 3600
-    assert scheduled(run_at="2030-01-01T12:00:00Z")["run_at"] == Y2030  # an explicit Z is not local
-
-
-def test_a_local_time_on_the_last_day_east_of_utc_is_in_range(local_tz):
-    # 9999-12-31T23:59:59 in Tokyo is 14:59:59 UTC, within queuectl's time limit; west of UTC it is past it.
-    local_tz("Asia/Tokyo")  # UTC+9
-    assert scheduled(run_at="9999-12-31T23:59:59")["run_at"] == queuectl.MAX_EPOCH - 9 * 3600
-    assert queuectl.parse_time("9999-12-31T15:00:00", "--after") == queuectl.MAX_EPOCH - 9 * 3600 - 32399
-    local_tz("America/New_York")
-    with pytest.raises(queuectl.UsageError, match="out of range"):
-        scheduled(run_at="9999-12-31T23:59:59")
-
-
-def test_validate_job_delay_is_relative_to_now():
-    assert scheduled(delay=30)["run_at"] == T0 + 30
-    assert scheduled(delay=0.5)["run_at"] == T0 + 0.5
-    assert scheduled(delay=0)["run_at"] == T0
-
-
-def test_validate_job_run_at_and_delay_together_is_an_error():
-    with pytest.raises(queuectl.UsageError, match="run_at.*delay|delay.*run_at"):
-        scheduled(run_at=Y2030, delay=5)
-
-
-def test_validate_job_queue_names_and_depends_on():
-    assert scheduled(queue="A-z_0.9")["queue"] == "A-z_0.9"
-    assert scheduled(queue="q" * 64)["queue"] == "q" * 64
-    for bad in ("q" * 65, "", "a b", "a/b", "é", 5):
-        with pytest.raises(queuectl.UsageError, match="queue"):
-            scheduled(queue=bad)
-    assert scheduled(depends_on=["a", "b", "a"])["depends_on"] == ["a", "b"]
-    assert scheduled(priority=-7)["priority"] == -7
-
-
-# ==== Schedules ===================================================================================
-
-# ---- cron and every: slots against known calendars -----------------------------------------------
-
-def cron_slots(expr, tz, after, count=6):
-    """The next `count` slots of a cron expression in a zone after a UTC time, as slot texts."""
-    cron, zone, at, found = queuectl.parse_cron(expr), queuectl.zone_of(tz), utc(after), []
-    for _ in range(count):
-        at = queuectl.next_cron_slot(cron, zone, at)
-        found.append(queuectl.slot_text(at))
-    return found
-
-
-def brute_force_slots(expr, tz, start, end):
-    """The slots in (start, end] found minute by minute from the DST rules themselves, independently of
-    wall_instant: a minute fires if its wall time matches and is the first occurrence of that wall
-    time, or if it is the first minute after a jump forward over a wall time that matches."""
-    cron, zone = queuectl.parse_cron(expr), queuectl.zone_of(tz)
-
-    def matches(wall):
-        return (wall.minute in cron.minutes and wall.hour in cron.hours and wall.month in cron.months
-                and queuectl.cron_day_matches(cron, wall.date()))
-    from datetime import timedelta
-    found, at = [], start - start % 60 + 60
-    while at <= end:
-        here = datetime.fromtimestamp(at, zone)
-        wall, before = here.replace(tzinfo=None), datetime.fromtimestamp(at - 60, zone).replace(tzinfo=None)
-        skipped, step = [], before + timedelta(minutes=1)
-        while step < wall:  # wall times the clock jumped over
-            skipped.append(step)
-            step += timedelta(minutes=1)
-        if (matches(wall) and here.fold == 0) or any(matches(w) for w in skipped):
-            found.append(at)
-        at += 60
-    return found
-
-
-@pytest.mark.parametrize("expr,field,values", [
-    ("*/15 * * * *", "minutes", (0, 15, 30, 45)),
-    ("1-10/3 * * * *", "minutes", (1, 4, 7, 10)),
-    ("5/20 * * * *", "minutes", (5, 25, 45)),
-    ("0,30,15 * * * *", "minutes", (0, 15, 30)),
-    ("0 9-17/4 * * *", "hours", (9, 13, 17)),
-    ("0 0 * jan-mar/2,DEC *", "months", (1, 3, 12)),
-    ("0 0 * * mon-fri", "weekdays", (1, 2, 3, 4, 5)),
-    ("0 0 * * 7", "weekdays", (0,)),
-    ("0 0 * * 0,7", "weekdays", (0,)),
-    ("0 0 * * 5-7", "weekdays", (0, 5, 6)),
-    ("0 0 * * */2", "weekdays", (0, 2, 4, 6)),
-    ("0 0 1-31/10 * *", "days", (1, 11, 21, 31)),
-])
-def test_cron_fields_parse_lists_ranges_steps_and_names(expr, field, values):
-    assert getattr(queuectl.parse_cron(expr), field) == values
-
-
-@pytest.mark.parametrize("alias,same_as", [
-    ("@hourly", "0 * * * *"), ("@daily", "0 0 * * *"), ("@midnight", "0 0 * * *"), ("@weekly", "0 0 * * 0"),
-    ("@monthly", "0 0 1 * *"), ("@yearly", "0 0 1 1 *"), ("@annually", "0 0 1 1 *"), ("@DAILY", "0 0 * * *")])
-def test_cron_aliases(alias, same_as):
-    assert queuectl.parse_cron(alias) == queuectl.parse_cron(same_as)
-
-
-@pytest.mark.parametrize("expr,named", [
-    ("60 * * * *", "minute '60'"), ("* 24 * * *", "hour '24'"), ("* * 0 * *", "day of month '0'"),
-    ("* * 32 * *", "day of month '32'"), ("* * * 13 *", "month '13'"), ("* * * * 8", "day of week '8'"),
-    ("* * * foo *", "month 'foo'"), ("* * * * monday", "day of week 'monday'"), ("*/0 * * * *", "minute step '0'"),
-    ("5-1 * * * *", "runs backwards"), ("fri-mon * * * *", "minute 'fri'"), ("0 0 * * fri-mon", "runs backwards"),
-    ("1- * * * *", "minute ''"), ("1,,2 * * * *", "minute ''"), ("* * * *", "expected 5 fields"),
-    ("* * * * * *", "got 6"), ("", "got 0"), ("@reboot", "unknown alias"), ("-1 * * * *", "minute ''"),
-    ("١ * * * *", "minute '١'"), ("*/x * * * *", "minute step 'x'")])
-def test_cron_rejects_bad_expressions_naming_the_bad_part(expr, named):
-    with pytest.raises(queuectl.UsageError, match="cron") as error:
-        queuectl.parse_cron(expr)
-    assert named in str(error.value)
-
-
-def test_cron_month_ends_skip_the_months_without_that_day():
-    assert cron_slots("0 0 31 * *", "UTC", "2026-01-01T00:00:00Z", 7) == [
-        "2026-01-31T00:00:00Z", "2026-03-31T00:00:00Z", "2026-05-31T00:00:00Z", "2026-07-31T00:00:00Z",
-        "2026-08-31T00:00:00Z", "2026-10-31T00:00:00Z", "2026-12-31T00:00:00Z"]
-    assert cron_slots("0 0 30 * *", "UTC", "2027-01-30T00:00:00Z", 2) == [
-        "2027-03-30T00:00:00Z", "2027-04-30T00:00:00Z"]
-    assert cron_slots("59 23 28-31 2 *", "UTC", "2026-12-31T00:00:00Z", 3) == [
-        "2027-02-28T23:59:00Z", "2028-02-28T23:59:00Z", "2028-02-29T23:59:00Z"]
-
-
-def test_cron_leap_days_follow_the_gregorian_rules():
-    assert cron_slots("0 12 29 2 *", "UTC", "2026-03-01T00:00:00Z", 3) == [
-        "2028-02-29T12:00:00Z", "2032-02-29T12:00:00Z", "2036-02-29T12:00:00Z"]
-    # 2100 is not a leap year (divisible by 100), 2000 and 2400 are (divisible by 400)
-    assert cron_slots("0 12 29 2 *", "UTC", "2096-03-01T00:00:00Z", 1) == ["2104-02-29T12:00:00Z"]
-    assert cron_slots("0 12 29 2 *", "UTC", "1999-01-01T00:00:00Z", 1) == ["2000-02-29T12:00:00Z"]
-
-
-def test_cron_never_firing_expression_has_no_slot():
-    for expr in ("0 0 30 2 *", "0 0 31 4,6,9,11 *"):
-        assert queuectl.next_cron_slot(queuectl.parse_cron(expr), queuectl.zone_of("UTC"), T0) is None
-
-
-def test_cron_both_day_fields_restricted_fire_on_either():
-    # Friday the 13th written as cron is "every 13th, and every Friday"
-    assert cron_slots("0 12 13 * fri", "UTC", "2026-01-01T00:00:00Z", 5) == [
-        "2026-01-02T12:00:00Z", "2026-01-09T12:00:00Z", "2026-01-13T12:00:00Z", "2026-01-16T12:00:00Z",
-        "2026-01-23T12:00:00Z"]
-    assert cron_slots("0 0 1,15 * mon", "UTC", "2026-06-01T00:00:00Z", 4) == [
-        "2026-06-08T00:00:00Z", "2026-06-15T00:00:00Z", "2026-06-22T00:00:00Z", "2026-06-29T00:00:00Z"]
-
-
-def test_cron_a_day_field_starting_with_a_star_is_unrestricted_as_in_vixie_cron():
-    # dom */2 starts with '*': only days matching both fire (odd days that are Mondays), as cronie does
-    assert cron_slots("0 0 */2 * mon", "UTC", "2026-06-01T00:00:00Z", 3) == [
-        "2026-06-15T00:00:00Z", "2026-06-29T00:00:00Z", "2026-07-13T00:00:00Z"]
-    # the same days written without the star are restricted: odd days or Mondays
-    assert cron_slots("0 0 1-31/2 * mon", "UTC", "2026-06-01T00:00:00Z", 3) == [
-        "2026-06-03T00:00:00Z", "2026-06-05T00:00:00Z", "2026-06-07T00:00:00Z"]
-
-
-def test_cron_sunday_is_0_and_7():
-    sundays = ["2026-12-06T00:00:00Z", "2026-12-13T00:00:00Z", "2026-12-20T00:00:00Z"]
-    for expr in ("0 0 * * 0", "0 0 * * 7", "0 0 * * sun", "@weekly"):
-        assert cron_slots(expr, "UTC", "2026-12-01T00:00:00Z", 3) == sundays
-
-
-def test_cron_names_and_steps_in_a_calendar():
-    # 09:30 on weekdays in January, March and May
-    assert cron_slots("30 9 * jan-may/2 mon-fri", "UTC", "2026-01-29T12:00:00Z", 3) == [
-        "2026-01-30T09:30:00Z", "2026-03-02T09:30:00Z", "2026-03-03T09:30:00Z"]
-    assert cron_slots("@monthly", "UTC", "2026-11-15T00:00:00Z", 2) == ["2026-12-01T00:00:00Z", "2027-01-01T00:00:00Z"]
-    assert cron_slots("@yearly", "UTC", "2026-11-15T00:00:00Z", 1) == ["2027-01-01T00:00:00Z"]
-    assert cron_slots("@hourly", "UTC", "2026-11-15T10:00:00Z", 2) == ["2026-11-15T11:00:00Z", "2026-11-15T12:00:00Z"]
-
-
-def test_cron_reads_wall_time_in_its_zone():
-    # 02:30 in Berlin: CET (+1) in winter, CEST (+2) in summer
-    assert cron_slots("30 2 * * *", "Europe/Berlin", "2026-01-10T12:00:00Z", 1) == ["2026-01-11T01:30:00Z"]
-    assert cron_slots("30 2 * * *", "Europe/Berlin", "2026-07-10T12:00:00Z", 1) == ["2026-07-11T00:30:00Z"]
-
-
-def test_cron_spring_forward_fires_a_skipped_wall_time_at_the_first_minute_after_it():
-    # Berlin 2026-03-29: 02:00 CET becomes 03:00 CEST (01:00Z); 02:30 does not exist that day
-    assert cron_slots("30 2 * * *", "Europe/Berlin", "2026-03-27T00:00:00Z", 4) == [
-        "2026-03-27T01:30:00Z", "2026-03-28T01:30:00Z", "2026-03-29T01:00:00Z", "2026-03-30T00:30:00Z"]
-    # every skipped quarter of an hour lands on 03:00, which is one slot
-    assert cron_slots("*/15 * * * *", "Europe/Berlin", "2026-03-29T00:40:00Z", 3) == [
-        "2026-03-29T00:45:00Z", "2026-03-29T01:00:00Z", "2026-03-29T01:15:00Z"]
-    # New York 2026-03-08: 02:00 EST becomes 03:00 EDT (07:00Z)
-    assert cron_slots("30 2 * * *", "America/New_York", "2026-03-07T00:00:00Z", 3) == [
-        "2026-03-07T07:30:00Z", "2026-03-08T07:00:00Z", "2026-03-09T06:30:00Z"]
-
-
-def test_cron_fall_back_fires_a_repeated_wall_time_once_at_its_first_occurrence():
-    # Berlin 2026-10-25: 03:00 CEST becomes 02:00 CET (01:00Z); 02:00-02:59 happen twice
-    assert cron_slots("*/15 * * * *", "Europe/Berlin", "2026-10-24T23:50:00Z", 6) == [
-        "2026-10-25T00:00:00Z", "2026-10-25T00:15:00Z", "2026-10-25T00:30:00Z", "2026-10-25T00:45:00Z",
-        "2026-10-25T02:00:00Z", "2026-10-25T02:15:00Z"]
-    # asked from inside the second pass of the hour, the next slot is after it
-    assert cron_slots("30 2 * * *", "Europe/Berlin", "2026-10-25T01:10:00Z", 1) == ["2026-10-26T01:30:00Z"]
-    # New York 2026-11-01: 02:00 EDT becomes 01:00 EST (06:00Z); 01:30 fires at 01:30 EDT only
-    assert cron_slots("30 1 * * *", "America/New_York", "2026-10-31T00:00:00Z", 3) == [
-        "2026-10-31T05:30:00Z", "2026-11-01T05:30:00Z", "2026-11-02T06:30:00Z"]
-
-
-def test_every_slots_count_from_the_add_rounded_down_to_the_second():
-    assert queuectl.next_every_slot(1000, 60, 1000) == 1060
-    assert queuectl.next_every_slot(1000, 60, 1059.9) == 1060
-    assert queuectl.next_every_slot(1000, 60, 1060) == 1120
-    assert queuectl.next_every_slot(1000, 60, 500) == 1060  # the first slot is one interval after the add
-    schedule = queuectl.validate_schedule({"id": "s", "every": "15m", "command": "true"}, CONFIG_DEFAULTS_INTERNAL,
-                                          "/", T0 + 0.7)
-    assert schedule.next_run_at == T0 + 900
-    assert queuectl.next_slot(schedule, T0 + 900) == T0 + 1800
-
-
-@pytest.mark.parametrize("text,seconds", [
-    ("30s", 30), ("15m", 900), ("2h", 7200), ("1d", 86400), ("1w", 604800), ("90", 90), (45, 45), ("1s", 1)])
-def test_every_durations(text, seconds):
-    assert queuectl.parse_every(text) == seconds
-
-
-@pytest.mark.parametrize("value", ["0s", 0, "1.5m", "-1", "5x", "", True, 2.0, "1 m", "٣s", None, "99999999999w"])
-def test_every_rejects_what_is_not_a_whole_duration_of_at_least_a_second(value):
-    with pytest.raises(queuectl.UsageError, match="every"):
-        queuectl.parse_every(value)
-
-
-def test_last_slot_finds_the_latest_missed_slot_in_few_steps():
-    cron, zone = queuectl.parse_cron("* * * * *"), queuectl.zone_of("UTC")
-    calls = []
-
-    def following(t):
-        calls.append(t)
-        return queuectl.next_cron_slot(cron, zone, t)
-    first = utc("2025-01-01T00:00:00Z")
-    assert queuectl.last_slot(following, first, utc("2026-01-01T10:20:30Z")) == utc("2026-01-01T10:20:00Z")
-    assert len(calls) < 100  # a year of minutely slots, found by halving
-    assert queuectl.last_slot(following, first, first + 30) == first
-    sparse = queuectl.parse_cron("0 12 29 2 *")
-    assert queuectl.last_slot(lambda t: queuectl.next_cron_slot(sparse, zone, t), utc("2028-02-29T12:00:00Z"),
-                              utc("2037-01-01T00:00:00Z")) == utc("2036-02-29T12:00:00Z")
-
-
-@pytest.mark.parametrize("tz,around", [
-    ("Europe/Berlin", "2026-03-29T01:00:00Z"), ("Europe/Berlin", "2026-10-25T01:00:00Z"),
-    ("America/New_York", "2026-03-08T07:00:00Z"), ("America/New_York", "2026-11-01T06:00:00Z"),
-    ("Australia/Lord_Howe", "2026-04-04T15:00:00Z"), ("Australia/Lord_Howe", "2026-10-03T15:30:00Z"),  # 30 min
-    ("America/Sao_Paulo", "2018-11-04T03:00:00Z"), ("America/Sao_Paulo", "2019-02-17T02:00:00Z"),  # at midnight
-    ("Pacific/Apia", "2011-12-30T10:00:00Z"),  # a whole day skipped
-])
-def test_cron_slots_around_dst_transitions_equal_a_minute_by_minute_reference(tz, around):
-    start, end = utc(around) - 86400, utc(around) + 86400
-    for expr in ("*/15 * * * *", "30 2 * * *", "0 0 * * *", "45 1 * * *", "*/7 1-3 * * *", "0,30 23 * * *"):
-        cron, zone, at, slots = queuectl.parse_cron(expr), queuectl.zone_of(tz), start, []
-        while (at := queuectl.next_cron_slot(cron, zone, at)) <= end:
-            slots.append(at)
-        assert slots == brute_force_slots(expr, tz, start, end), (expr, tz)
-
-
-def test_cron_slots_run_through_the_last_year_queuectl_stores(db):
-    # The time limit is 9999-12-31T23:59:59Z: year 9999 has slots up to its last hour, and none after.
-    ok(db, "schedule", "add", '{"id": "h", "cron": "0 * * * *", "tz": "UTC", "command": "true"}')
-    assert ok(db, "schedule", "next", "h", "--after", "9998-12-31T22:30:00Z").split() == [
-        "9998-12-31T23:00:00Z", "9999-01-01T00:00:00Z", "9999-01-01T01:00:00Z", "9999-01-01T02:00:00Z",
-        "9999-01-01T03:00:00Z"]
-    assert ok(db, "schedule", "next", "h", "--after", "9999-06-01T00:00:00Z", "--count", "2").split() == [
-        "9999-06-01T01:00:00Z", "9999-06-01T02:00:00Z"]
-    assert ok(db, "schedule", "next", "h", "--after", "9999-12-31T21:30:00Z").split() == [
-        "9999-12-31T22:00:00Z", "9999-12-31T23:00:00Z"]
-    for after in ("9999-12-31T23:00:00Z", str(queuectl.MAX_EPOCH)):
-        assert ok(db, "schedule", "next", "h", "--after", after) == ""
-    # West of UTC the calendar's last wall times lie past the limit: the slots stop at it, quietly.
-    ok(db, "schedule", "add", '{"id": "ny", "cron": "0 * * * *", "tz": "America/New_York", "command": "true"}')
-    assert ok(db, "schedule", "next", "ny", "--after", "9999-12-31T21:30:00Z").split() == [
-        "9999-12-31T22:00:00Z", "9999-12-31T23:00:00Z"]
-
-
-def test_a_huge_cron_number_is_a_one_line_error_not_a_traceback(db):
-    """int() of more than 4,300 digits raises ValueError: the cron field let it escape main()."""
-    before = unchanged_everywhere(db)
-    for cron in ("9" * 5000 + " * * * *", "*/" + "9" * 5000 + " * * * *"):
-        code, out, err = cli(db, "schedule", "add", json.dumps({"id": "s", "cron": cron, "command": "true"}))
-        assert (code, out) == (2, ""), err[-300:]
-        assert_one_error(err, "minute", "5000 characters")
-        assert len(err) < 300  # the value's start and its length, not 5,000 digits
-    assert unchanged_everywhere(db) == before
-
-
-# ---- firing with an injected time, on both backends ----------------------------------------------
-
-def slot_job_ids(store):
-    return [job.id for job in store.list_jobs()]
-
-
-def test_firing_makes_one_job_per_slot_with_the_slot_in_its_id(store):
-    add_schedule(store, now=utc("2026-12-01T01:59:10Z"), cron="0 2 * * *", env={"A": "1"}, queue="nightly",
-                 priority=5, max_retries=7)
-    assert store.next_schedule_at() == utc("2026-12-01T02:00:00Z")
-    assert store.fire_schedules(utc("2026-12-01T01:59:59Z")) == []
-    events = store.fire_schedules(utc("2026-12-01T02:00:00.4Z"))
-    assert events == [("s", utc("2026-12-01T02:00:00Z"), "s@2026-12-01T02:00:00Z",
-                       "job s@2026-12-01T02:00:00Z enqueued")]
-    job = store.get("s@2026-12-01T02:00:00Z")
-    assert (job.command, job.env, job.queue, job.priority, job.max_retries, job.state) == (
-        "true", {"A": "1"}, "nightly", 5, 7, "pending")
-    assert job.next_run_at == utc("2026-12-01T02:00:00Z")  # due at its slot: waits are measured from it
-    schedule = store.schedule("s")
-    assert (schedule.next_run_at, schedule.last_run_at, schedule.last_job_id, schedule.last_job_state) == (
-        utc("2026-12-02T02:00:00Z"), utc("2026-12-01T02:00:00Z"), "s@2026-12-01T02:00:00Z", "pending")
-    assert store.fire_schedules(utc("2026-12-01T02:00:01Z")) == []
-
-
-def test_firing_is_idempotent_across_workers(store, tmp_path, request):
-    add_schedule(store, now=T0, every="1m")
-    other = queuectl.open_database(store.target)
-    try:
-        first = store.fire_schedules(T0 + 60.5)
-        second = other.fire_schedules(T0 + 60.5)
-    finally:
-        other.close()
-    assert [e[2] for e in first] == [f"s@{queuectl.slot_text(T0 + 60)}"] and second == []
-    assert slot_job_ids(store) == [f"s@{queuectl.slot_text(T0 + 60)}"]
-
-
-def test_firing_from_many_connections_at_once_makes_one_job_per_slot(store):
-    add_schedule(store, now=T0, every="1m")
-    made, errors = [], []
-
-    def fire(now):
-        mine = queuectl.open_database(store.target, busy_deadline_s=30.0)
-        try:
-            for _ in range(5):
-                made.extend(e[2] for e in mine.fire_schedules(now) if e[2])
-        except Exception as e:  # noqa: BLE001 - any failure is the bug under test
-            errors.append(e)
-        finally:
-            mine.close()
-    threads = [threading.Thread(target=fire, args=(T0 + 60 * 3 + 1,)) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
-    assert made == slot_job_ids(store) == [f"s@{queuectl.slot_text(T0 + 180)}"]
-
-
-def test_a_slot_whose_job_exists_already_is_not_made_again(store):
-    add_schedule(store, now=T0, every="1m")
-    taken = f"s@{queuectl.slot_text(T0 + 60)}"
-    store.enqueue([spec(taken, command="echo mine")], T0)
-    assert store.fire_schedules(T0 + 61) == [("s", T0 + 60, None, f"job {taken} already exists")]
-    assert store.get(taken).command == "echo mine" and store.schedule("s").next_run_at == T0 + 120
-
-
-def test_catch_up_fires_only_the_most_recent_missed_slot_once(store):
-    add_schedule(store, now=utc("2026-12-01T00:00:00Z"), cron="*/5 * * * *")
-    # no worker ran for three hours and a bit
-    events = store.fire_schedules(utc("2026-12-01T03:07:30Z"))
-    assert [e[2] for e in events] == ["s@2026-12-01T03:05:00Z"]
-    assert slot_job_ids(store) == ["s@2026-12-01T03:05:00Z"]
-    assert store.schedule("s").next_run_at == utc("2026-12-01T03:10:00Z")
-    assert store.fire_schedules(utc("2026-12-01T03:09:59Z")) == []
-
-
-def test_overlap_skip_skips_slots_while_the_last_job_outlasts_its_interval(store):
-    add_schedule(store, now=T0, every="1m")
-    register(store)
-    first = store.fire_schedules(T0 + 60)[0][2]
-    job = store.claim("w1", T0 + 60)
-    assert job.id == first  # it runs, and is still running one and two intervals later
-    for slot in (T0 + 120, T0 + 180):
-        assert store.fire_schedules(slot) == [("s", None, None, f"slot skipped (overlap skip): job {first} "
-                                                                "is still processing")]
-    assert slot_job_ids(store) == [first] and store.schedule("s").next_run_at == T0 + 240
-    store.finish(job, "w1", outcome(), SETTINGS, T0 + 200)
-    assert [e[2] for e in store.fire_schedules(T0 + 240)] == [f"s@{queuectl.slot_text(T0 + 240)}"]
-
-
-def test_overlap_skip_also_waits_for_a_failed_job_and_not_for_a_dead_or_deleted_one(store):
-    add_schedule(store, now=T0, every="1m")
-    register(store)
-    first = store.fire_schedules(T0 + 60)[0][2]
-    store.finish(store.claim("w1", T0 + 60), "w1", outcome(1, "exit code 1"), SETTINGS, T0 + 61)
-    assert store.get(first).state == "failed"
-    assert store.fire_schedules(T0 + 120)[0][1] is None  # failed: a retry is coming
-    store.cancel([first], T0 + 150)
-    second = store.fire_schedules(T0 + 180)[0][2]
-    assert second == f"s@{queuectl.slot_text(T0 + 180)}"  # dead: no longer in the way
-    store.delete([second])
-    assert store.fire_schedules(T0 + 240)[0][2] == f"s@{queuectl.slot_text(T0 + 240)}"  # deleted: neither
-
-
-@pytest.mark.parametrize("running", [True, False])
-def test_a_re_added_schedule_takes_the_newest_job_of_its_id_as_its_previous_one(store, running):
-    # `schedule remove` then `add` (how a schedule is changed) must not let a second job start beside
-    # the first: the new schedule starts from the latest slot job its id made.
-    add_schedule(store, now=T0, every="1m")
-    register(store)
-    older = store.fire_schedules(T0 + 60)[0][2]
-    store.delete([older])
-    newest = store.fire_schedules(T0 + 120)[0][2]
-    job = store.claim("w1", T0 + 120) if running else None
-    assert job is None or job.id == newest
-    store.remove_schedules(["s"])
-    # ids that only look like slot jobs of "s": no real time, another shape, another schedule's
-    lookalikes = ["s@9999-99-99T99:99:99Z", "s@2099-02-31T00:00:00Z", "s@2099-01-01T00:00:00Zx",
-                  "s@2099-1-1T0:0:0Z", "s@2099-01-01 00:00:00Z", "s@x", "sx@2099-01-01T00:00:00Z",
-                  "s@2099-01-01T00:00:00Z@2099-01-01T00:00:00Z"]
-    store.enqueue([spec(job_id) for job_id in lookalikes], T0 + 121)
-    store.enqueue([spec(f"s@{queuectl.slot_text(T0 + 100)}")], T0 + 122)  # a slot before the newest one
-    add_schedule(store, now=T0 + 130, every="1m")
-    schedule = store.schedule("s")
-    state = "processing" if running else "pending"
-    assert (schedule.last_job_id, schedule.last_run_at, schedule.last_job_state) == (newest, T0 + 120, state)
-    assert store.fire_schedules(T0 + 190) == [("s", None, None, f"slot skipped (overlap skip): job {newest} "
-                                                                f"is still {state}")]
-    if running:  # completed, or deleted: no longer in the way
-        store.finish(job, "w1", outcome(), SETTINGS, T0 + 200)
-    else:
-        store.delete([newest])
-    assert store.fire_schedules(T0 + 250)[0][2] == f"s@{queuectl.slot_text(T0 + 250)}"
-
-
-def test_schedule_remove_then_add_keeps_the_previous_job(db):
-    ok(db, "schedule", "add", '{"id": "b", "every": "1h", "command": "true"}')
-    with opened(db) as s:
-        made = s.fire_schedules(s.now() + 3600.5)[0][2]
-    ok(db, "schedule", "remove", "b")
-    ok(db, "schedule", "add", '{"id": "b", "cron": "@hourly", "command": "true"}')
-    [listed] = json.loads(ok(db, "schedule", "list", "--json"))
-    assert (listed["last_job_id"], listed["last_job_state"]) == (made, "pending")
-    assert f"{made} (pending)" in ok(db, "schedule", "list")
-
-
-def test_postgres_a_re_added_schedule_finds_its_previous_job_whatever_the_database_collation(pg_server):
-    # ICU's en-US sorts punctuation before digits ('b@9' > 'b@:'), where C.UTF-8, the test servers'
-    # collation, sorts by code point: the slot jobs of an id must be found in byte order on either.
-    import psycopg
-    from urllib.parse import urlsplit
-    database = f"icu_{uuid.uuid4().hex}"
-    with psycopg.connect(pg_server, autocommit=True) as conn:
-        try:
-            conn.execute(f"CREATE DATABASE {database} TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US'")
-        except psycopg.Error as e:
-            pytest.skip(f"this server has no ICU collation: {e}")
-    try:
-        db = urlsplit(pg_server)._replace(path=f"/{database}").geturl()
-        ok(db, "schedule", "add", '{"id": "b", "every": "1h", "command": "true"}')
-        with opened(db) as s:
-            made = s.fire_schedules(s.now() + 3600.5)[0][2]
-        ok(db, "schedule", "remove", "b")
-        ok(db, "schedule", "add", '{"id": "b", "cron": "@hourly", "command": "true"}')
-        [listed] = json.loads(ok(db, "schedule", "list", "--json"))
-        assert (listed["last_job_id"], listed["last_job_state"]) == (made, "pending")
-    finally:
-        with psycopg.connect(pg_server, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE {database} WITH (FORCE)")
-
-
-def test_overlap_allow_fires_while_the_last_job_runs(store):
-    add_schedule(store, now=T0, every="1m", overlap="allow")
-    register(store)
-    store.fire_schedules(T0 + 60)
-    store.claim("w1", T0 + 60)
-    assert store.fire_schedules(T0 + 120)[0][2] == f"s@{queuectl.slot_text(T0 + 120)}"
-
-
-def test_paused_schedule_fires_nothing_and_resumes_without_catching_up(store):
-    add_schedule(store, now=T0, every="1m")
-    store.pause_schedules(["s"])
-    assert store.next_schedule_at() is None
-    assert store.fire_schedules(T0 + 600) == [] and slot_job_ids(store) == []
-    store.resume_schedules(["s"], T0 + 630)
-    assert store.schedule("s").next_run_at == T0 + 660  # the slots missed while paused are gone
-    assert store.fire_schedules(T0 + 630) == []
-    assert [e[2] for e in store.fire_schedules(T0 + 660)] == [f"s@{queuectl.slot_text(T0 + 660)}"]
-    store.resume_schedules(["s"], T0 + 700)  # not paused: left as it was
-    assert store.schedule("s").next_run_at == T0 + 720
-
-
-def test_pause_resume_remove_are_all_or_nothing_and_jobs_made_stay(store):
-    add_schedule(store, now=T0, every="1m")
-    add_schedule(store, now=T0, id="t", cron="@hourly")
-    made = store.fire_schedules(T0 + 60)[0][2]
-    for change in (store.pause_schedules, store.remove_schedules,
-                   lambda ids: store.resume_schedules(ids, T0)):
-        with pytest.raises(queuectl.NotFound, match="'nope'"):
-            change(["s", "nope", "t"])
-        assert [(s.id, s.paused) for s in store.schedules()] == [("s", False), ("t", False)]
-    store.remove_schedules(["s", "t"])
-    assert store.schedules() == [] and slot_job_ids(store) == [made]
-
-
-def test_a_schedule_this_host_cannot_compute_is_left_for_another_worker(store):
-    add_schedule(store, now=T0, cron="* * * * *", tz="Europe/Berlin")
-    add_schedule(store, now=T0, id="t", every="1m")
-    store.write(lambda cur: cur.execute("UPDATE schedules SET tz = 'Nowhere/Gone' WHERE id = 's'"))
-    events = store.fire_schedules(T0 + 60)
-    assert events[0][:3] == ("s", None, None) and "Nowhere/Gone" in events[0][3]
-    assert events[1][2] == f"t@{queuectl.slot_text(T0 + 60)}"
-    assert store.schedule("s").next_run_at == T0 + 60  # untouched
-
-
-def test_schedule_firer_looks_up_once_a_second_and_fires_a_known_slot_at_once(store, monkeypatch):
-    add_schedule(store, now=T0, every="10s")
-    lookups = []
-    real = store.next_schedule_at
-    monkeypatch.setattr(store, "next_schedule_at", lambda: lookups.append(1) or real())
-    firer = queuectl.ScheduleFirer()
-    assert firer.tick(store, mono=100.0, now=T0 + 1) == [] and len(lookups) == 1
-    for mono in (100.05, 100.5, 100.95):  # nothing due: no lookup within the second
-        assert firer.tick(store, mono=mono, now=T0 + 2) == []
-    assert len(lookups) == 1
-    firer.tick(store, mono=101.0, now=T0 + 3)
-    assert len(lookups) == 2
-    events = firer.tick(store, mono=101.02, now=T0 + 10.01)  # the slot it knows of is due: no waiting
-    assert [e[2] for e in events] == [f"s@{queuectl.slot_text(T0 + 10)}"]
-    assert firer.due_at == T0 + 20
-
-
-def test_schedule_json_round_trips_through_the_store(store):
-    add_schedule(store, now=T0, cron="0 2 * * *", tz="Europe/Berlin", overlap="allow", env={"K": "v"})
-    assert store.schedule("s").to_dict() == {
-        "id": "s", "cron": "0 2 * * *", "every": None, "tz": "Europe/Berlin", "overlap": "allow", "paused": False,
-        "next_run_at": queuectl.iso(queuectl.next_cron_slot(queuectl.parse_cron("0 2 * * *"),
-                                                             queuectl.zone_of("Europe/Berlin"), T0)),
-        "last_run_at": None, "last_job_id": None, "last_job_state": None,
-        "job": {"command": "true", "env": {"K": "v"}, "cwd": "/"}}
-
-
-def test_a_schedule_this_host_cannot_fire_is_logged_once_not_every_second(store, caplog):
-    add_schedule(store, now=T0, every="1m", overlap="allow")
-    add_schedule(store, now=T0, id="z", cron="* * * * *", tz="Europe/Berlin")
-    store.write(lambda cur: cur.execute("UPDATE schedules SET tz = 'Nowhere/Gone' WHERE id = 'z'"))
-    firer = queuectl.ScheduleFirer()
-    with caplog.at_level("INFO", logger="queuectl"):
-        for second in range(1, 200):  # a worker looks again each second while it stays due
-            firer.tick(store, mono=100.0 + second, now=T0 + second)
-    messages = [r.getMessage() for r in caplog.records]
-    assert [m for m in messages if m.startswith("schedule z:")] == [
-        "schedule z: not fired here: unknown time zone 'Nowhere/Gone' (use an IANA name such as Europe/Berlin or UTC)"]
-    assert sum(m.startswith("schedule s: job s@") for m in messages) == 3  # the others still fire and say so
-
-
-# ---- the schedule commands -----------------------------------------------------------------------
-
-def test_schedule_add_list_and_next(db, tmp_path):
-    assert ok(db, "schedule", "add", json.dumps({"id": "backup", "cron": "30 2 * * *", "tz": "Europe/Berlin",
-                                                 "command": "./backup.sh", "cwd": str(tmp_path)})) == "backup\n"
-    assert ok(db, "schedule", "add", '{"id": "tick", "every": "15m", "command": "date", "overlap": "allow"}') \
-        == "tick\n"
-    listed = json.loads(ok(db, "schedule", "list", "--json"))
-    assert [set(s) for s in listed] == [SCHEDULE_KEYS, SCHEDULE_KEYS]
-    backup, tick = listed
-    assert (backup["cron"], backup["every"], backup["tz"], backup["overlap"], backup["paused"]) == (
-        "30 2 * * *", None, "Europe/Berlin", "skip", False)
-    assert backup["job"] == {"command": "./backup.sh", "cwd": str(tmp_path)}
-    assert (tick["cron"], tick["every"], tick["overlap"], tick["job"]["cwd"]) == (None, 900, "allow", os.getcwd())
-    assert ISO_UTC.match(backup["next_run_at"]) and backup["last_run_at"] is None
-    text = ok(db, "schedule", "list")
-    assert "every 15m" in text and "30 2 * * *" in text and "Europe/Berlin" in text and "./backup.sh" in text
-    assert ok(db, "schedule", "next", "backup", "--after", "2026-03-27T00:00:00Z", "--count", "4").split() == [
-        "2026-03-27T01:30:00Z", "2026-03-28T01:30:00Z", "2026-03-29T01:00:00Z", "2026-03-30T00:30:00Z"]
-    assert ok(db, "schedule", "next", "backup", "--after", str(int(utc("2026-03-27T00:00:00Z"))),
-              "--count", "1").split() == ["2026-03-27T01:30:00Z"]
-    slots = ok(db, "schedule", "next", "tick").split()
-    assert len(slots) == 5 and all(ISO_UTC.match(s) for s in slots)
-    assert slots[0] == queuectl.slot_text(parse_iso(tick["next_run_at"]).timestamp())
-
-
-def test_schedule_zone_defaults_to_the_machines(db, local_tz):
-    local_tz("America/New_York")
-    ok(db, "schedule", "add", '{"id": "a", "cron": "0 9 * * *", "command": "true"}')
-    local_tz(":Europe/Berlin")
-    ok(db, "schedule", "add", '{"id": "b", "cron": "0 9 * * *", "command": "true"}')
-    assert [s["tz"] for s in json.loads(ok(db, "schedule", "list", "--json"))] == ["America/New_York",
-                                                                                   "Europe/Berlin"]
-    local_tz("EST5EDT,M3.2.0,M11.1.0")  # a POSIX rule, not a zone name: refused, naming it
-    code, _, err = cli(db, "schedule", "add", '{"id": "c", "cron": "0 9 * * *", "command": "true"}')
-    assert code == 2
-    assert_one_error(err, "EST5EDT,M3.2.0,M11.1.0", "'tz'")
-
-
-def test_local_zone_name_reads_tz_then_etc_localtime(monkeypatch):
-    monkeypatch.setenv("TZ", "/usr/share/zoneinfo/Asia/Tokyo")
-    assert queuectl.local_zone_name() == "Asia/Tokyo"
-    monkeypatch.delenv("TZ")
-    monkeypatch.setattr(queuectl.os, "readlink", lambda path: "../usr/share/zoneinfo/Europe/Paris")
-    assert queuectl.local_zone_name() == "Europe/Paris"
-
-    def missing(path):
-        raise FileNotFoundError(path)
-    monkeypatch.setattr(queuectl.os, "readlink", missing)
-    assert queuectl.local_zone_name() == "UTC"
-
-
-@sqlite_only
-@pytest.mark.parametrize("obj,named", [
-    ({"cron": "0 * * * *", "command": "true"}, "field 'id' is required"),
-    ({"id": "a", "command": "true"}, "exactly one of the fields 'cron' and 'every'"),
-    ({"id": "a", "cron": "0 * * * *", "every": "1m", "command": "true"}, "exactly one"),
-    ({"id": "a", "cron": "0 * * * * *", "command": "true"}, "cron '0 * * * * *'"),
-    ({"id": "a", "cron": "0 25 * * *", "command": "true"}, "hour '25'"),
-    ({"id": "a", "cron": "0 0 30 2 *", "command": "true"}, "never fires"),
-    ({"id": "a", "cron": 5, "command": "true"}, "field 'cron'"),
-    ({"id": "a", "every": "0s", "command": "true"}, "field 'every'"),
-    ({"id": "a", "every": "soon", "command": "true"}, "field 'every'"),
-    ({"id": "a", "every": "1m", "tz": "Mars/Olympus", "command": "true"}, "field 'tz'"),
-    ({"id": "a", "every": "1m", "tz": "../etc/passwd", "command": "true"}, "field 'tz'"),
-    ({"id": "a", "every": "1m", "tz": "localtime", "command": "true"}, "localtime"),
-    ({"id": "a", "every": "1m", "overlap": "queue", "command": "true"}, "field 'overlap'"),
-    ({"id": "a", "every": "1m"}, "field 'command' is required"),
-    ({"id": "a", "every": "1m", "command": "true", "priority": "high"}, "field 'priority'"),
-    ({"id": "a", "every": "1m", "command": "true", "run_at": 0}, "field 'run_at' cannot be used"),
-    ({"id": "a", "every": "1m", "command": "true", "delay": 5}, "field 'delay' cannot be used"),
-    ({"id": "a", "every": "1m", "command": "true", "depends_on": []}, "field 'depends_on' cannot be used"),
-    ({"id": "a", "every": "1m", "command": "true", "when": 1}, "unknown field 'when'"),
-    ({"id": "x" * 171, "every": "1m", "command": "true"}, "1 to 170 characters"),
-    ({"id": "a\nb", "every": "1m", "command": "true"}, "control characters"),
-    ([1], "schedule must be a JSON object"),
-])
-def test_schedule_add_refuses_invalid_input_naming_it_and_stores_nothing(db, obj, named):
-    ok(db, "schedule", "add", '{"id": "keep", "every": "1h", "command": "true"}')
-    before = ok(db, "schedule", "list", "--json")
-    code, out, err = cli(db, "schedule", "add", json.dumps(obj))
-    assert (code, out) == (2, "")
-    assert_one_error(err, named)
-    assert ok(db, "schedule", "list", "--json") == before
-
-
-def test_schedule_id_of_170_characters_makes_job_ids_that_fit(db):
-    long_id = "s" * 170
-    ok(db, "schedule", "add", json.dumps({"id": long_id, "every": "1s", "command": "true"}))
-    with opened(db) as s:
-        made = s.fire_schedules(s.now() + 2)[0][2]
-    assert len(made) == 191 <= queuectl.MAX_ID_CHARS and get_job(db, made)["id"] == made
-
-
-def test_schedule_add_duplicate_exits_1_and_keeps_the_first(db):
-    ok(db, "schedule", "add", '{"id": "a", "every": "1h", "command": "first"}')
-    code, out, err = cli(db, "schedule", "add", '{"id": "a", "cron": "@daily", "command": "second"}')
-    assert (code, out) == (1, "")
-    assert_one_error(err, "schedule 'a' already exists")
-    [only] = json.loads(ok(db, "schedule", "list", "--json"))
-    assert (only["every"], only["job"]["command"]) == (3600, "first")
-
-
-def test_schedule_pause_resume_remove_commands(db):
-    for name in ("a", "b"):
-        ok(db, "schedule", "add", json.dumps({"id": name, "every": "1h", "command": "true"}))
-    before = ok(db, "schedule", "list", "--json")
-    for action in ("pause", "resume", "remove"):
-        code, out, err = cli(db, "schedule", action, "a", "missing")
-        assert (code, out) == (1, "")
-        assert_one_error(err, "no schedule with id 'missing'")
-        assert ok(db, "schedule", "list", "--json") == before
-    assert ok(db, "schedule", "pause", "a", "a") == "a\n"
-    listed = {s["id"]: s for s in json.loads(ok(db, "schedule", "list", "--json"))}
-    assert listed["a"]["paused"] is True and listed["a"]["next_run_at"] is None
-    assert "paused" in ok(db, "schedule", "list").splitlines()[1]
-    assert ok(db, "schedule", "resume", "a") == "a\n"
-    assert json.loads(ok(db, "schedule", "list", "--json"))[0]["next_run_at"] is not None
-    assert ok(db, "schedule", "remove", "a", "b") == "a\nb\n"
-    assert json.loads(ok(db, "schedule", "list", "--json")) == []
-    code, _, err = cli(db, "schedule", "next", "a")
-    assert code == 1
-    assert_one_error(err, "no schedule with id 'a'")
-
-
-@sqlite_only
-def test_schedule_next_checks_its_options(db):
-    ok(db, "schedule", "add", '{"id": "a", "every": "1h", "command": "true"}')
-    for args, named in ((("--count", "0"), "--count"), (("--after", "tomorrow"), "--after")):
-        code, out, err = cli(db, "schedule", "next", "a", *args)
-        assert code == 2 and out == "" and any(named in line for line in err.splitlines()), err
-
-
-def test_schedule_list_shows_the_last_job_and_its_state(db):
-    ok(db, "schedule", "add", '{"id": "a", "every": "1s", "command": "true"}')
-    with opened(db) as s:
-        made = s.fire_schedules(s.now() + 1.5)[0][2]
-    [listed] = json.loads(ok(db, "schedule", "list", "--json"))
-    assert (listed["last_job_id"], listed["last_job_state"]) == (made, "pending")
-    assert listed["last_run_at"] == queuectl.iso(utc(made.partition("@")[2]))
-    assert f"{made} (pending)" in ok(db, "schedule", "list")
-
-
-def test_an_existing_database_gains_schedules_on_upgrade(db, monkeypatch):
-    with monkeypatch.context() as old:  # a queue made by the version before schedules
-        old.setattr(queuectl, "SCHEMA_VERSION", 1)
-        old.setattr(queuectl, "MIGRATIONS", queuectl.MIGRATIONS[:1])
-        old.setattr(queuectl, "PG_MIGRATIONS", queuectl.PG_MIGRATIONS[:1])
-        enqueue(db, id="old", command="true")
-    ok(db, "schedule", "add", '{"id": "a", "every": "1h", "command": "true"}')
-    assert get_job(db, "old")["state"] == "pending"
-    with opened(db) as s:
-        version = s.read("PRAGMA user_version" if not is_pg(db) else "SELECT version FROM queuectl_version")
-    assert version == [(queuectl.SCHEMA_VERSION,)] and queuectl.SCHEMA_VERSION >= 2
-
-
-@sqlite_only
-def test_schedule_add_survives_hostile_input_and_a_refusal_changes_nothing(db):
-    import random
-    rng = random.Random(11)
-    pool = {
-        "id": ["a", "b", "", "x" * 171, "a\u2028b", 5, None, "dup"],
-        "cron": ["* * * * *", "@daily", "@reboot", "61 * * * *", "*/0 * * * *", "0 0 30 2 *", "mon-fri * * * *",
-                 "* * * * mon-fri", "1-5/2 * * jan *", "", "\x00", 7, ["* * * * *"], "* * * * * *", "٣ * * * *"],
-        "every": ["1s", "0s", "1.5m", "2h", "1w", 0, -1, 1, 10**20, "10**3", True, "", "٣s", {"s": 1}],
-        "tz": ["UTC", "Europe/Berlin", "../../etc/passwd", "", "localtime", "Nowhere/X", 3, "UTC\x00", "/etc/hosts"],
-        "overlap": ["skip", "allow", "queue", None, 1],
-        "command": ["true", "", " ", None, 1, "echo \udcff"], "queue": ["q", "", "a b"], "priority": [1, "1", 1.5],
-        "env": [{"A": "b"}, {"": "x"}, ["A"]], "cwd": ["/", "rel", ""], "timeout": [1, -1, "x"],
-        "max_retries": [0, -1, 10**7], "run_at": [0], "delay": [1], "depends_on": [[]], "zzz": [1],
-    }
-    ok(db, "schedule", "add", '{"id": "dup", "every": "1h", "command": "true"}')
-    codes = []
-    for _ in range(150):
-        kind = rng.choice(["cron", "every"])
-        obj = {"id": rng.choice(pool["id"]), kind: rng.choice(pool[kind]), "command": "true"}
-        for key in rng.sample(sorted(pool), rng.randint(0, 4)):
-            obj[key] = rng.choice(pool[key])
-        before = ok(db, "schedule", "list", "--json")
-        code, out, err = cli(db, "schedule", "add", json.dumps(obj))
-        codes.append(code)
-        assert "Traceback" not in err, (obj, err)
-        if code == 0:
-            assert out == f"{obj['id']}\n"
-            ok(db, "schedule", "remove", obj["id"])
-        else:
-            assert code in (1, 2) and out == "", (obj, code, err)
-            assert_one_error(err)
-            assert code == 2 or "already exists" in err, (obj, err)
-        assert ok(db, "schedule", "list", "--json") == before
-    assert {0, 1, 2} <= set(codes)  # the mix reached acceptance, the duplicate and refusals
-
-
-def test_schedule_next_ends_quietly_at_the_last_storable_time(db):
-    ok(db, "schedule", "add", '{"id": "w", "every": "1w", "command": "true"}')
-    ok(db, "schedule", "add", '{"id": "c", "cron": "@yearly", "tz": "UTC", "command": "true"}')
-    near_end = str(queuectl.MAX_EPOCH - 86400)
-    assert len(ok(db, "schedule", "next", "w", "--after", near_end).split()) <= 1
-    assert ok(db, "schedule", "next", "c", "--after", near_end) == ""
-
-
-def test_schedule_next_near_the_last_storable_time_in_a_zone_east_of_utc_ends_quietly(db):
-    # Kiritimati is UTC+14: there, the last storable second is already in year 10000 on the clock.
-    ok(db, "schedule", "add", '{"id": "k", "cron": "* * * * *", "tz": "Pacific/Kiritimati", "command": "true"}')
-    for after in (queuectl.MAX_EPOCH, queuectl.MAX_EPOCH - 12 * 3600):
-        assert ok(db, "schedule", "next", "k", "--after", str(after)) == ""
-
-
-def test_local_zone_name_follows_a_tz_that_names_etc_localtime(monkeypatch):
-    # TZ=:/etc/localtime is set on many servers and containers (it spares the C library a stat per call)
-    links = {"/etc/localtime": "../usr/share/zoneinfo/Europe/Paris"}
-    monkeypatch.setattr(queuectl.os, "readlink", lambda path: links[path])
-    for tz in (":/etc/localtime", "/etc/localtime"):
-        monkeypatch.setenv("TZ", tz)
-        assert queuectl.local_zone_name() == "Europe/Paris"
-    monkeypatch.setenv("TZ", ":/usr/share/zoneinfo/Asia/Tokyo")  # a zone file itself: its name, as before
-    assert queuectl.local_zone_name() == "Asia/Tokyo"
-
-
-def test_a_cron_expression_is_stored_with_single_spaces_so_schedule_list_keeps_one_line_each(db):
-    # Any whitespace separates the fields (a newline, a tab, U+2028, a no-break space): it must not reach
-    # the one-line-per-schedule listing.
-    for i, spaced in enumerate(("0 2 * *\n*", "0\t2 * * *\u2028", " 0  2 * *\u00a0* ")):
-        ok(db, "schedule", "add", json.dumps({"id": f"s{i}", "cron": spaced, "tz": "UTC", "command": "true"}))
-    assert [s["cron"] for s in json.loads(ok(db, "schedule", "list", "--json"))] == ["0 2 * * *"] * 3
-    lines = ok(db, "schedule", "list").splitlines()
-    assert len(lines) == 4 and all(" 0 2 * * * " in line for line in lines[1:])
-
-
-def test_schedule_list_escapes_the_command_and_cuts_long_ids_as_list_does(db):
-    long_id = "nightly-backup-of-the-whole-database-" + "x" * 40
-    with opened(db) as s:
-        add_schedule(s, now=T0, id=long_id, every="10s", command=TERMINAL_HOSTILE)
-        add_schedule(s, now=T0, id="short", every="10s", command="true")
-        s.fire_schedules(T0 + 10.5)
-    out = ok(db, "schedule", "list")
-    assert_terminal_safe(out)
-    header, *rows = out.splitlines()
-    [row] = [r for r in rows if r.startswith(long_id[:15])]
-    assert row.startswith(long_id[:15] + "… ") and long_id not in row and row.endswith(" " + TERMINAL_SHOWN)
-    assert row.index(" every ") == header.index(" SCHEDULE ")  # the columns stay aligned
-    last = row[header.index("LAST JOB"):header.index(" COMMAND")]
-    assert len(last) == 36 and last.rstrip().endswith("… (pending)"), last  # cut, its state kept in sight
-    listed = {s["id"]: s for s in json.loads(ok(db, "schedule", "list", "--json"))}
-    assert listed[long_id]["job"]["command"] == TERMINAL_HOSTILE
-
-
-# ---- real workers --------------------------------------------------------------------------------
-
-def test_workers_fire_an_every_second_schedule_once_per_slot(db, workers):
-    ok(db, "schedule", "add", '{"id": "tick", "every": "1s", "command": "echo tick"}')
-    procs = [workers.start(), workers.start()]
-
-    def completed():
-        jobs = [j for j in json.loads(ok_when_free(db, "list", "--json")) if j["state"] == "completed"]
-        return jobs if len(jobs) >= 4 else None
-    wait_for(completed, "four completed slots")
-    for proc in procs:
-        proc.signal(signal.SIGTERM)
-    for proc in procs:
-        assert proc.wait() == 0, proc.log()
-    jobs = json.loads(ok(db, "list", "--json"))
-    slots = [utc(j["id"].partition("@")[2]) for j in jobs]
-    assert all(j["id"].startswith("tick@") for j in jobs)
-    assert len(set(slots)) == len(slots) and all(s == int(s) for s in slots)
-    assert sorted(slots) == slots and all(b - a >= 1 for a, b in zip(slots, slots[1:]))
-    assert set(run_counts(db).values()) == {1}  # every slot's job ran once, on one worker or the other
-    for proc in procs:
-        assert "Traceback" not in proc.log() and "not fired here" not in proc.log()
-
-
-def test_a_burst_worker_fires_due_slots_but_future_ones_do_not_keep_it_running(db, workers):
-    ok(db, "schedule", "add", '{"id": "soon", "every": "1s", "command": "echo soon"}')
-    ok(db, "schedule", "add", '{"id": "later", "cron": "@yearly", "command": "echo later"}')
-    wait_for(lambda: json.loads(ok(db, "schedule", "list", "--json"))[1]["next_run_at"] < queuectl.iso(time.time()),
-             "the every-second schedule to fall due")
-    worker = workers.start("--burst")
-    assert worker.wait() == 0, worker.log()
-    jobs = json.loads(ok(db, "list", "--json"))
-    assert jobs and all(j["id"].startswith("soon@") and j["state"] == "completed" for j in jobs)
-    assert "burst: queue drained" in worker.log()
-
-
-def test_a_stopping_worker_fires_nothing(db):
-    ok(db, "schedule", "add", '{"id": "a", "every": "1s", "command": "true"}')
-    supervisor = queuectl.Supervisor(db, 1, False)
-    try:
-        wait_for(lambda: supervisor.store.next_schedule_at() < supervisor.store.now(), "the first slot")
-        idle = dict.fromkeys(("beat", "sweep", "cancels", "retention"), math.inf)  # only schedules and the poll
-        supervisor.stopping.set()
-        supervisor._housekeeping(idle, time.monotonic())
-        assert list_ids(db) == []
-        supervisor.stopping.clear()
-        supervisor._housekeeping(idle, time.monotonic())
-        assert [i.partition("@")[0] for i in list_ids(db)] == ["a"]
-    finally:
-        supervisor.store.close()
-
-
-def test_a_schedule_firing_logs_a_queuectl_event_with_its_schedule_and_job_not_the_foreign_log_event(
-        store, caplog):
-    """README: `--log-format json` gives each of queuectl's lines its event and fields; the event `log` is
-    for another library's lines. A slot that fires is queuectl's own line, and a log shipper must be able
-    to tell which schedule made which job."""
-    add_schedule(store, now=T0, every="10s")
-    with caplog.at_level("INFO", logger="queuectl"):
-        queuectl.ScheduleFirer().tick(store, mono=100.0, now=T0 + 10.5)
-    [record] = caplog.records
-    line = json.loads(queuectl.JsonLines().format(record))
-    assert line["event"] == "schedule_fired"
-    assert (line["schedule_id"], line["job_id"]) == ("s", f"s@{queuectl.slot_text(T0 + 10)}")
-
-
-# ==== Execution ===================================================================================
-
-# ---- running a command ---------------------------------------------------------------------------
-
-def test_timeout_also_kills_children_that_left_the_group(tmp_path):
-    marker = tmp_path / "escaped.pid"
-    out = run(f"setsid sleep 300 & echo $! > {marker}; wait", timeout=0.5)
-    assert "timed out" in out.error
-    wait_for(lambda: marker.exists() and marker.read_text().strip(), "the setsid child's pid")
-    escaped = int(marker.read_text())
-    wait_for(lambda: queuectl.proc_start_time(escaped) is None, "the setsid child to be killed")
-
-
-def test_run_command_captures_interleaved_output_and_exit_code():
-    out = run("echo one; echo two >&2; exit 4")
-    assert (out.exit_code, out.error, out.output) == (4, "exit code 4", b"one\ntwo\n")
-
-
-def test_run_command_keeps_only_the_tail():
-    out = run("head -c 300000 /dev/zero | tr '\\0' a; echo END")
-    assert out.exit_code == 0
-    assert len(out.output) == queuectl.OUTPUT_TAIL_BYTES and out.output.endswith(b"aEND\n")
-    assert out.output_bytes == 300000 + 4
-
-
-def test_run_command_timeout_kills_the_group(tmp_path):
-    marker = tmp_path / "child.pid"
-    out = run(f"sleep 30 & echo $! > {marker}; wait", timeout=0.5)
-    assert out.exit_code is None and "timed out" in out.error
-    child = int(marker.read_text())
-    wait_for(lambda: queuectl.proc_start_time(child) is None, "the timed-out job's child to die")
-
-
-def test_run_command_abort_is_an_interruption():
-    out = run("sleep 30", abort=lambda: "worker hard stop")
-    assert out.interrupted and "hard stop" in out.error
-
-
-def test_run_command_missing_cwd_and_signal():
-    missing = run("true", cwd="/no/such/dir")
-    assert missing.exit_code is None and "cannot start" in missing.error and "/no/such/dir" in missing.error
-    killed = run("kill -TERM $$")
-    assert killed.exit_code == 128 + 15 and "SIGTERM" in killed.error
-
-
-def test_run_command_does_not_wait_for_background_children():
-    out = run("sleep 30 >/dev/null 2>&1 & echo started")
-    assert out.exit_code == 0 and out.output == b"started\n"
-    out = run("(sleep 30 &) ; echo held")  # the background child keeps the pipe open
-    assert out.exit_code == 0 and out.output == b"held\n"
-
-
-@pytest.mark.parametrize("command", ["env", "sleep 0", "false", "true", "ls /no/such/path", "cat /proc/self/stat",
-                                     "sh -c exit\\ 3", "nosuchprogram-qc", "env -u PATH printenv PATH"])
-def test_plain_commands_behave_exactly_as_under_sh(command, tmp_path):
-    """The direct-exec fast path must be invisible: same exit code and output as `sh -c`."""
-    queuectl._ENV.clear()  # the worker's environment is snapshot at its first job; take it now
-    folder = tmp_path / "real"
-    folder.mkdir()
-    link = tmp_path / "link"
-    link.symlink_to(folder)
-    for cwd in (str(folder), str(link)):
-        job = make_job(command=command, cwd=cwd, env={"EXTRA": "1"})
-        ours = queuectl.run_command(job, {"QUEUECTL_RUN": "t/1/x"}, lambda: None)
-        env = {**os.environ, "EXTRA": "1", "QUEUECTL_RUN": "t/1/x"}
-        shell = subprocess.run(["/bin/sh", "-c", command], cwd=cwd, env=env, capture_output=True)
-        expected_code = shell.returncode if shell.returncode >= 0 else 128 - shell.returncode
-        assert ours.exit_code == expected_code, (command, cwd)
-        if command.startswith("cat /proc/self/stat"):
-            continue  # a different process each time; only that it ran the same way matters
-        assert sorted(ours.output.splitlines()) == sorted((shell.stdout + shell.stderr).splitlines()), (command, cwd)
-
-
-def test_without_path_the_shell_decides(tmp_path):
-    fake = tmp_path / "ls"
-    fake.write_text("#!/bin/sh\necho local-ls\n")
-    fake.chmod(0o755)
-    assert queuectl.direct_argv("ls -d /", str(tmp_path), {b"HOME": b"/"}) is None
-
-
-def test_only_plain_words_skip_the_shell():
-    env = {k.encode(): v.encode() for k, v in os.environ.items()}
-    assert queuectl.direct_argv("sleep 1", "/", env)[1] == ["sleep", "1"]
-    for command in ("echo hi", "FOO=1 env", "ls *", "a | b", "cd /tmp", "true --help", "x=1", "ls ~",
-                    "echo $HOME", "ls 'a b'", "nosuchprogram-qc", "sleep 1; true", "exit 3", "ls\nls"):
-        assert queuectl.direct_argv(command, "/", env) is None, command
-
-
-def test_run_command_finds_plain_programs_with_a_non_utf8_path(tmp_path, monkeypatch):
-    """The worker's environment is bytes: a PATH folder that is not UTF-8 must not break a plain job."""
-    path = b"/opt/caf\xe9:" + os.environb[b"PATH"]
-    assert queuectl.direct_argv("true", "/", {b"PATH": path})[1] == ["true"]
-    monkeypatch.setattr(queuectl, "_ENV", {**os.environb, b"PATH": path})
-    result = run("echo plain")
-    assert (result.exit_code, result.error, result.output) == (0, None, b"plain\n")
-
-
-def test_plain_jobs_run_with_a_non_utf8_byte_in_the_workers_path(db, tmp_path):
-    enqueue(db, id="p", command="true")
-    env = {**{k.encode(): v.encode() for k, v in child_env().items()}, b"PATH": b"/opt/caf\xe9:" + os.environb[b"PATH"]}
-    result = subprocess.run([sys.executable, QUEUECTL, "--db", db, "worker", "start", "--burst"], env=env,
-                            stdin=subprocess.DEVNULL, capture_output=True, timeout=WAIT_S)
-    assert result.returncode == 0, result.stderr
-    job = get_job(db, "p")
-    assert (job["state"], job["last_error"]) == ("completed", None)
-
-
-def test_no_shell_sees_ids_cwd_or_env_values(db, workers, tmp_path):
-    odd = tmp_path / "dir with $(touch pwned); and spaces"
-    odd.mkdir()
-    job_id = "$(touch pwned)"
-    payload = json.dumps({"id": job_id, "command": 'printf "%s|%s" "$QUEUECTL_JOB_ID" "$EVIL"; pwd',
-                          "cwd": str(odd), "env": {"EVIL": "`touch pwned`"}})
-    ok(db, "enqueue", payload)
-    assert workers.start("--burst").wait() == 0
-    for folder in (tmp_path, odd, os.getcwd()):
-        assert not os.path.exists(os.path.join(folder, "pwned")), folder
-    out = ok(db, "logs", job_id)
-    assert out == f"{job_id}|`touch pwned`{odd}\n"
-
-
-def test_a_job_that_exits_after_the_quick_phase_while_a_child_holds_its_output_ends_at_its_exit(tmp_path):
-    """The exit of a job running past QUICK_JOB_S is watched through a pidfd: a background child that
-    keeps the output pipe open must not hold the run until the child ends."""
-    marker = tmp_path / "child"
-    out = run(f"sleep 0.1; (sleep 30; touch {marker}) & echo started")
-    assert (out.exit_code, out.output) == (0, b"started\n")
-    assert out.duration_s < 20  # the run ended with the shell, not with the 30 s child
-    assert not marker.exists()
-
-
-# ---- jobs started with os.posix_spawn and glibc's posix_spawn ------------------------------------
-# A job whose folder is the worker's own is started with posix_spawn instead of Popen (through glibc's,
-# called with ctypes, where glibc is there); it must not be told apart from one Popen started.
-
-def _run_here(command, env=None):
-    job = make_job(command=command, cwd=os.getcwd(), env=env or {})
-    return queuectl.run_command(job, {"QUEUECTL_RUN": "t/1/x"}, lambda: None)
-
-
-@pytest.mark.parametrize("command", SPAWN_COMMANDS)
-def test_posix_spawn_runs_a_job_as_popen_does(command, monkeypatch):
-    queuectl._ENV.clear()
-    spawned = _run_here(command, {"EXTRA": "1"})
-    monkeypatch.setattr(queuectl, "_in_current_folder", lambda cwd: False)  # the Popen path
-    popened = _run_here(command, {"EXTRA": "1"})
-    assert (spawned.exit_code, spawned.error) == (popened.exit_code, popened.error)
-    if "/proc/$$/stat" in command:
-        pgrp, session, pid = spawned.output.split()
-        assert pgrp == session == pid  # its own session and process group, as start_new_session gives
-    else:
-        assert sorted(spawned.output.splitlines()) == sorted(popened.output.splitlines())
-
-
-def test_posix_spawn_is_used_only_without_chdir_and_parent_death_signal(monkeypatch, tmp_path):
-    queuectl._ENV.clear()
-    used = []
-    real = queuectl._posix_spawn
-    monkeypatch.setattr(queuectl, "_posix_spawn", lambda *a: used.append(a[0]) or real(*a))
-    assert _run_here("true").exit_code == 0 and _run_here("true; true").exit_code == 0
-    assert len(used) == 2 and used[1] == b"/bin/sh"
-    job = make_job(command="pwd", cwd=str(tmp_path))
-    assert queuectl.run_command(job, {"QUEUECTL_RUN": "t/1/y"}, lambda: None).output == f"{tmp_path}\n".encode()
-    here = make_job(command="true", cwd=os.getcwd())
-    assert queuectl.run_command(here, {"QUEUECTL_RUN": "t/1/z"}, lambda: None, die_with_worker=True).exit_code == 0
-    assert len(used) == 2
-
-
-def test_posix_spawn_does_not_pass_inherited_descriptors(tmp_path):
-    """Popen closes every descriptor above 2 in the job; a descriptor the worker inherited (not
-    close-on-exec) must not reach a job started with posix_spawn either."""
-    queuectl._ENV.clear()
-    fd = os.open(str(tmp_path / "inherited"), os.O_WRONLY | os.O_CREAT)
-    high = os.dup2(fd, 77)  # inheritable
-    try:
-        queuectl._no_inherited_fds.cache_clear()  # the worker does this at its first job
-        for command in ("ls /proc/self/fd", "ls /proc/$$/fd"):
-            out = _run_here(command)
-            assert out.exit_code == 0 and b"77" not in out.output.split(), out.output
-    finally:
-        os.close(fd)
-        os.close(high)
-
-
-def test_posix_spawn_timeout_kills_the_group(tmp_path):
-    marker = tmp_path / "child.pid"
-    job = make_job(command=f"sleep 30 & echo $! > {marker}; wait", cwd=os.getcwd(), timeout=0.5)
-    out = queuectl.run_command(job, {"QUEUECTL_RUN": "t/2/x"}, lambda: None)
-    assert out.exit_code is None and "timed out" in out.error
-    child = int(marker.read_text())
-    wait_for(lambda: queuectl.proc_start_time(child) is None, "the timed-out job's child to die")
-
-
-@needs_glibc
-@pytest.mark.parametrize("command", SPAWN_COMMANDS)
-def test_glibc_spawn_runs_a_job_as_os_posix_spawn_does(command, monkeypatch):
-    queuectl._ENV.clear()
-    used = []
-    real = queuectl._glibc_spawn()
-    monkeypatch.setattr(queuectl, "_glibc_spawn", lambda: lambda *a: used.append(a[0]) or real(*a))
-    through_ctypes = _run_here(command, {"EXTRA": "1"})
-    assert used
-    monkeypatch.setattr(queuectl, "_glibc_spawn", lambda: None)
-    through_os = _run_here(command, {"EXTRA": "1"})
-    assert (through_ctypes.exit_code, through_ctypes.error) == (through_os.exit_code, through_os.error)
-    if "/proc/$$/stat" in command:
-        pgrp, session, pid = through_ctypes.output.split()
-        assert pgrp == session == pid
-    else:
-        assert sorted(through_ctypes.output.splitlines()) == sorted(through_os.output.splitlines())
-
-
-@needs_glibc
-def test_glibc_spawn_reports_a_failed_exec_as_os_posix_spawn_does(tmp_path):
-    script = tmp_path / "noexec"
-    script.write_text("echo hi\n")
-    for program, error in ((b"/no/such/program", FileNotFoundError), (os.fsencode(script), PermissionError)):
-        read_end, write_end = os.pipe()
-        try:
-            with pytest.raises(error) as raised:
-                queuectl._glibc_spawn()(program, ["x"], {b"PATH": b"/bin"}, write_end)
-            with pytest.raises(error) as expected:
-                queuectl._os_spawn(program, ["x"], {b"PATH": b"/bin"}, write_end)
-            assert (raised.value.errno, raised.value.filename) == (expected.value.errno, expected.value.filename)
-        finally:
-            os.close(read_end)
-            os.close(write_end)
-
-
-@needs_glibc
-@pytest.mark.parametrize("argv, env", [(["tr\0ue"], {b"PATH": b"/bin"}), (["true"], {b"A=B": b"1"}),
-                                       (["true"], {b"A": b"1\0"})], ids=["nul-arg", "equals-name", "nul-value"])
-def test_glibc_spawn_refuses_what_os_posix_spawn_refuses(argv, env):
-    """A C string ends at NUL and a name with '=' would change another variable: both are refused
-    with os.posix_spawn's own error, never passed on cut short."""
-    read_end, write_end = os.pipe()
-    try:
-        with pytest.raises(ValueError) as raised:
-            queuectl._glibc_spawn()(b"/bin/true", argv, env, write_end)
-        with pytest.raises(ValueError) as expected:
-            queuectl._os_spawn(b"/bin/true", argv, env, write_end)
-        assert str(raised.value) == str(expected.value)
-    finally:
-        os.close(read_end)
-        os.close(write_end)
-
-
-@needs_glibc
-def test_glibc_spawn_gives_a_job_variable_that_the_worker_also_has_once_with_the_jobs_value(monkeypatch):
-    """The worker's environment array is built once without the names a job sets: an overridden
-    variable appears once, with the job's value, and a change of the worker's environment is seen."""
-    queuectl._ENV.clear()
-    monkeypatch.setattr(queuectl, "_ENV", {**os.environb, b"QC_SHARED": b"worker", b"QC_ONLY_WORKER": b"1"})
-    out = _run_here("env", {"QC_SHARED": "job"})
-    lines = out.output.decode().splitlines()
-    assert [line for line in lines if line.startswith("QC_SHARED=")] == ["QC_SHARED=job"]
-    assert "QC_ONLY_WORKER=1" in lines
-    monkeypatch.setattr(queuectl, "_ENV", {**os.environb, b"QC_ONLY_WORKER": b"2"})
-    lines = _run_here("env").output.decode().splitlines()
-    assert "QC_ONLY_WORKER=2" in lines and not any(line.startswith("QC_SHARED=") for line in lines)
-
-
-# ---- output-limit: the tail of each run's output that is kept ------------------------------------
-
-def test_run_command_keeps_the_tail_it_is_asked_to_keep():
-    job = make_job(command="seq 1 3000", timeout=0.0, cwd="/", env={})
-    out = queuectl.run_command(job, {"QUEUECTL_RUN": f"test/{os.getpid()}/{time.monotonic()}"}, lambda: None,
-                               keep_bytes=1024)
-    full = "".join(f"{i}\n" for i in range(1, 3001)).encode()
-    assert (out.output, out.output_bytes) == (full[-1024:], len(full))
-
-
-@sqlite_only
-def test_output_limit_takes_sizes_and_refuses_others(db):
-    for value, stored in (("1024", 1024), ("64K", 65536), ("512KiB", 524288), ("1M", 1048576), ("64MiB", 67108864)):
-        ok(db, "config", "set", "output-limit", value)
-        assert ok(db, "config", "get", "output_limit") == f"{stored}\n"
-    before = snapshot(db)
-    for value, fragment in (("1023", "1024 (1 KiB)"), ("67108865", "64 MiB"), ("65M", "64 MiB"),
-                            ("1.5K", "not a size"), ("64KB", "not a size"), ("-1", "not a size")):
-        code, _, err = cli(db, "config", "set", "output-limit", value)
-        assert code == 2, (value, err)
-        assert_one_error(err, "output-limit", fragment)
-    assert snapshot(db) == before
-
-
-def test_a_run_that_printed_more_than_the_limit_keeps_the_exact_tail_and_says_so(db, workers):
-    ok(db, "config", "set", "output-limit", "1K")
-    enqueue(db, id="big", command="seq 1 20000")
-    enqueue(db, id="small", command="echo small")
-    assert workers.start("--burst").wait() == 0
-    full = "".join(f"{i}\n" for i in range(1, 20001))
-    code, out, err = cli(db, "logs", "big")
-    assert (code, out) == (0, full[-1024:])  # stdout: exactly the kept bytes
-    assert err == f"queuectl: note: run 1 printed {queuectl.size_text(len(full))}; this is its last 1 KiB " \
-                  "(config output-limit)\n" and queuectl.size_text(len(full)) == "106.3 KiB"
-    run = get_job(db, "big")["runs"][-1]
-    assert (run["output_bytes"], run["output_kept_bytes"], run["output"]) == (len(full), 1024, full[-1024:])
-    shown = ok(db, "show", "big")
-    assert "\noutput: last 1 KiB of 106.3 KiB\n" + full[-1024:] in shown
-    assert cli(db, "logs", "small") == (0, "small\n", "")  # within the limit: no note
-    assert "\noutput:\nsmall\n" in ok(db, "show", "small")
-    assert get_job(db, "small")["runs"][-1]["output_kept_bytes"] == 6
-
-
-def test_the_limit_applies_to_runs_that_start_after_it_is_set(db, workers):
-    enqueue(db, id="before", command="seq 1 20000")
-    assert workers.start("--burst").wait() == 0
-    ok(db, "config", "set", "output-limit", "2K")
-    enqueue(db, id="after", command="seq 1 20000")
-    assert workers.start("--burst").wait() == 0
-    assert get_job(db, "before")["runs"][-1]["output_kept_bytes"] == 65536  # the default: 64 KiB
-    assert get_job(db, "after")["runs"][-1]["output_kept_bytes"] == 2048
-
-
-def test_logs_follow_notes_a_gap_on_stderr_and_writes_only_job_bytes_to_stdout(capsys):
-    assert queuectl._print_new(b"0123456789", 30, 0) == 30
-    out, err = capsys.readouterr()
-    assert out == "0123456789"
-    assert err == "queuectl: note: 20 B of output not kept here (config output-limit)\n"
-
-
-# ---- the kill grace ------------------------------------------------------------------------------
-
-def run_graced(command, grace_s, timeout=0.0, abort=lambda: None):
-    job = make_job(command=command, timeout=timeout, cwd="/")
-    return queuectl.run_command(job, {"QUEUECTL_RUN": f"test/{os.getpid()}/{time.monotonic()}"}, abort,
-                                kill_grace=lambda: grace_s)
-
-
-def test_kill_grace_config(db):
-    assert ok(db, "config", "get", "kill-grace") == "10\n"
-    ok(db, "config", "set", "kill-grace", "0")
-    assert ok(db, "config", "get", "kill_grace") == "0\n"
-    for bad in ("-1", "3601", "x"):
-        code, _, err = cli(db, "config", "set", "kill-grace", bad)
-        assert code == 2 and "kill-grace" in err, err
-    assert ok(db, "config", "get", "kill-grace") == "0\n"
-
-
-def test_a_timeout_sends_sigterm_first_and_a_trap_can_clean_up(tmp_path):
-    marker = tmp_path / "cleaned"
-    # timeouts of 2 s here: the shell must have set its trap before SIGTERM comes, also on a loaded machine
-    out = run_graced(f"trap 'echo cleaning; touch {marker}; exit 3' TERM; sleep 30 & wait", 30, timeout=2)
-    assert out.error == "timed out after 2s (terminated)"
-    assert marker.exists() and b"cleaning" in out.output
-
-
-def test_a_job_that_ignores_sigterm_is_killed_after_the_grace(tmp_path):
-    pid_file = tmp_path / "pid"
-    started = time.monotonic()
-    out = run_graced(f"trap '' TERM; echo $$ > {pid_file}; sleep 30", 1, timeout=2)
-    assert out.error == "timed out after 2s (killed after 1s grace)"
-    assert time.monotonic() - started >= 3  # the grace was waited for, then SIGKILL
-    wait_for(lambda: pid_gone(int(pid_file.read_text())), "the job's shell to be gone")
-
-
-def test_after_the_grace_a_process_that_left_the_group_is_still_killed(tmp_path):
-    pid_file = tmp_path / "pid"
-    command = (f"setsid sh -c 'echo $$ > {pid_file}; exec sleep 30' & "
-               f"while [ ! -s {pid_file} ]; do sleep 0.05; done; trap 'exit 0' TERM; sleep 30 & wait")
-    out = run_graced(command, 30, timeout=1)
-    assert out.error == "timed out after 1s (terminated)"
-    wait_for(lambda: pid_gone(int(pid_file.read_text())), "the process in a session of its own to be killed")
-
-
-def test_no_grace_kills_at_once_and_a_hard_abort_cuts_the_grace_short(tmp_path):
-    assert run_graced("trap '' TERM; sleep 30", 0, timeout=0.3).error == "timed out after 0.3s"
-    trapped, stop_at = tmp_path / "trapped", []
-
-    def abort():  # canceled once the trap is set, then a hard stop a second later
-        if not trapped.exists():
-            return None
-        stop_at.append(stop_at[0] if stop_at else time.monotonic() + 1.0)
-        return "canceled" if time.monotonic() < stop_at[0] else "worker hard stop"
-    out = run_graced(f"trap '' TERM; touch {trapped}; sleep 30", 600, abort=abort)
-    assert out.error == "canceled (killed: worker hard stop)" and out.interrupted == "canceled"
-
-
-def test_the_grace_leaves_the_jobs_first_process_unreaped_for_end_run(tmp_path, monkeypatch):
-    # end_run finds what is left of the run's session by the session id, the first process's PID: safe
-    # only while that process is not reaped (a reaped PID may be given to a new session's leader).
-    at_end_run, end_run = [], queuectl.end_run
-
-    def recording_end_run(proc, token):
-        at_end_run.append(proc.returncode)
-        return end_run(proc, token)
-    monkeypatch.setattr(queuectl, "end_run", recording_end_run)
-    out = run_graced("trap 'exit 3' TERM; sleep 30 & wait", 30, timeout=1)
-    assert out.error == "timed out after 1s (terminated)" and at_end_run == [None]
-
-
-def test_a_stopped_job_is_continued_so_that_sigterm_reaches_it(tmp_path):
-    # A stopped process (SIGSTOP, a debugger) acts on SIGTERM only once continued: without a SIGCONT
-    # it would sit out the whole grace and be killed without the chance to clean up.
-    marker = tmp_path / "cleaned"
-    out = run_graced(f"trap 'touch {marker}; exit 3' TERM; kill -STOP $$; sleep 30", 8, timeout=1)
-    assert out.error == "timed out after 1s (terminated)" and marker.exists()
-
-
-def test_the_grace_works_without_waitid(tmp_path, monkeypatch):
-    monkeypatch.delattr(os, "waitid")  # as where Python has none: the leader is watched with poll()
-    out = run_graced("trap 'exit 3' TERM; sleep 30 & wait", 30, timeout=1)
-    assert out.error == "timed out after 1s (terminated)"
-    assert run_graced("trap '' TERM; sleep 30", 1, timeout=1).error == "timed out after 1s (killed after 1s grace)"
-
-
-# ==== Process identity ============================================================================
+# ==== Process identity and control ================================================================
 
 def test_process_identity_of_self_and_of_a_gone_process():
     me = queuectl.host_identity()
@@ -7173,6 +6766,413 @@ def test_a_watchdog_stopped_uncleanly_first_sends_what_waits():
         rest += chunk
     os.close(read_end)
     assert rest == b"4242 w/1/a\n-4242 w/1/a\n"
+
+
+# ==== Execution ===================================================================================
+
+# ---- running a command ---------------------------------------------------------------------------
+
+def test_timeout_also_kills_children_that_left_the_group(tmp_path):
+    marker = tmp_path / "escaped.pid"
+    out = run(f"setsid sleep 300 & echo $! > {marker}; wait", timeout=0.5)
+    assert "timed out" in out.error
+    wait_for(lambda: marker.exists() and marker.read_text().strip(), "the setsid child's pid")
+    escaped = int(marker.read_text())
+    wait_for(lambda: queuectl.proc_start_time(escaped) is None, "the setsid child to be killed")
+
+
+def test_run_command_captures_interleaved_output_and_exit_code():
+    out = run("echo one; echo two >&2; exit 4")
+    assert (out.exit_code, out.error, out.output) == (4, "exit code 4", b"one\ntwo\n")
+
+
+def test_run_command_keeps_only_the_tail():
+    out = run("head -c 300000 /dev/zero | tr '\\0' a; echo END")
+    assert out.exit_code == 0
+    assert len(out.output) == queuectl.OUTPUT_TAIL_BYTES and out.output.endswith(b"aEND\n")
+    assert out.output_bytes == 300000 + 4
+
+
+def test_run_command_timeout_kills_the_group(tmp_path):
+    marker = tmp_path / "child.pid"
+    out = run(f"sleep 30 & echo $! > {marker}; wait", timeout=0.5)
+    assert out.exit_code is None and "timed out" in out.error
+    child = int(marker.read_text())
+    wait_for(lambda: queuectl.proc_start_time(child) is None, "the timed-out job's child to die")
+
+
+def test_run_command_abort_is_an_interruption():
+    out = run("sleep 30", abort=lambda: "worker hard stop")
+    assert out.interrupted and "hard stop" in out.error
+
+
+def test_run_command_missing_cwd_and_signal():
+    missing = run("true", cwd="/no/such/dir")
+    assert missing.exit_code is None and "cannot start" in missing.error and "/no/such/dir" in missing.error
+    killed = run("kill -TERM $$")
+    assert killed.exit_code == 128 + 15 and "SIGTERM" in killed.error
+
+
+def test_run_command_does_not_wait_for_background_children():
+    out = run("sleep 30 >/dev/null 2>&1 & echo started")
+    assert out.exit_code == 0 and out.output == b"started\n"
+    out = run("(sleep 30 &) ; echo held")  # the background child keeps the pipe open
+    assert out.exit_code == 0 and out.output == b"held\n"
+
+
+@pytest.mark.parametrize("command", ["env", "sleep 0", "false", "true", "ls /no/such/path", "cat /proc/self/stat",
+                                     "sh -c exit\\ 3", "nosuchprogram-qc", "env -u PATH printenv PATH"])
+def test_plain_commands_behave_exactly_as_under_sh(command, tmp_path):
+    """The direct-exec fast path must be invisible: same exit code and output as `sh -c`."""
+    queuectl._ENV.clear()  # the worker's environment is snapshot at its first job; take it now
+    folder = tmp_path / "real"
+    folder.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(folder)
+    for cwd in (str(folder), str(link)):
+        job = make_job(command=command, cwd=cwd, env={"EXTRA": "1"})
+        ours = queuectl.run_command(job, {"QUEUECTL_RUN": "t/1/x"}, lambda: None)
+        env = {**os.environ, "EXTRA": "1", "QUEUECTL_RUN": "t/1/x"}
+        shell = subprocess.run(["/bin/sh", "-c", command], cwd=cwd, env=env, capture_output=True)
+        expected_code = shell.returncode if shell.returncode >= 0 else 128 - shell.returncode
+        assert ours.exit_code == expected_code, (command, cwd)
+        if command.startswith("cat /proc/self/stat"):
+            continue  # a different process each time; only that it ran the same way matters
+        assert sorted(ours.output.splitlines()) == sorted((shell.stdout + shell.stderr).splitlines()), (command, cwd)
+
+
+def test_without_path_the_shell_decides(tmp_path):
+    fake = tmp_path / "ls"
+    fake.write_text("#!/bin/sh\necho local-ls\n")
+    fake.chmod(0o755)
+    assert queuectl.direct_argv("ls -d /", str(tmp_path), {b"HOME": b"/"}) is None
+
+
+def test_only_plain_words_skip_the_shell():
+    env = {k.encode(): v.encode() for k, v in os.environ.items()}
+    assert queuectl.direct_argv("sleep 1", "/", env)[1] == ["sleep", "1"]
+    for command in ("echo hi", "FOO=1 env", "ls *", "a | b", "cd /tmp", "true --help", "x=1", "ls ~",
+                    "echo $HOME", "ls 'a b'", "nosuchprogram-qc", "sleep 1; true", "exit 3", "ls\nls"):
+        assert queuectl.direct_argv(command, "/", env) is None, command
+
+
+def test_run_command_finds_plain_programs_with_a_non_utf8_path(tmp_path, monkeypatch):
+    """The worker's environment is bytes: a PATH folder that is not UTF-8 must not break a plain job."""
+    path = b"/opt/caf\xe9:" + os.environb[b"PATH"]
+    assert queuectl.direct_argv("true", "/", {b"PATH": path})[1] == ["true"]
+    monkeypatch.setattr(queuectl, "_ENV", {**os.environb, b"PATH": path})
+    result = run("echo plain")
+    assert (result.exit_code, result.error, result.output) == (0, None, b"plain\n")
+
+
+def test_plain_jobs_run_with_a_non_utf8_byte_in_the_workers_path(db, tmp_path):
+    enqueue(db, id="p", command="true")
+    env = {**{k.encode(): v.encode() for k, v in child_env().items()}, b"PATH": b"/opt/caf\xe9:" + os.environb[b"PATH"]}
+    result = subprocess.run([sys.executable, QUEUECTL, "--db", db, "worker", "start", "--burst"], env=env,
+                            stdin=subprocess.DEVNULL, capture_output=True, timeout=WAIT_S)
+    assert result.returncode == 0, result.stderr
+    job = get_job(db, "p")
+    assert (job["state"], job["last_error"]) == ("completed", None)
+
+
+def test_no_shell_sees_ids_cwd_or_env_values(db, workers, tmp_path):
+    odd = tmp_path / "dir with $(touch pwned); and spaces"
+    odd.mkdir()
+    job_id = "$(touch pwned)"
+    payload = json.dumps({"id": job_id, "command": 'printf "%s|%s" "$QUEUECTL_JOB_ID" "$EVIL"; pwd',
+                          "cwd": str(odd), "env": {"EVIL": "`touch pwned`"}})
+    ok(db, "enqueue", payload)
+    assert workers.start("--burst").wait() == 0
+    for folder in (tmp_path, odd, os.getcwd()):
+        assert not os.path.exists(os.path.join(folder, "pwned")), folder
+    out = ok(db, "logs", job_id)
+    assert out == f"{job_id}|`touch pwned`{odd}\n"
+
+
+def test_a_job_that_exits_after_the_quick_phase_while_a_child_holds_its_output_ends_at_its_exit(tmp_path):
+    """The exit of a job running past QUICK_JOB_S is watched through a pidfd: a background child that
+    keeps the output pipe open must not hold the run until the child ends."""
+    marker = tmp_path / "child"
+    out = run(f"sleep 0.1; (sleep 30; touch {marker}) & echo started")
+    assert (out.exit_code, out.output) == (0, b"started\n")
+    assert out.duration_s < 20  # the run ended with the shell, not with the 30 s child
+    assert not marker.exists()
+
+
+# ---- jobs started with os.posix_spawn and glibc's posix_spawn ------------------------------------
+# A job whose folder is the worker's own is started with posix_spawn instead of Popen (through glibc's,
+# called with ctypes, where glibc is there); it must not be told apart from one Popen started.
+
+def _run_here(command, env=None):
+    job = make_job(command=command, cwd=os.getcwd(), env=env or {})
+    return queuectl.run_command(job, {"QUEUECTL_RUN": "t/1/x"}, lambda: None)
+
+
+@pytest.mark.parametrize("command", SPAWN_COMMANDS)
+def test_posix_spawn_runs_a_job_as_popen_does(command, monkeypatch):
+    queuectl._ENV.clear()
+    spawned = _run_here(command, {"EXTRA": "1"})
+    monkeypatch.setattr(queuectl, "_in_current_folder", lambda cwd: False)  # the Popen path
+    popened = _run_here(command, {"EXTRA": "1"})
+    assert (spawned.exit_code, spawned.error) == (popened.exit_code, popened.error)
+    if "/proc/$$/stat" in command:
+        pgrp, session, pid = spawned.output.split()
+        assert pgrp == session == pid  # its own session and process group, as start_new_session gives
+    else:
+        assert sorted(spawned.output.splitlines()) == sorted(popened.output.splitlines())
+
+
+def test_posix_spawn_is_used_only_without_chdir_and_parent_death_signal(monkeypatch, tmp_path):
+    queuectl._ENV.clear()
+    used = []
+    real = queuectl._posix_spawn
+    monkeypatch.setattr(queuectl, "_posix_spawn", lambda *a: used.append(a[0]) or real(*a))
+    assert _run_here("true").exit_code == 0 and _run_here("true; true").exit_code == 0
+    assert len(used) == 2 and used[1] == b"/bin/sh"
+    job = make_job(command="pwd", cwd=str(tmp_path))
+    assert queuectl.run_command(job, {"QUEUECTL_RUN": "t/1/y"}, lambda: None).output == f"{tmp_path}\n".encode()
+    here = make_job(command="true", cwd=os.getcwd())
+    assert queuectl.run_command(here, {"QUEUECTL_RUN": "t/1/z"}, lambda: None, die_with_worker=True).exit_code == 0
+    assert len(used) == 2
+
+
+def test_posix_spawn_does_not_pass_inherited_descriptors(tmp_path):
+    """Popen closes every descriptor above 2 in the job; a descriptor the worker inherited (not
+    close-on-exec) must not reach a job started with posix_spawn either."""
+    queuectl._ENV.clear()
+    fd = os.open(str(tmp_path / "inherited"), os.O_WRONLY | os.O_CREAT)
+    high = os.dup2(fd, 77)  # inheritable
+    try:
+        queuectl._no_inherited_fds.cache_clear()  # the worker does this at its first job
+        for command in ("ls /proc/self/fd", "ls /proc/$$/fd"):
+            out = _run_here(command)
+            assert out.exit_code == 0 and b"77" not in out.output.split(), out.output
+    finally:
+        os.close(fd)
+        os.close(high)
+
+
+def test_posix_spawn_timeout_kills_the_group(tmp_path):
+    marker = tmp_path / "child.pid"
+    job = make_job(command=f"sleep 30 & echo $! > {marker}; wait", cwd=os.getcwd(), timeout=0.5)
+    out = queuectl.run_command(job, {"QUEUECTL_RUN": "t/2/x"}, lambda: None)
+    assert out.exit_code is None and "timed out" in out.error
+    child = int(marker.read_text())
+    wait_for(lambda: queuectl.proc_start_time(child) is None, "the timed-out job's child to die")
+
+
+@needs_glibc
+@pytest.mark.parametrize("command", SPAWN_COMMANDS)
+def test_glibc_spawn_runs_a_job_as_os_posix_spawn_does(command, monkeypatch):
+    queuectl._ENV.clear()
+    used = []
+    real = queuectl._glibc_spawn()
+    monkeypatch.setattr(queuectl, "_glibc_spawn", lambda: lambda *a: used.append(a[0]) or real(*a))
+    through_ctypes = _run_here(command, {"EXTRA": "1"})
+    assert used
+    monkeypatch.setattr(queuectl, "_glibc_spawn", lambda: None)
+    through_os = _run_here(command, {"EXTRA": "1"})
+    assert (through_ctypes.exit_code, through_ctypes.error) == (through_os.exit_code, through_os.error)
+    if "/proc/$$/stat" in command:
+        pgrp, session, pid = through_ctypes.output.split()
+        assert pgrp == session == pid
+    else:
+        assert sorted(through_ctypes.output.splitlines()) == sorted(through_os.output.splitlines())
+
+
+@needs_glibc
+def test_glibc_spawn_reports_a_failed_exec_as_os_posix_spawn_does(tmp_path):
+    script = tmp_path / "noexec"
+    script.write_text("echo hi\n")
+    for program, error in ((b"/no/such/program", FileNotFoundError), (os.fsencode(script), PermissionError)):
+        read_end, write_end = os.pipe()
+        try:
+            with pytest.raises(error) as raised:
+                queuectl._glibc_spawn()(program, ["x"], {b"PATH": b"/bin"}, write_end)
+            with pytest.raises(error) as expected:
+                queuectl._os_spawn(program, ["x"], {b"PATH": b"/bin"}, write_end)
+            assert (raised.value.errno, raised.value.filename) == (expected.value.errno, expected.value.filename)
+        finally:
+            os.close(read_end)
+            os.close(write_end)
+
+
+@needs_glibc
+@pytest.mark.parametrize("argv, env", [(["tr\0ue"], {b"PATH": b"/bin"}), (["true"], {b"A=B": b"1"}),
+                                       (["true"], {b"A": b"1\0"})], ids=["nul-arg", "equals-name", "nul-value"])
+def test_glibc_spawn_refuses_what_os_posix_spawn_refuses(argv, env):
+    """A C string ends at NUL and a name with '=' would change another variable: both are refused
+    with os.posix_spawn's own error, never passed on cut short."""
+    read_end, write_end = os.pipe()
+    try:
+        with pytest.raises(ValueError) as raised:
+            queuectl._glibc_spawn()(b"/bin/true", argv, env, write_end)
+        with pytest.raises(ValueError) as expected:
+            queuectl._os_spawn(b"/bin/true", argv, env, write_end)
+        assert str(raised.value) == str(expected.value)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+@needs_glibc
+def test_glibc_spawn_gives_a_job_variable_that_the_worker_also_has_once_with_the_jobs_value(monkeypatch):
+    """The worker's environment array is built once without the names a job sets: an overridden
+    variable appears once, with the job's value, and a change of the worker's environment is seen."""
+    queuectl._ENV.clear()
+    monkeypatch.setattr(queuectl, "_ENV", {**os.environb, b"QC_SHARED": b"worker", b"QC_ONLY_WORKER": b"1"})
+    out = _run_here("env", {"QC_SHARED": "job"})
+    lines = out.output.decode().splitlines()
+    assert [line for line in lines if line.startswith("QC_SHARED=")] == ["QC_SHARED=job"]
+    assert "QC_ONLY_WORKER=1" in lines
+    monkeypatch.setattr(queuectl, "_ENV", {**os.environb, b"QC_ONLY_WORKER": b"2"})
+    lines = _run_here("env").output.decode().splitlines()
+    assert "QC_ONLY_WORKER=2" in lines and not any(line.startswith("QC_SHARED=") for line in lines)
+
+
+# ---- output-limit: the tail of each run's output that is kept ------------------------------------
+
+def test_run_command_keeps_the_tail_it_is_asked_to_keep():
+    job = make_job(command="seq 1 3000", timeout=0.0, cwd="/", env={})
+    out = queuectl.run_command(job, {"QUEUECTL_RUN": f"test/{os.getpid()}/{time.monotonic()}"}, lambda: None,
+                               keep_bytes=1024)
+    full = "".join(f"{i}\n" for i in range(1, 3001)).encode()
+    assert (out.output, out.output_bytes) == (full[-1024:], len(full))
+
+
+@sqlite_only
+def test_output_limit_takes_sizes_and_refuses_others(db):
+    for value, stored in (("1024", 1024), ("64K", 65536), ("512KiB", 524288), ("1M", 1048576), ("64MiB", 67108864)):
+        ok(db, "config", "set", "output-limit", value)
+        assert ok(db, "config", "get", "output_limit") == f"{stored}\n"
+    before = snapshot(db)
+    for value, fragment in (("1023", "1024 (1 KiB)"), ("67108865", "64 MiB"), ("65M", "64 MiB"),
+                            ("1.5K", "not a size"), ("64KB", "not a size"), ("-1", "not a size")):
+        code, _, err = cli(db, "config", "set", "output-limit", value)
+        assert code == 2, (value, err)
+        assert_one_error(err, "output-limit", fragment)
+    assert snapshot(db) == before
+
+
+def test_a_run_that_printed_more_than_the_limit_keeps_the_exact_tail_and_says_so(db, workers):
+    ok(db, "config", "set", "output-limit", "1K")
+    enqueue(db, id="big", command="seq 1 20000")
+    enqueue(db, id="small", command="echo small")
+    assert workers.start("--burst").wait() == 0
+    full = "".join(f"{i}\n" for i in range(1, 20001))
+    code, out, err = cli(db, "logs", "big")
+    assert (code, out) == (0, full[-1024:])  # stdout: exactly the kept bytes
+    assert err == f"queuectl: note: run 1 printed {queuectl.size_text(len(full))}; this is its last 1 KiB " \
+                  "(config output-limit)\n" and queuectl.size_text(len(full)) == "106.3 KiB"
+    run = get_job(db, "big")["runs"][-1]
+    assert (run["output_bytes"], run["output_kept_bytes"], run["output"]) == (len(full), 1024, full[-1024:])
+    shown = ok(db, "show", "big")
+    assert "\noutput: last 1 KiB of 106.3 KiB\n" + full[-1024:] in shown
+    assert cli(db, "logs", "small") == (0, "small\n", "")  # within the limit: no note
+    assert "\noutput:\nsmall\n" in ok(db, "show", "small")
+    assert get_job(db, "small")["runs"][-1]["output_kept_bytes"] == 6
+
+
+def test_the_limit_applies_to_runs_that_start_after_it_is_set(db, workers):
+    enqueue(db, id="before", command="seq 1 20000")
+    assert workers.start("--burst").wait() == 0
+    ok(db, "config", "set", "output-limit", "2K")
+    enqueue(db, id="after", command="seq 1 20000")
+    assert workers.start("--burst").wait() == 0
+    assert get_job(db, "before")["runs"][-1]["output_kept_bytes"] == 65536  # the default: 64 KiB
+    assert get_job(db, "after")["runs"][-1]["output_kept_bytes"] == 2048
+
+
+def test_logs_follow_notes_a_gap_on_stderr_and_writes_only_job_bytes_to_stdout(capsys):
+    assert queuectl._print_new(b"0123456789", 30, 0) == 30
+    out, err = capsys.readouterr()
+    assert out == "0123456789"
+    assert err == "queuectl: note: 20 B of output not kept here (config output-limit)\n"
+
+
+# ---- the kill grace ------------------------------------------------------------------------------
+
+def run_graced(command, grace_s, timeout=0.0, abort=lambda: None):
+    job = make_job(command=command, timeout=timeout, cwd="/")
+    return queuectl.run_command(job, {"QUEUECTL_RUN": f"test/{os.getpid()}/{time.monotonic()}"}, abort,
+                                kill_grace=lambda: grace_s)
+
+
+def test_kill_grace_config(db):
+    assert ok(db, "config", "get", "kill-grace") == "10\n"
+    ok(db, "config", "set", "kill-grace", "0")
+    assert ok(db, "config", "get", "kill_grace") == "0\n"
+    for bad in ("-1", "3601", "x"):
+        code, _, err = cli(db, "config", "set", "kill-grace", bad)
+        assert code == 2 and "kill-grace" in err, err
+    assert ok(db, "config", "get", "kill-grace") == "0\n"
+
+
+def test_a_timeout_sends_sigterm_first_and_a_trap_can_clean_up(tmp_path):
+    marker = tmp_path / "cleaned"
+    # timeouts of 2 s here: the shell must have set its trap before SIGTERM comes, also on a loaded machine
+    out = run_graced(f"trap 'echo cleaning; touch {marker}; exit 3' TERM; sleep 30 & wait", 30, timeout=2)
+    assert out.error == "timed out after 2s (terminated)"
+    assert marker.exists() and b"cleaning" in out.output
+
+
+def test_a_job_that_ignores_sigterm_is_killed_after_the_grace(tmp_path):
+    pid_file = tmp_path / "pid"
+    started = time.monotonic()
+    out = run_graced(f"trap '' TERM; echo $$ > {pid_file}; sleep 30", 1, timeout=2)
+    assert out.error == "timed out after 2s (killed after 1s grace)"
+    assert time.monotonic() - started >= 3  # the grace was waited for, then SIGKILL
+    wait_for(lambda: pid_gone(int(pid_file.read_text())), "the job's shell to be gone")
+
+
+def test_after_the_grace_a_process_that_left_the_group_is_still_killed(tmp_path):
+    pid_file = tmp_path / "pid"
+    command = (f"setsid sh -c 'echo $$ > {pid_file}; exec sleep 30' & "
+               f"while [ ! -s {pid_file} ]; do sleep 0.05; done; trap 'exit 0' TERM; sleep 30 & wait")
+    out = run_graced(command, 30, timeout=1)
+    assert out.error == "timed out after 1s (terminated)"
+    wait_for(lambda: pid_gone(int(pid_file.read_text())), "the process in a session of its own to be killed")
+
+
+def test_no_grace_kills_at_once_and_a_hard_abort_cuts_the_grace_short(tmp_path):
+    assert run_graced("trap '' TERM; sleep 30", 0, timeout=0.3).error == "timed out after 0.3s"
+    trapped, stop_at = tmp_path / "trapped", []
+
+    def abort():  # canceled once the trap is set, then a hard stop a second later
+        if not trapped.exists():
+            return None
+        stop_at.append(stop_at[0] if stop_at else time.monotonic() + 1.0)
+        return "canceled" if time.monotonic() < stop_at[0] else "worker hard stop"
+    out = run_graced(f"trap '' TERM; touch {trapped}; sleep 30", 600, abort=abort)
+    assert out.error == "canceled (killed: worker hard stop)" and out.interrupted == "canceled"
+
+
+def test_the_grace_leaves_the_jobs_first_process_unreaped_for_end_run(tmp_path, monkeypatch):
+    # end_run finds what is left of the run's session by the session id, the first process's PID: safe
+    # only while that process is not reaped (a reaped PID may be given to a new session's leader).
+    at_end_run, end_run = [], queuectl.end_run
+
+    def recording_end_run(proc, token):
+        at_end_run.append(proc.returncode)
+        return end_run(proc, token)
+    monkeypatch.setattr(queuectl, "end_run", recording_end_run)
+    out = run_graced("trap 'exit 3' TERM; sleep 30 & wait", 30, timeout=1)
+    assert out.error == "timed out after 1s (terminated)" and at_end_run == [None]
+
+
+def test_a_stopped_job_is_continued_so_that_sigterm_reaches_it(tmp_path):
+    # A stopped process (SIGSTOP, a debugger) acts on SIGTERM only once continued: without a SIGCONT
+    # it would sit out the whole grace and be killed without the chance to clean up.
+    marker = tmp_path / "cleaned"
+    out = run_graced(f"trap 'touch {marker}; exit 3' TERM; kill -STOP $$; sleep 30", 8, timeout=1)
+    assert out.error == "timed out after 1s (terminated)" and marker.exists()
+
+
+def test_the_grace_works_without_waitid(tmp_path, monkeypatch):
+    monkeypatch.delattr(os, "waitid")  # as where Python has none: the leader is watched with poll()
+    out = run_graced("trap 'exit 3' TERM; sleep 30 & wait", 30, timeout=1)
+    assert out.error == "timed out after 1s (terminated)"
+    assert run_graced("trap '' TERM; sleep 30", 1, timeout=1).error == "timed out after 1s (killed after 1s grace)"
 
 
 # ==== Workers =====================================================================================
