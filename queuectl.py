@@ -481,11 +481,7 @@ def validate_job(obj: object, defaults: dict, cwd: str, now: float) -> dict:
     """Check an enqueue JSON object field by field; returns a complete spec or raises UsageError."""
     if not isinstance(obj, dict):
         raise UsageError("job must be a JSON object")
-    unknown = obj.keys() - JOB_FIELD_SET
-    if unknown:
-        name = min(unknown)
-        hint = did_you_mean(name, JOB_FIELDS) or f"(fields: {', '.join(JOB_FIELDS)})"
-        raise UsageError(f"unknown field {name!r} {hint}")
+    refuse_unknown_fields(obj, JOB_FIELDS, JOB_FIELD_SET)
     if "command" not in obj:
         raise UsageError("field 'command' is required")
     if "run_at" in obj and "delay" in obj:
@@ -557,9 +553,19 @@ def _random_ids() -> Iterator[str]:
         yield from (block[i:i + 16] for i in range(0, len(block), 16))
 
 
+def refuse_unknown_fields(obj: dict, fields: tuple, known: set | frozenset) -> None:
+    """UsageError for the first field of `obj` not in `known` (the set of `fields`), naming the nearest
+    valid one or listing them all."""
+    unknown = obj.keys() - known
+    if unknown:
+        name = min(unknown)
+        hint = did_you_mean(name, fields) or f"(fields: {', '.join(fields)})"
+        raise UsageError(f"unknown field {name!r} {hint}")
+
+
 def did_you_mean(name: str, valid) -> str:
     """"(did you mean 'x'?)" for the valid name nearest a mistyped one, or "" if none is near."""
-    import difflib  # only on this error path: it costs a few ms to import
+    import difflib  # only on this error path: its import costs start-up time
     close = difflib.get_close_matches(name, list(valid), n=1)
     return f"(did you mean {close[0]!r}?)" if close else ""
 
@@ -1057,11 +1063,7 @@ def validate_schedule(obj: object, defaults: dict, cwd: str, now: float) -> Sche
     if refused:
         raise UsageError(f"field {refused[0]!r} cannot be used in a schedule (its slots set when jobs run)")
     fields = SCHEDULE_FIELDS + TEMPLATE_FIELDS
-    unknown = obj.keys() - set(fields)
-    if unknown:
-        name = min(unknown)
-        hint = did_you_mean(name, fields) or f"(fields: {', '.join(fields)})"
-        raise UsageError(f"unknown field {name!r} {hint}")
+    refuse_unknown_fields(obj, fields, set(fields))
     if "id" not in obj:
         raise UsageError("field 'id' is required")
     if ("cron" in obj) == ("every" in obj):
@@ -2177,8 +2179,8 @@ class Store:
 
     def purge_in_slices(self, state: str, before: float, max_slices: int = 1 << 62,
                         purged: Callable[[int], None] = lambda count: None) -> int:
-        """purge() in transactions of PURGE_SLICE jobs, so no write lock is held long (a million jobs
-        in one transaction held it 7 s, and every worker's heartbeat with it); returns how many.
+        """purge() in transactions of PURGE_SLICE jobs, so no write lock is held long (one transaction
+        for a large purge holds every worker's heartbeat with it); returns how many.
         `purged(count)` hears the running total after each slice, for a progress line."""
         total = 0
         for _ in range(max_slices):
@@ -2532,7 +2534,7 @@ class SqliteStore(Store):
         too, as its writes always do: one connection is never used by two threads at once. Why share:
         a connection drops its whole page cache whenever another connection has written the file, so
         runners with a connection each, writing in turns anyway, re-read every page of every claim;
-        one shared connection keeps them cached (a quarter of a claim transaction's CPU)."""
+        one shared connection keeps them cached (figures in DECISIONS.md)."""
         self.path = self.target = path
         self.busy_deadline_s = busy_deadline_s
         self.give_up = give_up  # True ends busy retries early (a worker's hard stop)
@@ -3474,7 +3476,7 @@ def pg_prepared(sql: str) -> tuple[bytes, bytes, tuple[str, ...]]:
 class PgPipeline:
     """One transaction's statements sent straight through libpq in pipeline mode (psycopg's pgconn),
     for the statements a worker runs per job (see PostgresStore.finish_and_claim): psycopg's cursors,
-    adapters and pipeline cost a worker about twice the CPU per job that these few calls do.
+    adapters and pipeline cost a worker far more CPU per job than these few calls do (DECISIONS.md).
     execute() sends a statement without waiting for the one before and returns its PgAnswer; the
     answer's fetchone() sends a sync and waits for it. Parameters go as text (bytes in binary), typed
     by the server from the statement; a statement is prepared on a connection the first time it runs
@@ -4233,7 +4235,7 @@ class Leftovers:
 
         Judged by PID and start time, never by a readable environment: a SIGKILLed process's
         /proc/PID/environ reads empty at once, yet it keeps its open files and locks until its
-        teardown ends, which takes about half a second for a process holding 6 GiB.
+        teardown ends, which takes a while for a large process (figures in DECISIONS.md).
         """
         return all(proc_start_time(pid) != start for pid, start in self.killed.items())
 
@@ -4597,8 +4599,8 @@ def _watch(fd: int) -> tuple[dict[int, tuple[str | None, bytes]], set[bytes]]:
                     pid, _, token = line.partition(b" ")
                     starting.discard(token)
                     told[int(pid)] = (_told_start(int(pid)), token)  # None: ended already, only its token left
-        # Read in batches: woken for each job, this process cost a tenth of a short job's CPU. To act
-        # 20 ms later changes nothing: a rerun elsewhere waits for stale-timeout.
+        # Read in batches: woken for each job, this process would add to every short job's CPU (figures in
+        # DECISIONS.md). To act 20 ms later changes nothing: a rerun elsewhere waits for stale-timeout.
         time.sleep(0.02)
 
 
@@ -4838,8 +4840,8 @@ class _GlibcSpawn:
     The attributes (new session, SIGPIPE and SIGXFSZ back to their defaults) are set once and only
     read by posix_spawn. So are the file actions of each descriptor number the output pipe gets (a
     handful: numbers are reused), and the C array of the worker's environment (all but the job's own
-    variables): converting 50 variables to C strings for every job cost more than the rest of the
-    spawn's Python. posix_spawn only reads what it is given, so threads share all of it.
+    variables): converting them to C strings for every job would cost more than the rest of the
+    spawn's Python (DECISIONS.md). posix_spawn only reads what it is given, so threads share all of it.
     Flag values are glibc's <spawn.h>."""
 
     SETSIGDEF, SETSID = 0x04, 0x80  # POSIX_SPAWN_SETSIGDEF, POSIX_SPAWN_SETSID
@@ -4974,7 +4976,7 @@ def _die_with_worker():
     Only where workers share a queue across hosts (PostgreSQL): there a lost run may be rerun on
     another host, which cannot kill what is left of it here. With SQLite every worker is on this
     host and the next sweep kills the run's leftovers by token before anything reruns it, while a
-    full fork per job cut the drain of short jobs to a third (360 to 110 `true` jobs a second).
+    full fork per job slows the drain of short jobs several times over (figures in DECISIONS.md).
     """
     prctl, parent = _prctl(), os.getpid()
     if prctl is None:
@@ -6116,8 +6118,8 @@ class Worker:
 
     def _on_lost_registration(self) -> None:
         # Another worker declared us dead (we were paused past the lease) and requeued our jobs.
-        # A new registration number makes every run claimed under the old registration abort within 250 ms (so
-        # it cannot overlap its rerun), including one whose claim is still being returned.
+        # A new registration number makes every run claimed under the old one abort within 250 ms (so it
+        # cannot overlap its rerun), including one whose claim is still being returned.
         self.registration += 1  # before anything that may fail
         # A database that moved on meanwhile (our lease ran out in an upgrade that found us dead) would refuse
         # the registration at every beat, for ever: then we leave instead.
@@ -7533,8 +7535,8 @@ class _Deferred:
 
 class _LazyParser(_Deferred):
     """A command's parser, built only when the command line names that command: building all of them
-    (about 35 parsers, each looking up gettext translations and the terminal size) costs every command
-    several ms of start-up. The top-level help and the "invalid choice" error need only the names and
+    (each looking up gettext translations and the terminal size) costs every command start-up time
+    (figures in DECISIONS.md). The top-level help and the "invalid choice" error need only the names and
     help strings, which argparse keeps in the subparsers action itself."""
 
     def __init__(self, **kwargs):
@@ -7820,6 +7822,16 @@ def print_ids(ids: list[str]) -> None:
 def checked_ids(ids: list[str]) -> list[str]:
     """Command-line job ids, validated, duplicates dropped, order kept."""
     return list(dict.fromkeys(_valid_id(i, "ID") for i in ids))
+
+
+def _on_ids_or_all(args, store: Store, on_all, on_ids) -> None:
+    """`--all` (of `--queue`): on_all(queue, now); else on_ids(ids, now) on the ids named. Prints the ids
+    acted on, one a line."""
+    if args.all:
+        return print_ids(on_all(args.queue, store.now()))
+    ids = checked_ids(args.ids)
+    on_ids(ids, store.now())
+    print_ids(ids)
 
 
 # -- progress ------------------------------------------------------------------------------------
@@ -8115,11 +8127,7 @@ def check_bulk(args) -> None:
 
 
 def cmd_cancel(args, store: Store) -> None:
-    if args.all:
-        return print_ids(store.cancel_all(args.queue, store.now()))
-    ids = checked_ids(args.ids)
-    store.cancel(ids, store.now())
-    print_ids(ids)
+    _on_ids_or_all(args, store, store.cancel_all, store.cancel)
 
 
 def cmd_delete(args, store: Store) -> None:
@@ -8544,11 +8552,7 @@ def cmd_dlq_list(args, store: Store) -> None:
 
 
 def cmd_dlq_retry(args, store: Store) -> None:
-    if args.all:
-        return print_ids(store.retry_all_dead(args.queue, store.now()))
-    ids = checked_ids(args.ids)
-    store.retry_dead(ids, store.now())
-    print_ids(ids)
+    _on_ids_or_all(args, store, store.retry_all_dead, store.retry_dead)
 
 
 def cmd_config_set(args, store: Store) -> None:

@@ -1374,7 +1374,7 @@ _DIES_AFTER_SPAWN = """
 import os, signal, sys
 sys.path.insert(0, sys.argv[1])
 import queuectl
-queuectl.Watchdog.start(f"review:{os.getpid()}:{os.urandom(3).hex()}")
+queuectl.Watchdog.start(f"watchdog-test:{os.getpid()}:{os.urandom(3).hex()}")
 real_spawn = queuectl._spawn
 def spawn(job, extra, die_with_worker):
     proc = real_spawn(job, extra, die_with_worker)
@@ -6655,9 +6655,9 @@ def test_the_watchdog_never_takes_a_recycled_pid_for_a_run_it_was_told_of(tmp_pa
                             "the stranger"))
     try:
         assert queuectl._session(stranger) == stranger and stranger not in _children(os.getpid())
-        watchdog = queuectl.Watchdog.start(f"review:{os.getpid()}:{os.urandom(3).hex()}")
+        watchdog = queuectl.Watchdog.start(f"watchdog-test:{os.getpid()}:{os.urandom(3).hex()}")
         assert watchdog is not None
-        watchdog.tell(stranger, b"review/1/stranger")
+        watchdog.tell(stranger, b"watchdog-test/1/stranger")
         watchdog.stop(clean=False)  # as if the worker had died: it reads the message, then EOF, then kills
         assert not pid_gone(stranger)
     finally:
@@ -6671,7 +6671,7 @@ def test_a_job_whose_worker_dies_before_telling_its_watchdog_still_dies_with_it(
     """The worker tells its watchdog of a run before the run's first process exists: a worker killed
     between the start and the message (a few milliseconds on a loaded host, time enough for a
     `kill -9` or the OOM killer) left a job the watchdog never heard of running until the next sweep."""
-    token = f"review/1/{uuid.uuid4().hex}"
+    token = f"watchdog-test/1/{uuid.uuid4().hex}"
     cwd = str(tmp_path) if where == "posix_spawn" else "/"  # the worker's own folder: posix_spawn, else Popen
     dying = subprocess.run([sys.executable, "-c", _DIES_AFTER_SPAWN, HERE, cwd, command, token], cwd=tmp_path,
                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=WAIT_S)
@@ -11555,8 +11555,8 @@ def test_logs_to_a_full_disk_names_standard_output(sqlite_db):
 
 def test_a_process_left_with_daemon_threads_only_skips_the_interpreters_teardown():
     """A stopped PostgreSQL worker leaves daemon threads (its listener in libpq's wait, the signal
-    watcher): a teardown that raced them crashed a worker with SIGSEGV in libpython after it had logged
-    "worker exited (0)" (once, in a torture run). exit_now skips the teardown (os._exit) unless a thread
+    watcher): a teardown that raced them could crash a worker with SIGSEGV in libpython after it had
+    logged "worker exited (0)" (DECISIONS.md). exit_now skips the teardown (os._exit) unless a thread
     Python would wait for is left; atexit handlers, part of the teardown, then never run."""
     probe = ("import atexit, sys, threading, time; sys.path.insert(0, sys.argv[1]); import queuectl; "
              "threading.Thread(target=time.sleep, args=(60,), daemon=True).start(); "

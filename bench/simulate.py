@@ -100,7 +100,7 @@ an enqueue the model counts), run after every step regardless.
 
 `run(seed, steps)` raises AssertionError naming the seed and step; `--seed N` reproduces it exactly
 (add --trace to print every step). Without arguments: many seeds (`--seeds`, `--steps`) over
-`--procs` processes; `--short` (2,000 seeds x 40 steps, about 13 s on 2 cores) is for `make test`.
+`--procs` processes; `--short` (2,000 seeds x 40 steps) is for `make test`.
 The seeds reuse one database (tables emptied between seeds), which behaves as a fresh file would.
 """
 
@@ -126,7 +126,7 @@ BEAT_S = min(2.0, STALE_S / 5)  # a worker beats this often (as Worker._heartbea
 DRAIN_TICK_S = STALE_S / 2  # the drain's clock steps at most this far at once: a live worker's lease survives it
 PAST_EVENT_S = 0.01  # the drain's clock lands this far past an event (a lease runs out once *more* than
                     # stale-timeout has passed)
-SHORT_SEEDS, SHORT_STEPS = 2000, 40  # --short, for `make test`: about 13 s on 2 cores
+SHORT_SEEDS, SHORT_STEPS = 2000, 40  # --short, for `make test`
 # A worker may be hard-stopped with any share of HARD_STOP_S left while a run its sweeper adopted is
 # still exiting; a killed process takes at most TEARDOWN_MAX_S to be gone.
 TEARDOWN_MAX_S = 4.0
@@ -1319,7 +1319,7 @@ class Simulation:
 # ==== scenarios: interleavings the random search found, written out by hand ===========================
 # Each is a few lines with the real Store and Sweeper, fake clocks, and a store wrapper that lets
 # another process act between two of the sweeper's transactions. They state the property plainly
-# and stay as regression checks (`--scenarios`; part of --short).
+# and run as checks of their own (`--scenarios`; part of --short).
 
 def _ident(name: str) -> dict:
     """A worker on a host of its own: judged by its heartbeat lease only."""
@@ -1501,14 +1501,14 @@ SCENARIOS = [scenario_reregistered_worker_same_beat, scenario_claim_between_drop
              scenario_sweeper_stalls_before_reading, scenario_two_sweepers_one_recovery]
 
 
-# ---- found by the simulation, fixed since: a stop while an adopted run exits, an adopter on another host
+# ---- more interleavings: a stop while an adopted run exits, an adopter on another host
 
 def scenario_stop_while_adopted_run_exits(store: q.Store, procs: FakeProcs) -> str | None:
     """X adopts an orphan and kills its run, whose process takes 3 s to exit; X is hard-stopped with
     1 s left, so Worker._finish_recoveries gives up and X deregisters. The run is an orphan
     again; Y adopts it, and Y's kill scan cannot find a process already sent SIGKILL (its environment
-    reads empty at once): Y used to requeue it at once, while the old run still held its files. X now
-    waits for its adopted runs' processes before it leaves."""
+    reads empty at once): had X left at once, Y would requeue K while the old run still held its files.
+    X must wait for its adopted runs' processes before it leaves."""
     x_ident, y_ident, v_ident = _local_ident(procs), _local_ident(procs), _local_ident(procs)
     for name, ident in (("X", x_ident), ("Y", y_ident), ("V", v_ident)):
         store.register(name, ident, 1, 0.0)
@@ -1532,9 +1532,9 @@ def scenario_stop_while_adopted_run_exits(store: q.Store, procs: FakeProcs) -> s
 def scenario_adopter_of_another_host(store: q.Store, procs: FakeProcs) -> str | None:
     """W's run leaves a process on W's host when W dies. B, on another host, drops W by its lease,
     adopts the run (nothing to kill there) and dies before requeuing it. X, a worker started since
-    on W's host, drops B by its lease and adopts the run. X used to choose whether to look for the
-    run's processes by B's namespace, not by that of W, which started the run, and requeued it without
-    looking on its own host; now every adopted run is looked for here."""
+    on W's host, drops B by its lease and adopts the run. Choosing whether to look for the run's
+    processes by B's namespace, not by that of W, which started the run, X would requeue it without
+    looking on its own host: every adopted run must be looked for here."""
     w_ident, x_ident = _local_ident(procs), _local_ident(procs)
     store.register("W", w_ident, 1, 0.0)
     store.register("B", _ident("B"), 1, 0.0)
