@@ -7821,6 +7821,53 @@ def checked_ids(ids: list[str]) -> list[str]:
     return list(dict.fromkeys(_valid_id(i, "ID") for i in ids))
 
 
+MIN_COMMAND_COLUMNS = 20  # on a terminal, the least of a command `list` shows, however long the ids
+
+
+def print_table(header: list[str], rows: list[list[str]], right: tuple[int, ...] = ()) -> None:
+    """Printable cells under a header, each column as wide as its widest cell (so an id is never cut),
+    those in `right` aligned right. The last column, a command, is cut to fit the terminal; printed to a
+    pipe or a file it is whole (a script reads every character)."""
+    widths = [max(text_width(row[i]) for row in (header, *rows)) for i in range(len(header) - 1)]
+    room = terminal_columns(sys.stdout)
+    lines = []
+    for row in (header, *rows):
+        cells = [_padded(cell, width, i in right) for i, (cell, width) in enumerate(zip(row, widths))]
+        last = " ".join(row[-1].split())
+        if room is not None:  # too little room left (long ids): cut to a few words, and the line wraps
+            last = _cell(last, max(room - sum(widths) - len(widths), MIN_COMMAND_COLUMNS)).rstrip()
+        lines.append(" ".join(cells + [last]).rstrip() + "\n")
+    sys.stdout.write("".join(lines))
+
+
+def _padded(cell: str, width: int, right: bool) -> str:
+    fill = " " * (width - text_width(cell))
+    return fill + cell if right else cell + fill
+
+
+def text_width(text: str) -> int:
+    """The columns a terminal draws `text` in: a wide character takes two, a combining one none (_columns)."""
+    return len(text) if text.isascii() else sum(_columns(c) for c in text)
+
+
+def terminal_columns(stream) -> int | None:
+    """The width of the terminal `stream` writes to ($COLUMNS first, as shutil reads it); None when it
+    writes to no terminal."""
+    try:
+        if not stream.isatty():
+            return None
+    except (AttributeError, ValueError):  # no isatty, or closed
+        return None
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isascii() and columns.isdigit() and int(columns) > 1:
+        return int(columns)
+    try:
+        columns = os.get_terminal_size(stream.fileno()).columns
+    except (OSError, ValueError):
+        columns = 0
+    return columns if columns > 1 else 80  # a pseudo-terminal nobody sized reports 0
+
+
 # -- progress ------------------------------------------------------------------------------------
 
 class Progress:
@@ -8254,12 +8301,9 @@ def print_jobs(store: Store, jobs: list[Job], as_json: bool) -> None:
     if as_json:
         return emit_json([j.to_dict() for j in jobs])
     now, paused = store.now(), store.paused()
-    print(f"{'ID':<20} {'STATE':<11} {'ATTEMPTS':>8}  {'QUEUE':<10} {'DUE':<16} {'UPDATED':<24} COMMAND")
-    for j in jobs:
-        counted, limit = attempts_shown(j)
-        print(f"{_cell(printable(j.id), 20)} {j.state:<11} {counted:>4}/{limit:<3}  "
-              f"{_short(printable(j.queue), 10):<10} {due_text(j, now, paused):<16} {iso(j.updated_at):<24} "
-              f"{_short(printable(j.command))}")
+    rows = [[printable(j.id), j.state, "{}/{}".format(*attempts_shown(j)), printable(j.queue),
+             due_text(j, now, paused), iso(j.updated_at), printable(j.command)] for j in jobs]
+    print_table(["ID", "STATE", "ATTEMPTS", "QUEUE", "DUE", "UPDATED", "COMMAND"], rows, right=(2,))
 
 
 def attempts_shown(job: Job) -> tuple[int, int]:
@@ -8586,16 +8630,26 @@ def cmd_schedule_list(args, store: Store) -> None:
     schedules = store.schedules()
     if args.json:
         return emit_json([s.to_dict() for s in schedules])
-    print(f"{'ID':<16} {'SCHEDULE':<14} {'TZ':<16} {'OVERLAP':<7} {'NEXT':<20}  {'LAST JOB':<36} COMMAND")
-    for s in schedules:
-        spec = s.cron if s.cron else f"every {every_text(s.every_s)}"
-        upcoming = "paused" if s.paused else slot_text(s.next_run_at) if s.next_run_at is not None else "-"
-        last = "-"
-        if s.last_job_id:  # the id cut as in the ID column, so its state stays in sight
-            state = f" ({s.last_job_state or 'gone'})"
-            last = _cell(printable(s.last_job_id), 36 - len(state)).rstrip() + state
-        print(f"{_cell(printable(s.id), 16)} {printable(spec):<14} {printable(s.tz):<16} {s.overlap:<7} "
-              f"{upcoming:<20}  {_cell(last, 36)} {_short(printable(s.job['command']))}")
+    rows = [[printable(s.id), printable(s.cron if s.cron else f"every {every_text(s.every_s)}"), printable(s.tz),
+             s.overlap, *_next_slot_cells(s), _last_job_cell(s), printable(s.job["command"])] for s in schedules]
+    print_table(["ID", "SCHEDULE", "TZ", "OVERLAP", "NEXT", "NEXT IN TZ", "LAST JOB", "COMMAND"], rows)
+
+
+def _next_slot_cells(schedule: Schedule) -> list[str]:
+    """NEXT, as the slot's job id will show it (UTC), and NEXT IN TZ, the wall time in the schedule's zone."""
+    if schedule.paused or schedule.next_run_at is None:
+        return ["paused" if schedule.paused else "-", "-"]
+    try:
+        wall = datetime.fromtimestamp(schedule.next_run_at, zone_of(schedule.tz)).isoformat(timespec="seconds")
+    except (QueueError, OverflowError, ValueError):  # a zone unknown here; year 10000 on the zone's clock
+        wall = "-"
+    return [slot_text(schedule.next_run_at), wall]
+
+
+def _last_job_cell(schedule: Schedule) -> str:
+    if not schedule.last_job_id:
+        return "-"
+    return f"{printable(schedule.last_job_id)} ({schedule.last_job_state or 'gone'})"
 
 
 def cmd_schedule_next(args, store: Store) -> None:

@@ -86,12 +86,19 @@ def is_pg(db):
 sqlite_only = pytest.mark.parametrize("db", ["sqlite"], indirect=True)
 
 
-def run_main(argv, stdin=None):
+class TerminalOutput(io.StringIO):
+    """A stdout taken for a terminal (its width: $COLUMNS, which a test sets)."""
+    def isatty(self):
+        return True
+
+
+def run_main(argv, stdin=None, terminal=False):
     """Call queuectl.main(argv) in-process; return (exit code, stdout, stderr).
 
     stdin (str or bytes) is given a byte layer like the real one: `enqueue -` reads sys.stdin.buffer.
+    terminal: stdout answers isatty() with True.
     """
-    out, err = io.StringIO(), io.StringIO()
+    out, err = TerminalOutput() if terminal else io.StringIO(), io.StringIO()
     saved_stdin = sys.stdin
     if stdin is not None:
         data = stdin.encode() if isinstance(stdin, str) else stdin
@@ -107,6 +114,13 @@ def run_main(argv, stdin=None):
 def cli(db, *args, stdin=None):
     """`queuectl --db DB ARGS...` in-process; return (exit code, stdout, stderr)."""
     return run_main(["--db", db, *args], stdin=stdin)
+
+
+def on_a_terminal(db, *args):
+    """The stdout of a command that must succeed, run with stdout on a terminal."""
+    code, out, err = run_main(["--db", db, *args], terminal=True)
+    assert (code, err) == (0, ""), (args, code, err)
+    return out
 
 
 def ok(db, *args):
@@ -2714,7 +2728,7 @@ def test_a_cron_expression_is_stored_with_single_spaces_so_schedule_list_keeps_o
     assert len(lines) == 4 and all(" 0 2 * * * " in line for line in lines[1:])
 
 
-def test_schedule_list_escapes_the_command_and_cuts_long_ids_as_list_does(db):
+def test_schedule_list_escapes_the_command_and_never_cuts_an_id(db):
     long_id = "nightly-backup-of-the-whole-database-" + "x" * 40
     with opened(db) as s:
         add_schedule(s, now=T0, id=long_id, every="10s", command=TERMINAL_HOSTILE)
@@ -2723,13 +2737,26 @@ def test_schedule_list_escapes_the_command_and_cuts_long_ids_as_list_does(db):
     out = ok(db, "schedule", "list")
     assert_terminal_safe(out)
     header, *rows = out.splitlines()
-    [row] = [r for r in rows if r.startswith(long_id[:15])]
-    assert row.startswith(long_id[:15] + "… ") and long_id not in row and row.endswith(" " + TERMINAL_SHOWN)
+    [row] = [r for r in rows if r.startswith(long_id)]
+    assert row.startswith(long_id + " ") and row.endswith(" " + TERMINAL_SHOWN)  # whole: no terminal here
     assert row.index(" every ") == header.index(" SCHEDULE ")  # the columns stay aligned
-    last = row[header.index("LAST JOB"):header.index(" COMMAND")]
-    assert len(last) == 36 and last.rstrip().endswith("… (pending)"), last  # cut, its state kept in sight
+    slot_job = f"{long_id}@{queuectl.slot_text(T0 + 10)}"
+    assert row[header.index("LAST JOB"):].startswith(f"{slot_job} (pending) ")  # whole, so it can be copied
     listed = {s["id"]: s for s in json.loads(ok(db, "schedule", "list", "--json"))}
     assert listed[long_id]["job"]["command"] == TERMINAL_HOSTILE
+
+
+def test_schedule_list_on_a_terminal_cuts_the_command_to_its_width_never_an_id(db, monkeypatch):
+    command = "echo " + "word " * 60
+    for schedule_id in ("s" * 170, "short"):
+        ok(db, "schedule", "add", json.dumps({"id": schedule_id, "every": "1h", "tz": "UTC", "command": command}))
+    monkeypatch.setenv("COLUMNS", "300")
+    header, *rows = on_a_terminal(db, "schedule", "list").splitlines()
+    assert [row.split(" ")[0] for row in rows] == ["short", "s" * 170]
+    assert all(row.endswith("…") and len(row) == 300 for row in rows), rows  # cut to the terminal's width
+    monkeypatch.setenv("COLUMNS", "100")  # no room left by the ids: a few words of the command, the line wraps
+    assert all(row.endswith(" echo word word word…") for row in on_a_terminal(db, "schedule", "list").splitlines()[1:])
+    assert ok(db, "schedule", "list").splitlines()[1].endswith(" " + command.strip())  # not a terminal: all of it
 
 
 # ---- real workers --------------------------------------------------------------------------------
@@ -10756,8 +10783,8 @@ def test_attempts_shown(state, attempts, max_retries, shown):
     assert queuectl.attempts_shown(a_job(state=state, attempts=attempts, max_retries=max_retries)) == shown
 
 
-def test_list_shows_due_and_attempts_aligned_with_long_ids_cut(db):
-    long_id = "a-job-id-much-longer-than-twenty-characters"
+def test_list_shows_due_and_attempts_aligned_with_long_ids_whole(db):
+    long_id = "tick@2026-12-02T02:00:00Z-and-a-job-id-much-longer-than-twenty-characters"
     enqueue(db, id=long_id, command="true", queue="a-queue-name-longer-than-ten", delay="4m")
     enqueue(db, id="after", command="true", depends_on=[long_id])
     enqueue(db, id="once", command="true", max_retries=0)
@@ -10765,13 +10792,25 @@ def test_list_shows_due_and_attempts_aligned_with_long_ids_cut(db):
         register(s, now=time.time())
         finish_next(s, 0, time.time())  # once: completed on its first run
     rows = list_rows(db)
-    cut = long_id[:19] + "…"
-    assert set(rows) == {cut, "after", "once"}
-    assert " in 4m " in rows[cut] and " a-queue-n… " in rows[cut] and " 0/3 " in rows[cut]
+    assert set(rows) == {long_id, "after", "once"}  # never cut: an id in `list` can be copied into `logs`
+    assert " in 4m " in rows[long_id] and " a-queue-name-longer-than-ten " in rows[long_id]
+    assert " 0/3 " in rows[long_id]
     assert " after 1 job " in rows["after"]
     assert " 1/1 " in rows["once"] and " completed " in rows["once"]
     assert json.loads(ok(db, "list", "--json"))[2]["attempts"] == 0  # JSON keeps its meaning
     assert "\ndue:          after 1 job\n" in ok(db, "show", "after")
+
+
+def test_list_cuts_the_command_to_a_terminals_width_and_nothing_elsewhere(db, monkeypatch):
+    command = "echo " + "a-long-argument " * 20
+    slot_id = "nightly-report@2026-12-02T02:00:00Z"
+    enqueue(db, id=slot_id, command=command)
+    monkeypatch.setenv("COLUMNS", "120")
+    header, row = on_a_terminal(db, "list").splitlines()
+    assert row.startswith(slot_id + " ") and len(row) == 120 and row.endswith("…"), row
+    assert row[header.index("COMMAND"):].startswith("echo a-long-argument ")
+    header, row = ok(db, "list").splitlines()  # to a pipe or a file: the whole command, for scripts
+    assert row.startswith(slot_id + " ") and row.endswith(" " + command.strip())
 
 
 def test_list_aligns_ids_of_wide_and_combining_characters(db):
@@ -10785,7 +10824,7 @@ def test_list_aligns_ids_of_wide_and_combining_characters(db):
     header, *rows = ok(db, "list").splitlines()
     starts = {columns(line[:line.index(" pending ")]) for line in rows}
     assert starts == {columns(header[:header.index(" STATE ")])}, rows
-    assert any("…" in line for line in rows)  # the long one is cut, not let run into STATE
+    assert "…" not in "".join(rows)  # the column is as wide as the widest id: none is cut
 
 
 @pytest.mark.parametrize("left,text", [(59.5, "in 1m"), (60, "in 1m"), (3590, "in 1h 0m"), (3600, "in 1h 0m"),
