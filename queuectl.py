@@ -7166,12 +7166,12 @@ function changed(key, value) {
 }
 
 // Formatting
-const pad = (n) => String(n).padStart(2, "0");
-const hhmm = (iso) => { const d = new Date(iso); return `${pad(d.getHours())}:${pad(d.getMinutes())}`; };
+// Times as the CLI shows them: UTC with a Z (the API's own strings, cut), the date only when not today's.
+const hhmm = (iso) => `${iso.slice(11, 16)}Z`;
 function when(iso) {
   if (!iso) return "–";
-  const d = new Date(iso), time = `${hhmm(iso)}:${pad(d.getSeconds())}`;
-  return d.toDateString() === new Date().toDateString() ? time : `${d.toISOString().slice(0, 10)} ${time}`;
+  const time = `${iso.slice(11, 19)}Z`;
+  return iso.slice(0, 10) === new Date().toISOString().slice(0, 10) ? time : `${iso.slice(0, 10)} ${time}`;
 }
 function secs(v) {
   if (v === null || v === undefined) return "–";
@@ -7190,9 +7190,9 @@ const attempts = (j) => (`${j.attempts + (["processing", "completed"].includes(j
 function due(j) {
   if (!["pending", "failed"].includes(j.state)) return "–";
   if (j.waiting_on) return `after ${j.waiting_on} job${j.waiting_on === 1 ? "" : "s"}`;
-  const left = (Date.parse(j.next_run_at) - Date.now()) / 1000, d = new Date(j.next_run_at);
+  const left = (Date.parse(j.next_run_at) - Date.now()) / 1000;
   if (left <= 0) return view.paused.includes("*") || view.paused.includes(j.queue) ? "paused" : "now";
-  if (left >= 86400) return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${hhmm(j.next_run_at)}`;
+  if (left >= 86400) return j.next_run_at;
   if (left <= 59) return `in ${Math.ceil(left)}s`;  // rounded up, as due_text: never "in 60s" or "in 60m"
   const minutes = Math.ceil(left / 60);
   return minutes < 60 ? `in ${minutes}m` : `in ${Math.floor(minutes / 60)}h ${minutes % 60}m`;
@@ -8313,8 +8313,8 @@ def attempts_shown(job: Job) -> tuple[int, int]:
 
 
 def due_text(job: Job, now: float, paused: list[str]) -> str:
-    """When a waiting job may run: 'now', 'in 4m', a local date and time a day or more ahead, 'after 2 jobs'
-    (dependencies not completed), 'paused' (due, in a paused queue); '-' for a job that is not waiting."""
+    """When a waiting job may run: 'now', 'in 4m', its time (UTC, as iso() writes it) a day or more ahead,
+    'after 2 jobs' (dependencies not completed), 'paused' (due, in a paused queue); '-' if not waiting."""
     if job.state not in (PENDING, FAILED):
         return "-"
     if job.waiting_on:
@@ -8322,9 +8322,8 @@ def due_text(job: Job, now: float, paused: list[str]) -> str:
     left = job.next_run_at - now
     if left <= 0:
         return "paused" if job.queue in paused or "*" in paused else "now"
-    if left >= 86400:  # local time, as `run_at` without an offset is read
-        # time, not datetime: east of UTC the latest run_at is year 10000 on the clock, past datetime's range
-        return time.strftime("%Y-%m-%d %H:%M", time.localtime(job.next_run_at))
+    if left >= 86400:
+        return iso(job.next_run_at)
     if left <= 59:  # rounded up, so never "in 60s" or "in 60m"
         return f"in {math.ceil(left)}s"
     minutes = math.ceil(left / 60)
@@ -8792,15 +8791,15 @@ def configure_logging(args) -> None:
 
 
 class TextLines:
-    """The text log formatter: `2026-12-01 18:05:08,216 queuectl[PID]: message`, the message through
+    """The text log formatter: `2026-12-01T18:05:08.216Z queuectl[PID]: message`, the message through
     printable() (job ids, commands and errors are job data; this is the one place every line passes), a
     logged exception's traceback below it, each of its lines escaped but kept a line."""
 
     def __init__(self, plain):
-        self.plain = plain  # a logging.Formatter: its time format and traceback text
+        self.plain = plain  # a logging.Formatter: its traceback text
 
     def format(self, record) -> str:
-        line = f"{self.plain.formatTime(record)} queuectl[{record.process}]: {printable(record.getMessage())}"
+        line = f"{iso(record.created)} queuectl[{record.process}]: {printable(record.getMessage())}"
         if record.exc_info:
             trace = self.plain.formatException(record.exc_info)
             line += "\n" + "\n".join(printable(part) for part in trace.split("\n"))

@@ -1040,7 +1040,7 @@ def _load_bench():
     return module
 
 
-TEXT_LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} queuectl\[\d+\]: (.*)$")
+TEXT_LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z queuectl\[\d+\]: (.*)$")
 
 
 SUMMARIES = {"queuectl_run_duration_seconds"}  # every other family is a gauge
@@ -9339,6 +9339,14 @@ def test_dashboard_page_is_self_contained_and_carries_no_queue_data(dashboard):
         assert job_id not in page
 
 
+def test_the_dashboard_page_shows_times_as_the_cli_does_in_utc_never_the_browsers_zone():
+    script = queuectl.DASHBOARD_PAGE
+    for local_getter in ("getHours", "getMinutes", "getDate(", "getMonth", "getFullYear", "toDateString",
+                         "toLocaleTimeString", "toLocaleDateString"):
+        assert local_getter not in script, local_getter
+    assert "const hhmm = (iso) => `${iso.slice(11, 16)}Z`;" in script and "return j.next_run_at;" in script
+
+
 def test_dashboard_bad_requests_get_json_errors_and_the_server_lives_on(dashboard):
     d = dashboard(allow_actions=True)
     cases = [
@@ -10762,18 +10770,40 @@ def test_due_text(fields, paused, text):
     assert queuectl.due_text(a_job(**fields), T0, paused) == text
 
 
-def test_due_text_a_day_or_more_ahead_is_a_local_date_and_time(local_tz):
-    local_tz("Asia/Kolkata")  # UTC+05:30
+def test_due_text_a_day_or_more_ahead_is_its_utc_time(local_tz):
+    local_tz("Asia/Kolkata")  # UTC+05:30: not what is shown
     job = a_job(next_run_at=T0 + 2 * 86400)  # T0 is 2027-01-15T08:00:00Z
-    assert queuectl.due_text(job, T0, []) == "2027-01-17 13:30"
+    assert queuectl.due_text(job, T0, []) == "2027-01-17T08:00:00.000Z"
 
 
 def test_a_run_at_at_the_time_limit_lists_east_of_utc(local_tz, db):
     # The latest run_at queuectl takes, 9999-12-31T23:59:59Z, is already year 10000 on a clock east of UTC.
     local_tz("Asia/Tokyo")  # UTC+9
     ok(db, "add", "--id", "last", "--run-at", str(queuectl.MAX_EPOCH), "--", "true")
-    assert ok(db, "list").splitlines()[1].split()[4:6] == ["10000-01-01", "08:59"]
-    assert "10000-01-01 08:59" in ok(db, "show", "last")
+    assert ok(db, "list").splitlines()[1].split()[4] == "9999-12-31T23:59:59.000Z"
+    assert "\ndue:          9999-12-31T23:59:59.000Z\n" in ok(db, "show", "last")
+
+
+def test_every_time_list_show_and_schedule_list_print_is_utc_with_a_z_whatever_the_local_zone(local_tz, db):
+    local_tz("Asia/Tokyo")  # UTC+9: a local time would show 9 hours apart from the UTC ones
+    ok(db, "add", "--id", "later", "--run-at", "2099-01-02T03:04:05Z", "--", "true")  # no offset: local
+    ok(db, "add", "--id", "tokyo", "--run-at", "2099-01-02T12:04:05", "--", "true")
+    ok(db, "schedule", "add", '{"id": "s", "cron": "30 2 * * *", "tz": "Europe/Berlin", "command": "true"}')
+    header, *rows = ok(db, "list").splitlines()
+    due, updated = header.index("DUE"), header.index("UPDATED")
+    for row in rows:
+        assert row[due:].startswith("2099-01-02T03:04:05.000Z "), row
+        assert ISO_UTC.match(row[updated:].split(" ")[0]), row
+    shown = dict(line.split(":", 1) for line in ok(db, "show", "tokyo").splitlines() if line[:1] != " ")
+    for key in ("created_at", "updated_at", "next_run_at", "due"):
+        assert ISO_UTC.match(shown[key].strip()), (key, shown)
+    header, row = ok(db, "schedule", "list").splitlines()
+    slot = json.loads(ok(db, "schedule", "list", "--json"))[0]["next_run_at"]
+    utc_slot, wall = row[header.index("NEXT "):].split()[:2]
+    assert utc_slot == queuectl.slot_text(parse_iso(slot).timestamp())  # as its job's id will end
+    import zoneinfo
+    assert wall == parse_iso(slot).astimezone(zoneinfo.ZoneInfo("Europe/Berlin")).isoformat()  # its clock
+    assert wall[11:16] == "02:30" and wall[19:] in ("+01:00", "+02:00")
 
 
 @pytest.mark.parametrize("state,attempts,max_retries,shown", [
