@@ -1041,11 +1041,11 @@ def _valid_zone(obj: dict) -> str:
     return name
 
 
-def parse_every(value: object) -> int:
+def parse_every(value: object, what: str = "field 'every'") -> int:
     """`every`: a duration (parse_duration) of whole seconds, at least 1 s: 30s, 15m, 2h, 1d, 1w or seconds."""
     if isinstance(value, float) or isinstance(value, str) and "." in value:
-        raise UsageError(f"field 'every' must be whole seconds (e.g. 30s, 15m, 2h, 1d, 1w): {value!r}")
-    return int(parse_duration(value, "field 'every'", 1))
+        raise UsageError(f"{what} must be whole seconds (e.g. 30s, 15m, 2h, 1d, 1w): {value!r}")
+    return int(parse_duration(value, what, 1))
 
 
 def validate_schedule(obj: object, defaults: dict, cwd: str, now: float) -> Schedule:
@@ -1078,9 +1078,33 @@ def validate_schedule(obj: object, defaults: dict, cwd: str, now: float) -> Sche
     cron = " ".join(_valid_text(obj["cron"], "cron").split()) if "cron" in obj else None
     every_s = parse_every(obj["every"]) if "every" in obj else None
     schedule = Schedule(schedule_id, cron, every_s, tz, overlap, template, now, False, None, None, None, None)
-    schedule.next_run_at = next_slot(schedule, now)
-    if schedule.next_run_at is None:
-        raise UsageError(f"cron {cron!r} never fires (no such day in {CRON_YEARS} years)")
+    schedule.next_run_at = first_slot(schedule, now)
+    return schedule
+
+
+def first_slot(schedule: Schedule, now: float) -> float:
+    """The schedule's first slot after `now`; UsageError if a slot never comes (a cron no date matches)."""
+    slot = next_slot(schedule, now)
+    if slot is None:
+        raise UsageError(f"cron {schedule.cron!r} never fires (no such day in {CRON_YEARS} years)")
+    return slot
+
+
+def expression_schedule(cron: str | None, every: str | None, tz: str | None, now: float) -> Schedule:
+    """The schedule `schedule next --cron|--every` shows, as `schedule add` would make it at `now`; not stored."""
+    every_s = parse_every(every, "--every") if every is not None else None
+    if cron is not None:
+        cron = " ".join(_valid_text(cron, "--cron").split())
+        parse_cron(cron)  # its message names the bad field
+        local = tz is None
+        tz = local_zone_name() if local else _valid_text(tz, "--tz")
+        try:
+            zone_of(tz)
+        except UsageError as e:
+            raise UsageError(f"this machine's time zone {tz!r} ($TZ or /etc/localtime) is not an IANA zone name; "
+                             "give --tz" if local else str(e)) from None
+    schedule = Schedule(None, cron, every_s, tz or "UTC", "skip", {}, now, False, None, None, None, None)
+    schedule.next_run_at = first_slot(schedule, now)
     return schedule
 
 
@@ -7576,7 +7600,7 @@ def _command(sub, name: str, func, help: str, *, json_flag: bool = False, ids: s
         cmd.add_argument("ids" if ids == "+" else "id", nargs=ids if ids == "+" else None, metavar="ID")
     if json_flag:
         cmd.add_argument("--json", action="store_true", help="print JSON only")
-    cmd.set_defaults(func=func, reads_only=reads, check=check)
+    cmd.set_defaults(func=func, reads_only=reads, check=check, opens_store=True)
     return cmd
 
 
@@ -7717,7 +7741,12 @@ def _add_schedule_commands(s) -> None:
     a.add_argument("schedule", metavar="JSON")
     _command(s, "list", cmd_schedule_list, "every schedule, its next slot and its last job", json_flag=True,
              reads=True)
-    n = _command(s, "next", cmd_schedule_next, "the next slots of a schedule", ids="1", reads=True)
+    n = _command(s, "next", cmd_schedule_next, "the next slots of a schedule, or of an expression without storing it",
+                 reads=True, check=check_schedule_next)
+    n.add_argument("id", nargs="?", metavar="ID", help="a stored schedule (or give --cron or --every)")
+    n.add_argument("--cron", metavar="EXPR", help="a cron expression to try, e.g. '30 2 * * mon-fri'; opens no database")
+    n.add_argument("--every", metavar="DURATION", help="an interval to try (30s, 15m, 2h, 1d, 1w), as if added now")
+    n.add_argument("--tz", metavar="ZONE", help="with --cron: the IANA zone it is read in (default this machine's)")
     n.add_argument("--count", type=_int_arg(1, 10_000), default=5, metavar="N", help="how many (default 5)")
     n.add_argument("--after", type=_time_arg, default=None, metavar="TIME",
                    help="ISO-8601 (no offset: local time) or Unix seconds (default now)")
@@ -8651,9 +8680,26 @@ def _last_job_cell(schedule: Schedule) -> str:
     return f"{printable(schedule.last_job_id)} ({schedule.last_job_state or 'gone'})"
 
 
-def cmd_schedule_next(args, store: Store) -> None:
-    schedule = store.schedule(_valid_id(args.id, "ID"))
-    after, slots = store.now() if args.after is None else args.after, []
+def check_schedule_next(args) -> None:
+    """A stored schedule's ID, or an expression (--cron, or --every), which needs no database: none is opened."""
+    given = [name for name, value in (("ID", args.id), ("--cron", args.cron), ("--every", args.every))
+             if value is not None]
+    if len(given) != 1:
+        raise UsageError("schedule next: give a schedule ID, --cron EXPR or --every DURATION"
+                         + (f", not both {given[0]} and {given[1]}" if len(given) > 1 else ""))
+    if args.tz is not None and args.cron is None:
+        raise UsageError("--tz goes with --cron (a stored schedule has its zone, and --every needs none)")
+    args.opens_store = args.id is not None
+
+
+def cmd_schedule_next(args, store: Store | None) -> None:
+    if store is None:  # --cron or --every
+        now = time.time()
+        schedule = expression_schedule(args.cron, args.every, args.tz, now)
+    else:
+        now = store.now()
+        schedule = store.schedule(_valid_id(args.id, "ID"))
+    after, slots = now if args.after is None else args.after, []
     while len(slots) < args.count and (after := next_slot(schedule, after)) is not None:
         slots.append(slot_text(after))
     print_ids(slots)
@@ -8754,8 +8800,9 @@ def _dispatch(args) -> int:
     try:
         if args.check:  # invalid input is refused before the database is opened (or created)
             args.check(args)
-        store = open_store(args)
-        store.committed = False  # what opening wrote (a new file's schema) is not the command's change
+        if args.opens_store:  # a check may find the command needs no database (`schedule next --cron`)
+            store = open_store(args)
+            store.committed = False  # what opening wrote (a new file's schema) is not the command's change
         code = args.func(args, store) or EXIT_OK
         sys.stdout.flush()  # here, not at exit: an output that cannot be written must say what was saved
         return code

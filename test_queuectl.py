@@ -2632,6 +2632,41 @@ def test_schedule_next_checks_its_options(db):
         assert code == 2 and out == "" and any(named in line for line in err.splitlines()), err
 
 
+def test_schedule_next_of_an_expression_prints_its_slots_and_opens_no_database(tmp_path, monkeypatch, local_tz):
+    monkeypatch.delenv("QUEUECTL_DB", raising=False)
+    monkeypatch.chdir(tmp_path)
+    nowhere = str(tmp_path / "none.db")
+    code, out, err = run_main(["--db", nowhere, "schedule", "next", "--cron", "30 2 * * *", "--tz", "Europe/Berlin",
+                               "--after", "2026-03-27T00:00:00Z", "--count", "4"])
+    assert (code, err) == (0, "")
+    assert out.split() == ["2026-03-27T01:30:00Z", "2026-03-28T01:30:00Z", "2026-03-29T01:00:00Z",
+                           "2026-03-30T00:30:00Z"]  # as `schedule next ID` of the same schedule (above)
+    local_tz("Asia/Tokyo")  # without --tz, the zone `schedule add` would store: this machine's
+    code, out, _ = run_main(["schedule", "next", "--cron", "@daily", "--after", "2026-03-27T00:00:00Z", "--count", "1"])
+    assert (code, out) == (0, "2026-03-27T15:00:00Z\n")
+    before = time.time()
+    code, out, _ = run_main(["schedule", "next", "--every", "15m", "--count", "3"])  # as if added now
+    slots = [utc(slot) for slot in out.split()]
+    assert code == 0 and len(slots) == 3 and [b - a for a, b in zip(slots, slots[1:])] == [900, 900]
+    assert math.floor(before) + 900 <= slots[0] <= time.time() + 900
+    assert os.listdir(tmp_path) == []  # neither --db nor ./queuectl.db was created
+
+
+@pytest.mark.parametrize("args,named", [
+    (("--cron", "61 * * * *"), "minute '61'"), (("--cron", "0 0 30 2 *"), "never fires"),
+    (("--cron", "@daily", "--tz", "Mars/Olympus"), "'Mars/Olympus'"), (("--every", "1.5m"), "--every"),
+    (("--every", "0s"), "--every"), (("--every", "15m", "--tz", "UTC"), "--tz goes with --cron"),
+    (("a", "--cron", "@daily"), "not both ID and --cron"), (("--cron", "@daily", "--every", "1h"), "not both"),
+    ((), "give a schedule ID, --cron EXPR or --every DURATION"), (("--cron", "@daily", "--count", "0"), "--count"),
+])
+def test_schedule_next_of_a_bad_expression_exits_2_and_creates_nothing(tmp_path, monkeypatch, args, named):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_main(["--db", str(tmp_path / "none.db"), "schedule", "next", *args])
+    assert (code, out) == (2, "")
+    assert named in err.splitlines()[-1] and err.splitlines()[-1].startswith(ERROR_PREFIX), err
+    assert os.listdir(tmp_path) == []
+
+
 def test_schedule_list_shows_the_last_job_and_its_state(db):
     ok(db, "schedule", "add", '{"id": "a", "every": "1s", "command": "true"}')
     with opened(db) as s:
