@@ -79,7 +79,7 @@ commands:
   pause, resume           stop and restart claims from queues
   limit, queues           per-queue concurrency limits; every queue with its counts, pause and limit
   dlq list|retry          the dead-letter queue
-  schedule add|list|next|pause|resume|remove   recurring jobs: cron expressions or fixed intervals
+  schedule add|update|list|next|pause|resume|remove   recurring jobs: cron expressions or fixed intervals
   dashboard               a live web view of the queue and a JSON API (http://127.0.0.1:8321)
   config set|get|list     max-retries, backoff-base, backoff-max, stale-timeout, job-timeout, retention,
                           output-limit, kill-grace
@@ -1636,6 +1636,8 @@ class SqliteSQL:
     SQL_PAUSE_SCHEDULE = "UPDATE schedules SET paused = 1 WHERE id = ?"
     SQL_RESUME_SCHEDULE = "UPDATE schedules SET paused = 0, next_run_at = ? WHERE id = ?"
     SQL_REMOVE_SCHEDULE = "DELETE FROM schedules WHERE id = ?"
+    SQL_UPDATE_SCHEDULE = ("UPDATE schedules SET cron = ?, every_s = ?, tz = ?, overlap = ?, job = ?, next_run_at = ? "
+                           "WHERE id = ?")
 
     @classmethod
     def heads(cls, queues: tuple) -> str:
@@ -2509,6 +2511,18 @@ class Store:
             self._schedules_in(cur, schedule_ids)
             cur.executemany(self.sql.SQL_REMOVE_SCHEDULE, [(i,) for i in schedule_ids])
         self.write(remove)
+
+    def update_schedule(self, schedule: Schedule, now: float) -> None:
+        """Replace a schedule's cron or every, zone, overlap and template with a validated schedule's, in one
+        transaction; NotFound if absent. What it did stays: its last job (so `overlap: skip` still waits
+        for it), pause and anchor (an `every` keeps its slot times); its next slot is its first after `now`,
+        so slots already passed are not fired."""
+        def update(cur):
+            [stored] = self._schedules_in(cur, [schedule.id])
+            following = next_slot(Schedule(**{**schedule.__dict__, "created_at": stored.created_at}), now)
+            cur.execute(self.sql.SQL_UPDATE_SCHEDULE, (schedule.cron, schedule.every_s, schedule.tz, schedule.overlap,
+                                                       json.dumps(schedule.job), following, schedule.id))
+        self.write(update)
 
     def _schedules_in(self, cur: Cursor, schedule_ids: list[str]) -> list[Schedule]:
         """The named schedules, read to be changed (locked on PostgreSQL); NotFound naming the first
@@ -3463,6 +3477,8 @@ class PostgresSQL:
     SQL_PAUSE_SCHEDULE = "UPDATE schedules SET paused = 1 WHERE id = %s"
     SQL_RESUME_SCHEDULE = "UPDATE schedules SET paused = 0, next_run_at = %s WHERE id = %s"
     SQL_REMOVE_SCHEDULE = "DELETE FROM schedules WHERE id = %s"
+    SQL_UPDATE_SCHEDULE = ("UPDATE schedules SET cron = %s, every_s = %s, tz = %s, overlap = %s, job = %s, "
+                           "next_run_at = %s WHERE id = %s")
 
     @staticmethod
     def id_array(ids: list[str]) -> list[str]:
@@ -7750,6 +7766,9 @@ def _add_schedule_commands(s) -> None:
     n.add_argument("--count", type=_int_arg(1, 10_000), default=5, metavar="N", help="how many (default 5)")
     n.add_argument("--after", type=_time_arg, default=None, metavar="TIME",
                    help="ISO-8601 (no offset: local time) or Unix seconds (default now)")
+    u = _command(s, "update", cmd_schedule_update, "replace a schedule's expression, zone, overlap and job template "
+                 "(its last job stays; slots already passed do not fire)", ids="1")
+    u.add_argument("schedule", metavar="JSON", help="the object `schedule add` takes; an id in it must be ID")
     _command(s, "pause", cmd_schedule_pause, "stop making jobs from these schedules", ids="+")
     _command(s, "resume", cmd_schedule_resume, "make jobs again, from the next slot on (missed slots do not fire)",
              ids="+")
@@ -8652,6 +8671,18 @@ def cmd_schedule_add(args, store: Store) -> None:
     schedule = validate_schedule(parse_json(args.schedule), store.config_all(), current_dir(), now)
     store.add_schedule(schedule)
     print_ids([schedule.id])
+
+
+def cmd_schedule_update(args, store: Store) -> None:
+    schedule_id, obj = _valid_id(args.id, "ID"), parse_json(args.schedule)
+    if isinstance(obj, dict):
+        if obj.get("id", schedule_id) != schedule_id:
+            raise UsageError(f"field 'id' {shown(obj['id'])} is not the schedule updated, {schedule_id!r} "
+                             "(to rename one, remove it and add it)")
+        obj = {**obj, "id": schedule_id}
+    now = store.now()
+    store.update_schedule(validate_schedule(obj, store.config_all(), current_dir(), now), now)
+    print_ids([schedule_id])
 
 
 def cmd_schedule_list(args, store: Store) -> None:

@@ -25,6 +25,7 @@ import tempfile
 import threading
 import time
 import uuid
+import zoneinfo
 from datetime import datetime, timezone
 
 import pytest
@@ -2499,6 +2500,36 @@ def test_a_schedule_this_host_cannot_fire_is_logged_once_not_every_second(store,
     assert sum(m.startswith("schedule s: job s@") for m in messages) == 3  # the others still fire and say so
 
 
+def test_an_update_keeps_the_last_job_so_overlap_skip_still_waits_for_it(store):
+    add_schedule(store, now=T0, every="1m", command="echo old")
+    register(store)
+    first = store.fire_schedules(T0 + 60)[0][2]
+    assert store.claim("w1", T0 + 60).id == first  # still running when the schedule changes
+    store.update_schedule(queuectl.validate_schedule({"id": "s", "every": "30s", "tz": "UTC", "command": "echo new"},
+                                                     CONFIG_DEFAULTS_INTERNAL, "/", T0 + 70), T0 + 70)
+    assert store.fire_schedules(T0 + 90) == [("s", None, None, f"slot skipped (overlap skip): job {first} "
+                                                               "is still processing")]
+    changed = store.schedule("s")
+    assert (changed.every_s, changed.job["command"], changed.last_job_id) == (30, "echo new", first)
+
+
+def test_an_update_fires_no_slot_already_passed_and_keeps_an_every_schedules_slot_times(store):
+    add_schedule(store, now=T0, every="10s")  # slots T0 + 10, + 20, ...; none fired (no worker ran)
+    store.pause_schedules(["s"])
+    store.update_schedule(queuectl.validate_schedule({"id": "s", "every": "20s", "tz": "UTC", "command": "true"},
+                                                     CONFIG_DEFAULTS_INTERNAL, "/", T0 + 95), T0 + 95)
+    changed = store.schedule("s")
+    assert changed.paused and changed.created_at == T0  # still paused, still counted from its add
+    store.resume_schedules(["s"], T0 + 95)
+    assert store.schedule("s").next_run_at == T0 + 100  # T0 + 20k: the missed T0 + 20 ... T0 + 80 are gone
+    assert store.fire_schedules(T0 + 99) == []
+    assert [e[2] for e in store.fire_schedules(T0 + 100.5)] == [f"s@{queuectl.slot_text(T0 + 100)}"]
+    store.update_schedule(queuectl.validate_schedule({"id": "s", "cron": "*/5 * * * *", "tz": "UTC", "command": "true"},
+                                                     CONFIG_DEFAULTS_INTERNAL, "/", T0 + 400), T0 + 400)
+    assert store.schedule("s").next_run_at == T0 + 600  # 08:10:00, not the overdue T0 + 120 nor 08:05:00
+    assert store.fire_schedules(T0 + 400) == []
+
+
 # ---- the schedule commands -----------------------------------------------------------------------
 
 def test_schedule_add_list_and_next(db, tmp_path):
@@ -2622,6 +2653,40 @@ def test_schedule_pause_resume_remove_commands(db):
     code, _, err = cli(db, "schedule", "next", "a")
     assert code == 1
     assert_one_error(err, "no schedule with id 'a'")
+
+
+def test_schedule_update_replaces_the_schedule_and_keeps_its_history(db):
+    ok(db, "schedule", "add", '{"id": "a", "every": "1s", "command": "echo old", "overlap": "skip"}')
+    with opened(db) as s:
+        made = s.fire_schedules(s.now() + 1.5)[0][2]
+    before = json.loads(ok(db, "schedule", "list", "--json"))[0]
+    new = {"cron": "0 3 * * *", "tz": "Asia/Tokyo", "overlap": "allow", "command": "echo new", "queue": "nightly"}
+    started = time.time()
+    assert ok(db, "schedule", "update", "a", json.dumps(new)) == "a\n"
+    assert ok(db, "schedule", "update", "a", json.dumps({"id": "a", **new})) == "a\n"  # its own id may be given
+    [after] = json.loads(ok(db, "schedule", "list", "--json"))
+    assert (after["cron"], after["every"], after["tz"], after["overlap"]) == ("0 3 * * *", None, "Asia/Tokyo", "allow")
+    assert after["job"] == {"command": "echo new", "queue": "nightly", "cwd": os.getcwd()}
+    assert (after["last_job_id"], after["last_run_at"], after["paused"]) == (made, before["last_run_at"], False)
+    first = queuectl.next_cron_slot(queuectl.parse_cron("0 3 * * *"), zoneinfo.ZoneInfo("Asia/Tokyo"), started)
+    assert after["next_run_at"] == queuectl.iso(first)  # computed from now: 03:00 in Tokyo, 18:00 UTC
+    assert get_job(db, made)["command"] == "echo old"  # a job already made is left as it is
+
+
+def test_schedule_update_refusals_change_nothing(db):
+    ok(db, "schedule", "add", '{"id": "a", "every": "1h", "command": "true"}')
+    before = ok(db, "schedule", "list", "--json")
+    for args, code, named in (
+            (("missing", '{"every": "1m", "command": "true"}'), 1, "no schedule with id 'missing'"),
+            (("a", '{"id": "b", "every": "1m", "command": "true"}'), 2, "field 'id' 'b' is not the schedule updated"),
+            (("a", "every 1m"), 2, "invalid JSON"), (("a", "[1]"), 2, "schedule must be a JSON object"),
+            (("a", '{"cron": "61 * * * *", "command": "true"}'), 2, "minute '61'"),
+            (("a", '{"every": "1m"}'), 2, "field 'command' is required"),
+            (("a", '{"every": "1m", "command": "true", "run_at": 0}'), 2, "field 'run_at' cannot be used")):
+        got, out, err = cli(db, "schedule", "update", *args)
+        assert (got, out) == (code, ""), (args, err)
+        assert_one_error(err, named)
+        assert ok(db, "schedule", "list", "--json") == before
 
 
 @sqlite_only
@@ -10836,7 +10901,6 @@ def test_every_time_list_show_and_schedule_list_print_is_utc_with_a_z_whatever_t
     slot = json.loads(ok(db, "schedule", "list", "--json"))[0]["next_run_at"]
     utc_slot, wall = row[header.index("NEXT "):].split()[:2]
     assert utc_slot == queuectl.slot_text(parse_iso(slot).timestamp())  # as its job's id will end
-    import zoneinfo
     assert wall == parse_iso(slot).astimezone(zoneinfo.ZoneInfo("Europe/Berlin")).isoformat()  # its clock
     assert wall[11:16] == "02:30" and wall[19:] in ("+01:00", "+02:00")
 
