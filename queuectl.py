@@ -1,6 +1,8 @@
 #!/bin/sh
 # These lines down to the closing quotes are both sh and Python. Run as a program (a copied or
-# installed file), sh execs python3 on the loader below, which runs this file from bytecode cached in
+# installed file), sh execs python3 on a short -c that reads this file and runs the loader between
+# the two `#@` lines (its text kept off the command line, which ps, top and systemd show as
+# `python3 -P -c … PATH ARGS`). The loader runs this file from bytecode cached in
 # $XDG_CACHE_HOME/queuectl (default ~/.cache/queuectl): Python caches the bytecode of imported modules
 # only, never of the script it runs, and compiling this file costs more than the rest of a command's
 # start-up. The cache is checked against a hash of the file's content, so an edited file never runs
@@ -9,14 +11,14 @@
 # lines as one string assignment. exec (not a child process): the worker gets its signals and exit
 # code as it would without the launcher.
 _LAUNCHER=''''
-exec python3 -P -c '# queuectl: run this file from cached bytecode (see above)
+exec python3 -P -c 'import sys;source=open(sys.argv[1],"rb").read();exec(source.split(b"\n#@\n")[1])' "$0" "$@"
+#@
+# queuectl: run this file from cached bytecode (see above); `source` is its bytes, read by the -c
 import marshal, os, stat, sys, types
 from importlib.util import MAGIC_NUMBER, source_hash
 path, real = sys.argv[1], os.path.realpath(sys.argv[1])
 sys.path.insert(0, os.path.dirname(real))  # as for a script: its own folder (-P left out the current one)
 del sys.argv[0]
-with open(path, "rb") as f:
-    source = f.read()
 key = MAGIC_NUMBER + (3).to_bytes(4, "little") + source_hash(source)
 xdg, home = os.environ.get("XDG_CACHE_HOME", ""), os.environ.get("HOME", os.path.expanduser("~"))
 folder = os.path.join(xdg if os.path.isabs(xdg) else os.path.join(home, ".cache"), "queuectl")
@@ -62,7 +64,7 @@ main = types.ModuleType("__main__")
 main.__file__ = path
 sys.modules["__main__"] = main
 exec(code, main.__dict__)
-' "$0" "$@"
+#@
 '''
 __doc__ = """queuectl: a persistent background job queue for shell commands, in one SQLite file or PostgreSQL.
 

@@ -12015,6 +12015,28 @@ def test_installed_worker_gets_signals_itself(sqlite_db, workers, tmp_path, sig)
     assert get_job(sqlite_db, "run")["state"] == "pending"
 
 
+def test_an_installed_worker_shows_its_own_command_line_in_ps(sqlite_db, workers, tmp_path):
+    """ps, top and systemd show /proc/PID/cmdline: the launcher's few bytes, then the file's path and its
+    arguments (not the loader's text, which a -c of it put in front of them)."""
+    program = _installed(tmp_path)
+    log_path = tmp_path / "installed.stderr"
+    with open(log_path, "wb") as err:
+        popen = subprocess.Popen([str(program), "--db", sqlite_db, "worker", "start"], stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
+                                 env=_launcher_env(tmp_path, **{TAG_VAR: workers.tag}))
+    worker = WorkerProc(popen, log_path)
+    workers.procs.append(worker)
+    worker.wait_log("worker started")
+    with open(f"/proc/{popen.pid}/cmdline", "rb") as f:
+        args = f.read().rstrip(b"\0").split(b"\0")
+    at = args.index(os.fsencode(program))
+    assert args[at:] == [os.fsencode(program), b"--db", os.fsencode(sqlite_db), b"worker", b"start"]
+    before = b" ".join(args[:at])
+    assert len(before) < 120 and b"\n" not in before and args[1:3] == [b"-P", b"-c"], before
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0, worker.log()
+
+
 # ==== Benchmark (bench/) ==========================================================================
 
 @pytest.fixture(scope="module")
