@@ -1,6 +1,8 @@
 #!/bin/sh
 # These lines down to the closing quotes are both sh and Python. Run as a program (a copied or
-# installed file), sh execs python3 on the loader below, which runs this file from bytecode cached in
+# installed file), sh execs python3 on a short -c that reads this file and runs the loader between
+# the two `#@` lines (its text kept off the command line, which ps, top and systemd show as
+# `python3 -P -c … PATH ARGS`). The loader runs this file from bytecode cached in
 # $XDG_CACHE_HOME/queuectl (default ~/.cache/queuectl): Python caches the bytecode of imported modules
 # only, never of the script it runs, and compiling this file costs more than the rest of a command's
 # start-up. The cache is checked against a hash of the file's content, so an edited file never runs
@@ -9,14 +11,14 @@
 # lines as one string assignment. exec (not a child process): the worker gets its signals and exit
 # code as it would without the launcher.
 _LAUNCHER=''''
-exec python3 -P -c '# queuectl: run this file from cached bytecode (see above)
+exec python3 -P -c 'import sys;source=open(sys.argv[1],"rb").read();exec(source.split(b"\n#@\n")[1])' "$0" "$@"
+#@
+# queuectl: run this file from cached bytecode (see above); `source` is its bytes, read by the -c
 import marshal, os, stat, sys, types
 from importlib.util import MAGIC_NUMBER, source_hash
 path, real = sys.argv[1], os.path.realpath(sys.argv[1])
 sys.path.insert(0, os.path.dirname(real))  # as for a script: its own folder (-P left out the current one)
 del sys.argv[0]
-with open(path, "rb") as f:
-    source = f.read()
 key = MAGIC_NUMBER + (3).to_bytes(4, "little") + source_hash(source)
 xdg, home = os.environ.get("XDG_CACHE_HOME", ""), os.environ.get("HOME", os.path.expanduser("~"))
 folder = os.path.join(xdg if os.path.isabs(xdg) else os.path.join(home, ".cache"), "queuectl")
@@ -62,7 +64,7 @@ main = types.ModuleType("__main__")
 main.__file__ = path
 sys.modules["__main__"] = main
 exec(code, main.__dict__)
-' "$0" "$@"
+#@
 '''
 __doc__ = """queuectl: a persistent background job queue for shell commands, in one SQLite file or PostgreSQL.
 
@@ -79,7 +81,7 @@ commands:
   pause, resume           stop and restart claims from queues
   limit, queues           per-queue concurrency limits; every queue with its counts, pause and limit
   dlq list|retry          the dead-letter queue
-  schedule add|list|next|pause|resume|remove   recurring jobs: cron expressions or fixed intervals
+  schedule add|update|list|next|pause|resume|remove   recurring jobs: cron expressions or fixed intervals
   dashboard               a live web view of the queue and a JSON API (http://127.0.0.1:8321)
   config set|get|list     max-retries, backoff-base, backoff-max, stale-timeout, job-timeout, retention,
                           output-limit, kill-grace
@@ -1048,11 +1050,11 @@ def _valid_zone(obj: dict) -> str:
     return name
 
 
-def parse_every(value: object) -> int:
+def parse_every(value: object, what: str = "field 'every'") -> int:
     """`every`: a duration (parse_duration) of whole seconds, at least 1 s: 30s, 15m, 2h, 1d, 1w or seconds."""
     if isinstance(value, float) or isinstance(value, str) and "." in value:
-        raise UsageError(f"field 'every' must be whole seconds (e.g. 30s, 15m, 2h, 1d, 1w): {value!r}")
-    return int(parse_duration(value, "field 'every'", 1))
+        raise UsageError(f"{what} must be whole seconds (e.g. 30s, 15m, 2h, 1d, 1w): {value!r}")
+    return int(parse_duration(value, what, 1))
 
 
 def validate_schedule(obj: object, defaults: dict, cwd: str, now: float) -> Schedule:
@@ -1081,9 +1083,33 @@ def validate_schedule(obj: object, defaults: dict, cwd: str, now: float) -> Sche
     cron = " ".join(_valid_text(obj["cron"], "cron").split()) if "cron" in obj else None
     every_s = parse_every(obj["every"]) if "every" in obj else None
     schedule = Schedule(schedule_id, cron, every_s, tz, overlap, template, now, False, None, None, None, None)
-    schedule.next_run_at = next_slot(schedule, now)
-    if schedule.next_run_at is None:
-        raise UsageError(f"cron {cron!r} never fires (no such day in {CRON_YEARS} years)")
+    schedule.next_run_at = first_slot(schedule, now)
+    return schedule
+
+
+def first_slot(schedule: Schedule, now: float) -> float:
+    """The schedule's first slot after `now`; UsageError if a slot never comes (a cron no date matches)."""
+    slot = next_slot(schedule, now)
+    if slot is None:
+        raise UsageError(f"cron {schedule.cron!r} never fires (no such day in {CRON_YEARS} years)")
+    return slot
+
+
+def expression_schedule(cron: str | None, every: str | None, tz: str | None, now: float) -> Schedule:
+    """The schedule `schedule next --cron|--every` shows, as `schedule add` would make it at `now`; not stored."""
+    every_s = parse_every(every, "--every") if every is not None else None
+    if cron is not None:
+        cron = " ".join(_valid_text(cron, "--cron").split())
+        parse_cron(cron)  # its message names the bad field
+        local = tz is None
+        tz = local_zone_name() if local else _valid_text(tz, "--tz")
+        try:
+            zone_of(tz)
+        except UsageError as e:
+            raise UsageError(f"this machine's time zone {tz!r} ($TZ or /etc/localtime) is not an IANA zone name; "
+                             "give --tz" if local else str(e)) from None
+    schedule = Schedule(None, cron, every_s, tz or "UTC", "skip", {}, now, False, None, None, None, None)
+    schedule.next_run_at = first_slot(schedule, now)
     return schedule
 
 
@@ -1615,6 +1641,8 @@ class SqliteSQL:
     SQL_PAUSE_SCHEDULE = "UPDATE schedules SET paused = 1 WHERE id = ?"
     SQL_RESUME_SCHEDULE = "UPDATE schedules SET paused = 0, next_run_at = ? WHERE id = ?"
     SQL_REMOVE_SCHEDULE = "DELETE FROM schedules WHERE id = ?"
+    SQL_UPDATE_SCHEDULE = ("UPDATE schedules SET cron = ?, every_s = ?, tz = ?, overlap = ?, job = ?, next_run_at = ? "
+                           "WHERE id = ?")
 
     @classmethod
     def heads(cls, queues: tuple) -> str:
@@ -2488,6 +2516,18 @@ class Store:
             self._schedules_in(cur, schedule_ids)
             cur.executemany(self.sql.SQL_REMOVE_SCHEDULE, [(i,) for i in schedule_ids])
         self.write(remove)
+
+    def update_schedule(self, schedule: Schedule, now: float) -> None:
+        """Replace a schedule's cron or every, zone, overlap and template with a validated schedule's, in one
+        transaction; NotFound if absent. What it did stays: its last job (so `overlap: skip` still waits
+        for it), pause and anchor (an `every` keeps its slot times); its next slot is its first after `now`,
+        so slots already passed are not fired."""
+        def update(cur):
+            [stored] = self._schedules_in(cur, [schedule.id])
+            following = next_slot(Schedule(**{**schedule.__dict__, "created_at": stored.created_at}), now)
+            cur.execute(self.sql.SQL_UPDATE_SCHEDULE, (schedule.cron, schedule.every_s, schedule.tz, schedule.overlap,
+                                                       json.dumps(schedule.job), following, schedule.id))
+        self.write(update)
 
     def _schedules_in(self, cur: Cursor, schedule_ids: list[str]) -> list[Schedule]:
         """The named schedules, read to be changed (locked on PostgreSQL); NotFound naming the first
@@ -3442,6 +3482,8 @@ class PostgresSQL:
     SQL_PAUSE_SCHEDULE = "UPDATE schedules SET paused = 1 WHERE id = %s"
     SQL_RESUME_SCHEDULE = "UPDATE schedules SET paused = 0, next_run_at = %s WHERE id = %s"
     SQL_REMOVE_SCHEDULE = "DELETE FROM schedules WHERE id = %s"
+    SQL_UPDATE_SCHEDULE = ("UPDATE schedules SET cron = %s, every_s = %s, tz = %s, overlap = %s, job = %s, "
+                           "next_run_at = %s WHERE id = %s")
 
     @staticmethod
     def id_array(ids: list[str]) -> list[str]:
@@ -7169,12 +7211,12 @@ function changed(key, value) {
 }
 
 // Formatting
-const pad = (n) => String(n).padStart(2, "0");
-const hhmm = (iso) => { const d = new Date(iso); return `${pad(d.getHours())}:${pad(d.getMinutes())}`; };
+// Times as the CLI shows them: UTC with a Z (the API's own strings, cut), the date only when not today's.
+const hhmm = (iso) => `${iso.slice(11, 16)}Z`;
 function when(iso) {
   if (!iso) return "–";
-  const d = new Date(iso), time = `${hhmm(iso)}:${pad(d.getSeconds())}`;
-  return d.toDateString() === new Date().toDateString() ? time : `${d.toISOString().slice(0, 10)} ${time}`;
+  const time = `${iso.slice(11, 19)}Z`;
+  return iso.slice(0, 10) === new Date().toISOString().slice(0, 10) ? time : `${iso.slice(0, 10)} ${time}`;
 }
 function secs(v) {
   if (v === null || v === undefined) return "–";
@@ -7193,9 +7235,9 @@ const attempts = (j) => (`${j.attempts + (["processing", "completed"].includes(j
 function due(j) {
   if (!["pending", "failed"].includes(j.state)) return "–";
   if (j.waiting_on) return `after ${j.waiting_on} job${j.waiting_on === 1 ? "" : "s"}`;
-  const left = (Date.parse(j.next_run_at) - Date.now()) / 1000, d = new Date(j.next_run_at);
+  const left = (Date.parse(j.next_run_at) - Date.now()) / 1000;
   if (left <= 0) return view.paused.includes("*") || view.paused.includes(j.queue) ? "paused" : "now";
-  if (left >= 86400) return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${hhmm(j.next_run_at)}`;
+  if (left >= 86400) return j.next_run_at;
   if (left <= 59) return `in ${Math.ceil(left)}s`;  // rounded up, as due_text: never "in 60s" or "in 60m"
   const minutes = Math.ceil(left / 60);
   return minutes < 60 ? `in ${minutes}m` : `in ${Math.floor(minutes / 60)}h ${minutes % 60}m`;
@@ -7579,7 +7621,7 @@ def _command(sub, name: str, func, help: str, *, json_flag: bool = False, ids: s
         cmd.add_argument("ids" if ids == "+" else "id", nargs=ids if ids == "+" else None, metavar="ID")
     if json_flag:
         cmd.add_argument("--json", action="store_true", help="print JSON only")
-    cmd.set_defaults(func=func, reads_only=reads, check=check)
+    cmd.set_defaults(func=func, reads_only=reads, check=check, opens_store=True)
     return cmd
 
 
@@ -7720,10 +7762,18 @@ def _add_schedule_commands(s) -> None:
     a.add_argument("schedule", metavar="JSON")
     _command(s, "list", cmd_schedule_list, "every schedule, its next slot and its last job", json_flag=True,
              reads=True)
-    n = _command(s, "next", cmd_schedule_next, "the next slots of a schedule", ids="1", reads=True)
+    n = _command(s, "next", cmd_schedule_next, "the next slots of a schedule, or of an expression without storing it",
+                 reads=True, check=check_schedule_next)
+    n.add_argument("id", nargs="?", metavar="ID", help="a stored schedule (or give --cron or --every)")
+    n.add_argument("--cron", metavar="EXPR", help="a cron expression to try, e.g. '30 2 * * mon-fri'; opens no database")
+    n.add_argument("--every", metavar="DURATION", help="an interval to try (30s, 15m, 2h, 1d, 1w), as if added now")
+    n.add_argument("--tz", metavar="ZONE", help="with --cron: the IANA zone it is read in (default this machine's)")
     n.add_argument("--count", type=_int_arg(1, 10_000), default=5, metavar="N", help="how many (default 5)")
     n.add_argument("--after", type=_time_arg, default=None, metavar="TIME",
                    help="ISO-8601 (no offset: local time) or Unix seconds (default now)")
+    u = _command(s, "update", cmd_schedule_update, "replace a schedule's expression, zone, overlap and job template "
+                 "(its last job stays; slots already passed do not fire)", ids="1")
+    u.add_argument("schedule", metavar="JSON", help="the object `schedule add` takes; an id in it must be ID")
     _command(s, "pause", cmd_schedule_pause, "stop making jobs from these schedules", ids="+")
     _command(s, "resume", cmd_schedule_resume, "make jobs again, from the next slot on (missed slots do not fire)",
              ids="+")
@@ -7832,6 +7882,53 @@ def _on_ids_or_all(args, store: Store, on_all, on_ids) -> None:
     ids = checked_ids(args.ids)
     on_ids(ids, store.now())
     print_ids(ids)
+
+
+MIN_COMMAND_COLUMNS = 20  # on a terminal, the least of a command `list` shows, however long the ids
+
+
+def print_table(header: list[str], rows: list[list[str]], right: tuple[int, ...] = ()) -> None:
+    """Printable cells under a header, each column as wide as its widest cell (so an id is never cut),
+    those in `right` aligned right. The last column, a command, is cut to fit the terminal; printed to a
+    pipe or a file it is whole (a script reads every character)."""
+    widths = [max(text_width(row[i]) for row in (header, *rows)) for i in range(len(header) - 1)]
+    room = terminal_columns(sys.stdout)
+    lines = []
+    for row in (header, *rows):
+        cells = [_padded(cell, width, i in right) for i, (cell, width) in enumerate(zip(row, widths))]
+        last = " ".join(row[-1].split())
+        if room is not None:  # too little room left (long ids): cut to a few words, and the line wraps
+            last = _cell(last, max(room - sum(widths) - len(widths), MIN_COMMAND_COLUMNS)).rstrip()
+        lines.append(" ".join(cells + [last]).rstrip() + "\n")
+    sys.stdout.write("".join(lines))
+
+
+def _padded(cell: str, width: int, right: bool) -> str:
+    fill = " " * (width - text_width(cell))
+    return fill + cell if right else cell + fill
+
+
+def text_width(text: str) -> int:
+    """The columns a terminal draws `text` in: a wide character takes two, a combining one none (_columns)."""
+    return len(text) if text.isascii() else sum(_columns(c) for c in text)
+
+
+def terminal_columns(stream) -> int | None:
+    """The width of the terminal `stream` writes to ($COLUMNS first, as shutil reads it); None when it
+    writes to no terminal."""
+    try:
+        if not stream.isatty():
+            return None
+    except (AttributeError, ValueError):  # no isatty, or closed
+        return None
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isascii() and columns.isdigit() and int(columns) > 1:
+        return int(columns)
+    try:
+        columns = os.get_terminal_size(stream.fileno()).columns
+    except (OSError, ValueError):
+        columns = 0
+    return columns if columns > 1 else 80  # a pseudo-terminal nobody sized reports 0
 
 
 # -- progress ------------------------------------------------------------------------------------
@@ -8263,12 +8360,9 @@ def print_jobs(store: Store, jobs: list[Job], as_json: bool) -> None:
     if as_json:
         return emit_json([j.to_dict() for j in jobs])
     now, paused = store.now(), store.paused()
-    print(f"{'ID':<20} {'STATE':<11} {'ATTEMPTS':>8}  {'QUEUE':<10} {'DUE':<16} {'UPDATED':<24} COMMAND")
-    for j in jobs:
-        counted, limit = attempts_shown(j)
-        print(f"{_cell(printable(j.id), 20)} {j.state:<11} {counted:>4}/{limit:<3}  "
-              f"{_short(printable(j.queue), 10):<10} {due_text(j, now, paused):<16} {iso(j.updated_at):<24} "
-              f"{_short(printable(j.command))}")
+    rows = [[printable(j.id), j.state, "{}/{}".format(*attempts_shown(j)), printable(j.queue),
+             due_text(j, now, paused), iso(j.updated_at), printable(j.command)] for j in jobs]
+    print_table(["ID", "STATE", "ATTEMPTS", "QUEUE", "DUE", "UPDATED", "COMMAND"], rows, right=(2,))
 
 
 def attempts_shown(job: Job) -> tuple[int, int]:
@@ -8278,8 +8372,8 @@ def attempts_shown(job: Job) -> tuple[int, int]:
 
 
 def due_text(job: Job, now: float, paused: list[str]) -> str:
-    """When a waiting job may run: 'now', 'in 4m', a local date and time a day or more ahead, 'after 2 jobs'
-    (dependencies not completed), 'paused' (due, in a paused queue); '-' for a job that is not waiting."""
+    """When a waiting job may run: 'now', 'in 4m', its time (UTC, as iso() writes it) a day or more ahead,
+    'after 2 jobs' (dependencies not completed), 'paused' (due, in a paused queue); '-' if not waiting."""
     if job.state not in (PENDING, FAILED):
         return "-"
     if job.waiting_on:
@@ -8287,9 +8381,8 @@ def due_text(job: Job, now: float, paused: list[str]) -> str:
     left = job.next_run_at - now
     if left <= 0:
         return "paused" if job.queue in paused or "*" in paused else "now"
-    if left >= 86400:  # local time, as `run_at` without an offset is read
-        # time, not datetime: east of UTC the latest run_at is year 10000 on the clock, past datetime's range
-        return time.strftime("%Y-%m-%d %H:%M", time.localtime(job.next_run_at))
+    if left >= 86400:
+        return iso(job.next_run_at)
     if left <= 59:  # rounded up, so never "in 60s" or "in 60m"
         return f"in {math.ceil(left)}s"
     minutes = math.ceil(left / 60)
@@ -8587,25 +8680,64 @@ def cmd_schedule_add(args, store: Store) -> None:
     print_ids([schedule.id])
 
 
+def cmd_schedule_update(args, store: Store) -> None:
+    schedule_id, obj = _valid_id(args.id, "ID"), parse_json(args.schedule)
+    if isinstance(obj, dict):
+        if obj.get("id", schedule_id) != schedule_id:
+            raise UsageError(f"field 'id' {shown(obj['id'])} is not the schedule updated, {schedule_id!r} "
+                             "(to rename one, remove it and add it)")
+        obj = {**obj, "id": schedule_id}
+    now = store.now()
+    store.update_schedule(validate_schedule(obj, store.config_all(), current_dir(), now), now)
+    print_ids([schedule_id])
+
+
 def cmd_schedule_list(args, store: Store) -> None:
     schedules = store.schedules()
     if args.json:
         return emit_json([s.to_dict() for s in schedules])
-    print(f"{'ID':<16} {'SCHEDULE':<14} {'TZ':<16} {'OVERLAP':<7} {'NEXT':<20}  {'LAST JOB':<36} COMMAND")
-    for s in schedules:
-        spec = s.cron if s.cron else f"every {every_text(s.every_s)}"
-        upcoming = "paused" if s.paused else slot_text(s.next_run_at) if s.next_run_at is not None else "-"
-        last = "-"
-        if s.last_job_id:  # the id truncated as in the ID column, so its state stays in sight
-            state = f" ({s.last_job_state or 'gone'})"
-            last = _cell(printable(s.last_job_id), 36 - len(state)).rstrip() + state
-        print(f"{_cell(printable(s.id), 16)} {printable(spec):<14} {printable(s.tz):<16} {s.overlap:<7} "
-              f"{upcoming:<20}  {_cell(last, 36)} {_short(printable(s.job['command']))}")
+    rows = [[printable(s.id), printable(s.cron if s.cron else f"every {every_text(s.every_s)}"), printable(s.tz),
+             s.overlap, *_next_slot_cells(s), _last_job_cell(s), printable(s.job["command"])] for s in schedules]
+    print_table(["ID", "SCHEDULE", "TZ", "OVERLAP", "NEXT", "NEXT IN TZ", "LAST JOB", "COMMAND"], rows)
 
 
-def cmd_schedule_next(args, store: Store) -> None:
-    schedule = store.schedule(_valid_id(args.id, "ID"))
-    after, slots = store.now() if args.after is None else args.after, []
+def _next_slot_cells(schedule: Schedule) -> list[str]:
+    """NEXT, as the slot's job id will show it (UTC), and NEXT IN TZ, the wall time in the schedule's zone."""
+    if schedule.paused or schedule.next_run_at is None:
+        return ["paused" if schedule.paused else "-", "-"]
+    try:
+        wall = datetime.fromtimestamp(schedule.next_run_at, zone_of(schedule.tz)).isoformat(timespec="seconds")
+    except (QueueError, OverflowError, ValueError):  # a zone unknown here; year 10000 on the zone's clock
+        wall = "-"
+    return [slot_text(schedule.next_run_at), wall]
+
+
+def _last_job_cell(schedule: Schedule) -> str:
+    if not schedule.last_job_id:
+        return "-"
+    return f"{printable(schedule.last_job_id)} ({schedule.last_job_state or 'gone'})"
+
+
+def check_schedule_next(args) -> None:
+    """A stored schedule's ID, or an expression (--cron, or --every), which needs no database: none is opened."""
+    given = [name for name, value in (("ID", args.id), ("--cron", args.cron), ("--every", args.every))
+             if value is not None]
+    if len(given) != 1:
+        raise UsageError("schedule next: give a schedule ID, --cron EXPR or --every DURATION"
+                         + (f", not both {given[0]} and {given[1]}" if len(given) > 1 else ""))
+    if args.tz is not None and args.cron is None:
+        raise UsageError("--tz goes with --cron (a stored schedule has its zone, and --every needs none)")
+    args.opens_store = args.id is not None
+
+
+def cmd_schedule_next(args, store: Store | None) -> None:
+    if store is None:  # --cron or --every
+        now = time.time()
+        schedule = expression_schedule(args.cron, args.every, args.tz, now)
+    else:
+        now = store.now()
+        schedule = store.schedule(_valid_id(args.id, "ID"))
+    after, slots = now if args.after is None else args.after, []
     while len(slots) < args.count and (after := next_slot(schedule, after)) is not None:
         slots.append(slot_text(after))
     print_ids(slots)
@@ -8706,8 +8838,9 @@ def _dispatch(args) -> int:
     try:
         if args.check:  # invalid input is refused before the database is opened (or created)
             args.check(args)
-        store = open_store(args)
-        store.committed = False  # what opening wrote (a new file's schema) is not the command's change
+        if args.opens_store:  # a check may find the command needs no database (`schedule next --cron`)
+            store = open_store(args)
+            store.committed = False  # what opening wrote (a new file's schema) is not the command's change
         code = args.func(args, store) or EXIT_OK
         sys.stdout.flush()  # here, not at exit: an output that cannot be written must say what was saved
         return code
@@ -8743,15 +8876,15 @@ def configure_logging(args) -> None:
 
 
 class TextLines:
-    """The text log formatter: `2026-12-01 18:05:08,216 queuectl[PID]: message`, the message through
+    """The text log formatter: `2026-12-01T18:05:08.216Z queuectl[PID]: message`, the message through
     printable() (job ids, commands and errors are job data; this is the one place every line passes), a
     logged exception's traceback below it, each of its lines escaped but kept a line."""
 
     def __init__(self, plain):
-        self.plain = plain  # a logging.Formatter: its time format and traceback text
+        self.plain = plain  # a logging.Formatter: its traceback text
 
     def format(self, record) -> str:
-        line = f"{self.plain.formatTime(record)} queuectl[{record.process}]: {printable(record.getMessage())}"
+        line = f"{iso(record.created)} queuectl[{record.process}]: {printable(record.getMessage())}"
         if record.exc_info:
             trace = self.plain.formatException(record.exc_info)
             line += "\n" + "\n".join(printable(part) for part in trace.split("\n"))

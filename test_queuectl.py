@@ -25,6 +25,7 @@ import tempfile
 import threading
 import time
 import uuid
+import zoneinfo
 from datetime import datetime, timezone
 
 import pytest
@@ -86,12 +87,19 @@ def is_pg(db):
 sqlite_only = pytest.mark.parametrize("db", ["sqlite"], indirect=True)
 
 
-def run_main(argv, stdin=None):
+class TerminalOutput(io.StringIO):
+    """A stdout taken for a terminal (its width: $COLUMNS, which a test sets)."""
+    def isatty(self):
+        return True
+
+
+def run_main(argv, stdin=None, terminal=False):
     """Call queuectl.main(argv) in-process; return (exit code, stdout, stderr).
 
     stdin (str or bytes) is given a byte layer like the real one: `enqueue -` reads sys.stdin.buffer.
+    terminal: stdout answers isatty() with True.
     """
-    out, err = io.StringIO(), io.StringIO()
+    out, err = TerminalOutput() if terminal else io.StringIO(), io.StringIO()
     saved_stdin = sys.stdin
     if stdin is not None:
         data = stdin.encode() if isinstance(stdin, str) else stdin
@@ -107,6 +115,13 @@ def run_main(argv, stdin=None):
 def cli(db, *args, stdin=None):
     """`queuectl --db DB ARGS...` in-process; return (exit code, stdout, stderr)."""
     return run_main(["--db", db, *args], stdin=stdin)
+
+
+def on_a_terminal(db, *args):
+    """The stdout of a command that must succeed, run with stdout on a terminal."""
+    code, out, err = run_main(["--db", db, *args], terminal=True)
+    assert (code, err) == (0, ""), (args, code, err)
+    return out
 
 
 def ok(db, *args):
@@ -1026,7 +1041,7 @@ def _load_bench():
     return module
 
 
-TEXT_LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} queuectl\[\d+\]: (.*)$")
+TEXT_LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z queuectl\[\d+\]: (.*)$")
 
 
 SUMMARIES = {"queuectl_run_duration_seconds"}  # every other family is a gauge
@@ -2485,6 +2500,36 @@ def test_a_schedule_this_host_cannot_fire_is_logged_once_not_every_second(store,
     assert sum(m.startswith("schedule s: job s@") for m in messages) == 3  # the others still fire and say so
 
 
+def test_an_update_keeps_the_last_job_so_overlap_skip_still_waits_for_it(store):
+    add_schedule(store, now=T0, every="1m", command="echo old")
+    register(store)
+    first = store.fire_schedules(T0 + 60)[0][2]
+    assert store.claim("w1", T0 + 60).id == first  # still running when the schedule changes
+    store.update_schedule(queuectl.validate_schedule({"id": "s", "every": "30s", "tz": "UTC", "command": "echo new"},
+                                                     CONFIG_DEFAULTS_INTERNAL, "/", T0 + 70), T0 + 70)
+    assert store.fire_schedules(T0 + 90) == [("s", None, None, f"slot skipped (overlap skip): job {first} "
+                                                               "is still processing")]
+    changed = store.schedule("s")
+    assert (changed.every_s, changed.job["command"], changed.last_job_id) == (30, "echo new", first)
+
+
+def test_an_update_fires_no_slot_already_passed_and_keeps_an_every_schedules_slot_times(store):
+    add_schedule(store, now=T0, every="10s")  # slots T0 + 10, + 20, ...; none fired (no worker ran)
+    store.pause_schedules(["s"])
+    store.update_schedule(queuectl.validate_schedule({"id": "s", "every": "20s", "tz": "UTC", "command": "true"},
+                                                     CONFIG_DEFAULTS_INTERNAL, "/", T0 + 95), T0 + 95)
+    changed = store.schedule("s")
+    assert changed.paused and changed.created_at == T0  # still paused, still counted from its add
+    store.resume_schedules(["s"], T0 + 95)
+    assert store.schedule("s").next_run_at == T0 + 100  # T0 + 20k: the missed T0 + 20 ... T0 + 80 are gone
+    assert store.fire_schedules(T0 + 99) == []
+    assert [e[2] for e in store.fire_schedules(T0 + 100.5)] == [f"s@{queuectl.slot_text(T0 + 100)}"]
+    store.update_schedule(queuectl.validate_schedule({"id": "s", "cron": "*/5 * * * *", "tz": "UTC", "command": "true"},
+                                                     CONFIG_DEFAULTS_INTERNAL, "/", T0 + 400), T0 + 400)
+    assert store.schedule("s").next_run_at == T0 + 600  # 08:10:00, not the overdue T0 + 120 nor 08:05:00
+    assert store.fire_schedules(T0 + 400) == []
+
+
 # ---- the schedule commands -----------------------------------------------------------------------
 
 def test_schedule_add_list_and_next(db, tmp_path):
@@ -2610,12 +2655,81 @@ def test_schedule_pause_resume_remove_commands(db):
     assert_one_error(err, "no schedule with id 'a'")
 
 
+def test_schedule_update_replaces_the_schedule_and_keeps_its_history(db):
+    ok(db, "schedule", "add", '{"id": "a", "every": "1s", "command": "echo old", "overlap": "skip"}')
+    with opened(db) as s:
+        made = s.fire_schedules(s.now() + 1.5)[0][2]
+    before = json.loads(ok(db, "schedule", "list", "--json"))[0]
+    new = {"cron": "0 3 * * *", "tz": "Asia/Tokyo", "overlap": "allow", "command": "echo new", "queue": "nightly"}
+    started = time.time()
+    assert ok(db, "schedule", "update", "a", json.dumps(new)) == "a\n"
+    assert ok(db, "schedule", "update", "a", json.dumps({"id": "a", **new})) == "a\n"  # its own id may be given
+    [after] = json.loads(ok(db, "schedule", "list", "--json"))
+    assert (after["cron"], after["every"], after["tz"], after["overlap"]) == ("0 3 * * *", None, "Asia/Tokyo", "allow")
+    assert after["job"] == {"command": "echo new", "queue": "nightly", "cwd": os.getcwd()}
+    assert (after["last_job_id"], after["last_run_at"], after["paused"]) == (made, before["last_run_at"], False)
+    first = queuectl.next_cron_slot(queuectl.parse_cron("0 3 * * *"), zoneinfo.ZoneInfo("Asia/Tokyo"), started)
+    assert after["next_run_at"] == queuectl.iso(first)  # computed from now: 03:00 in Tokyo, 18:00 UTC
+    assert get_job(db, made)["command"] == "echo old"  # a job already made is left as it is
+
+
+def test_schedule_update_refusals_change_nothing(db):
+    ok(db, "schedule", "add", '{"id": "a", "every": "1h", "command": "true"}')
+    before = ok(db, "schedule", "list", "--json")
+    for args, code, named in (
+            (("missing", '{"every": "1m", "command": "true"}'), 1, "no schedule with id 'missing'"),
+            (("a", '{"id": "b", "every": "1m", "command": "true"}'), 2, "field 'id' 'b' is not the schedule updated"),
+            (("a", "every 1m"), 2, "invalid JSON"), (("a", "[1]"), 2, "schedule must be a JSON object"),
+            (("a", '{"cron": "61 * * * *", "command": "true"}'), 2, "minute '61'"),
+            (("a", '{"every": "1m"}'), 2, "field 'command' is required"),
+            (("a", '{"every": "1m", "command": "true", "run_at": 0}'), 2, "field 'run_at' cannot be used")):
+        got, out, err = cli(db, "schedule", "update", *args)
+        assert (got, out) == (code, ""), (args, err)
+        assert_one_error(err, named)
+        assert ok(db, "schedule", "list", "--json") == before
+
+
 @sqlite_only
 def test_schedule_next_checks_its_options(db):
     ok(db, "schedule", "add", '{"id": "a", "every": "1h", "command": "true"}')
     for args, named in ((("--count", "0"), "--count"), (("--after", "tomorrow"), "--after")):
         code, out, err = cli(db, "schedule", "next", "a", *args)
         assert code == 2 and out == "" and any(named in line for line in err.splitlines()), err
+
+
+def test_schedule_next_of_an_expression_prints_its_slots_and_opens_no_database(tmp_path, monkeypatch, local_tz):
+    monkeypatch.delenv("QUEUECTL_DB", raising=False)
+    monkeypatch.chdir(tmp_path)
+    nowhere = str(tmp_path / "none.db")
+    code, out, err = run_main(["--db", nowhere, "schedule", "next", "--cron", "30 2 * * *", "--tz", "Europe/Berlin",
+                               "--after", "2026-03-27T00:00:00Z", "--count", "4"])
+    assert (code, err) == (0, "")
+    assert out.split() == ["2026-03-27T01:30:00Z", "2026-03-28T01:30:00Z", "2026-03-29T01:00:00Z",
+                           "2026-03-30T00:30:00Z"]  # as `schedule next ID` of the same schedule (above)
+    local_tz("Asia/Tokyo")  # without --tz, the zone `schedule add` would store: this machine's
+    code, out, _ = run_main(["schedule", "next", "--cron", "@daily", "--after", "2026-03-27T00:00:00Z", "--count", "1"])
+    assert (code, out) == (0, "2026-03-27T15:00:00Z\n")
+    before = time.time()
+    code, out, _ = run_main(["schedule", "next", "--every", "15m", "--count", "3"])  # as if added now
+    slots = [utc(slot) for slot in out.split()]
+    assert code == 0 and len(slots) == 3 and [b - a for a, b in zip(slots, slots[1:])] == [900, 900]
+    assert math.floor(before) + 900 <= slots[0] <= time.time() + 900
+    assert os.listdir(tmp_path) == []  # neither --db nor ./queuectl.db was created
+
+
+@pytest.mark.parametrize("args,named", [
+    (("--cron", "61 * * * *"), "minute '61'"), (("--cron", "0 0 30 2 *"), "never fires"),
+    (("--cron", "@daily", "--tz", "Mars/Olympus"), "'Mars/Olympus'"), (("--every", "1.5m"), "--every"),
+    (("--every", "0s"), "--every"), (("--every", "15m", "--tz", "UTC"), "--tz goes with --cron"),
+    (("a", "--cron", "@daily"), "not both ID and --cron"), (("--cron", "@daily", "--every", "1h"), "not both"),
+    ((), "give a schedule ID, --cron EXPR or --every DURATION"), (("--cron", "@daily", "--count", "0"), "--count"),
+])
+def test_schedule_next_of_a_bad_expression_exits_2_and_creates_nothing(tmp_path, monkeypatch, args, named):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_main(["--db", str(tmp_path / "none.db"), "schedule", "next", *args])
+    assert (code, out) == (2, "")
+    assert named in err.splitlines()[-1] and err.splitlines()[-1].startswith(ERROR_PREFIX), err
+    assert os.listdir(tmp_path) == []
 
 
 def test_schedule_list_shows_the_last_job_and_its_state(db):
@@ -2714,7 +2828,7 @@ def test_a_cron_expression_is_stored_with_single_spaces_so_schedule_list_keeps_o
     assert len(lines) == 4 and all(" 0 2 * * * " in line for line in lines[1:])
 
 
-def test_schedule_list_escapes_the_command_and_cuts_long_ids_as_list_does(db):
+def test_schedule_list_escapes_the_command_and_never_cuts_an_id(db):
     long_id = "nightly-backup-of-the-whole-database-" + "x" * 40
     with opened(db) as s:
         add_schedule(s, now=T0, id=long_id, every="10s", command=TERMINAL_HOSTILE)
@@ -2723,13 +2837,26 @@ def test_schedule_list_escapes_the_command_and_cuts_long_ids_as_list_does(db):
     out = ok(db, "schedule", "list")
     assert_terminal_safe(out)
     header, *rows = out.splitlines()
-    [row] = [r for r in rows if r.startswith(long_id[:15])]
-    assert row.startswith(long_id[:15] + "… ") and long_id not in row and row.endswith(" " + TERMINAL_SHOWN)
+    [row] = [r for r in rows if r.startswith(long_id)]
+    assert row.startswith(long_id + " ") and row.endswith(" " + TERMINAL_SHOWN)  # whole: no terminal here
     assert row.index(" every ") == header.index(" SCHEDULE ")  # the columns stay aligned
-    last = row[header.index("LAST JOB"):header.index(" COMMAND")]
-    assert len(last) == 36 and last.rstrip().endswith("… (pending)"), last  # truncated, its state kept in sight
+    slot_job = f"{long_id}@{queuectl.slot_text(T0 + 10)}"
+    assert row[header.index("LAST JOB"):].startswith(f"{slot_job} (pending) ")  # whole, so it can be copied
     listed = {s["id"]: s for s in json.loads(ok(db, "schedule", "list", "--json"))}
     assert listed[long_id]["job"]["command"] == TERMINAL_HOSTILE
+
+
+def test_schedule_list_on_a_terminal_cuts_the_command_to_its_width_never_an_id(db, monkeypatch):
+    command = "echo " + "word " * 60
+    for schedule_id in ("s" * 170, "short"):
+        ok(db, "schedule", "add", json.dumps({"id": schedule_id, "every": "1h", "tz": "UTC", "command": command}))
+    monkeypatch.setenv("COLUMNS", "300")
+    header, *rows = on_a_terminal(db, "schedule", "list").splitlines()
+    assert [row.split(" ")[0] for row in rows] == ["short", "s" * 170]
+    assert all(row.endswith("…") and len(row) == 300 for row in rows), rows  # cut to the terminal's width
+    monkeypatch.setenv("COLUMNS", "100")  # no room left by the ids: a few words of the command, the line wraps
+    assert all(row.endswith(" echo word word word…") for row in on_a_terminal(db, "schedule", "list").splitlines()[1:])
+    assert ok(db, "schedule", "list").splitlines()[1].endswith(" " + command.strip())  # not a terminal: all of it
 
 
 # ---- real workers --------------------------------------------------------------------------------
@@ -9311,6 +9438,14 @@ def test_dashboard_page_is_self_contained_and_carries_no_queue_data(dashboard):
         assert job_id not in page
 
 
+def test_the_dashboard_page_shows_times_as_the_cli_does_in_utc_never_the_browsers_zone():
+    script = queuectl.DASHBOARD_PAGE
+    for local_getter in ("getHours", "getMinutes", "getDate(", "getMonth", "getFullYear", "toDateString",
+                         "toLocaleTimeString", "toLocaleDateString"):
+        assert local_getter not in script, local_getter
+    assert "const hhmm = (iso) => `${iso.slice(11, 16)}Z`;" in script and "return j.next_run_at;" in script
+
+
 def test_dashboard_bad_requests_get_json_errors_and_the_server_lives_on(dashboard):
     d = dashboard(allow_actions=True)
     cases = [
@@ -10734,18 +10869,39 @@ def test_due_text(fields, paused, text):
     assert queuectl.due_text(a_job(**fields), T0, paused) == text
 
 
-def test_due_text_a_day_or_more_ahead_is_a_local_date_and_time(local_tz):
-    local_tz("Asia/Kolkata")  # UTC+05:30
+def test_due_text_a_day_or_more_ahead_is_its_utc_time(local_tz):
+    local_tz("Asia/Kolkata")  # UTC+05:30: not what is shown
     job = a_job(next_run_at=T0 + 2 * 86400)  # T0 is 2027-01-15T08:00:00Z
-    assert queuectl.due_text(job, T0, []) == "2027-01-17 13:30"
+    assert queuectl.due_text(job, T0, []) == "2027-01-17T08:00:00.000Z"
 
 
 def test_a_run_at_at_the_time_limit_lists_east_of_utc(local_tz, db):
     # The latest run_at queuectl takes, 9999-12-31T23:59:59Z, is already year 10000 on a clock east of UTC.
     local_tz("Asia/Tokyo")  # UTC+9
     ok(db, "add", "--id", "last", "--run-at", str(queuectl.MAX_UNIX_TIME), "--", "true")
-    assert ok(db, "list").splitlines()[1].split()[4:6] == ["10000-01-01", "08:59"]
-    assert "10000-01-01 08:59" in ok(db, "show", "last")
+    assert ok(db, "list").splitlines()[1].split()[4] == "9999-12-31T23:59:59.000Z"
+    assert "\ndue:          9999-12-31T23:59:59.000Z\n" in ok(db, "show", "last")
+
+
+def test_every_time_list_show_and_schedule_list_print_is_utc_with_a_z_whatever_the_local_zone(local_tz, db):
+    local_tz("Asia/Tokyo")  # UTC+9: a local time would show 9 hours apart from the UTC ones
+    ok(db, "add", "--id", "later", "--run-at", "2099-01-02T03:04:05Z", "--", "true")  # no offset: local
+    ok(db, "add", "--id", "tokyo", "--run-at", "2099-01-02T12:04:05", "--", "true")
+    ok(db, "schedule", "add", '{"id": "s", "cron": "30 2 * * *", "tz": "Europe/Berlin", "command": "true"}')
+    header, *rows = ok(db, "list").splitlines()
+    due, updated = header.index("DUE"), header.index("UPDATED")
+    for row in rows:
+        assert row[due:].startswith("2099-01-02T03:04:05.000Z "), row
+        assert ISO_UTC.match(row[updated:].split(" ")[0]), row
+    shown = dict(line.split(":", 1) for line in ok(db, "show", "tokyo").splitlines() if line[:1] != " ")
+    for key in ("created_at", "updated_at", "next_run_at", "due"):
+        assert ISO_UTC.match(shown[key].strip()), (key, shown)
+    header, row = ok(db, "schedule", "list").splitlines()
+    slot = json.loads(ok(db, "schedule", "list", "--json"))[0]["next_run_at"]
+    utc_slot, wall = row[header.index("NEXT "):].split()[:2]
+    assert utc_slot == queuectl.slot_text(parse_iso(slot).timestamp())  # as its job's id will end
+    assert wall == parse_iso(slot).astimezone(zoneinfo.ZoneInfo("Europe/Berlin")).isoformat()  # its clock
+    assert wall[11:16] == "02:30" and wall[19:] in ("+01:00", "+02:00")
 
 
 @pytest.mark.parametrize("state,attempts,max_retries,shown", [
@@ -10755,8 +10911,8 @@ def test_attempts_shown(state, attempts, max_retries, shown):
     assert queuectl.attempts_shown(a_job(state=state, attempts=attempts, max_retries=max_retries)) == shown
 
 
-def test_list_shows_due_and_attempts_aligned_with_long_ids_cut(db):
-    long_id = "a-job-id-much-longer-than-twenty-characters"
+def test_list_shows_due_and_attempts_aligned_with_long_ids_whole(db):
+    long_id = "tick@2026-12-02T02:00:00Z-and-a-job-id-much-longer-than-twenty-characters"
     enqueue(db, id=long_id, command="true", queue="a-queue-name-longer-than-ten", delay="4m")
     enqueue(db, id="after", command="true", depends_on=[long_id])
     enqueue(db, id="once", command="true", max_retries=0)
@@ -10764,13 +10920,25 @@ def test_list_shows_due_and_attempts_aligned_with_long_ids_cut(db):
         register(s, now=time.time())
         finish_next(s, 0, time.time())  # once: completed on its first run
     rows = list_rows(db)
-    cut = long_id[:19] + "…"
-    assert set(rows) == {cut, "after", "once"}
-    assert " in 4m " in rows[cut] and " a-queue-n… " in rows[cut] and " 0/3 " in rows[cut]
+    assert set(rows) == {long_id, "after", "once"}  # never cut: an id in `list` can be copied into `logs`
+    assert " in 4m " in rows[long_id] and " a-queue-name-longer-than-ten " in rows[long_id]
+    assert " 0/3 " in rows[long_id]
     assert " after 1 job " in rows["after"]
     assert " 1/1 " in rows["once"] and " completed " in rows["once"]
     assert json.loads(ok(db, "list", "--json"))[2]["attempts"] == 0  # JSON keeps its meaning
     assert "\ndue:          after 1 job\n" in ok(db, "show", "after")
+
+
+def test_list_cuts_the_command_to_a_terminals_width_and_nothing_elsewhere(db, monkeypatch):
+    command = "echo " + "a-long-argument " * 20
+    slot_id = "nightly-report@2026-12-02T02:00:00Z"
+    enqueue(db, id=slot_id, command=command)
+    monkeypatch.setenv("COLUMNS", "120")
+    header, row = on_a_terminal(db, "list").splitlines()
+    assert row.startswith(slot_id + " ") and len(row) == 120 and row.endswith("…"), row
+    assert row[header.index("COMMAND"):].startswith("echo a-long-argument ")
+    header, row = ok(db, "list").splitlines()  # to a pipe or a file: the whole command, for scripts
+    assert row.startswith(slot_id + " ") and row.endswith(" " + command.strip())
 
 
 def test_list_aligns_ids_of_wide_and_combining_characters(db):
@@ -10784,7 +10952,7 @@ def test_list_aligns_ids_of_wide_and_combining_characters(db):
     header, *rows = ok(db, "list").splitlines()
     starts = {columns(line[:line.index(" pending ")]) for line in rows}
     assert starts == {columns(header[:header.index(" STATE ")])}, rows
-    assert any("…" in line for line in rows)  # the long one is truncated, not let run into STATE
+    assert "…" not in "".join(rows)  # the column is as wide as the widest id: none is cut
 
 
 @pytest.mark.parametrize("left,text", [(59.5, "in 1m"), (60, "in 1m"), (3590, "in 1h 0m"), (3600, "in 1h 0m"),
@@ -11844,6 +12012,28 @@ def test_installed_worker_gets_signals_itself(sqlite_db, workers, tmp_path, sig)
     worker.signal(sig)
     assert worker.wait() == 130, worker.log()
     assert get_job(sqlite_db, "run")["state"] == "pending"
+
+
+def test_an_installed_worker_shows_its_own_command_line_in_ps(sqlite_db, workers, tmp_path):
+    """ps, top and systemd show /proc/PID/cmdline: the launcher's few bytes, then the file's path and its
+    arguments (not the loader's text, which a -c of it put in front of them)."""
+    program = _installed(tmp_path)
+    log_path = tmp_path / "installed.stderr"
+    with open(log_path, "wb") as err:
+        popen = subprocess.Popen([str(program), "--db", sqlite_db, "worker", "start"], stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
+                                 env=_launcher_env(tmp_path, **{TAG_VAR: workers.tag}))
+    worker = WorkerProc(popen, log_path)
+    workers.procs.append(worker)
+    worker.wait_log("worker started")
+    with open(f"/proc/{popen.pid}/cmdline", "rb") as f:
+        args = f.read().rstrip(b"\0").split(b"\0")
+    at = args.index(os.fsencode(program))
+    assert args[at:] == [os.fsencode(program), b"--db", os.fsencode(sqlite_db), b"worker", b"start"]
+    before = b" ".join(args[:at])
+    assert len(before) < 120 and b"\n" not in before and args[1:3] == [b"-P", b"-c"], before
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0, worker.log()
 
 
 # ==== Benchmark (bench/) ==========================================================================

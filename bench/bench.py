@@ -592,12 +592,13 @@ def drain_once(b: Bench, db: str, n: int, tag: str, command: str = "true") -> di
             "total_cpu_s": run["total_cpu_s"]}
 
 
-LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ")
+LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)\.(\d{3})Z ")
 
 
 def log_span(path: str) -> tuple[float | None, float | None]:
     """Wall times of the first `claimed` and the last `completed` line of a worker log, if its lines
-    start with logging's default asctime; (None, None) otherwise (the breakdown is then left out)."""
+    start with their UTC time; (None, None) otherwise (the breakdown is then left out)."""
+    import calendar
     first = last = None
     try:
         with open(path, errors="replace") as f:
@@ -605,7 +606,7 @@ def log_span(path: str) -> tuple[float | None, float | None]:
                 m = LOG_TIME.match(line)
                 if not m:
                     continue
-                t = time.mktime(time.strptime(m[1], "%Y-%m-%d %H:%M:%S")) + int(m[2]) / 1000
+                t = calendar.timegm(time.strptime(m[1], "%Y-%m-%dT%H:%M:%S")) + int(m[2]) / 1000
                 if first is None and " claimed" in line:
                     first = t
                 if " completed" in line:
