@@ -7896,11 +7896,18 @@ def print_table(header: list[str], rows: list[list[str]], right: tuple[int, ...]
     lines = []
     for row in (header, *rows):
         cells = [_padded(cell, width, i in right) for i, (cell, width) in enumerate(zip(row, widths))]
-        last = " ".join(row[-1].split())
+        last = row[-1]
         if room is not None:  # too little room left (long ids): cut to a few words, and the line wraps
-            last = _cell(last, max(room - sum(widths) - len(widths), MIN_COMMAND_COLUMNS)).rstrip()
+            last = _fitted(last, max(room - sum(widths) - len(widths), MIN_COMMAND_COLUMNS))
         lines.append(" ".join(cells + [last]).rstrip() + "\n")
     sys.stdout.write("".join(lines))
+
+
+def _fitted(text: str, width: int) -> str:
+    """`text` in at most `width` terminal columns, blanks squeezed, cut with … only if wider: never padded
+    (a $COLUMNS of any size is taken at its word)."""
+    text = " ".join(text.split())
+    return _cell(text, width).rstrip() if text_width(text) > width else text
 
 
 def _padded(cell: str, width: int, right: bool) -> str:

@@ -10941,6 +10941,27 @@ def test_list_cuts_the_command_to_a_terminals_width_and_nothing_elsewhere(db, mo
     assert row.startswith(slot_id + " ") and row.endswith(" " + command.strip())
 
 
+def test_list_to_a_pipe_keeps_the_commands_own_blanks(db):
+    # Runs of spaces and a no-break space are the command's: squeezed, it would be another command.
+    command = "printf '%s|%s|' 'a   b' c\u00a0d"
+    enqueue(db, id="spaced", command=command)
+    assert ok(db, "list").splitlines()[1].endswith(" " + command)
+
+
+@sqlite_only
+@pytest.mark.parametrize("columns", ["0", "1", "abc", "-3", "9" * 20])
+def test_list_on_a_terminal_takes_any_columns_value(db, monkeypatch, columns):
+    # $COLUMNS of 0, 1 or no number: the terminal's own width (80 for a test's stdout); a huge one: nothing to cut.
+    command = "echo " + "word " * 30
+    enqueue(db, id="j", command=command)
+    monkeypatch.setenv("COLUMNS", columns)
+    header, row = on_a_terminal(db, "list").splitlines()
+    if columns == "9" * 20:
+        assert row.endswith(" " + command.strip()) and len(row) < 300, row
+    else:
+        assert len(row) == 80 and row.endswith("…"), row
+
+
 def test_list_aligns_ids_of_wide_and_combining_characters(db):
     import unicodedata
 
