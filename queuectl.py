@@ -2520,11 +2520,13 @@ class Store:
     def update_schedule(self, schedule: Schedule, now: float) -> None:
         """Replace a schedule's cron or every, zone, overlap and template with a validated schedule's, in one
         transaction; NotFound if absent. What it did stays: its last job (so `overlap: skip` still waits
-        for it), pause and anchor (an `every` keeps its slot times); its next slot is its first after `now`,
-        so slots already passed are not fired."""
+        for it), pause and anchor (an `every` keeps its slot times); its next slot is its first after `now`
+        (and after the last slot fired), so slots already passed are not fired."""
         def update(cur):
             [stored] = self._schedules_in(cur, [schedule.id])
-            following = next_slot(Schedule(**{**schedule.__dict__, "created_at": stored.created_at}), now)
+            # `now` was read before this transaction waited for its lock: a worker may have fired a later slot
+            after = max(now, stored.last_run_at or now)
+            following = next_slot(Schedule(**{**schedule.__dict__, "created_at": stored.created_at}), after)
             cur.execute(self.sql.SQL_UPDATE_SCHEDULE, (schedule.cron, schedule.every_s, schedule.tz, schedule.overlap,
                                                        json.dumps(schedule.job), following, schedule.id))
         self.write(update)

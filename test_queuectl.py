@@ -2530,6 +2530,19 @@ def test_an_update_fires_no_slot_already_passed_and_keeps_an_every_schedules_slo
     assert store.fire_schedules(T0 + 400) == []
 
 
+def test_an_update_that_read_the_clock_before_a_worker_fired_never_goes_back_to_a_fired_slot(store):
+    # `schedule update` reads the time, then waits for the write lock while a worker fires the slot just
+    # after that time: the update must not make that slot (or an earlier one) the next again.
+    add_schedule(store, now=T0, every="1m", overlap="allow")
+    fired = store.fire_schedules(T0 + 60.5)[0][2]
+    store.update_schedule(queuectl.validate_schedule({"id": "s", "every": "1m", "tz": "UTC", "command": "echo new",
+                                                      "overlap": "allow"}, CONFIG_DEFAULTS_INTERNAL, "/", T0 + 59.9),
+                          T0 + 59.9)
+    assert store.schedule("s").next_run_at == T0 + 120
+    assert store.fire_schedules(T0 + 61) == []
+    assert store.schedule("s").last_job_id == fired
+
+
 # ---- the schedule commands -----------------------------------------------------------------------
 
 def test_schedule_add_list_and_next(db, tmp_path):
