@@ -2517,15 +2517,15 @@ class Store:
             cur.executemany(self.sql.SQL_REMOVE_SCHEDULE, [(i,) for i in schedule_ids])
         self.write(remove)
 
-    def update_schedule(self, schedule: Schedule, now: float) -> None:
+    def update_schedule(self, schedule: Schedule, now: float | None = None) -> None:
         """Replace a schedule's cron or every, zone, overlap and template with a validated schedule's, in one
         transaction; NotFound if absent. What it did stays: its last job (so `overlap: skip` still waits
         for it), pause and anchor (an `every` keeps its slot times); its next slot is its first after `now`
-        (and after the last slot fired), so slots already passed are not fired."""
+        (default: the clock once the row is held), so slots already passed are not fired."""
         def update(cur):
             [stored] = self._schedules_in(cur, [schedule.id])
-            # `now` was read before this transaction waited for its lock: a worker may have fired a later slot
-            after = max(now, stored.last_run_at or now)
+            # Read after the wait for the lock: a slot a worker fired meanwhile is passed too.
+            after = self.now() if now is None else now
             following = next_slot(Schedule(**{**schedule.__dict__, "created_at": stored.created_at}), after)
             cur.execute(self.sql.SQL_UPDATE_SCHEDULE, (schedule.cron, schedule.every_s, schedule.tz, schedule.overlap,
                                                        json.dumps(schedule.job), following, schedule.id))
@@ -8696,8 +8696,7 @@ def cmd_schedule_update(args, store: Store) -> None:
             raise UsageError(f"field 'id' {shown(obj['id'])} is not the schedule updated, {schedule_id!r} "
                              "(to rename one, remove it and add it)")
         obj = {**obj, "id": schedule_id}
-    now = store.now()
-    store.update_schedule(validate_schedule(obj, store.config_all(), current_dir(), now), now)
+    store.update_schedule(validate_schedule(obj, store.config_all(), current_dir(), store.now()))
     print_ids([schedule_id])
 
 
