@@ -262,6 +262,11 @@ class BadDatabase(QueueError):
     """The file is not a queuectl database this version can use."""
 
 
+class NoQueue(BadDatabase):
+    """A Store that may only read found no queue where it looked (no file, or no schema holding one);
+    nothing was created. The CLI then answers from an EmptyStore."""
+
+
 class UpgradeRefused(BadDatabase):
     """The schema was not upgraded: workers of the older schema are alive (see Store.refuse_older_workers)."""
 
@@ -2567,6 +2572,8 @@ class SqliteStore(Store):
         # The real path: SQLite keeps -wal and -shm beside the file a symlink points to.
         real = os.path.realpath(self.path)
         _check_regular(self.path, real)
+        if self.reads_only and not os.path.exists(real):  # a reader never creates the file
+            raise NoQueue(f"no queue at {os.path.abspath(self.path)} yet")
         self.read_only = self.reads_only and os.path.exists(real) and not _writable(real)
         if self.read_only:
             self.signature = _signature(real)
@@ -3824,6 +3831,8 @@ class PostgresStore(Store):
                 return
         except self.psycopg.Error as e:
             raise self._failure(e) from None
+        if self.reads_only and version == 0:  # a reader never creates the schema nor fills an empty one
+            raise NoQueue(f"no queue at {self.path} yet")
         self.write(self._apply_migrations)
 
     def _owners(self, cur, writes: bool) -> list[tuple]:
@@ -4202,6 +4211,21 @@ class PostgresStore(Store):
 def _claimed(row: tuple | None) -> Job | None:
     """The job a PostgreSQL claim statement took: its row is (best queue, free, the job's columns or NULLs)."""
     return None if row is None or row[2] is None else Job.from_row(row[2:])
+
+
+class EmptyStore(SqliteStore):
+    """An empty queue in memory, standing in for one that does not exist yet (NoQueue): what a command that
+    only reads answers from, so looking never creates a file or a schema and prints what an empty queue would."""
+
+    def __init__(self, target: str):
+        super().__init__(target, reads_only=True)
+        self.path = database_name(target)  # for messages; `target` stays the real one, to open it once it exists
+
+    def _open_once(self) -> None:
+        self.read_only, self.frozen, self.file_id, self.companion_ids = False, False, None, {}
+        self.conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        self.write(self._apply_migrations)
+        self.query_only()
 
 
 def open_database(target: str, lease_s: float | None = None, **kwargs) -> Store:
@@ -6713,9 +6737,12 @@ class Dashboard:
     @contextlib.contextmanager
     def _store(self, read_only: bool):
         """A Store for this request alone; query-only for reads."""
-        if not is_postgres(self.target) and not os.path.exists(self.target):  # a new, empty file would be made
-            raise BadDatabase(f"database {self.path} no longer exists")
-        store = open_database(self.target, reads_only=read_only)
+        if not read_only and not is_postgres(self.target) and not os.path.exists(self.target):
+            raise BadDatabase(f"database {self.path} no longer exists")  # an action must not make a new file
+        try:
+            store = open_database(self.target, reads_only=read_only)
+        except NoQueue:  # not yet, or no longer: the page shows an empty queue until there is one
+            store = EmptyStore(self.target)
         try:
             yield store
         finally:
@@ -7775,7 +7802,23 @@ def open_store(args) -> Store:
     if not is_postgres(path) and not os.path.isabs(path) and not _cwd_exists():
         raise BadDatabase(f"cannot open {path}: the current folder no longer exists (give --db a full path)")
     # The dashboard only reads unless its actions are on.
-    return open_database(path, reads_only=args.reads_only and not getattr(args, "allow_actions", False))
+    try:
+        return open_database(path, reads_only=args.reads_only and not getattr(args, "allow_actions", False))
+    except NoQueue as e:  # most often the wrong folder or a typo in --db: say so, and answer as an empty queue
+        print(f"queuectl: note: {e}", file=sys.stderr)
+        return EmptyStore(path)
+
+
+def reopened(store: Store) -> Store:
+    """For a command that watches: the real Store once the queue an EmptyStore stands in for exists."""
+    if not isinstance(store, EmptyStore):
+        return store
+    try:
+        real = open_database(store.target, reads_only=True)
+    except NoQueue:
+        return store
+    store.close()
+    return real
 
 
 def _cwd_exists() -> bool:
@@ -8212,15 +8255,20 @@ def _dead_verdict(dead: list[str], answered: int) -> int:
 def cmd_status(args, store: Store) -> None:
     if not args.watch:
         return print_status(store, args.queue, args.json)
+    watched = store
     try:
         while True:
-            store.refresh()
-            _watch_frame(store, args.queue, args.json)
+            watched = reopened(watched)  # a queue made while it is watched shows up
+            watched.refresh()
+            _watch_frame(watched, args.queue, args.json)
             time.sleep(1.0)
     except KeyboardInterrupt:
         if not args.json:
             print()
         raise  # 130, as for `logs -f` and `wait`: the user stopped it, it did not finish
+    finally:
+        if watched is not store:
+            watched.close()
 
 
 def _watch_frame(store: Store, queue: str | None, as_json: bool) -> None:
@@ -8461,7 +8509,9 @@ def cmd_worker_start(args, store: Store) -> int:
         else:
             print(f"queuectl: note: {note}", file=sys.stderr)
     store.close()
-    supervisor = Supervisor(store.target, args.count, args.burst, queues)
+    # An absolute path: the worker's log then names the file whatever folder it was started in.
+    target = store.target if is_postgres(store.target) else os.path.abspath(store.target)
+    supervisor = Supervisor(target, args.count, args.burst, queues)
     supervisor.install_signals()
     return supervisor.run()
 

@@ -3202,11 +3202,58 @@ def test_database_errors_name_the_file_and_the_reason(tmp_path):
     for path, reason in ((folder, "is a directory"), (garbage, "file is not a database"),
                          (missing, "no such file or directory")):
         for args in (("status",), ("enqueue", '{"command": "true"}')):
+            if path == missing and args == ("status",):
+                continue  # no file to read: an empty queue (test_commands_that_only_read_create_nothing)
             code, out, err = cli(str(path), *args)
             assert (code, out) == (1, ""), (path, args)
             assert_one_error(err, f"cannot open {path}: {reason}")
     assert garbage.read_bytes() == b"this is not a database\n" * 200
     assert os.listdir(folder) == [] and not missing.parent.exists()
+
+
+READING_COMMANDS = (("status",), ("status", "--json"), ("list",), ("list", "--json"), ("stats", "--json"),
+                    ("metrics",), ("queues",), ("queues", "--json"), ("worker", "list", "--json"),
+                    ("schedule", "list"), ("schedule", "list", "--json"), ("dlq", "list", "--json"),
+                    ("config", "list", "--json"), ("config", "get", "max-retries"), ("wait", "--all"))
+
+
+def pg_schema_exists(url):
+    """Whether the schema that a postgresql:// --db names exists on its server."""
+    import psycopg
+    libpq, schema = queuectl._pg_target(url)[:2]
+    with psycopg.connect(libpq, autocommit=True) as conn:
+        return conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone() is not None
+
+
+def test_commands_that_only_read_create_nothing_and_answer_as_an_empty_queue(db, tmp_path, monkeypatch):
+    """The wrong folder, or a typo in --db: a reading command creates no file (no schema, even one whose
+    name needs quoting), prints what an empty queue prints and says on stderr where it looked."""
+    if is_pg(db):
+        db = db.replace("schema=t_", "schema=Team2_")  # the backend quotes it: "Team2_…"
+        where = queuectl.database_name(db)
+    else:
+        db, where = "sub.db", str(tmp_path / "sub.db")
+        monkeypatch.chdir(tmp_path)  # a relative --db: the note gives the absolute path
+    try:
+        missing = {args: cli(db, *args) for args in READING_COMMANDS}
+        assert not (pg_schema_exists(db) if is_pg(db) else os.listdir(tmp_path))
+        assert cli(db, "show", "x")[2] == f"queuectl: note: no queue at {where} yet\nqueuectl: error: no job with id 'x'\n"
+        ok(db, "config", "set", "max-retries", "3")  # the queue now exists, and is empty
+        for args, (code, out, err) in missing.items():
+            assert (code, err) == (0, f"queuectl: note: no queue at {where} yet\n"), args
+            assert cli(db, *args) == (0, out, ""), args
+    finally:
+        if is_pg(db):
+            db_sql(db, f'DROP SCHEMA IF EXISTS "{queuectl._pg_target(db)[1]}" CASCADE')
+
+
+@sqlite_only
+def test_a_file_that_is_no_queuectl_database_keeps_its_error_for_commands_that_read(db):
+    data = _foreign_db(db)
+    code, out, err = cli(db, "status")
+    assert (code, out) == (1, "")
+    assert_one_error(err, "is not a queuectl database")
+    assert open(db, "rb").read() == data
 
 
 def test_commands_that_only_read_work_on_a_database_this_user_cannot_write(read_only_db):
@@ -3352,7 +3399,7 @@ def test_a_database_made_through_a_dangling_symlink_is_private_from_the_start(tm
     link.symlink_to(target)
     old = os.umask(0o022)
     try:
-        ok(str(link), "status")
+        ok(str(link), "config", "set", "max-retries", "3")
     finally:
         os.umask(old)
     assert stat.S_IMODE(os.stat(target).st_mode) == 0o600
@@ -3848,7 +3895,7 @@ def test_a_worker_leaves_a_database_file_that_was_deleted_or_replaced(sqlite_db,
             os.unlink(name)
     if how == "replaced":
         other = str(tmp_path / "other.db")
-        ok(other, "status")
+        ok(other, "config", "set", "max-retries", "3")
         os.rename(other, sqlite_db)
     worker.wait_log(f"{sqlite_db} is no longer the database file this worker opened")
     enqueue(sqlite_db, id="new", command="true")  # in the file the path names now: this worker must not claim it
@@ -8524,6 +8571,14 @@ def test_worker_default_log_lines_keep_their_text_format(db, workers):
     assert any(re.fullmatch(r"job bad failed \(exit code 3\); retry 2 in \d+s", m) for m in messages), messages
 
 
+def test_worker_log_names_its_database_by_its_absolute_path(tmp_path, monkeypatch):
+    monkeypatch.delenv("QUEUECTL_DB", raising=False)
+    ok(str(tmp_path / "q.db"), "enqueue", '{"command": "true"}')
+    result = subprocess.run([sys.executable, QUEUECTL, "--db", "q.db", "worker", "start", "--burst"], cwd=tmp_path,
+                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=WAIT_S, env=child_env())
+    assert result.returncode == 0 and f", db {tmp_path / 'q.db'}\n" in result.stderr, result.stderr
+
+
 def test_worker_quiet_logs_only_starts_stops_failures_and_deaths(db, workers):
     log_text = run_log_demo(db, workers, "--quiet")
     messages = [TEXT_LOG_LINE.match(line)[1] for line in log_text.splitlines()]
@@ -9172,6 +9227,19 @@ def add_cut_run(store, job_id, kept, total):
     done = queuectl.Outcome(0, None, b"y\n" * (kept // 2), 0.5)
     done.output_bytes = total
     store.finish(job, "dash-worker", done, store.config_all(), now + 0.5)
+
+
+def test_dashboard_of_a_queue_not_made_yet_shows_it_empty_and_creates_nothing(db, tmp_path):
+    if is_pg(db):
+        assert not pg_schema_exists(db)
+    server = DashboardUnderTest(db)
+    try:
+        assert server.get("/api/status")["jobs"]["pending"] == 0 and server.get("/api/jobs") == []
+        assert not (pg_schema_exists(db) if is_pg(db) else os.listdir(tmp_path))
+        enqueue(db, id="later", command="true")
+        assert server.get("/api/status")["jobs"]["pending"] == 1
+    finally:
+        server.close()
 
 
 def test_dashboard_refuses_every_request_without_the_right_token(dashboard):
@@ -10715,6 +10783,19 @@ def test_status_watch_redraws_until_ctrl_c(db, workers, tmp_path):
     assert "Traceback" not in stderr and "error" not in stderr, stderr
 
 
+def test_status_watch_started_before_the_queue_exists_shows_it_once_it_does(db, workers, tmp_path):
+    out_path = tmp_path / "watch.out"
+    with open(out_path, "wb") as out:
+        watch = workers.spawn("status", "--watch", "--json", stdout=out)
+    wait_for(lambda: out_path.read_bytes().count(b"\n") >= 1, "a first frame")
+    assert json.loads(out_path.read_text().splitlines()[0])["jobs"]["pending"] == 0
+    enqueue(db, id="w1", command="true")
+    wait_for(lambda: '"pending": 1' in out_path.read_text(), "a frame with the job enqueued after the start")
+    watch.send_signal(signal.SIGINT)
+    assert watch.wait(timeout=WAIT_S) == 130
+    assert watch.stderr.read().decode().startswith("queuectl: note: no queue at ")
+
+
 def test_status_watch_json_prints_one_json_object_a_line(db, capsys):
     enqueue(db, id="w1", command="true")
     with opened(db) as s:
@@ -10967,6 +11048,9 @@ def test_enqueue_then_wait_in_a_shell_script(db, workers, tmp_path, job, expecte
 
 
 def test_wait_all_on_a_queue_with_nothing_unfinished_exits_0_at_once(db):
+    code, out, err = cli(db, "wait", "--all")  # no queue yet: as an empty one, with a note
+    assert (code, out) == (0, "") and err.startswith("queuectl: note: no queue at "), err
+    ok(db, "config", "set", "max-retries", "3")
     assert cli(db, "wait", "--all") == (0, "", "")
     enqueue(db, id="old", command="true")
     ok(db, "cancel", "old")  # dead before the wait started: not one of the jobs it answers for
