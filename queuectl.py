@@ -85,6 +85,12 @@ commands:
   dashboard               a live web view of the queue and a JSON API (http://127.0.0.1:8321)
   config set|get|list     max-retries, backoff-base, backoff-max, stale-timeout, job-timeout, retention,
                           output-limit, kill-grace
+  help [COMMAND]          a command's options and arguments (as COMMAND --help)
+
+example:
+  queuectl add -- echo hello        # add a job; prints its id
+  queuectl worker start --burst     # run the jobs that are due, then exit
+  queuectl list                     # every job and its state
 """
 
 # ---- A map of this file ----------------------------------------------------------------------
@@ -228,6 +234,7 @@ SWEEP_INTERVAL_S = 1.0  # how often each worker process looks for dead workers
 # (see Holdings); handing a claim's answer to its runner takes milliseconds.
 STRAY_GRACE_S = 5.0
 BUSY_TIMEOUT_S = 1.0  # SQLite's own busy wait per attempt; we retry on top of it
+UNBOUNDED = 2**62  # the upper bound of a count with none that matters (list --limit): errors say "0 or more"
 CLI_BUSY_DEADLINE_S = 5.0  # a CLI command gives up (exit 1) after retrying this long
 CUT_OFF = "worker cut off from the database"  # why a worker killed runs it could no longer hold (lost runs)
 CLAIM_ANSWER_LOST = "claim answer lost"  # the error of a run recovered as a stray (see Holdings)
@@ -263,6 +270,11 @@ class Busy(QueueError):
 
 class BadDatabase(QueueError):
     """The file is not a queuectl database this version can use."""
+
+
+class NoQueue(BadDatabase):
+    """A Store that may only read found no queue where it looked (no file, or no schema holding one);
+    nothing was created. The CLI then answers from an EmptyStore."""
 
 
 class UpgradeRefused(BadDatabase):
@@ -566,10 +578,14 @@ def refuse_unknown_fields(obj: dict, fields: tuple, known: set | frozenset) -> N
 
 
 def did_you_mean(name: str, valid) -> str:
-    """"(did you mean 'x'?)" for the valid name nearest a mistyped one, or "" if none is near."""
+    """"(did you mean 'x'?)" for the valid name nearest a mistyped one, or "" if none is near (case
+    aside: `MAX-RETRIES` is near `max-retries`)."""
     import difflib  # only on this error path: its import costs start-up time
-    close = difflib.get_close_matches(name, list(valid), n=1)
-    return f"(did you mean {close[0]!r}?)" if close else ""
+    lowered = {str(v).lower(): v for v in valid}
+    # Two letters swapped (stauts) first: difflib's ratio would prefer the shorter `stats`.
+    close = ([k for k in lowered if sorted(k) == sorted(name.lower())]
+             or difflib.get_close_matches(name.lower(), list(lowered), n=1))
+    return f"(did you mean {lowered[close[0]]!r}?)" if close else ""
 
 
 def _valid_run_at(obj: dict, now: float) -> float | None:
@@ -764,7 +780,8 @@ def parse_number(value: object, what: str, low: float, high: float, *, integer: 
     else:
         raise UsageError(f"{where}not {kind}: {shown(value)}")
     if not low <= number <= high or math.isinf(number):  # also refuses NaN
-        raise UsageError(f"{where}value {shown(value)} must be {kind} from {low} to {high}")
+        bounds = f", {low} or more" if high >= UNBOUNDED else f" from {low} to {high}"
+        raise UsageError(f"{where}value {shown(value)} must be {kind}{bounds}")
     return int(number) if number == int(number) else number
 
 
@@ -2610,6 +2627,8 @@ class SqliteStore(Store):
         # The real path: SQLite keeps -wal and -shm beside the file a symlink points to.
         real = os.path.realpath(self.path)
         _check_regular(self.path, real)
+        if self.reads_only and not os.path.exists(real):  # a reader never creates the file
+            raise NoQueue(f"no queue at {os.path.abspath(self.path)} yet")
         self.read_only = self.reads_only and os.path.exists(real) and not _writable(real)
         if self.read_only:
             self.signature = _signature(real)
@@ -3869,6 +3888,8 @@ class PostgresStore(Store):
                 return
         except self.psycopg.Error as e:
             raise self._failure(e) from None
+        if self.reads_only and version == 0:  # a reader never creates the schema nor fills an empty one
+            raise NoQueue(f"no queue at {self.path} yet")
         self.write(self._apply_migrations)
 
     def _owners(self, cur, writes: bool) -> list[tuple]:
@@ -4247,6 +4268,21 @@ class PostgresStore(Store):
 def _claimed(row: tuple | None) -> Job | None:
     """The job a PostgreSQL claim statement took: its row is (best queue, free, the job's columns or NULLs)."""
     return None if row is None or row[2] is None else Job.from_row(row[2:])
+
+
+class EmptyStore(SqliteStore):
+    """An empty queue in memory, standing in for one that does not exist yet (NoQueue): what a command that
+    only reads answers from, so looking never creates a file or a schema and prints what an empty queue would."""
+
+    def __init__(self, target: str):
+        super().__init__(target, reads_only=True)
+        self.path = database_name(target)  # for messages; `target` stays the real one, to open it once it exists
+
+    def _open_once(self) -> None:
+        self.read_only, self.frozen, self.file_id, self.companion_ids = False, False, None, {}
+        self.conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        self.write(self._apply_migrations)
+        self.query_only()
 
 
 def open_database(target: str, lease_s: float | None = None, **kwargs) -> Store:
@@ -6758,9 +6794,12 @@ class Dashboard:
     @contextlib.contextmanager
     def _store(self, read_only: bool):
         """A Store for this request alone; query-only for reads."""
-        if not is_postgres(self.target) and not os.path.exists(self.target):  # a new, empty file would be made
-            raise BadDatabase(f"database {self.path} no longer exists")
-        store = open_database(self.target, reads_only=read_only)
+        if not read_only and not is_postgres(self.target) and not os.path.exists(self.target):
+            raise BadDatabase(f"database {self.path} no longer exists")  # an action must not make a new file
+        try:
+            store = open_database(self.target, reads_only=read_only)
+        except NoQueue:  # not yet, or no longer: the page shows an empty queue until there is one
+            store = EmptyStore(self.target)
         try:
             yield store
         finally:
@@ -7550,8 +7589,22 @@ loop();
 class Parser(argparse.ArgumentParser):
     """argparse that raises UsageError instead of printing usage and exiting."""
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # A value such as -1h is a value, not an option (argparse takes only -1 and -1.5 as numbers), so
+        # `stats --since -1h` is refused for what it is rather than as a missing argument.
+        self._negative_number_matcher = re.compile(r"^-\d")
+
     def error(self, message: str):
         raise UsageError(message)
+
+    def _check_value(self, action, value) -> None:
+        """A mistyped command or choice gets the nearest one, as a mistyped field or config key does."""
+        if action.choices is not None and value not in action.choices:
+            hint = did_you_mean(value, action.choices)
+            if hint:
+                raise argparse.ArgumentError(action, f"invalid choice: {value!r} {hint}")
+        super()._check_value(action, value)
 
 
 class _Deferred:
@@ -7594,11 +7647,16 @@ class _LazyParser(_Deferred):
 
 def build_parser() -> Parser:
     """The whole command line."""
-    p = Parser(prog="queuectl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="queuectl", usage="queuectl [-h] [--version] [--db DB] [--json] COMMAND ...", description=__doc__,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"queuectl {__version__}")
     p.add_argument("--db", help="database file, or postgresql://USER@HOST:PORT/DBNAME?schema=NAME "
-                   "(default: $QUEUECTL_DB or ./queuectl.db)")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_LazyParser)
+                   "(default: $QUEUECTL_DB or ./queuectl.db); also after the command")
+    p.add_argument("--json", action="store_true", help="print JSON only, for a command that has --json; "
+                   "also after the command")
+    # The commands are listed once, in the description; argparse's own list would repeat them.
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_LazyParser,
+                           help=argparse.SUPPRESS, prog="queuectl")
     _add_job_commands(sub)
     _add_view_commands(sub)
     _add_operating_commands(sub)
@@ -7608,25 +7666,60 @@ def build_parser() -> Parser:
     _add_dlq_and_config(sub)
     _add_schedule_commands(sub.add_parser("schedule", help="recurring jobs").add_subparsers(
         dest="action", required=True, metavar="ACTION"))
+    sub.add_parser("help", help="a command's help, as COMMAND --help").add_argument(
+        "topic", nargs="*", metavar="COMMAND")
     return p
 
 
 def _command(sub, name: str, func, help: str, *, json_flag: bool = False, ids: str | None = None,
-             reads: bool = False, check=None):
-    """Add a subcommand bound to `func`, with the common --json flag and ID arguments; `reads`: it
-    never writes, so it works on a database this user may only read (see Store); `check(args)`
-    validates the arguments before the database is opened, so invalid input creates nothing."""
-    cmd = sub.add_parser(name, help=help, description=help)
+             reads: bool = False, check=None, epilog: str | None = None):
+    """Add a subcommand bound to `func`, with --db, the common --json flag and ID arguments; `reads`: it
+    never writes, so it works on a database this user may only read, and a missing one is not created
+    (see open_store); `check(args)` validates the arguments before the database is opened, so invalid
+    input creates nothing; `epilog`: text after the options."""
+    cmd = sub.add_parser(name, help=help, description=help, epilog=epilog,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
     if ids:
         cmd.add_argument("ids" if ids == "+" else "id", nargs=ids if ids == "+" else None, metavar="ID")
+    # Global options after the command too. SUPPRESS: a value given before the command is kept unless
+    # repeated after it (a default here would overwrite it); given in both places, the later one wins.
+    cmd.add_argument("--db", default=argparse.SUPPRESS, help="the database, as `queuectl --db DB COMMAND`")
     if json_flag:
-        cmd.add_argument("--json", action="store_true", help="print JSON only")
-    cmd.set_defaults(func=func, reads_only=reads, check=check, opens_store=True)
+        cmd.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON only")
+    cmd.set_defaults(func=func, reads_only=reads, check=check, json_flag=json_flag, opens_store=True)
     return cmd
 
 
+def job_fields_help() -> str:
+    """`enqueue --help`'s list of the JSON fields and their defaults (the README's table, short)."""
+    retries, timeout = CONFIG["max_retries"][0], CONFIG["job_timeout"][0]
+    return f"""JSON fields (default):
+  command      required: run by /bin/sh -c
+  id           16 random hex characters
+  queue        {DEFAULT_QUEUE}
+  priority     0; among due jobs, higher runs first
+  max_retries  config max-retries ({retries}): the runs before the DLQ
+  timeout      config job-timeout ({timeout}; 0 = none): a duration, e.g. 90, 30s, 15m
+  run_at       now: ISO-8601 (no offset: local time) or Unix seconds
+  delay        0: a duration from now (not with run_at)
+  depends_on   []: ids of jobs that must complete first
+  env          {{}}: {{"NAME": "VALUE", ...}}
+  cwd          the current folder: an absolute path"""
+
+
+SCHEDULE_FIELDS_HELP = """JSON fields (default):
+  id           required: its jobs are ID@SLOT
+  cron         one of cron and every: five fields (minute hour day month weekday) or @hourly, @daily, ...
+  every        one of cron and every: a duration, e.g. 30s, 15m, 2h, 1d
+  tz           this machine's zone: an IANA name such as Europe/Berlin, in which cron is read
+  overlap      skip: no job for a slot while the last one is unfinished; or allow
+  command, max_retries, timeout, cwd, env, priority, queue
+               the template of its jobs, as for enqueue (queuectl help enqueue)"""
+
+
 def _add_job_commands(sub) -> None:
-    e = _command(sub, "enqueue", cmd_enqueue, "add a job, or with '-' a batch from stdin", json_flag=True)
+    e = _command(sub, "enqueue", cmd_enqueue, "add a job, or with '-' a batch from stdin", json_flag=True,
+                 epilog=job_fields_help())
     e.add_argument("job", metavar="JSON", help="a job object, or - to read JSON Lines or a JSON array from stdin")
     _progress_flag(e)
     _add_add_command(sub)
@@ -7638,8 +7731,9 @@ def _add_job_commands(sub) -> None:
                   check=check_purge)
     pg.add_argument("--state", choices=(COMPLETED, DEAD), default=None,
                     help="which finished jobs (default completed)")
-    pg.add_argument("--older-than", type=_duration_arg, default=None, metavar="DURATION",
-                    help="only those last changed longer ago than this, e.g. 3600, 15m, 12h, 7d, 1w (default: any age)")
+    pg.add_argument("--older-than", type=_unit_duration_arg, default=None, metavar="DURATION",
+                    help="only those last changed longer ago than this, with its unit: 90s, 15m, 12h, 7d, 1w "
+                         "(default: any age)")
     _progress_flag(pg)
     wt = _command(sub, "wait", cmd_wait, "block until the jobs, or with --all a whole queue, are completed or dead",
                   reads=True, check=check_bulk)
@@ -7678,19 +7772,21 @@ def _progress_flag(cmd) -> None:
 
 def _add_view_commands(sub) -> None:
     s = _command(sub, "status", cmd_status, "job counts, live workers, paused queues", json_flag=True, reads=True)
-    s.add_argument("--queue", type=_queue_arg)
+    s.add_argument("--queue", type=_queue_arg, help="only the jobs of this queue")
     s.add_argument("--watch", action="store_true", help="redraw every second until Ctrl+C")
-    ls = _command(sub, "list", cmd_list, "list jobs, oldest first", json_flag=True, reads=True)
+    ls = _command(sub, "list", cmd_list, "list jobs, oldest first", json_flag=True, reads=True, check=check_list)
     ls.add_argument("--state", help=f"one of {', '.join(STATES)}")
-    ls.add_argument("--queue", type=_queue_arg)
-    ls.add_argument("--limit", type=_int_arg(0, 2**62), default=None, help="only the N most recently created")
+    ls.add_argument("--queue", type=_queue_arg, help="only the jobs of this queue")
+    ls.add_argument("--limit", type=_int_arg(0, UNBOUNDED), default=None, metavar="N",
+                    help="only the N most recently created")
     _command(sub, "show", cmd_show, "one job in full, with its runs", json_flag=True, ids="1", reads=True)
     lg = _command(sub, "logs", cmd_logs, "output of the job's latest run (or run N)", ids="1", reads=True)
-    lg.add_argument("--run", type=_int_arg(1, 2**62), default=None, metavar="N")
+    lg.add_argument("--run", type=_int_arg(1, UNBOUNDED), default=None, metavar="N",
+                    help="the output of run N (1 is the first; default: the latest)")
     lg.add_argument("--follow", "-f", action="store_true", help="stream a running job's output until it ends")
     st = _command(sub, "stats", cmd_stats, "throughput, durations and waits over a window", json_flag=True,
                   reads=True)
-    st.add_argument("--since", type=_duration_arg, default=3600, metavar="DURATION",
+    st.add_argument("--since", type=_window_arg, default=3600, metavar="DURATION",
                     help="window, e.g. 900, 15m, 1d, 1w (default 1h)")
     _command(sub, "metrics", cmd_metrics, "the queue's gauges in Prometheus text format (for a textfile collector)",
              reads=True)
@@ -7699,7 +7795,8 @@ def _add_view_commands(sub) -> None:
 def _add_operating_commands(sub) -> None:
     for name, func, verb in (("pause", cmd_pause, "stop claiming from"), ("resume", cmd_resume, "claim again from")):
         cmd = _command(sub, name, func, f"workers {verb} these queues (all, if none named)")
-        cmd.add_argument("--queue", type=_queue_arg, action="append", default=[])
+        cmd.add_argument("--queue", type=_queue_arg, action="append", default=[],
+                         help="this queue; repeat it for more (default: every queue)")
     lm = _command(sub, "limit", cmd_limit, "at most N jobs of a queue processing at once, on all workers; "
                   "without arguments, list the limits", json_flag=True, check=check_limit)
     lm.add_argument("queue", nargs="?", type=_queue_arg, metavar="QUEUE")
@@ -7740,13 +7837,14 @@ def _add_dlq_and_config(sub) -> None:
     r = _command(d, "retry", cmd_dlq_retry, "move dead jobs back to pending", check=check_bulk)
     _bulk_arguments(r, "every dead job, with the dead jobs it depends on (in any queue)")
     c = sub.add_parser("config", help="settings").add_subparsers(dest="action", required=True)
-    cs = _command(c, "set", cmd_config_set, "set a value")
+    cs = _command(c, "set", cmd_config_set, "set a value", check=lambda args: config_key(args.key))
     cs.add_argument("key", help=f"one of {', '.join(k.replace('_', '-') for k in CONFIG)}")
     # REMAINDER: a value such as "-1d" would otherwise be taken for an option and reported as a
     # missing value; cmd_config_set checks there is exactly one and names a bad one.
     cs.add_argument("value", nargs=argparse.REMAINDER, help="the value (one): the keys in seconds take a duration "
                     "(90, 15m, 2h, 1d, 1w), output-limit a size (65536, 64K, 1M)")
-    _command(c, "get", cmd_config_get, "print a value", reads=True).add_argument("key")
+    _command(c, "get", cmd_config_get, "print a value", reads=True,
+             check=lambda args: config_key(args.key)).add_argument("key")
     _command(c, "list", cmd_config_list, "every value", json_flag=True, reads=True)
 
 
@@ -7758,7 +7856,8 @@ def _bulk_arguments(cmd, every: str) -> None:
 
 
 def _add_schedule_commands(s) -> None:
-    a = _command(s, "add", cmd_schedule_add, "add a schedule: a JSON object with id, cron or every, and a job template")
+    a = _command(s, "add", cmd_schedule_add, "add a schedule: a JSON object with id, cron or every, and a job template",
+                 epilog=SCHEDULE_FIELDS_HELP)
     a.add_argument("schedule", metavar="JSON")
     _command(s, "list", cmd_schedule_list, "every schedule, its next slot and its last job", json_flag=True,
              reads=True)
@@ -7811,6 +7910,22 @@ def _duration_arg(text: str) -> float:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _unit_duration_arg(text: str) -> float:
+    """A duration that must name its unit: where a bare number deletes (purge), 7 may have meant 7 days."""
+    if NUMBER.fullmatch(text.strip()) and float(text) != 0:  # 0 is 0 in any unit
+        raise argparse.ArgumentTypeError(f"{shown(text)} has no unit: seconds or days? Give one: "
+                                         f"{text.strip()}s, {text.strip()}h, {text.strip()}d")
+    return _duration_arg(text)
+
+
+def _window_arg(text: str) -> float:
+    """A window of time to look back over: longer than 0."""
+    if text.strip().startswith("-") or _duration_arg(text) == 0:
+        raise argparse.ArgumentTypeError(f"the window must be longer than 0: {shown(text)} "
+                                         "(e.g. 90s, 15m, 1h, 1d)")
+    return _duration_arg(text)
+
+
 def _queue_arg(text: str) -> str:
     try:
         return valid_queue(text, "a queue name")
@@ -7828,7 +7943,23 @@ def open_store(args) -> Store:
     if not is_postgres(path) and not os.path.isabs(path) and not _cwd_exists():
         raise BadDatabase(f"cannot open {path}: the current folder no longer exists (give --db a full path)")
     # The dashboard only reads unless its actions are on.
-    return open_database(path, reads_only=args.reads_only and not getattr(args, "allow_actions", False))
+    try:
+        return open_database(path, reads_only=args.reads_only and not getattr(args, "allow_actions", False))
+    except NoQueue as e:  # most often the wrong folder or a typo in --db: say so, and answer as an empty queue
+        print(f"queuectl: note: {e}", file=sys.stderr)
+        return EmptyStore(path)
+
+
+def reopened(store: Store) -> Store:
+    """For a command that watches: the real Store once the queue an EmptyStore stands in for exists."""
+    if not isinstance(store, EmptyStore):
+        return store
+    try:
+        real = open_database(store.target, reads_only=True)
+    except NoQueue:
+        return store
+    store.close()
+    return real
 
 
 def _cwd_exists() -> bool:
@@ -8031,7 +8162,7 @@ def _about(seconds: float) -> str:
 def cmd_enqueue(args, store: Store) -> None:
     now, defaults, cwd = store.now(), store.config_all(), current_dir()
     if args.job != "-":
-        return enqueue_and_print(store, [validate_job(parse_json(args.job), defaults, cwd, now)], now, args.json)
+        return enqueue_and_print(store, [validate_job(job_json(args.job), defaults, cwd, now)], now, args.json)
     started, progress = time.monotonic(), Progress.for_command(args)
     with progress:
         specs, ids = enqueue_batch(store, progress, now, defaults, cwd)
@@ -8039,6 +8170,18 @@ def cmd_enqueue(args, store: Store) -> None:
     if progress.drawn:  # a long batch on a terminal: its live line is gone, one line says how it went
         sys.stdout.flush()
         print(f"queuectl: enqueued {len(ids)} jobs in {time.monotonic() - started:.1f}s", file=sys.stderr)
+
+
+def job_json(text: str) -> object:
+    """`enqueue`'s argument parsed. Text that is no JSON at all is most often a command line: point to `add`."""
+    try:
+        return parse_json(text)
+    except UsageError as e:
+        if text.lstrip().startswith(("{", "[", '"')):
+            raise
+        import shlex
+        words = text if shlex.join(text.split()) == text else shlex.quote(text)  # as the shell would take it
+        raise UsageError(f"{e} (to enqueue a command line: queuectl add -- {words})") from None
 
 
 def cmd_add(args, store: Store) -> None:
@@ -8216,11 +8359,11 @@ def check_batch(specs: list[dict]) -> None:
 
 def check_bulk(args) -> None:
     """IDs or --all, not both; --queue only with --all."""
-    name = "dlq retry" if args.command == "dlq" else args.command
+    name = command_name(args)
+    if args.queue is not None and not args.all:  # checked first: `cancel --queue q` means the whole queue
+        raise UsageError(f"{name}: --queue needs --all (`{name} --all --queue {args.queue}`)")
     if bool(args.ids) == args.all:
         raise UsageError(f"{name}: give job ids or --all" + (", not both" if args.all else ""))
-    if args.queue is not None and not args.all:
-        raise UsageError(f"{name}: --queue needs --all")
 
 
 def cmd_cancel(args, store: Store) -> None:
@@ -8318,15 +8461,20 @@ def _dead_verdict(dead: list[str], answered: int) -> int:
 def cmd_status(args, store: Store) -> None:
     if not args.watch:
         return print_status(store, args.queue, args.json)
+    watched = store
     try:
         while True:
-            store.refresh()
-            _watch_frame(store, args.queue, args.json)
+            watched = reopened(watched)  # a queue made while it is watched shows up
+            watched.refresh()
+            _watch_frame(watched, args.queue, args.json)
             time.sleep(1.0)
     except KeyboardInterrupt:
         if not args.json:
             print()
         raise  # 130, as for `logs -f` and `wait`: the user stopped it, it did not finish
+    finally:
+        if watched is not store:
+            watched.close()
 
 
 def _watch_frame(store: Store, queue: str | None, as_json: bool) -> None:
@@ -8389,9 +8537,12 @@ def due_text(job: Job, now: float, paused: list[str]) -> str:
     return f"in {minutes}m" if minutes < 60 else f"in {minutes // 60}h {minutes % 60}m"
 
 
-def cmd_list(args, store: Store) -> None:
+def check_list(args) -> None:
     if args.state is not None and args.state not in STATES:
         raise UsageError(f"unknown state {args.state!r} (valid: {', '.join(STATES)})")
+
+
+def cmd_list(args, store: Store) -> None:
     print_jobs(store, store.list_jobs(args.state, -1 if args.limit is None else args.limit, args.queue), args.json)
 
 
@@ -8563,7 +8714,9 @@ def cmd_worker_start(args, store: Store) -> int:
         else:
             print(f"queuectl: note: {note}", file=sys.stderr)
     store.close()
-    worker = Worker(store.target, args.count, args.burst, queues)
+    # An absolute path: the worker's log then names the file whatever folder it was started in.
+    target = store.target if is_postgres(store.target) else os.path.abspath(store.target)
+    worker = Worker(target, args.count, args.burst, queues)
     worker.install_signals()
     return worker.run()
 
@@ -8769,15 +8922,26 @@ def main(argv: list[str] | None = None) -> int:
             stream.reconfigure(errors="backslashreplace")
     if not isinstance(sys.stdout, Stdout):
         sys.stdout = Stdout(sys.stdout)
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:  # as git does: what there is and how to start, on stdout; 1, since no command ran
+        sys.stdout.write(overview())
+        return _flushed(EXIT_FAIL)
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as e:  # --help, --version: a failure to print them is an error, not a silent exit 0
         return _flushed(e.code if isinstance(e.code, int) else EXIT_OK)
     except QueueError as e:
         return _fail(e)
+    if args.command == "help":
+        return main([*args.topic, "--help"])
     if args.command in ("worker", "dashboard"):
         configure_logging(args)
     return _dispatch(args)
+
+
+def overview() -> str:
+    """What a bare `queuectl` prints: the usage line, the commands and an example (the help's own)."""
+    return build_parser().format_usage() + "\n" + __doc__[__doc__.index("commands:"):]
 
 
 def _closed_streams_to_devnull() -> None:
@@ -8832,12 +8996,27 @@ def _flushed(code: int) -> int:
     return code
 
 
+def typed_ids(args) -> list[str]:
+    """The job or schedule ids given on the command line."""
+    if getattr(args, "id", None) is not None:
+        return [args.id]
+    return getattr(args, "ids", None) or []
+
+
+def command_name(args) -> str:
+    """The command as typed, for messages: `status`, `dlq retry`."""
+    return " ".join(filter(None, (args.command, getattr(args, "action", None))))
+
+
 def _dispatch(args) -> int:
     """Open the database, run the command, turn every failure a user can cause into one line."""
     store = None
     try:
+        if args.json and not args.json_flag:
+            raise UsageError(f"{command_name(args)} has no --json")
         if args.check:  # invalid input is refused before the database is opened (or created)
             args.check(args)
+        checked_ids(typed_ids(args))  # a bad id too, so a read of a missing queue adds no note to the error
         if args.opens_store:  # a check may find the command needs no database (`schedule next --cron`)
             store = open_store(args)
             store.committed = False  # what opening wrote (a new file's schema) is not the command's change
