@@ -1329,6 +1329,9 @@ class SharedSQL:
                        "(SELECT count(*) FROM jobs WHERE seq > %s {queue})")
     SQL_DEAD_BETWEEN = "SELECT id, seq FROM jobs WHERE state = 'dead' AND seq BETWEEN %s AND %s {queue} ORDER BY seq"
 
+    # --burst: is anything processing (the variant for served queues is each dialect's)?
+    SQL_ANY_PROCESSING_ANY_QUEUE = "SELECT 1 FROM jobs WHERE state = 'processing' LIMIT 1"
+
     SQL_FLUSH_OUTPUT = ("UPDATE runs SET output = %s, output_bytes = %s "
                         "WHERE job_id = %s AND run_no = %s AND ended_at IS NULL")
     # Every write after the claim is guarded by the owner and run number (id, 'processing', worker_id,
@@ -1447,8 +1450,8 @@ class SharedSQL:
 
 @with_shared(sqlite_marks)
 class SqliteSQL:
-    """Every SQLite statement the store runs, each complete where it is defined (a statement with
-    a {placeholder} takes the served queues: see heads). The PostgreSQL dialect has its own."""
+    """The SQLite statements the store runs that are not SharedSQL's, each complete where it is
+    defined. The PostgreSQL dialect has its own."""
     PARAM = "?"  # the parameter mark, for clauses the rules build (see _where)
 
     SQL_INSERT_DEP = "INSERT OR IGNORE INTO deps (job_id, dep_id) VALUES (?, ?)"
@@ -1463,31 +1466,13 @@ class SqliteSQL:
     # the best of those heads: a paused queue, a queue this worker does not serve, or jobs scheduled
     # for later cost nothing however many jobs they hold (a plain priority-ordered index would have
     # to walk past all of them on every claim and poll).
-    SQL_WAITING = "state IN ('pending', 'failed') AND waiting_on = 0"
-    SQL_READY = f"{SQL_WAITING} AND ready = 1"  # the WHERE of jobs_claim, so INDEXED BY can use it
-    SQL_STAGED = f"{SQL_WAITING} AND ready = 0"  # the WHERE of jobs_staged
-    SQL_PROMOTE = (f"UPDATE jobs SET ready = 1 WHERE seq IN "
-                   f"(SELECT seq FROM jobs INDEXED BY jobs_staged WHERE {SQL_STAGED} AND next_run_at <= ?)")
-    # The queues to look at: those of `worker start --queue` (VALUES (?), …), or every queue with a
-    # ready job, found by a skip-scan of jobs_claim: one index seek per queue.
-    SQL_READY_QUEUES = f"""q(name) AS (
-        SELECT (SELECT queue FROM jobs INDEXED BY jobs_claim WHERE {SQL_READY} ORDER BY queue LIMIT 1)
-        UNION ALL
-        SELECT (SELECT queue FROM jobs INDEXED BY jobs_claim WHERE {SQL_READY} AND queue > q.name
-                ORDER BY queue LIMIT 1)
-        FROM q WHERE q.name IS NOT NULL)"""
-    # The best ready job of each such queue that is neither paused nor full (NULL for a queue with none).
-    # The due check only matters when clocks disagree (a job enqueued by a host whose clock runs ahead).
-    SQL_HEADS = f"""WITH RECURSIVE {{queue_set}}
-        SELECT (SELECT seq FROM jobs INDEXED BY jobs_claim WHERE {SQL_READY} AND queue = q.name AND next_run_at <= ?
-                ORDER BY priority DESC, next_run_at, seq LIMIT 1) AS seq
-        FROM q WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
-          AND NOT EXISTS (SELECT 1 FROM queue_limits AS l WHERE l.queue = q.name  -- full: at its limit
-                          AND l.max_running <= (SELECT count(*) FROM jobs INDEXED BY jobs_running
-                                                WHERE state = 'processing' AND queue = q.name))"""
+    # A job's state decides which of the two it is in: ready is state IN ('pending', 'failed') AND
+    # waiting_on = 0 AND ready = 1 (the WHERE of jobs_claim, written in full wherever INDEXED BY
+    # jobs_claim names it, so that SQLite can use it), staged the same with ready = 0 (jobs_staged's).
+    SQL_PROMOTE = ("UPDATE jobs SET ready = 1 WHERE seq IN (SELECT seq FROM jobs INDEXED BY jobs_staged "
+                   "WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= ?)")
     # A worker whose registration was removed (presumed dead) cannot claim: its jobs would be orphans.
     SQL_REGISTERED = "SELECT 1 FROM workers WHERE id = ?"
-    SQL_CLAIM_SET = "UPDATE jobs SET state = 'processing', worker_id = ?, run_count = run_count + 1, updated_at = ? "
     # The claim, one statement: the head of each queue it may serve, then the best of those heads
     # (parameters :worker, :now and, for served queues, :queues, a JSON array of names). The due
     # check only matters when clocks disagree (a job enqueued by a host whose clock runs ahead).
@@ -1533,7 +1518,8 @@ class SqliteSQL:
       AND EXISTS (SELECT 1 FROM workers WHERE id = :worker)
     RETURNING id, command, state, attempts, max_retries, timeout_s, cwd, env, created_at, updated_at, next_run_at,
               last_error, exit_code, worker_id, run_count, lost_count, priority, queue, waiting_on"""
-    # Without RETURNING (SQLite < 3.35): the claim's choice, then SQL_CLAIM_ID, in one transaction.
+    # The claim's choice, without taking it: the poller asks it (see SqliteStore.due_now), and without
+    # RETURNING (SQLite < 3.35) the claim runs it, then SQL_CLAIM_ID, in one transaction.
     SQL_NEXT_DUE_ANY_QUEUE = """
     WITH RECURSIVE q(name) AS (  -- every queue with a ready job: one index seek per queue (a skip-scan)
         SELECT (SELECT queue FROM jobs INDEXED BY jobs_claim
@@ -1563,25 +1549,32 @@ class SqliteSQL:
                           AND l.max_running <= (SELECT count(*) FROM jobs INDEXED BY jobs_running
                                                 WHERE state = 'processing' AND queue = q.name)))
     SELECT id FROM jobs WHERE seq IN (SELECT seq FROM heads) ORDER BY priority DESC, next_run_at, seq LIMIT 1"""
-    SQL_CLAIM_ID = SQL_CLAIM_SET + "WHERE id = ? AND state IN ('pending', 'failed')"
-    SQL_ANY_STAGED = f"SELECT 1 FROM jobs INDEXED BY jobs_staged WHERE {SQL_STAGED} AND next_run_at <= ? LIMIT 1"
-    # The poller: a ready job in a queue we serve, or a staged job that has fallen due anywhere (a
-    # claim promotes it; each job can cause at most one such wake-up).
-    SQL_ANY_HEAD = "EXISTS (SELECT 1 FROM ({heads}) WHERE seq IS NOT NULL)"
-    SQL_POLL = f"SELECT {SQL_ANY_HEAD} OR EXISTS ({SQL_ANY_STAGED})"
-    # --burst: is anything in our queues due within the horizon (ready, or staged and not paused)?
-    SQL_DUE_SOON = (f"SELECT {SQL_ANY_HEAD} OR EXISTS (SELECT 1 FROM jobs "
-                    f"INDEXED BY jobs_staged WHERE {SQL_STAGED} AND next_run_at <= ? {{queues}} "
-                    "AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')))")
-    SQL_ANY_PROCESSING = "SELECT 1 FROM jobs WHERE state = 'processing' {queues} LIMIT 1"
+    SQL_CLAIM_ID = ("UPDATE jobs SET state = 'processing', worker_id = ?, run_count = run_count + 1, updated_at = ? "
+                    "WHERE id = ? AND state IN ('pending', 'failed')")
+    # The poller: a job the claim would take now (SQL_NEXT_DUE_*), or a staged job that has fallen due
+    # anywhere (a claim promotes it; each job can cause at most one such wake-up).
+    SQL_ANY_STAGED = ("SELECT 1 FROM jobs INDEXED BY jobs_staged "
+                      "WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= :now "
+                      "LIMIT 1")
+    # --burst: is anything processing in our queues, or due within the horizon in one of them (one the
+    # claim would take by then, SQL_NEXT_DUE_*, or a staged one in a queue that is not paused)?
+    SQL_ANY_PROCESSING_FROM_QUEUES = ("SELECT 1 FROM jobs WHERE state = 'processing' "
+                                      "AND queue IN (SELECT value FROM json_each(:queues)) LIMIT 1")
+    SQL_STAGED_SOON_ANY_QUEUE = (
+        "SELECT 1 FROM jobs INDEXED BY jobs_staged "
+        "WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= :now "
+        "AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')) LIMIT 1")
+    SQL_STAGED_SOON_FROM_QUEUES = (
+        "SELECT 1 FROM jobs INDEXED BY jobs_staged "
+        "WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= :now "
+        "AND queue IN (SELECT value FROM json_each(:queues)) "
+        "AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')) LIMIT 1")
     # due_at: when the job became eligible (eligible_at), which the run's wait is counted from.
     SQL_INSERT_RUN = "INSERT INTO runs (job_id, run_no, worker_id, started_at, due_at) VALUES (?, ?, ?, ?, ?)"
-    # Every write after the claim is guarded by the owner and run number, so a worker that lost the
-    # job (declared dead, then came back) can never overwrite what happened since.
-    SQL_OWNED = "id = ? AND state = 'processing' AND worker_id = ? AND run_count = ?"
     # A cancel names the run it was aimed at (cancel_requested holds its run number, 0 = none): a
     # later run of the same job, after `dlq retry`, is never taken for the canceled one.
-    SQL_CANCEL_FLAG = f"SELECT cancel_requested = run_count FROM jobs WHERE {SQL_OWNED}"
+    SQL_CANCEL_FLAG = ("SELECT cancel_requested = run_count FROM jobs "
+                       "WHERE id = ? AND state = 'processing' AND worker_id = ? AND run_count = ?")
     # A run's end is its start plus the duration its worker measured on the monotonic clock, so a
     # wall-clock step while it ran cannot make it negative; a run whose duration nobody measured (a
     # lost worker's) ends at the recorder's wall time, never before it started.
@@ -1633,11 +1626,14 @@ class SqliteSQL:
     SQL_RUN_TOTALS = ("SELECT count(*), coalesce(sum(CAST(round((ended_at - started_at) * 1000000) AS INTEGER)), 0), "
                       "(SELECT value FROM config WHERE key = 'runs_forgotten') FROM runs "
                       "WHERE outcome IN ('completed', 'failed', 'dead')")
+    # `metrics`: the oldest eligible job (ready or staged, due, not paused) of each queue, of which
+    # `stats` takes the least, by when it became eligible (see eligible_at).
     SQL_OLDEST_ELIGIBLE_BY_QUEUE = (
         "SELECT e.queue, min(e.eligible_at) FROM (SELECT queue, max(next_run_at, created_at) AS eligible_at "
-        f"FROM jobs INDEXED BY jobs_claim WHERE {SQL_READY} AND next_run_at <= ?1 UNION ALL "
-        "SELECT queue, max(next_run_at, created_at) FROM jobs "
-        f"INDEXED BY jobs_staged WHERE {SQL_STAGED} AND next_run_at <= ?1) AS e "
+        "FROM jobs INDEXED BY jobs_claim WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 "
+        "AND next_run_at <= ?1 UNION ALL "
+        "SELECT queue, max(next_run_at, created_at) FROM jobs INDEXED BY jobs_staged "
+        "WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= ?1) AS e "
         "WHERE NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (e.queue, '*')) GROUP BY e.queue")
     SQL_IDENTITY = ("SELECT (SELECT application_id FROM pragma_application_id()), "
                     "(SELECT count(*) FROM sqlite_master), (SELECT user_version FROM pragma_user_version())")
@@ -1663,18 +1659,6 @@ class SqliteSQL:
     SQL_NEWEST_SLOT_JOB = ("SELECT max(id) FROM jobs WHERE id > :prefix AND id < :below "
                            "AND substr(id, length(:prefix) + 1) "
                            "GLOB '[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]T[0-9][0-9]:[0-9][0-9]:[0-9][0-9]Z'")
-
-    @classmethod
-    def heads(cls, queues: tuple) -> str:
-        """SQL_HEADS for `worker start --queue` names, or for every queue; its parameters are the
-        names, then the time a head must be due by."""
-        queue_set = f"q(name) AS (VALUES {', '.join(['(?)'] * len(queues))})" if queues else cls.SQL_READY_QUEUES
-        return cls.SQL_HEADS.format(queue_set=queue_set)
-
-    @staticmethod
-    def in_queues(queues: tuple) -> str:
-        """A queue filter: nothing, or `AND queue IN (?, …)`."""
-        return f"AND queue IN ({', '.join('?' * len(queues))})" if queues else ""
 
     @staticmethod
     def id_array(ids: list[str]) -> str:
@@ -2865,15 +2849,23 @@ class SqliteStore(Store):
 
     def due_now(self, now: float, queues: tuple = ()) -> bool:
         """True if a claim now may find work: the poller's cheap check (a few index seeks)."""
-        return bool(self.read(self.sql.SQL_POLL.format(heads=self.sql.heads(queues)), (*queues, now, now))[0][0])
+        return self._next_due(now, queues) or bool(self.read(self.sql.SQL_ANY_STAGED, {"now": now}))
 
     def burst_done(self, now: float, queues: tuple = ()) -> bool:
         """True when nothing is processing (in these queues) and nothing is due within the burst horizon."""
-        if self.read(self.sql.SQL_ANY_PROCESSING.format(queues=self.sql.in_queues(queues)), queues):
-            return False
-        soon = now + BURST_HORIZON_S
-        sql = self.sql.SQL_DUE_SOON.format(heads=self.sql.heads(queues), queues=self.sql.in_queues(queues))
-        return not self.read(sql, (*queues, soon, soon, *queues))[0][0]
+        params = {"now": now + BURST_HORIZON_S, "queues": json.dumps(queues)}
+        if queues:
+            busy = self.read(self.sql.SQL_ANY_PROCESSING_FROM_QUEUES, params)
+            staged = self.sql.SQL_STAGED_SOON_FROM_QUEUES
+        else:
+            busy = self.read(self.sql.SQL_ANY_PROCESSING_ANY_QUEUE)
+            staged = self.sql.SQL_STAGED_SOON_ANY_QUEUE
+        return not busy and not self._next_due(params["now"], queues) and not self.read(staged, params)
+
+    def _next_due(self, now: float, queues: tuple) -> bool:
+        """True if a claim at `now` would take a job (SQL_NEXT_DUE_*, the claim's own choice)."""
+        sql = self.sql.SQL_NEXT_DUE_FROM_QUEUES if queues else self.sql.SQL_NEXT_DUE_ANY_QUEUE
+        return bool(self.read(sql, {"now": now, "queues": json.dumps(queues)}))
 
     def _claim_in(self, cur: sqlite3.Cursor, worker_id: str, now: float, queues: tuple) -> Job | None:
         cur.execute(self.sql.SQL_PROMOTE, (now,))
@@ -3279,7 +3271,6 @@ class PostgresSQL:
                    WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= %(now)s)"""
     # --burst: is anything processing in our queues, or due within the horizon (ready or staged) in
     # one of them that is not paused?
-    SQL_ANY_PROCESSING_ANY_QUEUE = "SELECT 1 FROM jobs WHERE state = 'processing' LIMIT 1"
     SQL_ANY_PROCESSING_FROM_QUEUES = "SELECT 1 FROM jobs WHERE state = 'processing' AND queue = ANY(%(queues)s) LIMIT 1"
     SQL_DUE_SOON_ANY_QUEUE = """
     SELECT EXISTS (SELECT 1 FROM jobs
