@@ -3140,7 +3140,10 @@ class PostgresSQL:
     SQL_CLOCK = "SELECT extract(epoch FROM clock_timestamp())::double precision"
 
     SQL_INSERT_DEP = "INSERT INTO deps (job_id, dep_id) VALUES (%s, %s) ON CONFLICT DO NOTHING"
-    # A batch's jobs without dependencies, in SQL_INSERT_JOB's columns (see PostgresStore._insert_rows).
+    # A batch's jobs without dependencies (PostgresStore._insert_rows and enqueue_streamed), as rows of
+    # Store._row. It restates SharedSQL.SQL_INSERT_JOB, the statement Store._insert_rows runs for them
+    # (its columns, in its order): a change to one is made to the other. The test
+    # test_postgres_fast_paths_leave_the_rows_of_the_statements_they_restate compares their rows.
     SQL_COPY_JOBS = ("COPY jobs (id, command, state, max_retries, timeout_s, cwd, env, created_at, updated_at, "
                      "next_run_at, priority, queue, waiting_on, last_error, ready) FROM STDIN")
     SQL_TAKEN_IDS = "SELECT id FROM jobs WHERE id = ANY(%s)"
@@ -3170,9 +3173,10 @@ class PostgresSQL:
     # is in a limited queue this statement claims nothing and returns that queue (free = false), and
     # the claim runs it again holding the lock. Claims of unlimited queues take no such lock and stay
     # concurrent; a queue full by this snapshot is skipped without its lock. The claimed job's run
-    # record is opened by the same statement (`opened`: started now, due when the job was). The
-    # statement returns (best queue, free, the claimed job's columns or NULLs), or no row when no
-    # queue has a due job.
+    # record is opened by the same statement (`opened`: started now, due when the job was). `opened`
+    # restates SQLite's SQL_INSERT_RUN, which SqliteStore._claim_in runs with due_at = eligible_at(job)
+    # (here GREATEST(next_run_at, created_at)): a change to one is made to the other. The statement
+    # returns (best queue, free, the claimed job's columns or NULLs), or no row when no queue has a due job.
     SQL_CLAIM_ANY_QUEUE = """
     WITH RECURSIVE q(name) AS (  -- every queue with a ready job: one index seek per queue (a skip-scan)
         SELECT (SELECT queue FROM jobs WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1
@@ -3288,6 +3292,10 @@ class PostgresSQL:
     # SQL_RELEASE_DEPENDENTS, and a wake-up if it released a dependent. Returns (1, or 0 when the job
     # was no longer ours and nothing was written; 1 if the workers were woken, else 0). It reads deps as
     # of its start: the job's row must be locked before it (see PostgresStore._complete_and_claim).
+    # It restates Store._finish_in's path for a completed run (SharedSQL.SQL_FINISH_JOB, then
+    # SQL_FINISH_RUN in _close_run, SQL_RELEASE_DEPENDENTS and _wake_workers in _settle_dependents):
+    # a change to one is made to the other. The test
+    # test_postgres_fast_paths_leave_the_rows_of_the_statements_they_restate compares their rows.
     SQL_COMPLETE = """
     WITH finished AS (
         UPDATE jobs SET state = 'completed', attempts = %(attempts)s, next_run_at = %(next_run_at)s,
