@@ -1466,9 +1466,9 @@ class SqliteSQL:
     # the best of those heads: a paused queue, a queue this worker does not serve, or jobs scheduled
     # for later cost nothing however many jobs they hold (a plain priority-ordered index would have
     # to walk past all of them on every claim and poll).
-    # A job's state decides which of the two it is in: ready is state IN ('pending', 'failed') AND
-    # waiting_on = 0 AND ready = 1 (the WHERE of jobs_claim, written in full wherever INDEXED BY
-    # jobs_claim names it, so that SQLite can use it), staged the same with ready = 0 (jobs_staged's).
+    # Ready is state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1, the WHERE of jobs_claim;
+    # staged is the same with ready = 0, jobs_staged's. A statement that names one of them (INDEXED BY)
+    # writes its WHERE in full: SQLite uses a partial index only where the statement's WHERE implies it.
     SQL_PROMOTE = ("UPDATE jobs SET ready = 1 WHERE seq IN (SELECT seq FROM jobs INDEXED BY jobs_staged "
                    "WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= ?)")
     # A worker whose registration was removed (presumed dead) cannot claim: its jobs would be orphans.
@@ -1570,6 +1570,8 @@ class SqliteSQL:
         "AND queue IN (SELECT value FROM json_each(:queues)) "
         "AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')) LIMIT 1")
     # due_at: when the job became eligible (eligible_at), which the run's wait is counted from.
+    # PostgreSQL's claim opens the run in its own statement (`opened` in PostgresSQL.SQL_CLAIM_ANY_QUEUE
+    # and SQL_CLAIM_FROM_QUEUES), which restates this one: a change to one is made to the other.
     SQL_INSERT_RUN = "INSERT INTO runs (job_id, run_no, worker_id, started_at, due_at) VALUES (?, ?, ?, ?, ?)"
     # A cancel names the run it was aimed at (cancel_requested holds its run number, 0 = none): a
     # later run of the same job, after `dlq retry`, is never taken for the canceled one.
