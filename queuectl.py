@@ -3042,8 +3042,8 @@ PG_RELKINDS = {"v": "a view", "m": "a materialized view", "f": "a foreign table"
 
 @with_shared(lambda sql: sql)  # SharedSQL is written in PostgreSQL's marks
 class PostgresSQL:
-    """Every PostgreSQL statement the store runs, each complete where it is defined; parameters are
-    %s in the order the rules pass them, or %(name)s where a statement takes a dict."""
+    """The PostgreSQL statements the store runs that are not SharedSQL's, each complete where it is
+    defined; parameters are %s in the order the rules pass them, or %(name)s where a statement takes a dict."""
     PARAM = "%s"  # the parameter mark, for clauses the rules build (see _where)
 
     # The schema's own bookkeeping: which tables it holds (one snapshot, so a migration committing
@@ -3324,6 +3324,7 @@ class PostgresSQL:
     SQL_RELEASE_DEPENDENTS = ("UPDATE jobs SET waiting_on = waiting_on - 1, next_run_at = GREATEST(next_run_at, %s), "
                               "updated_at = %s WHERE id IN (SELECT job_id FROM deps WHERE dep_id = %s) "
                               "AND waiting_on > 0")
+    # Recovery by adoption, as SQLite's SQL_ADOPT (parameters: adopter, job id, run number, owner).
     SQL_ADOPT = ("UPDATE jobs SET worker_id = adopter.id FROM workers AS adopter "
                  "WHERE adopter.id = %s AND jobs.id = %s AND jobs.run_count = %s AND jobs.state = 'processing' "
                  "AND jobs.worker_id = %s AND NOT EXISTS (SELECT 1 FROM workers WHERE workers.id = jobs.worker_id)")
