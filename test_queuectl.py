@@ -6242,6 +6242,57 @@ def test_finish_and_claim_of_a_run_no_longer_ours_writes_nothing_for_it(store):
     assert store.get(job.id).state in ("pending", "processing")
 
 
+def test_postgres_fast_paths_leave_the_rows_of_the_statements_they_restate(pg_url, monkeypatch):
+    """PostgreSQL's fast paths restate a shared rule: a batch through COPY (SQL_COPY_JOBS, as enqueue
+    and enqueue_streamed send it) leaves the jobs rows that executemany of SQL_INSERT_JOB leaves, and a
+    completion through SQL_COMPLETE leaves the job, dependent and run rows of Store's path."""
+    store = queuectl.PostgresStore(pg_url)
+    try:
+        def batch(prefix):  # enough jobs for COPY, of every shape a row can take
+            return [spec(f"{prefix}{n}", command=HOSTILE_TEXT[n % len(HOSTILE_TEXT)],
+                         env={"K": f"v{n}"} if n % 2 else {}, priority=n % 3, queue=f"q{n % 2}",
+                         run_at=T0 + n if n % 4 == 0 else None, max_retries=n % 5, timeout=n / 10)
+                    for n in range(queuectl.PG_COPY_MIN_ROWS)]
+
+        # Every column but the key and seq (the order of insertion, which differs); the timestamps are
+        # the `now` each call is given, so they are compared too.
+        def rows(table, key, ids):
+            found = store.read(f"SELECT {key}, to_jsonb(t) - '{key}' - 'seq' FROM {table} t WHERE {key} = ANY(%s)",
+                               (list(ids),))
+            return {row[0]: row[1] for row in found}
+
+        def same(table, key, pairs):  # each pair's rows, but for the key
+            mine, theirs = rows(table, key, [a for a, _ in pairs]), rows(table, key, [b for _, b in pairs])
+            assert len(mine) == len(pairs) and [mine[a] for a, _ in pairs] == [theirs[b] for _, b in pairs], table
+
+        with monkeypatch.context() as general:
+            general.setattr(queuectl.PostgresStore, "_insert_rows", queuectl.Store._insert_rows)  # executemany
+            store.enqueue(batch("many"), T0)
+        store.enqueue(batch("copy"), T0)
+        assert store.enqueue_streamed(iter(batch("stream")), T0, lambda specs: None, lambda count: None)
+        numbers = range(queuectl.PG_COPY_MIN_ROWS)
+        same("jobs", "id", [(f"copy{n}", f"many{n}") for n in numbers] + [(f"stream{n}", f"many{n}") for n in numbers])
+
+        register(store)
+        store.enqueue([spec("fast", priority=9), spec("fast-next", depends_on=["fast"]),
+                       spec("slow", priority=9), spec("slow-next", depends_on=["slow"])], T0)
+        fast, slow = store.claim("w1", T0 + 1), store.claim("w1", T0 + 1)  # by seq: the first enqueued first
+        assert (fast.id, slow.id) == ("fast", "slow")
+        sent = []
+        pipelined = queuectl.PgPipeline.execute
+        monkeypatch.setattr(queuectl.PgPipeline, "execute", lambda self, sql, *rest: sent.append(sql) or
+                            pipelined(self, sql, *rest))
+        outcome = queuectl.Outcome(0, None, b"out\tput\n", 0.25)
+        assert store.finish_and_claim(fast, "w1", outcome, store.config_all(), T0 + 2, ("idle",))[0]
+        assert store.sql.SQL_COMPLETE in sent
+        assert queuectl.Store.finish_and_claim(store, slow, "w1", outcome, store.config_all(), T0 + 2, ("idle",))[0]
+        same("jobs", "id", [("fast", "slow"), ("fast-next", "slow-next")])
+        same("runs", "job_id", [("fast", "slow")])
+        assert store.get("fast-next").next_run_at == T0 + 2  # released: both paths did something to compare
+    finally:
+        store.close()
+
+
 def test_a_failed_statement_in_a_pipelined_result_leaves_nothing_and_the_store_works(pg_url, monkeypatch):
     store = queuectl.PostgresStore(pg_url)
     try:
