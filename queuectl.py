@@ -386,6 +386,26 @@ def size_text(n: int) -> str:
     return f"{n} B" if unit == "B" else f"{round(value, 1):g} {unit}"
 
 
+# -- paused queues -------------------------------------------------------------------------------
+# Store.paused() rows: queue names, or '*' (every queue) with '!name' for each queue resumed alone.
+
+def is_paused(queue: str, paused: list[str]) -> bool:
+    """Whether claims skip `queue`, by the rule of the claim statements (see SqliteSQL.SQL_UNPAUSED)."""
+    return "!" + queue not in paused and (queue in paused or "*" in paused)
+
+
+def paused_names(paused: list[str]) -> tuple[list[str], list[str]]:
+    """The paused queues (['*'] for every queue) and the queues resumed alone while every queue is paused."""
+    return [p for p in paused if p[0] != "!"], [p[1:] for p in paused if p[0] == "!"]
+
+
+def paused_text(names: list[str], resumed: list[str]) -> str:
+    """What status's `paused:` line says of paused_names(): 'all queues', 'all queues except a, b', or the names."""
+    if "*" not in names:
+        return ", ".join(names)
+    return "all queues" + (f" except {', '.join(resumed)}" if resumed else "")
+
+
 # -- text for a terminal ------------------------------------------------------------------------
 # What a person reads is printed through printable() (see UNSAFE_TEXT).
 
@@ -1321,12 +1341,17 @@ class SqliteSQL:
         SELECT (SELECT queue FROM jobs INDEXED BY jobs_claim WHERE {SQL_READY} AND queue > q.name
                 ORDER BY queue LIMIT 1)
         FROM q WHERE q.name IS NOT NULL)"""
+    # Whether {queue} may be claimed from: not paused by its own row nor by '*' (every queue), unless a
+    # row '!name' resumed it alone while every queue is paused (see Store.pause: a queue never has both
+    # rows, so '!name' alone decides). Two index seeks on a table of a few rows.
+    SQL_UNPAUSED = ("(NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN ({queue}, '*')) "
+                    "OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || {queue}))")
     # The best ready job of each such queue that is neither paused nor full (NULL for a queue with none).
     # The due check only matters when clocks disagree (a job enqueued by a host whose clock runs ahead).
     SQL_HEADS = f"""WITH RECURSIVE {{queue_set}}
         SELECT (SELECT seq FROM jobs INDEXED BY jobs_claim WHERE {SQL_READY} AND queue = q.name AND next_run_at <= ?
                 ORDER BY priority DESC, next_run_at, seq LIMIT 1) AS seq
-        FROM q WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+        FROM q WHERE q.name IS NOT NULL AND {SQL_UNPAUSED.format(queue='q.name')}
           AND NOT EXISTS (SELECT 1 FROM queue_limits AS l WHERE l.queue = q.name  -- full: at its limit
                           AND l.max_running <= (SELECT count(*) FROM jobs INDEXED BY jobs_running
                                                 WHERE state = 'processing' AND queue = q.name))"""
@@ -1339,7 +1364,7 @@ class SqliteSQL:
     # A queue is full when it has as many processing jobs as its limit (`queuectl limit`): BEGIN
     # IMMEDIATE makes every claim see every other's, so the count is exact; a full queue, like a
     # paused one, costs one index seek and a count of at most its limit, whatever its backlog.
-    SQL_CLAIM_ANY_QUEUE = """
+    SQL_CLAIM_ANY_QUEUE = f"""
     WITH RECURSIVE q(name) AS (  -- every queue with a ready job: one index seek per queue (a skip-scan)
         SELECT (SELECT queue FROM jobs INDEXED BY jobs_claim
                 WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 ORDER BY queue LIMIT 1)
@@ -1352,7 +1377,7 @@ class SqliteSQL:
         SELECT (SELECT seq FROM jobs INDEXED BY jobs_claim
                 WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue = q.name
                 AND next_run_at <= :now ORDER BY priority DESC, next_run_at, seq LIMIT 1)
-        FROM q WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+        FROM q WHERE q.name IS NOT NULL AND {SQL_UNPAUSED.format(queue='q.name')}
           AND NOT EXISTS (SELECT 1 FROM queue_limits AS l WHERE l.queue = q.name  -- full: at its limit
                           AND l.max_running <= (SELECT count(*) FROM jobs INDEXED BY jobs_running
                                                 WHERE state = 'processing' AND queue = q.name)))
@@ -1362,13 +1387,13 @@ class SqliteSQL:
       AND EXISTS (SELECT 1 FROM workers WHERE id = :worker)
     RETURNING id, command, state, attempts, max_retries, timeout_s, cwd, env, created_at, updated_at, next_run_at,
               last_error, exit_code, worker_id, run_count, lost_count, priority, queue, waiting_on"""
-    SQL_CLAIM_FROM_QUEUES = """
+    SQL_CLAIM_FROM_QUEUES = f"""
     WITH q(name) AS (SELECT value FROM json_each(:queues)),  -- the queues of `worker start --queue`
     heads(seq) AS (  -- the best ready job of each such queue that is neither paused nor full
         SELECT (SELECT seq FROM jobs INDEXED BY jobs_claim
                 WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue = q.name
                 AND next_run_at <= :now ORDER BY priority DESC, next_run_at, seq LIMIT 1)
-        FROM q WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+        FROM q WHERE q.name IS NOT NULL AND {SQL_UNPAUSED.format(queue='q.name')}
           AND NOT EXISTS (SELECT 1 FROM queue_limits AS l WHERE l.queue = q.name  -- full: at its limit
                           AND l.max_running <= (SELECT count(*) FROM jobs INDEXED BY jobs_running
                                                 WHERE state = 'processing' AND queue = q.name)))
@@ -1379,7 +1404,7 @@ class SqliteSQL:
     RETURNING id, command, state, attempts, max_retries, timeout_s, cwd, env, created_at, updated_at, next_run_at,
               last_error, exit_code, worker_id, run_count, lost_count, priority, queue, waiting_on"""
     # Without RETURNING (SQLite < 3.35): the claim's choice, then SQL_CLAIM_ID, in one transaction.
-    SQL_NEXT_DUE_ANY_QUEUE = """
+    SQL_NEXT_DUE_ANY_QUEUE = f"""
     WITH RECURSIVE q(name) AS (  -- every queue with a ready job: one index seek per queue (a skip-scan)
         SELECT (SELECT queue FROM jobs INDEXED BY jobs_claim
                 WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 ORDER BY queue LIMIT 1)
@@ -1392,18 +1417,18 @@ class SqliteSQL:
         SELECT (SELECT seq FROM jobs INDEXED BY jobs_claim
                 WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue = q.name
                 AND next_run_at <= :now ORDER BY priority DESC, next_run_at, seq LIMIT 1)
-        FROM q WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+        FROM q WHERE q.name IS NOT NULL AND {SQL_UNPAUSED.format(queue='q.name')}
           AND NOT EXISTS (SELECT 1 FROM queue_limits AS l WHERE l.queue = q.name  -- full: at its limit
                           AND l.max_running <= (SELECT count(*) FROM jobs INDEXED BY jobs_running
                                                 WHERE state = 'processing' AND queue = q.name)))
     SELECT id FROM jobs WHERE seq IN (SELECT seq FROM heads) ORDER BY priority DESC, next_run_at, seq LIMIT 1"""
-    SQL_NEXT_DUE_FROM_QUEUES = """
+    SQL_NEXT_DUE_FROM_QUEUES = f"""
     WITH q(name) AS (SELECT value FROM json_each(:queues)),  -- the queues of `worker start --queue`
     heads(seq) AS (  -- the best ready job of each such queue that is neither paused nor full
         SELECT (SELECT seq FROM jobs INDEXED BY jobs_claim
                 WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue = q.name
                 AND next_run_at <= :now ORDER BY priority DESC, next_run_at, seq LIMIT 1)
-        FROM q WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+        FROM q WHERE q.name IS NOT NULL AND {SQL_UNPAUSED.format(queue='q.name')}
           AND NOT EXISTS (SELECT 1 FROM queue_limits AS l WHERE l.queue = q.name  -- full: at its limit
                           AND l.max_running <= (SELECT count(*) FROM jobs INDEXED BY jobs_running
                                                 WHERE state = 'processing' AND queue = q.name)))
@@ -1417,7 +1442,7 @@ class SqliteSQL:
     # --burst: is anything in our queues due within the horizon (ready, or staged and not paused)?
     SQL_DUE_SOON = (f"SELECT {SQL_ANY_HEAD} OR EXISTS (SELECT 1 FROM jobs "
                     f"INDEXED BY jobs_staged WHERE {SQL_STAGED} AND next_run_at <= ? {{queues}} "
-                    "AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')))")
+                    f"AND {SQL_UNPAUSED.format(queue='jobs.queue')})")
     SQL_ANY_PROCESSING = "SELECT 1 FROM jobs WHERE state = 'processing' {queues} LIMIT 1"
     # due_at: when the job became eligible (eligible_at), which the run's wait is counted from.
     SQL_INSERT_RUN = "INSERT INTO runs (job_id, run_no, worker_id, started_at, due_at) VALUES (?, ?, ?, ?, ?)"
@@ -1522,10 +1547,17 @@ class SqliteSQL:
     SQL_PURGE_IDS = ("SELECT id FROM jobs WHERE state = ? AND updated_at < ? AND (state = 'completed' OR NOT EXISTS "
                      "(SELECT 1 FROM deps JOIN jobs j ON j.id = deps.job_id WHERE deps.dep_id = jobs.id "
                      "AND j.state <> 'completed')) LIMIT ?")
-    SQL_PAUSE = "INSERT OR IGNORE INTO paused (queue) VALUES (?)"
-    SQL_RESUME = "DELETE FROM paused WHERE queue = ?"
+    # Paused queues: a row per queue, or '*' (every queue) with a row '!name' per queue resumed alone.
+    SQL_PAUSE_ALL = ["DELETE FROM paused", "INSERT INTO paused (queue) VALUES ('*')"]
+    SQL_PAUSE = ["DELETE FROM paused WHERE queue = '!' || ?",
+                 "INSERT OR IGNORE INTO paused (queue) SELECT ? "
+                 "WHERE NOT EXISTS (SELECT 1 FROM paused WHERE queue = '*')"]
+    SQL_RESUME = ["DELETE FROM paused WHERE queue = ?",
+                  "INSERT OR IGNORE INTO paused (queue) SELECT '!' || ? "
+                  "WHERE EXISTS (SELECT 1 FROM paused WHERE queue = '*')"]
     SQL_RESUME_ALL = "DELETE FROM paused"
     SQL_PAUSED = "SELECT queue FROM paused ORDER BY queue"
+    SQL_LOCK_PAUSED = None  # BEGIN IMMEDIATE already orders pauses and resumes (see PostgresSQL's)
     SQL_LOCK_LIMITS = None  # BEGIN IMMEDIATE already orders a limit after every claim (see PostgresSQL's)
     SQL_SET_LIMIT = ("INSERT INTO queue_limits (queue, max_running) VALUES (?, ?) "
                      "ON CONFLICT (queue) DO UPDATE SET max_running = excluded.max_running")
@@ -1568,7 +1600,7 @@ class SqliteSQL:
         f"FROM jobs INDEXED BY jobs_claim WHERE {SQL_READY} AND next_run_at <= ?1 UNION ALL "
         "SELECT queue, max(next_run_at, created_at) FROM jobs "
         f"INDEXED BY jobs_staged WHERE {SQL_STAGED} AND next_run_at <= ?1) AS e "
-        "WHERE NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (e.queue, '*')) GROUP BY e.queue")
+        f"WHERE {SQL_UNPAUSED.format(queue='e.queue')} GROUP BY e.queue")
     SQL_IDENTITY = ("SELECT (SELECT application_id FROM pragma_application_id()), "
                     "(SELECT count(*) FROM sqlite_master), (SELECT user_version FROM pragma_user_version())")
     SQL_VERSION = "SELECT user_version FROM pragma_user_version()"
@@ -2192,23 +2224,31 @@ class Store:
         return total
 
     def pause(self, queues: list[str]) -> None:
-        """Stop claims from these queues ('*' = all)."""
-        self.write(lambda cur: cur.executemany(self.sql.SQL_PAUSE, [(q,) for q in queues]))
+        """Stop claims from these queues ('*' = all, which also undoes every resume of a single queue)."""
+        if "*" in queues:
+            return self._change_pauses(self.sql.SQL_PAUSE_ALL, [()])
+        self._change_pauses(self.sql.SQL_PAUSE, [(q,) for q in queues])  # its '!name' dropped, or its row added
 
     def resume(self, queues: list[str]) -> None:
-        """Undo pause for these queues, or for everything when none are named."""
-        def resume(cur):
-            if queues:
-                cur.executemany(self.sql.SQL_RESUME, [(q,) for q in queues])
-            else:
-                cur.execute(self.sql.SQL_RESUME_ALL)
-            self._wake_workers(cur)
-        if queues and "*" in self.paused():
-            raise Conflict("every queue is paused; 'resume' without --queue resumes them all")
-        self.write(resume)
+        """Undo pause for these queues (while every queue is paused: for these ones only), or for
+        everything when none are named."""
+        if not queues:
+            return self._change_pauses([self.sql.SQL_RESUME_ALL], [()], wake=True)
+        self._change_pauses(self.sql.SQL_RESUME, [(q,) for q in queues], wake=True)  # its row, or '!name' added
+
+    def _change_pauses(self, statements: list[str], params: list[tuple], wake: bool = False) -> None:
+        def change(cur):
+            if self.sql.SQL_LOCK_PAUSED:
+                cur.execute(self.sql.SQL_LOCK_PAUSED)
+            for sql in statements:
+                cur.executemany(sql, params)
+            if wake:
+                self._wake_workers(cur)
+        self.write(change)
 
     def paused(self) -> list[str]:
-        """Paused queue names ('*' = everything)."""
+        """The paused table's rows, sorted: queue names, '*' (every queue) and '!name' (a queue resumed
+        alone while every queue is paused); read them with is_paused."""
         return [r[0] for r in self.read(self.sql.SQL_PAUSED)]
 
     def set_limit(self, queue: str, max_running: int | None) -> None:
@@ -2232,9 +2272,9 @@ class Store:
         counts: dict[str, dict[str, int]] = {}
         for queue, state, n in self.queue_counts():
             counts.setdefault(queue, dict.fromkeys(STATES, 0))[state] = n
-        paused, limits = set(self.paused()), self.limits()
-        names = sorted(set(counts) | set(limits) | (paused - {"*"}))
-        return [{"queue": q, "jobs": counts.get(q, dict.fromkeys(STATES, 0)), "paused": bool(paused & {q, "*"}),
+        paused, limits = self.paused(), self.limits()
+        names = sorted(set(counts) | set(limits) | (set(paused_names(paused)[0]) - {"*"}))
+        return [{"queue": q, "jobs": counts.get(q, dict.fromkeys(STATES, 0)), "paused": is_paused(q, paused),
                  "limit": limits.get(q)} for q in names]
 
     def stats(self, since: float, now: float) -> dict:
@@ -2999,6 +3039,7 @@ class PostgresSQL:
     """Every PostgreSQL statement the store runs, each complete where it is defined; parameters are
     %s in the order the rules pass them, or %(name)s where a statement takes a dict."""
     PARAM = "%s"  # the parameter mark, for clauses the rules build (see _where)
+    SQL_UNPAUSED = SqliteSQL.SQL_UNPAUSED  # the same text (see there)
 
     # The schema's own bookkeeping: which tables it holds (one snapshot, so a migration committing
     # meanwhile cannot show half of them), and its version, in a table that marks it as ours.
@@ -3144,7 +3185,7 @@ class PostgresSQL:
     # record is opened by the same statement (`opened`: started now, due when the job was). The
     # statement returns (best queue, free, the claimed job's columns or NULLs), or no row when no
     # queue has a due job.
-    SQL_CLAIM_ANY_QUEUE = """
+    SQL_CLAIM_ANY_QUEUE = f"""
     WITH RECURSIVE q(name) AS (  -- every queue with a ready job: one index seek per queue (a skip-scan)
         SELECT (SELECT queue FROM jobs WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1
                 ORDER BY queue LIMIT 1)
@@ -3155,7 +3196,7 @@ class PostgresSQL:
     eligible(name, free) AS (  -- not paused, not full; free: no limit, or this claim holds the queue's lock
         SELECT q.name, l.queue IS NULL OR q.name = ANY(%(held)s::text[])
         FROM q LEFT JOIN queue_limits AS l ON l.queue = q.name
-        WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+        WHERE q.name IS NOT NULL AND {SQL_UNPAUSED.format(queue='q.name')}
           AND NOT q.name = ANY(%(busy)s::text[])
           AND (l.queue IS NULL OR l.max_running > (SELECT count(*) FROM jobs
                                                    WHERE state = 'processing' AND queue = q.name))),
@@ -3177,12 +3218,12 @@ class PostgresSQL:
         INSERT INTO runs (job_id, run_no, worker_id, started_at, due_at)
         SELECT id, run_count, worker_id, %(now)s, GREATEST(next_run_at, created_at) FROM claimed)
     SELECT best.name, best.free, claimed.* FROM best LEFT JOIN claimed ON true"""
-    SQL_CLAIM_FROM_QUEUES = """
+    SQL_CLAIM_FROM_QUEUES = f"""
     WITH q(name) AS (SELECT pg_catalog.unnest(%(queues)s::text[])),  -- the queues of `worker start --queue`
     eligible(name, free) AS (  -- not paused, not full; free: no limit, or this claim holds the queue's lock
         SELECT q.name, l.queue IS NULL OR q.name = ANY(%(held)s::text[])
         FROM q LEFT JOIN queue_limits AS l ON l.queue = q.name
-        WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+        WHERE q.name IS NOT NULL AND {SQL_UNPAUSED.format(queue='q.name')}
           AND NOT q.name = ANY(%(busy)s::text[])
           AND (l.queue IS NULL OR l.max_running > (SELECT count(*) FROM jobs
                                                    WHERE state = 'processing' AND queue = q.name))),
@@ -3210,7 +3251,7 @@ class PostgresSQL:
     SQL_TRY_LOCK_QUEUE = "SELECT 1 FROM queue_limits WHERE queue = %s FOR UPDATE SKIP LOCKED"
     # The poller, as SQLite's: a ready, due job in a queue we serve that is neither paused nor full,
     # or a staged job that has fallen due anywhere (a claim promotes it).
-    SQL_POLL_ANY_QUEUE = """
+    SQL_POLL_ANY_QUEUE = f"""
     WITH RECURSIVE q(name) AS (  -- every queue with a ready job: one index seek per queue (a skip-scan)
         SELECT (SELECT queue FROM jobs WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1
                 ORDER BY queue LIMIT 1)
@@ -3220,7 +3261,7 @@ class PostgresSQL:
         FROM q WHERE q.name IS NOT NULL),
     eligible(name) AS (  -- not paused, not full
         SELECT q.name FROM q LEFT JOIN queue_limits AS l ON l.queue = q.name
-        WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+        WHERE q.name IS NOT NULL AND {SQL_UNPAUSED.format(queue='q.name')}
           AND (l.queue IS NULL OR l.max_running > (SELECT count(*) FROM jobs
                                                    WHERE state = 'processing' AND queue = q.name)))
     SELECT EXISTS (SELECT 1 FROM eligible CROSS JOIN LATERAL (  -- LIMIT: a seek per queue, never a join of all
@@ -3228,11 +3269,11 @@ class PostgresSQL:
                          AND queue = eligible.name AND next_run_at <= %(now)s LIMIT 1) AS head)
         OR EXISTS (SELECT 1 FROM jobs
                    WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= %(now)s)"""
-    SQL_POLL_FROM_QUEUES = """
+    SQL_POLL_FROM_QUEUES = f"""
     WITH q(name) AS (SELECT pg_catalog.unnest(%(queues)s::text[])),  -- the queues of `worker start --queue`
     eligible(name) AS (  -- not paused, not full
         SELECT q.name FROM q LEFT JOIN queue_limits AS l ON l.queue = q.name
-        WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+        WHERE q.name IS NOT NULL AND {SQL_UNPAUSED.format(queue='q.name')}
           AND (l.queue IS NULL OR l.max_running > (SELECT count(*) FROM jobs
                                                    WHERE state = 'processing' AND queue = q.name)))
     SELECT EXISTS (SELECT 1 FROM eligible CROSS JOIN LATERAL (  -- LIMIT: a seek per queue, never a join of all
@@ -3244,15 +3285,15 @@ class PostgresSQL:
     # one of them that is not paused?
     SQL_ANY_PROCESSING_ANY_QUEUE = "SELECT 1 FROM jobs WHERE state = 'processing' LIMIT 1"
     SQL_ANY_PROCESSING_FROM_QUEUES = "SELECT 1 FROM jobs WHERE state = 'processing' AND queue = ANY(%(queues)s) LIMIT 1"
-    SQL_DUE_SOON_ANY_QUEUE = """
+    SQL_DUE_SOON_ANY_QUEUE = f"""
     SELECT EXISTS (SELECT 1 FROM jobs
                    WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND next_run_at <= %(soon)s
-                     AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')))"""
-    SQL_DUE_SOON_FROM_QUEUES = """
+                     AND {SQL_UNPAUSED.format(queue='jobs.queue')})"""
+    SQL_DUE_SOON_FROM_QUEUES = f"""
     SELECT EXISTS (SELECT 1 FROM jobs
                    WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND next_run_at <= %(soon)s
                      AND queue = ANY(%(queues)s)
-                     AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')))"""
+                     AND {SQL_UNPAUSED.format(queue='jobs.queue')})"""
     # A flush is worth no wait: a row lock held longer than this makes it give up (see flush_output).
     SQL_FLUSH_LOCK_TIMEOUT = "SET LOCAL lock_timeout = '50ms'"
     SQL_FLUSH_OUTPUT = ("UPDATE runs SET output = %s, output_bytes = %s "
@@ -3361,10 +3402,18 @@ class PostgresSQL:
     SQL_PURGE_IDS = ("SELECT id FROM jobs WHERE state = %s AND updated_at < %s AND (state = 'completed' OR NOT EXISTS "
                      "(SELECT 1 FROM deps JOIN jobs j ON j.id = deps.job_id WHERE deps.dep_id = jobs.id "
                      "AND j.state <> 'completed')) LIMIT nullif(%s, -1) FOR UPDATE")
-    SQL_PAUSE = "INSERT INTO paused (queue) VALUES (%s) ON CONFLICT DO NOTHING"
-    SQL_RESUME = "DELETE FROM paused WHERE queue = %s"
+    SQL_PAUSE_ALL = SqliteSQL.SQL_PAUSE_ALL
+    SQL_PAUSE = ["DELETE FROM paused WHERE queue = '!' || %s::text",
+                 "INSERT INTO paused (queue) SELECT %s::text "
+                 "WHERE NOT EXISTS (SELECT 1 FROM paused WHERE queue = '*') ON CONFLICT DO NOTHING"]
+    SQL_RESUME = ["DELETE FROM paused WHERE queue = %s",
+                  "INSERT INTO paused (queue) SELECT '!' || %s::text "
+                  "WHERE EXISTS (SELECT 1 FROM paused WHERE queue = '*') ON CONFLICT DO NOTHING"]
     SQL_RESUME_ALL = "DELETE FROM paused"
     SQL_PAUSED = "SELECT queue FROM paused ORDER BY queue"
+    # Pauses and resumes one at a time, so a queue never ends with both its row and '!name' (each reads
+    # what the other writes); claims read the table under no lock and never wait for this one.
+    SQL_LOCK_PAUSED = "LOCK TABLE paused IN SHARE ROW EXCLUSIVE MODE"
     # A new limit waits for every claim in flight, and claims wait for it: a claim that began before the
     # limit saw none and took no lock, so a claim after it, counting only committed claims, would not
     # count that one. Every claim reads queue_limits, which holds off this lock until it commits.
@@ -3400,7 +3449,7 @@ class PostgresSQL:
     SQL_OLDEST_ELIGIBLE_BY_QUEUE = (
         "SELECT queue, min(GREATEST(next_run_at, created_at)) FROM jobs "
         "WHERE state IN ('pending', 'failed') AND waiting_on = 0 "
-        "AND next_run_at <= %s AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')) "
+        f"AND next_run_at <= %s AND {SQL_UNPAUSED.format(queue='jobs.queue')} "
         "GROUP BY queue")
     SQL_CONFIG_GET = "SELECT value FROM config WHERE key = %s"
     SQL_CONFIG_SET = ("INSERT INTO config (key, value) VALUES (%s, %s) "
@@ -6265,8 +6314,11 @@ def run_dict(run: dict) -> dict:
             "started_at": iso(run["started_at"]), "due_at": iso(run["due_at"]),
             "ended_at": iso(ended), "duration_s": None if ended is None else round(ended - run["started_at"], 6)}
 def status_dict(store: Store, queue: str | None = None) -> dict:
-    """`status --json`: jobs per state, live worker processes, paused queues."""
-    return {"jobs": store.counts(queue), "active_workers": len(live_workers(store)), "paused": store.paused()}
+    """`status --json`: jobs per state, live worker processes, paused queues (['*']: every queue but those
+    of paused_except)."""
+    paused, resumed = paused_names(store.paused())
+    return {"jobs": store.counts(queue), "active_workers": len(live_workers(store)), "paused": paused,
+            "paused_except": resumed}
 
 
 def stats_dict(store: Store, since_s: float, now: float) -> dict:
@@ -6350,7 +6402,7 @@ METRICS_WINDOWS = (("1m", 60), ("1h", 3600))  # queuectl_runs_finished's window 
 
 def metrics_text(store: Store, now: float) -> str:
     """`queuectl metrics` and GET /metrics: the queue as Prometheus gauges, run durations as a summary."""
-    rows, paused = store.queue_counts(), set(store.paused())
+    rows, paused = store.queue_counts(), store.paused()
     queues, counts = sorted({queue for queue, _, _ in rows}), {(queue, state): n for queue, state, n in rows}
     oldest = store.oldest_eligible_by_queue(now)
     hour = store.stats(now - 3600, now)  # its outcomes are the 1h window's
@@ -6365,7 +6417,7 @@ def metrics_text(store: Store, now: float) -> str:
         ("queuectl_oldest_due_age_seconds", "Seconds the longest-waiting job that is due and may run has waited, "
          "by queue (0 when none waits; no sample for a paused queue).",
          [({"queue": q}, round(max(0.0, now - oldest[q]), 3) if q in oldest else 0)
-          for q in queues if not paused & {q, "*"}]),
+          for q in queues if not is_paused(q, paused)]),
         ("queuectl_runs_finished", "Runs that ended within the window (1m or 1h), by outcome.",
          [({"outcome": o, "window": w}, finished[w].get(o, 0)) for w, _ in METRICS_WINDOWS for o in RUN_OUTCOMES]),
         ("queuectl_run_duration_seconds", "Durations of the runs that ended completed, failed or dead: quantiles "
@@ -7126,7 +7178,7 @@ const meta = (name) => document.querySelector(`meta[name="${name}"]`).content;
 const NEEDS_TOKEN = meta("queuectl-needs-token") === "1", ACTIONS = meta("queuectl-actions") === "1";
 const STATES = ["pending", "processing", "completed", "failed", "dead"], OUTCOMES = ["completed", "failed", "dead"];
 const PAGE = 25, REFRESH_MS = 1500, TAIL_CHARS = 16384, QUEUE_NAME = /^[A-Za-z0-9._-]{0,64}$/;
-const view = { state: "", queue: "", offset: 0, job: null, closed: new Set(), paused: [] };
+const view = { state: "", queue: "", offset: 0, job: null, closed: new Set(), paused: [], pausedExcept: [] };
 const drawn = {};  // the JSON each panel last drew: an unchanged panel is left alone
 
 // The token: the printed URL brings it in the fragment (#token=T, optionally &job=ID), which no browser
@@ -7187,11 +7239,14 @@ const num = (n) => Number(n).toLocaleString("en-US");
 // As `queuectl list`: ATTEMPTS counts the run going on or the one that completed; DUE says what a job waits for.
 const attempts = (j) => (`${j.attempts + (["processing", "completed"].includes(j.state) ? 1 : 0)}/`
   + Math.max(j.max_retries, 1));
+// As is_paused: '*' pauses every queue but those of paused_except.
+const isPaused = (queue) => !view.pausedExcept.includes(queue) && (view.paused.includes("*")
+  || view.paused.includes(queue));
 function due(j) {
   if (!["pending", "failed"].includes(j.state)) return "–";
   if (j.waiting_on) return `after ${j.waiting_on} job${j.waiting_on === 1 ? "" : "s"}`;
   const left = (Date.parse(j.next_run_at) - Date.now()) / 1000, d = new Date(j.next_run_at);
-  if (left <= 0) return view.paused.includes("*") || view.paused.includes(j.queue) ? "paused" : "now";
+  if (left <= 0) return isPaused(j.queue) ? "paused" : "now";
   if (left >= 86400) return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${hhmm(j.next_run_at)}`;
   if (left <= 59) return `in ${Math.ceil(left)}s`;  // rounded up, as due_text: never "in 60s" or "in 60m"
   const minutes = Math.ceil(left / 60);
@@ -7216,9 +7271,9 @@ async function loadStatus() {
   const [status] = await api("/api/status");
   for (const state of STATES) $("#n-" + state).textContent = num(status.jobs[state]);
   $("#n-workers").textContent = num(status.active_workers);
-  const paused = view.paused = status.paused;
-  $("#paused").textContent = !paused.length ? ""
-    : "paused: " + (paused.includes("*") ? "all queues" : paused.join(", "));
+  const paused = view.paused = status.paused, except = view.pausedExcept = status.paused_except;
+  $("#paused").textContent = !paused.length ? "" : "paused: " + (!paused.includes("*") ? paused.join(", ")
+    : "all queues" + (except.length ? " except " + except.join(", ") : ""));
   for (const option of $("#state").options) {
     option.textContent = option.value ? `${option.value} (${num(status.jobs[option.value])})` : "all states";
   }
@@ -8001,13 +8056,15 @@ def read_stdin(read: Callable[[int], None] = lambda lines: None) -> bytearray:
 def note_paused(store: Store, queues: list[str]) -> None:
     """A note on stderr when jobs went into a paused queue: they wait, and nothing else would say why."""
     paused = store.paused()
-    stuck = list(dict.fromkeys(q for q in queues if q in paused or "*" in paused))
+    stuck = list(dict.fromkeys(q for q in queues if is_paused(q, paused)))
     if not stuck:
         return
+    command = "queuectl resume " + " ".join(f"--queue {q}" for q in stuck)  # names are plain ASCII words
     if "*" in paused:
-        return print("queuectl: note: every queue is paused; jobs wait for `queuectl resume`", file=sys.stderr)
+        return print(f"queuectl: note: {paused_text(*paused_names(paused))} are paused; jobs wait for `{command}` "
+                     "(or `queuectl resume`, for all)", file=sys.stderr)
     which = f"queue {stuck[0]!r} is" if len(stuck) == 1 else f"queues {', '.join(map(repr, stuck))} are"
-    print(f"queuectl: note: {which} paused; jobs wait for `queuectl resume --queue NAME`", file=sys.stderr)
+    print(f"queuectl: note: {which} paused; jobs wait for `{command}`", file=sys.stderr)
 
 
 def add_job_object(args) -> dict:
@@ -8244,9 +8301,8 @@ def _status_text(store: Store, queue: str | None) -> str:
     status = status_dict(store, queue)
     lines = [f"{state:<12}{status['jobs'][state]:>8}" for state in STATES]
     lines.append(f"{'workers':<12}{status['active_workers']:>8}")
-    paused = status["paused"]
-    if paused:
-        lines.append("paused: " + ("all queues" if "*" in paused else printable(", ".join(paused))))
+    if status["paused"]:
+        lines.append("paused: " + printable(paused_text(status["paused"], status["paused_except"])))
     return "\n".join(lines) + "\n"
 
 
@@ -8277,7 +8333,7 @@ def due_text(job: Job, now: float, paused: list[str]) -> str:
         return f"after {job.waiting_on} job{'s' if job.waiting_on != 1 else ''}"
     left = job.next_run_at - now
     if left <= 0:
-        return "paused" if job.queue in paused or "*" in paused else "now"
+        return "paused" if is_paused(job.queue, paused) else "now"
     if left >= 86400:  # local time, as `run_at` without an offset is read
         # time, not datetime: east of UTC the latest run_at is year 10000 on the clock, past datetime's range
         return time.strftime("%Y-%m-%d %H:%M", time.localtime(job.next_run_at))
@@ -8403,8 +8459,30 @@ def _secs(value: float | None) -> str:
 # -- operating -----------------------------------------------------------------------------------
 
 def cmd_pause(args, store: Store) -> None:
+    unknown = list(dict.fromkeys(args.queue))
+    if unknown:  # most often a misspelt name, which would pause nothing anyone uses: said after the pause
+        known = known_queues(store)
+        unknown = [q for q in unknown if q not in known]
     store.pause(args.queue or ["*"])
     print("paused " + (", ".join(args.queue) if args.queue else "all queues"))
+    if unknown:
+        print(f"queuectl: note: {unknown_queues_note(unknown, known, 'no jobs, workers or limit yet')}",
+              file=sys.stderr)
+
+
+def known_queues(store: Store) -> set[str]:
+    """Every queue a job, a worker's --queue, a limit or a pause names (reads every job: for hints only)."""
+    named = {q for w in store.workers() if w.queues for q in json.loads(w.queues)}
+    named |= set(paused_names(store.paused())[0]) - {"*"}
+    return named | {queue for queue, _, _ in store.queue_counts()} | set(store.limits())
+
+
+def unknown_queues_note(unknown: list[str], known: set[str], lacking: str) -> str:
+    """The note on queue names nothing else names, most often misspelt: "queue 'imgaes' has no jobs yet
+    (did you mean 'images'?)", or "(is the name right?)" when no known name is near."""
+    hints = " ".join(filter(None, (did_you_mean(q, known - {q}) for q in unknown))) or "(is the name right?)"
+    many = len(unknown) > 1
+    return f"queue{'s' * many} {', '.join(map(repr, unknown))} {'have' if many else 'has'} {lacking} {hints}"
 
 
 def cmd_resume(args, store: Store) -> None:
@@ -8454,8 +8532,7 @@ def cmd_worker_start(args, store: Store) -> int:
     queues = tuple(dict.fromkeys(args.queue))
     empty = [q for q in queues if not any(store.counts(q).values())]
     if empty:  # most often a misspelt name: nothing would ever tell
-        note = (f"queue{'s' if len(empty) > 1 else ''} {', '.join(map(repr, empty))} "
-                f"{'has' if len(empty) == 1 else 'have'} no jobs yet (is the name right?)")
+        note = unknown_queues_note(empty, known_queues(store), "no jobs yet")
         if args.log_format == "json":  # the worker's stderr is then JSON Lines only
             log.warning("%s", note, extra=event("queue_has_no_jobs", queues=empty))
         else:

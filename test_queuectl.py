@@ -4062,12 +4062,68 @@ def test_pause_twice_and_resume_of_a_running_queue_are_harmless(db):
     assert json.loads(ok(db, "status", "--json"))["paused"] == ["alpha"]
 
 
-def test_resume_one_queue_while_everything_is_paused_is_refused(db):
-    ok(db, "pause")
-    code, out, err = cli(db, "resume", "--queue", "x")
-    assert (code, out) == (1, "")
-    assert_one_error(err, "every queue is paused")
-    assert json.loads(ok(db, "status", "--json"))["paused"] == ["*"]
+def test_resume_of_one_queue_while_every_queue_is_paused_claims_from_it_alone(store):
+    register(store)
+    store.enqueue([spec("i", queue="images"), spec("v", queue="video"), spec("d")], T0)
+    store.pause(["*"])
+    store.resume(["images"])
+    store.pause(["video"])  # already paused by '*': no row of its own
+    assert store.paused() == ["!images", "*"]
+    assert set(store.oldest_eligible_by_queue(T0)) == {"images"}
+    assert store.due_now(T0) and store.due_now(T0, ("images",)) and not store.due_now(T0, ("video",))
+    assert store.claim("w1", T0, ("video", "default")) is None
+    assert claim_ids(store, T0) == ["i"]
+    assert not store.due_now(T0) and store.burst_done(T0 + 1, ("video",))
+    store.resume(["video"])
+    store.pause(["images"])  # paused again: its '!images' goes
+    assert store.paused() == ["!video", "*"]
+    assert claim_ids(store, T0) == ["v"]
+    store.pause(["*"])  # every queue again, whatever was resumed alone
+    assert (store.paused(), claim_ids(store, T0)) == (["*"], [])
+    store.resume([])
+    assert (store.paused(), claim_ids(store, T0)) == ([], ["d"])
+
+
+def test_resume_of_one_queue_while_every_queue_is_paused_holds_without_returning(sqlite_store, monkeypatch):
+    monkeypatch.setattr(queuectl, "HAS_RETURNING", False)
+    register(sqlite_store)
+    sqlite_store.enqueue([spec("i", queue="images"), spec("v", queue="video")], T0)
+    sqlite_store.pause(["*"])
+    sqlite_store.resume(["images"])
+    assert claim_ids(sqlite_store, T0, ("video", "images")) == ["i"]
+    assert claim_ids(sqlite_store, T0) == []
+
+
+def test_resume_of_one_queue_after_pause_all_shows_and_runs_it_alone(db, workers, tmp_path):
+    enqueue(db, id="i", command="true", queue="images", cwd=str(tmp_path))
+    enqueue(db, id="v", command="true", queue="video", cwd=str(tmp_path))
+    assert ok(db, "pause") == "paused all queues\n"
+    assert ok(db, "resume", "--queue", "images") == "resumed images\n"
+    status = json.loads(ok(db, "status", "--json"))
+    assert (status["paused"], status["paused_except"]) == (["*"], ["images"])
+    assert "paused: all queues except images\n" in ok(db, "status")
+    assert {q["queue"]: q["paused"] for q in json.loads(ok(db, "queues", "--json"))} == {
+        "images": False, "video": True}
+    assert [line.split()[4] for line in ok(db, "list").splitlines()[1:]] == ["now", "paused"]
+    worker = workers.start("--burst")  # the paused queue's job is not due: the burst does not wait for it
+    assert worker.wait() == 0, worker.log()
+    assert (state_of(db, "i"), state_of(db, "v")) == ("completed", "pending")
+    assert ok(db, "resume") == "resumed all queues\n"
+    status = json.loads(ok(db, "status", "--json"))
+    assert (status["paused"], status["paused_except"]) == ([], [])
+
+
+def test_pause_of_a_queue_nothing_names_says_so_with_the_closest_name(db):
+    enqueue(db, id="i", command="true", queue="images")
+    ok(db, "limit", "nightly", "2")
+    code, out, err = cli(db, "pause", "--queue", "imgaes")
+    assert (code, out) == (0, "paused imgaes\n")
+    assert err == "queuectl: note: queue 'imgaes' has no jobs, workers or limit yet (did you mean 'images'?)\n"
+    assert json.loads(ok(db, "status", "--json"))["paused"] == ["imgaes"]  # paused all the same
+    assert cli(db, "pause", "--queue", "zzz")[2].endswith("has no jobs, workers or limit yet (is the name right?)\n")
+    for known in ("images", "nightly", "imgaes"):  # a job, a limit, a pause name it
+        assert cli(db, "pause", "--queue", known)[2] == ""
+    assert cli(db, "pause")[2] == ""
 
 
 def test_a_paused_queue_is_not_claimed_until_resumed(db, workers, tmp_path):
@@ -4104,14 +4160,18 @@ def test_enqueue_and_add_into_a_paused_queue_say_so_on_stderr(db):
     ok(db, "pause", "--queue", "night")
     code, out, err = cli(db, "enqueue", '{"id": "n", "command": "true", "queue": "night"}')
     assert (code, out) == (0, "n\n")
-    assert err == "queuectl: note: queue 'night' is paused; jobs wait for `queuectl resume --queue NAME`\n"
+    assert err == "queuectl: note: queue 'night' is paused; jobs wait for `queuectl resume --queue night`\n"
     assert cli(db, "add", "--", "true")[2] == ""  # another queue: nothing to say
     batch = '{"command": "true", "queue": "night"}\n{"command": "true", "queue": "day"}\n'
     assert cli(db, "enqueue", "-", stdin=batch)[2].count("note: queue 'night' is paused") == 1
     ok(db, "pause")
     code, out, err = cli(db, "add", "--json", "--", "true")
     assert code == 0 and json.loads(out)["state"] == "pending"
-    assert err == "queuectl: note: every queue is paused; jobs wait for `queuectl resume`\n"
+    assert err == ("queuectl: note: all queues are paused; jobs wait for `queuectl resume --queue default` "
+                   "(or `queuectl resume`, for all)\n")
+    ok(db, "resume", "--queue", "night")
+    assert "queuectl: note: all queues except night are paused" in cli(db, "add", "--", "true")[2]
+    assert cli(db, "add", "--queue", "night", "--", "true")[2] == ""
 
 
 # ---- dependencies --------------------------------------------------------------------------------
@@ -10662,7 +10722,7 @@ def test_list_unknown_state_lists_the_valid_ones(ran_db):
 def test_status_json_shape(ran_db):
     data = json.loads(ok(ran_db, "status", "--json"))
     assert data == {"jobs": {"pending": 1, "processing": 0, "completed": 1, "failed": 0, "dead": 1},
-                    "active_workers": 0, "paused": []}
+                    "active_workers": 0, "paused": [], "paused_except": []}
     text = ok(ran_db, "status")
     for state in STATES:
         assert state in text
@@ -10671,7 +10731,8 @@ def test_status_json_shape(ran_db):
 
 def test_status_of_an_empty_db(db):
     data = json.loads(ok(db, "status", "--json"))
-    assert data == {"jobs": {state: 0 for state in STATES}, "active_workers": 0, "paused": []}
+    assert data == {"jobs": {state: 0 for state in STATES}, "active_workers": 0, "paused": [],
+                    "paused_except": []}
 
 
 def test_show_and_logs(ran_db):
