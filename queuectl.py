@@ -210,6 +210,9 @@ DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 PURGE_SLICE = 2000  # jobs that purge and retention delete per transaction: tens of ms of write lock
 BATCH_PROGRESS_LINES = 10_000  # `enqueue -` shows its progress line on a terminal past this many lines
 WAIT_POLL_S = 0.25  # how often `wait` looks again (and redraws its progress line)
+# `wait ID`: how long no live worker may serve a waited job's queue before it says so (a worker
+# starting up registers within a second or so)
+WAIT_NO_WORKER_S = 3.0
 INSERT_SLICE = 10_000  # jobs a batch inserts per executemany, so its progress line can count them stored
 BATCH_STREAM_LINES = 10_000  # from this many lines `enqueue -` tries Store.enqueue_streamed (PostgreSQL)
 RETENTION_INTERVAL_S = 30.0  # how often workers delete completed jobs older than `retention`
@@ -7921,6 +7924,13 @@ class Progress:
             self._write("\r\x1b[K")
             self.visible = False
 
+    def note(self, text: str) -> None:
+        """A line on stderr that stays, whether the live line is on or off (erased first, drawn again
+        by the next show())."""
+        self.close()
+        self.drawn_at = None
+        self._write(text + "\n")
+
     def __enter__(self) -> "Progress":
         return self
 
@@ -8212,6 +8222,7 @@ def cmd_wait(args, store: Store) -> int:
 def wait_ids(store: Store, ids: list[str], deadline: float | None, progress: "Progress") -> int:
     """`wait ID…`: until every named job is completed or dead; 1 naming the dead ones, or at the deadline
     the unfinished ones."""
+    unserved = UnservedNote(store, progress)
     while True:
         store.refresh()
         jobs = [store.get(i) for i in ids]
@@ -8221,11 +8232,44 @@ def wait_ids(store: Store, ids: list[str], deadline: float | None, progress: "Pr
             if dead:
                 raise QueueError("dead: " + "; ".join(f"job {j.id!r}: {j.last_error}" for j in dead))
             return EXIT_OK
+        unserved.check(jobs)
         if deadline is not None and time.monotonic() > deadline:
             raise QueueError(f"timed out waiting for {', '.join(waiting)}")
         finished = len(jobs) - len(waiting)
         progress.show(waiting_line(finished, len(jobs), len(dead), progress.rate(finished)))
         time.sleep(WAIT_POLL_S)
+
+
+class UnservedNote:
+    """`wait ID`'s one note on stderr once no live worker has served a waited job's queue for
+    WAIT_NO_WORKER_S: without it a forgotten worker looks like a slow one, forever."""
+
+    def __init__(self, store: Store, progress: "Progress"):
+        self.store, self.progress, self.served_at, self.said = store, progress, time.monotonic(), False
+
+    def check(self, jobs: list[Job]) -> None:
+        """Look again (until the note is said): the queues of the jobs that wait for a worker."""
+        if self.said:
+            return
+        queues = unserved_queues(self.store, {j.queue for j in jobs if j.state in (PENDING, FAILED)})
+        if not queues:
+            self.served_at = time.monotonic()
+        elif time.monotonic() - self.served_at >= WAIT_NO_WORKER_S:
+            self.said = True
+            which = f"queue {queues[0]!r}" if len(queues) == 1 else f"queues {', '.join(map(repr, queues))}"
+            self.progress.note(f"queuectl: note: no live worker serves {which}: start one with queuectl worker start")
+
+
+def unserved_queues(store: Store, queues: set[str]) -> list[str]:
+    """Those of `queues` no live worker serves, sorted (a worker started without --queue serves every queue)."""
+    if not queues:
+        return []
+    served: set[str] = set()
+    for w in live_workers(store):
+        if not w.queues:
+            return []
+        served.update(json.loads(w.queues))
+    return sorted(queues - served)
 
 
 def wait_all(store: Store, queue: str | None, deadline: float | None, progress: "Progress") -> int:

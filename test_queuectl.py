@@ -11000,6 +11000,25 @@ def test_wait_bad_timeout_exits_2(states_db, timeout):
     assert_argparse_error(code, err)
 
 
+def test_wait_says_once_when_no_live_worker_serves_the_queue_and_keeps_waiting(db, workers, monkeypatch):
+    monkeypatch.setattr(queuectl, "WAIT_NO_WORKER_S", 0.2)  # the wait's --timeout is its deadline
+    enqueue(db, id="j", command="true")
+    enqueue(db, id="k", command="true", queue="images")
+    enqueue(db, id="later", command="true", delay="1h")
+    code, out, err = cli(db, "wait", "j", "--timeout", "1")
+    assert (code, out) == (1, "")  # it waited on, to the deadline
+    assert err.splitlines()[:1] == [
+        "queuectl: note: no live worker serves queue 'default': start one with queuectl worker start"]
+    assert_one_error("\n".join(err.splitlines()[1:]), "timed out waiting for j")
+    workers.start("--queue", "other").wait_log("worker started")
+    code, out, err = cli(db, "wait", "j", "k", "--timeout", "1")
+    assert err.startswith("queuectl: note: no live worker serves queues 'default', 'images': start one")
+    workers.start("--queue", "default").wait_log("worker started")
+    code, out, err = cli(db, "wait", "later", "--timeout", "1")
+    assert code == 1
+    assert_one_error(err, "timed out waiting for later")  # a worker serves it: nothing more to say
+
+
 def test_wait_blocks_until_the_worker_finishes_the_jobs(db, workers, tmp_path):
     enqueue(db, id="long", command=BLOCKING_JOB, cwd=str(tmp_path))
     enqueue(db, id="quick", command="true", cwd=str(tmp_path))
