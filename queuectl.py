@@ -8425,7 +8425,32 @@ def cmd_logs(args, store: Store) -> None:
     if not args.follow:
         write_bytes(run[1] if run else None)
         return _note_cut(run)
+    if run is None:
+        _note_not_started(store, store.get(args.id))
     follow_output(store, args.id, run)
+
+
+def _note_not_started(store: Store, job: Job) -> None:
+    """`logs -f` on a job with no run yet: one line on stderr saying what it waits for, or it would look hung."""
+    if job.state in (PENDING, FAILED):
+        print(f"queuectl: note: job {job.id!r} has not started: {job.state}, {held_by(store, job)}; "
+              "its output will follow when it runs", file=sys.stderr, flush=True)
+
+
+def held_by(store: Store, job: Job) -> str:
+    """Why a waiting job does not run yet: 'due in 4m' (see due_text), 'waiting for 2 jobs it depends on',
+    'held by its paused queue 'q'', 'held by queue 'q' at its limit of 2 running', or 'due now'."""
+    now, paused = store.now(), store.paused()
+    if job.waiting_on:
+        return f"waiting for {job.waiting_on} job{'s' * (job.waiting_on != 1)} it depends on"
+    if is_paused(job.queue, paused):
+        return f"held by its paused queue {job.queue!r}"
+    if job.next_run_at > now:
+        return f"due {due_text(job, now, paused)}"
+    limit = store.limits().get(job.queue)
+    if limit is not None and store.counts(job.queue)[PROCESSING] >= limit:
+        return f"held by queue {job.queue!r} at its limit of {limit} running"
+    return "due now"
 
 
 def _note_cut(run: tuple | None) -> None:

@@ -4584,8 +4584,39 @@ def test_logs_follow_streams_a_running_jobs_output_until_it_ends(db, workers, tm
     assert follow.wait(timeout=WAIT_S) == 0
     reader.thread.join(WAIT_S)
     assert reader.text() == "".join(lines) + "end\n"
-    assert follow.stderr.read() == b""
+    # Unless the worker claimed the job first, the follow said it had not started.
+    assert follow.stderr.read() in (b"", b"queuectl: note: job 'f1' has not started: pending, due now; "
+                                         b"its output will follow when it runs\n")
     assert state_of(db, "f1") == "completed"
+
+
+def test_logs_follow_of_a_job_not_started_says_what_holds_it_then_follows(db, workers, tmp_path):
+    ok(db, "pause", "--queue", "night")
+    enqueue(db, id="n", command="echo night", queue="night", cwd=str(tmp_path))
+    follow = workers.spawn("logs", "n", "--follow")
+    err = LineReader(follow.stderr)
+    wait_for(lambda: err.lines, "the note on stderr")
+    assert err.lines == ["queuectl: note: job 'n' has not started: pending, held by its paused queue 'night'; "
+                         "its output will follow when it runs\n"]
+    assert follow.poll() is None  # still following
+    ok(db, "resume", "--queue", "night")
+    workers.start("--burst")
+    assert follow.wait(timeout=WAIT_S) == 0
+    assert follow.stdout.read() == b"night\n"
+    assert err.lines == err.lines[:1]
+
+
+def test_what_holds_a_job_that_has_not_started(store):
+    register(store)
+    store.enqueue([spec("dep"), spec("after", depends_on=["dep"]), spec("later", run_at=T0 + 240),
+                   spec("p", queue="night"), spec("busy", queue="one"), spec("full", queue="one")], T0)
+    store.pause(["night"])
+    store.set_limit("one", 1)
+    store.now = lambda: T0
+    assert store.claim("w1", T0, ("one",)).id == "busy"
+    held = {i: queuectl.held_by(store, store.get(i)) for i in ("dep", "after", "later", "p", "full")}
+    assert held == {"dep": "due now", "after": "waiting for 1 job it depends on", "later": "due in 4m",
+                    "p": "held by its paused queue 'night'", "full": "held by queue 'one' at its limit of 1 running"}
 
 
 # ---- cancel --------------------------------------------------------------------------------------
