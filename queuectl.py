@@ -7988,8 +7988,12 @@ def cmd_enqueue(args, store: Store) -> None:
     if args.job != "-":
         return enqueue_and_print(store, [validate_job(parse_json(args.job), defaults, cwd, now)], now, args.json)
     started, progress = time.monotonic(), Progress.for_command(args)
+    if sys.stdin.isatty():  # else it would seem to hang, waiting for what was meant to be piped in
+        print("queuectl: note: reading jobs, one JSON object a line, until Ctrl-D", file=sys.stderr, flush=True)
     with progress:
         specs, ids = enqueue_batch(store, progress, now, defaults, cwd)
+    if not specs:
+        print("queuectl: note: no jobs read", file=sys.stderr)
     print_enqueued(store, specs, ids, args.json, batch=True)
     if progress.drawn:  # a long batch on a terminal: its live line is gone, one line says how it went
         sys.stdout.flush()

@@ -10535,6 +10535,31 @@ def test_batch_enqueue_through_a_pipe(db):
     assert json.loads(ok(db, "status", "--json"))["jobs"]["pending"] == 5002
 
 
+def test_batch_from_a_terminal_says_it_reads_until_ctrl_d(db):
+    reading = "queuectl: note: reading jobs, one JSON object a line, until Ctrl-D\n"
+    for typed, printed, notes in ((b'{"id": "t1", "command": "true"}\n\x04', b"t1\n", [reading]),
+                                  (b"\x04", b"", [reading, "queuectl: note: no jobs read\n"])):
+        terminal, stdin = os.openpty()
+        proc = subprocess.Popen([sys.executable, QUEUECTL, "--db", db, "enqueue", "-"], stdin=stdin,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env())
+        os.close(stdin)
+        err = LineReader(proc.stderr)
+        wait_for(lambda: err.lines, "the note, before anything is typed")
+        os.write(terminal, typed)  # Ctrl-D at the start of a line: the end of input
+        assert proc.wait(timeout=WAIT_S) == 0
+        os.close(terminal)
+        err.thread.join(WAIT_S)
+        assert (proc.stdout.read(), err.lines) == (printed, notes)
+    assert list_ids(db) == ["t1"]
+
+
+@pytest.mark.parametrize("data", ["", "\n\n", "[]"])
+def test_batch_of_no_jobs_stores_nothing_and_says_so(db, data):
+    assert cli(db, "enqueue", "-", stdin=data) == (0, "", "queuectl: note: no jobs read\n")
+    assert cli(db, "enqueue", "-", "--json", stdin=data) == (0, "[]\n", "queuectl: note: no jobs read\n")
+    assert list_ids(db) == []
+
+
 def test_a_big_batch_stores_every_character_of_commands_env_and_cwd_as_given(db):
     hostile = [{"id": f"h{i}-日本\\", "command": f"printf '%s' {text!r}", "cwd": f"/tmp/{text}",
                 "env": {"V": text, f"K_{i}": f"{text}={text}"}} for i, text in enumerate(HOSTILE_TEXT)]
@@ -11628,7 +11653,7 @@ def test_enqueue_from_a_closed_stdin_reads_nothing_and_exits_zero_without_a_trac
              "sys.exit(subprocess.run(sys.argv[1:], close_fds=False).returncode)")
     result = subprocess.run([sys.executable, "-c", probe, sys.executable, QUEUECTL, "--db", sqlite_db, "enqueue",
                              "-"], capture_output=True, timeout=WAIT_S, env=child_env())
-    assert (result.returncode, result.stderr) == (0, b"")
+    assert (result.returncode, result.stderr) == (0, b"queuectl: note: no jobs read\n")
     assert json.loads(ok(sqlite_db, "list", "--json")) == []
 
 
