@@ -224,6 +224,9 @@ QUICK_JOB_S = 0.01  # a job's exit is watched through a pidfd once it has run th
 TICK_GAP_S = 0.005  # the shortest gap between two rounds of a worker's main loop (see Supervisor.tick)
 IDLE_WAIT_S = 5.0  # an idle thread waits for the poller's wake-up; this is only a safety net
 SWEEP_INTERVAL_S = 1.0  # how often each worker process looks for dead workers
+# A runner that claimed a job its worker's schedule firing just made waits at most this long for the
+# firing's log line before it logs the claim (a log that blocks must not hold the job)
+FIRE_LOG_WAIT_S = 1.0
 # A run of a worker that none of its runners holds for this long is a claim whose answer was lost
 # (see Holdings); handing a claim's answer to its runner takes milliseconds.
 STRAY_GRACE_S = 5.0
@@ -2478,15 +2481,19 @@ class Store:
         """The earliest slot any schedule that is not paused waits for (one index lookup)."""
         return self.read(self.sql.SQL_NEXT_SCHEDULE)[0][0]
 
-    def fire_schedules(self, now: float) -> list[tuple]:
+    def fire_schedules(self, now: float, made: Callable[[str], None] = lambda job_id: None) -> list[tuple]:
         """Fire every due schedule in one transaction (see firing_rule): enqueue its slot's job, unless
         that job exists already, and move it to its next slot. Returns (schedule id, slot or None,
         job id or None, what happened) for each; a schedule this host cannot compute (its zone is
-        unknown here) is left for another worker."""
+        unknown here) is left for another worker. `made(job id)` hears of each job before the commit
+        that makes it claimable (again if the transaction runs again)."""
         def fire(cur):
             rows = cur.execute(self.sql.SQL_DUE_SCHEDULES, (now,)).fetchall()
             events = [self._fire_one(cur, Schedule.from_row(row), defaults, now) for row in rows]
-            if any(event[2] for event in events):
+            jobs = [event[2] for event in events if event[2]]
+            for job_id in jobs:
+                made(job_id)
+            if jobs:
                 self._wake_workers(cur)
             return events
         defaults = self.config_all()  # the jobs' max_retries and timeout, when their template has none
@@ -5326,8 +5333,10 @@ class Runner:
     ("Worker" is the process `worker start` starts, with one registration and N runners.)"""
 
     def __init__(self, store: Store, worker_id: str, abort, queues: tuple = (), epoch=lambda: 0,
-                 keep_claiming=lambda: False, give_up=lambda: False, holdings: Holdings | None = None):
+                 keep_claiming=lambda: False, give_up=lambda: False, holdings: Holdings | None = None,
+                 claim_may_log: Callable[[str], None] = lambda job_id: None):
         self.store = store
+        self.claim_may_log = claim_may_log  # see ScheduleFirer.claim_may_log
         self.worker_id = worker_id
         self.abort = abort  # abort(job, epoch) -> reason to kill the running job, or None
         self.give_up = give_up  # a hard stop: stop trying to record a result
@@ -5368,6 +5377,7 @@ class Runner:
 
     def _run(self, job: Job, epoch: int) -> Outcome:
         if not log.quiet:
+            self.claim_may_log(job.id)
             log.info("job %s claimed (attempt %d): %s", job.id, job.attempts + 1, _short(job.command),
                      extra=event("job_claimed", job_id=job.id, attempt=job.attempts + 1, command=job.command))
         env = {"QUEUECTL_JOB_ID": job.id, "QUEUECTL_ATTEMPT": str(job.attempts + 1),
@@ -5687,9 +5697,13 @@ class ScheduleFirer:
     fires as soon as a slot it knows of is due; firing is idempotent, whoever else fires too."""
 
     def __init__(self):
+        import threading
         self.checked_at = -math.inf  # monotonic time of the last lookup
         self.due_at = math.inf  # the earliest next slot that lookup found (epoch seconds)
         self.unfired: dict[str, str] = {}  # schedule id -> why this host cannot fire it, as last logged
+        # The jobs a firing under way has made and not logged yet (see claim_may_log).
+        self.unlogged: set[str] = set()
+        self.logged = threading.Condition()
 
     def tick(self, store: Store, mono: float, now: float | None = None) -> list[tuple]:
         """Fire what is due; returns the events of Store.fire_schedules (logged here)."""
@@ -5699,12 +5713,34 @@ class ScheduleFirer:
         self.checked_at, events = mono, []
         earliest = store.next_schedule_at()
         if earliest is not None and earliest <= now:
-            events = store.fire_schedules(now)
-            self._log(events)
+            events = self._fire(store, now)
             earliest = store.next_schedule_at()
         # One still due (another worker is firing it, or this host lacks its zone): look again in a second.
         self.due_at = earliest if earliest is not None and earliest > now else math.inf
         return events
+
+    def _fire(self, store: Store, now: float) -> list[tuple]:
+        """Fire what is due and log it; until then, a runner of this worker that claims a job just made
+        waits to log its claim (see claim_may_log)."""
+        try:
+            events = store.fire_schedules(now, self._made)
+            self._log(events)
+            return events
+        finally:
+            with self.logged:
+                self.unlogged.clear()
+                self.logged.notify_all()
+
+    def _made(self, job_id: str) -> None:
+        with self.logged:
+            self.unlogged.add(job_id)
+
+    def claim_may_log(self, job_id: str) -> None:
+        """Called by a runner before it logs a claim: if a firing of this worker made the job and has not
+        logged it yet, wait for that line (at most FIRE_LOG_WAIT_S), so the log reads in order."""
+        if job_id in self.unlogged:  # added before the commit that made the job claimable
+            with self.logged:
+                self.logged.wait_for(lambda: job_id not in self.unlogged, FIRE_LOG_WAIT_S)
 
     def _log(self, events: list[tuple]) -> None:
         """Log each event; a schedule this host cannot fire stays due and is tried again every second,
@@ -6261,7 +6297,7 @@ class Supervisor:
     def _new_runner(self) -> Runner:
         store = self._runner_store()
         runner = Runner(store, self.worker_id, self.abort_reason, self.queues, lambda: self.epoch,
-                        lambda: not self.claiming_ends(), self.give_up, self.holdings)
+                        lambda: not self.claiming_ends(), self.give_up, self.holdings, self.schedules.claim_may_log)
         self.runners.append(runner)
         return runner
 

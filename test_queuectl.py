@@ -2485,6 +2485,31 @@ def test_a_schedule_this_host_cannot_fire_is_logged_once_not_every_second(store,
     assert sum(m.startswith("schedule s: job s@") for m in messages) == 3  # the others still fire and say so
 
 
+def test_a_runner_logs_its_claim_of_a_slot_job_after_the_firing_logged_it(store, caplog):
+    """PostgreSQL wakes the runners at the firing's commit: one claimed the slot's job and logged it before
+    the firer, back from the commit, logged the job as enqueued."""
+    add_schedule(store, now=T0, every="10s")
+    register(store)
+    firer, asked = queuectl.ScheduleFirer(), []
+    runner = queuectl.Runner(store, "w1", lambda job, epoch: None,
+                             claim_may_log=lambda job_id: asked.append(job_id) or firer.claim_may_log(job_id))
+    runner.runner = lambda job, env, abort, on_output: outcome(0)
+    claimer, log_events = threading.Thread(target=runner.run_once, args=(T0 + 10.5,)), firer._log
+
+    def claimed_first(events):  # committed, not logged yet: the runner claims the job now
+        claimer.start()
+        wait_for(lambda: asked or any("claimed" in r.getMessage() for r in caplog.records), "the claim")
+        log_events(events)
+    firer._log = claimed_first
+    with caplog.at_level("INFO", logger="queuectl"):
+        firer.tick(store, mono=100.0, now=T0 + 10.5)
+        claimer.join(WAIT_S)
+    job_id = f"s@{queuectl.slot_text(T0 + 10)}"
+    assert [r.getMessage().partition(" (")[0] for r in caplog.records][:2] == [
+        f"schedule s: job {job_id} enqueued", f"job {job_id} claimed"]
+    assert not firer.unlogged
+
+
 # ---- the schedule commands -----------------------------------------------------------------------
 
 def test_schedule_add_list_and_next(db, tmp_path):
@@ -2754,6 +2779,18 @@ def test_workers_fire_an_every_second_schedule_once_per_slot(db, workers):
     assert set(run_counts(db).values()) == {1}  # every slot's job ran once, on one worker or the other
     for proc in procs:
         assert "Traceback" not in proc.log() and "not fired here" not in proc.log()
+
+
+def test_a_workers_log_says_a_slot_job_was_enqueued_before_it_says_it_claimed_it(db, workers):
+    ok(db, "schedule", "add", '{"id": "tick", "every": "1s", "command": "true"}')
+    worker = workers.start("--count", "2")
+    wait_for(lambda: worker.log().count(" claimed") >= 3, "three slot jobs claimed")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0, worker.log()
+    lines = worker.log().splitlines()
+    claimed = [(n, line.split("job ")[1].split()[0]) for n, line in enumerate(lines) if " claimed" in line]
+    for n, job_id in claimed:
+        assert any(f"schedule tick: job {job_id} enqueued" in line for line in lines[:n]), (job_id, lines)
 
 
 def test_a_burst_worker_fires_due_slots_but_future_ones_do_not_keep_it_running(db, workers):
