@@ -92,19 +92,20 @@ commands:
 # validate_job, parse_duration, the CONFIG table) · Schedules (cron and interval rules) · Process identity
 # (/proc: host_identity, looks_alive) · Storage (the schema, every SQL statement beside the class that runs
 # it: Store, SqliteStore, PostgresStore) · Process control (kill_run, Watchdog) · Execution (run_command and
-# the process group it kills) · Workers (Runner, Sweeper, ScheduleFirer) · Signals and supervisor (Supervisor:
-# one worker process) · Dashboard (HTTP, metrics_text) · CLI (build_parser, cmd_*, main).
+# the process group it kills) · Workers (Runner, Sweeper, ScheduleFirer) · The worker process (Worker: one
+# `worker start`, its signals, registration, housekeeping and runner threads) · Dashboard (HTTP, metrics_text)
+# · CLI (build_parser, cmd_*, main).
 #
 # The path of a job:
 #   enqueue   cmd_enqueue / cmd_add -> validate_job -> Store.enqueue (one transaction; synced before the id prints)
-#   claim     Supervisor._thread_main -> Runner.run_once -> Store.claim (an atomic UPDATE ... RETURNING that
+#   claim     Worker._thread_main -> Runner.run_once -> Store.claim (an atomic UPDATE ... RETURNING that
 #             also opens the run's record; PostgreSQL: FOR UPDATE SKIP LOCKED)
 #   run       Runner._run -> run_command -> _spawn (own process group) -> _Capture.collect (output tail,
 #             timeout, abort(): cancel, hard stop, cut-off) -> _Capture.stop (SIGTERM, grace, SIGKILL)
 #   record    Runner._record -> Store.finish / finish_and_claim (failure_rule: retry with backoff, or dead)
-#   recover   Supervisor._housekeeping -> Sweeper.sweep: a worker presumed dead (same host: its PID; else
+#   recover   Worker._housekeeping -> Sweeper.sweep: a worker presumed dead (same host: its PID; else
 #             lease_expired) is dropped, kill_run ends its runs' processes, then Store.interrupt requeues
-#   guard     Supervisor._guard: what must happen on time whatever the database does (cut-off line, hard stop)
+#   guard     Worker._guard: what must happen on time whatever the database does (cut-off line, hard stop)
 
 # Heavy modules (subprocess, threading, signal, select) are imported only by the worker code
 # that needs them: every command pays for what it imports, and `enqueue` should start fast.
@@ -175,7 +176,7 @@ SIZE_UNITS = {"B": 1, "K": 1024, "k": 1024, "KiB": 1024, "M": 1024 ** 2, "m": 10
 # Messages to a worker's watchdog that wait for room in its pipe, at most (3 a job, up to about 300 bytes
 # each with a long job id: a few MB at worst).
 WATCHDOG_BACKLOG = 20_000
-PR_SET_PDEATHSIG, SIGKILL = 1, 9  # Linux's prctl option, and the signal it asks for (see _die_with_runner)
+PR_SET_PDEATHSIG, SIGKILL = 1, 9  # Linux's prctl option, and the signal it asks for (see _die_with_worker)
 # A command made only of these words is exec'd without a shell (see direct_argv); the first word
 # may not contain '=', which would make it a variable assignment.
 PLAIN_COMMAND = re.compile(r"[ \t]*[A-Za-z0-9_./:@%+,-]+(?:[ \t]+[A-Za-z0-9_./:@%+,=-]+)*[ \t]*")
@@ -187,7 +188,7 @@ SHELL_WORDS = frozenset(
 MAX_PRIORITY = 1_000_000
 MAX_DEPS = 1000
 MAX_LIMIT = 1_000_000  # the largest per-queue concurrency limit
-MAX_EPOCH = 253_402_300_799  # 9999-12-31T23:59:59Z
+MAX_UNIX_TIME = 253_402_300_799  # 9999-12-31T23:59:59Z
 DEFAULT_QUEUE = "default"
 # Text for a terminal: what a person reads is printed through printable(): a job's command, error,
 # output, ids, queue and host names come from whoever enqueued the job or ran the worker, and a raw ESC,
@@ -221,7 +222,7 @@ LOST_WORKER_CAP = 3  # a job whose worker is lost this many times goes to the DL
 BURST_HORIZON_S = 60.0  # --burst waits for jobs due within this many seconds
 POLL_INTERVAL_S = 0.05  # how often an idle worker process checks for due jobs (one poller per process)
 QUICK_JOB_S = 0.01  # a job's exit is watched through a pidfd once it has run this long (see _Capture)
-TICK_GAP_S = 0.005  # the shortest gap between two rounds of a worker's main loop (see Supervisor.tick)
+TICK_GAP_S = 0.005  # the shortest gap between two rounds of a worker's main loop (see Worker.tick)
 IDLE_WAIT_S = 5.0  # an idle thread waits for the poller's wake-up; this is only a safety net
 SWEEP_INTERVAL_S = 1.0  # how often each worker process looks for dead workers
 # A runner that claimed a job its worker's schedule firing just made waits at most this long for the
@@ -235,7 +236,7 @@ CLI_BUSY_DEADLINE_S = 5.0  # a CLI command gives up (exit 1) after retrying this
 CUT_OFF = "worker cut off from the database"  # why a worker killed runs it could no longer hold (lost runs)
 CLAIM_ANSWER_LOST = "claim answer lost"  # the error of a run recovered as a stray (see Holdings)
 HARD_STOP_S = 5.0  # a hard-stopped worker exits this long after the signal at most, whatever the database does
-LATE_EXIT_LINE_S = 0.5  # how long a hard stop's late exit waits for its log lines (see Supervisor._exit_late)
+LATE_EXIT_LINE_S = 0.5  # how long a hard stop's late exit waits for its log lines (see Worker._exit_late)
 SOFT_STOPS = ("timeout", "canceled")  # why a run may end in SIGTERM and kill-grace; any other reason kills at once
 GRACE_STEP_S = 0.1  # how often a run in its kill-grace is checked for having exited
 
@@ -279,7 +280,7 @@ class OutputLost(QueueError):
 # ==== Model ======================================================================================
 
 def iso(t: float | None) -> str | None:
-    """Epoch seconds -> ISO-8601 UTC with milliseconds and a Z, for output."""
+    """Unix seconds -> ISO-8601 UTC with milliseconds and a Z, for output."""
     if t is None:
         return None
     return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
@@ -363,12 +364,12 @@ class Outcome:
         # the tail of the output; None keeps what was flushed while it ran (a lost run)
         self.output = output.encode() if isinstance(output, str) else output
         self.duration_s = duration_s
-        self.interrupted = interrupted  # why the worker cut the run short ("worker hard stop", "canceled")
+        self.interrupted = interrupted  # why the worker interrupted the run ("worker hard stop", "canceled")
         self.stuck: str | None = None  # a process of the run that could not be killed: never rerun it
         self.output_bytes = len(self.output or b"")  # all the run printed, of which `output` is the tail
 
 
-def text(output: bytes | None) -> str | None:
+def output_text(output: bytes | None) -> str | None:
     """Captured output as text (invalid UTF-8 shown as U+FFFD)."""
     return None if output is None else output.decode("utf-8", "replace")
 
@@ -474,7 +475,7 @@ def percentiles(values) -> tuple:
 
 def interrupt_rule(lost_total: int, lost: bool, canceled: bool, stuck: str | None = None,
                    cancel_error: str = "canceled") -> tuple[str, str | None]:
-    """(state, last_error) for a run cut short: canceled -> DLQ (`cancel_error` says how it ended,
+    """(state, last_error) for an interrupted run: canceled -> DLQ (`cancel_error` says how it ended,
     "canceled (terminated)"); lost too often -> DLQ; a leftover process that could not be killed
     (`stuck`) -> DLQ, as a rerun could overlap it; else pending."""
     if stuck:
@@ -506,11 +507,7 @@ def validate_job(obj: object, defaults: dict, cwd: str, now: float) -> dict:
     """Check an enqueue JSON object field by field; returns a complete spec or raises UsageError."""
     if not isinstance(obj, dict):
         raise UsageError("job must be a JSON object")
-    unknown = obj.keys() - JOB_FIELD_SET
-    if unknown:
-        name = min(unknown)
-        hint = did_you_mean(name, JOB_FIELDS) or f"(fields: {', '.join(JOB_FIELDS)})"
-        raise UsageError(f"unknown field {name!r} {hint}")
+    refuse_unknown_fields(obj, JOB_FIELDS, JOB_FIELD_SET)
     if "command" not in obj:
         raise UsageError("field 'command' is required")
     if "run_at" in obj and "delay" in obj:
@@ -582,15 +579,25 @@ def _random_ids() -> Iterator[str]:
         yield from (block[i:i + 16] for i in range(0, len(block), 16))
 
 
+def refuse_unknown_fields(obj: dict, fields: tuple, known: set | frozenset) -> None:
+    """UsageError for the first field of `obj` not in `known` (the set of `fields`), naming the nearest
+    valid one or listing them all."""
+    unknown = obj.keys() - known
+    if unknown:
+        name = min(unknown)
+        hint = did_you_mean(name, fields) or f"(fields: {', '.join(fields)})"
+        raise UsageError(f"unknown field {name!r} {hint}")
+
+
 def did_you_mean(name: str, valid) -> str:
     """"(did you mean 'x'?)" for the valid name nearest a mistyped one, or "" if none is near."""
-    import difflib  # only on this error path: it costs a few ms to import
+    import difflib  # only on this error path: its import costs start-up time
     close = difflib.get_close_matches(name, list(valid), n=1)
     return f"(did you mean {close[0]!r}?)" if close else ""
 
 
 def _valid_run_at(obj: dict, now: float) -> float | None:
-    """Epoch seconds the job becomes due, from `run_at` (ISO-8601 or epoch) or `delay`; None = now."""
+    """Unix seconds the job becomes due, from `run_at` (ISO-8601 or Unix seconds) or `delay`; None = now."""
     if "delay" in obj:
         return now + _valid_seconds(obj["delay"], "delay")
     if "run_at" not in obj:
@@ -599,11 +606,11 @@ def _valid_run_at(obj: dict, now: float) -> float | None:
 
 
 def parse_time(value: object, what: str) -> float:
-    """An ISO-8601 string (no offset: local time) or a number of Unix seconds -> epoch seconds."""
+    """An ISO-8601 string (no offset: local time) or a number of Unix seconds -> Unix seconds."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise UsageError(f"{what} must be an ISO-8601 string or a Unix time in seconds")
     if not isinstance(value, str):
-        return float(parse_number(value, what, 0, MAX_EPOCH))
+        return float(parse_number(value, what, 0, MAX_UNIX_TIME))
     if not (value.isascii() and value.isprintable()):
         raise UsageError(f"{what} is not an ISO-8601 time: {shown(value)}")
     try:
@@ -618,7 +625,7 @@ def parse_time(value: object, what: str) -> float:
             seconds = time.mktime(parsed.timetuple())
     except (ValueError, OverflowError, OSError):
         raise UsageError(f"{what} is not an ISO-8601 time: {shown(value)}") from None
-    if not 0 <= seconds <= MAX_EPOCH:
+    if not 0 <= seconds <= MAX_UNIX_TIME:
         raise UsageError(f"{what}: time {shown(value)} is out of range (1970-01-01 to 9999-12-31 UTC)")
     return seconds
 
@@ -935,7 +942,7 @@ def _month_after(day: date) -> date | None:
 
 
 def wall_instant(wall: datetime, zone) -> float:
-    """Epoch seconds at which a zone's clocks show `wall`: its first occurrence when they show it
+    """Unix seconds at which a zone's clocks show `wall`: its first occurrence when they show it
     twice (fall back), and the first minute after it when they skip it (spring forward)."""
     from datetime import timedelta
     while True:
@@ -946,7 +953,7 @@ def wall_instant(wall: datetime, zone) -> float:
 
 
 def next_cron_slot(cron: Cron, zone, after: float) -> float | None:
-    """The first slot of `cron` in `zone` strictly after `after` (epoch seconds); None if none comes."""
+    """The first slot of `cron` in `zone` strictly after `after` (Unix seconds); None if none comes."""
     try:
         start = datetime.fromtimestamp(after, zone).replace(tzinfo=None, second=0, microsecond=0)
     except OverflowError:  # east of UTC, the last storable seconds are already year 10000 on the clock
@@ -957,7 +964,7 @@ def next_cron_slot(cron: Cron, zone, after: float) -> float | None:
         slot = next((at for at in instants if at > after), None)
     except OverflowError:  # west of UTC, the calendar's last walls are already year 10000 in UTC
         return None
-    return slot if slot is not None and slot <= MAX_EPOCH else None
+    return slot if slot is not None and slot <= MAX_UNIX_TIME else None
 
 
 def next_every_slot(anchor: float, every_s: int, after: float) -> float:
@@ -969,7 +976,7 @@ def next_slot(schedule: Schedule, after: float) -> float | None:
     """The schedule's first slot strictly after `after`; None if it has no more (none before year 10000)."""
     if schedule.every_s:
         slot = next_every_slot(math.floor(schedule.created_at), schedule.every_s, after)
-        return slot if slot <= MAX_EPOCH else None
+        return slot if slot <= MAX_UNIX_TIME else None
     return next_cron_slot(parse_cron(schedule.cron), zone_of(schedule.tz), after)
 
 
@@ -1082,11 +1089,7 @@ def validate_schedule(obj: object, defaults: dict, cwd: str, now: float) -> Sche
     if refused:
         raise UsageError(f"field {refused[0]!r} cannot be used in a schedule (its slots set when jobs run)")
     fields = SCHEDULE_FIELDS + TEMPLATE_FIELDS
-    unknown = obj.keys() - set(fields)
-    if unknown:
-        name = min(unknown)
-        hint = did_you_mean(name, fields) or f"(fields: {', '.join(fields)})"
-        raise UsageError(f"unknown field {name!r} {hint}")
+    refuse_unknown_fields(obj, fields, set(fields))
     if "id" not in obj:
         raise UsageError("field 'id' is required")
     if ("cron" in obj) == ("every" in obj):
@@ -1736,7 +1739,7 @@ def _make_private(path: str) -> None:
                 os.chmod(name, 0o600)
 
 
-def _reason(code: int) -> str:
+def _errno_text(code: int) -> str:
     """The OS's words for an errno, as a message continues them: 'is a directory'."""
     text = os.strerror(code)
     return text[:1].lower() + text[1:]
@@ -1765,8 +1768,8 @@ def _cannot_write(name: str) -> str:
     target = name if os.path.exists(name) else os.path.dirname(name) or "."
     with contextlib.suppress(OSError):
         if os.statvfs(target).f_flag & os.ST_RDONLY:
-            return _reason(errno.EROFS)
-    return _reason(errno.EACCES)
+            return _errno_text(errno.EROFS)
+    return _errno_text(errno.EACCES)
 
 
 def _access_problem(path: str, write: bool) -> str | None:
@@ -1774,12 +1777,12 @@ def _access_problem(path: str, write: bool) -> str | None:
     found with stat and access alone (opening a descriptor could drop this process's SQLite locks)."""
     import errno
     if os.path.isdir(path):
-        return f"cannot open {path}: {_reason(errno.EISDIR)}"
+        return f"cannot open {path}: {_errno_text(errno.EISDIR)}"
     if not os.path.exists(path):
         return None
     for name in (path, *_companions(path)):
         if os.path.exists(name) and not os.access(name, os.R_OK):
-            return f"cannot open {name}: {_reason(errno.EACCES)}"
+            return f"cannot open {name}: {_errno_text(errno.EACCES)}"
     if not write:
         return None
     if not os.access(path, os.W_OK):
@@ -1835,7 +1838,7 @@ def database_error(path: str, error: sqlite3.Error, *, opening: bool, write: boo
         return BadDatabase(problem)
     with contextlib.suppress(OSError):
         if os.statvfs(os.path.dirname(os.path.realpath(path)) or ".").f_bavail == 0:
-            return BadDatabase(f"cannot write {path}: {_reason(28)}")  # ENOSPC
+            return BadDatabase(f"cannot write {path}: {_errno_text(28)}")  # ENOSPC
     return BadDatabase(f"{'cannot open' if opening else 'database'} {path}: {error}")
 
 
@@ -1863,7 +1866,7 @@ class Store:
     sql: type
     IntegrityError: type
     notifies = False  # can a worker wait for _wake_workers() instead of only polling?
-    cut_off_kills = False  # must a worker that cannot heartbeat kill its runs (see Supervisor.cut_off)?
+    cut_off_kills = False  # must a worker that cannot heartbeat kill its runs (see Worker.cut_off)?
     shared_by_hosts = False  # may a lost run be rerun on another host (so jobs die with their worker)?
     one_writer = False  # are a process's writes taken in turns, so its runners may share one connection?
     committed = False  # has a write of this Store been committed? (a command whose output fails says so)
@@ -2071,7 +2074,7 @@ class Store:
 
     def interrupt(self, job: Job, worker_id: str, outcome: Outcome, lost: bool, now: float,
                   stuck: str | None = None) -> str | None:
-        """End a run the worker cut short (stop, lost worker, cancel); returns the job's new state.
+        """End a run the worker interrupted (stop, lost worker, cancel); returns the job's new state.
 
         Not an attempt: a stopped or lost run goes back to pending (a lost one counts toward the
         poison cap), unless a cancel was asked for, or a leftover process of the run could not be
@@ -2214,8 +2217,8 @@ class Store:
 
     def purge_in_slices(self, state: str, before: float, max_slices: int = 1 << 62,
                         purged: Callable[[int], None] = lambda count: None) -> int:
-        """purge() in transactions of PURGE_SLICE jobs, so no write lock is held long (a million jobs
-        in one transaction held it 7 s, and every worker's heartbeat with it); returns how many.
+        """purge() in transactions of PURGE_SLICE jobs, so no write lock is held long (one transaction
+        for a large purge holds every worker's heartbeat with it); returns how many.
         `purged(count)` hears the running total after each slice, for a progress line."""
         total = 0
         for _ in range(max_slices):
@@ -2581,7 +2584,7 @@ class SqliteStore(Store):
         too, as its writes always do: one connection is never used by two threads at once. Why share:
         a connection drops its whole page cache whenever another connection has written the file, so
         runners with a connection each, writing in turns anyway, re-read every page of every claim;
-        one shared connection keeps them cached (a quarter of a claim transaction's CPU)."""
+        one shared connection keeps them cached (figures in DECISIONS.md)."""
         self.path = self.target = path
         self.busy_deadline_s = busy_deadline_s
         self.give_up = give_up  # True ends busy retries early (a worker's hard stop)
@@ -2591,7 +2594,7 @@ class SqliteStore(Store):
         self._open()
 
     def now(self) -> float:
-        """The current time in epoch seconds: this machine's clock (the file has no other)."""
+        """The current time in Unix seconds: this machine's clock (the file has no other)."""
         return time.time()
 
     # -- opening --------------------------------------------------------------------------------
@@ -2670,7 +2673,7 @@ class SqliteStore(Store):
             _create_private(path)
             return sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
         except OSError as e:
-            raise BadDatabase(f"cannot open {path}: {_reason(e.errno) if e.errno else e}") from None
+            raise BadDatabase(f"cannot open {path}: {_errno_text(e.errno) if e.errno else e}") from None
         except sqlite3.Error as e:
             raise database_error(path, e, opening=True) from None
 
@@ -3532,7 +3535,7 @@ def pg_prepared(sql: str) -> tuple[bytes, bytes, tuple[str, ...]]:
 class PgPipeline:
     """One transaction's statements sent straight through libpq in pipeline mode (psycopg's pgconn),
     for the statements a worker runs per job (see PostgresStore.finish_and_claim): psycopg's cursors,
-    adapters and pipeline cost a worker about twice the CPU per job that these few calls do.
+    adapters and pipeline cost a worker far more CPU per job than these few calls do (DECISIONS.md).
     execute() sends a statement without waiting for the one before and returns its PgAnswer; the
     answer's fetchone() sends a sync and waits for it. Parameters go as text (bytes in binary), typed
     by the server from the statement; a statement is prepared on a connection the first time it runs
@@ -3819,7 +3822,7 @@ class PostgresStore(Store):
             conn = self.psycopg.connect(self._libpq, autocommit=True, **self._connect_params(lease_s))
             self.conn_lease_s = lease_s
         except self.psycopg.Error as e:
-            raise BadDatabase(f"cannot connect to PostgreSQL at {self.server}: {self._reason(e)}") from None
+            raise BadDatabase(f"cannot connect to PostgreSQL at {self.server}: {self._driver_message(e)}") from None
         try:
             # One round trip for the settings and the clock (pipeline mode: sent without waiting).
             with conn.pipeline():
@@ -3839,7 +3842,7 @@ class PostgresStore(Store):
             self.clock_offset_s = server - (before + time.time()) / 2
         except self.psycopg.Error as e:
             conn.close()
-            raise BadDatabase(f"cannot use PostgreSQL at {self.server}: {self._reason(e)}") from None
+            raise BadDatabase(f"cannot use PostgreSQL at {self.server}: {self._driver_message(e)}") from None
         return conn
 
     def _connect_params(self, lease_s: float | None) -> dict:
@@ -3857,7 +3860,7 @@ class PostgresStore(Store):
         A changed value reopens the connection at its next use."""
         self.lease_s = stale_s
 
-    def _reason(self, error: Exception) -> str:
+    def _driver_message(self, error: Exception) -> str:
         """A driver error as one line without the password (libpq's messages do not hold it, but a
         message is never trusted to leave it out)."""
         text = " ".join((str(error).strip().splitlines() or [type(error).__name__])[0].split())
@@ -3961,7 +3964,7 @@ class PostgresStore(Store):
             cur.execute(self.sql.SQL_SET_VERSION, (number,))
 
     def now(self) -> float:
-        """The current time in epoch seconds on the database server's clock (this machine's clock
+        """The current time in Unix seconds on the database server's clock (this machine's clock
         plus the offset measured at connect), so hosts whose clocks disagree agree on due times."""
         return time.time() + self.clock_offset_s
 
@@ -4084,7 +4087,7 @@ class PostgresStore(Store):
         return self.conn
 
     def _failure(self, error: Exception) -> BadDatabase:
-        return BadDatabase(f"database {self.path}: {self._reason(error)}")
+        return BadDatabase(f"database {self.path}: {self._driver_message(error)}")
 
     # -- the hooks of the rules -----------------------------------------------------------------
 
@@ -4291,7 +4294,7 @@ class Leftovers:
 
         Judged by PID and start time, never by a readable environment: a SIGKILLed process's
         /proc/PID/environ reads empty at once, yet it keeps its open files and locks until its
-        teardown ends, which takes about half a second for a process holding 6 GiB.
+        teardown ends, which takes a while for a large process (figures in DECISIONS.md).
         """
         return all(proc_start_time(pid) != start for pid, start in self.killed.items())
 
@@ -4406,7 +4409,7 @@ class Watchdog:
     """The process that kills a PostgreSQL worker's runs when the worker dies by any means, SIGKILL
     included (there a lost run may rerun on another host, which cannot kill what is left of it here).
 
-    Forked by the worker at its start (see Supervisor.run), in a session of its own, so neither the
+    Forked by the worker at its start (see Worker.run), in a session of its own, so neither the
     terminal's Ctrl+C nor a kill of the worker's process group reaches it. It holds the read end of a
     pipe whose write end only the worker holds (close-on-exec: no job inherits it). The worker writes
     the run's token just before it starts a job, the PID of the job's first process, which leads the
@@ -4655,8 +4658,8 @@ def _watch(fd: int) -> tuple[dict[int, tuple[str | None, bytes]], set[bytes]]:
                     pid, _, token = line.partition(b" ")
                     starting.discard(token)
                     told[int(pid)] = (_told_start(int(pid)), token)  # None: ended already, only its token left
-        # Read in batches: woken for each job, this process cost a tenth of a short job's CPU. To act
-        # 20 ms later changes nothing: a rerun elsewhere waits for stale-timeout.
+        # Read in batches: woken for each job, this process would add to every short job's CPU (figures in
+        # DECISIONS.md). To act 20 ms later changes nothing: a rerun elsewhere waits for stale-timeout.
         time.sleep(0.02)
 
 
@@ -4706,7 +4709,7 @@ def run_command(job: Job, env_extra: dict, abort, on_output=None, *, die_with_wo
     `abort()` is polled while the command runs; when it returns a reason the process group is
     killed and the outcome is marked interrupted. `on_output(tail, total)` is called at most every
     OUTPUT_FLUSH_S while a long job prints, so its output can be followed live. `die_with_worker`:
-    see _die_with_runner. `kill_grace()`: the seconds a timed-out or canceled run gets between
+    see _die_with_worker. `kill_grace()`: the seconds a timed-out or canceled run gets between
     SIGTERM and SIGKILL (see _Capture.stop).
     """
     started = time.monotonic()
@@ -4735,7 +4738,7 @@ def run_command(job: Job, env_extra: dict, abort, on_output=None, *, die_with_wo
 
 
 def end_run(proc, token: str) -> str | None:
-    """Kill what is left of a run the worker cut short and wait (bounded) until it is gone; returns
+    """Kill what is left of a run the worker interrupted and wait (bounded) until it is gone; returns
     why a process of it could not be killed, if one could not (the run must then not be rerun).
 
     The group was sent SIGKILL; this also takes children that left it with setsid (by token) and
@@ -4769,10 +4772,10 @@ def _spawn(job: Job, extra: dict, die_with_worker: bool):
     options = dict(cwd=job.cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                    start_new_session=True)
     # Jobs that must die with their worker and have no watchdog to see to it (see Watchdog) are
-    # started with a preexec_fn (see _die_with_runner), a slower fork: only after the watchdog died.
+    # started with a preexec_fn (see _die_with_worker), a slower fork: only after the watchdog died.
     # Other jobs are spawned with posix_spawn where it can (see _posix_spawn).
     if die_with_worker:
-        options["preexec_fn"] = _die_with_runner()
+        options["preexec_fn"] = _die_with_worker()
     start = _posix_spawn if not die_with_worker and _in_current_folder(job.cwd) else None
     base = _worker_env()
     path = extra.get(b"PATH", base.get(b"PATH"))
@@ -4896,8 +4899,8 @@ class _GlibcSpawn:
     The attributes (new session, SIGPIPE and SIGXFSZ back to their defaults) are set once and only
     read by posix_spawn. So are the file actions of each descriptor number the output pipe gets (a
     handful: numbers are reused), and the C array of the worker's environment (all but the job's own
-    variables): converting 50 variables to C strings for every job cost more than the rest of the
-    spawn's Python. posix_spawn only reads what it is given, so threads share all of it.
+    variables): converting them to C strings for every job would cost more than the rest of the
+    spawn's Python (DECISIONS.md). posix_spawn only reads what it is given, so threads share all of it.
     Flag values are glibc's <spawn.h>."""
 
     SETSIGDEF, SETSID = 0x04, 0x80  # POSIX_SPAWN_SETSIGDEF, POSIX_SPAWN_SETSID
@@ -5017,7 +5020,7 @@ class _Spawned:
         self.send_signal(signal.SIGKILL)
 
 
-def _die_with_runner():
+def _die_with_worker():
     """A preexec_fn that makes the job's first process get SIGKILL when the thread that forked it
     ends (prctl PR_SET_PDEATHSIG), so a worker killed with SIGKILL takes its jobs' shells with it at
     once; None where there is no prctl (not Linux).
@@ -5032,7 +5035,7 @@ def _die_with_runner():
     Only where workers share a queue across hosts (PostgreSQL): there a lost run may be rerun on
     another host, which cannot kill what is left of it here. With SQLite every worker is on this
     host and the next sweep kills the run's leftovers by token before anything reruns it, while a
-    full fork per job cut the drain of short jobs to a third (360 to 110 `true` jobs a second).
+    full fork per job slows the drain of short jobs several times over (figures in DECISIONS.md).
     """
     prctl, parent = _prctl(), os.getpid()
     if prctl is None:
@@ -5144,7 +5147,7 @@ class _Capture:
         self.flushed_at, self.flushed_total = started, 0
 
     def collect(self, timeout_s: float, abort, kill_grace) -> tuple[str | None, str | None]:
-        """Read until the shell exits, a timeout or an abort; returns why it was cut short, if it was,
+        """Read until the shell exits, a timeout or an abort; returns why it was interrupted, if it was,
         and how it ended then (see stop)."""
         try:
             return self._loop(timeout_s, abort, kill_grace)
@@ -5330,21 +5333,21 @@ class Holdings:
 
 class Runner:
     """One runner thread of a worker process: claim a due job, run it, record what happened.
-    ("Worker" is the process `worker start` starts, with one registration and N runners.)"""
+    (A Worker is the process `worker start` starts, with one registration and N runners.)"""
 
-    def __init__(self, store: Store, worker_id: str, abort, queues: tuple = (), epoch=lambda: 0,
+    def __init__(self, store: Store, worker_id: str, abort, queues: tuple = (), current_registration=lambda: 0,
                  keep_claiming=lambda: False, give_up=lambda: False, holdings: Holdings | None = None,
                  claim_may_log: Callable[[str], None] = lambda job_id: None):
         self.store = store
         self.claim_may_log = claim_may_log  # see ScheduleFirer.claim_may_log
         self.worker_id = worker_id
-        self.abort = abort  # abort(job, epoch) -> reason to kill the running job, or None
+        self.abort = abort  # abort(job, registration) -> reason to kill the running job, or None
         self.give_up = give_up  # a hard stop: stop trying to record a result
         self.queues = queues
-        self.epoch = epoch  # the registration the claim was made under
+        self.current_registration = current_registration  # the worker's registration number now
         self.keep_claiming = keep_claiming  # claim the next job in the same commit as a result?
-        self.prefetched: tuple[Job, int] | None = None  # (job, epoch) claimed with the last result
-        self.runner = self._run_command  # injectable for tests and simulation
+        self.prefetched: tuple[Job, int] | None = None  # (job, registration) claimed with the last result
+        self.execute = self._run_command  # injectable for tests and simulation
         self.current: Job | None = None
         self.running = False  # a job's process runs (from its start until it ended or was killed)
         self.settings, self.settings_at = {}, -math.inf
@@ -5353,7 +5356,7 @@ class Runner:
 
     def run_once(self, now: float | None = None) -> bool:
         """Claim and run at most one job; True if one was run."""
-        job, epoch = self.prefetched or (None, self.epoch())
+        job, registration = self.prefetched or (None, self.current_registration())
         self.prefetched = None
         job = job or self._held(self.store.claim(self.worker_id, self.store.now() if now is None else now,
                                                  self.queues))
@@ -5361,7 +5364,7 @@ class Runner:
             return False
         self.current = job
         try:
-            self._record(job, self._run(job, epoch), now)
+            self._record(job, self._run(job, registration), now)
         finally:
             self.holdings.release(job)
             self.current = self.prefetched and self.prefetched[0]  # a prefetched job is already ours
@@ -5375,7 +5378,7 @@ class Runner:
                     extra=event("claim_taken_back", job_id=job.id, run=job.run_count))
         return None
 
-    def _run(self, job: Job, epoch: int) -> Outcome:
+    def _run(self, job: Job, registration: int) -> Outcome:
         if not log.quiet:
             self.claim_may_log(job.id)
             log.info("job %s claimed (attempt %d): %s", job.id, job.attempts + 1, _short(job.command),
@@ -5384,10 +5387,10 @@ class Runner:
                "QUEUECTL_RUN": run_token(job, self.worker_id)}
         try:
             # Read first, and only then running: a read that hangs (a server that stopped answering) holds
-            # no process, and the cut-off line counts only runs it kills (see Supervisor._note_cut_off).
+            # no process, and the cut-off line counts only runs it kills (see Worker._note_cut_off).
             self._settings()
             self.running = True
-            return self.runner(job, env, lambda: self.abort(job, epoch),
+            return self.execute(job, env, lambda: self.abort(job, registration),
                                lambda tail, total: self._flush(job, tail, total))
         except Exception as e:  # noqa: BLE001 - a claimed job must always get a recorded outcome
             log.exception("job %s: internal error while running", job.id,
@@ -5452,11 +5455,11 @@ class Runner:
             return
         if not self.keep_claiming():
             return _log_result(job, self.store.finish(job, self.worker_id, outcome, self._settings(), now), outcome)
-        epoch = self.epoch()
+        registration = self.current_registration()
         after, following = self.store.finish_and_claim(job, self.worker_id, outcome, self._settings(), now,
                                                         self.queues)
         following = self._held(following)
-        self.prefetched = following and (following, epoch)
+        self.prefetched = following and (following, registration)
         _log_result(job, after, outcome)
 
     def _settings(self) -> dict:
@@ -5509,7 +5512,7 @@ def _short(text: str, width: int = 60) -> str:
 
 
 def _cell(text: str, width: int) -> str:
-    """A table cell `width` terminal columns wide: cut with … as _short does, then padded. Counts what a
+    """A table cell `width` terminal columns wide: truncated with … as _short does, then padded. Counts what a
     terminal draws: a wide (CJK, fullwidth) character takes two columns, a combining or zero-width one none."""
     text = " ".join(text.split())
     if text.isascii():
@@ -5520,8 +5523,8 @@ def _cell(text: str, width: int) -> str:
     while kept < len(text) and used + sizes[kept] <= room:
         used += sizes[kept]
         kept += 1
-    cut = "…" if kept < len(text) else ""
-    return text[:kept] + cut + " " * (width - used - len(cut))
+    ellipsis = "…" if kept < len(text) else ""
+    return text[:kept] + ellipsis + " " * (width - used - len(ellipsis))
 
 
 def _columns(char: str) -> int:
@@ -5699,7 +5702,7 @@ class ScheduleFirer:
     def __init__(self):
         import threading
         self.checked_at = -math.inf  # monotonic time of the last lookup
-        self.due_at = math.inf  # the earliest next slot that lookup found (epoch seconds)
+        self.due_at = math.inf  # the earliest next slot that lookup found (Unix seconds)
         self.unfired: dict[str, str] = {}  # schedule id -> why this host cannot fire it, as last logged
         # The jobs a firing under way has made and not logged yet (see claim_may_log).
         self.unlogged: set[str] = set()
@@ -5756,7 +5759,7 @@ class ScheduleFirer:
                      extra=event("schedule_fired", schedule_id=schedule_id, job_id=job_id))
 
 
-# ==== Signals and supervisor =====================================================================
+# ==== The worker process =========================================================================
 
 def _ignore_signal(signum, frame) -> None:
     """The Python-level handler of a worker's stop signals: the wake-up byte does the work."""
@@ -5804,7 +5807,7 @@ def other_writers(path: str, st: os.stat_result, euid: int) -> str | None:
             f"write it chooses the commands {me} runs")
 
 
-class Supervisor:
+class Worker:
     """One worker process: registers, runs N Runner threads, heartbeats, sweeps, polls, stops."""
 
     def __init__(self, target: str, count: int, burst: bool, queues: tuple = ()):
@@ -5825,7 +5828,7 @@ class Supervisor:
         # claim and by a runner thread that ends: the drained queue or the last thread's exit is acted
         # on at once, not at the next poll (two polls' wait on every `worker start --burst`).
         self.tick = threading.Event()
-        self.epoch = 0  # bumped at each re-registration; jobs claimed under an older one are killed
+        self.registration = 0  # bumped at each re-registration; jobs claimed under an older one are killed
         self.stalled_s = 0.0  # how late our heartbeats were committed, in all (see lease_expired)
         self.beat_ok_at = time.monotonic()  # when the last heartbeat that went through was sent
         self.was_cut_off = False
@@ -5918,11 +5921,11 @@ class Supervisor:
                         extra=event("hard_stop", reason=why))
         self._stop("SIGHUP: its terminal closed?" if signum == signal.SIGHUP else "signal")
 
-    def abort_reason(self, job: Job, epoch: int) -> str | None:
+    def abort_reason(self, job: Job, registration: int) -> str | None:
         """Why a running job must be killed now, if it must."""
         if self.hard.is_set():
             return "worker hard stop"
-        if epoch != self.epoch:
+        if registration != self.registration:
             return "worker lost its registration"
         if self.cut_off():
             return CUT_OFF
@@ -6203,9 +6206,9 @@ class Supervisor:
 
     def _on_lost_registration(self) -> None:
         # Another worker declared us dead (we were paused past the lease) and requeued our jobs.
-        # A new epoch makes every run claimed under the old registration abort within 250 ms (so
-        # it cannot overlap its rerun), including one whose claim is still being returned.
-        self.epoch += 1  # before anything that may fail
+        # A new registration number makes every run claimed under the old one abort within 250 ms (so it
+        # cannot overlap its rerun), including one whose claim is still being returned.
+        self.registration += 1  # before anything that may fail
         # A database that moved on meanwhile (our lease ran out in an upgrade that found us dead) would refuse
         # the registration at every beat, for ever: then we leave instead.
         why = self.leaving or self.store.moved_on()
@@ -6296,7 +6299,7 @@ class Supervisor:
 
     def _new_runner(self) -> Runner:
         store = self._runner_store()
-        runner = Runner(store, self.worker_id, self.abort_reason, self.queues, lambda: self.epoch,
+        runner = Runner(store, self.worker_id, self.abort_reason, self.queues, lambda: self.registration,
                         lambda: not self.claiming_ends(), self.give_up, self.holdings, self.schedules.claim_may_log)
         self.runners.append(runner)
         return runner
@@ -6349,7 +6352,7 @@ def live_workers(store: Store) -> list[WorkerRow]:
 def run_dict(run: dict) -> dict:
     """One run as users see it in --json output."""
     ended = run["ended_at"]
-    return {**run, "output": text(run["output"]), "output_kept_bytes": len(run["output"] or b""),
+    return {**run, "output": output_text(run["output"]), "output_kept_bytes": len(run["output"] or b""),
             "started_at": iso(run["started_at"]), "due_at": iso(run["due_at"]),
             "ended_at": iso(ended), "duration_s": None if ended is None else round(ended - run["started_at"], 6)}
 def status_dict(store: Store, queue: str | None = None) -> dict:
@@ -6399,11 +6402,11 @@ def logs_dict(store: Store, job_id: str, run_no: int | None) -> dict:
     if run is None and run_no is not None:
         raise NotFound(f"job {job_id!r} has no run {run_no}")
     number, output, total, ended = run or (None, None, 0, None)
-    return {"id": job_id, "run": number, "output": text(output), "output_bytes": total,
+    return {"id": job_id, "run": number, "output": output_text(output), "output_bytes": total,
             "output_kept_bytes": len(output or b""), "ended_at": iso(ended)}
 
 
-def cut_note(run: dict) -> str | None:
+def truncated_note(run: dict) -> str | None:
     """'last 64 KiB of 14.2 MiB' when a run printed more than was kept (output-limit), else None."""
     kept, total = run["output_kept_bytes"], run["output_bytes"]
     return f"last {size_text(kept)} of {size_text(total)}" if total > kept else None
@@ -6510,30 +6513,30 @@ class Query:
         if unknown:
             raise UsageError(f"unknown parameter {unknown[0]!r} (valid: {', '.join(allowed) or 'none'})")
 
-    def text(self, name: str) -> str | None:
+    def string(self, name: str) -> str | None:
         """The value; None when absent or blank (`?state=` means no filter)."""
         return self.values.get(name) or None
 
     def integer(self, name: str, default: int | None, low: int, high: int) -> int | None:
         """A whole number from low to high (parse_number), or the default when absent."""
-        value = self.text(name)
+        value = self.string(name)
         return default if value is None else parse_number(value, f"parameter {name!r}", low, high, integer=True)
 
     def state(self) -> str | None:
         """`state`: one of STATES, or None for all."""
-        state = self.text("state")
+        state = self.string("state")
         if state is not None and state not in STATES:
             raise UsageError(f"unknown state {state!r} (valid: {', '.join(STATES)})")
         return state
 
     def queue(self) -> str | None:
         """`queue`: a valid queue name, or None for all."""
-        queue = self.text("queue")
+        queue = self.string("queue")
         return None if queue is None else valid_queue(queue, "parameter 'queue'")
 
     def duration(self, name: str, default: float) -> float:
         """A duration such as 30s, 15m, 12h, 7d or plain seconds."""
-        value = self.text(name)
+        value = self.string(name)
         return default if value is None else parse_duration(value, f"parameter {name!r}")
 
 
@@ -6890,7 +6893,7 @@ class DashboardServer:
         # what keeps connections that never finish their request, or never read their reply, from shutting
         # everyone else out until their deadline: a real request, sent in one go, is in long before the
         # cap's worth of newer ones. A reply goes only when no request is arriving: most are out in one
-        # write, and a flood of connections that send nothing must not cut the replies of real requests.
+        # write, and a flood of connections that send nothing must not starve the replies of real requests.
         oldest = next(((connection, slot) for phase in ("request", "reply") for connection, slot in served
                        if slot.phase == phase), None)
         if oldest is None:  # every slot is working on an answer: those end on their own
@@ -7626,8 +7629,8 @@ class _Deferred:
 
 class _LazyParser(_Deferred):
     """A command's parser, built only when the command line names that command: building all of them
-    (about 35 parsers, each looking up gettext translations and the terminal size) costs every command
-    several ms of start-up. The top-level help and the "invalid choice" error need only the names and
+    (each looking up gettext translations and the terminal size) costs every command start-up time
+    (figures in DECISIONS.md). The top-level help and the "invalid choice" error need only the names and
     help strings, which argparse keeps in the subparsers action itself."""
 
     def __init__(self, **kwargs):
@@ -7824,7 +7827,7 @@ def _add_schedule_commands(s) -> None:
 def cli_time(text: str, what: str = "") -> float | str:
     """A time typed on a command line as the JSON field `run_at` takes it: a NUMBER is Unix seconds
     (checked here, so an error shows it as typed), anything else an ISO-8601 string (for parse_time)."""
-    return float(parse_number(text, what, 0, MAX_EPOCH)) if NUMBER.fullmatch(text) else text
+    return float(parse_number(text, what, 0, MAX_UNIX_TIME)) if NUMBER.fullmatch(text) else text
 
 
 def _time_arg(text: str) -> float:
@@ -7915,6 +7918,16 @@ def checked_ids(ids: list[str]) -> list[str]:
     return list(dict.fromkeys(_valid_id(i, "ID") for i in ids))
 
 
+def _on_ids_or_all(args, store: Store, on_all, on_ids) -> None:
+    """`--all` (of `--queue`): on_all(queue, now); else on_ids(ids, now) on the ids named. Prints the ids
+    acted on, one a line."""
+    if args.all:
+        return print_ids(on_all(args.queue, store.now()))
+    ids = checked_ids(args.ids)
+    on_ids(ids, store.now())
+    print_ids(ids)
+
+
 # -- progress ------------------------------------------------------------------------------------
 
 class Progress:
@@ -7949,7 +7962,7 @@ class Progress:
         now = self.clock()
         if self.drawn_at is not None and now - self.drawn_at < self.REDRAW_S:
             return
-        # To column 0, the text cut to the width (a wrapped line could not be redrawn in place), and
+        # To column 0, the text truncated to the width (a wrapped line could not be redrawn in place), and
         # ESC [ K erases what a longer earlier text left to the right.
         self._write("\r" + printable(text)[:self._columns() - 1] + "\x1b[K")
         self.drawn_at, self.visible = now, True
@@ -8221,11 +8234,7 @@ def check_bulk(args) -> None:
 
 
 def cmd_cancel(args, store: Store) -> None:
-    if args.all:
-        return print_ids(store.cancel_all(args.queue, store.now()))
-    ids = checked_ids(args.ids)
-    store.cancel(ids, store.now())
-    print_ids(ids)
+    _on_ids_or_all(args, store, store.cancel_all, store.cancel)
 
 
 def cmd_delete(args, store: Store) -> None:
@@ -8451,7 +8460,7 @@ def cmd_show(args, store: Store) -> None:
         took = "running" if r["duration_s"] is None else f"{r['duration_s']:.2f}s"
         print(f"  #{r['run']:<3} {r['started_at']}  {took:>9}  {r['outcome'] or 'running':<10} "
               f"exit={r['exit_code']}  {printable(r['error'] or '')}".rstrip())
-    note = cut_note(runs[-1]) if runs else None
+    note = truncated_note(runs[-1]) if runs else None
     print("output:" + ("" if output else " (none)") + (f" {note}" if note else ""))
     if output:  # its lines, but no control of the terminal: `logs` prints the bytes themselves
         print(printable(output, lines=True), end="" if output.endswith("\n") else "\n")
@@ -8464,7 +8473,7 @@ def cmd_logs(args, store: Store) -> None:
         raise NotFound(f"job {args.id!r} has no run {args.run}")
     if not args.follow:
         write_bytes(run[1] if run else None)
-        return _note_cut(run)
+        return _note_truncated(run)
     if run is None:
         _note_not_started(store, store.get(args.id))
     follow_output(store, args.id, run)
@@ -8493,7 +8502,7 @@ def held_by(store: Store, job: Job) -> str:
     return "due now"
 
 
-def _note_cut(run: tuple | None) -> None:
+def _note_truncated(run: tuple | None) -> None:
     """One line on stderr when the run printed more than was kept: stdout stays exactly the kept bytes."""
     run_no, output, total, _ = run or (None, b"", 0, None)
     kept = len(output or b"")
@@ -8543,7 +8552,7 @@ def write_bytes(data: bytes | None) -> None:
         else:
             sys.stdout.buffer.write(data)
     else:
-        sys.stdout.write(text(data))
+        sys.stdout.write(output_text(data))
 
 
 def cmd_stats(args, store: Store) -> None:
@@ -8647,9 +8656,9 @@ def cmd_worker_start(args, store: Store) -> int:
         else:
             print(f"queuectl: note: {note}", file=sys.stderr)
     store.close()
-    supervisor = Supervisor(store.target, args.count, args.burst, queues)
-    supervisor.install_signals()
-    return supervisor.run()
+    worker = Worker(store.target, args.count, args.burst, queues)
+    worker.install_signals()
+    return worker.run()
 
 
 def check_worker_stop(args) -> None:
@@ -8729,11 +8738,7 @@ def cmd_dlq_list(args, store: Store) -> None:
 
 
 def cmd_dlq_retry(args, store: Store) -> None:
-    if args.all:
-        return print_ids(store.retry_all_dead(args.queue, store.now()))
-    ids = checked_ids(args.ids)
-    store.retry_dead(ids, store.now())
-    print_ids(ids)
+    _on_ids_or_all(args, store, store.retry_all_dead, store.retry_dead)
 
 
 def cmd_config_set(args, store: Store) -> None:
@@ -8777,7 +8782,7 @@ def cmd_schedule_list(args, store: Store) -> None:
         spec = s.cron if s.cron else f"every {every_text(s.every_s)}"
         upcoming = "paused" if s.paused else slot_text(s.next_run_at) if s.next_run_at is not None else "-"
         last = "-"
-        if s.last_job_id:  # the id cut as in the ID column, so its state stays in sight
+        if s.last_job_id:  # the id truncated as in the ID column, so its state stays in sight
             state = f" ({s.last_job_state or 'gone'})"
             last = _cell(printable(s.last_job_id), 36 - len(state)).rstrip() + state
         print(f"{_cell(printable(s.id), 16)} {printable(spec):<14} {printable(s.tz):<16} {s.overlap:<7} "
@@ -8866,7 +8871,7 @@ class Stdout:
         except BrokenPipeError:
             raise
         except OSError as e:
-            raise OutputLost(f"cannot write to standard output: {_reason(e.errno) if e.errno else e}") from None
+            raise OutputLost(f"cannot write to standard output: {_errno_text(e.errno) if e.errno else e}") from None
 
     def __getattr__(self, name: str):
         return getattr(self.stream, name)

@@ -601,7 +601,7 @@ def run(command, timeout=0.0, abort=lambda: None, cwd="/", env=None):
 
 
 class InProcessWorker:
-    """A Supervisor run in a thread of the test, whose poll and idle wait are an hour: only a wake-up
+    """A Worker run in a thread of the test, whose poll and idle wait are an hour: only a wake-up
     makes an idle runner thread claim. `idle` is set each time a runner's claim found nothing."""
 
     def __init__(self, target, monkeypatch):
@@ -616,8 +616,8 @@ class InProcessWorker:
                 self.idle.set()
             return ran
         monkeypatch.setattr(queuectl.Runner, "run_once", run_once)
-        self.supervisor = queuectl.Supervisor(target, 1, False)
-        self.thread = threading.Thread(target=self.supervisor.run, daemon=True)
+        self.worker = queuectl.Worker(target, 1, False)
+        self.thread = threading.Thread(target=self.worker.run, daemon=True)
 
     def __enter__(self):
         self.thread.start()
@@ -625,10 +625,10 @@ class InProcessWorker:
         return self
 
     def __exit__(self, *exc):
-        self.supervisor._stop("test over")
-        self.supervisor.tick.set()  # end the main loop's hour-long wait
+        self.worker._stop("test over")
+        self.worker.tick.set()  # end the main loop's hour-long wait
         self.thread.join(WAIT_S)
-        self.supervisor.store.close()
+        self.worker.store.close()
 
 
 DASH_TOKEN = "test-token-Zq9"
@@ -1278,7 +1278,7 @@ UNFINISHED = queuectl.Store.unfinished
 
 
 def utc(text):
-    """'2026-03-29T01:00:00Z' -> epoch seconds."""
+    """'2026-03-29T01:00:00Z' -> Unix seconds."""
     return parse_iso(text).timestamp()
 
 
@@ -1374,7 +1374,7 @@ _DIES_AFTER_SPAWN = """
 import os, signal, sys
 sys.path.insert(0, sys.argv[1])
 import queuectl
-queuectl.Watchdog.start(f"review:{os.getpid()}:{os.urandom(3).hex()}")
+queuectl.Watchdog.start(f"watchdog-test:{os.getpid()}:{os.urandom(3).hex()}")
 real_spawn = queuectl._spawn
 def spawn(job, extra, die_with_worker):
     proc = real_spawn(job, extra, die_with_worker)
@@ -1955,8 +1955,8 @@ def test_validate_job_run_at_without_offset_is_local_time(local_tz):
 def test_a_local_time_on_the_last_day_east_of_utc_is_in_range(local_tz):
     # 9999-12-31T23:59:59 in Tokyo is 14:59:59 UTC, within queuectl's time limit; west of UTC it is past it.
     local_tz("Asia/Tokyo")  # UTC+9
-    assert scheduled(run_at="9999-12-31T23:59:59")["run_at"] == queuectl.MAX_EPOCH - 9 * 3600
-    assert queuectl.parse_time("9999-12-31T15:00:00", "--after") == queuectl.MAX_EPOCH - 9 * 3600 - 32399
+    assert scheduled(run_at="9999-12-31T23:59:59")["run_at"] == queuectl.MAX_UNIX_TIME - 9 * 3600
+    assert queuectl.parse_time("9999-12-31T15:00:00", "--after") == queuectl.MAX_UNIX_TIME - 9 * 3600 - 32399
     local_tz("America/New_York")
     with pytest.raises(queuectl.UsageError, match="out of range"):
         scheduled(run_at="9999-12-31T23:59:59")
@@ -2210,7 +2210,7 @@ def test_cron_slots_run_through_the_last_year_queuectl_stores(db):
         "9999-06-01T01:00:00Z", "9999-06-01T02:00:00Z"]
     assert ok(db, "schedule", "next", "h", "--after", "9999-12-31T21:30:00Z").split() == [
         "9999-12-31T22:00:00Z", "9999-12-31T23:00:00Z"]
-    for after in ("9999-12-31T23:00:00Z", str(queuectl.MAX_EPOCH)):
+    for after in ("9999-12-31T23:00:00Z", str(queuectl.MAX_UNIX_TIME)):
         assert ok(db, "schedule", "next", "h", "--after", after) == ""
     # West of UTC the calendar's last wall times lie past the limit: the slots stop at it, quietly.
     ok(db, "schedule", "add", '{"id": "ny", "cron": "0 * * * *", "tz": "America/New_York", "command": "true"}')
@@ -2491,9 +2491,9 @@ def test_a_runner_logs_its_claim_of_a_slot_job_after_the_firing_logged_it(store,
     add_schedule(store, now=T0, every="10s")
     register(store)
     firer, asked = queuectl.ScheduleFirer(), []
-    runner = queuectl.Runner(store, "w1", lambda job, epoch: None,
+    runner = queuectl.Runner(store, "w1", lambda job, registration: None,
                              claim_may_log=lambda job_id: asked.append(job_id) or firer.claim_may_log(job_id))
-    runner.runner = lambda job, env, abort, on_output: outcome(0)
+    runner.execute = lambda job, env, abort, on_output: outcome(0)
     claimer, log_events = threading.Thread(target=runner.run_once, args=(T0 + 10.5,)), firer._log
 
     def claimed_first(events):  # committed, not logged yet: the runner claims the job now
@@ -2706,7 +2706,7 @@ def test_schedule_add_survives_hostile_input_and_a_refusal_changes_nothing(db):
 def test_schedule_next_ends_quietly_at_the_last_storable_time(db):
     ok(db, "schedule", "add", '{"id": "w", "every": "1w", "command": "true"}')
     ok(db, "schedule", "add", '{"id": "c", "cron": "@yearly", "tz": "UTC", "command": "true"}')
-    near_end = str(queuectl.MAX_EPOCH - 86400)
+    near_end = str(queuectl.MAX_UNIX_TIME - 86400)
     assert len(ok(db, "schedule", "next", "w", "--after", near_end).split()) <= 1
     assert ok(db, "schedule", "next", "c", "--after", near_end) == ""
 
@@ -2714,7 +2714,7 @@ def test_schedule_next_ends_quietly_at_the_last_storable_time(db):
 def test_schedule_next_near_the_last_storable_time_in_a_zone_east_of_utc_ends_quietly(db):
     # Kiritimati is UTC+14: there, the last storable second is already in year 10000 on the clock.
     ok(db, "schedule", "add", '{"id": "k", "cron": "* * * * *", "tz": "Pacific/Kiritimati", "command": "true"}')
-    for after in (queuectl.MAX_EPOCH, queuectl.MAX_EPOCH - 12 * 3600):
+    for after in (queuectl.MAX_UNIX_TIME, queuectl.MAX_UNIX_TIME - 12 * 3600):
         assert ok(db, "schedule", "next", "k", "--after", str(after)) == ""
 
 
@@ -2752,7 +2752,7 @@ def test_schedule_list_escapes_the_command_and_cuts_long_ids_as_list_does(db):
     assert row.startswith(long_id[:15] + "… ") and long_id not in row and row.endswith(" " + TERMINAL_SHOWN)
     assert row.index(" every ") == header.index(" SCHEDULE ")  # the columns stay aligned
     last = row[header.index("LAST JOB"):header.index(" COMMAND")]
-    assert len(last) == 36 and last.rstrip().endswith("… (pending)"), last  # cut, its state kept in sight
+    assert len(last) == 36 and last.rstrip().endswith("… (pending)"), last  # truncated, its state kept in sight
     listed = {s["id"]: s for s in json.loads(ok(db, "schedule", "list", "--json"))}
     assert listed[long_id]["job"]["command"] == TERMINAL_HOSTILE
 
@@ -2807,18 +2807,18 @@ def test_a_burst_worker_fires_due_slots_but_future_ones_do_not_keep_it_running(d
 
 def test_a_stopping_worker_fires_nothing(db):
     ok(db, "schedule", "add", '{"id": "a", "every": "1s", "command": "true"}')
-    supervisor = queuectl.Supervisor(db, 1, False)
+    worker = queuectl.Worker(db, 1, False)
     try:
-        wait_for(lambda: supervisor.store.next_schedule_at() < supervisor.store.now(), "the first slot")
+        wait_for(lambda: worker.store.next_schedule_at() < worker.store.now(), "the first slot")
         idle = dict.fromkeys(("beat", "sweep", "cancels", "retention"), math.inf)  # only schedules and the poll
-        supervisor.stopping.set()
-        supervisor._housekeeping(idle, time.monotonic())
+        worker.stopping.set()
+        worker._housekeeping(idle, time.monotonic())
         assert list_ids(db) == []
-        supervisor.stopping.clear()
-        supervisor._housekeeping(idle, time.monotonic())
+        worker.stopping.clear()
+        worker._housekeeping(idle, time.monotonic())
         assert [i.partition("@")[0] for i in list_ids(db)] == ["a"]
     finally:
-        supervisor.store.close()
+        worker.store.close()
 
 
 def test_a_schedule_firing_logs_a_queuectl_event_with_its_schedule_and_job_not_the_foreign_log_event(
@@ -3857,17 +3857,17 @@ def test_a_worker_presumed_dead_across_an_upgrade_leaves_instead_of_registering_
 def test_a_worker_leaving_without_its_registration_says_so_once(sqlite_db, monkeypatch, caplog):
     """Presumed dead by a database that moved on, the worker leaves once its killed runs are recorded: every
     beat meanwhile finds its row gone again. That is one event, logged once, not an error line a beat."""
-    supervisor = queuectl.Supervisor(sqlite_db, 1, False)  # never registered: each beat finds no row
+    worker = queuectl.Worker(sqlite_db, 1, False)  # never registered: each beat finds no row
     try:
-        monkeypatch.setattr(supervisor.store, "moved_on", lambda: "the database moved on (injected)")
+        monkeypatch.setattr(worker.store, "moved_on", lambda: "the database moved on (injected)")
         with caplog.at_level("ERROR", logger="queuectl"):
             for _ in range(3):
-                supervisor._heartbeat()
+                worker._heartbeat()
         lines = [r.getMessage() for r in caplog.records if "presumed dead" in r.getMessage()]
         assert len(lines) == 1 and lines[0].endswith("leaving"), lines
-        assert supervisor.leaving and supervisor.stopping.is_set()
+        assert worker.leaving and worker.stopping.is_set()
     finally:
-        supervisor.store.close()
+        worker.store.close()
 
 
 @pytest.mark.parametrize("how", ["deleted", "replaced"])
@@ -4719,11 +4719,11 @@ def test_a_cancel_applies_to_the_run_it_was_aimed_at(store):
     store.retry_dead(["j"], T0 + 2)
     second = store.claim("w1", T0 + 2)
     assert store.cancel_requests("w1") == set()
-    supervisor = queuectl.Supervisor.__new__(queuectl.Supervisor)  # only abort_reason's state
-    supervisor.hard, supervisor.epoch, supervisor.canceled = threading.Event(), 0, {("j", 1)}
-    supervisor.store, supervisor.beat_ok_at, supervisor.stale_s = store, time.monotonic(), 10.0
-    assert supervisor.abort_reason(first, 0) == "canceled"
-    assert supervisor.abort_reason(second, 0) is None  # a stale set never kills a later run
+    worker = queuectl.Worker.__new__(queuectl.Worker)  # only abort_reason's state
+    worker.hard, worker.registration, worker.canceled = threading.Event(), 0, {("j", 1)}
+    worker.store, worker.beat_ok_at, worker.stale_s = store, time.monotonic(), 10.0
+    assert worker.abort_reason(first, 0) == "canceled"
+    assert worker.abort_reason(second, 0) is None  # a stale set never kills a later run
 
 
 def test_cancel_pending_job_goes_to_the_dlq_and_dlq_retry_undoes_it(states_db):
@@ -5034,20 +5034,20 @@ def test_retention_deletes_old_completed_jobs_only(tmp_path):
         _finished_at(s, "done-3d", 0, now - 3 * 86400)
         _finished_at(s, "dead-3d", 1, now - 3 * 86400)
         _finished_at(s, "done-1h", 0, now - 3600)
-    supervisor = queuectl.Supervisor(path, 1, False)
+    worker = queuectl.Worker(path, 1, False)
     try:
-        supervisor._apply_retention()  # default 7d: all are younger
-        assert len(supervisor.store.list_jobs()) == 3
-        supervisor.store.config_set("retention", 0)  # 0 keeps forever
-        supervisor._apply_retention()
-        assert len(supervisor.store.list_jobs()) == 3
-        supervisor.store.config_set("retention", 86400)
-        supervisor._apply_retention()
-        assert [j.id for j in supervisor.store.list_jobs()] == ["dead-3d", "done-1h"]
-        assert supervisor.store.runs("done-3d") == []
-        assert len(supervisor.store.runs("dead-3d")) == 1  # dead jobs stay until purged
+        worker._apply_retention()  # default 7d: all are younger
+        assert len(worker.store.list_jobs()) == 3
+        worker.store.config_set("retention", 0)  # 0 keeps forever
+        worker._apply_retention()
+        assert len(worker.store.list_jobs()) == 3
+        worker.store.config_set("retention", 86400)
+        worker._apply_retention()
+        assert [j.id for j in worker.store.list_jobs()] == ["dead-3d", "done-1h"]
+        assert worker.store.runs("done-3d") == []
+        assert len(worker.store.runs("dead-3d")) == 1  # dead jobs stay until purged
     finally:
-        supervisor.store.close()
+        worker.store.close()
 
 
 def test_purge_deletes_in_short_transactions(store, monkeypatch):
@@ -6670,12 +6670,12 @@ def test_a_postgres_job_starts_by_posix_spawn_and_the_watchdog_is_told_of_it(pg_
     with InProcessWorker(pg_url, monkeypatch) as worker, contextlib.closing(queuectl.PostgresStore(pg_url)) as s:
         s.enqueue([spec("a", cwd=os.getcwd())], s.now())
         wait_for(lambda: s.get("a").state == "completed", "the job to run", timeout=20)
-        watchdog = worker.supervisor.watchdog.pid
+        watchdog = worker.worker.watchdog.pid
         assert watchdog in _children(os.getpid()) and not pid_gone(watchdog)
-        assert queuectl.Watchdog.current is worker.supervisor.watchdog
-        assert queuectl.watchdog_at_work(worker.supervisor.worker_id)  # what sweepers on this host wait for
+        assert queuectl.Watchdog.current is worker.worker.watchdog
+        assert queuectl.watchdog_at_work(worker.worker.worker_id)  # what sweepers on this host wait for
     assert len(used) == 1 and len(told) == 1
-    assert queuectl.Watchdog.current is None and not queuectl.watchdog_at_work(worker.supervisor.worker_id)
+    assert queuectl.Watchdog.current is None and not queuectl.watchdog_at_work(worker.worker.worker_id)
     with pytest.raises(ChildProcessError):  # stopped with the worker, and reaped
         os.waitpid(watchdog, os.WNOHANG)
 
@@ -6783,9 +6783,9 @@ def test_the_watchdog_never_takes_a_recycled_pid_for_a_run_it_was_told_of(tmp_pa
                             "the stranger"))
     try:
         assert queuectl._session(stranger) == stranger and stranger not in _children(os.getpid())
-        watchdog = queuectl.Watchdog.start(f"review:{os.getpid()}:{os.urandom(3).hex()}")
+        watchdog = queuectl.Watchdog.start(f"watchdog-test:{os.getpid()}:{os.urandom(3).hex()}")
         assert watchdog is not None
-        watchdog.tell(stranger, b"review/1/stranger")
+        watchdog.tell(stranger, b"watchdog-test/1/stranger")
         watchdog.stop(clean=False)  # as if the worker had died: it reads the message, then EOF, then kills
         assert not pid_gone(stranger)
     finally:
@@ -6799,7 +6799,7 @@ def test_a_job_whose_worker_dies_before_telling_its_watchdog_still_dies_with_it(
     """The worker tells its watchdog of a run before the run's first process exists: a worker killed
     between the start and the message (a few milliseconds on a loaded host, time enough for a
     `kill -9` or the OOM killer) left a job the watchdog never heard of running until the next sweep."""
-    token = f"review/1/{uuid.uuid4().hex}"
+    token = f"watchdog-test/1/{uuid.uuid4().hex}"
     cwd = str(tmp_path) if where == "posix_spawn" else "/"  # the worker's own folder: posix_spawn, else Popen
     dying = subprocess.run([sys.executable, "-c", _DIES_AFTER_SPAWN, HERE, cwd, command, token], cwd=tmp_path,
                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=WAIT_S)
@@ -7325,13 +7325,13 @@ def test_backoff_grows_caps_and_logs_a_failing_loop_sparingly(caplog, monkeypatc
 def test_worker_run_once_with_injected_runner(store):
     register(store)
     store.enqueue([spec("a")], T0)
-    worker = queuectl.Runner(store, "w1", lambda job_id, epoch: None)
+    worker = queuectl.Runner(store, "w1", lambda job_id, registration: None)
     seen = {}
 
     def fake_runner(job, env, abort, on_output):
         seen.update(env)
         return outcome(1, "exit code 1", "boom")
-    worker.runner = fake_runner
+    worker.execute = fake_runner
     assert worker.run_once(now=T0) is True
     assert worker.run_once(now=T0) is False  # backing off until T0 + 2
     job = store.get("a")
@@ -7556,29 +7556,28 @@ def test_postgres_a_worker_listens_again_after_its_connections_were_dropped(pg_u
         with contextlib.closing(queuectl.PostgresStore(pg_url)) as s:
             s.enqueue([spec("a")], s.now())
             wait_for(lambda: s.get("a").state == "completed", "the job to be claimed and run", timeout=20)
-        supervisor = worker.supervisor
         with pytest.raises(queuectl.BadDatabase, match="terminating connection"):  # its main loop sleeps:
-            supervisor.store.heartbeat(supervisor.worker_id, T0)  # its connection is found dropped now,
-        assert supervisor.store.heartbeat(supervisor.worker_id, T0) is False  # and opened again at next use
+            worker.worker.store.heartbeat(worker.worker.worker_id, T0)  # its connection is found dropped now,
+        assert worker.worker.store.heartbeat(worker.worker.worker_id, T0) is False  # and opened again at next use
 
 
 def test_sqlite_workers_poll_and_do_not_listen(tmp_path, monkeypatch):
     started = []
-    monkeypatch.setattr(queuectl.Supervisor, "_start_listener", lambda self: started.append(self))
+    monkeypatch.setattr(queuectl.Worker, "_start_listener", lambda self: started.append(self))
     with InProcessWorker(str(tmp_path / "q.db"), monkeypatch):
         pass
     assert started == []
 
 
 def test_a_heartbeat_that_came_late_counts_as_stalled(tmp_path, monkeypatch):
-    supervisor = queuectl.Supervisor(str(tmp_path / "s.db"), 1, False)
+    worker = queuectl.Worker(str(tmp_path / "s.db"), 1, False)
     try:
-        supervisor.store.register(supervisor.worker_id, supervisor.me, 1, T0)
+        worker.store.register(worker.worker_id, worker.me, 1, T0)
         monkeypatch.setattr(queuectl.time, "monotonic", lambda: 100.0)
-        assert supervisor._beat(due_mono=93.0) == 100.0 + 2.0  # due at 93, done at 100; next in 2 s
-        assert supervisor.stalled_s == 7.0
+        assert worker._beat(due_mono=93.0) == 100.0 + 2.0  # due at 93, done at 100; next in 2 s
+        assert worker.stalled_s == 7.0
     finally:
-        supervisor.store.close()
+        worker.store.close()
 
 
 def test_flush_output_never_waits_for_a_busy_database(sqlite_store):
@@ -7626,12 +7625,12 @@ def test_no_fault_in_the_sweep_ends_a_worker(tmp_path, monkeypatch, caplog):
             raise PermissionError(1, "Operation not permitted")
         return 0
     monkeypatch.setattr(queuectl.Sweeper, "sweep", failing_sweep)
-    supervisor = queuectl.Supervisor(path, 1, True)
+    worker = queuectl.Worker(path, 1, True)
     with caplog.at_level("WARNING", logger="queuectl"):
-        assert supervisor.run() == 0
-    assert supervisor.store.get("a").state == "completed" and len(calls) > 1
+        assert worker.run() == 0
+    assert worker.store.get("a").state == "completed" and len(calls) > 1
     assert any("housekeeping failed: [Errno 1] Operation not permitted" in r.getMessage() for r in caplog.records)
-    supervisor.store.close()
+    worker.store.close()
 
 
 def test_an_adopted_job_whose_requeue_failed_is_requeued_at_a_later_sweep(store, monkeypatch):
@@ -7798,9 +7797,9 @@ def test_burst_worker_exits_when_nothing_is_due_within_60_s(db, workers, tmp_pat
 # ---- the drain: a shared SQLite connection, the environment, malloc arenas, the WAL --------------
 
 def test_sqlite_runners_share_one_connection_and_postgres_runners_have_their_own(db):
-    supervisor = queuectl.Supervisor(db, 2, True)
+    worker = queuectl.Worker(db, 2, True)
     try:
-        first, second = supervisor._runner_store(), supervisor._runner_store()
+        first, second = worker._runner_store(), worker._runner_store()
         if db.startswith("postgresql://"):
             assert first is not second and not first.one_writer
             second.close()
@@ -7808,7 +7807,7 @@ def test_sqlite_runners_share_one_connection_and_postgres_runners_have_their_own
             assert first is second and first.shared and first.one_writer
         first.close()
     finally:
-        supervisor.store.close()
+        worker.store.close()
 
 
 def test_a_shared_sqlite_store_reads_only_in_its_turn(sqlite_db):
@@ -7831,14 +7830,14 @@ def test_a_shared_sqlite_store_reads_only_in_its_turn(sqlite_db):
 
 
 def test_a_burst_worker_wakes_its_main_loop_when_a_runner_finds_nothing(sqlite_db):
-    supervisor = queuectl.Supervisor(sqlite_db, 1, True)
+    worker = queuectl.Worker(sqlite_db, 1, True)
     try:
-        supervisor.store.register(supervisor.worker_id, supervisor.me, 1, supervisor.store.now())
-        supervisor.stopping.set()  # one round of the runner loop would run: none, as it is stopping
-        supervisor._thread_main()
-        assert supervisor.tick.is_set()  # a runner thread that ends wakes the main loop
+        worker.store.register(worker.worker_id, worker.me, 1, worker.store.now())
+        worker.stopping.set()  # one round of the runner loop would run: none, as it is stopping
+        worker._thread_main()
+        assert worker.tick.is_set()  # a runner thread that ends wakes the main loop
     finally:
-        supervisor.store.close()
+        worker.store.close()
 
 
 def test_a_long_drain_keeps_the_wal_near_sqlites_default_checkpoint_size(sqlite_db, workers):
@@ -7978,24 +7977,24 @@ def test_postgres_a_worker_cut_off_from_the_server_kills_its_jobs_before_its_lea
 
 
 def test_sqlite_worker_never_kills_its_jobs_for_a_failing_heartbeat(tmp_path):
-    supervisor = queuectl.Supervisor(str(tmp_path / "s.db"), 1, False)
+    worker = queuectl.Worker(str(tmp_path / "s.db"), 1, False)
     try:
-        supervisor.beat_ok_at = time.monotonic() - 3600  # an hour without a heartbeat
-        assert not supervisor.cut_off() and supervisor.abort_reason(make_job(), 0) is None
+        worker.beat_ok_at = time.monotonic() - 3600  # an hour without a heartbeat
+        assert not worker.cut_off() and worker.abort_reason(make_job(), 0) is None
     finally:
-        supervisor.store.close()
+        worker.store.close()
 
 
 def test_postgres_a_worker_that_cannot_heartbeat_kills_at_half_the_stale_timeout(pg_url):
-    supervisor = queuectl.Supervisor(pg_url, 1, False)
+    worker = queuectl.Worker(pg_url, 1, False)
     try:
-        supervisor.stale_s = 4.0
-        supervisor.beat_ok_at = time.monotonic() - 1.9
-        assert supervisor.abort_reason(make_job(), 0) is None
-        supervisor.beat_ok_at = time.monotonic() - 2.1
-        assert supervisor.abort_reason(make_job(), 0) == queuectl.CUT_OFF
+        worker.stale_s = 4.0
+        worker.beat_ok_at = time.monotonic() - 1.9
+        assert worker.abort_reason(make_job(), 0) is None
+        worker.beat_ok_at = time.monotonic() - 2.1
+        assert worker.abort_reason(make_job(), 0) == queuectl.CUT_OFF
     finally:
-        supervisor.store.close()
+        worker.store.close()
 
 
 def test_a_run_no_runner_holds_is_taken_back_after_the_grace_never_a_held_one(store):
@@ -8024,9 +8023,9 @@ def test_a_runner_does_not_run_a_claim_answered_after_it_was_taken_back(store):
     store.enqueue([spec("a")], T0)
     holdings = queuectl.Holdings()
     assert holdings.take_back(("a", 1), 0.0)  # the worker gave up waiting for this claim's answer
-    runner = queuectl.Runner(store, "me", lambda job, epoch: None, holdings=holdings)
+    runner = queuectl.Runner(store, "me", lambda job, registration: None, holdings=holdings)
     ran = []
-    runner.runner = lambda job, env, abort, on_output: ran.append(job.id) or outcome()
+    runner.execute = lambda job, env, abort, on_output: ran.append(job.id) or outcome()
     assert runner.run_once(now=T0) is False and ran == []
     assert (store.get("a").state, runner.current) == ("processing", None)  # left to the sweeper
 
@@ -8102,7 +8101,7 @@ def test_postgres_a_flush_that_hangs_in_the_database_does_not_delay_a_kill(pg_ur
                       store.now())
         killed_while_flushing = []
 
-        def abort(job, epoch):
+        def abort(job, registration):
             return queuectl.CUT_OFF if runner.flushing and runner.flushing.is_alive() else None
 
         def run(*args):
@@ -8110,7 +8109,7 @@ def test_postgres_a_flush_that_hangs_in_the_database_does_not_delay_a_kill(pg_ur
             killed_while_flushing.append(runner.flushing.is_alive())
             return result
         runner = queuectl.Runner(store, "me", abort)
-        runner.runner = run
+        runner.execute = run
         assert runner.run_once() is True
         assert killed_while_flushing == [True]
         job = store.get("chatty")
@@ -8158,17 +8157,17 @@ def test_a_claim_that_fails_after_its_commit_is_run_once_by_the_same_worker(db, 
             raise queuectl.BadDatabase("connection lost after the commit (injected)")
         return job
     monkeypatch.setattr(queuectl.Store, "claim", claim)
-    supervisor, exits = queuectl.Supervisor(db, 1, True), []
-    burst = threading.Thread(target=lambda: exits.append(supervisor.run()), daemon=True)
+    worker, exits = queuectl.Worker(db, 1, True), []
+    burst = threading.Thread(target=lambda: exits.append(worker.run()), daemon=True)
     burst.start()
     burst.join(WAIT_S)
     try:
         assert exits == [0], "the burst worker did not drain the queue"  # it waited for the stray, not forever
     finally:
         if burst.is_alive():
-            supervisor.on_signal(signal.SIGQUIT)
+            worker.on_signal(signal.SIGQUIT)
             burst.join(WAIT_S)
-        supervisor.store.close()
+        worker.store.close()
     assert failed == ["j"]
     job = get_job(db, "j")
     assert [(r["outcome"], r["error"]) for r in job["runs"]] == [("lost", "claim answer lost"), ("completed", None)]
@@ -8191,7 +8190,7 @@ def test_a_flush_whose_thread_cannot_start_is_skipped_and_the_job_runs_on(sqlite
     register(sqlite_store, "me")
     sqlite_store.enqueue([spec("chatty", command="for i in 1 2 3 4 5 6; do echo x; sleep 0.1; done")],
                          sqlite_store.now())
-    runner = queuectl.Runner(sqlite_store, "me", lambda job, epoch: None)
+    runner = queuectl.Runner(sqlite_store, "me", lambda job, registration: None)
     assert runner.run_once() is True
     job = sqlite_store.get("chatty")
     assert (job.state, job.last_error) == ("completed", None)
@@ -8203,17 +8202,17 @@ def test_postgres_a_runner_connection_opened_while_stale_timeout_changed_gets_th
     # was slow to answer); the heartbeat meanwhile reads a new value and bounds the connections of the
     # runners it knows. A runner that joined the list just after that must still get the new lease.
     ok(pg_url, "config", "set", "stale-timeout", "20")
-    supervisor = queuectl.Supervisor(pg_url, 1, True)
+    worker = queuectl.Worker(pg_url, 1, True)
     try:
-        supervisor._read_stale_timeout()  # the heartbeat read 20 ...
-        late = supervisor._new_runner()
+        worker._read_stale_timeout()  # the heartbeat read 20 ...
+        late = worker._new_runner()
         late.store.lease_s = late.store.conn_lease_s = 10.0  # ... while this runner was opened with the old 10
-        supervisor._read_stale_timeout()  # the next heartbeat: stale-timeout unchanged since
+        worker._read_stale_timeout()  # the next heartbeat: stale-timeout unchanged since
         assert late.store.lease_s == 20.0
         late.store.config_get("stale_timeout")  # its next use reopens it with the lease's timeouts
         assert socket_options(late.store)[0] == 5000
     finally:
-        for store in [supervisor.store, *(r.store for r in supervisor.runners)]:
+        for store in [worker.store, *(r.store for r in worker.runners)]:
             store.close()
 
 
@@ -8245,7 +8244,7 @@ def test_a_runner_keeps_its_last_settings_when_the_database_cannot_answer(store,
     # A job being started (output-limit) or stopped (kill-grace) reads the config; a failed read must
     # not fail the run when settings were read before. With nothing read yet, the error stands.
     register(store)
-    runner = queuectl.Runner(store, "w1", lambda job, epoch: None)
+    runner = queuectl.Runner(store, "w1", lambda job, registration: None)
     first = runner._settings()
 
     def busy():
@@ -8267,7 +8266,7 @@ def test_a_lost_claim_and_its_late_answer_log_events_of_their_own(store, caplog)
     stray = store.claim("me", T0)  # committed, but its answer never reached a runner
     holdings = queuectl.Holdings()
     sweeper = queuectl.Sweeper(store, me, "me", holdings=holdings)
-    runner = queuectl.Runner(store, "me", lambda job, epoch: None, holdings=holdings)
+    runner = queuectl.Runner(store, "me", lambda job, registration: None, holdings=holdings)
     with caplog.at_level("WARNING", logger="queuectl"):
         sweeper.sweep(T0, now_mono=1000.0)
         sweeper.sweep(T0 + 1, now_mono=1000.0 + queuectl.STRAY_GRACE_S + 1)
@@ -8301,23 +8300,23 @@ def _runs_a_job_after_a_first_failure(db, monkeypatch, cls, name):
             raise queuectl.BadDatabase("connection lost (injected)")
         return real(self, *args, **kwargs)
     monkeypatch.setattr(cls, name, fails_once)
-    supervisor, exits = queuectl.Supervisor(db, 1, False), []
+    worker, exits = queuectl.Worker(db, 1, False), []
 
     def run():
         try:
-            exits.append(supervisor.run())
+            exits.append(worker.run())
         except queuectl.QueueError as e:
             exits.append(e)
-    worker = threading.Thread(target=run, daemon=True)
-    worker.start()
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
     try:
         enqueue(db, id="j", command="true")
         wait_for(lambda: state_of(db, "j") == "completed" or exits, "the job to run")
         assert exits == [] and state_of(db, "j") == "completed" and failed == [name]
     finally:
-        supervisor._stop("test over")
-        worker.join(WAIT_S)
-        supervisor.store.close()
+        worker._stop("test over")
+        thread.join(WAIT_S)
+        worker.store.close()
     assert exits == [0]
 
 
@@ -8337,11 +8336,11 @@ def test_a_runners_kill_path_never_waits_on_the_database(store, reason):
     store.config_all = config_all
     started = time.monotonic()
 
-    def abort(job, epoch):
+    def abort(job, registration):
         return "canceled" if reason == "canceled" and time.monotonic() - started > 1.5 else None
     runner = queuectl.Runner(store, "w1", abort)
     real_run, ended = runner._run_command, []
-    runner.runner = lambda *args: ended.append(real_run(*args)) or ended[0]
+    runner.execute = lambda *args: ended.append(real_run(*args)) or ended[0]
     running = threading.Thread(target=runner.run_once, args=(T0,), daemon=True)
     running.start()
     try:
@@ -8369,7 +8368,7 @@ def test_a_job_whose_claim_or_settings_answer_after_the_cut_off_never_starts(sto
     monkeypatch.setattr(store, late, answers_late)
     spawned, real_spawn = [], queuectl._spawn
     monkeypatch.setattr(queuectl, "_spawn", lambda *args: spawned.append(args[0].id) or real_spawn(*args))
-    runner = queuectl.Runner(store, "w1", lambda job, epoch: queuectl.CUT_OFF if cut.is_set() else None)
+    runner = queuectl.Runner(store, "w1", lambda job, registration: queuectl.CUT_OFF if cut.is_set() else None)
     assert runner.run_once(T0) is True
     assert spawned == [] and not (tmp_path / "started").exists()
     job = store.get("j")
@@ -8380,11 +8379,11 @@ def test_a_job_whose_claim_or_settings_answer_after_the_cut_off_never_starts(sto
 def test_postgres_the_cut_off_line_does_not_count_a_start_that_waits_on_the_database(pg_url, caplog):
     """A runner whose settings read before a start hangs (the server stopped answering) has no process
     running: the cut-off line counts it not (and once the read answers, nothing starts: see above)."""
-    supervisor, release, running = queuectl.Supervisor(pg_url, 1, False), threading.Event(), None
+    worker, release, running = queuectl.Worker(pg_url, 1, False), threading.Event(), None
     try:
-        register(supervisor.store, supervisor.worker_id)
-        supervisor.store.enqueue([spec("j", command="true")], supervisor.store.now())
-        runner = supervisor._new_runner()
+        register(worker.store, worker.worker_id)
+        worker.store.enqueue([spec("j", command="true")], worker.store.now())
+        runner = worker._new_runner()
         real, reads = runner.store.config_all, []
 
         def hangs():
@@ -8395,18 +8394,18 @@ def test_postgres_the_cut_off_line_does_not_count_a_start_that_waits_on_the_data
         running = threading.Thread(target=runner.run_once, daemon=True)
         running.start()
         wait_for(lambda: reads, "the runner to read the settings before the start")
-        supervisor.stale_s, supervisor.beat_ok_at = 4.0, time.monotonic() - 3.0
+        worker.stale_s, worker.beat_ok_at = 4.0, time.monotonic() - 3.0
         with caplog.at_level("ERROR", logger="queuectl"):
-            supervisor._note_cut_off()
+            worker._note_cut_off()
         lines = [r.getMessage() for r in caplog.records if "no heartbeat" in r.getMessage()]
         assert len(lines) == 1 and "killing 0 running job(s)" in lines[0], lines
     finally:
         release.set()
         if running:
             running.join(WAIT_S)
-        for runner in supervisor.runners:
+        for runner in worker.runners:
             runner.store.close()
-        supervisor.store.close()
+        worker.store.close()
 
 
 def test_postgres_a_job_timing_out_while_the_server_hangs_dies_before_another_host_reruns_it(
@@ -8526,50 +8525,50 @@ def test_a_hard_stop_whose_line_blocks_claims_nothing_more(db, monkeypatch):
     start) and put the job back, at once, again and again until the process ends: a run row each round in the
     runs table; or, where its own line blocks, hold a job that crash recovery then counts as lost."""
     import logging
-    supervisor, blocked = queuectl.Supervisor(db, 1, False), threading.Event()
+    worker, blocked = queuectl.Worker(db, 1, False), threading.Event()
 
     def warning(message, *args, **kwargs):
         if "killing running jobs" in message:
             blocked.wait(WAIT_S)  # the line's write blocks: a full pipe, a terminal paused with Ctrl+S
         logging.getLogger("queuectl").warning(message, *args, **kwargs)
     monkeypatch.setattr(queuectl.log, "warning", warning, raising=False)
-    signaled = threading.Thread(target=supervisor.on_signal, args=(signal.SIGQUIT,), daemon=True)
-    runner = threading.Thread(target=supervisor._thread_main, daemon=True)
+    signaled = threading.Thread(target=worker.on_signal, args=(signal.SIGQUIT,), daemon=True)
+    runner = threading.Thread(target=worker._thread_main, daemon=True)
     try:
-        register(supervisor.store, supervisor.worker_id, supervisor.store.now())
-        supervisor.store.enqueue([spec("j")], supervisor.store.now())
+        register(worker.store, worker.worker_id, worker.store.now())
+        worker.store.enqueue([spec("j")], worker.store.now())
         signaled.start()
-        wait_for(supervisor.hard.is_set, "the hard stop")
+        wait_for(worker.hard.is_set, "the hard stop")
         runner.start()
-        wait_for(lambda: not runner.is_alive() or supervisor.store.runs("j"), "the runner to end or to claim")
-        assert supervisor.store.runs("j") == []
+        wait_for(lambda: not runner.is_alive() or worker.store.runs("j"), "the runner to end or to claim")
+        assert worker.store.runs("j") == []
         assert not runner.is_alive()
-        assert supervisor.store.get("j").state == "pending"
+        assert worker.store.get("j").state == "pending"
     finally:
         blocked.set()
         signaled.join(WAIT_S)
         runner.join(WAIT_S)
-        for each in supervisor.runners:
+        for each in worker.runners:
             each.store.close()
-        supervisor.store.close()
+        worker.store.close()
 
 
 def test_a_hard_stop_waits_longer_only_for_its_adopted_runs_processes(tmp_path):
     """The guard ends a hard-stopped worker HARD_STOP_S after the signal, or HARD_STOP_S later if it
     had adopted runs whose killed processes it waits for before leaving (see _finish_recoveries)."""
-    supervisor = queuectl.Supervisor(str(tmp_path / "s.db"), 1, False)
+    worker = queuectl.Worker(str(tmp_path / "s.db"), 1, False)
     try:
-        assert supervisor._exit_by() == math.inf  # no hard stop
-        supervisor.hard_at = 100.0
-        supervisor.hard.set()
-        assert supervisor._exit_by() == 100.0 + queuectl.HARD_STOP_S
-        supervisor.sweeper = queuectl.Sweeper(supervisor.store, supervisor.me, supervisor.worker_id)
-        supervisor.sweeper.recovering[("j", 1)] = ("w/1/j", queuectl.Leftovers())
-        assert supervisor._exit_by() == 100.0 + 2 * queuectl.HARD_STOP_S
-        supervisor.sweeper.recovering.clear()  # requeued: its deregistering still gets that time
-        assert supervisor._exit_by() == 100.0 + 2 * queuectl.HARD_STOP_S
+        assert worker._exit_by() == math.inf  # no hard stop
+        worker.hard_at = 100.0
+        worker.hard.set()
+        assert worker._exit_by() == 100.0 + queuectl.HARD_STOP_S
+        worker.sweeper = queuectl.Sweeper(worker.store, worker.me, worker.worker_id)
+        worker.sweeper.recovering[("j", 1)] = ("w/1/j", queuectl.Leftovers())
+        assert worker._exit_by() == 100.0 + 2 * queuectl.HARD_STOP_S
+        worker.sweeper.recovering.clear()  # requeued: its deregistering still gets that time
+        assert worker._exit_by() == 100.0 + 2 * queuectl.HARD_STOP_S
     finally:
-        supervisor.store.close()
+        worker.store.close()
 
 
 def test_a_database_that_fails_in_the_start_up_sweep_does_not_stop_the_worker(db, monkeypatch):
@@ -8691,8 +8690,8 @@ def test_worker_quiet_json_leaves_out_the_routine_events(db, workers):
 def test_a_quiet_worker_builds_nothing_for_the_lines_it_does_not_write(store, monkeypatch, caplog):
     register(store)
     store.enqueue([spec("a"), spec("b")], T0)
-    runner = queuectl.Runner(store, "w1", lambda job, epoch: None)
-    runner.runner = lambda job, env, abort, on_output: outcome(0)
+    runner = queuectl.Runner(store, "w1", lambda job, registration: None)
+    runner.execute = lambda job, env, abort, on_output: outcome(0)
 
     def must_not_run(*args, **kwargs):
         raise AssertionError("formatting work for a line that is not written")
@@ -8809,7 +8808,7 @@ def test_workers_say_which_queues_they_serve(db, workers):
     assert " VERSION " in table and f" {queuectl.__version__} " in table
 
 
-# ==== Signals and supervisor ======================================================================
+# ==== The worker process ===============================================================================
 
 @contextlib.contextmanager
 def pg_tables_locked(pg_url):
@@ -9290,7 +9289,7 @@ def request_status(d, path):
         return e
 
 
-def add_cut_run(store, job_id, kept, total):
+def add_truncated_run(store, job_id, kept, total):
     """A completed job whose run printed `total` bytes of which the last `kept` were kept."""
     now = store.now()
     spec_ = queuectl.validate_job({"id": job_id, "command": "yes", "queue": "cut"}, store.config_all(), "/tmp", now)
@@ -9857,7 +9856,7 @@ def test_dashboard_at_the_cap_cuts_a_request_still_arriving_before_any_reply(sql
 
 def test_dashboard_api_gives_the_kept_and_printed_sizes(dashboard):
     d = dashboard()
-    add_cut_run(d.store, "cut-1", 1024, 14_889_779)
+    add_truncated_run(d.store, "cut-1", 1024, 14_889_779)
     run = d.get("/api/jobs/cut-1")["runs"][-1]
     assert (run["output_bytes"], run["output_kept_bytes"], len(run["output"])) == (14_889_779, 1024, 1024)
     logs = d.get("/api/jobs/cut-1/logs")
@@ -9866,7 +9865,7 @@ def test_dashboard_api_gives_the_kept_and_printed_sizes(dashboard):
 
 def test_dashboard_in_a_real_browser_says_when_output_was_cut(sqlite_dashboard, tmp_path):
     d = sqlite_dashboard()
-    add_cut_run(d.store, "cut-1", 1024, 14_889_779)
+    add_truncated_run(d.store, "cut-1", 1024, 14_889_779)
     dom = chromium_dom(f"{d.base}/#token={DASH_TOKEN}&job=cut-1", tmp_path)
     assert "run 1 output, last 1 KiB of 14.2 MiB</summary>" in dom
     dom = chromium_dom(f"{d.base}/#token={DASH_TOKEN}&job=done-1", tmp_path)
@@ -10898,7 +10897,7 @@ def test_due_text_a_day_or_more_ahead_is_a_local_date_and_time(local_tz):
 def test_a_run_at_at_the_time_limit_lists_east_of_utc(local_tz, db):
     # The latest run_at queuectl takes, 9999-12-31T23:59:59Z, is already year 10000 on a clock east of UTC.
     local_tz("Asia/Tokyo")  # UTC+9
-    ok(db, "add", "--id", "last", "--run-at", str(queuectl.MAX_EPOCH), "--", "true")
+    ok(db, "add", "--id", "last", "--run-at", str(queuectl.MAX_UNIX_TIME), "--", "true")
     assert ok(db, "list").splitlines()[1].split()[4:6] == ["10000-01-01", "08:59"]
     assert "10000-01-01 08:59" in ok(db, "show", "last")
 
@@ -10939,7 +10938,7 @@ def test_list_aligns_ids_of_wide_and_combining_characters(db):
     header, *rows = ok(db, "list").splitlines()
     starts = {columns(line[:line.index(" pending ")]) for line in rows}
     assert starts == {columns(header[:header.index(" STATE ")])}, rows
-    assert any("…" in line for line in rows)  # the long one is cut, not let run into STATE
+    assert any("…" in line for line in rows)  # the long one is truncated, not let run into STATE
 
 
 @pytest.mark.parametrize("left,text", [(59.5, "in 1m"), (60, "in 1m"), (3590, "in 1h 0m"), (3600, "in 1h 0m"),
@@ -11321,7 +11320,7 @@ def test_progress_redraws_at_most_four_times_a_second_and_erases_the_line():
     assert stream.getvalue() == "\rone\x1b[K\rfour\x1b[K"
     assert progress.drawn
     with progress:
-        progress.show("x" * 500)  # cut to the width (80 when it cannot be read), so it never wraps
+        progress.show("x" * 500)  # truncated to the width (80 when it cannot be read), so it never wraps
     assert stream.getvalue().endswith("\r\x1b[K")
     assert screen(stream.getvalue()) == []
     assert max(len(part) for part in stream.getvalue().split("\r")) <= 80 + 3
@@ -11562,8 +11561,8 @@ def test_log_lines_escape_job_data_in_text_and_keep_it_exact_in_json(store, capl
     import logging
     register(store)
     store.enqueue([spec("job\u202eevil", TERMINAL_HOSTILE, max_retries=0)], T0)
-    runner = queuectl.Runner(store, "w1", lambda job, epoch: None)
-    runner.runner = lambda job, env, abort, on_output: outcome(3, TERMINAL_HOSTILE)
+    runner = queuectl.Runner(store, "w1", lambda job, registration: None)
+    runner.execute = lambda job, env, abort, on_output: outcome(3, TERMINAL_HOSTILE)
     with caplog.at_level("INFO", logger="queuectl"):
         assert runner.run_once(now=T0)
     text_lines = queuectl.TextLines(logging.Formatter())
@@ -11729,8 +11728,8 @@ def test_logs_to_a_full_disk_names_standard_output(sqlite_db):
 
 def test_a_process_left_with_daemon_threads_only_skips_the_interpreters_teardown():
     """A stopped PostgreSQL worker leaves daemon threads (its listener in libpq's wait, the signal
-    watcher): a teardown that raced them crashed a worker with SIGSEGV in libpython after it had logged
-    "worker exited (0)" (once, in a torture run). exit_now skips the teardown (os._exit) unless a thread
+    watcher): a teardown that raced them could crash a worker with SIGSEGV in libpython after it had
+    logged "worker exited (0)" (DECISIONS.md). exit_now skips the teardown (os._exit) unless a thread
     Python would wait for is left; atexit handlers, part of the teardown, then never run."""
     probe = ("import atexit, sys, threading, time; sys.path.insert(0, sys.argv[1]); import queuectl; "
              "threading.Thread(target=time.sleep, args=(60,), daemon=True).start(); "

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""queuectl benchmark: the figures and targets of the performance issue, measured in one run.
+"""queuectl benchmark: the performance figures and their targets, measured in one run.
 
 Every queuectl command runs as users run it, `python3 queuectl.py --db TMP ...`, against databases
 in a temporary folder that is removed afterwards; the draining workers run as users install the command
@@ -80,14 +80,14 @@ FULL = dict(jobs=2000, repeats=5, enqueue_runs=15, batch=100_000, pickup_jobs=20
             settle_seconds=1.0, scale_rows=1_000_000, scale_days=25, memory_jobs=500, query_runs=3, list_pending=100,
             backlog_paused=300_000, backlog_later=100_000, backlog_idle_seconds=10.0,
             parallel_jobs=400, parallel_repeats=3)
-# tiny: backlog_idle_seconds is short because a worker start and stop already cost ~1.5 s each
+# tiny: backlog_idle_seconds is short because a worker start and stop already take seconds each
 # time, and the tiny figures only keep this script working.
 TINY = dict(jobs=20, repeats=1, enqueue_runs=3, batch=1000, pickup_jobs=3, idle_seconds=2.0,
             settle_seconds=0.5, scale_rows=10_000, scale_days=25, memory_jobs=20, query_runs=1, list_pending=10,
             backlog_paused=3000, backlog_later=1000, backlog_idle_seconds=1.0,
             parallel_jobs=16, parallel_repeats=1)
 
-# key -> (comparison, bound, text): the targets of the issue
+# key -> (comparison, bound, text): the performance targets
 TARGETS = {
     "drain_ratio": (">=", 1.0, "≥ 1.0"),
     "drain_shell_ratio": (">=", 0.85, "≥ 0.85"),
@@ -577,9 +577,9 @@ class Bench:
 def drain_once(b: Bench, db: str, n: int, tag: str, command: str = "true") -> dict:
     """Enqueue n jobs of `command`, time a burst worker with 2 threads draining them, check they completed.
     The worker runs with --quiet: nothing here reads its per-job log lines (claimed, completed), and the
-    performance issue allows a worker to skip formatting lines nobody reads. It runs as users install
+    performance targets allow a worker to skip formatting lines nobody reads. It runs as users install
     it (a copied `queuectl` from its cached bytecode): `python3 queuectl.py` would add the compilation
-    of the whole file, about 85 ms here, to every drain's clock."""
+    of the whole file to every drain's clock."""
     before = b.counts(db)
     b.enqueue_many(db, [{"command": command}] * n)
     run = b.run_to_exit(db, "worker", "start", "--burst", "--count", "2", "--quiet", log=f"drain-{tag}.log",
@@ -646,7 +646,7 @@ def run_threads(target, threads: int) -> float:
 
 
 def prototype_loop(n: int, path: str, threads: int = 2) -> float:
-    """The floor of a queue that pays one SQLite transaction per job, as issue 13 sketched it: a bare
+    """The floor of a queue that pays one SQLite transaction per job, at its simplest: a bare
     table with one index, 2 threads, each spawning `true` with os.posix_spawn (output pipe, new
     session) and, between jobs, one transaction that records the last result and claims the next.
     No run history, no retries, no leases: what is left of a job queue's work; jobs/s."""
@@ -748,7 +748,7 @@ def bench_drain(b: Bench) -> None:
     b.add("drain_ratio", "1. drain: queuectl / plain loop", ratio_, "x",
           f"median of {reps} paired runs; the worker runs with --quiet, as no log is read")
     b.raw["drain"]["prototype_rates"] = protos
-    b.add("prototype_ratio", "1. drain: issue 13's prototype (one transaction a job) / plain loop",
+    b.add("prototype_ratio", "1. drain: prototype (one transaction a job) / plain loop",
           statistics.median(p / l for p, l in zip(protos, loops)), "x",
           f"median of {reps} paired runs; no target: os.posix_spawn and one SQLite transaction a job on a "
           "bare table (no history, retries or leases), the ceiling of that design (prototype_loop)")
@@ -1019,7 +1019,7 @@ def bench_batch(b: Bench) -> None:
 
 def pickup(b: Bench, db: str, tag: str) -> dict | None:
     """Latencies (ms) to the job's command starting, with an idle worker, measured from three moments
-    of each `enqueue`: its process exiting ("returned", the figure of the issue), its id printed
+    of each `enqueue`: its process exiting ("returned", the figure with a target), its id printed
     (commit acknowledged: the process then still tears down, so the job may start before it exits),
     and its process being started (end to end, always positive: the scale ratio uses this one).
     None if they cannot be measured here (b.clock_why says why)."""

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Deterministic simulation of queuectl's claim / heartbeat / sweep / finish / recover protocol.
 
-The real `Store`, `Sweeper` and `Worker` run against a real SQLite file (on tmpfs when there is
+The real `Store`, `Sweeper` and `Runner` run against a real SQLite file (on tmpfs when there is
 one), driven from one thread by a seeded random scheduler with a fake clock: a monotonic clock that
 the simulation advances, and a wall clock that follows it but sometimes steps (an NTP correction).
 Several simulated worker processes, each with its own connection, registration and `Sweeper`, live
@@ -16,10 +16,10 @@ simulated time passes), and a few cannot be killed (the job then goes dead). Eac
 
   tick / jump / wall step   advance the clocks a little, past a lease, or step the wall clock only
   database stall            a long write holds the database: the clocks advance and every live
-                            worker's heartbeat commits that much late (Supervisor.stalled_s, which
+                            worker's heartbeat commits that much late (Worker.stalled_s, which
                             its sweeper does not hold against anyone's lease)
   beat                      a worker's heartbeat; if its registration is gone it aborts the runs it
-                            claimed under it and registers again (what `Supervisor` does)
+                            claimed under it and registers again (what `Worker` does)
   sweep                     `Sweeper.sweep(now)`, with queuectl's `time.monotonic` answering the
                             simulated clock; between any two of its transactions other steps may
                             interleave (time passes), and the sweeping process may die there (what
@@ -27,7 +27,7 @@ simulated time passes), and a few cannot be killed (the job then goes dead). Eac
                             there and later resume where it was; or one of its store calls fails
                             (Busy: the call never ran), ending the sweep, and the worker goes on
   claim / finish            `Store.claim`, then later `Store.finish` with a random outcome
-  run                       `Worker.run_once(now)` with a fake command runner, other steps
+  run                       `Runner.run_once(now)` with a fake command runner, other steps
                             interleaving while "the command runs", and the worker dying mid-run;
                             half the time it keeps claiming (`Store.finish_and_claim`) and the
                             slot's next run_once runs the job claimed with the result
@@ -46,7 +46,7 @@ simulated time passes), and a few cannot be killed (the job then goes dead). Eac
   pause / resume            a user pauses or resumes queues ('*' = all; resume of one queue while
                             '*' is paused must be refused)
 
-Each worker serves every queue or only some (`worker start --queue`), as its Worker and claims do.
+Each worker serves every queue or only some (`worker start --queue`), as its Runner and claims do.
 
 After every step (interleaved ones included) the invariants are checked:
   - nothing lost or invented: the job rows are exactly the jobs enqueued; `Store.counts()` equals
@@ -100,7 +100,7 @@ an enqueue the model counts), run after every step regardless.
 
 `run(seed, steps)` raises AssertionError naming the seed and step; `--seed N` reproduces it exactly
 (add --trace to print every step). Without arguments: many seeds (`--seeds`, `--steps`) over
-`--procs` processes; `--short` (2,000 seeds x 40 steps, about 13 s on 2 cores) is for `make test`.
+`--procs` processes; `--short` (2,000 seeds x 40 steps) is for `make test`.
 The seeds reuse one database (tables emptied between seeds), which behaves as a fresh file would.
 """
 
@@ -122,11 +122,11 @@ import queuectl as q  # noqa: E402
 STALE_S = 10.0  # stale-timeout, seconds of the (simulated) monotonic clock
 WALL_START = 1_700_000_000.0
 POOL = 8  # connections opened once and reused by the simulated worker processes of every seed
-BEAT_S = min(2.0, STALE_S / 5)  # a worker beats this often (as Supervisor._heartbeat)
+BEAT_S = min(2.0, STALE_S / 5)  # a worker beats this often (as Worker._heartbeat)
 DRAIN_TICK_S = STALE_S / 2  # the drain's clock steps at most this far at once: a live worker's lease survives it
 PAST_EVENT_S = 0.01  # the drain's clock lands this far past an event (a lease runs out once *more* than
                     # stale-timeout has passed)
-SHORT_SEEDS, SHORT_STEPS = 2000, 40  # --short, for `make test`: about 13 s on 2 cores
+SHORT_SEEDS, SHORT_STEPS = 2000, 40  # --short, for `make test`
 # A worker may be hard-stopped with any share of HARD_STOP_S left while a run its sweeper adopted is
 # still exiting; a killed process takes at most TEARDOWN_MAX_S to be gone.
 TEARDOWN_MAX_S = 4.0
@@ -154,7 +154,7 @@ class SimCrash(BaseException):
 
 
 class Violation(BaseException):
-    """An invariant did not hold (BaseException, so that Worker._run's `except Exception` inside a
+    """An invariant did not hold (BaseException, so that Runner._run's `except Exception` inside a
     simulated run cannot swallow it; run() turns it into an AssertionError)."""
 
 
@@ -298,7 +298,7 @@ class SimWorker:
         self.wid = f"simhost{number}:{1000 + number}:sim"
         self.me = {"host": f"simhost{number}", "pid": 1000 + number, "proc_start": "1", "boot_id": "sim-boot",
                    "pid_ns": f"pid:[sim{number}]"}
-        self.stalled = 0.0  # how late its heartbeats were committed in all (Supervisor.stalled_s)
+        self.stalled = 0.0  # how late its heartbeats were committed in all (Worker.stalled_s)
         self.sweeper = q.Sweeper(HookedStore(sim, self), self.me, self.wid, lambda: self.stalled)
         self.slots: list[Claim | None] = [None] * slots
         self.reg = 0  # registration number: bumped at each (re-)registration
@@ -307,7 +307,7 @@ class SimWorker:
         self.crashed = False
         self.dead = False  # died, not stopped: it never comes back, it can only be replaced
         self.exited = False
-        self.inline: Claim | None = None  # the run in progress inside Worker.run_once
+        self.inline: Claim | None = None  # the run in progress inside Runner.run_once
 
     def __repr__(self) -> str:
         return self.wid
@@ -462,7 +462,7 @@ class Simulation:
         The drain has the same steps (but crashes, stops and user actions), each still possible,
         weighted by what the model says is useful now: the clock moves when something waits for
         time (then straight to it), a worker beats when its beat is due (every BEAT_S, as
-        Supervisor does), sweeps when a silent registration or an orphan is left, claims or runs
+        Worker does), sweeps when a silent registration or an orphan is left, claims or runs
         when a job is eligible for it; the rest keeps a small weight. A liveness check needs a
         purposeful scheduler, not one that mostly idles (the active steps cover idling).
         """
@@ -552,7 +552,7 @@ class Simulation:
     def db_stall(self) -> None:
         """A long write (a huge enqueue, a purge) holds the database: nobody can beat meanwhile, and
         each live worker's heartbeat commits that much late, which its sweeper then does not hold
-        against anyone's lease (Supervisor.stalled_s)."""
+        against anyone's lease (Worker.stalled_s)."""
         stall = self.rng.uniform(1, STALE_S)
         self.mono += stall
         self.wall += stall
@@ -694,14 +694,14 @@ class Simulation:
             w.last_beat = self.mono
             self.trace(f"{w} beats")
             return
-        # As Supervisor._on_lost_registration: a new epoch, then register again. Its threads notice the
-        # new epoch later (within 250 ms) and abort the runs claimed under the old one: the `abort`
-        # step. Meanwhile its other threads may claim, and a run may finish first.
+        # As Worker._on_lost_registration: a new registration number, then register again. Its threads
+        # notice the new number later (within 250 ms) and abort the runs claimed under the old one: the
+        # `abort` step. Meanwhile its other threads may claim, and a run may finish first.
         self.trace(f"{w} finds its registration gone: registers again; runs of the old one will abort")
         w.register()
 
     def abort_stale(self, w: SimWorker, slot: int) -> None:
-        """A thread notices its run was claimed under an older registration (epoch) and kills it."""
+        """A thread notices its run was claimed under an older registration and kills it."""
         self.record(w, slot, q.Outcome(None, "worker lost its registration", b"", 0.0,
                                        interrupted="worker lost its registration"))
 
@@ -720,7 +720,7 @@ class Simulation:
             self.mark_crashed(w)
             w.dead = True  # what it held in memory (Sweeper.recovering) died with it
         except q.Busy as e:
-            self.trace(f"{w}'s sweep fails ({e}); its main loop goes on, as Supervisor._loop does")
+            self.trace(f"{w}'s sweep fails ({e}); its main loop goes on, as Worker._loop does")
         finally:
             self.busy_main.discard(w)
 
@@ -934,7 +934,7 @@ class Simulation:
         self.record(w, slot, self.outcome())
 
     def record(self, w: SimWorker, slot: int, outcome: q.Outcome) -> None:
-        """What Worker._write_outcome does, with the acceptance checked against the model."""
+        """What Runner._write_outcome does, with the acceptance checked against the model."""
         claim = w.slots[slot]
         w.slots[slot] = None
         self.maybe_stuck(outcome)
@@ -1013,7 +1013,7 @@ class Simulation:
                    f"{(after.state, after.attempts)}, expected {expected}")
 
     def run_once(self, w: SimWorker, slot: int) -> None:
-        """The real Worker.run_once(now) with a fake runner; other steps interleave while it "runs".
+        """The real Runner.run_once(now) with a fake command; other steps interleave while it "runs".
 
         Half the time the worker keeps claiming: its result and its next claim commit together
         (Store.finish_and_claim), and the next run_once of this slot runs that prefetched job.
@@ -1021,14 +1021,14 @@ class Simulation:
         self.stats["runs"] += 1
         held = w.slots[slot]  # a job prefetched with this slot's last result, or None
         keep = self.rng.random() < 0.5
-        worker = q.Runner(w.store, w.wid, lambda job, epoch: None if epoch == w.reg else
-                          "worker lost its registration", queues=w.queues, epoch=lambda: w.reg,
+        runner = q.Runner(w.store, w.wid, lambda job, registration: None if registration == w.reg else
+                          "worker lost its registration", queues=w.queues, current_registration=lambda: w.reg,
                           keep_claiming=lambda: keep)
         if held is not None:
-            worker.prefetched = (held.job, held.reg)
+            runner.prefetched = (held.job, held.reg)
         state = {}
 
-        def runner(job, env, abort, on_output):
+        def execute(job, env, abort, on_output):
             claim = held if held is not None else self.on_claimed(w, job)
             self.check(claim is not None and claim.job.id == job.id, f"run_once ran {job.id}, not {claim}")
             state["claim"] = w.inline = w.slots[slot] = claim
@@ -1045,12 +1045,12 @@ class Simulation:
                                                 else self.outcome())
             return state["outcome"]
 
-        worker.runner = runner
+        runner.execute = execute
         self.trace(f"{w} run_once{' of prefetched ' + repr(held) if held else ''}{' (keeps claiming)' if keep else ''}")
         self.rows()  # as they were before the claim inside run_once
         now = self.wall
         try:
-            ran = worker.run_once(now=now)
+            ran = runner.run_once(now=now)
         except SimCrash:  # the claim stays in its slot, with the dead process
             w.inline = None
             self.mark_crashed(w)
@@ -1062,9 +1062,9 @@ class Simulation:
             self.check_inline_result(claim)
         # The claim with the result was made at `now`, the time run_once was given, not the wall
         # clock of now (time passed while the job "ran").
-        if worker.prefetched:
-            job, epoch = worker.prefetched
-            self.check(epoch == w.reg, f"prefetched under epoch {epoch}, registration is {w.reg}")
+        if runner.prefetched:
+            job, registration = runner.prefetched
+            self.check(registration == w.reg, f"prefetched under registration {registration}, now {w.reg}")
             w.slots[slot] = self.on_claimed(w, job, self.rows_before_prefetch(job), now, prefetched=True)
         elif keep and claim is not None and not state["outcome"].interrupted:  # it claimed with the result: nothing
             self.on_claimed(w, None, self.rows_before_prefetch(None), now, prefetched=True)
@@ -1114,7 +1114,7 @@ class Simulation:
         self.spawn()
 
     def hard_stop(self, w: SimWorker) -> None:
-        """A stop: kill the runs and put them back; requeue what its sweeper adopted (Supervisor.
+        """A stop: kill the runs and put them back; requeue what its sweeper adopted (Worker.
         _finish_recoveries: bounded by HARD_STOP_S); deregister. It exits whatever the database
         does: a result it could not record (the database was busy) stays processing, the row stays
         if the deregistration failed too, an adopted run not requeued in time stays adopted: all of
@@ -1319,7 +1319,7 @@ class Simulation:
 # ==== scenarios: interleavings the random search found, written out by hand ===========================
 # Each is a few lines with the real Store and Sweeper, fake clocks, and a store wrapper that lets
 # another process act between two of the sweeper's transactions. They state the property plainly
-# and stay as regression checks (`--scenarios`; part of --short).
+# and run as checks of their own (`--scenarios`; part of --short).
 
 def _ident(name: str) -> dict:
     """A worker on a host of its own: judged by its heartbeat lease only."""
@@ -1369,7 +1369,7 @@ def scenario_reregistered_worker_same_beat(store: q.Store, procs: FakeProcs) -> 
     sweep(y, 20.0)  # 18 s without a beat: Y drops W (rightly)
     if store.heartbeat("W", 21.0) is not None:
         return "W's row was not dropped"
-    store.register("W", _ident("W"), 1, 21.0)  # W resumes and registers again, as Supervisor does
+    store.register("W", _ident("W"), 1, 21.0)  # W resumes and registers again, as Worker does
     store.heartbeat("W", 22.0)  # beat 1 again
     _add_job(store, "J", 22.0)
     store.claim("W", 22.0)
@@ -1501,14 +1501,14 @@ SCENARIOS = [scenario_reregistered_worker_same_beat, scenario_claim_between_drop
              scenario_sweeper_stalls_before_reading, scenario_two_sweepers_one_recovery]
 
 
-# ---- found by the simulation, fixed since: a stop while an adopted run exits, an adopter on another host
+# ---- more interleavings: a stop while an adopted run exits, an adopter on another host
 
 def scenario_stop_while_adopted_run_exits(store: q.Store, procs: FakeProcs) -> str | None:
     """X adopts an orphan and kills its run, whose process takes 3 s to exit; X is hard-stopped with
-    1 s left, so Supervisor._finish_recoveries gives up and X deregisters. The run is an orphan
+    1 s left, so Worker._finish_recoveries gives up and X deregisters. The run is an orphan
     again; Y adopts it, and Y's kill scan cannot find a process already sent SIGKILL (its environment
-    reads empty at once): Y used to requeue it at once, while the old run still held its files. X now
-    waits for its adopted runs' processes before it leaves."""
+    reads empty at once): had X left at once, Y would requeue K while the old run still held its files.
+    X must wait for its adopted runs' processes before it leaves."""
     x_ident, y_ident, v_ident = _local_ident(procs), _local_ident(procs), _local_ident(procs)
     for name, ident in (("X", x_ident), ("Y", y_ident), ("V", v_ident)):
         store.register(name, ident, 1, 0.0)
@@ -1518,9 +1518,9 @@ def scenario_stop_while_adopted_run_exits(store: q.Store, procs: FakeProcs) -> s
     store.deregister("V")  # a hard stop that could not record K's result
     x = q.Sweeper(store, x_ident, "X")
     sweep(x, 1.0)  # adopts K, kills its process (gone at 4 s), keeps it
-    supervisor = q.Supervisor.__new__(q.Supervisor)  # only what _finish_recoveries reads
-    supervisor.sweeper, supervisor.store, supervisor.hard_at = x, store, q.time.mono - (q.HARD_STOP_S - 1.0)
-    supervisor._finish_recoveries()
+    worker = q.Worker.__new__(q.Worker)  # only what _finish_recoveries reads
+    worker.sweeper, worker.store, worker.hard_at = x, store, q.time.mono - (q.HARD_STOP_S - 1.0)
+    worker._finish_recoveries()
     store.deregister("X")
     sweep(q.Sweeper(store, y_ident, "Y"), q.time.mono)
     if store.get("K").state != q.PROCESSING and procs.of("V/1/K"):
@@ -1532,9 +1532,9 @@ def scenario_stop_while_adopted_run_exits(store: q.Store, procs: FakeProcs) -> s
 def scenario_adopter_of_another_host(store: q.Store, procs: FakeProcs) -> str | None:
     """W's run leaves a process on W's host when W dies. B, on another host, drops W by its lease,
     adopts the run (nothing to kill there) and dies before requeuing it. X, a worker started since
-    on W's host, drops B by its lease and adopts the run. X used to choose whether to look for the
-    run's processes by B's namespace, not by that of W, which started the run, and requeued it without
-    looking on its own host; now every adopted run is looked for here."""
+    on W's host, drops B by its lease and adopts the run. Choosing whether to look for the run's
+    processes by B's namespace, not by that of W, which started the run, X would requeue it without
+    looking on its own host: every adopted run must be looked for here."""
     w_ident, x_ident = _local_ident(procs), _local_ident(procs)
     store.register("W", w_ident, 1, 0.0)
     store.register("B", _ident("B"), 1, 0.0)
