@@ -2623,14 +2623,16 @@ class Store:
             cur.executemany(self.sql.SQL_REMOVE_SCHEDULE, [(i,) for i in schedule_ids])
         self.write(remove)
 
-    def update_schedule(self, schedule: Schedule, now: float) -> None:
+    def update_schedule(self, schedule: Schedule, now: float | None = None) -> None:
         """Replace a schedule's cron or every, zone, overlap and template with a validated schedule's, in one
         transaction; NotFound if absent. What it did stays: its last job (so `overlap: skip` still waits
-        for it), pause and anchor (an `every` keeps its slot times); its next slot is its first after `now`,
-        so slots already passed are not fired."""
+        for it), pause and anchor (an `every` keeps its slot times); its next slot is its first after `now`
+        (default: the clock once the row is held), so slots already passed are not fired."""
         def update(cur):
             [stored] = self._schedules_in(cur, [schedule.id])
-            following = next_slot(Schedule(**{**schedule.__dict__, "created_at": stored.created_at}), now)
+            # Read after the wait for the lock: a slot a worker fired meanwhile is passed too.
+            after = self.now() if now is None else now
+            following = next_slot(Schedule(**{**schedule.__dict__, "created_at": stored.created_at}), after)
             cur.execute(self.sql.SQL_UPDATE_SCHEDULE, (schedule.cron, schedule.every_s, schedule.tz, schedule.overlap,
                                                        json.dumps(schedule.job), following, schedule.id))
         self.write(update)
@@ -8079,11 +8081,18 @@ def print_table(header: list[str], rows: list[list[str]], right: tuple[int, ...]
     lines = []
     for row in (header, *rows):
         cells = [_padded(cell, width, i in right) for i, (cell, width) in enumerate(zip(row, widths))]
-        last = " ".join(row[-1].split())
+        last = row[-1]
         if room is not None:  # too little room left (long ids): cut to a few words, and the line wraps
-            last = _cell(last, max(room - sum(widths) - len(widths), MIN_COMMAND_COLUMNS)).rstrip()
+            last = _fitted(last, max(room - sum(widths) - len(widths), MIN_COMMAND_COLUMNS))
         lines.append(" ".join(cells + [last]).rstrip() + "\n")
     sys.stdout.write("".join(lines))
+
+
+def _fitted(text: str, width: int) -> str:
+    """`text` in at most `width` terminal columns, blanks squeezed, cut with … only if wider: never padded
+    (a $COLUMNS of any size is taken at its word)."""
+    text = " ".join(text.split())
+    return _cell(text, width).rstrip() if text_width(text) > width else text
 
 
 def _padded(cell: str, width: int, right: bool) -> str:
@@ -8984,8 +8993,7 @@ def cmd_schedule_update(args, store: Store) -> None:
             raise UsageError(f"field 'id' {shown(obj['id'])} is not the schedule updated, {schedule_id!r} "
                              "(to rename one, remove it and add it)")
         obj = {**obj, "id": schedule_id}
-    now = store.now()
-    store.update_schedule(validate_schedule(obj, store.config_all(), current_dir(), now), now)
+    store.update_schedule(validate_schedule(obj, store.config_all(), current_dir(), store.now()))
     print_ids([schedule_id])
 
 

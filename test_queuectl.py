@@ -2707,6 +2707,24 @@ def test_schedule_update_replaces_the_schedule_and_keeps_its_history(db):
     assert get_job(db, made)["command"] == "echo old"  # a job already made is left as it is
 
 
+def test_schedule_update_leaves_passed_a_slot_a_worker_fired_while_it_waited(db, monkeypatch):
+    # `schedule update` reads the clock, then may wait for the database while a worker fires the slot that
+    # follows: that slot stays passed, not made the next one again.
+    ok(db, "schedule", "add", '{"id": "a", "every": "1s", "overlap": "allow", "command": "true"}')
+    validate = queuectl.validate_schedule
+
+    def a_worker_fires_meanwhile(obj, defaults, cwd, now):
+        with opened(db) as s:
+            slot = queuectl.next_slot(s.schedule("a"), now)
+            wait_for(lambda: s.now() > slot, "the slot after the update's clock to pass")
+            assert s.fire_schedules(s.now())[0][1] >= slot
+        return validate(obj, defaults, cwd, now)
+    monkeypatch.setattr(queuectl, "validate_schedule", a_worker_fires_meanwhile)
+    assert ok(db, "schedule", "update", "a", '{"every": "1s", "overlap": "allow", "command": "echo new"}') == "a\n"
+    [after] = json.loads(ok(db, "schedule", "list", "--json"))
+    assert after["next_run_at"] > after["last_run_at"], after
+
+
 def test_schedule_update_refusals_change_nothing(db):
     ok(db, "schedule", "add", '{"id": "a", "every": "1h", "command": "true"}')
     before = ok(db, "schedule", "list", "--json")
@@ -11367,6 +11385,27 @@ def test_list_cuts_the_command_to_a_terminals_width_and_nothing_elsewhere(db, mo
     assert row[header.index("COMMAND"):].startswith("echo a-long-argument ")
     header, row = ok(db, "list").splitlines()  # to a pipe or a file: the whole command, for scripts
     assert row.startswith(slot_id + " ") and row.endswith(" " + command.strip())
+
+
+def test_list_to_a_pipe_keeps_the_commands_own_blanks(db):
+    # Runs of spaces and a no-break space are the command's: squeezed, it would be another command.
+    command = "printf '%s|%s|' 'a   b' c\u00a0d"
+    enqueue(db, id="spaced", command=command)
+    assert ok(db, "list").splitlines()[1].endswith(" " + command)
+
+
+@sqlite_only
+@pytest.mark.parametrize("columns", ["0", "1", "abc", "-3", "9" * 20])
+def test_list_on_a_terminal_takes_any_columns_value(db, monkeypatch, columns):
+    # $COLUMNS of 0, 1 or no number: the terminal's own width (80 for a test's stdout); a huge one: nothing to cut.
+    command = "echo " + "word " * 30
+    enqueue(db, id="j", command=command)
+    monkeypatch.setenv("COLUMNS", columns)
+    header, row = on_a_terminal(db, "list").splitlines()
+    if columns == "9" * 20:
+        assert row.endswith(" " + command.strip()) and len(row) < 300, row
+    else:
+        assert len(row) == 80 and row.endswith("…"), row
 
 
 def test_list_aligns_ids_of_wide_and_combining_characters(db):
