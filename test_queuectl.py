@@ -1656,6 +1656,15 @@ def test_config_unknown_key_lists_the_valid_keys(seeded_db, args):
     assert snapshot(seeded_db) == before
 
 
+@sqlite_only
+@pytest.mark.parametrize("args", [("get", "MAX-RETRIES"), ("set", "Max_Retries", "5")])
+def test_config_key_in_capitals_gets_the_key_suggested(db, args):
+    code, out, err = cli(db, "config", *args)
+    assert (code, out) == (2, "")
+    assert_one_error(err, f"unknown config key {args[1]!r} (did you mean 'max-retries'?)")
+    assert not os.path.exists(db)
+
+
 def test_config_set_help_names_the_keys_and_their_formats():
     code, out, _ = run_main(["config", "set", "--help"])
     assert code == 0
@@ -3329,11 +3338,58 @@ def test_database_errors_name_the_file_and_the_reason(tmp_path):
     for path, reason in ((folder, "is a directory"), (garbage, "file is not a database"),
                          (missing, "no such file or directory")):
         for args in (("status",), ("enqueue", '{"command": "true"}')):
+            if path == missing and args == ("status",):
+                continue  # no file to read: an empty queue (test_commands_that_only_read_create_nothing)
             code, out, err = cli(str(path), *args)
             assert (code, out) == (1, ""), (path, args)
             assert_one_error(err, f"cannot open {path}: {reason}")
     assert garbage.read_bytes() == b"this is not a database\n" * 200
     assert os.listdir(folder) == [] and not missing.parent.exists()
+
+
+READING_COMMANDS = (("status",), ("status", "--json"), ("list",), ("list", "--json"), ("stats", "--json"),
+                    ("metrics",), ("queues",), ("queues", "--json"), ("worker", "list", "--json"),
+                    ("schedule", "list"), ("schedule", "list", "--json"), ("dlq", "list", "--json"),
+                    ("config", "list", "--json"), ("config", "get", "max-retries"), ("wait", "--all"))
+
+
+def pg_schema_exists(url):
+    """Whether the schema that a postgresql:// --db names exists on its server."""
+    import psycopg
+    libpq, schema = queuectl._pg_target(url)[:2]
+    with psycopg.connect(libpq, autocommit=True) as conn:
+        return conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone() is not None
+
+
+def test_commands_that_only_read_create_nothing_and_answer_as_an_empty_queue(db, tmp_path, monkeypatch):
+    """The wrong folder, or a typo in --db: a reading command creates no file (no schema, even one whose
+    name needs quoting), prints what an empty queue prints and says on stderr where it looked."""
+    if is_pg(db):
+        db = db.replace("schema=t_", "schema=Team2_")  # the backend quotes it: "Team2_…"
+        where = queuectl.database_name(db)
+    else:
+        db, where = "sub.db", str(tmp_path / "sub.db")
+        monkeypatch.chdir(tmp_path)  # a relative --db: the note gives the absolute path
+    try:
+        missing = {args: cli(db, *args) for args in READING_COMMANDS}
+        assert not (pg_schema_exists(db) if is_pg(db) else os.listdir(tmp_path))
+        assert cli(db, "show", "x")[2] == f"queuectl: note: no queue at {where} yet\nqueuectl: error: no job with id 'x'\n"
+        ok(db, "config", "set", "max-retries", "3")  # the queue now exists, and is empty
+        for args, (code, out, err) in missing.items():
+            assert (code, err) == (0, f"queuectl: note: no queue at {where} yet\n"), args
+            assert cli(db, *args) == (0, out, ""), args
+    finally:
+        if is_pg(db):
+            db_sql(db, f'DROP SCHEMA IF EXISTS "{queuectl._pg_target(db)[1]}" CASCADE')
+
+
+@sqlite_only
+def test_a_file_that_is_no_queuectl_database_keeps_its_error_for_commands_that_read(db):
+    data = _foreign_db(db)
+    code, out, err = cli(db, "status")
+    assert (code, out) == (1, "")
+    assert_one_error(err, "is not a queuectl database")
+    assert open(db, "rb").read() == data
 
 
 def test_commands_that_only_read_work_on_a_database_this_user_cannot_write(read_only_db):
@@ -3479,7 +3535,7 @@ def test_a_database_made_through_a_dangling_symlink_is_private_from_the_start(tm
     link.symlink_to(target)
     old = os.umask(0o022)
     try:
-        ok(str(link), "status")
+        ok(str(link), "config", "set", "max-retries", "3")
     finally:
         os.umask(old)
     assert stat.S_IMODE(os.stat(target).st_mode) == 0o600
@@ -3975,7 +4031,7 @@ def test_a_worker_leaves_a_database_file_that_was_deleted_or_replaced(sqlite_db,
             os.unlink(name)
     if how == "replaced":
         other = str(tmp_path / "other.db")
-        ok(other, "status")
+        ok(other, "config", "set", "max-retries", "3")
         os.rename(other, sqlite_db)
     worker.wait_log(f"{sqlite_db} is no longer the database file this worker opened")
     enqueue(sqlite_db, id="new", command="true")  # in the file the path names now: this worker must not claim it
@@ -5103,6 +5159,18 @@ def test_purge_bad_arguments_exit_2(states_db, args):
     assert snapshot(states_db) == before
 
 
+@sqlite_only
+@pytest.mark.parametrize("number", ["7", "3600", "1.5"])
+def test_purge_refuses_an_age_without_a_unit(states_db, number):
+    before = snapshot(states_db)
+    code, out, err = cli(states_db, "purge", "--older-than", number)
+    assert (code, out) == (2, "")
+    assert_one_error(err, f"argument --older-than: {number!r} has no unit", f"{number}s", f"{number}d")
+    assert snapshot(states_db) == before
+    assert ok(states_db, "purge", "--older-than", f"{number}d") == "purged 0 completed jobs\n"
+    assert ok(states_db, "wait", "done", "--timeout", number) == ""  # elsewhere a bare number is seconds
+
+
 def test_purge_without_older_than_or_state_exits_2_naming_them(states_db):
     before = snapshot(states_db)
     code, out, err = cli(states_db, "purge")
@@ -5256,6 +5324,15 @@ def test_stats_bad_since_exits_2(db, since):
     code, out, err = cli(db, "stats", "--since", since, "--json")
     assert_argparse_error(code, err)
     assert out == ""
+
+
+@sqlite_only
+@pytest.mark.parametrize("since", ["-1h", "0", "0s", "-5"])
+def test_stats_refuses_a_negative_or_zero_window_saying_so(db, since):
+    code, out, err = cli(db, "stats", "--since", since)
+    assert (code, out) == (2, "")
+    assert_one_error(err, f"argument --since: the window must be longer than 0: {since!r}")
+    assert not os.path.exists(db)
 
 
 # ---- per-queue concurrency limits (`limit`, `queues`) --------------------------------------------
@@ -6163,6 +6240,57 @@ def test_finish_and_claim_of_a_run_no_longer_ours_writes_nothing_for_it(store):
     assert after is None and following is not None
     assert store.runs(job.id) == lost_runs  # the lost run's record is not overwritten by the late result
     assert store.get(job.id).state in ("pending", "processing")
+
+
+def test_postgres_fast_paths_leave_the_rows_of_the_statements_they_restate(pg_url, monkeypatch):
+    """PostgreSQL's fast paths restate a shared rule: a batch through COPY (SQL_COPY_JOBS, as enqueue
+    and enqueue_streamed send it) leaves the jobs rows that executemany of SQL_INSERT_JOB leaves, and a
+    completion through SQL_COMPLETE leaves the job, dependent and run rows of Store's path."""
+    store = queuectl.PostgresStore(pg_url)
+    try:
+        def batch(prefix):  # enough jobs for COPY, of every shape a row can take
+            return [spec(f"{prefix}{n}", command=HOSTILE_TEXT[n % len(HOSTILE_TEXT)],
+                         env={"K": f"v{n}"} if n % 2 else {}, priority=n % 3, queue=f"q{n % 2}",
+                         run_at=T0 + n if n % 4 == 0 else None, max_retries=n % 5, timeout=n / 10)
+                    for n in range(queuectl.PG_COPY_MIN_ROWS)]
+
+        # Every column but the key and seq (the order of insertion, which differs); the timestamps are
+        # the `now` each call is given, so they are compared too.
+        def rows(table, key, ids):
+            found = store.read(f"SELECT {key}, to_jsonb(t) - '{key}' - 'seq' FROM {table} t WHERE {key} = ANY(%s)",
+                               (list(ids),))
+            return {row[0]: row[1] for row in found}
+
+        def same(table, key, pairs):  # each pair's rows, but for the key
+            mine, theirs = rows(table, key, [a for a, _ in pairs]), rows(table, key, [b for _, b in pairs])
+            assert len(mine) == len(pairs) and [mine[a] for a, _ in pairs] == [theirs[b] for _, b in pairs], table
+
+        with monkeypatch.context() as general:
+            general.setattr(queuectl.PostgresStore, "_insert_rows", queuectl.Store._insert_rows)  # executemany
+            store.enqueue(batch("many"), T0)
+        store.enqueue(batch("copy"), T0)
+        assert store.enqueue_streamed(iter(batch("stream")), T0, lambda specs: None, lambda count: None)
+        numbers = range(queuectl.PG_COPY_MIN_ROWS)
+        same("jobs", "id", [(f"copy{n}", f"many{n}") for n in numbers] + [(f"stream{n}", f"many{n}") for n in numbers])
+
+        register(store)
+        store.enqueue([spec("fast", priority=9), spec("fast-next", depends_on=["fast"]),
+                       spec("slow", priority=9), spec("slow-next", depends_on=["slow"])], T0)
+        fast, slow = store.claim("w1", T0 + 1), store.claim("w1", T0 + 1)  # by seq: the first enqueued first
+        assert (fast.id, slow.id) == ("fast", "slow")
+        sent = []
+        pipelined = queuectl.PgPipeline.execute
+        monkeypatch.setattr(queuectl.PgPipeline, "execute", lambda self, sql, *rest: sent.append(sql) or
+                            pipelined(self, sql, *rest))
+        outcome = queuectl.Outcome(0, None, b"out\tput\n", 0.25)
+        assert store.finish_and_claim(fast, "w1", outcome, store.config_all(), T0 + 2, ("idle",))[0]
+        assert store.sql.SQL_COMPLETE in sent
+        assert queuectl.Store.finish_and_claim(store, slow, "w1", outcome, store.config_all(), T0 + 2, ("idle",))[0]
+        same("jobs", "id", [("fast", "slow"), ("fast-next", "slow-next")])
+        same("runs", "job_id", [("fast", "slow")])
+        assert store.get("fast-next").next_run_at == T0 + 2  # released: both paths did something to compare
+    finally:
+        store.close()
 
 
 def test_a_failed_statement_in_a_pipelined_result_leaves_nothing_and_the_store_works(pg_url, monkeypatch):
@@ -8650,6 +8778,14 @@ def test_worker_default_log_lines_keep_their_text_format(db, workers):
     assert any(re.fullmatch(r"job bad failed \(exit code 3\); retry 2 in \d+s", m) for m in messages), messages
 
 
+def test_worker_log_names_its_database_by_its_absolute_path(tmp_path, monkeypatch):
+    monkeypatch.delenv("QUEUECTL_DB", raising=False)
+    ok(str(tmp_path / "q.db"), "enqueue", '{"command": "true"}')
+    result = subprocess.run([sys.executable, QUEUECTL, "--db", "q.db", "worker", "start", "--burst"], cwd=tmp_path,
+                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=WAIT_S, env=child_env())
+    assert result.returncode == 0 and f", db {tmp_path / 'q.db'}\n" in result.stderr, result.stderr
+
+
 def test_worker_quiet_logs_only_starts_stops_failures_and_deaths(db, workers):
     log_text = run_log_demo(db, workers, "--quiet")
     messages = [TEXT_LOG_LINE.match(line)[1] for line in log_text.splitlines()]
@@ -9298,6 +9434,19 @@ def add_truncated_run(store, job_id, kept, total):
     done = queuectl.Outcome(0, None, b"y\n" * (kept // 2), 0.5)
     done.output_bytes = total
     store.finish(job, "dash-worker", done, store.config_all(), now + 0.5)
+
+
+def test_dashboard_of_a_queue_not_made_yet_shows_it_empty_and_creates_nothing(db, tmp_path):
+    if is_pg(db):
+        assert not pg_schema_exists(db)
+    server = DashboardUnderTest(db)
+    try:
+        assert server.get("/api/status")["jobs"]["pending"] == 0 and server.get("/api/jobs") == []
+        assert not (pg_schema_exists(db) if is_pg(db) else os.listdir(tmp_path))
+        enqueue(db, id="later", command="true")
+        assert server.get("/api/status")["jobs"]["pending"] == 1
+    finally:
+        server.close()
 
 
 def test_dashboard_refuses_every_request_without_the_right_token(dashboard):
@@ -10205,17 +10354,99 @@ def test_a_command_builds_only_its_own_parser(db, monkeypatch):
                      "queuectl config list"]
 
 
-def test_the_help_still_lists_every_command_and_each_has_its_own(tmp_path):
+COMMAND_NAMES = ["enqueue", "add", "cancel", "delete", "purge", "wait", "status", "list", "show", "logs", "stats",
+                 "metrics", "pause", "resume", "limit", "queues", "dashboard", "worker", "dlq", "config", "schedule",
+                 "help"]
+
+
+def test_the_help_lists_every_command_once_and_each_has_its_own(tmp_path):
     code, out, _ = run_main(["--help"])
     assert code == 0
-    names = ["enqueue", "add", "cancel", "delete", "purge", "wait", "status", "list", "show", "logs", "stats",
-             "metrics", "pause", "resume", "limit", "queues", "dashboard", "worker", "dlq", "config", "schedule"]
-    assert all(re.search(rf"^    {name}\b", out, re.M) for name in names), out
-    for name in names:
+    commands = out.split("\ncommands:\n")[1].split("\n\n")[0]
+    assert "positional arguments" not in out  # argparse's own list of the commands: they would show twice
+    names = [line.strip().split("  ")[0] for line in commands.splitlines() if re.match(r"  [a-z]", line)]
+    listed = [part.split()[0] for name in names for part in name.split(", ")]  # `status, list, …`, `dlq list|retry`
+    assert sorted(listed) == sorted(COMMAND_NAMES), commands
+    for name in COMMAND_NAMES:
         code, out, _ = run_main([name, "--help"])
         assert code == 0 and out.startswith(f"usage: queuectl {name} "), (name, out)
     code, _, err = run_main(["nope"])
     assert code == 2 and "invalid choice: 'nope' (choose from 'enqueue', 'add'," in err
+
+
+@pytest.mark.parametrize("argv, nearest", [(["stauts"], "status"), (["enque", "{}"], "enqueue"),
+                                           (["Status"], "status"), (["worker", "strat"], "start"),
+                                           (["schedule", "lsit"], "list"), (["purge", "--state", "ded"], "dead")])
+def test_a_mistyped_command_or_choice_gets_the_nearest_one(tmp_path, argv, nearest):
+    code, out, err = run_main(["--db", str(tmp_path / "q.db"), *argv])
+    assert (code, out) == (2, "")
+    assert_one_error(err, f"invalid choice: {argv[-1] if argv[0] != 'enque' else 'enque'!r} (did you mean {nearest!r}?)")
+    assert os.listdir(tmp_path) == []
+
+
+def test_help_command_prints_a_commands_help(tmp_path):
+    assert run_main(["help"]) == run_main(["--help"])
+    assert run_main(["help", "worker"]) == run_main(["worker", "--help"])
+    code, out, err = run_main(["help", "worker", "start"])
+    assert code == 0 and out.startswith("usage: queuectl worker start ") and "--burst" in out, err
+    code, out, err = run_main(["help", "stauts"])
+    assert (code, out) == (2, "")
+    assert_one_error(err, "(did you mean 'status'?)")
+
+
+def test_bare_queuectl_prints_an_overview_on_stdout_and_exits_1_as_git_does(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_main([])
+    assert (code, err) == (1, "")
+    assert out.startswith("usage: queuectl ") and "\ncommands:\n" in out and "positional arguments" not in out
+    example = out.split("\nexample:\n")[1].splitlines()
+    assert len(example) == 3 and all(line.startswith("  queuectl ") for line in example), out
+    assert all(name in out for name in COMMAND_NAMES)
+    assert os.listdir(tmp_path) == []
+
+
+def test_db_and_json_go_before_or_after_the_command_and_the_later_one_wins(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("QUEUECTL_DB", raising=False)
+    assert run_main(["enqueue", '{"id": "x", "command": "true"}', "--db", "a.db"]) == (0, "x\n", "")
+    for argv in (["status", "--db", "a.db", "--json"], ["--db", "a.db", "status", "--json"],
+                 ["--json", "--db", "a.db", "status"], ["--json", "status", "--db", "a.db"],
+                 ["--db", "b.db", "status", "--db", "a.db", "--json"]):
+        code, out, err = run_main(argv)
+        assert (code, err) == (0, "") and json.loads(out)["jobs"]["pending"] == 1, argv
+    code, out, err = run_main(["--db", "a.db", "worker", "list", "--db", "b.db", "--json"])  # b.db: later
+    assert (code, out) == (0, "[]\n") and err.startswith("queuectl: note: no queue at "), err
+    code, out, err = run_main(["--json", "--db", "a.db", "pause"])
+    assert (code, out) == (2, "")
+    assert_one_error(err, "pause has no --json")
+    assert sorted(os.listdir(tmp_path)) == ["a.db"] and json.loads(run_main(["--db", "a.db", "status", "--json"])[1])["paused"] == []
+
+
+LEAF_COMMANDS = [[name] for name in COMMAND_NAMES if name not in ("worker", "dlq", "config", "schedule", "help")] + [
+    ["worker", "start"], ["worker", "stop"], ["worker", "list"], ["dlq", "list"], ["dlq", "retry"], ["config", "set"],
+    ["config", "get"], ["config", "list"], ["schedule", "add"], ["schedule", "list"], ["schedule", "next"],
+    ["schedule", "pause"], ["schedule", "resume"], ["schedule", "remove"]]
+
+
+@pytest.mark.parametrize("argv", LEAF_COMMANDS, ids=" ".join)
+def test_every_option_of_every_command_has_a_help_text(argv):
+    code, out, _ = run_main([*argv, "--help"])
+    assert code == 0
+    options = out.split("\noptions:\n")[1].split("\n\n")[0].splitlines()
+    for n, line in enumerate(options):
+        # An option's line: its help follows after two blanks, or on the next line, indented further.
+        if line.startswith("  -") and "  " not in line.strip():
+            following = options[n + 1] if n + 1 < len(options) else ""
+            assert following.startswith(" " * 6) and not following.strip().startswith("-"), (argv, line)
+
+
+def test_enqueue_and_schedule_add_help_list_the_json_fields_with_their_defaults():
+    out = run_main(["enqueue", "--help"])[1].split("JSON fields (default):\n")[1]
+    assert [line.split()[0] for line in out.splitlines()] == sorted(queuectl.JOB_FIELDS, key=out.index)
+    assert re.search(r"^  max_retries +config max-retries \(3\)", out, re.M) and re.search(r"^  queue +default$", out, re.M)
+    out = run_main(["schedule", "add", "--help"])[1].split("JSON fields (default):\n")[1]
+    assert all(re.search(rf"^  {field} ", out, re.M) for field in queuectl.SCHEDULE_FIELDS)
+    assert ", ".join(queuectl.TEMPLATE_FIELDS) in out and re.search(r"^  overlap +skip", out, re.M)
 
 
 def test_options_of_a_lazily_built_command_still_parse_and_fail_as_before(db):
@@ -10226,6 +10457,25 @@ def test_options_of_a_lazily_built_command_still_parse_and_fail_as_before(db):
 
 
 # ---- enqueue and add -----------------------------------------------------------------------------
+
+@sqlite_only
+@pytest.mark.parametrize("text, hint", [("echo hi", "queuectl add -- echo hi"),
+                                        ("make && make install", "queuectl add -- 'make && make install'")])
+def test_enqueue_of_a_command_line_points_to_add(db, text, hint):
+    code, out, err = cli(db, "enqueue", text)
+    assert (code, out) == (2, "")
+    assert_one_error(err, "invalid JSON", f"(to enqueue a command line: {hint})")
+    assert list_ids(db) == []
+
+
+@sqlite_only
+@pytest.mark.parametrize("text", ['{"command": ', '["echo hi"', '"echo hi'])
+def test_enqueue_of_broken_json_gets_no_hint_to_add(db, text):
+    code, out, err = cli(db, "enqueue", text)
+    assert (code, out) == (2, "")
+    assert_one_error(err, "invalid JSON")
+    assert "queuectl add" not in err
+
 
 def test_enqueue_prints_the_id(db):
     code, out, err = cli(db, "enqueue", '{"id": "job-1", "command": "echo hi"}')
@@ -10783,6 +11033,17 @@ def test_list_state_filter(ran_db):
 
 
 @sqlite_only
+@pytest.mark.parametrize("args, message", [(("list", "--limit", "-1"), "argument --limit: value '-1' must be an "
+                                            "integer, 0 or more"),
+                                           (("logs", "x", "--run", "0"), "argument --run: value '0' must be an "
+                                            "integer, 1 or more")])
+def test_list_and_logs_name_a_range_without_an_upper_bound_as_readable(db, args, message):
+    code, out, err = cli(db, *args)
+    assert (code, out) == (2, "")
+    assert_one_error(err, message)
+
+
+@sqlite_only
 def test_list_unknown_state_lists_the_valid_ones(ran_db):
     code, out, err = cli(ran_db, "list", "--state", "bogus")
     assert (code, out) == (2, "")
@@ -10847,6 +11108,19 @@ def test_status_watch_redraws_until_ctrl_c(db, workers, tmp_path):
     assert "\x1b[2J" not in text  # redrawn in place, not cleared (no flicker)
     stderr = watch.stderr.read().decode()
     assert "Traceback" not in stderr and "error" not in stderr, stderr
+
+
+def test_status_watch_started_before_the_queue_exists_shows_it_once_it_does(db, workers, tmp_path):
+    out_path = tmp_path / "watch.out"
+    with open(out_path, "wb") as out:
+        watch = workers.spawn("status", "--watch", "--json", stdout=out)
+    wait_for(lambda: out_path.read_bytes().count(b"\n") >= 1, "a first frame")
+    assert json.loads(out_path.read_text().splitlines()[0])["jobs"]["pending"] == 0
+    enqueue(db, id="w1", command="true")
+    wait_for(lambda: '"pending": 1' in out_path.read_text(), "a frame with the job enqueued after the start")
+    watch.send_signal(signal.SIGINT)
+    assert watch.wait(timeout=WAIT_S) == 130
+    assert watch.stderr.read().decode().startswith("queuectl: note: no queue at ")
 
 
 def test_status_watch_json_prints_one_json_object_a_line(db, capsys):
@@ -11020,6 +11294,17 @@ def test_bulk_commands_want_ids_or_all(seeded_db, args):
     assert snapshot(seeded_db) == before
 
 
+@sqlite_only
+@pytest.mark.parametrize("command", [("cancel",), ("dlq", "retry"), ("wait",)])
+def test_queue_without_all_says_queue_needs_all(seeded_db, command):
+    before = snapshot(seeded_db)
+    code, out, err = cli(seeded_db, *command, "--queue", "default")
+    assert (code, out) == (2, "")
+    name = " ".join(command)
+    assert_one_error(err, f"{name}: --queue needs --all (`{name} --all --queue default`)")
+    assert snapshot(seeded_db) == before
+
+
 def test_postgres_dlq_retry_all_skips_what_another_command_revived_or_purged_meanwhile(pg_url):
     def retry_c_and_purge_b(other):
         other.execute("UPDATE jobs SET state = 'pending' WHERE id = 'c'")
@@ -11134,6 +11419,9 @@ def test_enqueue_then_wait_in_a_shell_script(db, workers, tmp_path, job, expecte
 
 
 def test_wait_all_on_a_queue_with_nothing_unfinished_exits_0_at_once(db):
+    code, out, err = cli(db, "wait", "--all")  # no queue yet: as an empty one, with a note
+    assert (code, out) == (0, "") and err.startswith("queuectl: note: no queue at "), err
+    ok(db, "config", "set", "max-retries", "3")
     assert cli(db, "wait", "--all") == (0, "", "")
     enqueue(db, id="old", command="true")
     ok(db, "cancel", "old")  # dead before the wait started: not one of the jobs it answers for
