@@ -8844,6 +8844,56 @@ def test_a_quiet_worker_builds_nothing_for_the_lines_it_does_not_write(store, mo
                                         "duration_s": 0.01}
 
 
+def test_routine_lines_written_past_logging_are_the_bytes_logging_writes(monkeypatch):
+    """The text format writes a job's claimed and completed lines without a log record (RoutineLines):
+    byte for byte what its handler writes for a record of the same message, time and process, escapes
+    included, and through the handler's stream, so the two kinds never interleave."""
+    import logging
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(queuectl.TextLines(logging.Formatter()))
+    monkeypatch.setattr(queuectl.time, "time", lambda: T0 + 0.2168)
+    message = f"job {TERMINAL_HOSTILE} claimed (attempt 1): x"
+    queuectl.RoutineLines(handler).write(message)
+    handler.emit(logging.makeLogRecord({"msg": message, "created": T0 + 0.2168, "process": os.getpid()}))
+    direct, logged = stream.getvalue().splitlines(keepends=True)
+    assert direct == logged == f"2027-01-15T08:00:00.216Z queuectl[{os.getpid()}]: job {TERMINAL_SHOWN} claimed (attempt 1): x\n"
+
+
+def test_routine_lines_a_stream_refuses_go_through_loggings_error_handling(monkeypatch, capsys):
+    import logging
+
+    class Full(io.StringIO):
+        def write(self, text):
+            raise OSError(28, "No space left on device")
+    handler = logging.StreamHandler(Full())
+    handler.setFormatter(queuectl.TextLines(logging.Formatter()))
+    seen = []
+    monkeypatch.setattr(queuectl.log, "info", lambda *args, **kwargs: seen.append(args))
+    queuectl.RoutineLines(handler).write("job a completed in 0.01s")  # no exception reaches the runner
+    assert seen == [("%s", "job a completed in 0.01s")]
+
+
+def test_routine_lines_skip_logging_only_where_its_handler_is_the_only_one(monkeypatch):
+    """configure_logging writes the routine lines itself only where logging would write them through the
+    one handler it installed: not with --log-format json, nor where logging was set up before (pytest's
+    capture, a program that calls main()), whose handlers must see every record."""
+    import argparse
+    import logging
+    root = logging.getLogger()
+    monkeypatch.setattr(queuectl.log, "lines", None)
+    monkeypatch.setattr(root, "level", root.level)
+    monkeypatch.setattr(root, "handlers", [logging.NullHandler()])  # set up before, as pytest's capture is
+    queuectl.configure_logging(argparse.Namespace(quiet=False, log_format="text"))
+    assert queuectl.log.lines is None
+    root.handlers = []
+    queuectl.configure_logging(argparse.Namespace(quiet=False, log_format="text"))
+    assert isinstance(queuectl.log.lines, queuectl.RoutineLines) and root.handlers == [queuectl.log.lines.handler]
+    root.handlers = []
+    queuectl.configure_logging(argparse.Namespace(quiet=False, log_format="json"))
+    assert queuectl.log.lines is None
+
+
 def test_json_log_lines_carry_tracebacks_and_other_libraries_lines_on_one_line():
     import logging
     try:
