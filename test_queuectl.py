@@ -12390,7 +12390,7 @@ def test_bench_a_figure_that_was_not_measured_is_never_a_pass(bench):
     assert bench.verdict("memory_rss", 30.0, why="the worker exited before /proc could be read") == bench.NOT_MEASURED
     # Rates, durations and ratios of zero are failed readings too; only latencies from enqueue exit
     # (a job can start before its enqueue exits) and idle costs are measured at zero or below.
-    for key in ("drain_ratio", "batch_rate", "scale_status", "scale_pickup_p50_ratio"):
+    for key in ("tsp_ratio", "cpu_ratio", "batch_rate", "scale_status", "scale_pickup_p50_ratio"):
         assert bench.verdict(key, 0.0) == bench.NOT_MEASURED, key
     assert bench.verdict("pickup_p50", -3.9) == "pass"
     assert bench.verdict("idle_pct", 0.0) == "pass"
@@ -12401,6 +12401,18 @@ def test_bench_a_figure_that_was_not_measured_is_never_a_pass(bench):
     assert bench.ratio(1.0, None) is None and bench.ratio(None, 2.0) is None and bench.ratio(1.0, 0.0) is None
 
 
+def test_bench_cpu_ratio_is_the_workers_cpu_less_its_idle_cpu_against_the_loops(bench, tmp_path):
+    b = bench.Bench({"seed": 1}, str(tmp_path))
+    b.raw["drain"] = {}
+    drains = [{"self_cpu_s": 0.9, "idle_cpu_s": 0.1}, {"self_cpu_s": 1.3, "idle_cpu_s": 0.3}]
+    bench.cpu_figure(b, drains, [0.2, 0.25], 1000)  # 0.8 / 0.2 and 1.0 / 0.25 ms a job
+    [figure] = b.results
+    assert (figure["key"], figure["value"], figure["verdict"]) == ("cpu_ratio", 4.0, "fail")
+    assert "worker 0.900 ms, loop 0.225 ms a job" in figure["detail"]
+    bench.cpu_figure(b, [{"self_cpu_s": None, "idle_cpu_s": 0.1}], [0.2], 1000)  # a worker gone before /proc was read
+    assert b.results[-1]["value"] is None and b.results[-1]["verdict"] == bench.NOT_MEASURED
+
+
 def test_bench_report_shows_unmeasured_figures_and_tiny_mode_gives_no_verdict(bench, tmp_path):
     meta = {"date": "2026-01-01 00:00 UTC", "queuectl": "test", "cores": 2, "cpu": "", "disk": "", "python": "3",
             "sqlite": "3", "other_load": "unknown", "mode": "full", "params": {}}
@@ -12408,7 +12420,7 @@ def test_bench_report_shows_unmeasured_figures_and_tiny_mode_gives_no_verdict(be
         b = bench.Bench({"seed": 1}, str(tmp_path), verdicts=verdicts)
         b.add("memory_rss", "peak RSS", 0.0, "MB")
         b.add("idle_pct", "idle", 0.5, "%")
-        b.add("drain_ratio", "drain ratio", 0.5, "x")
+        b.add("tsp_ratio", "drain / task-spooler", 0.5, "x")
         b.add("batch_rate", "batch", None, "jobs/s", why="`enqueue -` missing")
         report = bench.render({**meta, "verdicts": verdicts}, b.results, [])
         rss = next(line for line in report.splitlines() if line.startswith("| peak RSS"))
