@@ -141,12 +141,21 @@ class _Log:
     # `worker start --quiet`: the routine lines of each job (claimed, completed) are not written.
     # Those call sites test this first, so a quiet worker pays neither for the line nor for its arguments.
     quiet = False
+    lines: "RoutineLines | None" = None  # the text format's way around logging for those lines (see routine)
 
     def __getattr__(self, name: str):
         import logging
         method = getattr(logging.getLogger("queuectl"), name)
         setattr(self, name, method)  # later calls find it at once (the logger object never changes)
         return method
+
+    def routine(self, message: str, args: tuple, extra: "Callable[[], dict]") -> None:
+        """A job's routine line (claimed, completed) at INFO, `extra()` its event. A worker's text format
+        writes it through RoutineLines: the same bytes, without logging's record, on every job's path."""
+        if self.lines is None:
+            self.info(message, *args, extra=extra())
+        else:
+            self.lines.write(message % args)
 
 
 log = _Log()
@@ -5419,8 +5428,8 @@ class Runner:
     def _run(self, job: Job, registration: int) -> Outcome:
         if not log.quiet:
             self.claim_may_log(job.id)
-            log.info("job %s claimed (attempt %d): %s", job.id, job.attempts + 1, _short(job.command),
-                     extra=event("job_claimed", job_id=job.id, attempt=job.attempts + 1, command=job.command))
+            log.routine("job %s claimed (attempt %d): %s", (job.id, job.attempts + 1, _short(job.command)),
+                        lambda: event("job_claimed", job_id=job.id, attempt=job.attempts + 1, command=job.command))
         env = {"QUEUECTL_JOB_ID": job.id, "QUEUECTL_ATTEMPT": str(job.attempts + 1),
                "QUEUECTL_RUN": run_token(job, self.worker_id)}
         try:
@@ -5527,8 +5536,8 @@ def _log_result(job: Job, after: Job | None, outcome: Outcome) -> None:
                     extra=_run_event("result_discarded", job, outcome))
     elif after.state == COMPLETED:
         if not log.quiet:  # the hot path: a quiet worker builds nothing for it
-            log.info("job %s completed in %.2fs", job.id, outcome.duration_s,
-                     extra=_run_event("job_completed", job, outcome))
+            log.routine("job %s completed in %.2fs", (job.id, outcome.duration_s),
+                        lambda: _run_event("job_completed", job, outcome))
     elif after.state == FAILED:
         retry_in_s = max(0.0, after.next_run_at - time.time())
         log.info("job %s failed (%s); retry %d in %.0fs", job.id, outcome.error, after.attempts + 1, retry_in_s,
@@ -9204,6 +9213,10 @@ def configure_logging(args) -> None:
     as_json = getattr(args, "log_format", "text") == "json"
     handler.setFormatter(JsonLines() if as_json else TextLines(logging.Formatter()))
     logging.basicConfig(handlers=[handler], level=logging.INFO)
+    # Past logging only where it would write the line through this handler alone: not where logging was
+    # set up before (a program calling main(), pytest), whose handlers must see every record.
+    alone = not as_json and logging.getLogger().handlers == [handler]
+    log.lines = RoutineLines(handler) if alone else None
 
 
 class TextLines:
@@ -9215,11 +9228,33 @@ class TextLines:
         self.plain = plain  # a logging.Formatter: its traceback text
 
     def format(self, record) -> str:
-        line = f"{iso(record.created)} queuectl[{record.process}]: {printable(record.getMessage())}"
+        line = self.line(record.created, record.process, record.getMessage())
         if record.exc_info:
             trace = self.plain.formatException(record.exc_info)
             line += "\n" + "\n".join(printable(part) for part in trace.split("\n"))
         return line
+
+    @staticmethod
+    def line(created: float, pid: int, message: str) -> str:
+        return f"{iso(created)} queuectl[{pid}]: {printable(message)}"
+
+
+class RoutineLines:
+    """Writes a job's routine lines (see _Log.routine) as `handler`, whose formatter is TextLines, would:
+    TextLines.line, then the handler's own write and flush under its lock, so lines never interleave.
+    A write that fails is handed to logging, which reports it as it reports any other line's."""
+
+    def __init__(self, handler):
+        self.handler = handler
+
+    def write(self, message: str) -> None:
+        line = TextLines.line(time.time(), os.getpid(), message) + "\n"
+        try:
+            with self.handler.lock:
+                self.handler.stream.write(line)
+                self.handler.flush()
+        except Exception:  # noqa: BLE001 - logging's own handling, as for every other line
+            log.info("%s", message)
 
 
 class JsonLines:

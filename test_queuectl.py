@@ -8990,6 +8990,56 @@ def test_a_quiet_worker_builds_nothing_for_the_lines_it_does_not_write(store, mo
                                         "duration_s": 0.01}
 
 
+def test_routine_lines_written_past_logging_are_the_bytes_logging_writes(monkeypatch):
+    """The text format writes a job's claimed and completed lines without a log record (RoutineLines):
+    byte for byte what its handler writes for a record of the same message, time and process, escapes
+    included, and through the handler's stream, so the two kinds never interleave."""
+    import logging
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(queuectl.TextLines(logging.Formatter()))
+    monkeypatch.setattr(queuectl.time, "time", lambda: T0 + 0.2168)
+    message = f"job {TERMINAL_HOSTILE} claimed (attempt 1): x"
+    queuectl.RoutineLines(handler).write(message)
+    handler.emit(logging.makeLogRecord({"msg": message, "created": T0 + 0.2168, "process": os.getpid()}))
+    direct, logged = stream.getvalue().splitlines(keepends=True)
+    assert direct == logged == f"2027-01-15T08:00:00.216Z queuectl[{os.getpid()}]: job {TERMINAL_SHOWN} claimed (attempt 1): x\n"
+
+
+def test_routine_lines_a_stream_refuses_go_through_loggings_error_handling(monkeypatch, capsys):
+    import logging
+
+    class Full(io.StringIO):
+        def write(self, text):
+            raise OSError(28, "No space left on device")
+    handler = logging.StreamHandler(Full())
+    handler.setFormatter(queuectl.TextLines(logging.Formatter()))
+    seen = []
+    monkeypatch.setattr(queuectl.log, "info", lambda *args, **kwargs: seen.append(args))
+    queuectl.RoutineLines(handler).write("job a completed in 0.01s")  # no exception reaches the runner
+    assert seen == [("%s", "job a completed in 0.01s")]
+
+
+def test_routine_lines_skip_logging_only_where_its_handler_is_the_only_one(monkeypatch):
+    """configure_logging writes the routine lines itself only where logging would write them through the
+    one handler it installed: not with --log-format json, nor where logging was set up before (pytest's
+    capture, a program that calls main()), whose handlers must see every record."""
+    import argparse
+    import logging
+    root = logging.getLogger()
+    monkeypatch.setattr(queuectl.log, "lines", None)
+    monkeypatch.setattr(root, "level", root.level)
+    monkeypatch.setattr(root, "handlers", [logging.NullHandler()])  # set up before, as pytest's capture is
+    queuectl.configure_logging(argparse.Namespace(quiet=False, log_format="text"))
+    assert queuectl.log.lines is None
+    root.handlers = []
+    queuectl.configure_logging(argparse.Namespace(quiet=False, log_format="text"))
+    assert isinstance(queuectl.log.lines, queuectl.RoutineLines) and root.handlers == [queuectl.log.lines.handler]
+    root.handlers = []
+    queuectl.configure_logging(argparse.Namespace(quiet=False, log_format="json"))
+    assert queuectl.log.lines is None
+
+
 def test_json_log_lines_carry_tracebacks_and_other_libraries_lines_on_one_line():
     import logging
     try:
@@ -12552,7 +12602,7 @@ def test_bench_a_figure_that_was_not_measured_is_never_a_pass(bench):
     assert bench.verdict("memory_rss", 30.0, why="the worker exited before /proc could be read") == bench.NOT_MEASURED
     # Rates, durations and ratios of zero are failed readings too; only latencies from enqueue exit
     # (a job can start before its enqueue exits) and idle costs are measured at zero or below.
-    for key in ("drain_ratio", "batch_rate", "scale_status", "scale_pickup_p50_ratio"):
+    for key in ("tsp_ratio", "cpu_ratio", "batch_rate", "scale_status", "scale_pickup_p50_ratio"):
         assert bench.verdict(key, 0.0) == bench.NOT_MEASURED, key
     assert bench.verdict("pickup_p50", -3.9) == "pass"
     assert bench.verdict("idle_pct", 0.0) == "pass"
@@ -12563,6 +12613,18 @@ def test_bench_a_figure_that_was_not_measured_is_never_a_pass(bench):
     assert bench.ratio(1.0, None) is None and bench.ratio(None, 2.0) is None and bench.ratio(1.0, 0.0) is None
 
 
+def test_bench_cpu_ratio_is_the_workers_cpu_less_its_idle_cpu_against_the_loops(bench, tmp_path):
+    b = bench.Bench({"seed": 1}, str(tmp_path))
+    b.raw["drain"] = {}
+    drains = [{"self_cpu_s": 0.9, "idle_cpu_s": 0.1}, {"self_cpu_s": 1.3, "idle_cpu_s": 0.3}]
+    bench.cpu_figure(b, drains, [0.2, 0.25], 1000)  # 0.8 / 0.2 and 1.0 / 0.25 ms a job
+    [figure] = b.results
+    assert (figure["key"], figure["value"], figure["verdict"]) == ("cpu_ratio", 4.0, "fail")
+    assert "worker 0.900 ms, loop 0.225 ms a job" in figure["detail"]
+    bench.cpu_figure(b, [{"self_cpu_s": None, "idle_cpu_s": 0.1}], [0.2], 1000)  # a worker gone before /proc was read
+    assert b.results[-1]["value"] is None and b.results[-1]["verdict"] == bench.NOT_MEASURED
+
+
 def test_bench_report_shows_unmeasured_figures_and_tiny_mode_gives_no_verdict(bench, tmp_path):
     meta = {"date": "2026-01-01 00:00 UTC", "queuectl": "test", "cores": 2, "cpu": "", "disk": "", "python": "3",
             "sqlite": "3", "other_load": "unknown", "mode": "full", "params": {}}
@@ -12570,7 +12632,7 @@ def test_bench_report_shows_unmeasured_figures_and_tiny_mode_gives_no_verdict(be
         b = bench.Bench({"seed": 1}, str(tmp_path), verdicts=verdicts)
         b.add("memory_rss", "peak RSS", 0.0, "MB")
         b.add("idle_pct", "idle", 0.5, "%")
-        b.add("drain_ratio", "drain ratio", 0.5, "x")
+        b.add("tsp_ratio", "drain / task-spooler", 0.5, "x")
         b.add("batch_rate", "batch", None, "jobs/s", why="`enqueue -` missing")
         report = bench.render({**meta, "verdicts": verdicts}, b.results, [])
         rss = next(line for line in report.splitlines() if line.startswith("| peak RSS"))
