@@ -2965,8 +2965,8 @@ class SqliteStore(Store):
 
     def due_now(self, now: float, queues: tuple = ()) -> bool:
         """True if a claim now may find work: the poller's cheap check (a few index seeks)."""
-        # Staged before ready, in two reads: a job leaves staged only for ready (a claim's promotion), so one
-        # promoted between them is seen by the second; read the other way round, it would be seen by neither.
+        # Two reads, staged before ready: a staged job that a claim promotes (makes ready) between them is seen
+        # by the second; read the other way round, it would be seen by neither.
         return bool(self.read(self.sql.SQL_ANY_STAGED, {"now": now})) or self._next_due(now, queues)
 
     def burst_done(self, now: float, queues: tuple = ()) -> bool:
