@@ -2976,7 +2976,9 @@ class SqliteStore(Store):
 
     def due_now(self, now: float, queues: tuple = ()) -> bool:
         """True if a claim now may find work: the poller's cheap check (a few index seeks)."""
-        return self._next_due(now, queues) or bool(self.read(self.sql.SQL_ANY_STAGED, {"now": now}))
+        # Two reads, staged before ready: a staged job that a claim promotes (makes ready) between them is seen
+        # by the second; read the other way round, it would be seen by neither.
+        return bool(self.read(self.sql.SQL_ANY_STAGED, {"now": now})) or self._next_due(now, queues)
 
     def burst_done(self, now: float, queues: tuple = ()) -> bool:
         """True when nothing is processing (in these queues) and nothing is due within the burst horizon."""
@@ -2987,7 +2989,7 @@ class SqliteStore(Store):
         else:
             busy = self.read(self.sql.SQL_ANY_PROCESSING_ANY_QUEUE)
             staged = self.sql.SQL_STAGED_SOON_ANY_QUEUE
-        return not busy and not self._next_due(params["now"], queues) and not self.read(staged, params)
+        return not busy and not self.read(staged, params) and not self._next_due(params["now"], queues)  # see due_now
 
     def _next_due(self, now: float, queues: tuple) -> bool:
         """True if a claim at `now` would take a job (SQL_NEXT_DUE_*, the claim's own choice)."""

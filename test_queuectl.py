@@ -3221,6 +3221,30 @@ def test_burst_done(store):
     assert store.burst_done(T0, ("q2",))  # a paused queue's jobs do not hold a burst
 
 
+@pytest.mark.parametrize("queues", [(), ("mine",)])
+@pytest.mark.parametrize("reads_before", [1, 2, 3])
+@pytest.mark.parametrize("check", ["due_now", "burst_done"])
+def test_poll_and_burst_find_a_job_promoted_between_their_reads(sqlite_store, monkeypatch, check, reads_before, queues):
+    # SQLite's poll and burst check are several reads, each its own snapshot; another worker's claim
+    # may promote a staged job (staged -> ready) between two of them. Whichever read it follows, the
+    # job is found: a burst worker that missed it would leave it behind.
+    register(sqlite_store)
+    register(sqlite_store, "w2")
+    sqlite_store.enqueue([spec("x", queue="mine", run_at=T0 + 5)], T0)
+    read, reads = sqlite_store.read, []
+
+    def read_then_claim_elsewhere(sql, params=()):
+        rows = read(sql, params)
+        reads.append(sql)
+        if len(reads) == reads_before:
+            assert sqlite_store.claim("w2", T0 + 5, ("elsewhere",)) is None  # promotes x, takes nothing
+        return rows
+    monkeypatch.setattr(sqlite_store, "read", read_then_claim_elsewhere)
+    found = sqlite_store.due_now(T0 + 5, queues) if check == "due_now" else not sqlite_store.burst_done(T0 + 5, queues)
+    assert found
+    assert sqlite_store.get("x").state == "pending"  # nobody took it
+
+
 # ---- the database file: permissions, foreign and damaged files, read-only use --------------------
 
 def folder_state(folder):
