@@ -3478,7 +3478,7 @@ class PostgresSQL:
                   "WHERE EXISTS (SELECT 1 FROM paused WHERE queue = '*') ON CONFLICT DO NOTHING"]
     # Pauses and resumes one at a time, so a queue never ends with both its row and '!name' (each reads
     # what the other writes); and a pause waits for every claim in flight, as SQL_LOCK_LIMITS does: a
-    # claim that began before it saw no pause and would start a job after `pause` returned.
+    # claim that began before it saw no pause and would claim a job after `pause` returned.
     SQL_LOCK_PAUSED = "LOCK TABLE paused IN ACCESS EXCLUSIVE MODE"
     # A new limit waits for every claim in flight, and claims wait for it: a claim that began before the
     # limit saw none and took no lock, so a claim after it, counting only committed claims, would not
