@@ -1711,7 +1711,7 @@ class SqliteSQL:
     SQL_RESUME = ["DELETE FROM paused WHERE queue = ?",
                   "INSERT OR IGNORE INTO paused (queue) SELECT '!' || ? "
                   "WHERE EXISTS (SELECT 1 FROM paused WHERE queue = '*')"]
-    SQL_LOCK_PAUSED = None  # BEGIN IMMEDIATE already orders pauses and resumes (see PostgresSQL's)
+    SQL_LOCK_PAUSED = None  # BEGIN IMMEDIATE already orders pauses, resumes and claims (see PostgresSQL's)
     SQL_LOCK_LIMITS = None  # BEGIN IMMEDIATE already orders a limit after every claim (see PostgresSQL's)
     SQL_REQUEST_STOP = "UPDATE workers SET stop_requested = 1 WHERE id = ?"
     # The window's durations and waits, read in one pass and sorted in Python: SQLite would sort the
@@ -3490,8 +3490,9 @@ class PostgresSQL:
                   "INSERT INTO paused (queue) SELECT '!' || %s::text "
                   "WHERE EXISTS (SELECT 1 FROM paused WHERE queue = '*') ON CONFLICT DO NOTHING"]
     # Pauses and resumes one at a time, so a queue never ends with both its row and '!name' (each reads
-    # what the other writes); claims read the table under no lock and never wait for this one.
-    SQL_LOCK_PAUSED = "LOCK TABLE paused IN SHARE ROW EXCLUSIVE MODE"
+    # what the other writes); and a pause waits for every claim in flight, as SQL_LOCK_LIMITS does: a
+    # claim that began before it saw no pause and would claim a job after `pause` returned.
+    SQL_LOCK_PAUSED = "LOCK TABLE paused IN ACCESS EXCLUSIVE MODE"
     # A new limit waits for every claim in flight, and claims wait for it: a claim that began before the
     # limit saw none and took no lock, so a claim after it, counting only committed claims, would not
     # count that one. Every claim reads queue_limits, which holds off this lock until it commits.
@@ -8515,10 +8516,11 @@ class UnservedNote:
         self.store, self.progress, self.served_at, self.said = store, progress, time.monotonic(), False
 
     def check(self, jobs: list[Job]) -> None:
-        """Look again (until the note is said): the queues of the jobs that wait for a worker."""
+        """Look again (until the note is said): the queues of the unfinished jobs (a processing one too:
+        if its worker died, only a live worker of its queue takes it back)."""
         if self.said:
             return
-        queues = unserved_queues(self.store, {j.queue for j in jobs if j.state in (PENDING, FAILED)})
+        queues = unserved_queues(self.store, {j.queue for j in jobs if j.state not in (COMPLETED, DEAD)})
         if not queues:
             self.served_at = time.monotonic()
         elif time.monotonic() - self.served_at >= WAIT_NO_WORKER_S:
@@ -8799,15 +8801,19 @@ def _secs(value: float | None) -> str:
 # -- operating -----------------------------------------------------------------------------------
 
 def cmd_pause(args, store: Store) -> None:
-    unknown = list(dict.fromkeys(args.queue))
-    if unknown:  # most often a misspelt name, which would pause nothing anyone uses: said after the pause
-        known = known_queues(store)
-        unknown = [q for q in unknown if q not in known]
+    note = unnamed_queues_note(store, args.queue)  # read before the pause names them
     store.pause(args.queue or ["*"])
     print("paused " + (", ".join(args.queue) if args.queue else "all queues"))
-    if unknown:
-        print(f"queuectl: note: {unknown_queues_note(unknown, known, 'no jobs, workers or limit yet')}",
-              file=sys.stderr)
+    if note:
+        print(f"queuectl: note: {note}", file=sys.stderr)
+
+
+def unnamed_queues_note(store: Store, queues: list[str]) -> str | None:
+    """`pause`/`resume --queue`: the note on names no job, worker, limit or pause names (None if there are
+    none), most often misspelt: a pause that stops nothing, or a resume that leaves the queue meant paused."""
+    known = known_queues(store) if queues else set()
+    unknown = [q for q in dict.fromkeys(queues) if q not in known]
+    return unknown_queues_note(unknown, known, "no jobs, workers or limit yet") if unknown else None
 
 
 def known_queues(store: Store) -> set[str]:
@@ -8826,8 +8832,11 @@ def unknown_queues_note(unknown: list[str], known: set[str], lacking: str) -> st
 
 
 def cmd_resume(args, store: Store) -> None:
+    note = unnamed_queues_note(store, args.queue)
     store.resume(args.queue)
     print("resumed " + (", ".join(args.queue) if args.queue else "all queues"))
+    if note:
+        print(f"queuectl: note: {note}", file=sys.stderr)
 
 
 def check_limit(args) -> None:

@@ -4418,6 +4418,42 @@ def test_pause_lets_the_running_job_finish_and_claims_nothing_new(db, workers, t
     wait_for(lambda: state_of(db, "next") == "completed", "the job to run once resumed")
 
 
+def test_postgres_a_pause_waits_for_a_claim_in_flight_so_no_job_of_its_queue_starts_after_it(pg_url):
+    # A claim that began before `pause` committed saw no pause: had `pause` returned before that claim
+    # committed, a job of the paused queue would start after `pause` printed "paused".
+    first, second = queuectl.PostgresStore(pg_url), queuectl.PostgresStore(pg_url)
+    try:
+        register(first, "w1")
+        first.enqueue([spec("a", queue="images")], T0)
+        after = {}
+
+        def pause():
+            second.pause(["images"])
+            after["processing"] = second.counts("images")["processing"]
+        with first.conn.transaction():
+            assert first._claim_in(first.conn.cursor(), "w1", T0, ()).id == "a"
+            thread = threading.Thread(target=pause)
+            thread.start()
+            wait_for(lambda: after or _waiting_for_a_lock(first), "the pause to return or to wait")
+        thread.join(WAIT_S)
+        assert after == {"processing": 1}  # when `pause` returned, the claim had committed
+        assert second.claim("w1", T0) is None
+    finally:
+        for store in (first, second):
+            store.close()
+
+
+def test_resume_of_a_queue_nothing_names_says_so_with_the_closest_name(db):
+    enqueue(db, id="i", command="true", queue="images")
+    ok(db, "pause")
+    code, out, err = cli(db, "resume", "--queue", "imgaes")
+    assert (code, out) == (0, "resumed imgaes\n")  # a typo would leave 'images' paused, with no word
+    assert err == "queuectl: note: queue 'imgaes' has no jobs, workers or limit yet (did you mean 'images'?)\n"
+    assert cli(db, "resume", "--queue", "images")[2] == ""
+    assert json.loads(ok(db, "status", "--json"))["paused_except"] == ["images", "imgaes"]
+    assert cli(db, "resume")[2] == ""
+
+
 def test_enqueue_and_add_into_a_paused_queue_say_so_on_stderr(db):
     ok(db, "pause", "--queue", "night")
     code, out, err = cli(db, "enqueue", '{"id": "n", "command": "true", "queue": "night"}')
@@ -11675,6 +11711,19 @@ def test_wait_says_once_when_no_live_worker_serves_the_queue_and_keeps_waiting(d
     code, out, err = cli(db, "wait", "later", "--timeout", "1")
     assert code == 1
     assert_one_error(err, "timed out waiting for later")  # a worker serves it: nothing more to say
+
+
+def test_wait_says_so_when_the_worker_running_the_job_died_and_no_live_worker_serves_its_queue(db, monkeypatch):
+    # Only a live worker of its queue takes a dead worker's job back: until one starts it stays processing.
+    monkeypatch.setattr(queuectl, "WAIT_NO_WORKER_S", 0.2)  # the wait's --timeout is its deadline
+    with opened(db) as s:
+        register(s, "gone", now=s.now() - 3600)  # on another host, silent for an hour: dead
+        s.enqueue([spec("j")], s.now())
+        assert s.claim("gone", s.now()).id == "j"
+    code, out, err = cli(db, "wait", "j", "--timeout", "1")
+    assert (code, out) == (1, "")
+    assert err.splitlines()[:1] == [
+        "queuectl: note: no live worker serves queue 'default': start one with queuectl worker start"]
 
 
 def test_wait_blocks_until_the_worker_finishes_the_jobs(db, workers, tmp_path):
