@@ -3880,7 +3880,8 @@ class PostgresStore(Store):
         that reads a relation of the schema may run before it); then a schema with queuectl's version
         table is ours, and one up to date needs no more (the identity check costs two more round trips)."""
         try:
-            if not any(table == "queuectl_version" for table, *_ in self._owners(self.conn, not self.reads_only)):
+            owners = self._owners(self.conn, not self.reads_only)
+            if not any(table == "queuectl_version" for table, *_ in owners):
                 version = self._version(self.conn)  # no schema, or not ours: see _version
             elif (version := self.conn.execute(self.sql.SQL_VERSION).fetchone()[0]) > SCHEMA_VERSION:
                 raise self._too_new(version)
@@ -3890,7 +3891,20 @@ class PostgresStore(Store):
             raise self._failure(e) from None
         if self.reads_only and version == 0:  # a reader never creates the schema nor fills an empty one
             raise NoQueue(f"no queue at {self.path} yet")
+        if self.reads_only:
+            self._check_upgradable(owners, version)
         self.write(self._apply_migrations)
+
+    def _check_upgradable(self, owners: list[tuple], version: int) -> None:
+        """A reader whose role cannot upgrade the schema (it is another role's) is told who can, as a reader
+        of a read-only SQLite file is, rather than warned off that role's schema as if it were to write there."""
+        others = [(owner, user) for _, _, owner, ours, user, *_ in owners if not ours]
+        if others:
+            owner, user = others[0]
+            raise BadDatabase(f"cannot read {self.path}: it needs a schema upgrade (version {version} to "
+                              f"{SCHEMA_VERSION}) and {user} may not make it; its owner ({owner}), or a member of "
+                              "that role, upgrades it by running any queuectl command that writes (such as enqueue "
+                              "or config set)")
 
     def _owners(self, cur, writes: bool) -> list[tuple]:
         """SQL_OWNERS' rows; BadDatabase if one of our names is not a plain table of PostgreSQL's types (a

@@ -3843,6 +3843,24 @@ def test_an_upgrade_is_refused_while_workers_of_the_older_schema_are_alive_and_c
         assert s.schema_version() == queuectl.SCHEMA_VERSION
 
 
+def test_postgres_a_role_that_may_only_read_an_older_schema_is_told_its_owner_upgrades_it(pg_roles, monkeypatch):
+    """As a read-only file needing an upgrade: the reader is told who can upgrade it, not warned off the owner's
+    schema as if it were about to write there, and nothing is changed."""
+    team, carol = pg_roles.make("team", "LOGIN"), pg_roles.make("carol", "LOGIN")
+    schema = f"{pg_roles.prefix}_q"
+    pg_roles.sql(f"CREATE SCHEMA {schema} AUTHORIZATION {team}")
+    with previous_schema(monkeypatch), opened(pg_roles.url(team, schema)) as s:
+        s.enqueue([spec("old")], s.now())
+    pg_roles.sql(f"GRANT USAGE ON SCHEMA {schema} TO {carol}", f"GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {carol}")
+    for args in (("status",), ("list", "--json")):
+        code, out, err = cli(pg_roles.url(carol, schema), *args)
+        assert (code, out) == (1, ""), args
+        assert_one_error(err, "schema upgrade (version 4 to", f"owner ({team})", "any queuectl command that writes")
+    with opened(pg_roles.url(team, schema)) as s:  # its owner upgrades it, and then carol reads it
+        assert s.read("SELECT version FROM queuectl_version")[0][0] == queuectl.SCHEMA_VERSION
+    assert [j["id"] for j in json.loads(ok(pg_roles.url(carol, schema), "list", "--json"))] == ["old"]
+
+
 def test_after_an_upgrade_an_older_worker_cannot_register(db, monkeypatch):
     """A worker of the previous queuectl that opened the database just before the upgrade, and registers just
     after it, is refused: it would claim by the older schema's rules."""
