@@ -780,7 +780,8 @@ def parse_number(value: object, what: str, low: float, high: float, *, integer: 
     else:
         raise UsageError(f"{where}not {kind}: {shown(value)}")
     if not low <= number <= high or math.isinf(number):  # also refuses NaN
-        bounds = f", {low} or more" if high >= UNBOUNDED else f" from {low} to {high}"
+        # "0 or more" for a count with no bound that matters, unless the value is above the one there is.
+        bounds = f", {low} or more" if high >= UNBOUNDED and not number > high else f" from {low} to {high}"
         raise UsageError(f"{where}value {shown(value)} must be {kind}{bounds}")
     return int(number) if number == int(number) else number
 
@@ -2678,12 +2679,19 @@ class SqliteStore(Store):
         return _signature(os.path.realpath(self.path)) != self.signature
 
     def _connect(self, path: str) -> sqlite3.Connection:
+        from urllib.parse import quote
         try:
-            _create_private(path)
-            return sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
+            if not self.reads_only:
+                _create_private(path)
+            # mode=rw: a reader never creates the file, not even one deleted since _open_once looked.
+            name = f"file://{quote(os.path.abspath(path))}?mode=rw" if self.reads_only else path
+            return sqlite3.connect(name, uri=self.reads_only, timeout=BUSY_TIMEOUT_S, isolation_level=None,
+                                   check_same_thread=False)
         except OSError as e:
             raise BadDatabase(f"cannot open {path}: {_errno_text(e.errno) if e.errno else e}") from None
         except sqlite3.Error as e:
+            if self.reads_only and not os.path.exists(os.path.realpath(path)):
+                raise NoQueue(f"no queue at {os.path.abspath(path)} yet") from None
             raise database_error(path, e, opening=True) from None
 
     def _connect_read_only(self, path: str) -> tuple[sqlite3.Connection, bool]:
@@ -7926,10 +7934,11 @@ def _duration_arg(text: str) -> float:
 
 def _unit_duration_arg(text: str) -> float:
     """A duration that must name its unit: where a bare number deletes (purge), 7 may have meant 7 days."""
-    if NUMBER.fullmatch(text.strip()) and float(text) != 0:  # 0 is 0 in any unit
+    seconds = _duration_arg(text)  # first: a negative one is no duration in any unit
+    if NUMBER.fullmatch(text.strip()) and seconds != 0:  # 0 is 0 in any unit
         raise argparse.ArgumentTypeError(f"{shown(text)} has no unit: seconds or days? Give one: "
                                          f"{text.strip()}s, {text.strip()}h, {text.strip()}d")
-    return _duration_arg(text)
+    return seconds
 
 
 def _window_arg(text: str) -> float:

@@ -3383,6 +3383,21 @@ def test_commands_that_only_read_create_nothing_and_answer_as_an_empty_queue(db,
             db_sql(db, f'DROP SCHEMA IF EXISTS "{queuectl._pg_target(db)[1]}" CASCADE')
 
 
+def test_a_command_that_reads_creates_no_file_deleted_after_it_looked(sqlite_db, monkeypatch):
+    """`rm queuectl.db` between a reader's look and its open: the reader still creates nothing."""
+    ok(sqlite_db, "config", "set", "max-retries", "3")
+
+    def deleted_meanwhile(path):  # asked between the look and the open
+        for name in (path, f"{path}-wal", f"{path}-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(name)
+        return True
+    monkeypatch.setattr(queuectl, "_writable", deleted_meanwhile)
+    code, out, err = cli(sqlite_db, "status", "--json")
+    assert (code, err) == (0, f"queuectl: note: no queue at {sqlite_db} yet\n")
+    assert json.loads(out)["jobs"]["pending"] == 0 and not os.path.exists(sqlite_db)
+
+
 @sqlite_only
 def test_a_file_that_is_no_queuectl_database_keeps_its_error_for_commands_that_read(db):
     data = _foreign_db(db)
@@ -5187,6 +5202,13 @@ def test_purge_refuses_an_age_without_a_unit(states_db, number):
     assert snapshot(states_db) == before
     assert ok(states_db, "purge", "--older-than", f"{number}d") == "purged 0 completed jobs\n"
     assert ok(states_db, "wait", "done", "--timeout", number) == ""  # elsewhere a bare number is seconds
+
+
+@sqlite_only
+def test_purge_suggests_no_unit_for_a_negative_age(states_db):
+    code, out, err = cli(states_db, "purge", "--older-than", "-7")
+    assert (code, out) == (2, "")
+    assert_one_error(err, "argument --older-than: not a duration: '-7'")
 
 
 def test_purge_without_older_than_or_state_exits_2_naming_them(states_db):
@@ -11003,7 +11025,9 @@ def test_list_state_filter(ran_db):
 @pytest.mark.parametrize("args, message", [(("list", "--limit", "-1"), "argument --limit: value '-1' must be an "
                                             "integer, 0 or more"),
                                            (("logs", "x", "--run", "0"), "argument --run: value '0' must be an "
-                                            "integer, 1 or more")])
+                                            "integer, 1 or more"),
+                                           (("list", "--limit", "9" * 20), f"value '{'9' * 20}' must be an integer "
+                                            f"from 0 to {queuectl.UNBOUNDED}")])
 def test_list_and_logs_name_a_range_without_an_upper_bound_as_readable(db, args, message):
     code, out, err = cli(db, *args)
     assert (code, out) == (2, "")
