@@ -219,6 +219,9 @@ DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 PURGE_SLICE = 2000  # jobs that purge and retention delete per transaction: tens of ms of write lock
 BATCH_PROGRESS_LINES = 10_000  # `enqueue -` shows its progress line on a terminal past this many lines
 WAIT_POLL_S = 0.25  # how often `wait` looks again (and redraws its progress line)
+# `wait ID`: how long no live worker may serve a waited job's queue before it says so (a worker
+# starting up registers within a second or so)
+WAIT_NO_WORKER_S = 3.0
 INSERT_SLICE = 10_000  # jobs a batch inserts per executemany, so its progress line can count them stored
 BATCH_STREAM_LINES = 10_000  # from this many lines `enqueue -` tries Store.enqueue_streamed (PostgreSQL)
 RETENTION_INTERVAL_S = 30.0  # how often workers delete completed jobs older than `retention`
@@ -230,6 +233,9 @@ QUICK_JOB_S = 0.01  # a job's exit is watched through a pidfd once it has run th
 TICK_GAP_S = 0.005  # the shortest gap between two rounds of a worker's main loop (see Worker.tick)
 IDLE_WAIT_S = 5.0  # an idle thread waits for the poller's wake-up; this is only a safety net
 SWEEP_INTERVAL_S = 1.0  # how often each worker process looks for dead workers
+# A runner that claimed a job its worker's schedule firing just made waits at most this long for the
+# firing's log line before it logs the claim (a log that blocks must not hold the job)
+FIRE_LOG_WAIT_S = 1.0
 # A run of a worker that none of its runners holds for this long is a claim whose answer was lost
 # (see Holdings); handing a claim's answer to its runner takes milliseconds.
 STRAY_GRACE_S = 5.0
@@ -399,6 +405,26 @@ def size_text(n: int) -> str:
             break
         value, unit = value / 1024, bigger
     return f"{n} B" if unit == "B" else f"{round(value, 1):g} {unit}"
+
+
+# -- paused queues -------------------------------------------------------------------------------
+# Store.paused() rows: queue names, or '*' (every queue) with '!name' for each queue resumed alone.
+
+def is_paused(queue: str, paused: list[str]) -> bool:
+    """Whether claims skip `queue`, by the rule of the claim statements (the paused checks of SqliteSQL.SQL_CLAIM_ANY_QUEUE)."""
+    return "!" + queue not in paused and (queue in paused or "*" in paused)
+
+
+def paused_names(paused: list[str]) -> tuple[list[str], list[str]]:
+    """The paused queues (['*'] for every queue) and the queues resumed alone while every queue is paused."""
+    return [p for p in paused if p[0] != "!"], [p[1:] for p in paused if p[0] == "!"]
+
+
+def paused_text(names: list[str], resumed: list[str]) -> str:
+    """What status's `paused:` line says of paused_names(): 'all queues', 'all queues except a, b', or the names."""
+    if "*" not in names:
+        return ", ".join(names)
+    return "all queues" + (f" except {', '.join(resumed)}" if resumed else "")
 
 
 # -- text for a terminal ------------------------------------------------------------------------
@@ -1322,31 +1348,190 @@ MIGRATIONS = [
      "SELECT RAISE(ABORT, 'this queue was upgraded by a newer queuectl: start workers of that version'); END"],
 ]
 
-class SqliteSQL:
-    """Every SQLite statement the store runs, each complete where it is defined (a statement with
-    a {placeholder} takes the served queues: see heads). The PostgreSQL dialect has its own."""
-    PARAM = "?"  # the parameter mark, for clauses the rules build (see _where)
+# The parameter marks of SharedSQL's and PostgresSQL's statements: %s in the order the rules pass
+# them, or %(name)s where a statement takes a dict. sqlite_marks writes them as SQLite's; PgPipeline
+# numbers them for libpq ($1, $2, …).
+PG_PARAM_MARK = re.compile(r"%\((\w+)\)s|%s")
+
+
+def sqlite_marks(sql: str) -> str:
+    """A statement written with PostgreSQL's parameter marks, with SQLite's: ? for %s, :name for %(name)s."""
+    return PG_PARAM_MARK.sub(lambda mark: f":{mark[1]}" if mark[1] else "?", sql)
+
+
+def with_shared(marks: Callable[[str], str]):
+    """A class decorator for a dialect's class of statements: it gets each of SharedSQL's, its parameter
+    marks written by `marks`. A name the dialect also writes is refused: each statement has one source."""
+    def add_shared(dialect: type) -> type:
+        for name, sql in vars(SharedSQL).items():
+            if name.startswith("SQL_"):
+                if name in vars(dialect):
+                    raise TypeError(f"{dialect.__name__}.{name} is also SharedSQL's")
+                setattr(dialect, name, marks(sql))
+        return dialect
+    return add_shared
+
+
+class SharedSQL:
+    """The statements both dialects run as they are, each written once, with PostgreSQL's parameter
+    marks (see PG_PARAM_MARK): PostgresSQL takes them as written, SqliteSQL with SQLite's marks
+    (sqlite_marks). A statement whose text differs between the dialects in anything but its marks is
+    written out in each dialect's class instead, complete there. A statement with a {where} or {queue}
+    slot takes a clause of _where or _and_queue."""
 
     SQL_INSERT_JOB = (
         "INSERT INTO jobs (id, command, state, max_retries, timeout_s, cwd, env, created_at, updated_at, next_run_at, "
-        "priority, queue, waiting_on, last_error, ready) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
-    SQL_INSERT_DEP = "INSERT OR IGNORE INTO deps (job_id, dep_id) VALUES (?, ?)"
-    SQL_GET_JOB = f"SELECT {Job.COLUMNS} FROM jobs WHERE id = ?"
-    SQL_JOB_STATE = "SELECT state FROM jobs WHERE id = ?"
-    SQL_LIST_JOBS = f"SELECT {Job.COLUMNS} FROM (SELECT * FROM jobs {{where}} ORDER BY seq DESC LIMIT ?) ORDER BY seq"
+        "priority, queue, waiting_on, last_error, ready) "
+        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
+    SQL_GET_JOB = f"SELECT {Job.COLUMNS} FROM jobs WHERE id = %s"
     SQL_COUNTS = "SELECT state, count(*) FROM jobs {where} GROUP BY state"
-    SQL_DEPS_OF = "SELECT dep_id FROM deps WHERE job_id = ? ORDER BY rowid"
-    # `wait --all` ({queue}: nothing, or AND queue = ?). The jobs it answers for are those unfinished
+    # The dashboard's job table: newest first, one page at a time.
+    SQL_PAGE_JOBS = f"SELECT {Job.COLUMNS} FROM jobs {{where}} ORDER BY seq DESC LIMIT %s OFFSET %s"
+    # `wait --all` ({queue}: nothing, or AND queue = %s). The jobs it answers for are those unfinished
     # when it starts, known by their seq (8 bytes each, not an id), read with the highest seq so far in
     # one statement (one snapshot): a job enqueued later has a higher seq. Its dead ones are found by a
     # range of jobs_state between the lowest seq it answers for and that highest seq, so an old
-    # dead-letter queue is not read at every poll.
+    # dead-letter queue is not read at every poll. On PostgreSQL, a job whose insert commits after the
+    # first statement's snapshot with a lower seq than its max (sequences are handed out before commit)
+    # is neither answered for nor counted as arrived: the progress line's total may lag by it; the exit
+    # code cannot be wrong.
     # One snapshot: a first row (0, the highest seq so far), then a row (1, seq) per unfinished job.
     SQL_UNFINISHED_SEQS = ("SELECT 0, coalesce(max(seq), 0) FROM jobs UNION ALL "
                            "SELECT 1, seq FROM jobs WHERE state IN ('pending', 'failed', 'processing') {queue}")
     SQL_WAIT_COUNTS = ("SELECT (SELECT count(*) FROM jobs WHERE state IN ('pending', 'failed', 'processing') {queue}), "
-                       "(SELECT count(*) FROM jobs WHERE seq > ? {queue})")
-    SQL_DEAD_BETWEEN = "SELECT id, seq FROM jobs WHERE state = 'dead' AND seq BETWEEN ? AND ? {queue} ORDER BY seq"
+                       "(SELECT count(*) FROM jobs WHERE seq > %s {queue})")
+    SQL_DEAD_BETWEEN = "SELECT id, seq FROM jobs WHERE state = 'dead' AND seq BETWEEN %s AND %s {queue} ORDER BY seq"
+
+    # --burst: is anything processing (the variant for served queues is each dialect's)?
+    SQL_ANY_PROCESSING_ANY_QUEUE = "SELECT 1 FROM jobs WHERE state = 'processing' LIMIT 1"
+
+    SQL_FLUSH_OUTPUT = ("UPDATE runs SET output = %s, output_bytes = %s "
+                        "WHERE job_id = %s AND run_no = %s AND ended_at IS NULL")
+    # Every write after the claim is guarded by the owner and run number (id, 'processing', worker_id,
+    # run_count), so a worker that lost the job (declared dead, then came back) can never overwrite
+    # what happened since.
+    SQL_FINISH_JOB = ("UPDATE jobs SET state = %s, attempts = %s, next_run_at = %s, last_error = %s, exit_code = %s, "
+                      "worker_id = NULL, updated_at = %s, ready = 0 "
+                      "WHERE id = %s AND state = 'processing' AND worker_id = %s AND run_count = %s")
+    SQL_REQUEUE = ("UPDATE jobs SET state = %s, lost_count = lost_count + %s, last_error = coalesce(%s, last_error), "
+                   "next_run_at = %s, worker_id = NULL, updated_at = %s, ready = 0 "
+                   "WHERE id = %s AND state = 'processing' AND worker_id = %s AND run_count = %s")
+    # A dead job takes every unfinished job below it in the dependency graph with it.
+    SQL_KILL_DEPENDENTS = """
+        WITH RECURSIVE down(id, cause) AS (
+            SELECT job_id, dep_id FROM deps WHERE dep_id = %s
+            UNION SELECT deps.job_id, deps.dep_id FROM deps JOIN down ON deps.dep_id = down.id)
+        UPDATE jobs SET state = 'dead', updated_at = %s,
+            last_error = 'dependency ' || (SELECT cause FROM down WHERE down.id = jobs.id LIMIT 1) || ' is dead'
+        WHERE id IN (SELECT id FROM down) AND state IN ('pending', 'failed')"""
+
+    # Recovery of a lost run is decided once: the sweeper that wins it *adopts* the job (worker_id
+    # becomes its own, in the transaction that found it lost: each dialect's SQL_ADOPT), so every
+    # other sweeper sees a job of a live worker and leaves it alone while the winner kills the run's
+    # processes and waits for them to be gone. A run's processes carry the token of the worker that
+    # started it (runs.worker_id), which is still known when the adopter itself dies and a third
+    # sweeper takes over.
+    SQL_HELD_RUNS = ("SELECT jobs.id, jobs.run_count, coalesce(runs.worker_id, jobs.worker_id) FROM jobs "
+                     "LEFT JOIN runs ON runs.job_id = jobs.id AND runs.run_no = jobs.run_count "
+                     "WHERE jobs.state = 'processing' AND jobs.worker_id = %s")
+    SQL_RUN_WORKER = "SELECT worker_id FROM runs WHERE job_id = %s AND run_no = %s"
+    # The runs a worker started and still holds: each must be known to one of its runners, or it is a
+    # claim whose answer was lost (see Holdings).
+    SQL_OWN_RUNS = ("SELECT jobs.id, jobs.run_count FROM jobs "
+                    "JOIN runs ON runs.job_id = jobs.id AND runs.run_no = jobs.run_count "
+                    "WHERE jobs.state = 'processing' AND jobs.worker_id = %s AND runs.worker_id = jobs.worker_id")
+    SQL_PROCESSING_BY_WORKER = "SELECT worker_id, id FROM jobs WHERE state = 'processing'"
+    SQL_CANCEL_REQUESTS = ("SELECT id, run_count FROM jobs WHERE state = 'processing' AND worker_id = %s "
+                           "AND cancel_requested = run_count")
+    SQL_ORPHAN_JOBS = ("SELECT id, run_count, lost_count, worker_id FROM jobs WHERE state = 'processing' "
+                       "AND worker_id NOT IN (SELECT id FROM workers)")
+    SQL_RUNS = ("SELECT run_no, worker_id, started_at, due_at, ended_at, outcome, exit_code, error, output, "
+                "output_bytes FROM runs WHERE job_id = %s ORDER BY run_no")
+
+    SQL_RETRY = ("UPDATE jobs SET state = 'pending', attempts = 0, lost_count = 0, cancel_requested = 0, "
+                 "next_run_at = %s, last_error = NULL, exit_code = NULL, updated_at = %s, ready = 0, "
+                 "waiting_on = (SELECT count(*) FROM deps JOIN jobs d ON d.id = deps.dep_id "
+                 "WHERE deps.job_id = jobs.id AND d.state <> 'completed') WHERE id = %s AND state = 'dead'")
+    # `dlq retry --all`: the dead jobs (of a queue, or of all when it is NULL) and, in any queue, the dead
+    # jobs they depend on, up the graph: a chain is revived together. On PostgreSQL the jobs it finds are
+    # locked by SQL_JOB_STATE and SQL_DEAD_DEPS, one by one, and read again (see Store.retry_all_dead).
+    SQL_DEAD_CHAINS = """
+        WITH RECURSIVE chain(id) AS (
+            SELECT id FROM jobs WHERE state = 'dead' AND queue = coalesce(%s, queue)
+            UNION SELECT deps.dep_id FROM deps JOIN chain ON deps.job_id = chain.id
+                JOIN jobs d ON d.id = deps.dep_id WHERE d.state = 'dead')
+        SELECT id FROM jobs WHERE id IN (SELECT id FROM chain) ORDER BY seq"""
+    # `cancel --all`: every job that has not finished (of a queue, or of all when it is NULL). No lock:
+    # Store.cancel_all locks each job with SQL_JOB_STATE and reads its state again before changing it.
+    SQL_UNFINISHED = ("SELECT id FROM jobs WHERE state IN ('pending', 'failed', 'processing') "
+                      "AND queue = coalesce(%s, queue) ORDER BY seq")
+    SQL_CANCEL_WAITING = ("UPDATE jobs SET state = 'dead', last_error = 'canceled', updated_at = %s "
+                          "WHERE id = %s AND state IN ('pending', 'failed')")
+    SQL_CANCEL_RUNNING = "UPDATE jobs SET cancel_requested = run_count WHERE id = %s AND state = 'processing'"
+    # A job is still needed by a dependent that has not completed, unless it completed itself. (A dead
+    # dependent counts: `dlq retry` may revive it, and it must then find its dependency, not run without it.)
+    SQL_NEEDED_BY = ("SELECT deps.job_id FROM deps JOIN jobs j ON j.id = deps.job_id JOIN jobs d ON d.id = deps.dep_id "
+                     "WHERE deps.dep_id = %s AND j.state <> 'completed' AND d.state <> 'completed'")
+
+    SQL_RESUME_ALL = "DELETE FROM paused"
+    SQL_PAUSED = "SELECT queue FROM paused ORDER BY queue"
+    SQL_SET_LIMIT = ("INSERT INTO queue_limits (queue, max_running) VALUES (%s, %s) "
+                     "ON CONFLICT (queue) DO UPDATE SET max_running = excluded.max_running")
+    SQL_REMOVE_LIMIT = "DELETE FROM queue_limits WHERE queue = %s"
+    SQL_LIMITS = "SELECT queue, max_running FROM queue_limits ORDER BY queue"
+
+    SQL_REGISTER = ("INSERT INTO workers (id, host, pid, proc_start, boot_id, pid_ns, threads, started_at, "
+                    "heartbeat_at, queues, version) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
+    SQL_HEARTBEAT = "UPDATE workers SET heartbeat_at = %s, beat = beat + 1 WHERE id = %s"
+    SQL_STOP_REQUESTED = "SELECT stop_requested FROM workers WHERE id = %s"
+    SQL_DEREGISTER = "DELETE FROM workers WHERE id = %s"
+    # Deleting on the registration (id and start time: a worker presumed dead registers again under its
+    # id) and the beat we judged makes "dead" a decision no heartbeat can race: a worker that beat
+    # meanwhile is not deleted, and one that is deleted can no longer beat or claim.
+    SQL_DROP_DEAD_WORKER = "DELETE FROM workers WHERE id = %s AND started_at = %s AND beat = %s"
+    SQL_WORKERS = ("SELECT id, host, pid, proc_start, boot_id, pid_ns, heartbeat_at, beat, stop_requested, threads, "
+                   "started_at, queues, version FROM workers ORDER BY started_at")
+    # Before a migration, the workers of the schema it upgrades (see Store.refuse_older_workers): in the
+    # columns every schema has, and the version where the schema records it.
+    SQL_OLDER_WORKERS = "SELECT id, host, pid, proc_start, boot_id, pid_ns, heartbeat_at, NULL FROM workers"
+    SQL_OLDER_WORKERS_VERSIONED = "SELECT id, host, pid, proc_start, boot_id, pid_ns, heartbeat_at, version FROM workers"
+
+    # Stats over the run history, all in SQL; runs_ended limits each query to the window.
+    SQL_STATS_OUTCOMES = "SELECT outcome, count(*) FROM runs WHERE ended_at >= %s GROUP BY outcome"
+    # `metrics`: jobs by queue and state.
+    SQL_QUEUE_COUNTS = "SELECT queue, state, count(*) FROM jobs GROUP BY queue, state"
+    SQL_CONFIG_GET = "SELECT value FROM config WHERE key = %s"
+    SQL_CONFIG_SET = ("INSERT INTO config (key, value) VALUES (%s, %s) "
+                      "ON CONFLICT (key) DO UPDATE SET value = excluded.value")
+    SQL_CONFIG_ALL = "SELECT key, value FROM config"
+
+    SQL_INSERT_SCHEDULE = (f"INSERT INTO schedules ({Schedule.COLUMNS}) "
+                           "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
+    # Each schedule with the state of the job its last slot made (NULL once that job is deleted).
+    SQL_SCHEDULES = (f"SELECT {Schedule.COLUMNS}, (SELECT state FROM jobs WHERE jobs.id = last_job_id) "
+                     "FROM schedules {where} ORDER BY id")
+    # A slot's job: another worker may have made it already, and then this one is not made again.
+    SQL_INSERT_SLOT_JOB = SQL_INSERT_JOB + " ON CONFLICT (id) DO NOTHING"
+    # Moved only from the slot it was read at, so a slot is never passed twice.
+    SQL_SCHEDULE_FIRED = ("UPDATE schedules SET next_run_at = %s, last_run_at = coalesce(%s, last_run_at), "
+                          "last_job_id = coalesce(%s, last_job_id) WHERE id = %s AND next_run_at = %s")
+    SQL_PAUSE_SCHEDULE = "UPDATE schedules SET paused = 1 WHERE id = %s"
+    SQL_RESUME_SCHEDULE = "UPDATE schedules SET paused = 0, next_run_at = %s WHERE id = %s"
+    SQL_REMOVE_SCHEDULE = "DELETE FROM schedules WHERE id = %s"
+    SQL_UPDATE_SCHEDULE = ("UPDATE schedules SET cron = %s, every_s = %s, tz = %s, overlap = %s, job = %s, "
+                           "next_run_at = %s WHERE id = %s")
+
+
+@with_shared(sqlite_marks)
+class SqliteSQL:
+    """The SQLite statements the store runs that are not SharedSQL's, each complete where it is
+    defined. The PostgreSQL dialect has its own."""
+    PARAM = "?"  # the parameter mark, for clauses the rules build (see _where)
+
+    SQL_INSERT_DEP = "INSERT OR IGNORE INTO deps (job_id, dep_id) VALUES (?, ?)"
+    SQL_JOB_STATE = "SELECT state FROM jobs WHERE id = ?"
+    SQL_LIST_JOBS = f"SELECT {Job.COLUMNS} FROM (SELECT * FROM jobs {{where}} ORDER BY seq DESC LIMIT ?) ORDER BY seq"
+    SQL_DEPS_OF = "SELECT dep_id FROM deps WHERE job_id = ? ORDER BY rowid"
     # The claim. A waiting job (pending or failed, no unfinished dependency) is *staged* until it is
     # due and *ready* from then on: the claim transaction first promotes the staged jobs that have
     # fallen due (a range of jobs_staged, empty most of the time), so jobs_claim holds only due jobs.
@@ -1355,31 +1540,13 @@ class SqliteSQL:
     # the best of those heads: a paused queue, a queue this worker does not serve, or jobs scheduled
     # for later cost nothing however many jobs they hold (a plain priority-ordered index would have
     # to walk past all of them on every claim and poll).
-    SQL_WAITING = "state IN ('pending', 'failed') AND waiting_on = 0"
-    SQL_READY = f"{SQL_WAITING} AND ready = 1"  # the WHERE of jobs_claim, so INDEXED BY can use it
-    SQL_STAGED = f"{SQL_WAITING} AND ready = 0"  # the WHERE of jobs_staged
-    SQL_PROMOTE = (f"UPDATE jobs SET ready = 1 WHERE seq IN "
-                   f"(SELECT seq FROM jobs INDEXED BY jobs_staged WHERE {SQL_STAGED} AND next_run_at <= ?)")
-    # The queues to look at: those of `worker start --queue` (VALUES (?), …), or every queue with a
-    # ready job, found by a skip-scan of jobs_claim: one index seek per queue.
-    SQL_READY_QUEUES = f"""q(name) AS (
-        SELECT (SELECT queue FROM jobs INDEXED BY jobs_claim WHERE {SQL_READY} ORDER BY queue LIMIT 1)
-        UNION ALL
-        SELECT (SELECT queue FROM jobs INDEXED BY jobs_claim WHERE {SQL_READY} AND queue > q.name
-                ORDER BY queue LIMIT 1)
-        FROM q WHERE q.name IS NOT NULL)"""
-    # The best ready job of each such queue that is neither paused nor full (NULL for a queue with none).
-    # The due check only matters when clocks disagree (a job enqueued by a host whose clock runs ahead).
-    SQL_HEADS = f"""WITH RECURSIVE {{queue_set}}
-        SELECT (SELECT seq FROM jobs INDEXED BY jobs_claim WHERE {SQL_READY} AND queue = q.name AND next_run_at <= ?
-                ORDER BY priority DESC, next_run_at, seq LIMIT 1) AS seq
-        FROM q WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
-          AND NOT EXISTS (SELECT 1 FROM queue_limits AS l WHERE l.queue = q.name  -- full: at its limit
-                          AND l.max_running <= (SELECT count(*) FROM jobs INDEXED BY jobs_running
-                                                WHERE state = 'processing' AND queue = q.name))"""
+    # Ready is state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1, the WHERE of jobs_claim;
+    # staged is the same with ready = 0, jobs_staged's. A statement that names one of them (INDEXED BY)
+    # writes its WHERE in full: SQLite uses a partial index only where the statement's WHERE implies it.
+    SQL_PROMOTE = ("UPDATE jobs SET ready = 1 WHERE seq IN (SELECT seq FROM jobs INDEXED BY jobs_staged "
+                   "WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= ?)")
     # A worker whose registration was removed (presumed dead) cannot claim: its jobs would be orphans.
     SQL_REGISTERED = "SELECT 1 FROM workers WHERE id = ?"
-    SQL_CLAIM_SET = "UPDATE jobs SET state = 'processing', worker_id = ?, run_count = run_count + 1, updated_at = ? "
     # The claim, one statement: the head of each queue it may serve, then the best of those heads
     # (parameters :worker, :now and, for served queues, :queues, a JSON array of names). The due
     # check only matters when clocks disagree (a job enqueued by a host whose clock runs ahead).
@@ -1399,7 +1566,8 @@ class SqliteSQL:
         SELECT (SELECT seq FROM jobs INDEXED BY jobs_claim
                 WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue = q.name
                 AND next_run_at <= :now ORDER BY priority DESC, next_run_at, seq LIMIT 1)
-        FROM q WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+        FROM q WHERE q.name IS NOT NULL AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+                                             OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || q.name))  -- resumed alone
           AND NOT EXISTS (SELECT 1 FROM queue_limits AS l WHERE l.queue = q.name  -- full: at its limit
                           AND l.max_running <= (SELECT count(*) FROM jobs INDEXED BY jobs_running
                                                 WHERE state = 'processing' AND queue = q.name)))
@@ -1415,7 +1583,8 @@ class SqliteSQL:
         SELECT (SELECT seq FROM jobs INDEXED BY jobs_claim
                 WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue = q.name
                 AND next_run_at <= :now ORDER BY priority DESC, next_run_at, seq LIMIT 1)
-        FROM q WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+        FROM q WHERE q.name IS NOT NULL AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+                                             OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || q.name))  -- resumed alone
           AND NOT EXISTS (SELECT 1 FROM queue_limits AS l WHERE l.queue = q.name  -- full: at its limit
                           AND l.max_running <= (SELECT count(*) FROM jobs INDEXED BY jobs_running
                                                 WHERE state = 'processing' AND queue = q.name)))
@@ -1425,7 +1594,8 @@ class SqliteSQL:
       AND EXISTS (SELECT 1 FROM workers WHERE id = :worker)
     RETURNING id, command, state, attempts, max_retries, timeout_s, cwd, env, created_at, updated_at, next_run_at,
               last_error, exit_code, worker_id, run_count, lost_count, priority, queue, waiting_on"""
-    # Without RETURNING (SQLite < 3.35): the claim's choice, then SQL_CLAIM_ID, in one transaction.
+    # The claim's choice, without taking it: the poller asks it (see SqliteStore.due_now), and without
+    # RETURNING (SQLite < 3.35) the claim runs it, then SQL_CLAIM_ID, in one transaction.
     SQL_NEXT_DUE_ANY_QUEUE = """
     WITH RECURSIVE q(name) AS (  -- every queue with a ready job: one index seek per queue (a skip-scan)
         SELECT (SELECT queue FROM jobs INDEXED BY jobs_claim
@@ -1439,7 +1609,8 @@ class SqliteSQL:
         SELECT (SELECT seq FROM jobs INDEXED BY jobs_claim
                 WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue = q.name
                 AND next_run_at <= :now ORDER BY priority DESC, next_run_at, seq LIMIT 1)
-        FROM q WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+        FROM q WHERE q.name IS NOT NULL AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+                                             OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || q.name))  -- resumed alone
           AND NOT EXISTS (SELECT 1 FROM queue_limits AS l WHERE l.queue = q.name  -- full: at its limit
                           AND l.max_running <= (SELECT count(*) FROM jobs INDEXED BY jobs_running
                                                 WHERE state = 'processing' AND queue = q.name)))
@@ -1450,36 +1621,42 @@ class SqliteSQL:
         SELECT (SELECT seq FROM jobs INDEXED BY jobs_claim
                 WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue = q.name
                 AND next_run_at <= :now ORDER BY priority DESC, next_run_at, seq LIMIT 1)
-        FROM q WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+        FROM q WHERE q.name IS NOT NULL AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+                                             OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || q.name))  -- resumed alone
           AND NOT EXISTS (SELECT 1 FROM queue_limits AS l WHERE l.queue = q.name  -- full: at its limit
                           AND l.max_running <= (SELECT count(*) FROM jobs INDEXED BY jobs_running
                                                 WHERE state = 'processing' AND queue = q.name)))
     SELECT id FROM jobs WHERE seq IN (SELECT seq FROM heads) ORDER BY priority DESC, next_run_at, seq LIMIT 1"""
-    SQL_CLAIM_ID = SQL_CLAIM_SET + "WHERE id = ? AND state IN ('pending', 'failed')"
-    SQL_ANY_STAGED = f"SELECT 1 FROM jobs INDEXED BY jobs_staged WHERE {SQL_STAGED} AND next_run_at <= ? LIMIT 1"
-    # The poller: a ready job in a queue we serve, or a staged job that has fallen due anywhere (a
-    # claim promotes it; each job can cause at most one such wake-up).
-    SQL_ANY_HEAD = "EXISTS (SELECT 1 FROM ({heads}) WHERE seq IS NOT NULL)"
-    SQL_POLL = f"SELECT {SQL_ANY_HEAD} OR EXISTS ({SQL_ANY_STAGED})"
-    # --burst: is anything in our queues due within the horizon (ready, or staged and not paused)?
-    SQL_DUE_SOON = (f"SELECT {SQL_ANY_HEAD} OR EXISTS (SELECT 1 FROM jobs "
-                    f"INDEXED BY jobs_staged WHERE {SQL_STAGED} AND next_run_at <= ? {{queues}} "
-                    "AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')))")
-    SQL_ANY_PROCESSING = "SELECT 1 FROM jobs WHERE state = 'processing' {queues} LIMIT 1"
+    SQL_CLAIM_ID = ("UPDATE jobs SET state = 'processing', worker_id = ?, run_count = run_count + 1, updated_at = ? "
+                    "WHERE id = ? AND state IN ('pending', 'failed')")
+    # The poller: a job the claim would take now (SQL_NEXT_DUE_*), or a staged job that has fallen due
+    # anywhere (a claim promotes it; each job can cause at most one such wake-up).
+    SQL_ANY_STAGED = ("SELECT 1 FROM jobs INDEXED BY jobs_staged "
+                      "WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= :now "
+                      "LIMIT 1")
+    # --burst: is anything processing in our queues, or due within the horizon in one of them (one the
+    # claim would take by then, SQL_NEXT_DUE_*, or a staged one in a queue that is not paused)?
+    SQL_ANY_PROCESSING_FROM_QUEUES = ("SELECT 1 FROM jobs WHERE state = 'processing' "
+                                      "AND queue IN (SELECT value FROM json_each(:queues)) LIMIT 1")
+    SQL_STAGED_SOON_ANY_QUEUE = (
+        "SELECT 1 FROM jobs INDEXED BY jobs_staged "
+        "WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= :now "
+        "AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')) "
+        "OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || jobs.queue)) LIMIT 1")
+    SQL_STAGED_SOON_FROM_QUEUES = (
+        "SELECT 1 FROM jobs INDEXED BY jobs_staged "
+        "WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= :now "
+        "AND queue IN (SELECT value FROM json_each(:queues)) "
+        "AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')) "
+        "OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || jobs.queue)) LIMIT 1")
     # due_at: when the job became eligible (eligible_at), which the run's wait is counted from.
+    # PostgreSQL's claim opens the run in its own statement (`opened` in PostgresSQL.SQL_CLAIM_ANY_QUEUE
+    # and SQL_CLAIM_FROM_QUEUES), which restates this one: a change to one is made to the other.
     SQL_INSERT_RUN = "INSERT INTO runs (job_id, run_no, worker_id, started_at, due_at) VALUES (?, ?, ?, ?, ?)"
-    SQL_FLUSH_OUTPUT = ("UPDATE runs SET output = ?, output_bytes = ? "
-                        "WHERE job_id = ? AND run_no = ? AND ended_at IS NULL")
-    # Every write after the claim is guarded by the owner and run number, so a worker that lost the
-    # job (declared dead, then came back) can never overwrite what happened since.
-    SQL_OWNED = "id = ? AND state = 'processing' AND worker_id = ? AND run_count = ?"
-    SQL_FINISH_JOB = ("UPDATE jobs SET state = ?, attempts = ?, next_run_at = ?, last_error = ?, exit_code = ?, "
-                      f"worker_id = NULL, updated_at = ?, ready = 0 WHERE {SQL_OWNED}")
     # A cancel names the run it was aimed at (cancel_requested holds its run number, 0 = none): a
     # later run of the same job, after `dlq retry`, is never taken for the canceled one.
-    SQL_CANCEL_FLAG = f"SELECT cancel_requested = run_count FROM jobs WHERE {SQL_OWNED}"
-    SQL_REQUEUE = ("UPDATE jobs SET state = ?, lost_count = lost_count + ?, last_error = coalesce(?, last_error), "
-                   f"next_run_at = ?, worker_id = NULL, updated_at = ?, ready = 0 WHERE {SQL_OWNED}")
+    SQL_CANCEL_FLAG = ("SELECT cancel_requested = run_count FROM jobs "
+                       "WHERE id = ? AND state = 'processing' AND worker_id = ? AND run_count = ?")
     # A run's end is its start plus the duration its worker measured on the monotonic clock, so a
     # wall-clock step while it ran cannot make it negative; a run whose duration nobody measured (a
     # lost worker's) ends at the recorder's wall time, never before it started.
@@ -1489,73 +1666,22 @@ class SqliteSQL:
     SQL_RELEASE_DEPENDENTS = ("UPDATE jobs SET waiting_on = waiting_on - 1, next_run_at = max(next_run_at, ?), "
                               "updated_at = ? WHERE id IN (SELECT job_id FROM deps WHERE dep_id = ?) "
                               "AND waiting_on > 0")
-    # A dead job takes every unfinished job below it in the dependency graph with it.
-    SQL_KILL_DEPENDENTS = """
-        WITH RECURSIVE down(id, cause) AS (
-            SELECT job_id, dep_id FROM deps WHERE dep_id = ?
-            UNION SELECT deps.job_id, deps.dep_id FROM deps JOIN down ON deps.dep_id = down.id)
-        UPDATE jobs SET state = 'dead', updated_at = ?,
-            last_error = 'dependency ' || (SELECT cause FROM down WHERE down.id = jobs.id LIMIT 1) || ' is dead'
-        WHERE id IN (SELECT id FROM down) AND state IN ('pending', 'failed')"""
-    # Recovery of a lost run is decided once: the sweeper that wins it *adopts* the job (worker_id
-    # becomes its own, in the transaction that found it lost), so every other sweeper sees a job of a
-    # live worker and leaves it alone while the winner kills the run's processes and waits for them to
-    # be gone. A run's processes carry the token of the worker that started it (runs.worker_id), which
-    # is still known when the adopter itself dies and a third sweeper takes over.
-    SQL_HELD_RUNS = ("SELECT jobs.id, jobs.run_count, coalesce(runs.worker_id, jobs.worker_id) FROM jobs "
-                     "LEFT JOIN runs ON runs.job_id = jobs.id AND runs.run_no = jobs.run_count "
-                     "WHERE jobs.state = 'processing' AND jobs.worker_id = ?")
     SQL_ADOPT = ("UPDATE jobs SET worker_id = ?1 WHERE id = ?2 AND run_count = ?3 AND state = 'processing' "
                  "AND worker_id = ?4 AND EXISTS (SELECT 1 FROM workers WHERE id = ?1) "
                  "AND NOT EXISTS (SELECT 1 FROM workers WHERE id = ?4)")
-    SQL_RUN_WORKER = "SELECT worker_id FROM runs WHERE job_id = ? AND run_no = ?"
     # The jobs a worker adopted and has not requeued yet: its processing jobs whose run another worker
     # started (a sweeper whose requeue failed finds them here at its next sweep).
     SQL_ADOPTED = ("SELECT jobs.id, jobs.run_count, runs.worker_id FROM jobs "
                    "JOIN runs ON runs.job_id = jobs.id AND runs.run_no = jobs.run_count "
                    "WHERE jobs.state = 'processing' AND jobs.worker_id = ?1 AND runs.worker_id <> ?1")
-    # The runs a worker started and still holds: each must be known to one of its runners, or it is a
-    # claim whose answer was lost (see Holdings).
-    SQL_OWN_RUNS = ("SELECT jobs.id, jobs.run_count FROM jobs "
-                    "JOIN runs ON runs.job_id = jobs.id AND runs.run_no = jobs.run_count "
-                    "WHERE jobs.state = 'processing' AND jobs.worker_id = ? AND runs.worker_id = jobs.worker_id")
-    SQL_PROCESSING_BY_WORKER = "SELECT worker_id, id FROM jobs WHERE state = 'processing'"
-    SQL_CANCEL_REQUESTS = ("SELECT id, run_count FROM jobs WHERE state = 'processing' AND worker_id = ? "
-                           "AND cancel_requested = run_count")
-    SQL_ORPHAN_JOBS = ("SELECT id, run_count, lost_count, worker_id FROM jobs WHERE state = 'processing' "
-                       "AND worker_id NOT IN (SELECT id FROM workers)")
-    SQL_RUNS = ("SELECT run_no, worker_id, started_at, due_at, ended_at, outcome, exit_code, error, output, "
-                "output_bytes FROM runs WHERE job_id = ? ORDER BY run_no")
     SQL_RUN = ("SELECT run_no, output, output_bytes, ended_at FROM runs WHERE job_id = ? AND (run_no = ? OR ? IS NULL) "
                "ORDER BY run_no DESC LIMIT 1")
-    SQL_RETRY = ("UPDATE jobs SET state = 'pending', attempts = 0, lost_count = 0, cancel_requested = 0, "
-                 "next_run_at = ?, last_error = NULL, "
-                 "exit_code = NULL, updated_at = ?, ready = 0, "
-                 "waiting_on = (SELECT count(*) FROM deps JOIN jobs d ON d.id = deps.dep_id "
-                 "WHERE deps.job_id = jobs.id AND d.state <> 'completed') WHERE id = ? AND state = 'dead'")
     SQL_DEAD_DEPS = ("SELECT deps.dep_id FROM deps JOIN jobs d ON d.id = deps.dep_id "
                      "WHERE deps.job_id = ? AND d.state = 'dead'")
-    # `dlq retry --all`: the dead jobs (of a queue, or of all when it is NULL) and, in any queue, the dead
-    # jobs they depend on, up the graph: a chain is revived together.
-    SQL_DEAD_CHAINS = """
-        WITH RECURSIVE chain(id) AS (
-            SELECT id FROM jobs WHERE state = 'dead' AND queue = coalesce(?, queue)
-            UNION SELECT deps.dep_id FROM deps JOIN chain ON deps.job_id = chain.id
-                JOIN jobs d ON d.id = deps.dep_id WHERE d.state = 'dead')
-        SELECT id FROM jobs WHERE id IN (SELECT id FROM chain) ORDER BY seq"""
-    # `cancel --all`: every job that has not finished (of a queue, or of all when it is NULL).
-    SQL_UNFINISHED = ("SELECT id FROM jobs WHERE state IN ('pending', 'failed', 'processing') "
-                      "AND queue = coalesce(?, queue) ORDER BY seq")
-    SQL_CANCEL_WAITING = ("UPDATE jobs SET state = 'dead', last_error = 'canceled', updated_at = ? "
-                          "WHERE id = ? AND state IN ('pending', 'failed')")
-    SQL_CANCEL_RUNNING = "UPDATE jobs SET cancel_requested = run_count WHERE id = ? AND state = 'processing'"
-    # A job is still needed by a dependent that has not completed, unless it completed itself. (A dead
-    # dependent counts: `dlq retry` may revive it, and it must then find its dependency, not run without it.)
-    SQL_NEEDED_BY = ("SELECT deps.job_id FROM deps JOIN jobs j ON j.id = deps.job_id JOIN jobs d ON d.id = deps.dep_id "
-                     "WHERE deps.dep_id = ? AND j.state <> 'completed' AND d.state <> 'completed'")
     # Before jobs are deleted, their finished runs are added to the tally of forgotten runs (SQL_RUN_TOTALS):
-    # one statement for all the jobs a delete or a purge slice removes (a JSON array of ids). One a job
-    # rewrote the row once a job, and on PostgreSQL each rewrite leaves a row version for the next to pass.
+    # one statement for all the jobs a delete or a purge slice removes (a JSON array of ids). A statement
+    # per job would rewrite the row once a job, and on PostgreSQL each rewrite leaves a row version for
+    # the next to pass.
     SQL_FORGET_RUNS = (
         "INSERT INTO config (key, value) SELECT 'runs_forgotten', json_array(count(*), "
         "sum(CAST(round((ended_at - started_at) * 1000000) AS INTEGER))) FROM runs "
@@ -1569,36 +1695,19 @@ class SqliteSQL:
     SQL_PURGE_IDS = ("SELECT id FROM jobs WHERE state = ? AND updated_at < ? AND (state = 'completed' OR NOT EXISTS "
                      "(SELECT 1 FROM deps JOIN jobs j ON j.id = deps.job_id WHERE deps.dep_id = jobs.id "
                      "AND j.state <> 'completed')) LIMIT ?")
-    SQL_PAUSE = "INSERT OR IGNORE INTO paused (queue) VALUES (?)"
-    SQL_RESUME = "DELETE FROM paused WHERE queue = ?"
-    SQL_RESUME_ALL = "DELETE FROM paused"
-    SQL_PAUSED = "SELECT queue FROM paused ORDER BY queue"
+    # Paused queues: a row per queue, or '*' (every queue) with a row '!name' per queue resumed alone.
+    SQL_PAUSE_ALL = ["DELETE FROM paused", "INSERT INTO paused (queue) VALUES ('*')"]
+    SQL_PAUSE = ["DELETE FROM paused WHERE queue = '!' || ?",
+                 "INSERT OR IGNORE INTO paused (queue) SELECT ? "
+                 "WHERE NOT EXISTS (SELECT 1 FROM paused WHERE queue = '*')"]
+    SQL_RESUME = ["DELETE FROM paused WHERE queue = ?",
+                  "INSERT OR IGNORE INTO paused (queue) SELECT '!' || ? "
+                  "WHERE EXISTS (SELECT 1 FROM paused WHERE queue = '*')"]
+    SQL_LOCK_PAUSED = None  # BEGIN IMMEDIATE already orders pauses and resumes (see PostgresSQL's)
     SQL_LOCK_LIMITS = None  # BEGIN IMMEDIATE already orders a limit after every claim (see PostgresSQL's)
-    SQL_SET_LIMIT = ("INSERT INTO queue_limits (queue, max_running) VALUES (?, ?) "
-                     "ON CONFLICT (queue) DO UPDATE SET max_running = excluded.max_running")
-    SQL_REMOVE_LIMIT = "DELETE FROM queue_limits WHERE queue = ?"
-    SQL_LIMITS = "SELECT queue, max_running FROM queue_limits ORDER BY queue"
-    SQL_REGISTER = ("INSERT INTO workers (id, host, pid, proc_start, boot_id, pid_ns, threads, started_at, "
-                    "heartbeat_at, queues, version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
-    SQL_HEARTBEAT = "UPDATE workers SET heartbeat_at = ?, beat = beat + 1 WHERE id = ?"
-    SQL_STOP_REQUESTED = "SELECT stop_requested FROM workers WHERE id = ?"
-    SQL_DEREGISTER = "DELETE FROM workers WHERE id = ?"
-    # Deleting on the registration (id and start time: a worker presumed dead registers again under its
-    # id) and the beat we judged makes "dead" a decision no heartbeat can race: a worker that beat
-    # meanwhile is not deleted, and one that is deleted can no longer beat or claim.
-    SQL_DROP_DEAD_WORKER = "DELETE FROM workers WHERE id = ? AND started_at = ? AND beat = ?"
-    SQL_WORKERS = ("SELECT id, host, pid, proc_start, boot_id, pid_ns, heartbeat_at, beat, stop_requested, threads, "
-                   "started_at, queues, version FROM workers ORDER BY started_at")
-    # Before a migration, the workers of the schema it upgrades (see Store.refuse_older_workers): in the
-    # columns every schema has, and the version where the schema records it.
-    SQL_OLDER_WORKERS = "SELECT id, host, pid, proc_start, boot_id, pid_ns, heartbeat_at, NULL FROM workers"
-    SQL_OLDER_WORKERS_VERSIONED = "SELECT id, host, pid, proc_start, boot_id, pid_ns, heartbeat_at, version FROM workers"
     SQL_REQUEST_STOP = "UPDATE workers SET stop_requested = 1 WHERE id = ?"
-    # Stats over the run history, all in SQL; runs_ended limits each query to the window.
-    SQL_STATS_OUTCOMES = "SELECT outcome, count(*) FROM runs WHERE ended_at >= ? GROUP BY outcome"
     # The window's durations and waits, read in one pass and sorted in Python: SQLite would sort the
-    # window once per percentile query (about 1.3 s each for a million runs), Python sorts a list of
-    # floats in a small fraction of that.
+    # window once per percentile query, Python sorts a list of floats once (DECISIONS.md: "Stats").
     SQL_STATS_TIMES = ("SELECT ended_at - started_at, max(0, started_at - due_at) FROM runs "
                        "WHERE ended_at >= ? AND outcome IN ('completed', 'failed', 'dead')")
     # `metrics`' run_duration _count and _sum: the finished runs kept, plus those deleted with their jobs
@@ -1607,25 +1716,20 @@ class SqliteSQL:
     SQL_RUN_TOTALS = ("SELECT count(*), coalesce(sum(CAST(round((ended_at - started_at) * 1000000) AS INTEGER)), 0), "
                       "(SELECT value FROM config WHERE key = 'runs_forgotten') FROM runs "
                       "WHERE outcome IN ('completed', 'failed', 'dead')")
-    # `metrics`: jobs by queue and state; the oldest eligible job (ready or staged, due, not paused) of
-    # each queue, of which `stats` takes the least, by when it became eligible (see eligible_at).
-    SQL_QUEUE_COUNTS = "SELECT queue, state, count(*) FROM jobs GROUP BY queue, state"
+    # `metrics`: the oldest eligible job (ready or staged, due, not paused) of each queue, of which
+    # `stats` takes the least, by when it became eligible (see eligible_at).
     SQL_OLDEST_ELIGIBLE_BY_QUEUE = (
         "SELECT e.queue, min(e.eligible_at) FROM (SELECT queue, max(next_run_at, created_at) AS eligible_at "
-        f"FROM jobs INDEXED BY jobs_claim WHERE {SQL_READY} AND next_run_at <= ?1 UNION ALL "
-        "SELECT queue, max(next_run_at, created_at) FROM jobs "
-        f"INDEXED BY jobs_staged WHERE {SQL_STAGED} AND next_run_at <= ?1) AS e "
-        "WHERE NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (e.queue, '*')) GROUP BY e.queue")
+        "FROM jobs INDEXED BY jobs_claim WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 "
+        "AND next_run_at <= ?1 UNION ALL "
+        "SELECT queue, max(next_run_at, created_at) FROM jobs INDEXED BY jobs_staged "
+        "WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= ?1) AS e "
+        "WHERE (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (e.queue, '*')) "
+        "OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || e.queue)) GROUP BY e.queue")
     SQL_IDENTITY = ("SELECT (SELECT application_id FROM pragma_application_id()), "
                     "(SELECT count(*) FROM sqlite_master), (SELECT user_version FROM pragma_user_version())")
     SQL_VERSION = "SELECT user_version FROM pragma_user_version()"
-    SQL_CONFIG_GET = "SELECT value FROM config WHERE key = ?"
-    SQL_CONFIG_SET = ("INSERT INTO config (key, value) VALUES (?, ?) "
-                      "ON CONFLICT (key) DO UPDATE SET value = excluded.value")
-    SQL_CONFIG_ALL = "SELECT key, value FROM config"
 
-    # The dashboard's job table: newest first, one page at a time.
-    SQL_PAGE_JOBS = f"SELECT {Job.COLUMNS} FROM jobs {{where}} ORDER BY seq DESC LIMIT ? OFFSET ?"
     # Finished runs per minute since a start time, for the dashboard's chart (runs_ended serves the
     # range). ended_at - start is never negative here, so CAST truncates like floor() (a PostgreSQL
     # class would write floor(), as CAST rounds there).
@@ -1636,19 +1740,9 @@ class SqliteSQL:
 
     # Schedules. The earliest slot to fire, by schedules_due (min() reads one end of the index).
     SQL_NEXT_SCHEDULE = "SELECT min(next_run_at) FROM schedules INDEXED BY schedules_due WHERE paused = 0"
-    SQL_INSERT_SCHEDULE = (f"INSERT INTO schedules ({Schedule.COLUMNS}) "
-                           "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
-    # Each schedule with the state of the job its last slot made (NULL once that job is deleted).
-    SQL_SCHEDULES = (f"SELECT {Schedule.COLUMNS}, (SELECT state FROM jobs WHERE jobs.id = last_job_id) "
-                     "FROM schedules {where} ORDER BY id")
     SQL_DUE_SCHEDULES = (f"SELECT {Schedule.COLUMNS}, (SELECT state FROM jobs WHERE jobs.id = last_job_id) "
                          "FROM schedules INDEXED BY schedules_due WHERE paused = 0 AND next_run_at <= ? "
                          "ORDER BY next_run_at")
-    # A slot's job: another worker may have made it already, and then this one is not made again.
-    SQL_INSERT_SLOT_JOB = SQL_INSERT_JOB + " ON CONFLICT (id) DO NOTHING"
-    # Moved only from the slot it was read at, so a slot is never passed twice.
-    SQL_SCHEDULE_FIRED = ("UPDATE schedules SET next_run_at = ?, last_run_at = coalesce(?, last_run_at), "
-                          "last_job_id = coalesce(?, last_job_id) WHERE id = ? AND next_run_at = ?")
     SQL_SCHEDULE_TO_CHANGE = f"SELECT {Schedule.COLUMNS}, NULL FROM schedules WHERE id = ?"
     # The greatest id below :below that is :prefix (a schedule's id and '@') then a slot's shape: a range
     # of the id index (every id from 'ID@' up to 'ID@:' starts with 'ID@'), then GLOB on the rest. Slot
@@ -1656,23 +1750,6 @@ class SqliteSQL:
     SQL_NEWEST_SLOT_JOB = ("SELECT max(id) FROM jobs WHERE id > :prefix AND id < :below "
                            "AND substr(id, length(:prefix) + 1) "
                            "GLOB '[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]T[0-9][0-9]:[0-9][0-9]:[0-9][0-9]Z'")
-    SQL_PAUSE_SCHEDULE = "UPDATE schedules SET paused = 1 WHERE id = ?"
-    SQL_RESUME_SCHEDULE = "UPDATE schedules SET paused = 0, next_run_at = ? WHERE id = ?"
-    SQL_REMOVE_SCHEDULE = "DELETE FROM schedules WHERE id = ?"
-    SQL_UPDATE_SCHEDULE = ("UPDATE schedules SET cron = ?, every_s = ?, tz = ?, overlap = ?, job = ?, next_run_at = ? "
-                           "WHERE id = ?")
-
-    @classmethod
-    def heads(cls, queues: tuple) -> str:
-        """SQL_HEADS for `worker start --queue` names, or for every queue; its parameters are the
-        names, then the time a head must be due by."""
-        queue_set = f"q(name) AS (VALUES {', '.join(['(?)'] * len(queues))})" if queues else cls.SQL_READY_QUEUES
-        return cls.SQL_HEADS.format(queue_set=queue_set)
-
-    @staticmethod
-    def in_queues(queues: tuple) -> str:
-        """A queue filter: nothing, or `AND queue IN (?, …)`."""
-        return f"AND queue IN ({', '.join('?' * len(queues))})" if queues else ""
 
     @staticmethod
     def id_array(ids: list[str]) -> str:
@@ -2241,23 +2318,31 @@ class Store:
         return total
 
     def pause(self, queues: list[str]) -> None:
-        """Stop claims from these queues ('*' = all)."""
-        self.write(lambda cur: cur.executemany(self.sql.SQL_PAUSE, [(q,) for q in queues]))
+        """Stop claims from these queues ('*' = all, which also undoes every resume of a single queue)."""
+        if "*" in queues:
+            return self._change_pauses(self.sql.SQL_PAUSE_ALL, [()])
+        self._change_pauses(self.sql.SQL_PAUSE, [(q,) for q in queues])  # its '!name' dropped, or its row added
 
     def resume(self, queues: list[str]) -> None:
-        """Undo pause for these queues, or for everything when none are named."""
-        def resume(cur):
-            if queues:
-                cur.executemany(self.sql.SQL_RESUME, [(q,) for q in queues])
-            else:
-                cur.execute(self.sql.SQL_RESUME_ALL)
-            self._wake_workers(cur)
-        if queues and "*" in self.paused():
-            raise Conflict("every queue is paused; 'resume' without --queue resumes them all")
-        self.write(resume)
+        """Undo pause for these queues (while every queue is paused: for these ones only), or for
+        everything when none are named."""
+        if not queues:
+            return self._change_pauses([self.sql.SQL_RESUME_ALL], [()], wake=True)
+        self._change_pauses(self.sql.SQL_RESUME, [(q,) for q in queues], wake=True)  # its row, or '!name' added
+
+    def _change_pauses(self, statements: list[str], params: list[tuple], wake: bool = False) -> None:
+        def change(cur):
+            if self.sql.SQL_LOCK_PAUSED:
+                cur.execute(self.sql.SQL_LOCK_PAUSED)
+            for sql in statements:
+                cur.executemany(sql, params)
+            if wake:
+                self._wake_workers(cur)
+        self.write(change)
 
     def paused(self) -> list[str]:
-        """Paused queue names ('*' = everything)."""
+        """The paused table's rows, sorted: queue names, '*' (every queue) and '!name' (a queue resumed
+        alone while every queue is paused); read them with is_paused."""
         return [r[0] for r in self.read(self.sql.SQL_PAUSED)]
 
     def set_limit(self, queue: str, max_running: int | None) -> None:
@@ -2281,9 +2366,9 @@ class Store:
         counts: dict[str, dict[str, int]] = {}
         for queue, state, n in self.queue_counts():
             counts.setdefault(queue, dict.fromkeys(STATES, 0))[state] = n
-        paused, limits = set(self.paused()), self.limits()
-        names = sorted(set(counts) | set(limits) | (paused - {"*"}))
-        return [{"queue": q, "jobs": counts.get(q, dict.fromkeys(STATES, 0)), "paused": bool(paused & {q, "*"}),
+        paused, limits = self.paused(), self.limits()
+        names = sorted(set(counts) | set(limits) | (set(paused_names(paused)[0]) - {"*"}))
+        return [{"queue": q, "jobs": counts.get(q, dict.fromkeys(STATES, 0)), "paused": is_paused(q, paused),
                  "limit": limits.get(q)} for q in names]
 
     def stats(self, since: float, now: float) -> dict:
@@ -2484,15 +2569,19 @@ class Store:
         """The earliest slot any schedule that is not paused waits for (one index lookup)."""
         return self.read(self.sql.SQL_NEXT_SCHEDULE)[0][0]
 
-    def fire_schedules(self, now: float) -> list[tuple]:
+    def fire_schedules(self, now: float, made: Callable[[str], None] = lambda job_id: None) -> list[tuple]:
         """Fire every due schedule in one transaction (see firing_rule): enqueue its slot's job, unless
         that job exists already, and move it to its next slot. Returns (schedule id, slot or None,
         job id or None, what happened) for each; a schedule this host cannot compute (its zone is
-        unknown here) is left for another worker."""
+        unknown here) is left for another worker. `made(job id)` hears of each job before the commit
+        that makes it claimable (again if the transaction runs again)."""
         def fire(cur):
             rows = cur.execute(self.sql.SQL_DUE_SCHEDULES, (now,)).fetchall()
             events = [self._fire_one(cur, Schedule.from_row(row), defaults, now) for row in rows]
-            if any(event[2] for event in events):
+            jobs = [event[2] for event in events if event[2]]
+            for job_id in jobs:
+                made(job_id)
+            if jobs:
                 self._wake_workers(cur)
             return events
         defaults = self.config_all()  # the jobs' max_retries and timeout, when their template has none
@@ -2884,15 +2973,23 @@ class SqliteStore(Store):
 
     def due_now(self, now: float, queues: tuple = ()) -> bool:
         """True if a claim now may find work: the poller's cheap check (a few index seeks)."""
-        return bool(self.read(self.sql.SQL_POLL.format(heads=self.sql.heads(queues)), (*queues, now, now))[0][0])
+        return self._next_due(now, queues) or bool(self.read(self.sql.SQL_ANY_STAGED, {"now": now}))
 
     def burst_done(self, now: float, queues: tuple = ()) -> bool:
         """True when nothing is processing (in these queues) and nothing is due within the burst horizon."""
-        if self.read(self.sql.SQL_ANY_PROCESSING.format(queues=self.sql.in_queues(queues)), queues):
-            return False
-        soon = now + BURST_HORIZON_S
-        sql = self.sql.SQL_DUE_SOON.format(heads=self.sql.heads(queues), queues=self.sql.in_queues(queues))
-        return not self.read(sql, (*queues, soon, soon, *queues))[0][0]
+        params = {"now": now + BURST_HORIZON_S, "queues": json.dumps(queues)}
+        if queues:
+            busy = self.read(self.sql.SQL_ANY_PROCESSING_FROM_QUEUES, params)
+            staged = self.sql.SQL_STAGED_SOON_FROM_QUEUES
+        else:
+            busy = self.read(self.sql.SQL_ANY_PROCESSING_ANY_QUEUE)
+            staged = self.sql.SQL_STAGED_SOON_ANY_QUEUE
+        return not busy and not self._next_due(params["now"], queues) and not self.read(staged, params)
+
+    def _next_due(self, now: float, queues: tuple) -> bool:
+        """True if a claim at `now` would take a job (SQL_NEXT_DUE_*, the claim's own choice)."""
+        sql = self.sql.SQL_NEXT_DUE_FROM_QUEUES if queues else self.sql.SQL_NEXT_DUE_ANY_QUEUE
+        return bool(self.read(sql, {"now": now, "queues": json.dumps(queues)}))
 
     def _claim_in(self, cur: sqlite3.Cursor, worker_id: str, now: float, queues: tuple) -> Job | None:
         cur.execute(self.sql.SQL_PROMOTE, (now,))
@@ -3065,9 +3162,10 @@ PG_RELKINDS = {"v": "a view", "m": "a materialized view", "f": "a foreign table"
                "S": "a sequence", "i": "an index", "I": "a partitioned index", "c": "a composite type"}
 
 
+@with_shared(lambda sql: sql)  # SharedSQL is written in PostgreSQL's marks
 class PostgresSQL:
-    """Every PostgreSQL statement the store runs, each complete where it is defined; parameters are
-    %s in the order the rules pass them, or %(name)s where a statement takes a dict."""
+    """The PostgreSQL statements the store runs that are not SharedSQL's, each complete where it is
+    defined; parameters are %s in the order the rules pass them, or %(name)s where a statement takes a dict."""
     PARAM = "%s"  # the parameter mark, for clauses the rules build (see _where)
 
     # The schema's own bookkeeping: which tables it holds (one snapshot, so a migration committing
@@ -3165,31 +3263,19 @@ class PostgresSQL:
     SQL_MIGRATION_LOCK = "SELECT pg_advisory_xact_lock(%s, hashtext(%s))"
     SQL_CLOCK = "SELECT extract(epoch FROM clock_timestamp())::double precision"
 
-    SQL_INSERT_JOB = (
-        "INSERT INTO jobs (id, command, state, max_retries, timeout_s, cwd, env, created_at, updated_at, next_run_at, "
-        "priority, queue, waiting_on, last_error, ready) "
-        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
     SQL_INSERT_DEP = "INSERT INTO deps (job_id, dep_id) VALUES (%s, %s) ON CONFLICT DO NOTHING"
-    # A batch's jobs without dependencies, in SQL_INSERT_JOB's columns (see PostgresStore._insert_rows).
+    # A batch's jobs without dependencies (PostgresStore._insert_rows and enqueue_streamed), as rows of
+    # Store._row. It restates SharedSQL.SQL_INSERT_JOB, the statement Store._insert_rows runs for them
+    # (its columns, in its order): a change to one is made to the other. The test
+    # test_postgres_fast_paths_leave_the_rows_of_the_statements_they_restate compares their rows.
     SQL_COPY_JOBS = ("COPY jobs (id, command, state, max_retries, timeout_s, cwd, env, created_at, updated_at, "
                      "next_run_at, priority, queue, waiting_on, last_error, ready) FROM STDIN")
     SQL_TAKEN_IDS = "SELECT id FROM jobs WHERE id = ANY(%s)"
-    SQL_GET_JOB = f"SELECT {Job.COLUMNS} FROM jobs WHERE id = %s"
     SQL_JOB_STATE = "SELECT state FROM jobs WHERE id = %s FOR UPDATE"  # see the comment above PG_MIGRATIONS
     # LIMIT NULL is no limit: the rules pass -1 for "all", as SQLite takes it.
     SQL_LIST_JOBS = (f"SELECT {Job.COLUMNS} FROM (SELECT * FROM jobs {{where}} ORDER BY seq DESC "
                      "LIMIT nullif(%s, -1)) AS newest ORDER BY seq")
-    SQL_COUNTS = "SELECT state, count(*) FROM jobs {where} GROUP BY state"
     SQL_DEPS_OF = "SELECT dep_id FROM deps WHERE job_id = %s ORDER BY seq"
-    # `wait --all`, as SQLite's. A job whose insert commits after the first statement's snapshot with
-    # a lower seq than its max (sequences are handed out before commit) is neither answered for nor
-    # counted as arrived: the progress line's total may lag by it; the exit code cannot be wrong.
-    # One snapshot: a first row (0, the highest seq so far), then a row (1, seq) per unfinished job.
-    SQL_UNFINISHED_SEQS = ("SELECT 0, coalesce(max(seq), 0) FROM jobs UNION ALL "
-                           "SELECT 1, seq FROM jobs WHERE state IN ('pending', 'failed', 'processing') {queue}")
-    SQL_WAIT_COUNTS = ("SELECT (SELECT count(*) FROM jobs WHERE state IN ('pending', 'failed', 'processing') {queue}), "
-                       "(SELECT count(*) FROM jobs WHERE seq > %s {queue})")
-    SQL_DEAD_BETWEEN = "SELECT id, seq FROM jobs WHERE state = 'dead' AND seq BETWEEN %s AND %s {queue} ORDER BY seq"
     # The claim keeps SQLite's split (see SqliteSQL): a waiting job is staged until due, then ready,
     # and the claim transaction first promotes what has fallen due. Rows another claimer is
     # promoting are skipped, not waited for: that claimer makes them ready.
@@ -3211,9 +3297,10 @@ class PostgresSQL:
     # is in a limited queue this statement claims nothing and returns that queue (free = false), and
     # the claim runs it again holding the lock. Claims of unlimited queues take no such lock and stay
     # concurrent; a queue full by this snapshot is skipped without its lock. The claimed job's run
-    # record is opened by the same statement (`opened`: started now, due when the job was). The
-    # statement returns (best queue, free, the claimed job's columns or NULLs), or no row when no
-    # queue has a due job.
+    # record is opened by the same statement (`opened`: started now, due when the job was). `opened`
+    # restates SQLite's SQL_INSERT_RUN, which SqliteStore._claim_in runs with due_at = eligible_at(job)
+    # (here GREATEST(next_run_at, created_at)): a change to one is made to the other. The statement
+    # returns (best queue, free, the claimed job's columns or NULLs), or no row when no queue has a due job.
     SQL_CLAIM_ANY_QUEUE = """
     WITH RECURSIVE q(name) AS (  -- every queue with a ready job: one index seek per queue (a skip-scan)
         SELECT (SELECT queue FROM jobs WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1
@@ -3225,7 +3312,8 @@ class PostgresSQL:
     eligible(name, free) AS (  -- not paused, not full; free: no limit, or this claim holds the queue's lock
         SELECT q.name, l.queue IS NULL OR q.name = ANY(%(held)s::text[])
         FROM q LEFT JOIN queue_limits AS l ON l.queue = q.name
-        WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+        WHERE q.name IS NOT NULL AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+                                      OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || q.name))  -- resumed alone
           AND NOT q.name = ANY(%(busy)s::text[])
           AND (l.queue IS NULL OR l.max_running > (SELECT count(*) FROM jobs
                                                    WHERE state = 'processing' AND queue = q.name))),
@@ -3252,7 +3340,8 @@ class PostgresSQL:
     eligible(name, free) AS (  -- not paused, not full; free: no limit, or this claim holds the queue's lock
         SELECT q.name, l.queue IS NULL OR q.name = ANY(%(held)s::text[])
         FROM q LEFT JOIN queue_limits AS l ON l.queue = q.name
-        WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+        WHERE q.name IS NOT NULL AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+                                      OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || q.name))  -- resumed alone
           AND NOT q.name = ANY(%(busy)s::text[])
           AND (l.queue IS NULL OR l.max_running > (SELECT count(*) FROM jobs
                                                    WHERE state = 'processing' AND queue = q.name))),
@@ -3290,7 +3379,8 @@ class PostgresSQL:
         FROM q WHERE q.name IS NOT NULL),
     eligible(name) AS (  -- not paused, not full
         SELECT q.name FROM q LEFT JOIN queue_limits AS l ON l.queue = q.name
-        WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+        WHERE q.name IS NOT NULL AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+                                      OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || q.name))  -- resumed alone
           AND (l.queue IS NULL OR l.max_running > (SELECT count(*) FROM jobs
                                                    WHERE state = 'processing' AND queue = q.name)))
     SELECT EXISTS (SELECT 1 FROM eligible CROSS JOIN LATERAL (  -- LIMIT: a seek per queue, never a join of all
@@ -3302,7 +3392,8 @@ class PostgresSQL:
     WITH q(name) AS (SELECT pg_catalog.unnest(%(queues)s::text[])),  -- the queues of `worker start --queue`
     eligible(name) AS (  -- not paused, not full
         SELECT q.name FROM q LEFT JOIN queue_limits AS l ON l.queue = q.name
-        WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+        WHERE q.name IS NOT NULL AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+                                      OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || q.name))  -- resumed alone
           AND (l.queue IS NULL OR l.max_running > (SELECT count(*) FROM jobs
                                                    WHERE state = 'processing' AND queue = q.name)))
     SELECT EXISTS (SELECT 1 FROM eligible CROSS JOIN LATERAL (  -- LIMIT: a seek per queue, never a join of all
@@ -3312,30 +3403,29 @@ class PostgresSQL:
                    WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= %(now)s)"""
     # --burst: is anything processing in our queues, or due within the horizon (ready or staged) in
     # one of them that is not paused?
-    SQL_ANY_PROCESSING_ANY_QUEUE = "SELECT 1 FROM jobs WHERE state = 'processing' LIMIT 1"
     SQL_ANY_PROCESSING_FROM_QUEUES = "SELECT 1 FROM jobs WHERE state = 'processing' AND queue = ANY(%(queues)s) LIMIT 1"
     SQL_DUE_SOON_ANY_QUEUE = """
     SELECT EXISTS (SELECT 1 FROM jobs
                    WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND next_run_at <= %(soon)s
-                     AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')))"""
+                     AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*'))
+                          OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || jobs.queue)))"""
     SQL_DUE_SOON_FROM_QUEUES = """
     SELECT EXISTS (SELECT 1 FROM jobs
                    WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND next_run_at <= %(soon)s
                      AND queue = ANY(%(queues)s)
-                     AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')))"""
+                     AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*'))
+                          OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || jobs.queue)))"""
     # A flush is worth no wait: a row lock held longer than this makes it give up (see flush_output).
     SQL_FLUSH_LOCK_TIMEOUT = "SET LOCAL lock_timeout = '50ms'"
-    SQL_FLUSH_OUTPUT = ("UPDATE runs SET output = %s, output_bytes = %s "
-                        "WHERE job_id = %s AND run_no = %s AND ended_at IS NULL")
-    # The guarded writes after the claim, as SQLite's (owner and run number).
-    SQL_FINISH_JOB = ("UPDATE jobs SET state = %s, attempts = %s, next_run_at = %s, last_error = %s, exit_code = %s, "
-                      "worker_id = NULL, updated_at = %s, ready = 0 "
-                      "WHERE id = %s AND state = 'processing' AND worker_id = %s AND run_count = %s")
     # A completed run in one statement, for a worker's hot path (see PostgresStore.finish_and_claim):
     # SQL_FINISH_JOB, then only if it changed the job (still ours) SQL_FINISH_RUN and
     # SQL_RELEASE_DEPENDENTS, and a wake-up if it released a dependent. Returns (1, or 0 when the job
     # was no longer ours and nothing was written; 1 if the workers were woken, else 0). It reads deps as
     # of its start: the job's row must be locked before it (see PostgresStore._complete_and_claim).
+    # It restates Store._finish_in's path for a completed run (SharedSQL.SQL_FINISH_JOB, then
+    # SQL_FINISH_RUN in _close_run, SQL_RELEASE_DEPENDENTS and _wake_workers in _settle_dependents):
+    # a change to one is made to the other. The test
+    # test_postgres_fast_paths_leave_the_rows_of_the_statements_they_restate compares their rows.
     SQL_COMPLETE = """
     WITH finished AS (
         UPDATE jobs SET state = 'completed', attempts = %(attempts)s, next_run_at = %(next_run_at)s,
@@ -3356,69 +3446,25 @@ class PostgresSQL:
     # FOR UPDATE: a cancel cannot land between this read and the write that follows it.
     SQL_CANCEL_FLAG = ("SELECT cancel_requested = run_count FROM jobs "
                        "WHERE id = %s AND state = 'processing' AND worker_id = %s AND run_count = %s FOR UPDATE")
-    SQL_REQUEUE = ("UPDATE jobs SET state = %s, lost_count = lost_count + %s, last_error = coalesce(%s, last_error), "
-                   "next_run_at = %s, worker_id = NULL, updated_at = %s, ready = 0 "
-                   "WHERE id = %s AND state = 'processing' AND worker_id = %s AND run_count = %s")
     SQL_FINISH_RUN = ("UPDATE runs SET ended_at = coalesce(started_at + %s, GREATEST(%s, started_at)), outcome = %s, "
                       "exit_code = %s, error = %s, output = coalesce(%s, output), "
                       "output_bytes = GREATEST(output_bytes, %s) WHERE job_id = %s AND run_no = %s")
     SQL_RELEASE_DEPENDENTS = ("UPDATE jobs SET waiting_on = waiting_on - 1, next_run_at = GREATEST(next_run_at, %s), "
                               "updated_at = %s WHERE id IN (SELECT job_id FROM deps WHERE dep_id = %s) "
                               "AND waiting_on > 0")
-    SQL_KILL_DEPENDENTS = """
-        WITH RECURSIVE down(id, cause) AS (
-            SELECT job_id, dep_id FROM deps WHERE dep_id = %s
-            UNION SELECT deps.job_id, deps.dep_id FROM deps JOIN down ON deps.dep_id = down.id)
-        UPDATE jobs SET state = 'dead', updated_at = %s,
-            last_error = 'dependency ' || (SELECT cause FROM down WHERE down.id = jobs.id LIMIT 1) || ' is dead'
-        WHERE id IN (SELECT id FROM down) AND state IN ('pending', 'failed')"""
-    # Recovery by adoption, as SQLite's (parameters: adopter, job id, run number, owner).
-    SQL_HELD_RUNS = ("SELECT jobs.id, jobs.run_count, coalesce(runs.worker_id, jobs.worker_id) FROM jobs "
-                     "LEFT JOIN runs ON runs.job_id = jobs.id AND runs.run_no = jobs.run_count "
-                     "WHERE jobs.state = 'processing' AND jobs.worker_id = %s")
+    # Recovery by adoption, as SQLite's SQL_ADOPT (parameters: adopter, job id, run number, owner).
     SQL_ADOPT = ("UPDATE jobs SET worker_id = adopter.id FROM workers AS adopter "
                  "WHERE adopter.id = %s AND jobs.id = %s AND jobs.run_count = %s AND jobs.state = 'processing' "
                  "AND jobs.worker_id = %s AND NOT EXISTS (SELECT 1 FROM workers WHERE workers.id = jobs.worker_id)")
-    SQL_RUN_WORKER = "SELECT worker_id FROM runs WHERE job_id = %s AND run_no = %s"
     SQL_ADOPTED = ("SELECT jobs.id, jobs.run_count, runs.worker_id FROM jobs "
                    "JOIN runs ON runs.job_id = jobs.id AND runs.run_no = jobs.run_count "
                    "WHERE jobs.state = 'processing' AND jobs.worker_id = %s AND runs.worker_id <> jobs.worker_id")
-    SQL_OWN_RUNS = ("SELECT jobs.id, jobs.run_count FROM jobs "
-                    "JOIN runs ON runs.job_id = jobs.id AND runs.run_no = jobs.run_count "
-                    "WHERE jobs.state = 'processing' AND jobs.worker_id = %s AND runs.worker_id = jobs.worker_id")
-    SQL_PROCESSING_BY_WORKER = "SELECT worker_id, id FROM jobs WHERE state = 'processing'"
-    SQL_CANCEL_REQUESTS = ("SELECT id, run_count FROM jobs WHERE state = 'processing' AND worker_id = %s "
-                           "AND cancel_requested = run_count")
-    SQL_ORPHAN_JOBS = ("SELECT id, run_count, lost_count, worker_id FROM jobs WHERE state = 'processing' "
-                       "AND worker_id NOT IN (SELECT id FROM workers)")
-    SQL_RUNS = ("SELECT run_no, worker_id, started_at, due_at, ended_at, outcome, exit_code, error, output, "
-                "output_bytes FROM runs WHERE job_id = %s ORDER BY run_no")
     SQL_RUN = ("SELECT run_no, output, output_bytes, ended_at FROM runs "
                "WHERE job_id = %s AND (run_no = %s OR %s::bigint IS NULL) ORDER BY run_no DESC LIMIT 1")
-    SQL_RETRY = ("UPDATE jobs SET state = 'pending', attempts = 0, lost_count = 0, cancel_requested = 0, "
-                 "next_run_at = %s, last_error = NULL, exit_code = NULL, updated_at = %s, ready = 0, "
-                 "waiting_on = (SELECT count(*) FROM deps JOIN jobs d ON d.id = deps.dep_id "
-                 "WHERE deps.job_id = jobs.id AND d.state <> 'completed') WHERE id = %s AND state = 'dead'")
     # Every dependency is locked, not only the dead ones: the waiting_on that SQL_RETRY counts next
     # must not change before the retry commits.
     SQL_DEAD_DEPS = ("SELECT dep_id FROM (SELECT d.id AS dep_id, d.state FROM deps JOIN jobs d ON d.id = deps.dep_id "
                      "WHERE deps.job_id = %s FOR UPDATE OF d) AS locked WHERE state = 'dead'")
-    # The jobs it finds are locked by SQL_JOB_STATE and SQL_DEAD_DEPS, one by one, and read again (see
-    # Store.retry_all_dead).
-    SQL_DEAD_CHAINS = """
-        WITH RECURSIVE chain(id) AS (
-            SELECT id FROM jobs WHERE state = 'dead' AND queue = coalesce(%s, queue)
-            UNION SELECT deps.dep_id FROM deps JOIN chain ON deps.job_id = chain.id
-                JOIN jobs d ON d.id = deps.dep_id WHERE d.state = 'dead')
-        SELECT id FROM jobs WHERE id IN (SELECT id FROM chain) ORDER BY seq"""
-    # No lock: Store.cancel_all locks each job with SQL_JOB_STATE and reads its state again before changing it.
-    SQL_UNFINISHED = ("SELECT id FROM jobs WHERE state IN ('pending', 'failed', 'processing') "
-                      "AND queue = coalesce(%s, queue) ORDER BY seq")
-    SQL_CANCEL_WAITING = ("UPDATE jobs SET state = 'dead', last_error = 'canceled', updated_at = %s "
-                          "WHERE id = %s AND state IN ('pending', 'failed')")
-    SQL_CANCEL_RUNNING = "UPDATE jobs SET cancel_requested = run_count WHERE id = %s AND state = 'processing'"
-    SQL_NEEDED_BY = ("SELECT deps.job_id FROM deps JOIN jobs j ON j.id = deps.job_id JOIN jobs d ON d.id = deps.dep_id "
-                     "WHERE deps.dep_id = %s AND j.state <> 'completed' AND d.state <> 'completed'")
     SQL_FORGET_RUNS = (
         "INSERT INTO config (key, value) SELECT 'runs_forgotten', json_build_array(count(*), "
         "sum(round((ended_at - started_at) * 1000000)::bigint))::text FROM runs "
@@ -3431,52 +3477,37 @@ class PostgresSQL:
     SQL_PURGE_IDS = ("SELECT id FROM jobs WHERE state = %s AND updated_at < %s AND (state = 'completed' OR NOT EXISTS "
                      "(SELECT 1 FROM deps JOIN jobs j ON j.id = deps.job_id WHERE deps.dep_id = jobs.id "
                      "AND j.state <> 'completed')) LIMIT nullif(%s, -1) FOR UPDATE")
-    SQL_PAUSE = "INSERT INTO paused (queue) VALUES (%s) ON CONFLICT DO NOTHING"
-    SQL_RESUME = "DELETE FROM paused WHERE queue = %s"
-    SQL_RESUME_ALL = "DELETE FROM paused"
-    SQL_PAUSED = "SELECT queue FROM paused ORDER BY queue"
+    SQL_PAUSE_ALL = SqliteSQL.SQL_PAUSE_ALL
+    SQL_PAUSE = ["DELETE FROM paused WHERE queue = '!' || %s::text",
+                 "INSERT INTO paused (queue) SELECT %s::text "
+                 "WHERE NOT EXISTS (SELECT 1 FROM paused WHERE queue = '*') ON CONFLICT DO NOTHING"]
+    SQL_RESUME = ["DELETE FROM paused WHERE queue = %s",
+                  "INSERT INTO paused (queue) SELECT '!' || %s::text "
+                  "WHERE EXISTS (SELECT 1 FROM paused WHERE queue = '*') ON CONFLICT DO NOTHING"]
+    # Pauses and resumes one at a time, so a queue never ends with both its row and '!name' (each reads
+    # what the other writes); claims read the table under no lock and never wait for this one.
+    SQL_LOCK_PAUSED = "LOCK TABLE paused IN SHARE ROW EXCLUSIVE MODE"
     # A new limit waits for every claim in flight, and claims wait for it: a claim that began before the
     # limit saw none and took no lock, so a claim after it, counting only committed claims, would not
     # count that one. Every claim reads queue_limits, which holds off this lock until it commits.
     SQL_LOCK_LIMITS = "LOCK TABLE queue_limits IN ACCESS EXCLUSIVE MODE"
-    SQL_SET_LIMIT = ("INSERT INTO queue_limits (queue, max_running) VALUES (%s, %s) "
-                     "ON CONFLICT (queue) DO UPDATE SET max_running = excluded.max_running")
-    SQL_REMOVE_LIMIT = "DELETE FROM queue_limits WHERE queue = %s"
-    SQL_LIMITS = "SELECT queue, max_running FROM queue_limits ORDER BY queue"
-    SQL_REGISTER = ("INSERT INTO workers (id, host, pid, proc_start, boot_id, pid_ns, threads, started_at, "
-                    "heartbeat_at, queues, version) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
-    SQL_HEARTBEAT = "UPDATE workers SET heartbeat_at = %s, beat = beat + 1 WHERE id = %s"
-    SQL_STOP_REQUESTED = "SELECT stop_requested FROM workers WHERE id = %s"
-    SQL_DEREGISTER = "DELETE FROM workers WHERE id = %s"
-    SQL_DROP_DEAD_WORKER = "DELETE FROM workers WHERE id = %s AND started_at = %s AND beat = %s"
-    SQL_WORKERS = ("SELECT id, host, pid, proc_start, boot_id, pid_ns, heartbeat_at, beat, stop_requested, threads, "
-                   "started_at, queues, version FROM workers ORDER BY started_at")
-    SQL_OLDER_WORKERS = "SELECT id, host, pid, proc_start, boot_id, pid_ns, heartbeat_at, NULL FROM workers"
-    SQL_OLDER_WORKERS_VERSIONED = "SELECT id, host, pid, proc_start, boot_id, pid_ns, heartbeat_at, version FROM workers"
     # Taken by a migration before it looks for live workers: a registration under way commits first and is
     # seen, a later one waits for the migration and then meets the schema it brought (plain reads go on).
     SQL_LOCK_WORKERS = "LOCK TABLE workers IN EXCLUSIVE MODE"
     # Not a row without a version (an older worker the upgrade found dead): workers_versioned refuses its update,
     # and that worker, whose heartbeat it refuses too, would never read the request.
     SQL_REQUEST_STOP = "UPDATE workers SET stop_requested = 1 WHERE id = %s AND version IS NOT NULL"
-    SQL_STATS_OUTCOMES = "SELECT outcome, count(*) FROM runs WHERE ended_at >= %s GROUP BY outcome"
     SQL_STATS_TIMES = ("SELECT ended_at - started_at, GREATEST(0, started_at - due_at) FROM runs "
                        "WHERE ended_at >= %s AND outcome IN ('completed', 'failed', 'dead')")
     SQL_RUN_TOTALS = ("SELECT count(*), coalesce(sum(round((ended_at - started_at) * 1000000)::bigint), 0), "
                       "(SELECT value FROM config WHERE key = 'runs_forgotten') FROM runs "
                       "WHERE outcome IN ('completed', 'failed', 'dead')")
-    SQL_QUEUE_COUNTS = "SELECT queue, state, count(*) FROM jobs GROUP BY queue, state"
     # Ready and staged together are every waiting job.
     SQL_OLDEST_ELIGIBLE_BY_QUEUE = (
         "SELECT queue, min(GREATEST(next_run_at, created_at)) FROM jobs "
         "WHERE state IN ('pending', 'failed') AND waiting_on = 0 "
-        "AND next_run_at <= %s AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')) "
-        "GROUP BY queue")
-    SQL_CONFIG_GET = "SELECT value FROM config WHERE key = %s"
-    SQL_CONFIG_SET = ("INSERT INTO config (key, value) VALUES (%s, %s) "
-                      "ON CONFLICT (key) DO UPDATE SET value = excluded.value")
-    SQL_CONFIG_ALL = "SELECT key, value FROM config"
-    SQL_PAGE_JOBS = f"SELECT {Job.COLUMNS} FROM jobs {{where}} ORDER BY seq DESC LIMIT %s OFFSET %s"
+        "AND next_run_at <= %s AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')) "
+        "OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || jobs.queue)) GROUP BY queue")
     SQL_RUNS_PER_MINUTE = ("SELECT floor((ended_at - %s) / 60)::bigint AS minute, outcome, count(*) FROM runs "
                            "WHERE ended_at >= %s AND outcome IN ('completed', 'failed', 'dead') "
                            "GROUP BY minute, outcome")
@@ -3491,26 +3522,14 @@ class PostgresSQL:
     # Schedules, as SQLite's. A due schedule is locked while it fires, and one that another worker
     # is firing is skipped (that worker fires it); a schedule read to change is read FOR UPDATE.
     SQL_NEXT_SCHEDULE = "SELECT min(next_run_at) FROM schedules WHERE paused = 0"
-    SQL_INSERT_SCHEDULE = (f"INSERT INTO schedules ({Schedule.COLUMNS}) "
-                           "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
-    SQL_SCHEDULES = (f"SELECT {Schedule.COLUMNS}, (SELECT state FROM jobs WHERE jobs.id = last_job_id) "
-                     "FROM schedules {where} ORDER BY id")
     SQL_DUE_SCHEDULES = (f"SELECT {Schedule.COLUMNS}, (SELECT state FROM jobs WHERE jobs.id = last_job_id) "
                          "FROM schedules WHERE paused = 0 AND next_run_at <= %s ORDER BY next_run_at "
                          "FOR UPDATE OF schedules SKIP LOCKED")
-    SQL_INSERT_SLOT_JOB = SQL_INSERT_JOB + " ON CONFLICT (id) DO NOTHING"
-    SQL_SCHEDULE_FIRED = ("UPDATE schedules SET next_run_at = %s, last_run_at = coalesce(%s, last_run_at), "
-                          "last_job_id = coalesce(%s, last_job_id) WHERE id = %s AND next_run_at = %s")
     SQL_SCHEDULE_TO_CHANGE = f"SELECT {Schedule.COLUMNS}, NULL FROM schedules WHERE id = %s FOR UPDATE"
     # As SQLite's, compared byte by byte (COLLATE "C"): the database's collation may order text otherwise.
     SQL_NEWEST_SLOT_JOB = ("SELECT max(id COLLATE \"C\") FROM jobs WHERE left(id, length(%(prefix)s)) = %(prefix)s "
                            "AND id COLLATE \"C\" < %(below)s AND substr(id, length(%(prefix)s) + 1) "
                            "~ '^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z$'")
-    SQL_PAUSE_SCHEDULE = "UPDATE schedules SET paused = 1 WHERE id = %s"
-    SQL_RESUME_SCHEDULE = "UPDATE schedules SET paused = 0, next_run_at = %s WHERE id = %s"
-    SQL_REMOVE_SCHEDULE = "DELETE FROM schedules WHERE id = %s"
-    SQL_UPDATE_SCHEDULE = ("UPDATE schedules SET cron = %s, every_s = %s, tz = %s, overlap = %s, job = %s, "
-                           "next_run_at = %s WHERE id = %s")
 
     @staticmethod
     def id_array(ids: list[str]) -> list[str]:
@@ -3522,8 +3541,6 @@ class _NotStreamed(Exception):
     """PostgresStore.enqueue_streamed cannot store this batch: the usual path takes it."""
 
 
-# Parameter marks of PostgresSQL's statements, as PgPipeline numbers them for libpq ($1, $2, …).
-PG_PARAM_MARK = re.compile(r"%\((\w+)\)s|%s")
 
 
 @functools.lru_cache(maxsize=None)
@@ -5377,8 +5394,10 @@ class Runner:
     (A Worker is the process `worker start` starts, with one registration and N runners.)"""
 
     def __init__(self, store: Store, worker_id: str, abort, queues: tuple = (), current_registration=lambda: 0,
-                 keep_claiming=lambda: False, give_up=lambda: False, holdings: Holdings | None = None):
+                 keep_claiming=lambda: False, give_up=lambda: False, holdings: Holdings | None = None,
+                 claim_may_log: Callable[[str], None] = lambda job_id: None):
         self.store = store
+        self.claim_may_log = claim_may_log  # see ScheduleFirer.claim_may_log
         self.worker_id = worker_id
         self.abort = abort  # abort(job, registration) -> reason to kill the running job, or None
         self.give_up = give_up  # a hard stop: stop trying to record a result
@@ -5419,6 +5438,7 @@ class Runner:
 
     def _run(self, job: Job, registration: int) -> Outcome:
         if not log.quiet:
+            self.claim_may_log(job.id)
             log.info("job %s claimed (attempt %d): %s", job.id, job.attempts + 1, _short(job.command),
                      extra=event("job_claimed", job_id=job.id, attempt=job.attempts + 1, command=job.command))
         env = {"QUEUECTL_JOB_ID": job.id, "QUEUECTL_ATTEMPT": str(job.attempts + 1),
@@ -5738,9 +5758,13 @@ class ScheduleFirer:
     fires as soon as a slot it knows of is due; firing is idempotent, whoever else fires too."""
 
     def __init__(self):
+        import threading
         self.checked_at = -math.inf  # monotonic time of the last lookup
         self.due_at = math.inf  # the earliest next slot that lookup found (Unix seconds)
         self.unfired: dict[str, str] = {}  # schedule id -> why this host cannot fire it, as last logged
+        # The jobs a firing under way has made and not logged yet (see claim_may_log).
+        self.unlogged: set[str] = set()
+        self.logged = threading.Condition()
 
     def tick(self, store: Store, mono: float, now: float | None = None) -> list[tuple]:
         """Fire what is due; returns the events of Store.fire_schedules (logged here)."""
@@ -5750,12 +5774,34 @@ class ScheduleFirer:
         self.checked_at, events = mono, []
         earliest = store.next_schedule_at()
         if earliest is not None and earliest <= now:
-            events = store.fire_schedules(now)
-            self._log(events)
+            events = self._fire(store, now)
             earliest = store.next_schedule_at()
         # One still due (another worker is firing it, or this host lacks its zone): look again in a second.
         self.due_at = earliest if earliest is not None and earliest > now else math.inf
         return events
+
+    def _fire(self, store: Store, now: float) -> list[tuple]:
+        """Fire what is due and log it; until then, a runner of this worker that claims a job just made
+        waits to log its claim (see claim_may_log)."""
+        try:
+            events = store.fire_schedules(now, self._made)
+            self._log(events)
+            return events
+        finally:
+            with self.logged:
+                self.unlogged.clear()
+                self.logged.notify_all()
+
+    def _made(self, job_id: str) -> None:
+        with self.logged:
+            self.unlogged.add(job_id)
+
+    def claim_may_log(self, job_id: str) -> None:
+        """Called by a runner before it logs a claim: if a firing of this worker made the job and has not
+        logged it yet, wait for that line (at most FIRE_LOG_WAIT_S), so the log reads in order."""
+        if job_id in self.unlogged:  # added before the commit that made the job claimable
+            with self.logged:
+                self.logged.wait_for(lambda: job_id not in self.unlogged, FIRE_LOG_WAIT_S)
 
     def _log(self, events: list[tuple]) -> None:
         """Log each event; a schedule this host cannot fire stays due and is tried again every second,
@@ -6312,7 +6358,7 @@ class Worker:
     def _new_runner(self) -> Runner:
         store = self._runner_store()
         runner = Runner(store, self.worker_id, self.abort_reason, self.queues, lambda: self.registration,
-                        lambda: not self.claiming_ends(), self.give_up, self.holdings)
+                        lambda: not self.claiming_ends(), self.give_up, self.holdings, self.schedules.claim_may_log)
         self.runners.append(runner)
         return runner
 
@@ -6368,8 +6414,11 @@ def run_dict(run: dict) -> dict:
             "started_at": iso(run["started_at"]), "due_at": iso(run["due_at"]),
             "ended_at": iso(ended), "duration_s": None if ended is None else round(ended - run["started_at"], 6)}
 def status_dict(store: Store, queue: str | None = None) -> dict:
-    """`status --json`: jobs per state, live worker processes, paused queues."""
-    return {"jobs": store.counts(queue), "active_workers": len(live_workers(store)), "paused": store.paused()}
+    """`status --json`: jobs per state, live worker processes, paused queues (['*']: every queue but those
+    of paused_except)."""
+    paused, resumed = paused_names(store.paused())
+    return {"jobs": store.counts(queue), "active_workers": len(live_workers(store)), "paused": paused,
+            "paused_except": resumed}
 
 
 def stats_dict(store: Store, since_s: float, now: float) -> dict:
@@ -6453,7 +6502,7 @@ METRICS_WINDOWS = (("1m", 60), ("1h", 3600))  # queuectl_runs_finished's window 
 
 def metrics_text(store: Store, now: float) -> str:
     """`queuectl metrics` and GET /metrics: the queue as Prometheus gauges, run durations as a summary."""
-    rows, paused = store.queue_counts(), set(store.paused())
+    rows, paused = store.queue_counts(), store.paused()
     queues, counts = sorted({queue for queue, _, _ in rows}), {(queue, state): n for queue, state, n in rows}
     oldest = store.oldest_eligible_by_queue(now)
     hour = store.stats(now - 3600, now)  # its outcomes are the 1h window's
@@ -6468,7 +6517,7 @@ def metrics_text(store: Store, now: float) -> str:
         ("queuectl_oldest_due_age_seconds", "Seconds the longest-waiting job that is due and may run has waited, "
          "by queue (0 when none waits; no sample for a paused queue).",
          [({"queue": q}, round(max(0.0, now - oldest[q]), 3) if q in oldest else 0)
-          for q in queues if not paused & {q, "*"}]),
+          for q in queues if not is_paused(q, paused)]),
         ("queuectl_runs_finished", "Runs that ended within the window (1m or 1h), by outcome.",
          [({"outcome": o, "window": w}, finished[w].get(o, 0)) for w, _ in METRICS_WINDOWS for o in RUN_OUTCOMES]),
         ("queuectl_run_duration_seconds", "Durations of the runs that ended completed, failed or dead: quantiles "
@@ -7232,7 +7281,7 @@ const meta = (name) => document.querySelector(`meta[name="${name}"]`).content;
 const NEEDS_TOKEN = meta("queuectl-needs-token") === "1", ACTIONS = meta("queuectl-actions") === "1";
 const STATES = ["pending", "processing", "completed", "failed", "dead"], OUTCOMES = ["completed", "failed", "dead"];
 const PAGE = 25, REFRESH_MS = 1500, TAIL_CHARS = 16384, QUEUE_NAME = /^[A-Za-z0-9._-]{0,64}$/;
-const view = { state: "", queue: "", offset: 0, job: null, closed: new Set(), paused: [] };
+const view = { state: "", queue: "", offset: 0, job: null, closed: new Set(), paused: [], pausedExcept: [] };
 const drawn = {};  // the JSON each panel last drew: an unchanged panel is left alone
 
 // The token: the printed URL brings it in the fragment (#token=T, optionally &job=ID), which no browser
@@ -7293,11 +7342,14 @@ const num = (n) => Number(n).toLocaleString("en-US");
 // As `queuectl list`: ATTEMPTS counts the run going on or the one that completed; DUE says what a job waits for.
 const attempts = (j) => (`${j.attempts + (["processing", "completed"].includes(j.state) ? 1 : 0)}/`
   + Math.max(j.max_retries, 1));
+// As is_paused: '*' pauses every queue but those of paused_except.
+const isPaused = (queue) => !view.pausedExcept.includes(queue) && (view.paused.includes("*")
+  || view.paused.includes(queue));
 function due(j) {
   if (!["pending", "failed"].includes(j.state)) return "–";
   if (j.waiting_on) return `after ${j.waiting_on} job${j.waiting_on === 1 ? "" : "s"}`;
   const left = (Date.parse(j.next_run_at) - Date.now()) / 1000;
-  if (left <= 0) return view.paused.includes("*") || view.paused.includes(j.queue) ? "paused" : "now";
+  if (left <= 0) return isPaused(j.queue) ? "paused" : "now";
   if (left >= 86400) return j.next_run_at;
   if (left <= 59) return `in ${Math.ceil(left)}s`;  // rounded up, as due_text: never "in 60s" or "in 60m"
   const minutes = Math.ceil(left / 60);
@@ -7322,9 +7374,9 @@ async function loadStatus() {
   const [status] = await api("/api/status");
   for (const state of STATES) $("#n-" + state).textContent = num(status.jobs[state]);
   $("#n-workers").textContent = num(status.active_workers);
-  const paused = view.paused = status.paused;
-  $("#paused").textContent = !paused.length ? ""
-    : "paused: " + (paused.includes("*") ? "all queues" : paused.join(", "));
+  const paused = view.paused = status.paused, except = view.pausedExcept = status.paused_except;
+  $("#paused").textContent = !paused.length ? "" : "paused: " + (!paused.includes("*") ? paused.join(", ")
+    : "all queues" + (except.length ? " except " + except.join(", ") : ""));
   for (const option of $("#state").options) {
     option.textContent = option.value ? `${option.value} (${num(status.jobs[option.value])})` : "all states";
   }
@@ -8130,6 +8182,13 @@ class Progress:
             self._write("\r\x1b[K")
             self.visible = False
 
+    def note(self, text: str) -> None:
+        """A line on stderr that stays, whether the live line is on or off (erased first, drawn again
+        by the next show())."""
+        self.close()
+        self.drawn_at = None
+        self._write(text + "\n")
+
     def __enter__(self) -> "Progress":
         return self
 
@@ -8187,8 +8246,12 @@ def cmd_enqueue(args, store: Store) -> None:
     if args.job != "-":
         return enqueue_and_print(store, [validate_job(job_json(args.job), defaults, cwd, now)], now, args.json)
     started, progress = time.monotonic(), Progress.for_command(args)
+    if sys.stdin.isatty():  # else it would seem to hang, waiting for what was meant to be piped in
+        print("queuectl: note: reading jobs, one JSON object a line, until Ctrl-D", file=sys.stderr, flush=True)
     with progress:
         specs, ids = enqueue_batch(store, progress, now, defaults, cwd)
+    if not specs:
+        print("queuectl: note: no jobs read", file=sys.stderr)
     print_enqueued(store, specs, ids, args.json, batch=True)
     if progress.drawn:  # a long batch on a terminal: its live line is gone, one line says how it went
         sys.stdout.flush()
@@ -8277,13 +8340,15 @@ def read_stdin(read: Callable[[int], None] = lambda lines: None) -> bytearray:
 def note_paused(store: Store, queues: list[str]) -> None:
     """A note on stderr when jobs went into a paused queue: they wait, and nothing else would say why."""
     paused = store.paused()
-    stuck = list(dict.fromkeys(q for q in queues if q in paused or "*" in paused))
+    stuck = list(dict.fromkeys(q for q in queues if is_paused(q, paused)))
     if not stuck:
         return
+    command = "queuectl resume " + " ".join(f"--queue {q}" for q in stuck)  # names are plain ASCII words
     if "*" in paused:
-        return print("queuectl: note: every queue is paused; jobs wait for `queuectl resume`", file=sys.stderr)
+        return print(f"queuectl: note: {paused_text(*paused_names(paused))} are paused; jobs wait for `{command}` "
+                     "(or `queuectl resume`, for all)", file=sys.stderr)
     which = f"queue {stuck[0]!r} is" if len(stuck) == 1 else f"queues {', '.join(map(repr, stuck))} are"
-    print(f"queuectl: note: {which} paused; jobs wait for `queuectl resume --queue NAME`", file=sys.stderr)
+    print(f"queuectl: note: {which} paused; jobs wait for `{command}`", file=sys.stderr)
 
 
 def add_job_object(args) -> dict:
@@ -8427,6 +8492,7 @@ def cmd_wait(args, store: Store) -> int:
 def wait_ids(store: Store, ids: list[str], deadline: float | None, progress: "Progress") -> int:
     """`wait ID…`: until every named job is completed or dead; 1 naming the dead ones, or at the deadline
     the unfinished ones."""
+    unserved = UnservedNote(store, progress)
     while True:
         store.refresh()
         jobs = [store.get(i) for i in ids]
@@ -8436,11 +8502,44 @@ def wait_ids(store: Store, ids: list[str], deadline: float | None, progress: "Pr
             if dead:
                 raise QueueError("dead: " + "; ".join(f"job {j.id!r}: {j.last_error}" for j in dead))
             return EXIT_OK
+        unserved.check(jobs)
         if deadline is not None and time.monotonic() > deadline:
             raise QueueError(f"timed out waiting for {', '.join(waiting)}")
         finished = len(jobs) - len(waiting)
         progress.show(waiting_line(finished, len(jobs), len(dead), progress.rate(finished)))
         time.sleep(WAIT_POLL_S)
+
+
+class UnservedNote:
+    """`wait ID`'s one note on stderr once no live worker has served a waited job's queue for
+    WAIT_NO_WORKER_S: without it a forgotten worker looks like a slow one, forever."""
+
+    def __init__(self, store: Store, progress: "Progress"):
+        self.store, self.progress, self.served_at, self.said = store, progress, time.monotonic(), False
+
+    def check(self, jobs: list[Job]) -> None:
+        """Look again (until the note is said): the queues of the jobs that wait for a worker."""
+        if self.said:
+            return
+        queues = unserved_queues(self.store, {j.queue for j in jobs if j.state in (PENDING, FAILED)})
+        if not queues:
+            self.served_at = time.monotonic()
+        elif time.monotonic() - self.served_at >= WAIT_NO_WORKER_S:
+            self.said = True
+            which = f"queue {queues[0]!r}" if len(queues) == 1 else f"queues {', '.join(map(repr, queues))}"
+            self.progress.note(f"queuectl: note: no live worker serves {which}: start one with queuectl worker start")
+
+
+def unserved_queues(store: Store, queues: set[str]) -> list[str]:
+    """Those of `queues` no live worker serves, sorted (a worker started without --queue serves every queue)."""
+    if not queues:
+        return []
+    served: set[str] = set()
+    for w in live_workers(store):
+        if not w.queues:
+            return []
+        served.update(json.loads(w.queues))
+    return sorted(queues - served)
 
 
 def wait_all(store: Store, queue: str | None, deadline: float | None, progress: "Progress") -> int:
@@ -8521,9 +8620,8 @@ def _status_text(store: Store, queue: str | None) -> str:
     status = status_dict(store, queue)
     lines = [f"{state:<12}{status['jobs'][state]:>8}" for state in STATES]
     lines.append(f"{'workers':<12}{status['active_workers']:>8}")
-    paused = status["paused"]
-    if paused:
-        lines.append("paused: " + ("all queues" if "*" in paused else printable(", ".join(paused))))
+    if status["paused"]:
+        lines.append("paused: " + printable(paused_text(status["paused"], status["paused_except"])))
     return "\n".join(lines) + "\n"
 
 
@@ -8551,7 +8649,7 @@ def due_text(job: Job, now: float, paused: list[str]) -> str:
         return f"after {job.waiting_on} job{'s' if job.waiting_on != 1 else ''}"
     left = job.next_run_at - now
     if left <= 0:
-        return "paused" if job.queue in paused or "*" in paused else "now"
+        return "paused" if is_paused(job.queue, paused) else "now"
     if left >= 86400:
         return iso(job.next_run_at)
     if left <= 59:  # rounded up, so never "in 60s" or "in 60m"
@@ -8601,7 +8699,32 @@ def cmd_logs(args, store: Store) -> None:
     if not args.follow:
         write_bytes(run[1] if run else None)
         return _note_truncated(run)
+    if run is None:
+        _note_not_started(store, store.get(args.id))
     follow_output(store, args.id, run)
+
+
+def _note_not_started(store: Store, job: Job) -> None:
+    """`logs -f` on a job with no run yet: one line on stderr saying what it waits for, or it would look hung."""
+    if job.state in (PENDING, FAILED):
+        print(f"queuectl: note: job {job.id!r} has not started: {job.state}, {held_by(store, job)}; "
+              "its output will follow when it runs", file=sys.stderr, flush=True)
+
+
+def held_by(store: Store, job: Job) -> str:
+    """Why a waiting job does not run yet: 'due in 4m' (see due_text), 'waiting for 2 jobs it depends on',
+    'held by its paused queue 'q'', 'held by queue 'q' at its limit of 2 running', or 'due now'."""
+    now, paused = store.now(), store.paused()
+    if job.waiting_on:
+        return f"waiting for {job.waiting_on} job{'s' * (job.waiting_on != 1)} it depends on"
+    if is_paused(job.queue, paused):
+        return f"held by its paused queue {job.queue!r}"
+    if job.next_run_at > now:
+        return f"due {due_text(job, now, paused)}"
+    limit = store.limits().get(job.queue)
+    if limit is not None and store.counts(job.queue)[PROCESSING] >= limit:
+        return f"held by queue {job.queue!r} at its limit of {limit} running"
+    return "due now"
 
 
 def _note_truncated(run: tuple | None) -> None:
@@ -8679,8 +8802,30 @@ def _secs(value: float | None) -> str:
 # -- operating -----------------------------------------------------------------------------------
 
 def cmd_pause(args, store: Store) -> None:
+    unknown = list(dict.fromkeys(args.queue))
+    if unknown:  # most often a misspelt name, which would pause nothing anyone uses: said after the pause
+        known = known_queues(store)
+        unknown = [q for q in unknown if q not in known]
     store.pause(args.queue or ["*"])
     print("paused " + (", ".join(args.queue) if args.queue else "all queues"))
+    if unknown:
+        print(f"queuectl: note: {unknown_queues_note(unknown, known, 'no jobs, workers or limit yet')}",
+              file=sys.stderr)
+
+
+def known_queues(store: Store) -> set[str]:
+    """Every queue a job, a worker's --queue, a limit or a pause names (reads every job: for hints only)."""
+    named = {q for w in store.workers() if w.queues for q in json.loads(w.queues)}
+    named |= set(paused_names(store.paused())[0]) - {"*"}
+    return named | {queue for queue, _, _ in store.queue_counts()} | set(store.limits())
+
+
+def unknown_queues_note(unknown: list[str], known: set[str], lacking: str) -> str:
+    """The note on queue names nothing else names, most often misspelt: "queue 'imgaes' has no jobs yet
+    (did you mean 'images'?)", or "(is the name right?)" when no known name is near."""
+    hints = " ".join(filter(None, (did_you_mean(q, known - {q}) for q in unknown))) or "(is the name right?)"
+    many = len(unknown) > 1
+    return f"queue{'s' * many} {', '.join(map(repr, unknown))} {'have' if many else 'has'} {lacking} {hints}"
 
 
 def cmd_resume(args, store: Store) -> None:
@@ -8730,8 +8875,7 @@ def cmd_worker_start(args, store: Store) -> int:
     queues = tuple(dict.fromkeys(args.queue))
     empty = [q for q in queues if not any(store.counts(q).values())]
     if empty:  # most often a misspelt name: nothing would ever tell
-        note = (f"queue{'s' if len(empty) > 1 else ''} {', '.join(map(repr, empty))} "
-                f"{'has' if len(empty) == 1 else 'have'} no jobs yet (is the name right?)")
+        note = unknown_queues_note(empty, known_queues(store), "no jobs yet")
         if args.log_format == "json":  # the worker's stderr is then JSON Lines only
             log.warning("%s", note, extra=event("queue_has_no_jobs", queues=empty))
         else:
