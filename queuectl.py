@@ -7793,7 +7793,7 @@ SCHEDULE_FIELDS_HELP = """JSON fields (default):
 
 def _add_job_commands(sub) -> None:
     e = _command(sub, "enqueue", cmd_enqueue, "add a job, or with '-' a batch from stdin", json_flag=True,
-                 epilog=job_fields_help())
+                 check=check_enqueue, epilog=job_fields_help())
     e.add_argument("job", metavar="JSON", help="a job object, or - to read JSON Lines or a JSON array from stdin")
     _progress_flag(e)
     _add_add_command(sub)
@@ -7819,7 +7819,7 @@ def _add_job_commands(sub) -> None:
 
 def _add_add_command(sub) -> None:
     a = _command(sub, "add", cmd_add, "add a job from a command line, without JSON: add [OPTIONS] -- COMMAND [ARG...]",
-                 json_flag=True)
+                 json_flag=True, check=check_add)
     # REMAINDER: everything from the first word of the command on is the command, options included.
     a.add_argument("words", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG...]",
                    help="one word: a shell command as written ('make -j4 && make install'); several: run as "
@@ -7911,7 +7911,7 @@ def _add_dlq_and_config(sub) -> None:
     r = _command(d, "retry", cmd_dlq_retry, "move dead jobs back to pending", check=check_bulk)
     _bulk_arguments(r, "every dead job, with the dead jobs it depends on (in any queue)")
     c = sub.add_parser("config", help="settings").add_subparsers(dest="action", required=True)
-    cs = _command(c, "set", cmd_config_set, "set a value", check=lambda args: config_key(args.key))
+    cs = _command(c, "set", cmd_config_set, "set a value", check=config_setting)
     cs.add_argument("key", help=f"one of {', '.join(k.replace('_', '-') for k in CONFIG)}")
     # REMAINDER: a value such as "-1d" would otherwise be taken for an option and reported as a
     # missing value; cmd_config_set checks there is exactly one and names a bad one.
@@ -7931,7 +7931,7 @@ def _bulk_arguments(cmd, every: str) -> None:
 
 def _add_schedule_commands(s) -> None:
     a = _command(s, "add", cmd_schedule_add, "add a schedule: a JSON object with id, cron or every, and a job template",
-                 epilog=SCHEDULE_FIELDS_HELP)
+                 check=check_schedule, epilog=SCHEDULE_FIELDS_HELP)
     a.add_argument("schedule", metavar="JSON")
     _command(s, "list", cmd_schedule_list, "every schedule, its next slot and its last job", json_flag=True,
              reads=True)
@@ -7945,7 +7945,7 @@ def _add_schedule_commands(s) -> None:
     n.add_argument("--after", type=_time_arg, default=None, metavar="TIME",
                    help="ISO-8601 (no offset: local time) or Unix seconds (default now)")
     u = _command(s, "update", cmd_schedule_update, "replace a schedule's expression, zone, overlap and job template "
-                 "(its last job stays; slots already passed do not fire)", ids="1")
+                 "(its last job stays; slots already passed do not fire)", ids="1", check=check_schedule)
     u.add_argument("schedule", metavar="JSON", help="the object `schedule add` takes; an id in it must be ID")
     _command(s, "pause", cmd_schedule_pause, "stop making jobs from these schedules", ids="+")
     _command(s, "resume", cmd_schedule_resume, "make jobs again, from the next slot on (missed slots do not fire)",
@@ -8241,6 +8241,17 @@ def _about(seconds: float) -> str:
 
 # -- jobs ----------------------------------------------------------------------------------------
 
+def check_enqueue(args) -> None:
+    """The job on the command line, checked against the default config: a typo creates no queue."""
+    if args.job != "-":
+        validate_job(job_json(args.job), config_defaults(), current_dir(), time.time())
+
+
+def config_defaults() -> dict:
+    """Every config key's default: what a check before the database is opened validates against."""
+    return {key: default for key, (default, _) in CONFIG.items()}
+
+
 def cmd_enqueue(args, store: Store) -> None:
     now, defaults, cwd = store.now(), store.config_all(), current_dir()
     if args.job != "-":
@@ -8268,6 +8279,11 @@ def job_json(text: str) -> object:
         import shlex
         words = text if shlex.join(text.split()) == text else shlex.quote(text)  # as the shell would take it
         raise UsageError(f"{e} (to enqueue a command line: queuectl add -- {words})") from None
+
+
+def check_add(args) -> None:
+    """`add`'s job, checked against the default config before the database is opened: a typo creates no queue."""
+    validate_job(add_job_object(args), config_defaults(), current_dir(), time.time())
 
 
 def cmd_add(args, store: Store) -> None:
@@ -8969,14 +8985,18 @@ def cmd_dlq_retry(args, store: Store) -> None:
 
 
 def cmd_config_set(args, store: Store) -> None:
+    store.config_set(*config_setting(args))
+
+
+def config_setting(args) -> tuple[str, float | int]:
+    """`config set`'s (key, value), validated (also before the database is opened: a typo creates no queue)."""
     key = config_key(args.key)
     if len(args.value) != 1:
         raise UsageError(f"config set {args.key}: give exactly one value (got {len(args.value)})")
     try:
-        value = CONFIG[key][1](args.value[0])
+        return key, CONFIG[key][1](args.value[0])
     except UsageError as e:
         raise UsageError(f"config {args.key}: {e}") from None
-    store.config_set(key, value)
 
 
 def cmd_config_get(args, store: Store) -> None:
@@ -9001,15 +9021,26 @@ def cmd_schedule_add(args, store: Store) -> None:
 
 
 def cmd_schedule_update(args, store: Store) -> None:
-    schedule_id, obj = _valid_id(args.id, "ID"), parse_json(args.schedule)
-    if isinstance(obj, dict):
-        if obj.get("id", schedule_id) != schedule_id:
-            raise UsageError(f"field 'id' {shown(obj['id'])} is not the schedule updated, {schedule_id!r} "
-                             "(to rename one, remove it and add it)")
-        obj = {**obj, "id": schedule_id}
     now = store.now()
-    store.update_schedule(validate_schedule(obj, store.config_all(), current_dir(), now), now)
-    print_ids([schedule_id])
+    store.update_schedule(validate_schedule(schedule_object(args), store.config_all(), current_dir(), now), now)
+    print_ids([args.id])
+
+
+def schedule_object(args) -> object:
+    """The JSON object of `schedule add`, or of `schedule update` with its ID (one in the object must match)."""
+    obj = parse_json(args.schedule)
+    if getattr(args, "id", None) is None or not isinstance(obj, dict):
+        return obj
+    schedule_id = _valid_id(args.id, "ID")
+    if obj.get("id", schedule_id) != schedule_id:
+        raise UsageError(f"field 'id' {shown(obj['id'])} is not the schedule updated, {schedule_id!r} "
+                         "(to rename one, remove it and add it)")
+    return {**obj, "id": schedule_id}
+
+
+def check_schedule(args) -> None:
+    """`schedule add` and `update`: the object checked against the default config, so a typo creates no queue."""
+    validate_schedule(schedule_object(args), config_defaults(), current_dir(), time.time())
 
 
 def cmd_schedule_list(args, store: Store) -> None:

@@ -10645,6 +10645,18 @@ def test_enqueue_of_broken_json_gets_no_hint_to_add(db, text):
     assert "queuectl add" not in err
 
 
+@pytest.mark.parametrize("args", [("enqueue", "echo hi"), ("enqueue", '{"command": 5}'), ("enqueue", "[]"),
+                                  ("config", "set", "max-retries", "abc"), ("config", "set", "retention"),
+                                  ("schedule", "add", '{"id": "s", "command": "true"}'),
+                                  ("schedule", "update", "s", '{"every": "1h"'),
+                                  ("add", "--run-at", "garbage", "--", "true"), ("add", "--env", "X", "--", "true")])
+def test_invalid_input_to_a_command_that_writes_creates_no_queue(db, args):
+    """A typo in the wrong folder leaves no empty queue there, which would hide the next `no queue at` note."""
+    code, out, err = cli(db, *args)
+    assert (code, out) == (2, "") and not err.startswith("queuectl: note:"), err
+    assert not (pg_schema_exists(db) if is_pg(db) else os.path.exists(db)), args
+
+
 def test_enqueue_prints_the_id(db):
     code, out, err = cli(db, "enqueue", '{"id": "job-1", "command": "echo hi"}')
     assert (code, out) == (0, "job-1\n"), err
