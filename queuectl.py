@@ -7740,8 +7740,9 @@ def build_parser() -> Parser:
     _add_dlq_and_config(sub)
     _add_schedule_commands(sub.add_parser("schedule", help="recurring jobs").add_subparsers(
         dest="action", required=True, metavar="ACTION"))
-    sub.add_parser("help", help="a command's help, as COMMAND --help").add_argument(
-        "topic", nargs="*", metavar="COMMAND")
+    sub.add_parser("help", help="a command's help, as COMMAND --help", description="a command's help, as COMMAND "
+                   "--help; without one, queuectl's").add_argument(
+        "topic", nargs="*", metavar="COMMAND", help="a command, and its action for worker, dlq, config and schedule")
     return p
 
 

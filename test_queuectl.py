@@ -10560,6 +10560,8 @@ def test_help_command_prints_a_commands_help(tmp_path):
     code, out, err = run_main(["help", "stauts"])
     assert (code, out) == (2, "")
     assert_one_error(err, "(did you mean 'status'?)")
+    code, out, err = run_main(["help", "help"])  # says what it is and what it takes, as every command does
+    assert code == 0 and "\na command's help, as COMMAND --help" in out and "COMMAND     a command, and its action" in out
 
 
 def test_bare_queuectl_prints_an_overview_on_stdout_and_exits_1_as_git_does(tmp_path, monkeypatch):
