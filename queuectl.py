@@ -2768,12 +2768,13 @@ class SqliteStore(Store):
         return _signature(os.path.realpath(self.path)) != self.signature
 
     def _connect(self, path: str) -> sqlite3.Connection:
-        from urllib.parse import quote
         try:
-            if not self.reads_only:
+            name = path
+            if self.reads_only:  # mode=rw: a reader never creates the file, not even one deleted since it looked
+                from urllib.parse import quote
+                name = f"file://{quote(os.path.abspath(path))}?mode=rw"
+            else:
                 _create_private(path)
-            # mode=rw: a reader never creates the file, not even one deleted since _open_once looked.
-            name = f"file://{quote(os.path.abspath(path))}?mode=rw" if self.reads_only else path
             return sqlite3.connect(name, uri=self.reads_only, timeout=BUSY_TIMEOUT_S, isolation_level=None,
                                    check_same_thread=False)
         except OSError as e:
