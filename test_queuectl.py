@@ -12458,8 +12458,9 @@ def test_installed_copy_passes_exit_codes_and_errors_through(tmp_path):
     program, env = _installed(tmp_path), _launcher_env(tmp_path)
     bad = _run_installed(program, env, "--db", str(tmp_path / "q.db"), "enqueue", "{not json")
     assert bad.returncode == 2 and bad.stderr.startswith(ERROR_PREFIX) and "Traceback" not in bad.stderr
+    assert not (tmp_path / "q.db").exists()  # bad input creates no queue
     missing = _run_installed(program, env, "--db", str(tmp_path / "q.db"), "show", "nope")
-    assert missing.returncode == 1 and missing.stderr.startswith(ERROR_PREFIX)
+    assert missing.returncode == 1 and missing.stderr.splitlines()[-1].startswith(ERROR_PREFIX)
 
 
 def test_installed_copy_does_not_import_from_the_current_folder(tmp_path):
