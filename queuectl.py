@@ -815,7 +815,8 @@ def parse_number(value: object, what: str, low: float, high: float, *, integer: 
     else:
         raise UsageError(f"{where}not {kind}: {shown(value)}")
     if not low <= number <= high or math.isinf(number):  # also refuses NaN
-        bounds = f", {low} or more" if high >= UNBOUNDED else f" from {low} to {high}"
+        # "0 or more" for a count with no bound that matters, unless the value is above the one there is.
+        bounds = f", {low} or more" if high >= UNBOUNDED and not number > high else f" from {low} to {high}"
         raise UsageError(f"{where}value {shown(value)} must be {kind}{bounds}")
     return int(number) if number == int(number) else number
 
@@ -2779,11 +2780,19 @@ class SqliteStore(Store):
 
     def _connect(self, path: str) -> sqlite3.Connection:
         try:
-            _create_private(path)
-            return sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
+            name = path
+            if self.reads_only:  # mode=rw: a reader never creates the file, not even one deleted since it looked
+                from urllib.parse import quote
+                name = f"file://{quote(os.path.abspath(path))}?mode=rw"
+            else:
+                _create_private(path)
+            return sqlite3.connect(name, uri=self.reads_only, timeout=BUSY_TIMEOUT_S, isolation_level=None,
+                                   check_same_thread=False)
         except OSError as e:
             raise BadDatabase(f"cannot open {path}: {_errno_text(e.errno) if e.errno else e}") from None
         except sqlite3.Error as e:
+            if self.reads_only and not os.path.exists(os.path.realpath(path)):
+                raise NoQueue(f"no queue at {os.path.abspath(path)} yet") from None
             raise database_error(path, e, opening=True) from None
 
     def _connect_read_only(self, path: str) -> tuple[sqlite3.Connection, bool]:
@@ -3911,7 +3920,8 @@ class PostgresStore(Store):
         that reads a relation of the schema may run before it); then a schema with queuectl's version
         table is ours, and one up to date needs no more (the identity check costs two more round trips)."""
         try:
-            if not any(table == "queuectl_version" for table, *_ in self._owners(self.conn, not self.reads_only)):
+            owners = self._owners(self.conn, not self.reads_only)
+            if not any(table == "queuectl_version" for table, *_ in owners):
                 version = self._version(self.conn)  # no schema, or not ours: see _version
             elif (version := self.conn.execute(self.sql.SQL_VERSION).fetchone()[0]) > SCHEMA_VERSION:
                 raise self._too_new(version)
@@ -3921,7 +3931,20 @@ class PostgresStore(Store):
             raise self._failure(e) from None
         if self.reads_only and version == 0:  # a reader never creates the schema nor fills an empty one
             raise NoQueue(f"no queue at {self.path} yet")
+        if self.reads_only:
+            self._check_upgradable(owners, version)
         self.write(self._apply_migrations)
+
+    def _check_upgradable(self, owners: list[tuple], version: int) -> None:
+        """A reader whose role cannot upgrade the schema (it is another role's) is told who can, as a reader
+        of a read-only SQLite file is, rather than warned off that role's schema as if it were to write there."""
+        others = [(owner, user) for _, _, owner, ours, user, *_ in owners if not ours]
+        if others:
+            owner, user = others[0]
+            raise BadDatabase(f"cannot read {self.path}: it needs a schema upgrade (version {version} to "
+                              f"{SCHEMA_VERSION}) and {user} may not make it; its owner ({owner}), or a member of "
+                              "that role, upgrades it by running any queuectl command that writes (such as enqueue "
+                              "or config set)")
 
     def _owners(self, cur, writes: bool) -> list[tuple]:
         """SQL_OWNERS' rows; BadDatabase if one of our names is not a plain table of PostgreSQL's types (a
@@ -7732,8 +7755,9 @@ def build_parser() -> Parser:
     _add_dlq_and_config(sub)
     _add_schedule_commands(sub.add_parser("schedule", help="recurring jobs").add_subparsers(
         dest="action", required=True, metavar="ACTION"))
-    sub.add_parser("help", help="a command's help, as COMMAND --help").add_argument(
-        "topic", nargs="*", metavar="COMMAND")
+    sub.add_parser("help", help="a command's help, as COMMAND --help", description="a command's help, as COMMAND "
+                   "--help; without one, queuectl's").add_argument(
+        "topic", nargs="*", metavar="COMMAND", help="a command, and its action for worker, dlq, config and schedule")
     return p
 
 
@@ -7785,7 +7809,7 @@ SCHEDULE_FIELDS_HELP = """JSON fields (default):
 
 def _add_job_commands(sub) -> None:
     e = _command(sub, "enqueue", cmd_enqueue, "add a job, or with '-' a batch from stdin", json_flag=True,
-                 epilog=job_fields_help())
+                 check=check_enqueue, epilog=job_fields_help())
     e.add_argument("job", metavar="JSON", help="a job object, or - to read JSON Lines or a JSON array from stdin")
     _progress_flag(e)
     _add_add_command(sub)
@@ -7811,7 +7835,7 @@ def _add_job_commands(sub) -> None:
 
 def _add_add_command(sub) -> None:
     a = _command(sub, "add", cmd_add, "add a job from a command line, without JSON: add [OPTIONS] -- COMMAND [ARG...]",
-                 json_flag=True)
+                 json_flag=True, check=check_add)
     # REMAINDER: everything from the first word of the command on is the command, options included.
     a.add_argument("words", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG...]",
                    help="one word: a shell command as written ('make -j4 && make install'); several: run as "
@@ -7903,7 +7927,7 @@ def _add_dlq_and_config(sub) -> None:
     r = _command(d, "retry", cmd_dlq_retry, "move dead jobs back to pending", check=check_bulk)
     _bulk_arguments(r, "every dead job, with the dead jobs it depends on (in any queue)")
     c = sub.add_parser("config", help="settings").add_subparsers(dest="action", required=True)
-    cs = _command(c, "set", cmd_config_set, "set a value", check=lambda args: config_key(args.key))
+    cs = _command(c, "set", cmd_config_set, "set a value", check=config_setting)
     cs.add_argument("key", help=f"one of {', '.join(k.replace('_', '-') for k in CONFIG)}")
     # REMAINDER: a value such as "-1d" would otherwise be taken for an option and reported as a
     # missing value; cmd_config_set checks there is exactly one and names a bad one.
@@ -7923,7 +7947,7 @@ def _bulk_arguments(cmd, every: str) -> None:
 
 def _add_schedule_commands(s) -> None:
     a = _command(s, "add", cmd_schedule_add, "add a schedule: a JSON object with id, cron or every, and a job template",
-                 epilog=SCHEDULE_FIELDS_HELP)
+                 check=check_schedule, epilog=SCHEDULE_FIELDS_HELP)
     a.add_argument("schedule", metavar="JSON")
     _command(s, "list", cmd_schedule_list, "every schedule, its next slot and its last job", json_flag=True,
              reads=True)
@@ -7937,7 +7961,7 @@ def _add_schedule_commands(s) -> None:
     n.add_argument("--after", type=_time_arg, default=None, metavar="TIME",
                    help="ISO-8601 (no offset: local time) or Unix seconds (default now)")
     u = _command(s, "update", cmd_schedule_update, "replace a schedule's expression, zone, overlap and job template "
-                 "(its last job stays; slots already passed do not fire)", ids="1")
+                 "(its last job stays; slots already passed do not fire)", ids="1", check=check_schedule)
     u.add_argument("schedule", metavar="JSON", help="the object `schedule add` takes; an id in it must be ID")
     _command(s, "pause", cmd_schedule_pause, "stop making jobs from these schedules", ids="+")
     _command(s, "resume", cmd_schedule_resume, "make jobs again, from the next slot on (missed slots do not fire)",
@@ -7978,10 +8002,11 @@ def _duration_arg(text: str) -> float:
 
 def _unit_duration_arg(text: str) -> float:
     """A duration that must name its unit: where a bare number deletes (purge), 7 may have meant 7 days."""
-    if NUMBER.fullmatch(text.strip()) and float(text) != 0:  # 0 is 0 in any unit
+    seconds = _duration_arg(text)  # first: a negative one is no duration in any unit
+    if NUMBER.fullmatch(text.strip()) and seconds != 0:  # 0 is 0 in any unit
         raise argparse.ArgumentTypeError(f"{shown(text)} has no unit: seconds or days? Give one: "
                                          f"{text.strip()}s, {text.strip()}h, {text.strip()}d")
-    return _duration_arg(text)
+    return seconds
 
 
 def _window_arg(text: str) -> float:
@@ -8239,6 +8264,17 @@ def _about(seconds: float) -> str:
 
 # -- jobs ----------------------------------------------------------------------------------------
 
+def check_enqueue(args) -> None:
+    """The job on the command line, checked against the default config: a typo creates no queue."""
+    if args.job != "-":
+        validate_job(job_json(args.job), config_defaults(), current_dir(), time.time())
+
+
+def config_defaults() -> dict:
+    """Every config key's default: what a check before the database is opened validates against."""
+    return {key: default for key, (default, _) in CONFIG.items()}
+
+
 def cmd_enqueue(args, store: Store) -> None:
     now, defaults, cwd = store.now(), store.config_all(), current_dir()
     if args.job != "-":
@@ -8266,6 +8302,11 @@ def job_json(text: str) -> object:
         import shlex
         words = text if shlex.join(text.split()) == text else shlex.quote(text)  # as the shell would take it
         raise UsageError(f"{e} (to enqueue a command line: queuectl add -- {words})") from None
+
+
+def check_add(args) -> None:
+    """`add`'s job, checked against the default config before the database is opened: a typo creates no queue."""
+    validate_job(add_job_object(args), config_defaults(), current_dir(), time.time())
 
 
 def cmd_add(args, store: Store) -> None:
@@ -8975,14 +9016,18 @@ def cmd_dlq_retry(args, store: Store) -> None:
 
 
 def cmd_config_set(args, store: Store) -> None:
+    store.config_set(*config_setting(args))
+
+
+def config_setting(args) -> tuple[str, float | int]:
+    """`config set`'s (key, value), validated (also before the database is opened: a typo creates no queue)."""
     key = config_key(args.key)
     if len(args.value) != 1:
         raise UsageError(f"config set {args.key}: give exactly one value (got {len(args.value)})")
     try:
-        value = CONFIG[key][1](args.value[0])
+        return key, CONFIG[key][1](args.value[0])
     except UsageError as e:
         raise UsageError(f"config {args.key}: {e}") from None
-    store.config_set(key, value)
 
 
 def cmd_config_get(args, store: Store) -> None:
@@ -9007,14 +9052,25 @@ def cmd_schedule_add(args, store: Store) -> None:
 
 
 def cmd_schedule_update(args, store: Store) -> None:
-    schedule_id, obj = _valid_id(args.id, "ID"), parse_json(args.schedule)
-    if isinstance(obj, dict):
-        if obj.get("id", schedule_id) != schedule_id:
-            raise UsageError(f"field 'id' {shown(obj['id'])} is not the schedule updated, {schedule_id!r} "
-                             "(to rename one, remove it and add it)")
-        obj = {**obj, "id": schedule_id}
-    store.update_schedule(validate_schedule(obj, store.config_all(), current_dir(), store.now()))
-    print_ids([schedule_id])
+    store.update_schedule(validate_schedule(schedule_object(args), store.config_all(), current_dir(), store.now()))
+    print_ids([args.id])
+
+
+def schedule_object(args) -> object:
+    """The JSON object of `schedule add`, or of `schedule update` with its ID (one in the object must match)."""
+    obj = parse_json(args.schedule)
+    if getattr(args, "id", None) is None or not isinstance(obj, dict):
+        return obj
+    schedule_id = _valid_id(args.id, "ID")
+    if obj.get("id", schedule_id) != schedule_id:
+        raise UsageError(f"field 'id' {shown(obj['id'])} is not the schedule updated, {schedule_id!r} "
+                         "(to rename one, remove it and add it)")
+    return {**obj, "id": schedule_id}
+
+
+def check_schedule(args) -> None:
+    """`schedule add` and `update`: the object checked against the default config, so a typo creates no queue."""
+    validate_schedule(schedule_object(args), config_defaults(), current_dir(), time.time())
 
 
 def cmd_schedule_list(args, store: Store) -> None:

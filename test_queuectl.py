@@ -3462,6 +3462,21 @@ def test_commands_that_only_read_create_nothing_and_answer_as_an_empty_queue(db,
             db_sql(db, f'DROP SCHEMA IF EXISTS "{queuectl._pg_target(db)[1]}" CASCADE')
 
 
+def test_a_command_that_reads_creates_no_file_deleted_after_it_looked(sqlite_db, monkeypatch):
+    """`rm queuectl.db` between a reader's look and its open: the reader still creates nothing."""
+    ok(sqlite_db, "config", "set", "max-retries", "3")
+
+    def deleted_meanwhile(path):  # asked between the look and the open
+        for name in (path, f"{path}-wal", f"{path}-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(name)
+        return True
+    monkeypatch.setattr(queuectl, "_writable", deleted_meanwhile)
+    code, out, err = cli(sqlite_db, "status", "--json")
+    assert (code, err) == (0, f"queuectl: note: no queue at {sqlite_db} yet\n")
+    assert json.loads(out)["jobs"]["pending"] == 0 and not os.path.exists(sqlite_db)
+
+
 @sqlite_only
 def test_a_file_that_is_no_queuectl_database_keeps_its_error_for_commands_that_read(db):
     data = _foreign_db(db)
@@ -3920,6 +3935,24 @@ def test_an_upgrade_is_refused_while_workers_of_the_older_schema_are_alive_and_c
     assert get_job(db, "old")["state"] == "pending"
     with opened(db) as s:
         assert s.schema_version() == queuectl.SCHEMA_VERSION
+
+
+def test_postgres_a_role_that_may_only_read_an_older_schema_is_told_its_owner_upgrades_it(pg_roles, monkeypatch):
+    """As a read-only file needing an upgrade: the reader is told who can upgrade it, not warned off the owner's
+    schema as if it were about to write there, and nothing is changed."""
+    team, carol = pg_roles.make("team", "LOGIN"), pg_roles.make("carol", "LOGIN")
+    schema = f"{pg_roles.prefix}_q"
+    pg_roles.sql(f"CREATE SCHEMA {schema} AUTHORIZATION {team}")
+    with previous_schema(monkeypatch), opened(pg_roles.url(team, schema)) as s:
+        s.enqueue([spec("old")], s.now())
+    pg_roles.sql(f"GRANT USAGE ON SCHEMA {schema} TO {carol}", f"GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {carol}")
+    for args in (("status",), ("list", "--json")):
+        code, out, err = cli(pg_roles.url(carol, schema), *args)
+        assert (code, out) == (1, ""), args
+        assert_one_error(err, "schema upgrade (version 4 to", f"owner ({team})", "any queuectl command that writes")
+    with opened(pg_roles.url(team, schema)) as s:  # its owner upgrades it, and then carol reads it
+        assert s.read("SELECT version FROM queuectl_version")[0][0] == queuectl.SCHEMA_VERSION
+    assert [j["id"] for j in json.loads(ok(pg_roles.url(carol, schema), "list", "--json"))] == ["old"]
 
 
 def test_after_an_upgrade_an_older_worker_cannot_register(db, monkeypatch):
@@ -5375,6 +5408,13 @@ def test_purge_refuses_an_age_without_a_unit(states_db, number):
     assert snapshot(states_db) == before
     assert ok(states_db, "purge", "--older-than", f"{number}d") == "purged 0 completed jobs\n"
     assert ok(states_db, "wait", "done", "--timeout", number) == ""  # elsewhere a bare number is seconds
+
+
+@sqlite_only
+def test_purge_suggests_no_unit_for_a_negative_age(states_db):
+    code, out, err = cli(states_db, "purge", "--older-than", "-7")
+    assert (code, out) == (2, "")
+    assert_one_error(err, "argument --older-than: not a duration: '-7'")
 
 
 def test_purge_without_older_than_or_state_exits_2_naming_them(states_db):
@@ -10648,6 +10688,8 @@ def test_help_command_prints_a_commands_help(tmp_path):
     code, out, err = run_main(["help", "stauts"])
     assert (code, out) == (2, "")
     assert_one_error(err, "(did you mean 'status'?)")
+    code, out, err = run_main(["help", "help"])  # says what it is and what it takes, as every command does
+    assert code == 0 and "\na command's help, as COMMAND --help" in out and "COMMAND     a command, and its action" in out
 
 
 def test_bare_queuectl_prints_an_overview_on_stdout_and_exits_1_as_git_does(tmp_path, monkeypatch):
@@ -10731,6 +10773,18 @@ def test_enqueue_of_broken_json_gets_no_hint_to_add(db, text):
     assert (code, out) == (2, "")
     assert_one_error(err, "invalid JSON")
     assert "queuectl add" not in err
+
+
+@pytest.mark.parametrize("args", [("enqueue", "echo hi"), ("enqueue", '{"command": 5}'), ("enqueue", "[]"),
+                                  ("config", "set", "max-retries", "abc"), ("config", "set", "retention"),
+                                  ("schedule", "add", '{"id": "s", "command": "true"}'),
+                                  ("schedule", "update", "s", '{"every": "1h"'),
+                                  ("add", "--run-at", "garbage", "--", "true"), ("add", "--env", "X", "--", "true")])
+def test_invalid_input_to_a_command_that_writes_creates_no_queue(db, args):
+    """A typo in the wrong folder leaves no empty queue there, which would hide the next `no queue at` note."""
+    code, out, err = cli(db, *args)
+    assert (code, out) == (2, "") and not err.startswith("queuectl: note:"), err
+    assert not (pg_schema_exists(db) if is_pg(db) else os.path.exists(db)), args
 
 
 def test_enqueue_prints_the_id(db):
@@ -11317,7 +11371,9 @@ def test_list_state_filter(ran_db):
 @pytest.mark.parametrize("args, message", [(("list", "--limit", "-1"), "argument --limit: value '-1' must be an "
                                             "integer, 0 or more"),
                                            (("logs", "x", "--run", "0"), "argument --run: value '0' must be an "
-                                            "integer, 1 or more")])
+                                            "integer, 1 or more"),
+                                           (("list", "--limit", "9" * 20), f"value '{'9' * 20}' must be an integer "
+                                            f"from 0 to {queuectl.UNBOUNDED}")])
 def test_list_and_logs_name_a_range_without_an_upper_bound_as_readable(db, args, message):
     code, out, err = cli(db, *args)
     assert (code, out) == (2, "")
@@ -12564,8 +12620,9 @@ def test_installed_copy_passes_exit_codes_and_errors_through(tmp_path):
     program, env = _installed(tmp_path), _launcher_env(tmp_path)
     bad = _run_installed(program, env, "--db", str(tmp_path / "q.db"), "enqueue", "{not json")
     assert bad.returncode == 2 and bad.stderr.startswith(ERROR_PREFIX) and "Traceback" not in bad.stderr
+    assert not (tmp_path / "q.db").exists()  # bad input creates no queue
     missing = _run_installed(program, env, "--db", str(tmp_path / "q.db"), "show", "nope")
-    assert missing.returncode == 1 and missing.stderr.startswith(ERROR_PREFIX)
+    assert missing.returncode == 1 and missing.stderr.splitlines()[-1].startswith(ERROR_PREFIX)
 
 
 def test_installed_copy_does_not_import_from_the_current_folder(tmp_path):
