@@ -152,7 +152,7 @@ class _Log:
     def routine(self, message: str, args: tuple, extra: "Callable[[], dict]") -> None:
         """A job's routine line (claimed, completed) at INFO, `extra()` its event. A worker's text format
         writes it through RoutineLines: the same bytes, without logging's record, on every job's path."""
-        if self.lines is None:
+        if self.lines is None or not self.lines.alone():
             self.info(message, *args, extra=extra())
         else:
             self.lines.write(message % args)
@@ -9309,10 +9309,19 @@ class TextLines:
 class RoutineLines:
     """Writes a job's routine lines (see _Log.routine) as `handler`, whose formatter is TextLines, would:
     TextLines.line, then the handler's own write and flush under its lock, so lines never interleave.
-    A write that fails is handed to logging, which reports it as it reports any other line's."""
+    A write that fails goes to the handler's handleError, as a record's would."""
 
     def __init__(self, handler):
-        self.handler = handler
+        import logging
+        self.handler, self.only = handler, [handler]
+        self.logger, self.level = logging.getLogger("queuectl"), logging.INFO
+
+    def alone(self) -> bool:
+        """Whether logging would write a line at INFO through the handler and no other. Asked at each line: a
+        program or a test may set logging up after the worker started (a handler, a level)."""
+        logger = self.logger
+        return (logger.root.handlers == self.only and not logger.handlers and not logger.filters
+                and logger.propagate and logger.isEnabledFor(self.level))
 
     def write(self, message: str) -> None:
         line = TextLines.line(time.time(), os.getpid(), message) + "\n"
@@ -9320,8 +9329,10 @@ class RoutineLines:
             with self.handler.lock:
                 self.handler.stream.write(line)
                 self.handler.flush()
-        except Exception:  # noqa: BLE001 - logging's own handling, as for every other line
-            log.info("%s", message)
+        except Exception:  # noqa: BLE001 - as logging does: the line stays in the stream's buffer, not written again
+            import logging
+            self.handler.handleError(logging.makeLogRecord({"name": self.logger.name, "msg": message,
+                                                            "levelno": self.level, "levelname": "INFO"}))
 
 
 class JsonLines:

@@ -9106,18 +9106,71 @@ def test_routine_lines_written_past_logging_are_the_bytes_logging_writes(monkeyp
     assert direct == logged == f"2027-01-15T08:00:00.216Z queuectl[{os.getpid()}]: job {TERMINAL_SHOWN} claimed (attempt 1): x\n"
 
 
-def test_routine_lines_a_stream_refuses_go_through_loggings_error_handling(monkeypatch, capsys):
+def test_routine_lines_a_write_that_fails_is_handled_as_logging_handles_it(monkeypatch):
+    """A full disk that frees up again: the line that failed stays in the stream's buffer and is written
+    once, as logging leaves it (not a second time through logging), and the handler's handleError gets it."""
+    import errno
     import logging
 
-    class Full(io.StringIO):
-        def write(self, text):
-            raise OSError(28, "No space left on device")
-    handler = logging.StreamHandler(Full())
-    handler.setFormatter(queuectl.TextLines(logging.Formatter()))
-    seen = []
-    monkeypatch.setattr(queuectl.log, "info", lambda *args, **kwargs: seen.append(args))
-    queuectl.RoutineLines(handler).write("job a completed in 0.01s")  # no exception reaches the runner
-    assert seen == [("%s", "job a completed in 0.01s")]
+    class FullOnce(io.RawIOBase):
+        def __init__(self):
+            self.full, self.out = True, bytearray()
+
+        def writable(self):
+            return True
+
+        def write(self, data):
+            if self.full:
+                self.full = False
+                raise OSError(errno.ENOSPC, "No space left on device")
+            self.out += data
+            return len(data)
+
+    def written(past_logging: bool):
+        raw, reported = FullOnce(), []
+        handler = logging.StreamHandler(io.TextIOWrapper(io.BufferedWriter(raw), line_buffering=True))
+        handler.setFormatter(queuectl.TextLines(logging.Formatter()))
+        monkeypatch.setattr(handler, "handleError", lambda record: reported.append(record.getMessage()))
+        monkeypatch.setattr(logging.getLogger(), "handlers", [handler])  # a worker's logging: this handler alone
+        monkeypatch.setattr(logging.getLogger(), "level", logging.INFO)
+        for message in ("job a completed in 0.01s", "job b completed in 0.01s"):
+            if past_logging:
+                queuectl.RoutineLines(handler).write(message)  # no exception reaches the runner
+            else:
+                handler.handle(logging.makeLogRecord({"msg": message, "created": T0, "process": os.getpid()}))
+        return raw.out.decode(), reported
+    monkeypatch.setattr(queuectl.time, "time", lambda: T0)
+    assert written(past_logging=True) == written(past_logging=False) == (
+        "".join(f"2027-01-15T08:00:00.000Z queuectl[{os.getpid()}]: job {j} completed in 0.01s\n" for j in "ab"),
+        ["job a completed in 0.01s"])
+
+
+def test_routine_lines_go_through_logging_when_it_is_set_up_after_the_worker_started(monkeypatch):
+    """A handler added after configure_logging (a test harness, a program running main() in a thread) sees a
+    job's routine lines with their events, and a level set on the queuectl logger leaves them out, as for
+    any other line: RoutineLines writes them only while logging would write them through its handler alone."""
+    import argparse
+    import logging
+    root, logger = logging.getLogger(), logging.getLogger("queuectl")
+    monkeypatch.setattr(queuectl.log, "lines", None)
+    monkeypatch.setattr(root, "level", root.level)
+    monkeypatch.setattr(root, "handlers", [])
+    queuectl.configure_logging(argparse.Namespace(quiet=False, log_format="text"))
+    stream, seen = io.StringIO(), []
+    monkeypatch.setattr(root.handlers[0], "stream", stream)
+
+    class Seen(logging.Handler):
+        def emit(self, record):
+            seen.append((record.getMessage(), record.event))
+    root.addHandler(Seen())
+    queuectl.log.routine("job %s completed in %.2fs", ("a", 0.01), lambda: queuectl.event("job_completed"))
+    assert seen == [("job a completed in 0.01s", "job_completed")]
+    assert stream.getvalue().count("job a completed") == 1  # and the worker's own handler wrote it once
+    del root.handlers[1:]
+    monkeypatch.setattr(logger, "level", logging.WARNING)
+    monkeypatch.setattr(logger, "_cache", {})  # what setLevel clears
+    queuectl.log.routine("job %s completed in %.2fs", ("b", 0.01), lambda: queuectl.event("job_completed"))
+    assert "job b" not in stream.getvalue()
 
 
 def test_routine_lines_skip_logging_only_where_its_handler_is_the_only_one(monkeypatch):
