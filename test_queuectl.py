@@ -8592,7 +8592,7 @@ def test_postgres_a_runner_connection_opened_while_stale_timeout_changed_gets_th
 def test_postgres_connection_parameters_of_a_named_service_win_too(pg_url, tmp_path, monkeypatch):
     # A libpq service (pg_service.conf, named by ?service= or PGSERVICE) is the user's choice as much
     # as the URL: libpq only fills from it what the connection string leaves out, so a value of ours
-    # passed to connect() used to override the service's.
+    # passed to connect() must not override the service's.
     from urllib.parse import urlsplit
     parts = urlsplit(pg_url)
     (tmp_path / "services.conf").write_text("# the team's settings\n[queue]\nkeepalives_idle=7\n"
@@ -9292,7 +9292,7 @@ def test_workers_say_which_queues_they_serve(db, workers):
     assert " VERSION " in table and f" {queuectl.__version__} " in table
 
 
-# ==== The worker process ===============================================================================
+# ==== The worker process ==========================================================================
 
 @contextlib.contextmanager
 def pg_tables_locked(pg_url):
