@@ -7433,14 +7433,6 @@ def test_postgres_a_worker_listens_again_after_its_connections_were_dropped(pg_u
         assert worker.worker.store.heartbeat(worker.worker.worker_id, T0) is False  # and opened again at next use
 
 
-def test_sqlite_workers_poll_and_do_not_listen(tmp_path, monkeypatch):
-    started = []
-    monkeypatch.setattr(queuectl.Worker, "_start_listener", lambda self: started.append(self))
-    with InProcessWorker(str(tmp_path / "q.db"), monkeypatch):
-        pass
-    assert started == []
-
-
 def test_a_heartbeat_that_came_late_counts_as_stalled(tmp_path, monkeypatch):
     worker = queuectl.Worker(str(tmp_path / "s.db"), 1, False)
     try:
@@ -7524,6 +7516,81 @@ def test_an_adopted_job_whose_requeue_failed_is_requeued_at_a_later_sweep(store,
     # A new Sweeper (no memory of it, as after any lost state) finds its adopted job in the database.
     assert queuectl.Sweeper(store, me, "me").sweep(T0 + 2) == 1
     assert store.get("j").state == "pending"
+
+
+# ---- wake-ups: what makes a job due wakes an idle worker, which sleeps until the next due time ------
+# InProcessWorker's regular check and idle wait are an hour: a job these tests see run was found
+# through a wake-up, or at the due time the worker computed.
+
+def test_an_enqueue_wakes_an_idle_worker(db, monkeypatch):
+    with InProcessWorker(db, monkeypatch), contextlib.closing(queuectl.open_database(db)) as s:
+        s.enqueue([spec("a")], s.now())
+        wait_for(lambda: s.get("a").state == "completed", "the job to be claimed and run")
+
+
+def test_a_delayed_job_and_a_retry_start_at_their_time_with_no_wake_up_then(db, monkeypatch, tmp_path):
+    with InProcessWorker(db, monkeypatch), contextlib.closing(queuectl.open_database(db)) as s:
+        s.config_set("backoff_base", 1)
+        at = s.now() + 1.0
+        s.enqueue([spec("later", run_at=at)], s.now())
+        flaky = f"test -e {tmp_path}/failed || {{ touch {tmp_path}/failed; exit 1; }}"  # fails once, then not
+        s.enqueue([spec("flaky", flaky)], s.now())
+        wait_for(lambda: s.get("later").state == "completed", "the delayed job to run at its time")
+        assert s.runs("later")[0]["started_at"] >= at
+        wait_for(lambda: s.get("flaky").state == "completed", "the retry to run once its backoff is over")
+        assert [run["outcome"] for run in s.runs("flaky")] == ["failed", "completed"]
+
+
+def test_a_freed_slot_a_finished_dependency_a_resume_and_a_dlq_retry_wake_an_idle_worker(db, monkeypatch):
+    done = queuectl.Outcome(0, None, b"", 0.1)
+    with InProcessWorker(db, monkeypatch), contextlib.closing(queuectl.open_database(db)) as s:
+        register(s, "other")  # a worker elsewhere, whose jobs the test finishes
+        s.set_limit("solo", 1)
+        s.enqueue([spec("held", queue="solo"), spec("waits", queue="solo")], s.now())
+        held = s.claim("other", s.now(), ("solo",))
+        # Its result, and a claim in a queue with nothing in it: PostgreSQL's one-statement completion.
+        s.finish_and_claim(held, "other", done, s.config_all(), s.now(), ("empty",))
+        wait_for(lambda: s.get("waits").state == "completed", "the job the limit held to run")
+        s.enqueue([spec("parent", run_at=s.now() + 1800), spec("child", depends_on=["parent"])], s.now())
+        parent = s.claim("other", s.now() + 3600)  # due in half an hour: only a claim from the future takes it
+        s.finish(parent, "other", done, s.config_all(), s.now())
+        wait_for(lambda: s.get("child").state == "completed", "the dependent to run")
+        s.pause(["q"])
+        s.enqueue([spec("paused", queue="q"), spec("dead", "exit 3", max_retries=0)], s.now())
+        wait_for(lambda: s.get("dead").state == "dead", "the failing job to reach the DLQ")
+        s.resume(["q"])
+        wait_for(lambda: s.get("paused").state == "completed", "the resumed queue's job to run")
+        s.retry_dead(["dead"], s.now())
+        wait_for(lambda: len(s.runs("dead")) == 2, "the retried job to run again")
+
+
+def test_a_worker_on_sqlite_takes_any_datagram_as_a_hint_only(sqlite_db, monkeypatch):
+    with InProcessWorker(sqlite_db, monkeypatch) as worker, contextlib.closing(queuectl.open_database(sqlite_db)) as s:
+        s.enqueue([spec("tomorrow", run_at=s.now() + 86400)], s.now())
+        address = queuectl.wake_address(os.stat(sqlite_db), worker.worker.worker_id)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as hostile:
+            hostile.setblocking(False)
+            for payload in [b"", b"\xff" * 60000, b"claim tomorrow", os.urandom(512)] * 50:
+                with contextlib.suppress(BlockingIOError):  # its queue full: the rest are dropped
+                    hostile.sendto(payload, address)
+        s.enqueue([spec("now")], s.now())
+        wait_for(lambda: s.get("now").state == "completed", "a real wake-up to work still")
+        assert s.get("tomorrow").state == "pending" and worker.thread.is_alive()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as late, pytest.raises(ConnectionRefusedError):
+        late.sendto(b"", address)  # the socket went with the worker
+
+
+def test_a_worker_whose_wake_up_address_is_taken_still_finds_jobs_at_its_regular_check(sqlite_db, monkeypatch, caplog):
+    monkeypatch.setattr(queuectl, "wake_address", lambda db, worker_id: b"\0queuectl-test/" + str(os.getpid()).encode())
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as squatter:
+        squatter.bind(queuectl.wake_address(None, ""))
+        with InProcessWorker(sqlite_db, monkeypatch) as worker, \
+                contextlib.closing(queuectl.open_database(sqlite_db)) as s:
+            monkeypatch.setattr(queuectl, "POLL_INTERVAL_S", 0.2)
+            worker.worker.tick.set()  # the hour-long wait ends: the next one is the new interval
+            s.enqueue([spec("a")], s.now())
+            wait_for(lambda: s.get("a").state == "completed", "the regular check to find the job")
+    assert "no wake-ups" in caplog.text
 
 
 # ---- real workers: running, retrying, timing out, recovering jobs --------------------------------
