@@ -11931,7 +11931,7 @@ def test_bench_a_figure_that_was_not_measured_is_never_a_pass(bench):
     # (a job can start before its enqueue exits) and idle costs are measured at zero or below.
     for key in ("drain_ratio", "batch_rate", "scale_status", "scale_pickup_p50_ratio"):
         assert bench.verdict(key, 0.0) == bench.NOT_MEASURED, key
-    assert bench.verdict("pickup_p50", -3.9) == "pass"
+    assert bench.verdict("pickup_ack_p50", -3.9) == "pass"
     assert bench.verdict("idle_pct", 0.0) == "pass"
     assert bench.verdict("drain_rate", 0.0) is None  # no target, no verdict
     # Empty samples and missing inputs give no figure, not a zero or a crash.
@@ -11946,7 +11946,7 @@ def test_bench_report_shows_unmeasured_figures_and_tiny_mode_gives_no_verdict(be
     for verdicts in (True, False):
         b = bench.Bench({"seed": 1}, str(tmp_path), verdicts=verdicts)
         b.add("memory_rss", "peak RSS", 0.0, "MB")
-        b.add("idle_pct", "idle", 0.5, "%")
+        b.add("idle_pct", "idle", 0.2, "%")
         b.add("drain_ratio", "drain ratio", 0.5, "x")
         b.add("batch_rate", "batch", None, "jobs/s", why="`enqueue -` missing")
         report = bench.render({**meta, "verdicts": verdicts}, b.results, [])
