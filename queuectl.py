@@ -6310,8 +6310,8 @@ class Worker:
     # -- wake-ups by NOTIFY (PostgreSQL) ---------------------------------------------------------
 
     def _start_listener(self) -> None:
-        """One more connection, which LISTENs: a transaction that makes a job due notifies it, and the
-        main loop polls at once instead of at the regular check. LISTEN runs before the runner threads
+        """One more connection, which LISTENs: a transaction that makes a job due notifies it, and an idle
+        runner thread is woken at once instead of at the next poll. LISTEN runs before the runner threads
         start, so no job enqueued after their first claim waits for the regular check."""
         import threading
         failing, listener = Backoff("listening for wake-ups", 5.0), None
@@ -6336,8 +6336,9 @@ class Worker:
             except QueueError as e:
                 self.stopping.wait(failing.failed(e))
                 continue
-            if woken:
-                self.tick.set()  # the main loop looks, and wakes a runner if a job is due
+            if woken:  # a runner claims at once (a notification comes from whoever can write the queue)
+                self._wake_runners(every=False)
+                self.tick.set()  # and the main loop looks: the job may be due later, its sleep shorter
         if listener:
             listener.close()
 
