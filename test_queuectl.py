@@ -2773,12 +2773,12 @@ def test_a_stopping_worker_fires_nothing(db):
     worker = queuectl.Worker(db, 1, False)
     try:
         wait_for(lambda: worker.store.next_schedule_at() < worker.store.now(), "the first slot")
-        idle = dict.fromkeys(("beat", "sweep", "cancels", "retention"), math.inf)  # only schedules and the poll
+        idle = dict.fromkeys(("beat", "sweep", "cancels", "retention", "poll"), math.inf)  # only schedules
         worker.stopping.set()
-        worker._housekeeping(idle, time.monotonic())
+        worker._housekeeping(idle, time.monotonic(), woken=False)
         assert list_ids(db) == []
         worker.stopping.clear()
-        worker._housekeeping(idle, time.monotonic())
+        worker._housekeeping(idle, time.monotonic(), woken=False)
         assert [i.partition("@")[0] for i in list_ids(db)] == ["a"]
     finally:
         worker.store.close()
@@ -2899,6 +2899,8 @@ def test_claim_and_poll_do_not_walk_paused_unserved_or_future_jobs(sqlite_store)
     mine = ("default", "backfill")
     assert _vm_steps(sqlite_store, lambda: sqlite_store.due_now(T0 + 1, mine)) < 50
     assert _vm_steps(sqlite_store, lambda: sqlite_store.burst_done(T0 + 1, mine)) < 50
+    assert _vm_steps(sqlite_store, lambda: sqlite_store.next_due_at(T0 + 1)) < 50  # when the poller looks next
+    assert sqlite_store.next_due_at(T0 + 1) == T0 + 86_400
     job = None
 
     def claim():
@@ -5858,6 +5860,7 @@ def test_postgres_a_commit_that_makes_a_job_due_notifies_the_queues_channel(pg_u
         listening.execute(f'LISTEN "{channel}"')
         register(s)
         s.enqueue([spec("later", run_at=T0 + 60)], T0)
+        assert wake_ups_since(listening, sender, channel) == 1  # due later: workers sleep until then
         with pytest.raises(queuectl.Conflict):
             s.enqueue([spec("x"), spec("later")], T0)  # rolled back: nothing is sent
         assert wake_ups_since(listening, sender, channel) == 0
@@ -5870,12 +5873,13 @@ def test_postgres_a_commit_that_makes_a_job_due_notifies_the_queues_channel(pg_u
         s.finish(a, "w1", outcome(), SETTINGS, T0)  # releases b and c
         assert wake_ups_since(listening, sender, channel) == 1
         b = s.claim("w1", T0)
-        s.finish(b, "w1", outcome(1, "exit code 1"), SETTINGS, T0)  # a retry after its backoff: polled
-        assert wake_ups_since(listening, sender, channel) == 0
+        s.finish(b, "w1", outcome(1, "exit code 1"), SETTINGS, T0)  # a retry after its backoff
+        assert wake_ups_since(listening, sender, channel) == 1
         c = s.claim("w1", T0)
         assert s.interrupt(c, "w1", LOST, True, T0) == "pending"  # recovery requeues it
         assert wake_ups_since(listening, sender, channel) == 1
         s.enqueue([spec("d", run_at=T0 + 60)], T0)
+        assert wake_ups_since(listening, sender, channel) == 1
         s.cancel(["d"], T0)
         assert (s.get("d").state, wake_ups_since(listening, sender, channel)) == ("dead", 0)
         s.retry_dead(["d"], T0)
@@ -5886,10 +5890,30 @@ def test_postgres_a_commit_that_makes_a_job_due_notifies_the_queues_channel(pg_u
         assert wake_ups_since(listening, sender, channel) == 1
 
 
-def test_sqlite_store_sends_no_wake_ups(tmp_path):
-    with contextlib.closing(queuectl.SqliteStore(str(tmp_path / "q.db"))) as s:
+def test_an_sqlite_commit_that_makes_a_job_due_wakes_the_workers_of_this_host_once_committed(tmp_path):
+    with contextlib.closing(queuectl.SqliteStore(str(tmp_path / "q.db"))) as s, \
+            socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as here:
         assert not s.notifies and not s.cut_off_kills
-        s.enqueue([spec("a")], T0)  # _wake_workers is a no-op there
+        worker_id = f"{os.uname().nodename}:1:test{os.getpid()}"
+        s.register(worker_id, queuectl.host_identity(), 1, T0)
+        register(s, "h:2:elsewhere")  # a worker of another host: never sent to
+        here.bind(queuectl.wake_address(os.stat(s.path), worker_id))
+        here.setblocking(False)
+
+        def heard():
+            count = 0
+            with contextlib.suppress(BlockingIOError):
+                while here.recv(1) == b"":
+                    count += 1
+            return count
+        s.enqueue([spec("later", run_at=T0 + 60)], T0)
+        assert heard() == 1
+        with pytest.raises(queuectl.Conflict):
+            s.enqueue([spec("x"), spec("later")], T0)  # rolled back: nothing is sent
+        s.pause(["*"])
+        assert heard() == 0
+        s.resume([])
+        assert heard() == 1
 
 
 def test_postgres_cli_round_trip(pg_url, monkeypatch):
@@ -7423,14 +7447,11 @@ def test_postgres_a_notification_wakes_an_idle_worker_before_its_poll(pg_url, mo
 
 
 def test_postgres_a_worker_listens_again_after_its_connections_were_dropped(pg_url, monkeypatch):
-    with InProcessWorker(pg_url, monkeypatch) as worker:
+    with InProcessWorker(pg_url, monkeypatch):
         assert terminate_other_sessions(pg_url) >= 3  # the worker's, its runner's, its listener's
         with contextlib.closing(queuectl.PostgresStore(pg_url)) as s:
             s.enqueue([spec("a")], s.now())
             wait_for(lambda: s.get("a").state == "completed", "the job to be claimed and run", timeout=20)
-        with pytest.raises(queuectl.BadDatabase, match="terminating connection"):  # its main loop sleeps:
-            worker.worker.store.heartbeat(worker.worker.worker_id, T0)  # its connection is found dropped now,
-        assert worker.worker.store.heartbeat(worker.worker.worker_id, T0) is False  # and opened again at next use
 
 
 def test_a_heartbeat_that_came_late_counts_as_stalled(tmp_path, monkeypatch):
