@@ -5948,6 +5948,7 @@ class Worker:
             code, clean = self._run(), True
             return code
         finally:
+            self._stop_hearing()
             if self.watchdog:
                 self.watchdog.stop(clean)  # not clean (an exception): it kills our runs, as if we had died
             self.ended.set()
@@ -5989,7 +5990,6 @@ class Worker:
             t.join(None if not self.hard.is_set() else max(0.0, self.hard_at + HARD_STOP_S - time.monotonic()))
         if self.runners_store and not any(t.is_alive() for t in threads):
             self.runners_store.close()
-        self._stop_hearing()
         self._finish_recoveries()
         self._deregister()
         code = EXIT_INTERRUPTED if self.hard.is_set() else EXIT_FAIL if self.leaving else EXIT_OK
@@ -6289,7 +6289,7 @@ class Worker:
 
     def _hear(self, sock) -> None:
         # Whatever arrives, from whoever sent it, only sets the main loop's tick: it looks for due
-        # jobs (at most once per TICK_GAP_S, however many arrive) and wakes the runners if it finds one.
+        # jobs (at most once per TICK_GAP_S, however many arrive) and wakes a runner if it finds one.
         import select
         poller = select.poll()
         poller.register(sock, select.POLLIN)
