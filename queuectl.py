@@ -5363,7 +5363,7 @@ class Runner:
                  keep_claiming=lambda: False, give_up=lambda: False, holdings: Holdings | None = None,
                  on_claim=lambda: None):
         self.store = store
-        self.on_claim = on_claim  # called when a claim of its own found a job: there may be more
+        self.on_claim = on_claim  # called when a claim of its own found a job, as it starts: there may be more
         self.worker_id = worker_id
         self.abort = abort  # abort(job, registration) -> reason to kill the running job, or None
         self.give_up = give_up  # a hard stop: stop trying to record a result
@@ -5382,14 +5382,14 @@ class Runner:
         """Claim and run at most one job; True if one was run."""
         job, registration = self.prefetched or (None, self.current_registration())
         self.prefetched = None
-        if not job:
+        fresh = not job  # a claim of its own, not one made with the last result
+        if fresh:
             job = self._held(self.store.claim(self.worker_id, self.store.now() if now is None else now, self.queues))
             if job is None:
                 return False
-            self.on_claim()
         self.current = job
         try:
-            self._record(job, self._run(job, registration), now)
+            self._record(job, self._run(job, registration, fresh), now)
         finally:
             self.holdings.release(job)
             self.current = self.prefetched and self.prefetched[0]  # a prefetched job is already ours
@@ -5403,7 +5403,7 @@ class Runner:
                     extra=event("claim_taken_back", job_id=job.id, run=job.run_count))
         return None
 
-    def _run(self, job: Job, registration: int) -> Outcome:
+    def _run(self, job: Job, registration: int, fresh: bool = False) -> Outcome:
         if not log.quiet:
             log.info("job %s claimed (attempt %d): %s", job.id, job.attempts + 1, _short(job.command),
                      extra=event("job_claimed", job_id=job.id, attempt=job.attempts + 1, command=job.command))
@@ -5413,6 +5413,8 @@ class Runner:
             # Read first, and only then running: a read that hangs (a server that stopped answering) holds
             # no process, and the cut-off line counts only runs it kills (see Worker._note_cut_off).
             self._settings()
+            if fresh:  # only now: the runner it wakes would claim on our connection before our start
+                self.on_claim()
             self.running = True
             return self.execute(job, env, lambda: self.abort(job, registration),
                                lambda tail, total: self._flush(job, tail, total))
