@@ -1,6 +1,8 @@
 #!/bin/sh
 # These lines down to the closing quotes are both sh and Python. Run as a program (a copied or
-# installed file), sh execs python3 on the loader below, which runs this file from bytecode cached in
+# installed file), sh execs python3 on a short -c that reads this file and runs the loader between
+# the two `#@` lines (its text kept off the command line, which ps, top and systemd show as
+# `python3 -P -c … PATH ARGS`). The loader runs this file from bytecode cached in
 # $XDG_CACHE_HOME/queuectl (default ~/.cache/queuectl): Python caches the bytecode of imported modules
 # only, never of the script it runs, and compiling this file costs more than the rest of a command's
 # start-up. The cache is checked against a hash of the file's content, so an edited file never runs
@@ -9,14 +11,14 @@
 # lines as one string assignment. exec (not a child process): the worker gets its signals and exit
 # code as it would without the launcher.
 _LAUNCHER=''''
-exec python3 -P -c '# queuectl: run this file from cached bytecode (see above)
+exec python3 -P -c 'import sys;source=open(sys.argv[1],"rb").read();exec(source.split(b"\n#@\n")[1])' "$0" "$@"
+#@
+# queuectl: run this file from cached bytecode (see above); `source` is its bytes, read by the -c
 import marshal, os, stat, sys, types
 from importlib.util import MAGIC_NUMBER, source_hash
 path, real = sys.argv[1], os.path.realpath(sys.argv[1])
 sys.path.insert(0, os.path.dirname(real))  # as for a script: its own folder (-P left out the current one)
 del sys.argv[0]
-with open(path, "rb") as f:
-    source = f.read()
 key = MAGIC_NUMBER + (3).to_bytes(4, "little") + source_hash(source)
 xdg, home = os.environ.get("XDG_CACHE_HOME", ""), os.environ.get("HOME", os.path.expanduser("~"))
 folder = os.path.join(xdg if os.path.isabs(xdg) else os.path.join(home, ".cache"), "queuectl")
@@ -62,7 +64,7 @@ main = types.ModuleType("__main__")
 main.__file__ = path
 sys.modules["__main__"] = main
 exec(code, main.__dict__)
-' "$0" "$@"
+#@
 '''
 __doc__ = """queuectl: a persistent background job queue for shell commands, in one SQLite file or PostgreSQL.
 
@@ -79,10 +81,16 @@ commands:
   pause, resume           stop and restart claims from queues
   limit, queues           per-queue concurrency limits; every queue with its counts, pause and limit
   dlq list|retry          the dead-letter queue
-  schedule add|list|next|pause|resume|remove   recurring jobs: cron expressions or fixed intervals
+  schedule add|update|list|next|pause|resume|remove   recurring jobs: cron expressions or fixed intervals
   dashboard               a live web view of the queue and a JSON API (http://127.0.0.1:8321)
   config set|get|list     max-retries, backoff-base, backoff-max, stale-timeout, job-timeout, retention,
                           output-limit, kill-grace
+  help [COMMAND]          a command's options and arguments (as COMMAND --help)
+
+example:
+  queuectl add -- echo hello        # add a job; prints its id
+  queuectl worker start --burst     # run the jobs that are due, then exit
+  queuectl list                     # every job and its state
 """
 
 # ---- A map of this file ----------------------------------------------------------------------
@@ -230,6 +238,7 @@ SWEEP_INTERVAL_S = 1.0  # how often each worker process looks for dead workers
 # (see Holdings); handing a claim's answer to its runner takes milliseconds.
 STRAY_GRACE_S = 5.0
 BUSY_TIMEOUT_S = 1.0  # SQLite's own busy wait per attempt; we retry on top of it
+UNBOUNDED = 2**62  # the upper bound of a count with none that matters (list --limit): errors say "0 or more"
 CLI_BUSY_DEADLINE_S = 5.0  # a CLI command gives up (exit 1) after retrying this long
 CUT_OFF = "worker cut off from the database"  # why a worker killed runs it could no longer hold (lost runs)
 CLAIM_ANSWER_LOST = "claim answer lost"  # the error of a run recovered as a stray (see Holdings)
@@ -265,6 +274,11 @@ class Busy(QueueError):
 
 class BadDatabase(QueueError):
     """The file is not a queuectl database this version can use."""
+
+
+class NoQueue(BadDatabase):
+    """A Store that may only read found no queue where it looked (no file, or no schema holding one);
+    nothing was created. The CLI then answers from an EmptyStore."""
 
 
 class UpgradeRefused(BadDatabase):
@@ -568,10 +582,14 @@ def refuse_unknown_fields(obj: dict, fields: tuple, known: set | frozenset) -> N
 
 
 def did_you_mean(name: str, valid) -> str:
-    """"(did you mean 'x'?)" for the valid name nearest a mistyped one, or "" if none is near."""
+    """"(did you mean 'x'?)" for the valid name nearest a mistyped one, or "" if none is near (case
+    aside: `MAX-RETRIES` is near `max-retries`)."""
     import difflib  # only on this error path: its import costs start-up time
-    close = difflib.get_close_matches(name, list(valid), n=1)
-    return f"(did you mean {close[0]!r}?)" if close else ""
+    lowered = {str(v).lower(): v for v in valid}
+    # Two letters swapped (stauts) first: difflib's ratio would prefer the shorter `stats`.
+    close = ([k for k in lowered if sorted(k) == sorted(name.lower())]
+             or difflib.get_close_matches(name.lower(), list(lowered), n=1))
+    return f"(did you mean {lowered[close[0]]!r}?)" if close else ""
 
 
 def _valid_run_at(obj: dict, now: float) -> float | None:
@@ -766,7 +784,8 @@ def parse_number(value: object, what: str, low: float, high: float, *, integer: 
     else:
         raise UsageError(f"{where}not {kind}: {shown(value)}")
     if not low <= number <= high or math.isinf(number):  # also refuses NaN
-        raise UsageError(f"{where}value {shown(value)} must be {kind} from {low} to {high}")
+        bounds = f", {low} or more" if high >= UNBOUNDED else f" from {low} to {high}"
+        raise UsageError(f"{where}value {shown(value)} must be {kind}{bounds}")
     return int(number) if number == int(number) else number
 
 
@@ -1052,11 +1071,11 @@ def _valid_zone(obj: dict) -> str:
     return name
 
 
-def parse_every(value: object) -> int:
+def parse_every(value: object, what: str = "field 'every'") -> int:
     """`every`: a duration (parse_duration) of whole seconds, at least 1 s: 30s, 15m, 2h, 1d, 1w or seconds."""
     if isinstance(value, float) or isinstance(value, str) and "." in value:
-        raise UsageError(f"field 'every' must be whole seconds (e.g. 30s, 15m, 2h, 1d, 1w): {value!r}")
-    return int(parse_duration(value, "field 'every'", 1))
+        raise UsageError(f"{what} must be whole seconds (e.g. 30s, 15m, 2h, 1d, 1w): {value!r}")
+    return int(parse_duration(value, what, 1))
 
 
 def validate_schedule(obj: object, defaults: dict, cwd: str, now: float) -> Schedule:
@@ -1085,9 +1104,33 @@ def validate_schedule(obj: object, defaults: dict, cwd: str, now: float) -> Sche
     cron = " ".join(_valid_text(obj["cron"], "cron").split()) if "cron" in obj else None
     every_s = parse_every(obj["every"]) if "every" in obj else None
     schedule = Schedule(schedule_id, cron, every_s, tz, overlap, template, now, False, None, None, None, None)
-    schedule.next_run_at = next_slot(schedule, now)
-    if schedule.next_run_at is None:
-        raise UsageError(f"cron {cron!r} never fires (no such day in {CRON_YEARS} years)")
+    schedule.next_run_at = first_slot(schedule, now)
+    return schedule
+
+
+def first_slot(schedule: Schedule, now: float) -> float:
+    """The schedule's first slot after `now`; UsageError if a slot never comes (a cron no date matches)."""
+    slot = next_slot(schedule, now)
+    if slot is None:
+        raise UsageError(f"cron {schedule.cron!r} never fires (no such day in {CRON_YEARS} years)")
+    return slot
+
+
+def expression_schedule(cron: str | None, every: str | None, tz: str | None, now: float) -> Schedule:
+    """The schedule `schedule next --cron|--every` shows, as `schedule add` would make it at `now`; not stored."""
+    every_s = parse_every(every, "--every") if every is not None else None
+    if cron is not None:
+        cron = " ".join(_valid_text(cron, "--cron").split())
+        parse_cron(cron)  # its message names the bad field
+        local = tz is None
+        tz = local_zone_name() if local else _valid_text(tz, "--tz")
+        try:
+            zone_of(tz)
+        except UsageError as e:
+            raise UsageError(f"this machine's time zone {tz!r} ($TZ or /etc/localtime) is not an IANA zone name; "
+                             "give --tz" if local else str(e)) from None
+    schedule = Schedule(None, cron, every_s, tz or "UTC", "skip", {}, now, False, None, None, None, None)
+    schedule.next_run_at = first_slot(schedule, now)
     return schedule
 
 
@@ -1326,31 +1369,192 @@ MIGRATIONS = [
      "SELECT RAISE(ABORT, 'this queue was upgraded by a newer queuectl: start workers of that version'); END"],
 ]
 
-class SqliteSQL:
-    """Every SQLite statement the store runs, each complete where it is defined (a statement with
-    a {placeholder} takes the served queues: see heads). The PostgreSQL dialect has its own."""
-    PARAM = "?"  # the parameter mark, for clauses the rules build (see _where)
+# The parameter marks of SharedSQL's and PostgresSQL's statements: %s in the order the rules pass
+# them, or %(name)s where a statement takes a dict. sqlite_marks writes them as SQLite's; PgPipeline
+# numbers them for libpq ($1, $2, …).
+PG_PARAM_MARK = re.compile(r"%\((\w+)\)s|%s")
+
+
+def sqlite_marks(sql: str) -> str:
+    """A statement written with PostgreSQL's parameter marks, with SQLite's: ? for %s, :name for %(name)s."""
+    return PG_PARAM_MARK.sub(lambda mark: f":{mark[1]}" if mark[1] else "?", sql)
+
+
+def with_shared(marks: Callable[[str], str]):
+    """A class decorator for a dialect's class of statements: it gets each of SharedSQL's, its parameter
+    marks written by `marks`. A name the dialect also writes is refused: each statement has one source."""
+    def add_shared(dialect: type) -> type:
+        for name, sql in vars(SharedSQL).items():
+            if name.startswith("SQL_"):
+                if name in vars(dialect):
+                    raise TypeError(f"{dialect.__name__}.{name} is also SharedSQL's")
+                setattr(dialect, name, marks(sql))
+        return dialect
+    return add_shared
+
+
+class SharedSQL:
+    """The statements both dialects run as they are, each written once, with PostgreSQL's parameter
+    marks (see PG_PARAM_MARK): PostgresSQL takes them as written, SqliteSQL with SQLite's marks
+    (sqlite_marks). A statement whose text differs between the dialects in anything but its marks is
+    written out in each dialect's class instead, complete there. A statement with a {where} or {queue}
+    slot takes a clause of _where or _and_queue."""
 
     SQL_INSERT_JOB = (
         "INSERT INTO jobs (id, command, state, max_retries, timeout_s, cwd, env, created_at, updated_at, next_run_at, "
-        "priority, queue, waiting_on, last_error, ready) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
-    SQL_INSERT_DEP = "INSERT OR IGNORE INTO deps (job_id, dep_id) VALUES (?, ?)"
-    SQL_GET_JOB = f"SELECT {Job.COLUMNS} FROM jobs WHERE id = ?"
-    SQL_JOB_STATE = "SELECT state FROM jobs WHERE id = ?"
-    SQL_LIST_JOBS = f"SELECT {Job.COLUMNS} FROM (SELECT * FROM jobs {{where}} ORDER BY seq DESC LIMIT ?) ORDER BY seq"
+        "priority, queue, waiting_on, last_error, ready) "
+        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
+    SQL_GET_JOB = f"SELECT {Job.COLUMNS} FROM jobs WHERE id = %s"
     SQL_COUNTS = "SELECT state, count(*) FROM jobs {where} GROUP BY state"
-    SQL_DEPS_OF = "SELECT dep_id FROM deps WHERE job_id = ? ORDER BY rowid"
-    # `wait --all` ({queue}: nothing, or AND queue = ?). The jobs it answers for are those unfinished
+    # The dashboard's job table: newest first, one page at a time.
+    SQL_PAGE_JOBS = f"SELECT {Job.COLUMNS} FROM jobs {{where}} ORDER BY seq DESC LIMIT %s OFFSET %s"
+    # `wait --all` ({queue}: nothing, or AND queue = %s). The jobs it answers for are those unfinished
     # when it starts, known by their seq (8 bytes each, not an id), read with the highest seq so far in
     # one statement (one snapshot): a job enqueued later has a higher seq. Its dead ones are found by a
     # range of jobs_state between the lowest seq it answers for and that highest seq, so an old
-    # dead-letter queue is not read at every poll.
+    # dead-letter queue is not read at every poll. On PostgreSQL, a job whose insert commits after the
+    # first statement's snapshot with a lower seq than its max (sequences are handed out before commit)
+    # is neither answered for nor counted as arrived: the progress line's total may lag by it; the exit
+    # code cannot be wrong.
     # One snapshot: a first row (0, the highest seq so far), then a row (1, seq) per unfinished job.
     SQL_UNFINISHED_SEQS = ("SELECT 0, coalesce(max(seq), 0) FROM jobs UNION ALL "
                            "SELECT 1, seq FROM jobs WHERE state IN ('pending', 'failed', 'processing') {queue}")
     SQL_WAIT_COUNTS = ("SELECT (SELECT count(*) FROM jobs WHERE state IN ('pending', 'failed', 'processing') {queue}), "
-                       "(SELECT count(*) FROM jobs WHERE seq > ? {queue})")
-    SQL_DEAD_BETWEEN = "SELECT id, seq FROM jobs WHERE state = 'dead' AND seq BETWEEN ? AND ? {queue} ORDER BY seq"
+                       "(SELECT count(*) FROM jobs WHERE seq > %s {queue})")
+    SQL_DEAD_BETWEEN = "SELECT id, seq FROM jobs WHERE state = 'dead' AND seq BETWEEN %s AND %s {queue} ORDER BY seq"
+
+    # --burst: is anything processing (the variant for served queues is each dialect's)?
+    SQL_ANY_PROCESSING_ANY_QUEUE = "SELECT 1 FROM jobs WHERE state = 'processing' LIMIT 1"
+
+    SQL_FLUSH_OUTPUT = ("UPDATE runs SET output = %s, output_bytes = %s "
+                        "WHERE job_id = %s AND run_no = %s AND ended_at IS NULL")
+    # Every write after the claim is guarded by the owner and run number (id, 'processing', worker_id,
+    # run_count), so a worker that lost the job (declared dead, then came back) can never overwrite
+    # what happened since.
+    SQL_FINISH_JOB = ("UPDATE jobs SET state = %s, attempts = %s, next_run_at = %s, last_error = %s, exit_code = %s, "
+                      "worker_id = NULL, updated_at = %s, ready = 0 "
+                      "WHERE id = %s AND state = 'processing' AND worker_id = %s AND run_count = %s")
+    SQL_REQUEUE = ("UPDATE jobs SET state = %s, lost_count = lost_count + %s, last_error = coalesce(%s, last_error), "
+                   "next_run_at = %s, worker_id = NULL, updated_at = %s, ready = 0 "
+                   "WHERE id = %s AND state = 'processing' AND worker_id = %s AND run_count = %s")
+    # A dead job takes every unfinished job below it in the dependency graph with it.
+    SQL_KILL_DEPENDENTS = """
+        WITH RECURSIVE down(id, cause) AS (
+            SELECT job_id, dep_id FROM deps WHERE dep_id = %s
+            UNION SELECT deps.job_id, deps.dep_id FROM deps JOIN down ON deps.dep_id = down.id)
+        UPDATE jobs SET state = 'dead', updated_at = %s,
+            last_error = 'dependency ' || (SELECT cause FROM down WHERE down.id = jobs.id LIMIT 1) || ' is dead'
+        WHERE id IN (SELECT id FROM down) AND state IN ('pending', 'failed')"""
+
+    # Recovery of a lost run is decided once: the sweeper that wins it *adopts* the job (worker_id
+    # becomes its own, in the transaction that found it lost: each dialect's SQL_ADOPT), so every
+    # other sweeper sees a job of a live worker and leaves it alone while the winner kills the run's
+    # processes and waits for them to be gone. A run's processes carry the token of the worker that
+    # started it (runs.worker_id), which is still known when the adopter itself dies and a third
+    # sweeper takes over.
+    SQL_HELD_RUNS = ("SELECT jobs.id, jobs.run_count, coalesce(runs.worker_id, jobs.worker_id) FROM jobs "
+                     "LEFT JOIN runs ON runs.job_id = jobs.id AND runs.run_no = jobs.run_count "
+                     "WHERE jobs.state = 'processing' AND jobs.worker_id = %s")
+    SQL_RUN_WORKER = "SELECT worker_id FROM runs WHERE job_id = %s AND run_no = %s"
+    # The runs a worker started and still holds: each must be known to one of its runners, or it is a
+    # claim whose answer was lost (see Holdings).
+    SQL_OWN_RUNS = ("SELECT jobs.id, jobs.run_count FROM jobs "
+                    "JOIN runs ON runs.job_id = jobs.id AND runs.run_no = jobs.run_count "
+                    "WHERE jobs.state = 'processing' AND jobs.worker_id = %s AND runs.worker_id = jobs.worker_id")
+    SQL_PROCESSING_BY_WORKER = "SELECT worker_id, id FROM jobs WHERE state = 'processing'"
+    SQL_CANCEL_REQUESTS = ("SELECT id, run_count FROM jobs WHERE state = 'processing' AND worker_id = %s "
+                           "AND cancel_requested = run_count")
+    SQL_ORPHAN_JOBS = ("SELECT id, run_count, lost_count, worker_id FROM jobs WHERE state = 'processing' "
+                       "AND worker_id NOT IN (SELECT id FROM workers)")
+    SQL_RUNS = ("SELECT run_no, worker_id, started_at, due_at, ended_at, outcome, exit_code, error, output, "
+                "output_bytes FROM runs WHERE job_id = %s ORDER BY run_no")
+
+    SQL_RETRY = ("UPDATE jobs SET state = 'pending', attempts = 0, lost_count = 0, cancel_requested = 0, "
+                 "next_run_at = %s, last_error = NULL, exit_code = NULL, updated_at = %s, ready = 0, "
+                 "waiting_on = (SELECT count(*) FROM deps JOIN jobs d ON d.id = deps.dep_id "
+                 "WHERE deps.job_id = jobs.id AND d.state <> 'completed') WHERE id = %s AND state = 'dead'")
+    # `dlq retry --all`: the dead jobs (of a queue, or of all when it is NULL) and, in any queue, the dead
+    # jobs they depend on, up the graph: a chain is revived together. On PostgreSQL the jobs it finds are
+    # locked by SQL_JOB_STATE and SQL_DEAD_DEPS, one by one, and read again (see Store.retry_all_dead).
+    SQL_DEAD_CHAINS = """
+        WITH RECURSIVE chain(id) AS (
+            SELECT id FROM jobs WHERE state = 'dead' AND queue = coalesce(%s, queue)
+            UNION SELECT deps.dep_id FROM deps JOIN chain ON deps.job_id = chain.id
+                JOIN jobs d ON d.id = deps.dep_id WHERE d.state = 'dead')
+        SELECT id FROM jobs WHERE id IN (SELECT id FROM chain) ORDER BY seq"""
+    # `cancel --all`: every job that has not finished (of a queue, or of all when it is NULL). No lock:
+    # Store.cancel_all locks each job with SQL_JOB_STATE and reads its state again before changing it.
+    SQL_UNFINISHED = ("SELECT id FROM jobs WHERE state IN ('pending', 'failed', 'processing') "
+                      "AND queue = coalesce(%s, queue) ORDER BY seq")
+    SQL_CANCEL_WAITING = ("UPDATE jobs SET state = 'dead', last_error = 'canceled', updated_at = %s "
+                          "WHERE id = %s AND state IN ('pending', 'failed')")
+    SQL_CANCEL_RUNNING = "UPDATE jobs SET cancel_requested = run_count WHERE id = %s AND state = 'processing'"
+    # A job is still needed by a dependent that has not completed, unless it completed itself. (A dead
+    # dependent counts: `dlq retry` may revive it, and it must then find its dependency, not run without it.)
+    SQL_NEEDED_BY = ("SELECT deps.job_id FROM deps JOIN jobs j ON j.id = deps.job_id JOIN jobs d ON d.id = deps.dep_id "
+                     "WHERE deps.dep_id = %s AND j.state <> 'completed' AND d.state <> 'completed'")
+
+    SQL_RESUME = "DELETE FROM paused WHERE queue = %s"
+    SQL_RESUME_ALL = "DELETE FROM paused"
+    SQL_PAUSED = "SELECT queue FROM paused ORDER BY queue"
+    SQL_SET_LIMIT = ("INSERT INTO queue_limits (queue, max_running) VALUES (%s, %s) "
+                     "ON CONFLICT (queue) DO UPDATE SET max_running = excluded.max_running")
+    SQL_REMOVE_LIMIT = "DELETE FROM queue_limits WHERE queue = %s"
+    SQL_LIMITS = "SELECT queue, max_running FROM queue_limits ORDER BY queue"
+    SQL_LIMITED = "SELECT 1 FROM queue_limits WHERE queue = %s"  # a run that ends frees a slot
+
+    SQL_REGISTER = ("INSERT INTO workers (id, host, pid, proc_start, boot_id, pid_ns, threads, started_at, "
+                    "heartbeat_at, queues, version) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
+    SQL_HEARTBEAT = "UPDATE workers SET heartbeat_at = %s, beat = beat + 1 WHERE id = %s"
+    SQL_STOP_REQUESTED = "SELECT stop_requested FROM workers WHERE id = %s"
+    SQL_DEREGISTER = "DELETE FROM workers WHERE id = %s"
+    # Deleting on the registration (id and start time: a worker presumed dead registers again under its
+    # id) and the beat we judged makes "dead" a decision no heartbeat can race: a worker that beat
+    # meanwhile is not deleted, and one that is deleted can no longer beat or claim.
+    SQL_DROP_DEAD_WORKER = "DELETE FROM workers WHERE id = %s AND started_at = %s AND beat = %s"
+    SQL_WORKERS = ("SELECT id, host, pid, proc_start, boot_id, pid_ns, heartbeat_at, beat, stop_requested, threads, "
+                   "started_at, queues, version FROM workers ORDER BY started_at")
+    # Before a migration, the workers of the schema it upgrades (see Store.refuse_older_workers): in the
+    # columns every schema has, and the version where the schema records it.
+    SQL_OLDER_WORKERS = "SELECT id, host, pid, proc_start, boot_id, pid_ns, heartbeat_at, NULL FROM workers"
+    SQL_OLDER_WORKERS_VERSIONED = "SELECT id, host, pid, proc_start, boot_id, pid_ns, heartbeat_at, version FROM workers"
+
+    # Stats over the run history, all in SQL; runs_ended limits each query to the window.
+    SQL_STATS_OUTCOMES = "SELECT outcome, count(*) FROM runs WHERE ended_at >= %s GROUP BY outcome"
+    # `metrics`: jobs by queue and state.
+    SQL_QUEUE_COUNTS = "SELECT queue, state, count(*) FROM jobs GROUP BY queue, state"
+    SQL_CONFIG_GET = "SELECT value FROM config WHERE key = %s"
+    SQL_CONFIG_SET = ("INSERT INTO config (key, value) VALUES (%s, %s) "
+                      "ON CONFLICT (key) DO UPDATE SET value = excluded.value")
+    SQL_CONFIG_ALL = "SELECT key, value FROM config"
+
+    SQL_INSERT_SCHEDULE = (f"INSERT INTO schedules ({Schedule.COLUMNS}) "
+                           "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
+    # Each schedule with the state of the job its last slot made (NULL once that job is deleted).
+    SQL_SCHEDULES = (f"SELECT {Schedule.COLUMNS}, (SELECT state FROM jobs WHERE jobs.id = last_job_id) "
+                     "FROM schedules {where} ORDER BY id")
+    # A slot's job: another worker may have made it already, and then this one is not made again.
+    SQL_INSERT_SLOT_JOB = SQL_INSERT_JOB + " ON CONFLICT (id) DO NOTHING"
+    # Moved only from the slot it was read at, so a slot is never passed twice.
+    SQL_SCHEDULE_FIRED = ("UPDATE schedules SET next_run_at = %s, last_run_at = coalesce(%s, last_run_at), "
+                          "last_job_id = coalesce(%s, last_job_id) WHERE id = %s AND next_run_at = %s")
+    SQL_PAUSE_SCHEDULE = "UPDATE schedules SET paused = 1 WHERE id = %s"
+    SQL_RESUME_SCHEDULE = "UPDATE schedules SET paused = 0, next_run_at = %s WHERE id = %s"
+    SQL_REMOVE_SCHEDULE = "DELETE FROM schedules WHERE id = %s"
+    SQL_UPDATE_SCHEDULE = ("UPDATE schedules SET cron = %s, every_s = %s, tz = %s, overlap = %s, job = %s, "
+                           "next_run_at = %s WHERE id = %s")
+
+
+@with_shared(sqlite_marks)
+class SqliteSQL:
+    """The SQLite statements the store runs that are not SharedSQL's, each complete where it is
+    defined. The PostgreSQL dialect has its own."""
+    PARAM = "?"  # the parameter mark, for clauses the rules build (see _where)
+
+    SQL_INSERT_DEP = "INSERT OR IGNORE INTO deps (job_id, dep_id) VALUES (?, ?)"
+    SQL_JOB_STATE = "SELECT state FROM jobs WHERE id = ?"
+    SQL_LIST_JOBS = f"SELECT {Job.COLUMNS} FROM (SELECT * FROM jobs {{where}} ORDER BY seq DESC LIMIT ?) ORDER BY seq"
+    SQL_DEPS_OF = "SELECT dep_id FROM deps WHERE job_id = ? ORDER BY rowid"
     # The claim. A waiting job (pending or failed, no unfinished dependency) is *staged* until it is
     # due and *ready* from then on: the claim transaction first promotes the staged jobs that have
     # fallen due (a range of jobs_staged, empty most of the time), so jobs_claim holds only due jobs.
@@ -1359,31 +1563,13 @@ class SqliteSQL:
     # the best of those heads: a paused queue, a queue this worker does not serve, or jobs scheduled
     # for later cost nothing however many jobs they hold (a plain priority-ordered index would have
     # to walk past all of them on every claim and poll).
-    SQL_WAITING = "state IN ('pending', 'failed') AND waiting_on = 0"
-    SQL_READY = f"{SQL_WAITING} AND ready = 1"  # the WHERE of jobs_claim, so INDEXED BY can use it
-    SQL_STAGED = f"{SQL_WAITING} AND ready = 0"  # the WHERE of jobs_staged
-    SQL_PROMOTE = (f"UPDATE jobs SET ready = 1 WHERE seq IN "
-                   f"(SELECT seq FROM jobs INDEXED BY jobs_staged WHERE {SQL_STAGED} AND next_run_at <= ?)")
-    # The queues to look at: those of `worker start --queue` (VALUES (?), …), or every queue with a
-    # ready job, found by a skip-scan of jobs_claim: one index seek per queue.
-    SQL_READY_QUEUES = f"""q(name) AS (
-        SELECT (SELECT queue FROM jobs INDEXED BY jobs_claim WHERE {SQL_READY} ORDER BY queue LIMIT 1)
-        UNION ALL
-        SELECT (SELECT queue FROM jobs INDEXED BY jobs_claim WHERE {SQL_READY} AND queue > q.name
-                ORDER BY queue LIMIT 1)
-        FROM q WHERE q.name IS NOT NULL)"""
-    # The best ready job of each such queue that is neither paused nor full (NULL for a queue with none).
-    # The due check only matters when clocks disagree (a job enqueued by a host whose clock runs ahead).
-    SQL_HEADS = f"""WITH RECURSIVE {{queue_set}}
-        SELECT (SELECT seq FROM jobs INDEXED BY jobs_claim WHERE {SQL_READY} AND queue = q.name AND next_run_at <= ?
-                ORDER BY priority DESC, next_run_at, seq LIMIT 1) AS seq
-        FROM q WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
-          AND NOT EXISTS (SELECT 1 FROM queue_limits AS l WHERE l.queue = q.name  -- full: at its limit
-                          AND l.max_running <= (SELECT count(*) FROM jobs INDEXED BY jobs_running
-                                                WHERE state = 'processing' AND queue = q.name))"""
+    # Ready is state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1, the WHERE of jobs_claim;
+    # staged is the same with ready = 0, jobs_staged's. A statement that names one of them (INDEXED BY)
+    # writes its WHERE in full: SQLite uses a partial index only where the statement's WHERE implies it.
+    SQL_PROMOTE = ("UPDATE jobs SET ready = 1 WHERE seq IN (SELECT seq FROM jobs INDEXED BY jobs_staged "
+                   "WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= ?)")
     # A worker whose registration was removed (presumed dead) cannot claim: its jobs would be orphans.
     SQL_REGISTERED = "SELECT 1 FROM workers WHERE id = ?"
-    SQL_CLAIM_SET = "UPDATE jobs SET state = 'processing', worker_id = ?, run_count = run_count + 1, updated_at = ? "
     # The claim, one statement: the head of each queue it may serve, then the best of those heads
     # (parameters :worker, :now and, for served queues, :queues, a JSON array of names). The due
     # check only matters when clocks disagree (a job enqueued by a host whose clock runs ahead).
@@ -1429,7 +1615,8 @@ class SqliteSQL:
       AND EXISTS (SELECT 1 FROM workers WHERE id = :worker)
     RETURNING id, command, state, attempts, max_retries, timeout_s, cwd, env, created_at, updated_at, next_run_at,
               last_error, exit_code, worker_id, run_count, lost_count, priority, queue, waiting_on"""
-    # Without RETURNING (SQLite < 3.35): the claim's choice, then SQL_CLAIM_ID, in one transaction.
+    # The claim's choice, without taking it: the poller asks it (see SqliteStore.due_now), and without
+    # RETURNING (SQLite < 3.35) the claim runs it, then SQL_CLAIM_ID, in one transaction.
     SQL_NEXT_DUE_ANY_QUEUE = """
     WITH RECURSIVE q(name) AS (  -- every queue with a ready job: one index seek per queue (a skip-scan)
         SELECT (SELECT queue FROM jobs INDEXED BY jobs_claim
@@ -1459,36 +1646,39 @@ class SqliteSQL:
                           AND l.max_running <= (SELECT count(*) FROM jobs INDEXED BY jobs_running
                                                 WHERE state = 'processing' AND queue = q.name)))
     SELECT id FROM jobs WHERE seq IN (SELECT seq FROM heads) ORDER BY priority DESC, next_run_at, seq LIMIT 1"""
-    SQL_CLAIM_ID = SQL_CLAIM_SET + "WHERE id = ? AND state IN ('pending', 'failed')"
-    SQL_ANY_STAGED = f"SELECT 1 FROM jobs INDEXED BY jobs_staged WHERE {SQL_STAGED} AND next_run_at <= ? LIMIT 1"
-    # The poller: a ready job in a queue we serve, or a staged job that has fallen due anywhere (a
-    # claim promotes it; each job can cause at most one such wake-up).
-    SQL_ANY_HEAD = "EXISTS (SELECT 1 FROM ({heads}) WHERE seq IS NOT NULL)"
-    SQL_POLL = f"SELECT {SQL_ANY_HEAD} OR EXISTS ({SQL_ANY_STAGED})"
+    SQL_CLAIM_ID = ("UPDATE jobs SET state = 'processing', worker_id = ?, run_count = run_count + 1, updated_at = ? "
+                    "WHERE id = ? AND state IN ('pending', 'failed')")
+    # The poller: a job the claim would take now (SQL_NEXT_DUE_*), or a staged job that has fallen due
+    # anywhere (a claim promotes it; each job can cause at most one such wake-up).
+    SQL_ANY_STAGED = ("SELECT 1 FROM jobs INDEXED BY jobs_staged "
+                      "WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= :now "
+                      "LIMIT 1")
     # When the poller looks next: the earliest staged job not due yet (min() reads one end of a range).
     SQL_NEXT_STAGED = ("SELECT min(next_run_at) FROM jobs INDEXED BY jobs_staged "
-                       f"WHERE {SQL_STAGED} AND next_run_at > ?")
+                       "WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at > ?")
     # The workers to wake after a commit (see SqliteStore._wake_workers): those on this host.
     SQL_HOST_WORKERS = "SELECT id FROM workers WHERE host = ?"
-    # --burst: is anything in our queues due within the horizon (ready, or staged and not paused)?
-    SQL_DUE_SOON = (f"SELECT {SQL_ANY_HEAD} OR EXISTS (SELECT 1 FROM jobs "
-                    f"INDEXED BY jobs_staged WHERE {SQL_STAGED} AND next_run_at <= ? {{queues}} "
-                    "AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')))")
-    SQL_ANY_PROCESSING = "SELECT 1 FROM jobs WHERE state = 'processing' {queues} LIMIT 1"
+    # --burst: is anything processing in our queues, or due within the horizon in one of them (one the
+    # claim would take by then, SQL_NEXT_DUE_*, or a staged one in a queue that is not paused)?
+    SQL_ANY_PROCESSING_FROM_QUEUES = ("SELECT 1 FROM jobs WHERE state = 'processing' "
+                                      "AND queue IN (SELECT value FROM json_each(:queues)) LIMIT 1")
+    SQL_STAGED_SOON_ANY_QUEUE = (
+        "SELECT 1 FROM jobs INDEXED BY jobs_staged "
+        "WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= :now "
+        "AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')) LIMIT 1")
+    SQL_STAGED_SOON_FROM_QUEUES = (
+        "SELECT 1 FROM jobs INDEXED BY jobs_staged "
+        "WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= :now "
+        "AND queue IN (SELECT value FROM json_each(:queues)) "
+        "AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')) LIMIT 1")
     # due_at: when the job became eligible (eligible_at), which the run's wait is counted from.
+    # PostgreSQL's claim opens the run in its own statement (`opened` in PostgresSQL.SQL_CLAIM_ANY_QUEUE
+    # and SQL_CLAIM_FROM_QUEUES), which restates this one: a change to one is made to the other.
     SQL_INSERT_RUN = "INSERT INTO runs (job_id, run_no, worker_id, started_at, due_at) VALUES (?, ?, ?, ?, ?)"
-    SQL_FLUSH_OUTPUT = ("UPDATE runs SET output = ?, output_bytes = ? "
-                        "WHERE job_id = ? AND run_no = ? AND ended_at IS NULL")
-    # Every write after the claim is guarded by the owner and run number, so a worker that lost the
-    # job (declared dead, then came back) can never overwrite what happened since.
-    SQL_OWNED = "id = ? AND state = 'processing' AND worker_id = ? AND run_count = ?"
-    SQL_FINISH_JOB = ("UPDATE jobs SET state = ?, attempts = ?, next_run_at = ?, last_error = ?, exit_code = ?, "
-                      f"worker_id = NULL, updated_at = ?, ready = 0 WHERE {SQL_OWNED}")
     # A cancel names the run it was aimed at (cancel_requested holds its run number, 0 = none): a
     # later run of the same job, after `dlq retry`, is never taken for the canceled one.
-    SQL_CANCEL_FLAG = f"SELECT cancel_requested = run_count FROM jobs WHERE {SQL_OWNED}"
-    SQL_REQUEUE = ("UPDATE jobs SET state = ?, lost_count = lost_count + ?, last_error = coalesce(?, last_error), "
-                   f"next_run_at = ?, worker_id = NULL, updated_at = ?, ready = 0 WHERE {SQL_OWNED}")
+    SQL_CANCEL_FLAG = ("SELECT cancel_requested = run_count FROM jobs "
+                       "WHERE id = ? AND state = 'processing' AND worker_id = ? AND run_count = ?")
     # A run's end is its start plus the duration its worker measured on the monotonic clock, so a
     # wall-clock step while it ran cannot make it negative; a run whose duration nobody measured (a
     # lost worker's) ends at the recorder's wall time, never before it started.
@@ -1498,73 +1688,22 @@ class SqliteSQL:
     SQL_RELEASE_DEPENDENTS = ("UPDATE jobs SET waiting_on = waiting_on - 1, next_run_at = max(next_run_at, ?), "
                               "updated_at = ? WHERE id IN (SELECT job_id FROM deps WHERE dep_id = ?) "
                               "AND waiting_on > 0")
-    # A dead job takes every unfinished job below it in the dependency graph with it.
-    SQL_KILL_DEPENDENTS = """
-        WITH RECURSIVE down(id, cause) AS (
-            SELECT job_id, dep_id FROM deps WHERE dep_id = ?
-            UNION SELECT deps.job_id, deps.dep_id FROM deps JOIN down ON deps.dep_id = down.id)
-        UPDATE jobs SET state = 'dead', updated_at = ?,
-            last_error = 'dependency ' || (SELECT cause FROM down WHERE down.id = jobs.id LIMIT 1) || ' is dead'
-        WHERE id IN (SELECT id FROM down) AND state IN ('pending', 'failed')"""
-    # Recovery of a lost run is decided once: the sweeper that wins it *adopts* the job (worker_id
-    # becomes its own, in the transaction that found it lost), so every other sweeper sees a job of a
-    # live worker and leaves it alone while the winner kills the run's processes and waits for them to
-    # be gone. A run's processes carry the token of the worker that started it (runs.worker_id), which
-    # is still known when the adopter itself dies and a third sweeper takes over.
-    SQL_HELD_RUNS = ("SELECT jobs.id, jobs.run_count, coalesce(runs.worker_id, jobs.worker_id) FROM jobs "
-                     "LEFT JOIN runs ON runs.job_id = jobs.id AND runs.run_no = jobs.run_count "
-                     "WHERE jobs.state = 'processing' AND jobs.worker_id = ?")
     SQL_ADOPT = ("UPDATE jobs SET worker_id = ?1 WHERE id = ?2 AND run_count = ?3 AND state = 'processing' "
                  "AND worker_id = ?4 AND EXISTS (SELECT 1 FROM workers WHERE id = ?1) "
                  "AND NOT EXISTS (SELECT 1 FROM workers WHERE id = ?4)")
-    SQL_RUN_WORKER = "SELECT worker_id FROM runs WHERE job_id = ? AND run_no = ?"
     # The jobs a worker adopted and has not requeued yet: its processing jobs whose run another worker
     # started (a sweeper whose requeue failed finds them here at its next sweep).
     SQL_ADOPTED = ("SELECT jobs.id, jobs.run_count, runs.worker_id FROM jobs "
                    "JOIN runs ON runs.job_id = jobs.id AND runs.run_no = jobs.run_count "
                    "WHERE jobs.state = 'processing' AND jobs.worker_id = ?1 AND runs.worker_id <> ?1")
-    # The runs a worker started and still holds: each must be known to one of its runners, or it is a
-    # claim whose answer was lost (see Holdings).
-    SQL_OWN_RUNS = ("SELECT jobs.id, jobs.run_count FROM jobs "
-                    "JOIN runs ON runs.job_id = jobs.id AND runs.run_no = jobs.run_count "
-                    "WHERE jobs.state = 'processing' AND jobs.worker_id = ? AND runs.worker_id = jobs.worker_id")
-    SQL_PROCESSING_BY_WORKER = "SELECT worker_id, id FROM jobs WHERE state = 'processing'"
-    SQL_CANCEL_REQUESTS = ("SELECT id, run_count FROM jobs WHERE state = 'processing' AND worker_id = ? "
-                           "AND cancel_requested = run_count")
-    SQL_ORPHAN_JOBS = ("SELECT id, run_count, lost_count, worker_id FROM jobs WHERE state = 'processing' "
-                       "AND worker_id NOT IN (SELECT id FROM workers)")
-    SQL_RUNS = ("SELECT run_no, worker_id, started_at, due_at, ended_at, outcome, exit_code, error, output, "
-                "output_bytes FROM runs WHERE job_id = ? ORDER BY run_no")
     SQL_RUN = ("SELECT run_no, output, output_bytes, ended_at FROM runs WHERE job_id = ? AND (run_no = ? OR ? IS NULL) "
                "ORDER BY run_no DESC LIMIT 1")
-    SQL_RETRY = ("UPDATE jobs SET state = 'pending', attempts = 0, lost_count = 0, cancel_requested = 0, "
-                 "next_run_at = ?, last_error = NULL, "
-                 "exit_code = NULL, updated_at = ?, ready = 0, "
-                 "waiting_on = (SELECT count(*) FROM deps JOIN jobs d ON d.id = deps.dep_id "
-                 "WHERE deps.job_id = jobs.id AND d.state <> 'completed') WHERE id = ? AND state = 'dead'")
     SQL_DEAD_DEPS = ("SELECT deps.dep_id FROM deps JOIN jobs d ON d.id = deps.dep_id "
                      "WHERE deps.job_id = ? AND d.state = 'dead'")
-    # `dlq retry --all`: the dead jobs (of a queue, or of all when it is NULL) and, in any queue, the dead
-    # jobs they depend on, up the graph: a chain is revived together.
-    SQL_DEAD_CHAINS = """
-        WITH RECURSIVE chain(id) AS (
-            SELECT id FROM jobs WHERE state = 'dead' AND queue = coalesce(?, queue)
-            UNION SELECT deps.dep_id FROM deps JOIN chain ON deps.job_id = chain.id
-                JOIN jobs d ON d.id = deps.dep_id WHERE d.state = 'dead')
-        SELECT id FROM jobs WHERE id IN (SELECT id FROM chain) ORDER BY seq"""
-    # `cancel --all`: every job that has not finished (of a queue, or of all when it is NULL).
-    SQL_UNFINISHED = ("SELECT id FROM jobs WHERE state IN ('pending', 'failed', 'processing') "
-                      "AND queue = coalesce(?, queue) ORDER BY seq")
-    SQL_CANCEL_WAITING = ("UPDATE jobs SET state = 'dead', last_error = 'canceled', updated_at = ? "
-                          "WHERE id = ? AND state IN ('pending', 'failed')")
-    SQL_CANCEL_RUNNING = "UPDATE jobs SET cancel_requested = run_count WHERE id = ? AND state = 'processing'"
-    # A job is still needed by a dependent that has not completed, unless it completed itself. (A dead
-    # dependent counts: `dlq retry` may revive it, and it must then find its dependency, not run without it.)
-    SQL_NEEDED_BY = ("SELECT deps.job_id FROM deps JOIN jobs j ON j.id = deps.job_id JOIN jobs d ON d.id = deps.dep_id "
-                     "WHERE deps.dep_id = ? AND j.state <> 'completed' AND d.state <> 'completed'")
     # Before jobs are deleted, their finished runs are added to the tally of forgotten runs (SQL_RUN_TOTALS):
-    # one statement for all the jobs a delete or a purge slice removes (a JSON array of ids). One a job
-    # rewrote the row once a job, and on PostgreSQL each rewrite leaves a row version for the next to pass.
+    # one statement for all the jobs a delete or a purge slice removes (a JSON array of ids). A statement
+    # per job would rewrite the row once a job, and on PostgreSQL each rewrite leaves a row version for
+    # the next to pass.
     SQL_FORGET_RUNS = (
         "INSERT INTO config (key, value) SELECT 'runs_forgotten', json_array(count(*), "
         "sum(CAST(round((ended_at - started_at) * 1000000) AS INTEGER))) FROM runs "
@@ -1579,36 +1718,10 @@ class SqliteSQL:
                      "(SELECT 1 FROM deps JOIN jobs j ON j.id = deps.job_id WHERE deps.dep_id = jobs.id "
                      "AND j.state <> 'completed')) LIMIT ?")
     SQL_PAUSE = "INSERT OR IGNORE INTO paused (queue) VALUES (?)"
-    SQL_RESUME = "DELETE FROM paused WHERE queue = ?"
-    SQL_RESUME_ALL = "DELETE FROM paused"
-    SQL_PAUSED = "SELECT queue FROM paused ORDER BY queue"
     SQL_LOCK_LIMITS = None  # BEGIN IMMEDIATE already orders a limit after every claim (see PostgresSQL's)
-    SQL_SET_LIMIT = ("INSERT INTO queue_limits (queue, max_running) VALUES (?, ?) "
-                     "ON CONFLICT (queue) DO UPDATE SET max_running = excluded.max_running")
-    SQL_REMOVE_LIMIT = "DELETE FROM queue_limits WHERE queue = ?"
-    SQL_LIMITS = "SELECT queue, max_running FROM queue_limits ORDER BY queue"
-    SQL_LIMITED = "SELECT 1 FROM queue_limits WHERE queue = ?"  # a run that ends frees a slot
-    SQL_REGISTER = ("INSERT INTO workers (id, host, pid, proc_start, boot_id, pid_ns, threads, started_at, "
-                    "heartbeat_at, queues, version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
-    SQL_HEARTBEAT = "UPDATE workers SET heartbeat_at = ?, beat = beat + 1 WHERE id = ?"
-    SQL_STOP_REQUESTED = "SELECT stop_requested FROM workers WHERE id = ?"
-    SQL_DEREGISTER = "DELETE FROM workers WHERE id = ?"
-    # Deleting on the registration (id and start time: a worker presumed dead registers again under its
-    # id) and the beat we judged makes "dead" a decision no heartbeat can race: a worker that beat
-    # meanwhile is not deleted, and one that is deleted can no longer beat or claim.
-    SQL_DROP_DEAD_WORKER = "DELETE FROM workers WHERE id = ? AND started_at = ? AND beat = ?"
-    SQL_WORKERS = ("SELECT id, host, pid, proc_start, boot_id, pid_ns, heartbeat_at, beat, stop_requested, threads, "
-                   "started_at, queues, version FROM workers ORDER BY started_at")
-    # Before a migration, the workers of the schema it upgrades (see Store.refuse_older_workers): in the
-    # columns every schema has, and the version where the schema records it.
-    SQL_OLDER_WORKERS = "SELECT id, host, pid, proc_start, boot_id, pid_ns, heartbeat_at, NULL FROM workers"
-    SQL_OLDER_WORKERS_VERSIONED = "SELECT id, host, pid, proc_start, boot_id, pid_ns, heartbeat_at, version FROM workers"
     SQL_REQUEST_STOP = "UPDATE workers SET stop_requested = 1 WHERE id = ?"
-    # Stats over the run history, all in SQL; runs_ended limits each query to the window.
-    SQL_STATS_OUTCOMES = "SELECT outcome, count(*) FROM runs WHERE ended_at >= ? GROUP BY outcome"
     # The window's durations and waits, read in one pass and sorted in Python: SQLite would sort the
-    # window once per percentile query (about 1.3 s each for a million runs), Python sorts a list of
-    # floats in a small fraction of that.
+    # window once per percentile query, Python sorts a list of floats once (DECISIONS.md: "Stats").
     SQL_STATS_TIMES = ("SELECT ended_at - started_at, max(0, started_at - due_at) FROM runs "
                        "WHERE ended_at >= ? AND outcome IN ('completed', 'failed', 'dead')")
     # `metrics`' run_duration _count and _sum: the finished runs kept, plus those deleted with their jobs
@@ -1617,25 +1730,19 @@ class SqliteSQL:
     SQL_RUN_TOTALS = ("SELECT count(*), coalesce(sum(CAST(round((ended_at - started_at) * 1000000) AS INTEGER)), 0), "
                       "(SELECT value FROM config WHERE key = 'runs_forgotten') FROM runs "
                       "WHERE outcome IN ('completed', 'failed', 'dead')")
-    # `metrics`: jobs by queue and state; the oldest eligible job (ready or staged, due, not paused) of
-    # each queue, of which `stats` takes the least, by when it became eligible (see eligible_at).
-    SQL_QUEUE_COUNTS = "SELECT queue, state, count(*) FROM jobs GROUP BY queue, state"
+    # `metrics`: the oldest eligible job (ready or staged, due, not paused) of each queue, of which
+    # `stats` takes the least, by when it became eligible (see eligible_at).
     SQL_OLDEST_ELIGIBLE_BY_QUEUE = (
         "SELECT e.queue, min(e.eligible_at) FROM (SELECT queue, max(next_run_at, created_at) AS eligible_at "
-        f"FROM jobs INDEXED BY jobs_claim WHERE {SQL_READY} AND next_run_at <= ?1 UNION ALL "
-        "SELECT queue, max(next_run_at, created_at) FROM jobs "
-        f"INDEXED BY jobs_staged WHERE {SQL_STAGED} AND next_run_at <= ?1) AS e "
+        "FROM jobs INDEXED BY jobs_claim WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 "
+        "AND next_run_at <= ?1 UNION ALL "
+        "SELECT queue, max(next_run_at, created_at) FROM jobs INDEXED BY jobs_staged "
+        "WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= ?1) AS e "
         "WHERE NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (e.queue, '*')) GROUP BY e.queue")
     SQL_IDENTITY = ("SELECT (SELECT application_id FROM pragma_application_id()), "
                     "(SELECT count(*) FROM sqlite_master), (SELECT user_version FROM pragma_user_version())")
     SQL_VERSION = "SELECT user_version FROM pragma_user_version()"
-    SQL_CONFIG_GET = "SELECT value FROM config WHERE key = ?"
-    SQL_CONFIG_SET = ("INSERT INTO config (key, value) VALUES (?, ?) "
-                      "ON CONFLICT (key) DO UPDATE SET value = excluded.value")
-    SQL_CONFIG_ALL = "SELECT key, value FROM config"
 
-    # The dashboard's job table: newest first, one page at a time.
-    SQL_PAGE_JOBS = f"SELECT {Job.COLUMNS} FROM jobs {{where}} ORDER BY seq DESC LIMIT ? OFFSET ?"
     # Finished runs per minute since a start time, for the dashboard's chart (runs_ended serves the
     # range). ended_at - start is never negative here, so CAST truncates like floor() (a PostgreSQL
     # class would write floor(), as CAST rounds there).
@@ -1646,19 +1753,9 @@ class SqliteSQL:
 
     # Schedules. The earliest slot to fire, by schedules_due (min() reads one end of the index).
     SQL_NEXT_SCHEDULE = "SELECT min(next_run_at) FROM schedules INDEXED BY schedules_due WHERE paused = 0"
-    SQL_INSERT_SCHEDULE = (f"INSERT INTO schedules ({Schedule.COLUMNS}) "
-                           "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
-    # Each schedule with the state of the job its last slot made (NULL once that job is deleted).
-    SQL_SCHEDULES = (f"SELECT {Schedule.COLUMNS}, (SELECT state FROM jobs WHERE jobs.id = last_job_id) "
-                     "FROM schedules {where} ORDER BY id")
     SQL_DUE_SCHEDULES = (f"SELECT {Schedule.COLUMNS}, (SELECT state FROM jobs WHERE jobs.id = last_job_id) "
                          "FROM schedules INDEXED BY schedules_due WHERE paused = 0 AND next_run_at <= ? "
                          "ORDER BY next_run_at")
-    # A slot's job: another worker may have made it already, and then this one is not made again.
-    SQL_INSERT_SLOT_JOB = SQL_INSERT_JOB + " ON CONFLICT (id) DO NOTHING"
-    # Moved only from the slot it was read at, so a slot is never passed twice.
-    SQL_SCHEDULE_FIRED = ("UPDATE schedules SET next_run_at = ?, last_run_at = coalesce(?, last_run_at), "
-                          "last_job_id = coalesce(?, last_job_id) WHERE id = ? AND next_run_at = ?")
     SQL_SCHEDULE_TO_CHANGE = f"SELECT {Schedule.COLUMNS}, NULL FROM schedules WHERE id = ?"
     # The greatest id below :below that is :prefix (a schedule's id and '@') then a slot's shape: a range
     # of the id index (every id from 'ID@' up to 'ID@:' starts with 'ID@'), then GLOB on the rest. Slot
@@ -1666,21 +1763,6 @@ class SqliteSQL:
     SQL_NEWEST_SLOT_JOB = ("SELECT max(id) FROM jobs WHERE id > :prefix AND id < :below "
                            "AND substr(id, length(:prefix) + 1) "
                            "GLOB '[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]T[0-9][0-9]:[0-9][0-9]:[0-9][0-9]Z'")
-    SQL_PAUSE_SCHEDULE = "UPDATE schedules SET paused = 1 WHERE id = ?"
-    SQL_RESUME_SCHEDULE = "UPDATE schedules SET paused = 0, next_run_at = ? WHERE id = ?"
-    SQL_REMOVE_SCHEDULE = "DELETE FROM schedules WHERE id = ?"
-
-    @classmethod
-    def heads(cls, queues: tuple) -> str:
-        """SQL_HEADS for `worker start --queue` names, or for every queue; its parameters are the
-        names, then the time a head must be due by."""
-        queue_set = f"q(name) AS (VALUES {', '.join(['(?)'] * len(queues))})" if queues else cls.SQL_READY_QUEUES
-        return cls.SQL_HEADS.format(queue_set=queue_set)
-
-    @staticmethod
-    def in_queues(queues: tuple) -> str:
-        """A queue filter: nothing, or `AND queue IN (?, …)`."""
-        return f"AND queue IN ({', '.join('?' * len(queues))})" if queues else ""
 
     @staticmethod
     def id_array(ids: list[str]) -> str:
@@ -2554,6 +2636,18 @@ class Store:
             cur.executemany(self.sql.SQL_REMOVE_SCHEDULE, [(i,) for i in schedule_ids])
         self.write(remove)
 
+    def update_schedule(self, schedule: Schedule, now: float) -> None:
+        """Replace a schedule's cron or every, zone, overlap and template with a validated schedule's, in one
+        transaction; NotFound if absent. What it did stays: its last job (so `overlap: skip` still waits
+        for it), pause and anchor (an `every` keeps its slot times); its next slot is its first after `now`,
+        so slots already passed are not fired."""
+        def update(cur):
+            [stored] = self._schedules_in(cur, [schedule.id])
+            following = next_slot(Schedule(**{**schedule.__dict__, "created_at": stored.created_at}), now)
+            cur.execute(self.sql.SQL_UPDATE_SCHEDULE, (schedule.cron, schedule.every_s, schedule.tz, schedule.overlap,
+                                                       json.dumps(schedule.job), following, schedule.id))
+        self.write(update)
+
     def _schedules_in(self, cur: Cursor, schedule_ids: list[str]) -> list[Schedule]:
         """The named schedules, read to be changed (locked on PostgreSQL); NotFound naming the first
         unknown one, before anything is changed."""
@@ -2637,6 +2731,8 @@ class SqliteStore(Store):
         # The real path: SQLite keeps -wal and -shm beside the file a symlink points to.
         real = os.path.realpath(self.path)
         _check_regular(self.path, real)
+        if self.reads_only and not os.path.exists(real):  # a reader never creates the file
+            raise NoQueue(f"no queue at {os.path.abspath(self.path)} yet")
         self.read_only = self.reads_only and os.path.exists(real) and not _writable(real)
         if self.read_only:
             self.signature = _signature(real)
@@ -2892,15 +2988,23 @@ class SqliteStore(Store):
 
     def due_now(self, now: float, queues: tuple = ()) -> bool:
         """True if a claim now may find work: the poller's cheap check (a few index seeks)."""
-        return bool(self.read(self.sql.SQL_POLL.format(heads=self.sql.heads(queues)), (*queues, now, now))[0][0])
+        return self._next_due(now, queues) or bool(self.read(self.sql.SQL_ANY_STAGED, {"now": now}))
 
     def burst_done(self, now: float, queues: tuple = ()) -> bool:
         """True when nothing is processing (in these queues) and nothing is due within the burst horizon."""
-        if self.read(self.sql.SQL_ANY_PROCESSING.format(queues=self.sql.in_queues(queues)), queues):
-            return False
-        soon = now + BURST_HORIZON_S
-        sql = self.sql.SQL_DUE_SOON.format(heads=self.sql.heads(queues), queues=self.sql.in_queues(queues))
-        return not self.read(sql, (*queues, soon, soon, *queues))[0][0]
+        params = {"now": now + BURST_HORIZON_S, "queues": json.dumps(queues)}
+        if queues:
+            busy = self.read(self.sql.SQL_ANY_PROCESSING_FROM_QUEUES, params)
+            staged = self.sql.SQL_STAGED_SOON_FROM_QUEUES
+        else:
+            busy = self.read(self.sql.SQL_ANY_PROCESSING_ANY_QUEUE)
+            staged = self.sql.SQL_STAGED_SOON_ANY_QUEUE
+        return not busy and not self._next_due(params["now"], queues) and not self.read(staged, params)
+
+    def _next_due(self, now: float, queues: tuple) -> bool:
+        """True if a claim at `now` would take a job (SQL_NEXT_DUE_*, the claim's own choice)."""
+        sql = self.sql.SQL_NEXT_DUE_FROM_QUEUES if queues else self.sql.SQL_NEXT_DUE_ANY_QUEUE
+        return bool(self.read(sql, {"now": now, "queues": json.dumps(queues)}))
 
     def _claim_in(self, cur: sqlite3.Cursor, worker_id: str, now: float, queues: tuple) -> Job | None:
         cur.execute(self.sql.SQL_PROMOTE, (now,))
@@ -3073,9 +3177,10 @@ PG_RELKINDS = {"v": "a view", "m": "a materialized view", "f": "a foreign table"
                "S": "a sequence", "i": "an index", "I": "a partitioned index", "c": "a composite type"}
 
 
+@with_shared(lambda sql: sql)  # SharedSQL is written in PostgreSQL's marks
 class PostgresSQL:
-    """Every PostgreSQL statement the store runs, each complete where it is defined; parameters are
-    %s in the order the rules pass them, or %(name)s where a statement takes a dict."""
+    """The PostgreSQL statements the store runs that are not SharedSQL's, each complete where it is
+    defined; parameters are %s in the order the rules pass them, or %(name)s where a statement takes a dict."""
     PARAM = "%s"  # the parameter mark, for clauses the rules build (see _where)
 
     # The schema's own bookkeeping: which tables it holds (one snapshot, so a migration committing
@@ -3173,31 +3278,19 @@ class PostgresSQL:
     SQL_MIGRATION_LOCK = "SELECT pg_advisory_xact_lock(%s, hashtext(%s))"
     SQL_CLOCK = "SELECT extract(epoch FROM clock_timestamp())::double precision"
 
-    SQL_INSERT_JOB = (
-        "INSERT INTO jobs (id, command, state, max_retries, timeout_s, cwd, env, created_at, updated_at, next_run_at, "
-        "priority, queue, waiting_on, last_error, ready) "
-        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
     SQL_INSERT_DEP = "INSERT INTO deps (job_id, dep_id) VALUES (%s, %s) ON CONFLICT DO NOTHING"
-    # A batch's jobs without dependencies, in SQL_INSERT_JOB's columns (see PostgresStore._insert_rows).
+    # A batch's jobs without dependencies (PostgresStore._insert_rows and enqueue_streamed), as rows of
+    # Store._row. It restates SharedSQL.SQL_INSERT_JOB, the statement Store._insert_rows runs for them
+    # (its columns, in its order): a change to one is made to the other. The test
+    # test_postgres_fast_paths_leave_the_rows_of_the_statements_they_restate compares their rows.
     SQL_COPY_JOBS = ("COPY jobs (id, command, state, max_retries, timeout_s, cwd, env, created_at, updated_at, "
                      "next_run_at, priority, queue, waiting_on, last_error, ready) FROM STDIN")
     SQL_TAKEN_IDS = "SELECT id FROM jobs WHERE id = ANY(%s)"
-    SQL_GET_JOB = f"SELECT {Job.COLUMNS} FROM jobs WHERE id = %s"
     SQL_JOB_STATE = "SELECT state FROM jobs WHERE id = %s FOR UPDATE"  # see the comment above PG_MIGRATIONS
     # LIMIT NULL is no limit: the rules pass -1 for "all", as SQLite takes it.
     SQL_LIST_JOBS = (f"SELECT {Job.COLUMNS} FROM (SELECT * FROM jobs {{where}} ORDER BY seq DESC "
                      "LIMIT nullif(%s, -1)) AS newest ORDER BY seq")
-    SQL_COUNTS = "SELECT state, count(*) FROM jobs {where} GROUP BY state"
     SQL_DEPS_OF = "SELECT dep_id FROM deps WHERE job_id = %s ORDER BY seq"
-    # `wait --all`, as SQLite's. A job whose insert commits after the first statement's snapshot with
-    # a lower seq than its max (sequences are handed out before commit) is neither answered for nor
-    # counted as arrived: the progress line's total may lag by it; the exit code cannot be wrong.
-    # One snapshot: a first row (0, the highest seq so far), then a row (1, seq) per unfinished job.
-    SQL_UNFINISHED_SEQS = ("SELECT 0, coalesce(max(seq), 0) FROM jobs UNION ALL "
-                           "SELECT 1, seq FROM jobs WHERE state IN ('pending', 'failed', 'processing') {queue}")
-    SQL_WAIT_COUNTS = ("SELECT (SELECT count(*) FROM jobs WHERE state IN ('pending', 'failed', 'processing') {queue}), "
-                       "(SELECT count(*) FROM jobs WHERE seq > %s {queue})")
-    SQL_DEAD_BETWEEN = "SELECT id, seq FROM jobs WHERE state = 'dead' AND seq BETWEEN %s AND %s {queue} ORDER BY seq"
     # The claim keeps SQLite's split (see SqliteSQL): a waiting job is staged until due, then ready,
     # and the claim transaction first promotes what has fallen due. Rows another claimer is
     # promoting are skipped, not waited for: that claimer makes them ready.
@@ -3219,9 +3312,10 @@ class PostgresSQL:
     # is in a limited queue this statement claims nothing and returns that queue (free = false), and
     # the claim runs it again holding the lock. Claims of unlimited queues take no such lock and stay
     # concurrent; a queue full by this snapshot is skipped without its lock. The claimed job's run
-    # record is opened by the same statement (`opened`: started now, due when the job was). The
-    # statement returns (best queue, free, the claimed job's columns or NULLs), or no row when no
-    # queue has a due job.
+    # record is opened by the same statement (`opened`: started now, due when the job was). `opened`
+    # restates SQLite's SQL_INSERT_RUN, which SqliteStore._claim_in runs with due_at = eligible_at(job)
+    # (here GREATEST(next_run_at, created_at)): a change to one is made to the other. The statement
+    # returns (best queue, free, the claimed job's columns or NULLs), or no row when no queue has a due job.
     SQL_CLAIM_ANY_QUEUE = """
     WITH RECURSIVE q(name) AS (  -- every queue with a ready job: one index seek per queue (a skip-scan)
         SELECT (SELECT queue FROM jobs WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1
@@ -3323,7 +3417,6 @@ class PostgresSQL:
                        "WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at > %s")
     # --burst: is anything processing in our queues, or due within the horizon (ready or staged) in
     # one of them that is not paused?
-    SQL_ANY_PROCESSING_ANY_QUEUE = "SELECT 1 FROM jobs WHERE state = 'processing' LIMIT 1"
     SQL_ANY_PROCESSING_FROM_QUEUES = "SELECT 1 FROM jobs WHERE state = 'processing' AND queue = ANY(%(queues)s) LIMIT 1"
     SQL_DUE_SOON_ANY_QUEUE = """
     SELECT EXISTS (SELECT 1 FROM jobs
@@ -3336,18 +3429,16 @@ class PostgresSQL:
                      AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')))"""
     # A flush is worth no wait: a row lock held longer than this makes it give up (see flush_output).
     SQL_FLUSH_LOCK_TIMEOUT = "SET LOCAL lock_timeout = '50ms'"
-    SQL_FLUSH_OUTPUT = ("UPDATE runs SET output = %s, output_bytes = %s "
-                        "WHERE job_id = %s AND run_no = %s AND ended_at IS NULL")
-    # The guarded writes after the claim, as SQLite's (owner and run number).
-    SQL_FINISH_JOB = ("UPDATE jobs SET state = %s, attempts = %s, next_run_at = %s, last_error = %s, exit_code = %s, "
-                      "worker_id = NULL, updated_at = %s, ready = 0 "
-                      "WHERE id = %s AND state = 'processing' AND worker_id = %s AND run_count = %s")
     # A completed run in one statement, for a worker's hot path (see PostgresStore.finish_and_claim):
     # SQL_FINISH_JOB, then only if it changed the job (still ours) SQL_FINISH_RUN and
     # SQL_RELEASE_DEPENDENTS, and a wake-up if it released a dependent or freed a limited queue's slot.
     # Returns (1, or 0 when the job was no longer ours and nothing was written; 1 if the workers were
     # woken, else 0). It reads deps as of its start: the job's row must be locked before it (see
     # PostgresStore._complete_and_claim).
+    # It restates Store._finish_in's path for a completed run (SharedSQL.SQL_FINISH_JOB, then
+    # SQL_FINISH_RUN in _close_run, SQL_RELEASE_DEPENDENTS and _wake_workers in _settle_dependents,
+    # SQL_LIMITED in _wake_for_finished): a change to one is made to the other. The test
+    # test_postgres_fast_paths_leave_the_rows_of_the_statements_they_restate compares their rows.
     SQL_COMPLETE = """
     WITH finished AS (
         UPDATE jobs SET state = 'completed', attempts = %(attempts)s, next_run_at = %(next_run_at)s,
@@ -3371,69 +3462,25 @@ class PostgresSQL:
     # FOR UPDATE: a cancel cannot land between this read and the write that follows it.
     SQL_CANCEL_FLAG = ("SELECT cancel_requested = run_count FROM jobs "
                        "WHERE id = %s AND state = 'processing' AND worker_id = %s AND run_count = %s FOR UPDATE")
-    SQL_REQUEUE = ("UPDATE jobs SET state = %s, lost_count = lost_count + %s, last_error = coalesce(%s, last_error), "
-                   "next_run_at = %s, worker_id = NULL, updated_at = %s, ready = 0 "
-                   "WHERE id = %s AND state = 'processing' AND worker_id = %s AND run_count = %s")
     SQL_FINISH_RUN = ("UPDATE runs SET ended_at = coalesce(started_at + %s, GREATEST(%s, started_at)), outcome = %s, "
                       "exit_code = %s, error = %s, output = coalesce(%s, output), "
                       "output_bytes = GREATEST(output_bytes, %s) WHERE job_id = %s AND run_no = %s")
     SQL_RELEASE_DEPENDENTS = ("UPDATE jobs SET waiting_on = waiting_on - 1, next_run_at = GREATEST(next_run_at, %s), "
                               "updated_at = %s WHERE id IN (SELECT job_id FROM deps WHERE dep_id = %s) "
                               "AND waiting_on > 0")
-    SQL_KILL_DEPENDENTS = """
-        WITH RECURSIVE down(id, cause) AS (
-            SELECT job_id, dep_id FROM deps WHERE dep_id = %s
-            UNION SELECT deps.job_id, deps.dep_id FROM deps JOIN down ON deps.dep_id = down.id)
-        UPDATE jobs SET state = 'dead', updated_at = %s,
-            last_error = 'dependency ' || (SELECT cause FROM down WHERE down.id = jobs.id LIMIT 1) || ' is dead'
-        WHERE id IN (SELECT id FROM down) AND state IN ('pending', 'failed')"""
-    # Recovery by adoption, as SQLite's (parameters: adopter, job id, run number, owner).
-    SQL_HELD_RUNS = ("SELECT jobs.id, jobs.run_count, coalesce(runs.worker_id, jobs.worker_id) FROM jobs "
-                     "LEFT JOIN runs ON runs.job_id = jobs.id AND runs.run_no = jobs.run_count "
-                     "WHERE jobs.state = 'processing' AND jobs.worker_id = %s")
+    # Recovery by adoption, as SQLite's SQL_ADOPT (parameters: adopter, job id, run number, owner).
     SQL_ADOPT = ("UPDATE jobs SET worker_id = adopter.id FROM workers AS adopter "
                  "WHERE adopter.id = %s AND jobs.id = %s AND jobs.run_count = %s AND jobs.state = 'processing' "
                  "AND jobs.worker_id = %s AND NOT EXISTS (SELECT 1 FROM workers WHERE workers.id = jobs.worker_id)")
-    SQL_RUN_WORKER = "SELECT worker_id FROM runs WHERE job_id = %s AND run_no = %s"
     SQL_ADOPTED = ("SELECT jobs.id, jobs.run_count, runs.worker_id FROM jobs "
                    "JOIN runs ON runs.job_id = jobs.id AND runs.run_no = jobs.run_count "
                    "WHERE jobs.state = 'processing' AND jobs.worker_id = %s AND runs.worker_id <> jobs.worker_id")
-    SQL_OWN_RUNS = ("SELECT jobs.id, jobs.run_count FROM jobs "
-                    "JOIN runs ON runs.job_id = jobs.id AND runs.run_no = jobs.run_count "
-                    "WHERE jobs.state = 'processing' AND jobs.worker_id = %s AND runs.worker_id = jobs.worker_id")
-    SQL_PROCESSING_BY_WORKER = "SELECT worker_id, id FROM jobs WHERE state = 'processing'"
-    SQL_CANCEL_REQUESTS = ("SELECT id, run_count FROM jobs WHERE state = 'processing' AND worker_id = %s "
-                           "AND cancel_requested = run_count")
-    SQL_ORPHAN_JOBS = ("SELECT id, run_count, lost_count, worker_id FROM jobs WHERE state = 'processing' "
-                       "AND worker_id NOT IN (SELECT id FROM workers)")
-    SQL_RUNS = ("SELECT run_no, worker_id, started_at, due_at, ended_at, outcome, exit_code, error, output, "
-                "output_bytes FROM runs WHERE job_id = %s ORDER BY run_no")
     SQL_RUN = ("SELECT run_no, output, output_bytes, ended_at FROM runs "
                "WHERE job_id = %s AND (run_no = %s OR %s::bigint IS NULL) ORDER BY run_no DESC LIMIT 1")
-    SQL_RETRY = ("UPDATE jobs SET state = 'pending', attempts = 0, lost_count = 0, cancel_requested = 0, "
-                 "next_run_at = %s, last_error = NULL, exit_code = NULL, updated_at = %s, ready = 0, "
-                 "waiting_on = (SELECT count(*) FROM deps JOIN jobs d ON d.id = deps.dep_id "
-                 "WHERE deps.job_id = jobs.id AND d.state <> 'completed') WHERE id = %s AND state = 'dead'")
     # Every dependency is locked, not only the dead ones: the waiting_on that SQL_RETRY counts next
     # must not change before the retry commits.
     SQL_DEAD_DEPS = ("SELECT dep_id FROM (SELECT d.id AS dep_id, d.state FROM deps JOIN jobs d ON d.id = deps.dep_id "
                      "WHERE deps.job_id = %s FOR UPDATE OF d) AS locked WHERE state = 'dead'")
-    # The jobs it finds are locked by SQL_JOB_STATE and SQL_DEAD_DEPS, one by one, and read again (see
-    # Store.retry_all_dead).
-    SQL_DEAD_CHAINS = """
-        WITH RECURSIVE chain(id) AS (
-            SELECT id FROM jobs WHERE state = 'dead' AND queue = coalesce(%s, queue)
-            UNION SELECT deps.dep_id FROM deps JOIN chain ON deps.job_id = chain.id
-                JOIN jobs d ON d.id = deps.dep_id WHERE d.state = 'dead')
-        SELECT id FROM jobs WHERE id IN (SELECT id FROM chain) ORDER BY seq"""
-    # No lock: Store.cancel_all locks each job with SQL_JOB_STATE and reads its state again before changing it.
-    SQL_UNFINISHED = ("SELECT id FROM jobs WHERE state IN ('pending', 'failed', 'processing') "
-                      "AND queue = coalesce(%s, queue) ORDER BY seq")
-    SQL_CANCEL_WAITING = ("UPDATE jobs SET state = 'dead', last_error = 'canceled', updated_at = %s "
-                          "WHERE id = %s AND state IN ('pending', 'failed')")
-    SQL_CANCEL_RUNNING = "UPDATE jobs SET cancel_requested = run_count WHERE id = %s AND state = 'processing'"
-    SQL_NEEDED_BY = ("SELECT deps.job_id FROM deps JOIN jobs j ON j.id = deps.job_id JOIN jobs d ON d.id = deps.dep_id "
-                     "WHERE deps.dep_id = %s AND j.state <> 'completed' AND d.state <> 'completed'")
     SQL_FORGET_RUNS = (
         "INSERT INTO config (key, value) SELECT 'runs_forgotten', json_build_array(count(*), "
         "sum(round((ended_at - started_at) * 1000000)::bigint))::text FROM runs "
@@ -3447,52 +3494,27 @@ class PostgresSQL:
                      "(SELECT 1 FROM deps JOIN jobs j ON j.id = deps.job_id WHERE deps.dep_id = jobs.id "
                      "AND j.state <> 'completed')) LIMIT nullif(%s, -1) FOR UPDATE")
     SQL_PAUSE = "INSERT INTO paused (queue) VALUES (%s) ON CONFLICT DO NOTHING"
-    SQL_RESUME = "DELETE FROM paused WHERE queue = %s"
-    SQL_RESUME_ALL = "DELETE FROM paused"
-    SQL_PAUSED = "SELECT queue FROM paused ORDER BY queue"
     # A new limit waits for every claim in flight, and claims wait for it: a claim that began before the
     # limit saw none and took no lock, so a claim after it, counting only committed claims, would not
     # count that one. Every claim reads queue_limits, which holds off this lock until it commits.
     SQL_LOCK_LIMITS = "LOCK TABLE queue_limits IN ACCESS EXCLUSIVE MODE"
-    SQL_SET_LIMIT = ("INSERT INTO queue_limits (queue, max_running) VALUES (%s, %s) "
-                     "ON CONFLICT (queue) DO UPDATE SET max_running = excluded.max_running")
-    SQL_REMOVE_LIMIT = "DELETE FROM queue_limits WHERE queue = %s"
-    SQL_LIMITS = "SELECT queue, max_running FROM queue_limits ORDER BY queue"
-    SQL_LIMITED = "SELECT 1 FROM queue_limits WHERE queue = %s"  # a run that ends frees a slot
-    SQL_REGISTER = ("INSERT INTO workers (id, host, pid, proc_start, boot_id, pid_ns, threads, started_at, "
-                    "heartbeat_at, queues, version) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
-    SQL_HEARTBEAT = "UPDATE workers SET heartbeat_at = %s, beat = beat + 1 WHERE id = %s"
-    SQL_STOP_REQUESTED = "SELECT stop_requested FROM workers WHERE id = %s"
-    SQL_DEREGISTER = "DELETE FROM workers WHERE id = %s"
-    SQL_DROP_DEAD_WORKER = "DELETE FROM workers WHERE id = %s AND started_at = %s AND beat = %s"
-    SQL_WORKERS = ("SELECT id, host, pid, proc_start, boot_id, pid_ns, heartbeat_at, beat, stop_requested, threads, "
-                   "started_at, queues, version FROM workers ORDER BY started_at")
-    SQL_OLDER_WORKERS = "SELECT id, host, pid, proc_start, boot_id, pid_ns, heartbeat_at, NULL FROM workers"
-    SQL_OLDER_WORKERS_VERSIONED = "SELECT id, host, pid, proc_start, boot_id, pid_ns, heartbeat_at, version FROM workers"
     # Taken by a migration before it looks for live workers: a registration under way commits first and is
     # seen, a later one waits for the migration and then meets the schema it brought (plain reads go on).
     SQL_LOCK_WORKERS = "LOCK TABLE workers IN EXCLUSIVE MODE"
     # Not a row without a version (an older worker the upgrade found dead): workers_versioned refuses its update,
     # and that worker, whose heartbeat it refuses too, would never read the request.
     SQL_REQUEST_STOP = "UPDATE workers SET stop_requested = 1 WHERE id = %s AND version IS NOT NULL"
-    SQL_STATS_OUTCOMES = "SELECT outcome, count(*) FROM runs WHERE ended_at >= %s GROUP BY outcome"
     SQL_STATS_TIMES = ("SELECT ended_at - started_at, GREATEST(0, started_at - due_at) FROM runs "
                        "WHERE ended_at >= %s AND outcome IN ('completed', 'failed', 'dead')")
     SQL_RUN_TOTALS = ("SELECT count(*), coalesce(sum(round((ended_at - started_at) * 1000000)::bigint), 0), "
                       "(SELECT value FROM config WHERE key = 'runs_forgotten') FROM runs "
                       "WHERE outcome IN ('completed', 'failed', 'dead')")
-    SQL_QUEUE_COUNTS = "SELECT queue, state, count(*) FROM jobs GROUP BY queue, state"
     # Ready and staged together are every waiting job.
     SQL_OLDEST_ELIGIBLE_BY_QUEUE = (
         "SELECT queue, min(GREATEST(next_run_at, created_at)) FROM jobs "
         "WHERE state IN ('pending', 'failed') AND waiting_on = 0 "
         "AND next_run_at <= %s AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')) "
         "GROUP BY queue")
-    SQL_CONFIG_GET = "SELECT value FROM config WHERE key = %s"
-    SQL_CONFIG_SET = ("INSERT INTO config (key, value) VALUES (%s, %s) "
-                      "ON CONFLICT (key) DO UPDATE SET value = excluded.value")
-    SQL_CONFIG_ALL = "SELECT key, value FROM config"
-    SQL_PAGE_JOBS = f"SELECT {Job.COLUMNS} FROM jobs {{where}} ORDER BY seq DESC LIMIT %s OFFSET %s"
     SQL_RUNS_PER_MINUTE = ("SELECT floor((ended_at - %s) / 60)::bigint AS minute, outcome, count(*) FROM runs "
                            "WHERE ended_at >= %s AND outcome IN ('completed', 'failed', 'dead') "
                            "GROUP BY minute, outcome")
@@ -3507,24 +3529,14 @@ class PostgresSQL:
     # Schedules, as SQLite's. A due schedule is locked while it fires, and one that another worker
     # is firing is skipped (that worker fires it); a schedule read to change is read FOR UPDATE.
     SQL_NEXT_SCHEDULE = "SELECT min(next_run_at) FROM schedules WHERE paused = 0"
-    SQL_INSERT_SCHEDULE = (f"INSERT INTO schedules ({Schedule.COLUMNS}) "
-                           "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
-    SQL_SCHEDULES = (f"SELECT {Schedule.COLUMNS}, (SELECT state FROM jobs WHERE jobs.id = last_job_id) "
-                     "FROM schedules {where} ORDER BY id")
     SQL_DUE_SCHEDULES = (f"SELECT {Schedule.COLUMNS}, (SELECT state FROM jobs WHERE jobs.id = last_job_id) "
                          "FROM schedules WHERE paused = 0 AND next_run_at <= %s ORDER BY next_run_at "
                          "FOR UPDATE OF schedules SKIP LOCKED")
-    SQL_INSERT_SLOT_JOB = SQL_INSERT_JOB + " ON CONFLICT (id) DO NOTHING"
-    SQL_SCHEDULE_FIRED = ("UPDATE schedules SET next_run_at = %s, last_run_at = coalesce(%s, last_run_at), "
-                          "last_job_id = coalesce(%s, last_job_id) WHERE id = %s AND next_run_at = %s")
     SQL_SCHEDULE_TO_CHANGE = f"SELECT {Schedule.COLUMNS}, NULL FROM schedules WHERE id = %s FOR UPDATE"
     # As SQLite's, compared byte by byte (COLLATE "C"): the database's collation may order text otherwise.
     SQL_NEWEST_SLOT_JOB = ("SELECT max(id COLLATE \"C\") FROM jobs WHERE left(id, length(%(prefix)s)) = %(prefix)s "
                            "AND id COLLATE \"C\" < %(below)s AND substr(id, length(%(prefix)s) + 1) "
                            "~ '^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z$'")
-    SQL_PAUSE_SCHEDULE = "UPDATE schedules SET paused = 1 WHERE id = %s"
-    SQL_RESUME_SCHEDULE = "UPDATE schedules SET paused = 0, next_run_at = %s WHERE id = %s"
-    SQL_REMOVE_SCHEDULE = "DELETE FROM schedules WHERE id = %s"
 
     @staticmethod
     def id_array(ids: list[str]) -> list[str]:
@@ -3536,8 +3548,6 @@ class _NotStreamed(Exception):
     """PostgresStore.enqueue_streamed cannot store this batch: the usual path takes it."""
 
 
-# Parameter marks of PostgresSQL's statements, as PgPipeline numbers them for libpq ($1, $2, …).
-PG_PARAM_MARK = re.compile(r"%\((\w+)\)s|%s")
 
 
 @functools.lru_cache(maxsize=None)
@@ -3910,6 +3920,8 @@ class PostgresStore(Store):
                 return
         except self.psycopg.Error as e:
             raise self._failure(e) from None
+        if self.reads_only and version == 0:  # a reader never creates the schema nor fills an empty one
+            raise NoQueue(f"no queue at {self.path} yet")
         self.write(self._apply_migrations)
 
     def _owners(self, cur, writes: bool) -> list[tuple]:
@@ -4288,6 +4300,21 @@ class PostgresStore(Store):
 def _claimed(row: tuple | None) -> Job | None:
     """The job a PostgreSQL claim statement took: its row is (best queue, free, the job's columns or NULLs)."""
     return None if row is None or row[2] is None else Job.from_row(row[2:])
+
+
+class EmptyStore(SqliteStore):
+    """An empty queue in memory, standing in for one that does not exist yet (NoQueue): what a command that
+    only reads answers from, so looking never creates a file or a schema and prints what an empty queue would."""
+
+    def __init__(self, target: str):
+        super().__init__(target, reads_only=True)
+        self.path = database_name(target)  # for messages; `target` stays the real one, to open it once it exists
+
+    def _open_once(self) -> None:
+        self.read_only, self.frozen, self.file_id, self.companion_ids = False, False, None, {}
+        self.conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        self.write(self._apply_migrations)
+        self.query_only()
 
 
 def open_database(target: str, lease_s: float | None = None, **kwargs) -> Store:
@@ -6883,9 +6910,12 @@ class Dashboard:
     @contextlib.contextmanager
     def _store(self, read_only: bool):
         """A Store for this request alone; query-only for reads."""
-        if not is_postgres(self.target) and not os.path.exists(self.target):  # a new, empty file would be made
-            raise BadDatabase(f"database {self.path} no longer exists")
-        store = open_database(self.target, reads_only=read_only)
+        if not read_only and not is_postgres(self.target) and not os.path.exists(self.target):
+            raise BadDatabase(f"database {self.path} no longer exists")  # an action must not make a new file
+        try:
+            store = open_database(self.target, reads_only=read_only)
+        except NoQueue:  # not yet, or no longer: the page shows an empty queue until there is one
+            store = EmptyStore(self.target)
         try:
             yield store
         finally:
@@ -7336,12 +7366,12 @@ function changed(key, value) {
 }
 
 // Formatting
-const pad = (n) => String(n).padStart(2, "0");
-const hhmm = (iso) => { const d = new Date(iso); return `${pad(d.getHours())}:${pad(d.getMinutes())}`; };
+// Times as the CLI shows them: UTC with a Z (the API's own strings, cut), the date only when not today's.
+const hhmm = (iso) => `${iso.slice(11, 16)}Z`;
 function when(iso) {
   if (!iso) return "–";
-  const d = new Date(iso), time = `${hhmm(iso)}:${pad(d.getSeconds())}`;
-  return d.toDateString() === new Date().toDateString() ? time : `${d.toISOString().slice(0, 10)} ${time}`;
+  const time = `${iso.slice(11, 19)}Z`;
+  return iso.slice(0, 10) === new Date().toISOString().slice(0, 10) ? time : `${iso.slice(0, 10)} ${time}`;
 }
 function secs(v) {
   if (v === null || v === undefined) return "–";
@@ -7360,9 +7390,9 @@ const attempts = (j) => (`${j.attempts + (["processing", "completed"].includes(j
 function due(j) {
   if (!["pending", "failed"].includes(j.state)) return "–";
   if (j.waiting_on) return `after ${j.waiting_on} job${j.waiting_on === 1 ? "" : "s"}`;
-  const left = (Date.parse(j.next_run_at) - Date.now()) / 1000, d = new Date(j.next_run_at);
+  const left = (Date.parse(j.next_run_at) - Date.now()) / 1000;
   if (left <= 0) return view.paused.includes("*") || view.paused.includes(j.queue) ? "paused" : "now";
-  if (left >= 86400) return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${hhmm(j.next_run_at)}`;
+  if (left >= 86400) return j.next_run_at;
   if (left <= 59) return `in ${Math.ceil(left)}s`;  // rounded up, as due_text: never "in 60s" or "in 60m"
   const minutes = Math.ceil(left / 60);
   return minutes < 60 ? `in ${minutes}m` : `in ${Math.floor(minutes / 60)}h ${minutes % 60}m`;
@@ -7675,8 +7705,22 @@ loop();
 class Parser(argparse.ArgumentParser):
     """argparse that raises UsageError instead of printing usage and exiting."""
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # A value such as -1h is a value, not an option (argparse takes only -1 and -1.5 as numbers), so
+        # `stats --since -1h` is refused for what it is rather than as a missing argument.
+        self._negative_number_matcher = re.compile(r"^-\d")
+
     def error(self, message: str):
         raise UsageError(message)
+
+    def _check_value(self, action, value) -> None:
+        """A mistyped command or choice gets the nearest one, as a mistyped field or config key does."""
+        if action.choices is not None and value not in action.choices:
+            hint = did_you_mean(value, action.choices)
+            if hint:
+                raise argparse.ArgumentError(action, f"invalid choice: {value!r} {hint}")
+        super()._check_value(action, value)
 
 
 class _Deferred:
@@ -7719,11 +7763,16 @@ class _LazyParser(_Deferred):
 
 def build_parser() -> Parser:
     """The whole command line."""
-    p = Parser(prog="queuectl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="queuectl", usage="queuectl [-h] [--version] [--db DB] [--json] COMMAND ...", description=__doc__,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"queuectl {__version__}")
     p.add_argument("--db", help="database file, or postgresql://USER@HOST:PORT/DBNAME?schema=NAME "
-                   "(default: $QUEUECTL_DB or ./queuectl.db)")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_LazyParser)
+                   "(default: $QUEUECTL_DB or ./queuectl.db); also after the command")
+    p.add_argument("--json", action="store_true", help="print JSON only, for a command that has --json; "
+                   "also after the command")
+    # The commands are listed once, in the description; argparse's own list would repeat them.
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_LazyParser,
+                           help=argparse.SUPPRESS, prog="queuectl")
     _add_job_commands(sub)
     _add_view_commands(sub)
     _add_operating_commands(sub)
@@ -7733,25 +7782,60 @@ def build_parser() -> Parser:
     _add_dlq_and_config(sub)
     _add_schedule_commands(sub.add_parser("schedule", help="recurring jobs").add_subparsers(
         dest="action", required=True, metavar="ACTION"))
+    sub.add_parser("help", help="a command's help, as COMMAND --help").add_argument(
+        "topic", nargs="*", metavar="COMMAND")
     return p
 
 
 def _command(sub, name: str, func, help: str, *, json_flag: bool = False, ids: str | None = None,
-             reads: bool = False, check=None):
-    """Add a subcommand bound to `func`, with the common --json flag and ID arguments; `reads`: it
-    never writes, so it works on a database this user may only read (see Store); `check(args)`
-    validates the arguments before the database is opened, so invalid input creates nothing."""
-    cmd = sub.add_parser(name, help=help, description=help)
+             reads: bool = False, check=None, epilog: str | None = None):
+    """Add a subcommand bound to `func`, with --db, the common --json flag and ID arguments; `reads`: it
+    never writes, so it works on a database this user may only read, and a missing one is not created
+    (see open_store); `check(args)` validates the arguments before the database is opened, so invalid
+    input creates nothing; `epilog`: text after the options."""
+    cmd = sub.add_parser(name, help=help, description=help, epilog=epilog,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
     if ids:
         cmd.add_argument("ids" if ids == "+" else "id", nargs=ids if ids == "+" else None, metavar="ID")
+    # Global options after the command too. SUPPRESS: a value given before the command is kept unless
+    # repeated after it (a default here would overwrite it); given in both places, the later one wins.
+    cmd.add_argument("--db", default=argparse.SUPPRESS, help="the database, as `queuectl --db DB COMMAND`")
     if json_flag:
-        cmd.add_argument("--json", action="store_true", help="print JSON only")
-    cmd.set_defaults(func=func, reads_only=reads, check=check)
+        cmd.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON only")
+    cmd.set_defaults(func=func, reads_only=reads, check=check, json_flag=json_flag, opens_store=True)
     return cmd
 
 
+def job_fields_help() -> str:
+    """`enqueue --help`'s list of the JSON fields and their defaults (the README's table, short)."""
+    retries, timeout = CONFIG["max_retries"][0], CONFIG["job_timeout"][0]
+    return f"""JSON fields (default):
+  command      required: run by /bin/sh -c
+  id           16 random hex characters
+  queue        {DEFAULT_QUEUE}
+  priority     0; among due jobs, higher runs first
+  max_retries  config max-retries ({retries}): the runs before the DLQ
+  timeout      config job-timeout ({timeout}; 0 = none): a duration, e.g. 90, 30s, 15m
+  run_at       now: ISO-8601 (no offset: local time) or Unix seconds
+  delay        0: a duration from now (not with run_at)
+  depends_on   []: ids of jobs that must complete first
+  env          {{}}: {{"NAME": "VALUE", ...}}
+  cwd          the current folder: an absolute path"""
+
+
+SCHEDULE_FIELDS_HELP = """JSON fields (default):
+  id           required: its jobs are ID@SLOT
+  cron         one of cron and every: five fields (minute hour day month weekday) or @hourly, @daily, ...
+  every        one of cron and every: a duration, e.g. 30s, 15m, 2h, 1d
+  tz           this machine's zone: an IANA name such as Europe/Berlin, in which cron is read
+  overlap      skip: no job for a slot while the last one is unfinished; or allow
+  command, max_retries, timeout, cwd, env, priority, queue
+               the template of its jobs, as for enqueue (queuectl help enqueue)"""
+
+
 def _add_job_commands(sub) -> None:
-    e = _command(sub, "enqueue", cmd_enqueue, "add a job, or with '-' a batch from stdin", json_flag=True)
+    e = _command(sub, "enqueue", cmd_enqueue, "add a job, or with '-' a batch from stdin", json_flag=True,
+                 epilog=job_fields_help())
     e.add_argument("job", metavar="JSON", help="a job object, or - to read JSON Lines or a JSON array from stdin")
     _progress_flag(e)
     _add_add_command(sub)
@@ -7763,8 +7847,9 @@ def _add_job_commands(sub) -> None:
                   check=check_purge)
     pg.add_argument("--state", choices=(COMPLETED, DEAD), default=None,
                     help="which finished jobs (default completed)")
-    pg.add_argument("--older-than", type=_duration_arg, default=None, metavar="DURATION",
-                    help="only those last changed longer ago than this, e.g. 3600, 15m, 12h, 7d, 1w (default: any age)")
+    pg.add_argument("--older-than", type=_unit_duration_arg, default=None, metavar="DURATION",
+                    help="only those last changed longer ago than this, with its unit: 90s, 15m, 12h, 7d, 1w "
+                         "(default: any age)")
     _progress_flag(pg)
     wt = _command(sub, "wait", cmd_wait, "block until the jobs, or with --all a whole queue, are completed or dead",
                   reads=True, check=check_bulk)
@@ -7803,19 +7888,21 @@ def _progress_flag(cmd) -> None:
 
 def _add_view_commands(sub) -> None:
     s = _command(sub, "status", cmd_status, "job counts, live workers, paused queues", json_flag=True, reads=True)
-    s.add_argument("--queue", type=_queue_arg)
+    s.add_argument("--queue", type=_queue_arg, help="only the jobs of this queue")
     s.add_argument("--watch", action="store_true", help="redraw every second until Ctrl+C")
-    ls = _command(sub, "list", cmd_list, "list jobs, oldest first", json_flag=True, reads=True)
+    ls = _command(sub, "list", cmd_list, "list jobs, oldest first", json_flag=True, reads=True, check=check_list)
     ls.add_argument("--state", help=f"one of {', '.join(STATES)}")
-    ls.add_argument("--queue", type=_queue_arg)
-    ls.add_argument("--limit", type=_int_arg(0, 2**62), default=None, help="only the N most recently created")
+    ls.add_argument("--queue", type=_queue_arg, help="only the jobs of this queue")
+    ls.add_argument("--limit", type=_int_arg(0, UNBOUNDED), default=None, metavar="N",
+                    help="only the N most recently created")
     _command(sub, "show", cmd_show, "one job in full, with its runs", json_flag=True, ids="1", reads=True)
     lg = _command(sub, "logs", cmd_logs, "output of the job's latest run (or run N)", ids="1", reads=True)
-    lg.add_argument("--run", type=_int_arg(1, 2**62), default=None, metavar="N")
+    lg.add_argument("--run", type=_int_arg(1, UNBOUNDED), default=None, metavar="N",
+                    help="the output of run N (1 is the first; default: the latest)")
     lg.add_argument("--follow", "-f", action="store_true", help="stream a running job's output until it ends")
     st = _command(sub, "stats", cmd_stats, "throughput, durations and waits over a window", json_flag=True,
                   reads=True)
-    st.add_argument("--since", type=_duration_arg, default=3600, metavar="DURATION",
+    st.add_argument("--since", type=_window_arg, default=3600, metavar="DURATION",
                     help="window, e.g. 900, 15m, 1d, 1w (default 1h)")
     _command(sub, "metrics", cmd_metrics, "the queue's gauges in Prometheus text format (for a textfile collector)",
              reads=True)
@@ -7824,7 +7911,8 @@ def _add_view_commands(sub) -> None:
 def _add_operating_commands(sub) -> None:
     for name, func, verb in (("pause", cmd_pause, "stop claiming from"), ("resume", cmd_resume, "claim again from")):
         cmd = _command(sub, name, func, f"workers {verb} these queues (all, if none named)")
-        cmd.add_argument("--queue", type=_queue_arg, action="append", default=[])
+        cmd.add_argument("--queue", type=_queue_arg, action="append", default=[],
+                         help="this queue; repeat it for more (default: every queue)")
     lm = _command(sub, "limit", cmd_limit, "at most N jobs of a queue processing at once, on all workers; "
                   "without arguments, list the limits", json_flag=True, check=check_limit)
     lm.add_argument("queue", nargs="?", type=_queue_arg, metavar="QUEUE")
@@ -7865,13 +7953,14 @@ def _add_dlq_and_config(sub) -> None:
     r = _command(d, "retry", cmd_dlq_retry, "move dead jobs back to pending", check=check_bulk)
     _bulk_arguments(r, "every dead job, with the dead jobs it depends on (in any queue)")
     c = sub.add_parser("config", help="settings").add_subparsers(dest="action", required=True)
-    cs = _command(c, "set", cmd_config_set, "set a value")
+    cs = _command(c, "set", cmd_config_set, "set a value", check=lambda args: config_key(args.key))
     cs.add_argument("key", help=f"one of {', '.join(k.replace('_', '-') for k in CONFIG)}")
     # REMAINDER: a value such as "-1d" would otherwise be taken for an option and reported as a
     # missing value; cmd_config_set checks there is exactly one and names a bad one.
     cs.add_argument("value", nargs=argparse.REMAINDER, help="the value (one): the keys in seconds take a duration "
                     "(90, 15m, 2h, 1d, 1w), output-limit a size (65536, 64K, 1M)")
-    _command(c, "get", cmd_config_get, "print a value", reads=True).add_argument("key")
+    _command(c, "get", cmd_config_get, "print a value", reads=True,
+             check=lambda args: config_key(args.key)).add_argument("key")
     _command(c, "list", cmd_config_list, "every value", json_flag=True, reads=True)
 
 
@@ -7883,14 +7972,23 @@ def _bulk_arguments(cmd, every: str) -> None:
 
 
 def _add_schedule_commands(s) -> None:
-    a = _command(s, "add", cmd_schedule_add, "add a schedule: a JSON object with id, cron or every, and a job template")
+    a = _command(s, "add", cmd_schedule_add, "add a schedule: a JSON object with id, cron or every, and a job template",
+                 epilog=SCHEDULE_FIELDS_HELP)
     a.add_argument("schedule", metavar="JSON")
     _command(s, "list", cmd_schedule_list, "every schedule, its next slot and its last job", json_flag=True,
              reads=True)
-    n = _command(s, "next", cmd_schedule_next, "the next slots of a schedule", ids="1", reads=True)
+    n = _command(s, "next", cmd_schedule_next, "the next slots of a schedule, or of an expression without storing it",
+                 reads=True, check=check_schedule_next)
+    n.add_argument("id", nargs="?", metavar="ID", help="a stored schedule (or give --cron or --every)")
+    n.add_argument("--cron", metavar="EXPR", help="a cron expression to try, e.g. '30 2 * * mon-fri'; opens no database")
+    n.add_argument("--every", metavar="DURATION", help="an interval to try (30s, 15m, 2h, 1d, 1w), as if added now")
+    n.add_argument("--tz", metavar="ZONE", help="with --cron: the IANA zone it is read in (default this machine's)")
     n.add_argument("--count", type=_int_arg(1, 10_000), default=5, metavar="N", help="how many (default 5)")
     n.add_argument("--after", type=_time_arg, default=None, metavar="TIME",
                    help="ISO-8601 (no offset: local time) or Unix seconds (default now)")
+    u = _command(s, "update", cmd_schedule_update, "replace a schedule's expression, zone, overlap and job template "
+                 "(its last job stays; slots already passed do not fire)", ids="1")
+    u.add_argument("schedule", metavar="JSON", help="the object `schedule add` takes; an id in it must be ID")
     _command(s, "pause", cmd_schedule_pause, "stop making jobs from these schedules", ids="+")
     _command(s, "resume", cmd_schedule_resume, "make jobs again, from the next slot on (missed slots do not fire)",
              ids="+")
@@ -7928,6 +8026,22 @@ def _duration_arg(text: str) -> float:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _unit_duration_arg(text: str) -> float:
+    """A duration that must name its unit: where a bare number deletes (purge), 7 may have meant 7 days."""
+    if NUMBER.fullmatch(text.strip()) and float(text) != 0:  # 0 is 0 in any unit
+        raise argparse.ArgumentTypeError(f"{shown(text)} has no unit: seconds or days? Give one: "
+                                         f"{text.strip()}s, {text.strip()}h, {text.strip()}d")
+    return _duration_arg(text)
+
+
+def _window_arg(text: str) -> float:
+    """A window of time to look back over: longer than 0."""
+    if text.strip().startswith("-") or _duration_arg(text) == 0:
+        raise argparse.ArgumentTypeError(f"the window must be longer than 0: {shown(text)} "
+                                         "(e.g. 90s, 15m, 1h, 1d)")
+    return _duration_arg(text)
+
+
 def _queue_arg(text: str) -> str:
     try:
         return valid_queue(text, "a queue name")
@@ -7945,7 +8059,23 @@ def open_store(args) -> Store:
     if not is_postgres(path) and not os.path.isabs(path) and not _cwd_exists():
         raise BadDatabase(f"cannot open {path}: the current folder no longer exists (give --db a full path)")
     # The dashboard only reads unless its actions are on.
-    return open_database(path, reads_only=args.reads_only and not getattr(args, "allow_actions", False))
+    try:
+        return open_database(path, reads_only=args.reads_only and not getattr(args, "allow_actions", False))
+    except NoQueue as e:  # most often the wrong folder or a typo in --db: say so, and answer as an empty queue
+        print(f"queuectl: note: {e}", file=sys.stderr)
+        return EmptyStore(path)
+
+
+def reopened(store: Store) -> Store:
+    """For a command that watches: the real Store once the queue an EmptyStore stands in for exists."""
+    if not isinstance(store, EmptyStore):
+        return store
+    try:
+        real = open_database(store.target, reads_only=True)
+    except NoQueue:
+        return store
+    store.close()
+    return real
 
 
 def _cwd_exists() -> bool:
@@ -7999,6 +8129,53 @@ def _on_ids_or_all(args, store: Store, on_all, on_ids) -> None:
     ids = checked_ids(args.ids)
     on_ids(ids, store.now())
     print_ids(ids)
+
+
+MIN_COMMAND_COLUMNS = 20  # on a terminal, the least of a command `list` shows, however long the ids
+
+
+def print_table(header: list[str], rows: list[list[str]], right: tuple[int, ...] = ()) -> None:
+    """Printable cells under a header, each column as wide as its widest cell (so an id is never cut),
+    those in `right` aligned right. The last column, a command, is cut to fit the terminal; printed to a
+    pipe or a file it is whole (a script reads every character)."""
+    widths = [max(text_width(row[i]) for row in (header, *rows)) for i in range(len(header) - 1)]
+    room = terminal_columns(sys.stdout)
+    lines = []
+    for row in (header, *rows):
+        cells = [_padded(cell, width, i in right) for i, (cell, width) in enumerate(zip(row, widths))]
+        last = " ".join(row[-1].split())
+        if room is not None:  # too little room left (long ids): cut to a few words, and the line wraps
+            last = _cell(last, max(room - sum(widths) - len(widths), MIN_COMMAND_COLUMNS)).rstrip()
+        lines.append(" ".join(cells + [last]).rstrip() + "\n")
+    sys.stdout.write("".join(lines))
+
+
+def _padded(cell: str, width: int, right: bool) -> str:
+    fill = " " * (width - text_width(cell))
+    return fill + cell if right else cell + fill
+
+
+def text_width(text: str) -> int:
+    """The columns a terminal draws `text` in: a wide character takes two, a combining one none (_columns)."""
+    return len(text) if text.isascii() else sum(_columns(c) for c in text)
+
+
+def terminal_columns(stream) -> int | None:
+    """The width of the terminal `stream` writes to ($COLUMNS first, as shutil reads it); None when it
+    writes to no terminal."""
+    try:
+        if not stream.isatty():
+            return None
+    except (AttributeError, ValueError):  # no isatty, or closed
+        return None
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isascii() and columns.isdigit() and int(columns) > 1:
+        return int(columns)
+    try:
+        columns = os.get_terminal_size(stream.fileno()).columns
+    except (OSError, ValueError):
+        columns = 0
+    return columns if columns > 1 else 80  # a pseudo-terminal nobody sized reports 0
 
 
 # -- progress ------------------------------------------------------------------------------------
@@ -8101,7 +8278,7 @@ def _about(seconds: float) -> str:
 def cmd_enqueue(args, store: Store) -> None:
     now, defaults, cwd = store.now(), store.config_all(), current_dir()
     if args.job != "-":
-        return enqueue_and_print(store, [validate_job(parse_json(args.job), defaults, cwd, now)], now, args.json)
+        return enqueue_and_print(store, [validate_job(job_json(args.job), defaults, cwd, now)], now, args.json)
     started, progress = time.monotonic(), Progress.for_command(args)
     with progress:
         specs, ids = enqueue_batch(store, progress, now, defaults, cwd)
@@ -8109,6 +8286,18 @@ def cmd_enqueue(args, store: Store) -> None:
     if progress.drawn:  # a long batch on a terminal: its live line is gone, one line says how it went
         sys.stdout.flush()
         print(f"queuectl: enqueued {len(ids)} jobs in {time.monotonic() - started:.1f}s", file=sys.stderr)
+
+
+def job_json(text: str) -> object:
+    """`enqueue`'s argument parsed. Text that is no JSON at all is most often a command line: point to `add`."""
+    try:
+        return parse_json(text)
+    except UsageError as e:
+        if text.lstrip().startswith(("{", "[", '"')):
+            raise
+        import shlex
+        words = text if shlex.join(text.split()) == text else shlex.quote(text)  # as the shell would take it
+        raise UsageError(f"{e} (to enqueue a command line: queuectl add -- {words})") from None
 
 
 def cmd_add(args, store: Store) -> None:
@@ -8286,11 +8475,11 @@ def check_batch(specs: list[dict]) -> None:
 
 def check_bulk(args) -> None:
     """IDs or --all, not both; --queue only with --all."""
-    name = "dlq retry" if args.command == "dlq" else args.command
+    name = command_name(args)
+    if args.queue is not None and not args.all:  # checked first: `cancel --queue q` means the whole queue
+        raise UsageError(f"{name}: --queue needs --all (`{name} --all --queue {args.queue}`)")
     if bool(args.ids) == args.all:
         raise UsageError(f"{name}: give job ids or --all" + (", not both" if args.all else ""))
-    if args.queue is not None and not args.all:
-        raise UsageError(f"{name}: --queue needs --all")
 
 
 def cmd_cancel(args, store: Store) -> None:
@@ -8388,15 +8577,20 @@ def _dead_verdict(dead: list[str], answered: int) -> int:
 def cmd_status(args, store: Store) -> None:
     if not args.watch:
         return print_status(store, args.queue, args.json)
+    watched = store
     try:
         while True:
-            store.refresh()
-            _watch_frame(store, args.queue, args.json)
+            watched = reopened(watched)  # a queue made while it is watched shows up
+            watched.refresh()
+            _watch_frame(watched, args.queue, args.json)
             time.sleep(1.0)
     except KeyboardInterrupt:
         if not args.json:
             print()
         raise  # 130, as for `logs -f` and `wait`: the user stopped it, it did not finish
+    finally:
+        if watched is not store:
+            watched.close()
 
 
 def _watch_frame(store: Store, queue: str | None, as_json: bool) -> None:
@@ -8430,12 +8624,9 @@ def print_jobs(store: Store, jobs: list[Job], as_json: bool) -> None:
     if as_json:
         return emit_json([j.to_dict() for j in jobs])
     now, paused = store.now(), store.paused()
-    print(f"{'ID':<20} {'STATE':<11} {'ATTEMPTS':>8}  {'QUEUE':<10} {'DUE':<16} {'UPDATED':<24} COMMAND")
-    for j in jobs:
-        counted, limit = attempts_shown(j)
-        print(f"{_cell(printable(j.id), 20)} {j.state:<11} {counted:>4}/{limit:<3}  "
-              f"{_short(printable(j.queue), 10):<10} {due_text(j, now, paused):<16} {iso(j.updated_at):<24} "
-              f"{_short(printable(j.command))}")
+    rows = [[printable(j.id), j.state, "{}/{}".format(*attempts_shown(j)), printable(j.queue),
+             due_text(j, now, paused), iso(j.updated_at), printable(j.command)] for j in jobs]
+    print_table(["ID", "STATE", "ATTEMPTS", "QUEUE", "DUE", "UPDATED", "COMMAND"], rows, right=(2,))
 
 
 def attempts_shown(job: Job) -> tuple[int, int]:
@@ -8445,8 +8636,8 @@ def attempts_shown(job: Job) -> tuple[int, int]:
 
 
 def due_text(job: Job, now: float, paused: list[str]) -> str:
-    """When a waiting job may run: 'now', 'in 4m', a local date and time a day or more ahead, 'after 2 jobs'
-    (dependencies not completed), 'paused' (due, in a paused queue); '-' for a job that is not waiting."""
+    """When a waiting job may run: 'now', 'in 4m', its time (UTC, as iso() writes it) a day or more ahead,
+    'after 2 jobs' (dependencies not completed), 'paused' (due, in a paused queue); '-' if not waiting."""
     if job.state not in (PENDING, FAILED):
         return "-"
     if job.waiting_on:
@@ -8454,18 +8645,20 @@ def due_text(job: Job, now: float, paused: list[str]) -> str:
     left = job.next_run_at - now
     if left <= 0:
         return "paused" if job.queue in paused or "*" in paused else "now"
-    if left >= 86400:  # local time, as `run_at` without an offset is read
-        # time, not datetime: east of UTC the latest run_at is year 10000 on the clock, past datetime's range
-        return time.strftime("%Y-%m-%d %H:%M", time.localtime(job.next_run_at))
+    if left >= 86400:
+        return iso(job.next_run_at)
     if left <= 59:  # rounded up, so never "in 60s" or "in 60m"
         return f"in {math.ceil(left)}s"
     minutes = math.ceil(left / 60)
     return f"in {minutes}m" if minutes < 60 else f"in {minutes // 60}h {minutes % 60}m"
 
 
-def cmd_list(args, store: Store) -> None:
+def check_list(args) -> None:
     if args.state is not None and args.state not in STATES:
         raise UsageError(f"unknown state {args.state!r} (valid: {', '.join(STATES)})")
+
+
+def cmd_list(args, store: Store) -> None:
     print_jobs(store, store.list_jobs(args.state, -1 if args.limit is None else args.limit, args.queue), args.json)
 
 
@@ -8637,7 +8830,9 @@ def cmd_worker_start(args, store: Store) -> int:
         else:
             print(f"queuectl: note: {note}", file=sys.stderr)
     store.close()
-    worker = Worker(store.target, args.count, args.burst, queues)
+    # An absolute path: the worker's log then names the file whatever folder it was started in.
+    target = store.target if is_postgres(store.target) else os.path.abspath(store.target)
+    worker = Worker(target, args.count, args.burst, queues)
     worker.install_signals()
     return worker.run()
 
@@ -8754,25 +8949,64 @@ def cmd_schedule_add(args, store: Store) -> None:
     print_ids([schedule.id])
 
 
+def cmd_schedule_update(args, store: Store) -> None:
+    schedule_id, obj = _valid_id(args.id, "ID"), parse_json(args.schedule)
+    if isinstance(obj, dict):
+        if obj.get("id", schedule_id) != schedule_id:
+            raise UsageError(f"field 'id' {shown(obj['id'])} is not the schedule updated, {schedule_id!r} "
+                             "(to rename one, remove it and add it)")
+        obj = {**obj, "id": schedule_id}
+    now = store.now()
+    store.update_schedule(validate_schedule(obj, store.config_all(), current_dir(), now), now)
+    print_ids([schedule_id])
+
+
 def cmd_schedule_list(args, store: Store) -> None:
     schedules = store.schedules()
     if args.json:
         return emit_json([s.to_dict() for s in schedules])
-    print(f"{'ID':<16} {'SCHEDULE':<14} {'TZ':<16} {'OVERLAP':<7} {'NEXT':<20}  {'LAST JOB':<36} COMMAND")
-    for s in schedules:
-        spec = s.cron if s.cron else f"every {every_text(s.every_s)}"
-        upcoming = "paused" if s.paused else slot_text(s.next_run_at) if s.next_run_at is not None else "-"
-        last = "-"
-        if s.last_job_id:  # the id truncated as in the ID column, so its state stays in sight
-            state = f" ({s.last_job_state or 'gone'})"
-            last = _cell(printable(s.last_job_id), 36 - len(state)).rstrip() + state
-        print(f"{_cell(printable(s.id), 16)} {printable(spec):<14} {printable(s.tz):<16} {s.overlap:<7} "
-              f"{upcoming:<20}  {_cell(last, 36)} {_short(printable(s.job['command']))}")
+    rows = [[printable(s.id), printable(s.cron if s.cron else f"every {every_text(s.every_s)}"), printable(s.tz),
+             s.overlap, *_next_slot_cells(s), _last_job_cell(s), printable(s.job["command"])] for s in schedules]
+    print_table(["ID", "SCHEDULE", "TZ", "OVERLAP", "NEXT", "NEXT IN TZ", "LAST JOB", "COMMAND"], rows)
 
 
-def cmd_schedule_next(args, store: Store) -> None:
-    schedule = store.schedule(_valid_id(args.id, "ID"))
-    after, slots = store.now() if args.after is None else args.after, []
+def _next_slot_cells(schedule: Schedule) -> list[str]:
+    """NEXT, as the slot's job id will show it (UTC), and NEXT IN TZ, the wall time in the schedule's zone."""
+    if schedule.paused or schedule.next_run_at is None:
+        return ["paused" if schedule.paused else "-", "-"]
+    try:
+        wall = datetime.fromtimestamp(schedule.next_run_at, zone_of(schedule.tz)).isoformat(timespec="seconds")
+    except (QueueError, OverflowError, ValueError):  # a zone unknown here; year 10000 on the zone's clock
+        wall = "-"
+    return [slot_text(schedule.next_run_at), wall]
+
+
+def _last_job_cell(schedule: Schedule) -> str:
+    if not schedule.last_job_id:
+        return "-"
+    return f"{printable(schedule.last_job_id)} ({schedule.last_job_state or 'gone'})"
+
+
+def check_schedule_next(args) -> None:
+    """A stored schedule's ID, or an expression (--cron, or --every), which needs no database: none is opened."""
+    given = [name for name, value in (("ID", args.id), ("--cron", args.cron), ("--every", args.every))
+             if value is not None]
+    if len(given) != 1:
+        raise UsageError("schedule next: give a schedule ID, --cron EXPR or --every DURATION"
+                         + (f", not both {given[0]} and {given[1]}" if len(given) > 1 else ""))
+    if args.tz is not None and args.cron is None:
+        raise UsageError("--tz goes with --cron (a stored schedule has its zone, and --every needs none)")
+    args.opens_store = args.id is not None
+
+
+def cmd_schedule_next(args, store: Store | None) -> None:
+    if store is None:  # --cron or --every
+        now = time.time()
+        schedule = expression_schedule(args.cron, args.every, args.tz, now)
+    else:
+        now = store.now()
+        schedule = store.schedule(_valid_id(args.id, "ID"))
+    after, slots = now if args.after is None else args.after, []
     while len(slots) < args.count and (after := next_slot(schedule, after)) is not None:
         slots.append(slot_text(after))
     print_ids(slots)
@@ -8804,15 +9038,26 @@ def main(argv: list[str] | None = None) -> int:
             stream.reconfigure(errors="backslashreplace")
     if not isinstance(sys.stdout, Stdout):
         sys.stdout = Stdout(sys.stdout)
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:  # as git does: what there is and how to start, on stdout; 1, since no command ran
+        sys.stdout.write(overview())
+        return _flushed(EXIT_FAIL)
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as e:  # --help, --version: a failure to print them is an error, not a silent exit 0
         return _flushed(e.code if isinstance(e.code, int) else EXIT_OK)
     except QueueError as e:
         return _fail(e)
+    if args.command == "help":
+        return main([*args.topic, "--help"])
     if args.command in ("worker", "dashboard"):
         configure_logging(args)
     return _dispatch(args)
+
+
+def overview() -> str:
+    """What a bare `queuectl` prints: the usage line, the commands and an example (the help's own)."""
+    return build_parser().format_usage() + "\n" + __doc__[__doc__.index("commands:"):]
 
 
 def _closed_streams_to_devnull() -> None:
@@ -8867,14 +9112,30 @@ def _flushed(code: int) -> int:
     return code
 
 
+def typed_ids(args) -> list[str]:
+    """The job or schedule ids given on the command line."""
+    if getattr(args, "id", None) is not None:
+        return [args.id]
+    return getattr(args, "ids", None) or []
+
+
+def command_name(args) -> str:
+    """The command as typed, for messages: `status`, `dlq retry`."""
+    return " ".join(filter(None, (args.command, getattr(args, "action", None))))
+
+
 def _dispatch(args) -> int:
     """Open the database, run the command, turn every failure a user can cause into one line."""
     store = None
     try:
+        if args.json and not args.json_flag:
+            raise UsageError(f"{command_name(args)} has no --json")
         if args.check:  # invalid input is refused before the database is opened (or created)
             args.check(args)
-        store = open_store(args)
-        store.committed = False  # what opening wrote (a new file's schema) is not the command's change
+        checked_ids(typed_ids(args))  # a bad id too, so a read of a missing queue adds no note to the error
+        if args.opens_store:  # a check may find the command needs no database (`schedule next --cron`)
+            store = open_store(args)
+            store.committed = False  # what opening wrote (a new file's schema) is not the command's change
         code = args.func(args, store) or EXIT_OK
         sys.stdout.flush()  # here, not at exit: an output that cannot be written must say what was saved
         return code
@@ -8910,15 +9171,15 @@ def configure_logging(args) -> None:
 
 
 class TextLines:
-    """The text log formatter: `2026-12-01 18:05:08,216 queuectl[PID]: message`, the message through
+    """The text log formatter: `2026-12-01T18:05:08.216Z queuectl[PID]: message`, the message through
     printable() (job ids, commands and errors are job data; this is the one place every line passes), a
     logged exception's traceback below it, each of its lines escaped but kept a line."""
 
     def __init__(self, plain):
-        self.plain = plain  # a logging.Formatter: its time format and traceback text
+        self.plain = plain  # a logging.Formatter: its traceback text
 
     def format(self, record) -> str:
-        line = f"{self.plain.formatTime(record)} queuectl[{record.process}]: {printable(record.getMessage())}"
+        line = f"{iso(record.created)} queuectl[{record.process}]: {printable(record.getMessage())}"
         if record.exc_info:
             trace = self.plain.formatException(record.exc_info)
             line += "\n" + "\n".join(printable(part) for part in trace.split("\n"))

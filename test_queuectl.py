@@ -25,6 +25,7 @@ import tempfile
 import threading
 import time
 import uuid
+import zoneinfo
 from datetime import datetime, timezone
 
 import pytest
@@ -86,12 +87,19 @@ def is_pg(db):
 sqlite_only = pytest.mark.parametrize("db", ["sqlite"], indirect=True)
 
 
-def run_main(argv, stdin=None):
+class TerminalOutput(io.StringIO):
+    """A stdout taken for a terminal (its width: $COLUMNS, which a test sets)."""
+    def isatty(self):
+        return True
+
+
+def run_main(argv, stdin=None, terminal=False):
     """Call queuectl.main(argv) in-process; return (exit code, stdout, stderr).
 
     stdin (str or bytes) is given a byte layer like the real one: `enqueue -` reads sys.stdin.buffer.
+    terminal: stdout answers isatty() with True.
     """
-    out, err = io.StringIO(), io.StringIO()
+    out, err = TerminalOutput() if terminal else io.StringIO(), io.StringIO()
     saved_stdin = sys.stdin
     if stdin is not None:
         data = stdin.encode() if isinstance(stdin, str) else stdin
@@ -107,6 +115,13 @@ def run_main(argv, stdin=None):
 def cli(db, *args, stdin=None):
     """`queuectl --db DB ARGS...` in-process; return (exit code, stdout, stderr)."""
     return run_main(["--db", db, *args], stdin=stdin)
+
+
+def on_a_terminal(db, *args):
+    """The stdout of a command that must succeed, run with stdout on a terminal."""
+    code, out, err = run_main(["--db", db, *args], terminal=True)
+    assert (code, err) == (0, ""), (args, code, err)
+    return out
 
 
 def ok(db, *args):
@@ -1026,7 +1041,7 @@ def _load_bench():
     return module
 
 
-TEXT_LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} queuectl\[\d+\]: (.*)$")
+TEXT_LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z queuectl\[\d+\]: (.*)$")
 
 
 SUMMARIES = {"queuectl_run_duration_seconds"}  # every other family is a gauge
@@ -1639,6 +1654,15 @@ def test_config_unknown_key_lists_the_valid_keys(seeded_db, args):
     assert (code, out) == (2, "")
     assert_one_error(err, args[1], *CONFIG_KEYS)
     assert snapshot(seeded_db) == before
+
+
+@sqlite_only
+@pytest.mark.parametrize("args", [("get", "MAX-RETRIES"), ("set", "Max_Retries", "5")])
+def test_config_key_in_capitals_gets_the_key_suggested(db, args):
+    code, out, err = cli(db, "config", *args)
+    assert (code, out) == (2, "")
+    assert_one_error(err, f"unknown config key {args[1]!r} (did you mean 'max-retries'?)")
+    assert not os.path.exists(db)
 
 
 def test_config_set_help_names_the_keys_and_their_formats():
@@ -2485,6 +2509,36 @@ def test_a_schedule_this_host_cannot_fire_is_logged_once_not_every_second(store,
     assert sum(m.startswith("schedule s: job s@") for m in messages) == 3  # the others still fire and say so
 
 
+def test_an_update_keeps_the_last_job_so_overlap_skip_still_waits_for_it(store):
+    add_schedule(store, now=T0, every="1m", command="echo old")
+    register(store)
+    first = store.fire_schedules(T0 + 60)[0][2]
+    assert store.claim("w1", T0 + 60).id == first  # still running when the schedule changes
+    store.update_schedule(queuectl.validate_schedule({"id": "s", "every": "30s", "tz": "UTC", "command": "echo new"},
+                                                     CONFIG_DEFAULTS_INTERNAL, "/", T0 + 70), T0 + 70)
+    assert store.fire_schedules(T0 + 90) == [("s", None, None, f"slot skipped (overlap skip): job {first} "
+                                                               "is still processing")]
+    changed = store.schedule("s")
+    assert (changed.every_s, changed.job["command"], changed.last_job_id) == (30, "echo new", first)
+
+
+def test_an_update_fires_no_slot_already_passed_and_keeps_an_every_schedules_slot_times(store):
+    add_schedule(store, now=T0, every="10s")  # slots T0 + 10, + 20, ...; none fired (no worker ran)
+    store.pause_schedules(["s"])
+    store.update_schedule(queuectl.validate_schedule({"id": "s", "every": "20s", "tz": "UTC", "command": "true"},
+                                                     CONFIG_DEFAULTS_INTERNAL, "/", T0 + 95), T0 + 95)
+    changed = store.schedule("s")
+    assert changed.paused and changed.created_at == T0  # still paused, still counted from its add
+    store.resume_schedules(["s"], T0 + 95)
+    assert store.schedule("s").next_run_at == T0 + 100  # T0 + 20k: the missed T0 + 20 ... T0 + 80 are gone
+    assert store.fire_schedules(T0 + 99) == []
+    assert [e[2] for e in store.fire_schedules(T0 + 100.5)] == [f"s@{queuectl.slot_text(T0 + 100)}"]
+    store.update_schedule(queuectl.validate_schedule({"id": "s", "cron": "*/5 * * * *", "tz": "UTC", "command": "true"},
+                                                     CONFIG_DEFAULTS_INTERNAL, "/", T0 + 400), T0 + 400)
+    assert store.schedule("s").next_run_at == T0 + 600  # 08:10:00, not the overdue T0 + 120 nor 08:05:00
+    assert store.fire_schedules(T0 + 400) == []
+
+
 # ---- the schedule commands -----------------------------------------------------------------------
 
 def test_schedule_add_list_and_next(db, tmp_path):
@@ -2610,12 +2664,81 @@ def test_schedule_pause_resume_remove_commands(db):
     assert_one_error(err, "no schedule with id 'a'")
 
 
+def test_schedule_update_replaces_the_schedule_and_keeps_its_history(db):
+    ok(db, "schedule", "add", '{"id": "a", "every": "1s", "command": "echo old", "overlap": "skip"}')
+    with opened(db) as s:
+        made = s.fire_schedules(s.now() + 1.5)[0][2]
+    before = json.loads(ok(db, "schedule", "list", "--json"))[0]
+    new = {"cron": "0 3 * * *", "tz": "Asia/Tokyo", "overlap": "allow", "command": "echo new", "queue": "nightly"}
+    started = time.time()
+    assert ok(db, "schedule", "update", "a", json.dumps(new)) == "a\n"
+    assert ok(db, "schedule", "update", "a", json.dumps({"id": "a", **new})) == "a\n"  # its own id may be given
+    [after] = json.loads(ok(db, "schedule", "list", "--json"))
+    assert (after["cron"], after["every"], after["tz"], after["overlap"]) == ("0 3 * * *", None, "Asia/Tokyo", "allow")
+    assert after["job"] == {"command": "echo new", "queue": "nightly", "cwd": os.getcwd()}
+    assert (after["last_job_id"], after["last_run_at"], after["paused"]) == (made, before["last_run_at"], False)
+    first = queuectl.next_cron_slot(queuectl.parse_cron("0 3 * * *"), zoneinfo.ZoneInfo("Asia/Tokyo"), started)
+    assert after["next_run_at"] == queuectl.iso(first)  # computed from now: 03:00 in Tokyo, 18:00 UTC
+    assert get_job(db, made)["command"] == "echo old"  # a job already made is left as it is
+
+
+def test_schedule_update_refusals_change_nothing(db):
+    ok(db, "schedule", "add", '{"id": "a", "every": "1h", "command": "true"}')
+    before = ok(db, "schedule", "list", "--json")
+    for args, code, named in (
+            (("missing", '{"every": "1m", "command": "true"}'), 1, "no schedule with id 'missing'"),
+            (("a", '{"id": "b", "every": "1m", "command": "true"}'), 2, "field 'id' 'b' is not the schedule updated"),
+            (("a", "every 1m"), 2, "invalid JSON"), (("a", "[1]"), 2, "schedule must be a JSON object"),
+            (("a", '{"cron": "61 * * * *", "command": "true"}'), 2, "minute '61'"),
+            (("a", '{"every": "1m"}'), 2, "field 'command' is required"),
+            (("a", '{"every": "1m", "command": "true", "run_at": 0}'), 2, "field 'run_at' cannot be used")):
+        got, out, err = cli(db, "schedule", "update", *args)
+        assert (got, out) == (code, ""), (args, err)
+        assert_one_error(err, named)
+        assert ok(db, "schedule", "list", "--json") == before
+
+
 @sqlite_only
 def test_schedule_next_checks_its_options(db):
     ok(db, "schedule", "add", '{"id": "a", "every": "1h", "command": "true"}')
     for args, named in ((("--count", "0"), "--count"), (("--after", "tomorrow"), "--after")):
         code, out, err = cli(db, "schedule", "next", "a", *args)
         assert code == 2 and out == "" and any(named in line for line in err.splitlines()), err
+
+
+def test_schedule_next_of_an_expression_prints_its_slots_and_opens_no_database(tmp_path, monkeypatch, local_tz):
+    monkeypatch.delenv("QUEUECTL_DB", raising=False)
+    monkeypatch.chdir(tmp_path)
+    nowhere = str(tmp_path / "none.db")
+    code, out, err = run_main(["--db", nowhere, "schedule", "next", "--cron", "30 2 * * *", "--tz", "Europe/Berlin",
+                               "--after", "2026-03-27T00:00:00Z", "--count", "4"])
+    assert (code, err) == (0, "")
+    assert out.split() == ["2026-03-27T01:30:00Z", "2026-03-28T01:30:00Z", "2026-03-29T01:00:00Z",
+                           "2026-03-30T00:30:00Z"]  # as `schedule next ID` of the same schedule (above)
+    local_tz("Asia/Tokyo")  # without --tz, the zone `schedule add` would store: this machine's
+    code, out, _ = run_main(["schedule", "next", "--cron", "@daily", "--after", "2026-03-27T00:00:00Z", "--count", "1"])
+    assert (code, out) == (0, "2026-03-27T15:00:00Z\n")
+    before = time.time()
+    code, out, _ = run_main(["schedule", "next", "--every", "15m", "--count", "3"])  # as if added now
+    slots = [utc(slot) for slot in out.split()]
+    assert code == 0 and len(slots) == 3 and [b - a for a, b in zip(slots, slots[1:])] == [900, 900]
+    assert math.floor(before) + 900 <= slots[0] <= time.time() + 900
+    assert os.listdir(tmp_path) == []  # neither --db nor ./queuectl.db was created
+
+
+@pytest.mark.parametrize("args,named", [
+    (("--cron", "61 * * * *"), "minute '61'"), (("--cron", "0 0 30 2 *"), "never fires"),
+    (("--cron", "@daily", "--tz", "Mars/Olympus"), "'Mars/Olympus'"), (("--every", "1.5m"), "--every"),
+    (("--every", "0s"), "--every"), (("--every", "15m", "--tz", "UTC"), "--tz goes with --cron"),
+    (("a", "--cron", "@daily"), "not both ID and --cron"), (("--cron", "@daily", "--every", "1h"), "not both"),
+    ((), "give a schedule ID, --cron EXPR or --every DURATION"), (("--cron", "@daily", "--count", "0"), "--count"),
+])
+def test_schedule_next_of_a_bad_expression_exits_2_and_creates_nothing(tmp_path, monkeypatch, args, named):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_main(["--db", str(tmp_path / "none.db"), "schedule", "next", *args])
+    assert (code, out) == (2, "")
+    assert named in err.splitlines()[-1] and err.splitlines()[-1].startswith(ERROR_PREFIX), err
+    assert os.listdir(tmp_path) == []
 
 
 def test_schedule_list_shows_the_last_job_and_its_state(db):
@@ -2714,7 +2837,7 @@ def test_a_cron_expression_is_stored_with_single_spaces_so_schedule_list_keeps_o
     assert len(lines) == 4 and all(" 0 2 * * * " in line for line in lines[1:])
 
 
-def test_schedule_list_escapes_the_command_and_cuts_long_ids_as_list_does(db):
+def test_schedule_list_escapes_the_command_and_never_cuts_an_id(db):
     long_id = "nightly-backup-of-the-whole-database-" + "x" * 40
     with opened(db) as s:
         add_schedule(s, now=T0, id=long_id, every="10s", command=TERMINAL_HOSTILE)
@@ -2723,13 +2846,26 @@ def test_schedule_list_escapes_the_command_and_cuts_long_ids_as_list_does(db):
     out = ok(db, "schedule", "list")
     assert_terminal_safe(out)
     header, *rows = out.splitlines()
-    [row] = [r for r in rows if r.startswith(long_id[:15])]
-    assert row.startswith(long_id[:15] + "… ") and long_id not in row and row.endswith(" " + TERMINAL_SHOWN)
+    [row] = [r for r in rows if r.startswith(long_id)]
+    assert row.startswith(long_id + " ") and row.endswith(" " + TERMINAL_SHOWN)  # whole: no terminal here
     assert row.index(" every ") == header.index(" SCHEDULE ")  # the columns stay aligned
-    last = row[header.index("LAST JOB"):header.index(" COMMAND")]
-    assert len(last) == 36 and last.rstrip().endswith("… (pending)"), last  # truncated, its state kept in sight
+    slot_job = f"{long_id}@{queuectl.slot_text(T0 + 10)}"
+    assert row[header.index("LAST JOB"):].startswith(f"{slot_job} (pending) ")  # whole, so it can be copied
     listed = {s["id"]: s for s in json.loads(ok(db, "schedule", "list", "--json"))}
     assert listed[long_id]["job"]["command"] == TERMINAL_HOSTILE
+
+
+def test_schedule_list_on_a_terminal_cuts_the_command_to_its_width_never_an_id(db, monkeypatch):
+    command = "echo " + "word " * 60
+    for schedule_id in ("s" * 170, "short"):
+        ok(db, "schedule", "add", json.dumps({"id": schedule_id, "every": "1h", "tz": "UTC", "command": command}))
+    monkeypatch.setenv("COLUMNS", "300")
+    header, *rows = on_a_terminal(db, "schedule", "list").splitlines()
+    assert [row.split(" ")[0] for row in rows] == ["short", "s" * 170]
+    assert all(row.endswith("…") and len(row) == 300 for row in rows), rows  # cut to the terminal's width
+    monkeypatch.setenv("COLUMNS", "100")  # no room left by the ids: a few words of the command, the line wraps
+    assert all(row.endswith(" echo word word word…") for row in on_a_terminal(db, "schedule", "list").splitlines()[1:])
+    assert ok(db, "schedule", "list").splitlines()[1].endswith(" " + command.strip())  # not a terminal: all of it
 
 
 # ---- real workers --------------------------------------------------------------------------------
@@ -3204,11 +3340,58 @@ def test_database_errors_name_the_file_and_the_reason(tmp_path):
     for path, reason in ((folder, "is a directory"), (garbage, "file is not a database"),
                          (missing, "no such file or directory")):
         for args in (("status",), ("enqueue", '{"command": "true"}')):
+            if path == missing and args == ("status",):
+                continue  # no file to read: an empty queue (test_commands_that_only_read_create_nothing)
             code, out, err = cli(str(path), *args)
             assert (code, out) == (1, ""), (path, args)
             assert_one_error(err, f"cannot open {path}: {reason}")
     assert garbage.read_bytes() == b"this is not a database\n" * 200
     assert os.listdir(folder) == [] and not missing.parent.exists()
+
+
+READING_COMMANDS = (("status",), ("status", "--json"), ("list",), ("list", "--json"), ("stats", "--json"),
+                    ("metrics",), ("queues",), ("queues", "--json"), ("worker", "list", "--json"),
+                    ("schedule", "list"), ("schedule", "list", "--json"), ("dlq", "list", "--json"),
+                    ("config", "list", "--json"), ("config", "get", "max-retries"), ("wait", "--all"))
+
+
+def pg_schema_exists(url):
+    """Whether the schema that a postgresql:// --db names exists on its server."""
+    import psycopg
+    libpq, schema = queuectl._pg_target(url)[:2]
+    with psycopg.connect(libpq, autocommit=True) as conn:
+        return conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone() is not None
+
+
+def test_commands_that_only_read_create_nothing_and_answer_as_an_empty_queue(db, tmp_path, monkeypatch):
+    """The wrong folder, or a typo in --db: a reading command creates no file (no schema, even one whose
+    name needs quoting), prints what an empty queue prints and says on stderr where it looked."""
+    if is_pg(db):
+        db = db.replace("schema=t_", "schema=Team2_")  # the backend quotes it: "Team2_…"
+        where = queuectl.database_name(db)
+    else:
+        db, where = "sub.db", str(tmp_path / "sub.db")
+        monkeypatch.chdir(tmp_path)  # a relative --db: the note gives the absolute path
+    try:
+        missing = {args: cli(db, *args) for args in READING_COMMANDS}
+        assert not (pg_schema_exists(db) if is_pg(db) else os.listdir(tmp_path))
+        assert cli(db, "show", "x")[2] == f"queuectl: note: no queue at {where} yet\nqueuectl: error: no job with id 'x'\n"
+        ok(db, "config", "set", "max-retries", "3")  # the queue now exists, and is empty
+        for args, (code, out, err) in missing.items():
+            assert (code, err) == (0, f"queuectl: note: no queue at {where} yet\n"), args
+            assert cli(db, *args) == (0, out, ""), args
+    finally:
+        if is_pg(db):
+            db_sql(db, f'DROP SCHEMA IF EXISTS "{queuectl._pg_target(db)[1]}" CASCADE')
+
+
+@sqlite_only
+def test_a_file_that_is_no_queuectl_database_keeps_its_error_for_commands_that_read(db):
+    data = _foreign_db(db)
+    code, out, err = cli(db, "status")
+    assert (code, out) == (1, "")
+    assert_one_error(err, "is not a queuectl database")
+    assert open(db, "rb").read() == data
 
 
 def test_commands_that_only_read_work_on_a_database_this_user_cannot_write(read_only_db):
@@ -3354,7 +3537,7 @@ def test_a_database_made_through_a_dangling_symlink_is_private_from_the_start(tm
     link.symlink_to(target)
     old = os.umask(0o022)
     try:
-        ok(str(link), "status")
+        ok(str(link), "config", "set", "max-retries", "3")
     finally:
         os.umask(old)
     assert stat.S_IMODE(os.stat(target).st_mode) == 0o600
@@ -3850,7 +4033,7 @@ def test_a_worker_leaves_a_database_file_that_was_deleted_or_replaced(sqlite_db,
             os.unlink(name)
     if how == "replaced":
         other = str(tmp_path / "other.db")
-        ok(other, "status")
+        ok(other, "config", "set", "max-retries", "3")
         os.rename(other, sqlite_db)
     worker.wait_log(f"{sqlite_db} is no longer the database file this worker opened")
     enqueue(sqlite_db, id="new", command="true")  # in the file the path names now: this worker must not claim it
@@ -4978,6 +5161,18 @@ def test_purge_bad_arguments_exit_2(states_db, args):
     assert snapshot(states_db) == before
 
 
+@sqlite_only
+@pytest.mark.parametrize("number", ["7", "3600", "1.5"])
+def test_purge_refuses_an_age_without_a_unit(states_db, number):
+    before = snapshot(states_db)
+    code, out, err = cli(states_db, "purge", "--older-than", number)
+    assert (code, out) == (2, "")
+    assert_one_error(err, f"argument --older-than: {number!r} has no unit", f"{number}s", f"{number}d")
+    assert snapshot(states_db) == before
+    assert ok(states_db, "purge", "--older-than", f"{number}d") == "purged 0 completed jobs\n"
+    assert ok(states_db, "wait", "done", "--timeout", number) == ""  # elsewhere a bare number is seconds
+
+
 def test_purge_without_older_than_or_state_exits_2_naming_them(states_db):
     before = snapshot(states_db)
     code, out, err = cli(states_db, "purge")
@@ -5131,6 +5326,15 @@ def test_stats_bad_since_exits_2(db, since):
     code, out, err = cli(db, "stats", "--since", since, "--json")
     assert_argparse_error(code, err)
     assert out == ""
+
+
+@sqlite_only
+@pytest.mark.parametrize("since", ["-1h", "0", "0s", "-5"])
+def test_stats_refuses_a_negative_or_zero_window_saying_so(db, since):
+    code, out, err = cli(db, "stats", "--since", since)
+    assert (code, out) == (2, "")
+    assert_one_error(err, f"argument --since: the window must be longer than 0: {since!r}")
+    assert not os.path.exists(db)
 
 
 # ---- per-queue concurrency limits (`limit`, `queues`) --------------------------------------------
@@ -6060,6 +6264,57 @@ def test_finish_and_claim_of_a_run_no_longer_ours_writes_nothing_for_it(store):
     assert after is None and following is not None
     assert store.runs(job.id) == lost_runs  # the lost run's record is not overwritten by the late result
     assert store.get(job.id).state in ("pending", "processing")
+
+
+def test_postgres_fast_paths_leave_the_rows_of_the_statements_they_restate(pg_url, monkeypatch):
+    """PostgreSQL's fast paths restate a shared rule: a batch through COPY (SQL_COPY_JOBS, as enqueue
+    and enqueue_streamed send it) leaves the jobs rows that executemany of SQL_INSERT_JOB leaves, and a
+    completion through SQL_COMPLETE leaves the job, dependent and run rows of Store's path."""
+    store = queuectl.PostgresStore(pg_url)
+    try:
+        def batch(prefix):  # enough jobs for COPY, of every shape a row can take
+            return [spec(f"{prefix}{n}", command=HOSTILE_TEXT[n % len(HOSTILE_TEXT)],
+                         env={"K": f"v{n}"} if n % 2 else {}, priority=n % 3, queue=f"q{n % 2}",
+                         run_at=T0 + n if n % 4 == 0 else None, max_retries=n % 5, timeout=n / 10)
+                    for n in range(queuectl.PG_COPY_MIN_ROWS)]
+
+        # Every column but the key and seq (the order of insertion, which differs); the timestamps are
+        # the `now` each call is given, so they are compared too.
+        def rows(table, key, ids):
+            found = store.read(f"SELECT {key}, to_jsonb(t) - '{key}' - 'seq' FROM {table} t WHERE {key} = ANY(%s)",
+                               (list(ids),))
+            return {row[0]: row[1] for row in found}
+
+        def same(table, key, pairs):  # each pair's rows, but for the key
+            mine, theirs = rows(table, key, [a for a, _ in pairs]), rows(table, key, [b for _, b in pairs])
+            assert len(mine) == len(pairs) and [mine[a] for a, _ in pairs] == [theirs[b] for _, b in pairs], table
+
+        with monkeypatch.context() as general:
+            general.setattr(queuectl.PostgresStore, "_insert_rows", queuectl.Store._insert_rows)  # executemany
+            store.enqueue(batch("many"), T0)
+        store.enqueue(batch("copy"), T0)
+        assert store.enqueue_streamed(iter(batch("stream")), T0, lambda specs: None, lambda count: None)
+        numbers = range(queuectl.PG_COPY_MIN_ROWS)
+        same("jobs", "id", [(f"copy{n}", f"many{n}") for n in numbers] + [(f"stream{n}", f"many{n}") for n in numbers])
+
+        register(store)
+        store.enqueue([spec("fast", priority=9), spec("fast-next", depends_on=["fast"]),
+                       spec("slow", priority=9), spec("slow-next", depends_on=["slow"])], T0)
+        fast, slow = store.claim("w1", T0 + 1), store.claim("w1", T0 + 1)  # by seq: the first enqueued first
+        assert (fast.id, slow.id) == ("fast", "slow")
+        sent = []
+        pipelined = queuectl.PgPipeline.execute
+        monkeypatch.setattr(queuectl.PgPipeline, "execute", lambda self, sql, *rest: sent.append(sql) or
+                            pipelined(self, sql, *rest))
+        outcome = queuectl.Outcome(0, None, b"out\tput\n", 0.25)
+        assert store.finish_and_claim(fast, "w1", outcome, store.config_all(), T0 + 2, ("idle",))[0]
+        assert store.sql.SQL_COMPLETE in sent
+        assert queuectl.Store.finish_and_claim(store, slow, "w1", outcome, store.config_all(), T0 + 2, ("idle",))[0]
+        same("jobs", "id", [("fast", "slow"), ("fast-next", "slow-next")])
+        same("runs", "job_id", [("fast", "slow")])
+        assert store.get("fast-next").next_run_at == T0 + 2  # released: both paths did something to compare
+    finally:
+        store.close()
 
 
 def test_a_failed_statement_in_a_pipelined_result_leaves_nothing_and_the_store_works(pg_url, monkeypatch):
@@ -8611,6 +8866,14 @@ def test_worker_default_log_lines_keep_their_text_format(db, workers):
     assert any(re.fullmatch(r"job bad failed \(exit code 3\); retry 2 in \d+s", m) for m in messages), messages
 
 
+def test_worker_log_names_its_database_by_its_absolute_path(tmp_path, monkeypatch):
+    monkeypatch.delenv("QUEUECTL_DB", raising=False)
+    ok(str(tmp_path / "q.db"), "enqueue", '{"command": "true"}')
+    result = subprocess.run([sys.executable, QUEUECTL, "--db", "q.db", "worker", "start", "--burst"], cwd=tmp_path,
+                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=WAIT_S, env=child_env())
+    assert result.returncode == 0 and f", db {tmp_path / 'q.db'}\n" in result.stderr, result.stderr
+
+
 def test_worker_quiet_logs_only_starts_stops_failures_and_deaths(db, workers):
     log_text = run_log_demo(db, workers, "--quiet")
     messages = [TEXT_LOG_LINE.match(line)[1] for line in log_text.splitlines()]
@@ -9261,6 +9524,19 @@ def add_truncated_run(store, job_id, kept, total):
     store.finish(job, "dash-worker", done, store.config_all(), now + 0.5)
 
 
+def test_dashboard_of_a_queue_not_made_yet_shows_it_empty_and_creates_nothing(db, tmp_path):
+    if is_pg(db):
+        assert not pg_schema_exists(db)
+    server = DashboardUnderTest(db)
+    try:
+        assert server.get("/api/status")["jobs"]["pending"] == 0 and server.get("/api/jobs") == []
+        assert not (pg_schema_exists(db) if is_pg(db) else os.listdir(tmp_path))
+        enqueue(db, id="later", command="true")
+        assert server.get("/api/status")["jobs"]["pending"] == 1
+    finally:
+        server.close()
+
+
 def test_dashboard_refuses_every_request_without_the_right_token(dashboard):
     d = dashboard()
     port = d.server.server_address[1]
@@ -9397,6 +9673,14 @@ def test_dashboard_page_is_self_contained_and_carries_no_queue_data(dashboard):
     assert "innerHTML" not in page and "outerHTML" not in page and "insertAdjacentHTML" not in page
     for job_id in ("done-1", "img-1", "img-2", "running-1", "alert(1)"):
         assert job_id not in page
+
+
+def test_the_dashboard_page_shows_times_as_the_cli_does_in_utc_never_the_browsers_zone():
+    script = queuectl.DASHBOARD_PAGE
+    for local_getter in ("getHours", "getMinutes", "getDate(", "getMonth", "getFullYear", "toDateString",
+                         "toLocaleTimeString", "toLocaleDateString"):
+        assert local_getter not in script, local_getter
+    assert "const hhmm = (iso) => `${iso.slice(11, 16)}Z`;" in script and "return j.next_run_at;" in script
 
 
 def test_dashboard_bad_requests_get_json_errors_and_the_server_lives_on(dashboard):
@@ -10158,17 +10442,99 @@ def test_a_command_builds_only_its_own_parser(db, monkeypatch):
                      "queuectl config list"]
 
 
-def test_the_help_still_lists_every_command_and_each_has_its_own(tmp_path):
+COMMAND_NAMES = ["enqueue", "add", "cancel", "delete", "purge", "wait", "status", "list", "show", "logs", "stats",
+                 "metrics", "pause", "resume", "limit", "queues", "dashboard", "worker", "dlq", "config", "schedule",
+                 "help"]
+
+
+def test_the_help_lists_every_command_once_and_each_has_its_own(tmp_path):
     code, out, _ = run_main(["--help"])
     assert code == 0
-    names = ["enqueue", "add", "cancel", "delete", "purge", "wait", "status", "list", "show", "logs", "stats",
-             "metrics", "pause", "resume", "limit", "queues", "dashboard", "worker", "dlq", "config", "schedule"]
-    assert all(re.search(rf"^    {name}\b", out, re.M) for name in names), out
-    for name in names:
+    commands = out.split("\ncommands:\n")[1].split("\n\n")[0]
+    assert "positional arguments" not in out  # argparse's own list of the commands: they would show twice
+    names = [line.strip().split("  ")[0] for line in commands.splitlines() if re.match(r"  [a-z]", line)]
+    listed = [part.split()[0] for name in names for part in name.split(", ")]  # `status, list, …`, `dlq list|retry`
+    assert sorted(listed) == sorted(COMMAND_NAMES), commands
+    for name in COMMAND_NAMES:
         code, out, _ = run_main([name, "--help"])
         assert code == 0 and out.startswith(f"usage: queuectl {name} "), (name, out)
     code, _, err = run_main(["nope"])
     assert code == 2 and "invalid choice: 'nope' (choose from 'enqueue', 'add'," in err
+
+
+@pytest.mark.parametrize("argv, nearest", [(["stauts"], "status"), (["enque", "{}"], "enqueue"),
+                                           (["Status"], "status"), (["worker", "strat"], "start"),
+                                           (["schedule", "lsit"], "list"), (["purge", "--state", "ded"], "dead")])
+def test_a_mistyped_command_or_choice_gets_the_nearest_one(tmp_path, argv, nearest):
+    code, out, err = run_main(["--db", str(tmp_path / "q.db"), *argv])
+    assert (code, out) == (2, "")
+    assert_one_error(err, f"invalid choice: {argv[-1] if argv[0] != 'enque' else 'enque'!r} (did you mean {nearest!r}?)")
+    assert os.listdir(tmp_path) == []
+
+
+def test_help_command_prints_a_commands_help(tmp_path):
+    assert run_main(["help"]) == run_main(["--help"])
+    assert run_main(["help", "worker"]) == run_main(["worker", "--help"])
+    code, out, err = run_main(["help", "worker", "start"])
+    assert code == 0 and out.startswith("usage: queuectl worker start ") and "--burst" in out, err
+    code, out, err = run_main(["help", "stauts"])
+    assert (code, out) == (2, "")
+    assert_one_error(err, "(did you mean 'status'?)")
+
+
+def test_bare_queuectl_prints_an_overview_on_stdout_and_exits_1_as_git_does(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_main([])
+    assert (code, err) == (1, "")
+    assert out.startswith("usage: queuectl ") and "\ncommands:\n" in out and "positional arguments" not in out
+    example = out.split("\nexample:\n")[1].splitlines()
+    assert len(example) == 3 and all(line.startswith("  queuectl ") for line in example), out
+    assert all(name in out for name in COMMAND_NAMES)
+    assert os.listdir(tmp_path) == []
+
+
+def test_db_and_json_go_before_or_after_the_command_and_the_later_one_wins(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("QUEUECTL_DB", raising=False)
+    assert run_main(["enqueue", '{"id": "x", "command": "true"}', "--db", "a.db"]) == (0, "x\n", "")
+    for argv in (["status", "--db", "a.db", "--json"], ["--db", "a.db", "status", "--json"],
+                 ["--json", "--db", "a.db", "status"], ["--json", "status", "--db", "a.db"],
+                 ["--db", "b.db", "status", "--db", "a.db", "--json"]):
+        code, out, err = run_main(argv)
+        assert (code, err) == (0, "") and json.loads(out)["jobs"]["pending"] == 1, argv
+    code, out, err = run_main(["--db", "a.db", "worker", "list", "--db", "b.db", "--json"])  # b.db: later
+    assert (code, out) == (0, "[]\n") and err.startswith("queuectl: note: no queue at "), err
+    code, out, err = run_main(["--json", "--db", "a.db", "pause"])
+    assert (code, out) == (2, "")
+    assert_one_error(err, "pause has no --json")
+    assert sorted(os.listdir(tmp_path)) == ["a.db"] and json.loads(run_main(["--db", "a.db", "status", "--json"])[1])["paused"] == []
+
+
+LEAF_COMMANDS = [[name] for name in COMMAND_NAMES if name not in ("worker", "dlq", "config", "schedule", "help")] + [
+    ["worker", "start"], ["worker", "stop"], ["worker", "list"], ["dlq", "list"], ["dlq", "retry"], ["config", "set"],
+    ["config", "get"], ["config", "list"], ["schedule", "add"], ["schedule", "list"], ["schedule", "next"],
+    ["schedule", "pause"], ["schedule", "resume"], ["schedule", "remove"]]
+
+
+@pytest.mark.parametrize("argv", LEAF_COMMANDS, ids=" ".join)
+def test_every_option_of_every_command_has_a_help_text(argv):
+    code, out, _ = run_main([*argv, "--help"])
+    assert code == 0
+    options = out.split("\noptions:\n")[1].split("\n\n")[0].splitlines()
+    for n, line in enumerate(options):
+        # An option's line: its help follows after two blanks, or on the next line, indented further.
+        if line.startswith("  -") and "  " not in line.strip():
+            following = options[n + 1] if n + 1 < len(options) else ""
+            assert following.startswith(" " * 6) and not following.strip().startswith("-"), (argv, line)
+
+
+def test_enqueue_and_schedule_add_help_list_the_json_fields_with_their_defaults():
+    out = run_main(["enqueue", "--help"])[1].split("JSON fields (default):\n")[1]
+    assert [line.split()[0] for line in out.splitlines()] == sorted(queuectl.JOB_FIELDS, key=out.index)
+    assert re.search(r"^  max_retries +config max-retries \(3\)", out, re.M) and re.search(r"^  queue +default$", out, re.M)
+    out = run_main(["schedule", "add", "--help"])[1].split("JSON fields (default):\n")[1]
+    assert all(re.search(rf"^  {field} ", out, re.M) for field in queuectl.SCHEDULE_FIELDS)
+    assert ", ".join(queuectl.TEMPLATE_FIELDS) in out and re.search(r"^  overlap +skip", out, re.M)
 
 
 def test_options_of_a_lazily_built_command_still_parse_and_fail_as_before(db):
@@ -10179,6 +10545,25 @@ def test_options_of_a_lazily_built_command_still_parse_and_fail_as_before(db):
 
 
 # ---- enqueue and add -----------------------------------------------------------------------------
+
+@sqlite_only
+@pytest.mark.parametrize("text, hint", [("echo hi", "queuectl add -- echo hi"),
+                                        ("make && make install", "queuectl add -- 'make && make install'")])
+def test_enqueue_of_a_command_line_points_to_add(db, text, hint):
+    code, out, err = cli(db, "enqueue", text)
+    assert (code, out) == (2, "")
+    assert_one_error(err, "invalid JSON", f"(to enqueue a command line: {hint})")
+    assert list_ids(db) == []
+
+
+@sqlite_only
+@pytest.mark.parametrize("text", ['{"command": ', '["echo hi"', '"echo hi'])
+def test_enqueue_of_broken_json_gets_no_hint_to_add(db, text):
+    code, out, err = cli(db, "enqueue", text)
+    assert (code, out) == (2, "")
+    assert_one_error(err, "invalid JSON")
+    assert "queuectl add" not in err
+
 
 def test_enqueue_prints_the_id(db):
     code, out, err = cli(db, "enqueue", '{"id": "job-1", "command": "echo hi"}')
@@ -10736,6 +11121,17 @@ def test_list_state_filter(ran_db):
 
 
 @sqlite_only
+@pytest.mark.parametrize("args, message", [(("list", "--limit", "-1"), "argument --limit: value '-1' must be an "
+                                            "integer, 0 or more"),
+                                           (("logs", "x", "--run", "0"), "argument --run: value '0' must be an "
+                                            "integer, 1 or more")])
+def test_list_and_logs_name_a_range_without_an_upper_bound_as_readable(db, args, message):
+    code, out, err = cli(db, *args)
+    assert (code, out) == (2, "")
+    assert_one_error(err, message)
+
+
+@sqlite_only
 def test_list_unknown_state_lists_the_valid_ones(ran_db):
     code, out, err = cli(ran_db, "list", "--state", "bogus")
     assert (code, out) == (2, "")
@@ -10802,6 +11198,19 @@ def test_status_watch_redraws_until_ctrl_c(db, workers, tmp_path):
     assert "Traceback" not in stderr and "error" not in stderr, stderr
 
 
+def test_status_watch_started_before_the_queue_exists_shows_it_once_it_does(db, workers, tmp_path):
+    out_path = tmp_path / "watch.out"
+    with open(out_path, "wb") as out:
+        watch = workers.spawn("status", "--watch", "--json", stdout=out)
+    wait_for(lambda: out_path.read_bytes().count(b"\n") >= 1, "a first frame")
+    assert json.loads(out_path.read_text().splitlines()[0])["jobs"]["pending"] == 0
+    enqueue(db, id="w1", command="true")
+    wait_for(lambda: '"pending": 1' in out_path.read_text(), "a frame with the job enqueued after the start")
+    watch.send_signal(signal.SIGINT)
+    assert watch.wait(timeout=WAIT_S) == 130
+    assert watch.stderr.read().decode().startswith("queuectl: note: no queue at ")
+
+
 def test_status_watch_json_prints_one_json_object_a_line(db, capsys):
     enqueue(db, id="w1", command="true")
     with opened(db) as s:
@@ -10822,18 +11231,39 @@ def test_due_text(fields, paused, text):
     assert queuectl.due_text(a_job(**fields), T0, paused) == text
 
 
-def test_due_text_a_day_or_more_ahead_is_a_local_date_and_time(local_tz):
-    local_tz("Asia/Kolkata")  # UTC+05:30
+def test_due_text_a_day_or_more_ahead_is_its_utc_time(local_tz):
+    local_tz("Asia/Kolkata")  # UTC+05:30: not what is shown
     job = a_job(next_run_at=T0 + 2 * 86400)  # T0 is 2027-01-15T08:00:00Z
-    assert queuectl.due_text(job, T0, []) == "2027-01-17 13:30"
+    assert queuectl.due_text(job, T0, []) == "2027-01-17T08:00:00.000Z"
 
 
 def test_a_run_at_at_the_time_limit_lists_east_of_utc(local_tz, db):
     # The latest run_at queuectl takes, 9999-12-31T23:59:59Z, is already year 10000 on a clock east of UTC.
     local_tz("Asia/Tokyo")  # UTC+9
     ok(db, "add", "--id", "last", "--run-at", str(queuectl.MAX_UNIX_TIME), "--", "true")
-    assert ok(db, "list").splitlines()[1].split()[4:6] == ["10000-01-01", "08:59"]
-    assert "10000-01-01 08:59" in ok(db, "show", "last")
+    assert ok(db, "list").splitlines()[1].split()[4] == "9999-12-31T23:59:59.000Z"
+    assert "\ndue:          9999-12-31T23:59:59.000Z\n" in ok(db, "show", "last")
+
+
+def test_every_time_list_show_and_schedule_list_print_is_utc_with_a_z_whatever_the_local_zone(local_tz, db):
+    local_tz("Asia/Tokyo")  # UTC+9: a local time would show 9 hours apart from the UTC ones
+    ok(db, "add", "--id", "later", "--run-at", "2099-01-02T03:04:05Z", "--", "true")  # no offset: local
+    ok(db, "add", "--id", "tokyo", "--run-at", "2099-01-02T12:04:05", "--", "true")
+    ok(db, "schedule", "add", '{"id": "s", "cron": "30 2 * * *", "tz": "Europe/Berlin", "command": "true"}')
+    header, *rows = ok(db, "list").splitlines()
+    due, updated = header.index("DUE"), header.index("UPDATED")
+    for row in rows:
+        assert row[due:].startswith("2099-01-02T03:04:05.000Z "), row
+        assert ISO_UTC.match(row[updated:].split(" ")[0]), row
+    shown = dict(line.split(":", 1) for line in ok(db, "show", "tokyo").splitlines() if line[:1] != " ")
+    for key in ("created_at", "updated_at", "next_run_at", "due"):
+        assert ISO_UTC.match(shown[key].strip()), (key, shown)
+    header, row = ok(db, "schedule", "list").splitlines()
+    slot = json.loads(ok(db, "schedule", "list", "--json"))[0]["next_run_at"]
+    utc_slot, wall = row[header.index("NEXT "):].split()[:2]
+    assert utc_slot == queuectl.slot_text(parse_iso(slot).timestamp())  # as its job's id will end
+    assert wall == parse_iso(slot).astimezone(zoneinfo.ZoneInfo("Europe/Berlin")).isoformat()  # its clock
+    assert wall[11:16] == "02:30" and wall[19:] in ("+01:00", "+02:00")
 
 
 @pytest.mark.parametrize("state,attempts,max_retries,shown", [
@@ -10843,8 +11273,8 @@ def test_attempts_shown(state, attempts, max_retries, shown):
     assert queuectl.attempts_shown(a_job(state=state, attempts=attempts, max_retries=max_retries)) == shown
 
 
-def test_list_shows_due_and_attempts_aligned_with_long_ids_cut(db):
-    long_id = "a-job-id-much-longer-than-twenty-characters"
+def test_list_shows_due_and_attempts_aligned_with_long_ids_whole(db):
+    long_id = "tick@2026-12-02T02:00:00Z-and-a-job-id-much-longer-than-twenty-characters"
     enqueue(db, id=long_id, command="true", queue="a-queue-name-longer-than-ten", delay="4m")
     enqueue(db, id="after", command="true", depends_on=[long_id])
     enqueue(db, id="once", command="true", max_retries=0)
@@ -10852,13 +11282,25 @@ def test_list_shows_due_and_attempts_aligned_with_long_ids_cut(db):
         register(s, now=time.time())
         finish_next(s, 0, time.time())  # once: completed on its first run
     rows = list_rows(db)
-    cut = long_id[:19] + "…"
-    assert set(rows) == {cut, "after", "once"}
-    assert " in 4m " in rows[cut] and " a-queue-n… " in rows[cut] and " 0/3 " in rows[cut]
+    assert set(rows) == {long_id, "after", "once"}  # never cut: an id in `list` can be copied into `logs`
+    assert " in 4m " in rows[long_id] and " a-queue-name-longer-than-ten " in rows[long_id]
+    assert " 0/3 " in rows[long_id]
     assert " after 1 job " in rows["after"]
     assert " 1/1 " in rows["once"] and " completed " in rows["once"]
     assert json.loads(ok(db, "list", "--json"))[2]["attempts"] == 0  # JSON keeps its meaning
     assert "\ndue:          after 1 job\n" in ok(db, "show", "after")
+
+
+def test_list_cuts_the_command_to_a_terminals_width_and_nothing_elsewhere(db, monkeypatch):
+    command = "echo " + "a-long-argument " * 20
+    slot_id = "nightly-report@2026-12-02T02:00:00Z"
+    enqueue(db, id=slot_id, command=command)
+    monkeypatch.setenv("COLUMNS", "120")
+    header, row = on_a_terminal(db, "list").splitlines()
+    assert row.startswith(slot_id + " ") and len(row) == 120 and row.endswith("…"), row
+    assert row[header.index("COMMAND"):].startswith("echo a-long-argument ")
+    header, row = ok(db, "list").splitlines()  # to a pipe or a file: the whole command, for scripts
+    assert row.startswith(slot_id + " ") and row.endswith(" " + command.strip())
 
 
 def test_list_aligns_ids_of_wide_and_combining_characters(db):
@@ -10872,7 +11314,7 @@ def test_list_aligns_ids_of_wide_and_combining_characters(db):
     header, *rows = ok(db, "list").splitlines()
     starts = {columns(line[:line.index(" pending ")]) for line in rows}
     assert starts == {columns(header[:header.index(" STATE ")])}, rows
-    assert any("…" in line for line in rows)  # the long one is truncated, not let run into STATE
+    assert "…" not in "".join(rows)  # the column is as wide as the widest id: none is cut
 
 
 @pytest.mark.parametrize("left,text", [(59.5, "in 1m"), (60, "in 1m"), (3590, "in 1h 0m"), (3600, "in 1h 0m"),
@@ -10937,6 +11379,17 @@ def test_bulk_commands_want_ids_or_all(seeded_db, args):
     code, out, err = cli(seeded_db, *args)
     assert (code, out) == (2, ""), err
     assert "Traceback" not in err and err.startswith(ERROR_PREFIX) or "usage" in err
+    assert snapshot(seeded_db) == before
+
+
+@sqlite_only
+@pytest.mark.parametrize("command", [("cancel",), ("dlq", "retry"), ("wait",)])
+def test_queue_without_all_says_queue_needs_all(seeded_db, command):
+    before = snapshot(seeded_db)
+    code, out, err = cli(seeded_db, *command, "--queue", "default")
+    assert (code, out) == (2, "")
+    name = " ".join(command)
+    assert_one_error(err, f"{name}: --queue needs --all (`{name} --all --queue default`)")
     assert snapshot(seeded_db) == before
 
 
@@ -11054,6 +11507,9 @@ def test_enqueue_then_wait_in_a_shell_script(db, workers, tmp_path, job, expecte
 
 
 def test_wait_all_on_a_queue_with_nothing_unfinished_exits_0_at_once(db):
+    code, out, err = cli(db, "wait", "--all")  # no queue yet: as an empty one, with a note
+    assert (code, out) == (0, "") and err.startswith("queuectl: note: no queue at "), err
+    ok(db, "config", "set", "max-retries", "3")
     assert cli(db, "wait", "--all") == (0, "", "")
     enqueue(db, id="old", command="true")
     ok(db, "cancel", "old")  # dead before the wait started: not one of the jobs it answers for
@@ -11932,6 +12388,28 @@ def test_installed_worker_gets_signals_itself(sqlite_db, workers, tmp_path, sig)
     worker.signal(sig)
     assert worker.wait() == 130, worker.log()
     assert get_job(sqlite_db, "run")["state"] == "pending"
+
+
+def test_an_installed_worker_shows_its_own_command_line_in_ps(sqlite_db, workers, tmp_path):
+    """ps, top and systemd show /proc/PID/cmdline: the launcher's few bytes, then the file's path and its
+    arguments (not the loader's text, which a -c of it put in front of them)."""
+    program = _installed(tmp_path)
+    log_path = tmp_path / "installed.stderr"
+    with open(log_path, "wb") as err:
+        popen = subprocess.Popen([str(program), "--db", sqlite_db, "worker", "start"], stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
+                                 env=_launcher_env(tmp_path, **{TAG_VAR: workers.tag}))
+    worker = WorkerProc(popen, log_path)
+    workers.procs.append(worker)
+    worker.wait_log("worker started")
+    with open(f"/proc/{popen.pid}/cmdline", "rb") as f:
+        args = f.read().rstrip(b"\0").split(b"\0")
+    at = args.index(os.fsencode(program))
+    assert args[at:] == [os.fsencode(program), b"--db", os.fsencode(sqlite_db), b"worker", b"start"]
+    before = b" ".join(args[:at])
+    assert len(before) < 120 and b"\n" not in before and args[1:3] == [b"-P", b"-c"], before
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0, worker.log()
 
 
 # ==== Benchmark (bench/) ==========================================================================
