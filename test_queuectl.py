@@ -7822,13 +7822,15 @@ def test_a_freed_slot_a_finished_dependency_a_resume_and_a_dlq_retry_wake_an_idl
     with InProcessWorker(db, monkeypatch), contextlib.closing(queuectl.open_database(db)) as s:
         register(s, "other")  # a worker elsewhere, whose jobs the test finishes
         s.set_limit("solo", 1)
-        s.enqueue([spec("held", queue="solo"), spec("waits", queue="solo")], s.now())
-        held = s.claim("other", s.now(), ("solo",))
+        # Due in half an hour, so the idle worker leaves it alone: only a claim from the future takes it.
+        s.enqueue([spec("held", queue="solo", run_at=s.now() + 1800)], s.now())
+        held = s.claim("other", s.now() + 3600, ("solo",))
+        s.enqueue([spec("waits", queue="solo")], s.now())  # the queue is full: no worker may take it
         # Its result, and a claim in a queue with nothing in it: PostgreSQL's one-statement completion.
         s.finish_and_claim(held, "other", done, s.config_all(), s.now(), ("empty",))
         wait_for(lambda: s.get("waits").state == "completed", "the job the limit held to run")
         s.enqueue([spec("parent", run_at=s.now() + 1800), spec("child", depends_on=["parent"])], s.now())
-        parent = s.claim("other", s.now() + 3600)  # due in half an hour: only a claim from the future takes it
+        parent = s.claim("other", s.now() + 3600)
         s.finish(parent, "other", done, s.config_all(), s.now())
         wait_for(lambda: s.get("child").state == "completed", "the dependent to run")
         s.pause(["q"])
