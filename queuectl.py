@@ -219,6 +219,9 @@ DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 PURGE_SLICE = 2000  # jobs that purge and retention delete per transaction: tens of ms of write lock
 BATCH_PROGRESS_LINES = 10_000  # `enqueue -` shows its progress line on a terminal past this many lines
 WAIT_POLL_S = 0.25  # how often `wait` looks again (and redraws its progress line)
+# `wait ID`: how long no live worker may serve a waited job's queue before it says so (a worker
+# starting up registers within a second or so)
+WAIT_NO_WORKER_S = 3.0
 INSERT_SLICE = 10_000  # jobs a batch inserts per executemany, so its progress line can count them stored
 BATCH_STREAM_LINES = 10_000  # from this many lines `enqueue -` tries Store.enqueue_streamed (PostgreSQL)
 RETENTION_INTERVAL_S = 30.0  # how often workers delete completed jobs older than `retention`
@@ -234,6 +237,9 @@ TICK_GAP_S = 0.005  # the shortest gap between two rounds of a worker's main loo
 ROUND_SLACK_S = 0.05  # a worker's housekeeping task due this soon runs in the round under way: one wake-up
 IDLE_WAIT_S = 60.0  # an idle thread waits for a wake-up; this is only a safety net (the poller wakes it too)
 SWEEP_INTERVAL_S = 1.0  # how often each worker process looks for dead workers
+# A runner that claimed a job its worker's schedule firing just made waits at most this long for the
+# firing's log line before it logs the claim (a log that blocks must not hold the job)
+FIRE_LOG_WAIT_S = 1.0
 # A run of a worker that none of its runners holds for this long is a claim whose answer was lost
 # (see Holdings); handing a claim's answer to its runner takes milliseconds.
 STRAY_GRACE_S = 5.0
@@ -403,6 +409,26 @@ def size_text(n: int) -> str:
             break
         value, unit = value / 1024, bigger
     return f"{n} B" if unit == "B" else f"{round(value, 1):g} {unit}"
+
+
+# -- paused queues -------------------------------------------------------------------------------
+# Store.paused() rows: queue names, or '*' (every queue) with '!name' for each queue resumed alone.
+
+def is_paused(queue: str, paused: list[str]) -> bool:
+    """Whether claims skip `queue`, by the rule of the claim statements (the paused checks of SqliteSQL.SQL_CLAIM_ANY_QUEUE)."""
+    return "!" + queue not in paused and (queue in paused or "*" in paused)
+
+
+def paused_names(paused: list[str]) -> tuple[list[str], list[str]]:
+    """The paused queues (['*'] for every queue) and the queues resumed alone while every queue is paused."""
+    return [p for p in paused if p[0] != "!"], [p[1:] for p in paused if p[0] == "!"]
+
+
+def paused_text(names: list[str], resumed: list[str]) -> str:
+    """What status's `paused:` line says of paused_names(): 'all queues', 'all queues except a, b', or the names."""
+    if "*" not in names:
+        return ", ".join(names)
+    return "all queues" + (f" except {', '.join(resumed)}" if resumed else "")
 
 
 # -- text for a terminal ------------------------------------------------------------------------
@@ -1494,7 +1520,6 @@ class SharedSQL:
     SQL_NEEDED_BY = ("SELECT deps.job_id FROM deps JOIN jobs j ON j.id = deps.job_id JOIN jobs d ON d.id = deps.dep_id "
                      "WHERE deps.dep_id = %s AND j.state <> 'completed' AND d.state <> 'completed'")
 
-    SQL_RESUME = "DELETE FROM paused WHERE queue = %s"
     SQL_RESUME_ALL = "DELETE FROM paused"
     SQL_PAUSED = "SELECT queue FROM paused ORDER BY queue"
     SQL_SET_LIMIT = ("INSERT INTO queue_limits (queue, max_running) VALUES (%s, %s) "
@@ -1589,7 +1614,8 @@ class SqliteSQL:
         SELECT (SELECT seq FROM jobs INDEXED BY jobs_claim
                 WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue = q.name
                 AND next_run_at <= :now ORDER BY priority DESC, next_run_at, seq LIMIT 1)
-        FROM q WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+        FROM q WHERE q.name IS NOT NULL AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+                                             OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || q.name))  -- resumed alone
           AND NOT EXISTS (SELECT 1 FROM queue_limits AS l WHERE l.queue = q.name  -- full: at its limit
                           AND l.max_running <= (SELECT count(*) FROM jobs INDEXED BY jobs_running
                                                 WHERE state = 'processing' AND queue = q.name)))
@@ -1605,7 +1631,8 @@ class SqliteSQL:
         SELECT (SELECT seq FROM jobs INDEXED BY jobs_claim
                 WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue = q.name
                 AND next_run_at <= :now ORDER BY priority DESC, next_run_at, seq LIMIT 1)
-        FROM q WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+        FROM q WHERE q.name IS NOT NULL AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+                                             OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || q.name))  -- resumed alone
           AND NOT EXISTS (SELECT 1 FROM queue_limits AS l WHERE l.queue = q.name  -- full: at its limit
                           AND l.max_running <= (SELECT count(*) FROM jobs INDEXED BY jobs_running
                                                 WHERE state = 'processing' AND queue = q.name)))
@@ -1630,7 +1657,8 @@ class SqliteSQL:
         SELECT (SELECT seq FROM jobs INDEXED BY jobs_claim
                 WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue = q.name
                 AND next_run_at <= :now ORDER BY priority DESC, next_run_at, seq LIMIT 1)
-        FROM q WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+        FROM q WHERE q.name IS NOT NULL AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+                                             OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || q.name))  -- resumed alone
           AND NOT EXISTS (SELECT 1 FROM queue_limits AS l WHERE l.queue = q.name  -- full: at its limit
                           AND l.max_running <= (SELECT count(*) FROM jobs INDEXED BY jobs_running
                                                 WHERE state = 'processing' AND queue = q.name)))
@@ -1641,7 +1669,8 @@ class SqliteSQL:
         SELECT (SELECT seq FROM jobs INDEXED BY jobs_claim
                 WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue = q.name
                 AND next_run_at <= :now ORDER BY priority DESC, next_run_at, seq LIMIT 1)
-        FROM q WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+        FROM q WHERE q.name IS NOT NULL AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+                                             OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || q.name))  -- resumed alone
           AND NOT EXISTS (SELECT 1 FROM queue_limits AS l WHERE l.queue = q.name  -- full: at its limit
                           AND l.max_running <= (SELECT count(*) FROM jobs INDEXED BY jobs_running
                                                 WHERE state = 'processing' AND queue = q.name)))
@@ -1665,12 +1694,14 @@ class SqliteSQL:
     SQL_STAGED_SOON_ANY_QUEUE = (
         "SELECT 1 FROM jobs INDEXED BY jobs_staged "
         "WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= :now "
-        "AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')) LIMIT 1")
+        "AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')) "
+        "OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || jobs.queue)) LIMIT 1")
     SQL_STAGED_SOON_FROM_QUEUES = (
         "SELECT 1 FROM jobs INDEXED BY jobs_staged "
         "WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= :now "
         "AND queue IN (SELECT value FROM json_each(:queues)) "
-        "AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')) LIMIT 1")
+        "AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')) "
+        "OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || jobs.queue)) LIMIT 1")
     # due_at: when the job became eligible (eligible_at), which the run's wait is counted from.
     # PostgreSQL's claim opens the run in its own statement (`opened` in PostgresSQL.SQL_CLAIM_ANY_QUEUE
     # and SQL_CLAIM_FROM_QUEUES), which restates this one: a change to one is made to the other.
@@ -1717,7 +1748,15 @@ class SqliteSQL:
     SQL_PURGE_IDS = ("SELECT id FROM jobs WHERE state = ? AND updated_at < ? AND (state = 'completed' OR NOT EXISTS "
                      "(SELECT 1 FROM deps JOIN jobs j ON j.id = deps.job_id WHERE deps.dep_id = jobs.id "
                      "AND j.state <> 'completed')) LIMIT ?")
-    SQL_PAUSE = "INSERT OR IGNORE INTO paused (queue) VALUES (?)"
+    # Paused queues: a row per queue, or '*' (every queue) with a row '!name' per queue resumed alone.
+    SQL_PAUSE_ALL = ["DELETE FROM paused", "INSERT INTO paused (queue) VALUES ('*')"]
+    SQL_PAUSE = ["DELETE FROM paused WHERE queue = '!' || ?",
+                 "INSERT OR IGNORE INTO paused (queue) SELECT ? "
+                 "WHERE NOT EXISTS (SELECT 1 FROM paused WHERE queue = '*')"]
+    SQL_RESUME = ["DELETE FROM paused WHERE queue = ?",
+                  "INSERT OR IGNORE INTO paused (queue) SELECT '!' || ? "
+                  "WHERE EXISTS (SELECT 1 FROM paused WHERE queue = '*')"]
+    SQL_LOCK_PAUSED = None  # BEGIN IMMEDIATE already orders pauses and resumes (see PostgresSQL's)
     SQL_LOCK_LIMITS = None  # BEGIN IMMEDIATE already orders a limit after every claim (see PostgresSQL's)
     SQL_REQUEST_STOP = "UPDATE workers SET stop_requested = 1 WHERE id = ?"
     # The window's durations and waits, read in one pass and sorted in Python: SQLite would sort the
@@ -1738,7 +1777,8 @@ class SqliteSQL:
         "AND next_run_at <= ?1 UNION ALL "
         "SELECT queue, max(next_run_at, created_at) FROM jobs INDEXED BY jobs_staged "
         "WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= ?1) AS e "
-        "WHERE NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (e.queue, '*')) GROUP BY e.queue")
+        "WHERE (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (e.queue, '*')) "
+        "OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || e.queue)) GROUP BY e.queue")
     SQL_IDENTITY = ("SELECT (SELECT application_id FROM pragma_application_id()), "
                     "(SELECT count(*) FROM sqlite_master), (SELECT user_version FROM pragma_user_version())")
     SQL_VERSION = "SELECT user_version FROM pragma_user_version()"
@@ -2342,23 +2382,31 @@ class Store:
         return total
 
     def pause(self, queues: list[str]) -> None:
-        """Stop claims from these queues ('*' = all)."""
-        self.write(lambda cur: cur.executemany(self.sql.SQL_PAUSE, [(q,) for q in queues]))
+        """Stop claims from these queues ('*' = all, which also undoes every resume of a single queue)."""
+        if "*" in queues:
+            return self._change_pauses(self.sql.SQL_PAUSE_ALL, [()])
+        self._change_pauses(self.sql.SQL_PAUSE, [(q,) for q in queues])  # its '!name' dropped, or its row added
 
     def resume(self, queues: list[str]) -> None:
-        """Undo pause for these queues, or for everything when none are named."""
-        def resume(cur):
-            if queues:
-                cur.executemany(self.sql.SQL_RESUME, [(q,) for q in queues])
-            else:
-                cur.execute(self.sql.SQL_RESUME_ALL)
-            self._wake_workers(cur)
-        if queues and "*" in self.paused():
-            raise Conflict("every queue is paused; 'resume' without --queue resumes them all")
-        self.write(resume)
+        """Undo pause for these queues (while every queue is paused: for these ones only), or for
+        everything when none are named."""
+        if not queues:
+            return self._change_pauses([self.sql.SQL_RESUME_ALL], [()], wake=True)
+        self._change_pauses(self.sql.SQL_RESUME, [(q,) for q in queues], wake=True)  # its row, or '!name' added
+
+    def _change_pauses(self, statements: list[str], params: list[tuple], wake: bool = False) -> None:
+        def change(cur):
+            if self.sql.SQL_LOCK_PAUSED:
+                cur.execute(self.sql.SQL_LOCK_PAUSED)
+            for sql in statements:
+                cur.executemany(sql, params)
+            if wake:
+                self._wake_workers(cur)
+        self.write(change)
 
     def paused(self) -> list[str]:
-        """Paused queue names ('*' = everything)."""
+        """The paused table's rows, sorted: queue names, '*' (every queue) and '!name' (a queue resumed
+        alone while every queue is paused); read them with is_paused."""
         return [r[0] for r in self.read(self.sql.SQL_PAUSED)]
 
     def set_limit(self, queue: str, max_running: int | None) -> None:
@@ -2382,9 +2430,9 @@ class Store:
         counts: dict[str, dict[str, int]] = {}
         for queue, state, n in self.queue_counts():
             counts.setdefault(queue, dict.fromkeys(STATES, 0))[state] = n
-        paused, limits = set(self.paused()), self.limits()
-        names = sorted(set(counts) | set(limits) | (paused - {"*"}))
-        return [{"queue": q, "jobs": counts.get(q, dict.fromkeys(STATES, 0)), "paused": bool(paused & {q, "*"}),
+        paused, limits = self.paused(), self.limits()
+        names = sorted(set(counts) | set(limits) | (set(paused_names(paused)[0]) - {"*"}))
+        return [{"queue": q, "jobs": counts.get(q, dict.fromkeys(STATES, 0)), "paused": is_paused(q, paused),
                  "limit": limits.get(q)} for q in names]
 
     def stats(self, since: float, now: float) -> dict:
@@ -2585,15 +2633,19 @@ class Store:
         """The earliest slot any schedule that is not paused waits for (one index lookup)."""
         return self.read(self.sql.SQL_NEXT_SCHEDULE)[0][0]
 
-    def fire_schedules(self, now: float) -> list[tuple]:
+    def fire_schedules(self, now: float, made: Callable[[str], None] = lambda job_id: None) -> list[tuple]:
         """Fire every due schedule in one transaction (see firing_rule): enqueue its slot's job, unless
         that job exists already, and move it to its next slot. Returns (schedule id, slot or None,
         job id or None, what happened) for each; a schedule this host cannot compute (its zone is
-        unknown here) is left for another worker."""
+        unknown here) is left for another worker. `made(job id)` hears of each job before the commit
+        that makes it claimable (again if the transaction runs again)."""
         def fire(cur):
             rows = cur.execute(self.sql.SQL_DUE_SCHEDULES, (now,)).fetchall()
             events = [self._fire_one(cur, Schedule.from_row(row), defaults, now) for row in rows]
-            if any(event[2] for event in events):
+            jobs = [event[2] for event in events if event[2]]
+            for job_id in jobs:
+                made(job_id)
+            if jobs:
                 self._wake_workers(cur)
             return events
         defaults = self.config_all()  # the jobs' max_retries and timeout, when their template has none
@@ -2636,14 +2688,16 @@ class Store:
             cur.executemany(self.sql.SQL_REMOVE_SCHEDULE, [(i,) for i in schedule_ids])
         self.write(remove)
 
-    def update_schedule(self, schedule: Schedule, now: float) -> None:
+    def update_schedule(self, schedule: Schedule, now: float | None = None) -> None:
         """Replace a schedule's cron or every, zone, overlap and template with a validated schedule's, in one
         transaction; NotFound if absent. What it did stays: its last job (so `overlap: skip` still waits
-        for it), pause and anchor (an `every` keeps its slot times); its next slot is its first after `now`,
-        so slots already passed are not fired."""
+        for it), pause and anchor (an `every` keeps its slot times); its next slot is its first after `now`
+        (default: the clock once the row is held), so slots already passed are not fired."""
         def update(cur):
             [stored] = self._schedules_in(cur, [schedule.id])
-            following = next_slot(Schedule(**{**schedule.__dict__, "created_at": stored.created_at}), now)
+            # Read after the wait for the lock: a slot a worker fired meanwhile is passed too.
+            after = self.now() if now is None else now
+            following = next_slot(Schedule(**{**schedule.__dict__, "created_at": stored.created_at}), after)
             cur.execute(self.sql.SQL_UPDATE_SCHEDULE, (schedule.cron, schedule.every_s, schedule.tz, schedule.overlap,
                                                        json.dumps(schedule.job), following, schedule.id))
         self.write(update)
@@ -3327,7 +3381,8 @@ class PostgresSQL:
     eligible(name, free) AS (  -- not paused, not full; free: no limit, or this claim holds the queue's lock
         SELECT q.name, l.queue IS NULL OR q.name = ANY(%(held)s::text[])
         FROM q LEFT JOIN queue_limits AS l ON l.queue = q.name
-        WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+        WHERE q.name IS NOT NULL AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+                                      OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || q.name))  -- resumed alone
           AND NOT q.name = ANY(%(busy)s::text[])
           AND (l.queue IS NULL OR l.max_running > (SELECT count(*) FROM jobs
                                                    WHERE state = 'processing' AND queue = q.name))),
@@ -3354,7 +3409,8 @@ class PostgresSQL:
     eligible(name, free) AS (  -- not paused, not full; free: no limit, or this claim holds the queue's lock
         SELECT q.name, l.queue IS NULL OR q.name = ANY(%(held)s::text[])
         FROM q LEFT JOIN queue_limits AS l ON l.queue = q.name
-        WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+        WHERE q.name IS NOT NULL AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+                                      OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || q.name))  -- resumed alone
           AND NOT q.name = ANY(%(busy)s::text[])
           AND (l.queue IS NULL OR l.max_running > (SELECT count(*) FROM jobs
                                                    WHERE state = 'processing' AND queue = q.name))),
@@ -3392,7 +3448,8 @@ class PostgresSQL:
         FROM q WHERE q.name IS NOT NULL),
     eligible(name) AS (  -- not paused, not full
         SELECT q.name FROM q LEFT JOIN queue_limits AS l ON l.queue = q.name
-        WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+        WHERE q.name IS NOT NULL AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+                                      OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || q.name))  -- resumed alone
           AND (l.queue IS NULL OR l.max_running > (SELECT count(*) FROM jobs
                                                    WHERE state = 'processing' AND queue = q.name)))
     SELECT EXISTS (SELECT 1 FROM eligible CROSS JOIN LATERAL (  -- LIMIT: a seek per queue, never a join of all
@@ -3404,7 +3461,8 @@ class PostgresSQL:
     WITH q(name) AS (SELECT pg_catalog.unnest(%(queues)s::text[])),  -- the queues of `worker start --queue`
     eligible(name) AS (  -- not paused, not full
         SELECT q.name FROM q LEFT JOIN queue_limits AS l ON l.queue = q.name
-        WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+        WHERE q.name IS NOT NULL AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
+                                      OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || q.name))  -- resumed alone
           AND (l.queue IS NULL OR l.max_running > (SELECT count(*) FROM jobs
                                                    WHERE state = 'processing' AND queue = q.name)))
     SELECT EXISTS (SELECT 1 FROM eligible CROSS JOIN LATERAL (  -- LIMIT: a seek per queue, never a join of all
@@ -3421,12 +3479,14 @@ class PostgresSQL:
     SQL_DUE_SOON_ANY_QUEUE = """
     SELECT EXISTS (SELECT 1 FROM jobs
                    WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND next_run_at <= %(soon)s
-                     AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')))"""
+                     AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*'))
+                          OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || jobs.queue)))"""
     SQL_DUE_SOON_FROM_QUEUES = """
     SELECT EXISTS (SELECT 1 FROM jobs
                    WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND next_run_at <= %(soon)s
                      AND queue = ANY(%(queues)s)
-                     AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')))"""
+                     AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*'))
+                          OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || jobs.queue)))"""
     # A flush is worth no wait: a row lock held longer than this makes it give up (see flush_output).
     SQL_FLUSH_LOCK_TIMEOUT = "SET LOCAL lock_timeout = '50ms'"
     # A completed run in one statement, for a worker's hot path (see PostgresStore.finish_and_claim):
@@ -3493,7 +3553,16 @@ class PostgresSQL:
     SQL_PURGE_IDS = ("SELECT id FROM jobs WHERE state = %s AND updated_at < %s AND (state = 'completed' OR NOT EXISTS "
                      "(SELECT 1 FROM deps JOIN jobs j ON j.id = deps.job_id WHERE deps.dep_id = jobs.id "
                      "AND j.state <> 'completed')) LIMIT nullif(%s, -1) FOR UPDATE")
-    SQL_PAUSE = "INSERT INTO paused (queue) VALUES (%s) ON CONFLICT DO NOTHING"
+    SQL_PAUSE_ALL = SqliteSQL.SQL_PAUSE_ALL
+    SQL_PAUSE = ["DELETE FROM paused WHERE queue = '!' || %s::text",
+                 "INSERT INTO paused (queue) SELECT %s::text "
+                 "WHERE NOT EXISTS (SELECT 1 FROM paused WHERE queue = '*') ON CONFLICT DO NOTHING"]
+    SQL_RESUME = ["DELETE FROM paused WHERE queue = %s",
+                  "INSERT INTO paused (queue) SELECT '!' || %s::text "
+                  "WHERE EXISTS (SELECT 1 FROM paused WHERE queue = '*') ON CONFLICT DO NOTHING"]
+    # Pauses and resumes one at a time, so a queue never ends with both its row and '!name' (each reads
+    # what the other writes); claims read the table under no lock and never wait for this one.
+    SQL_LOCK_PAUSED = "LOCK TABLE paused IN SHARE ROW EXCLUSIVE MODE"
     # A new limit waits for every claim in flight, and claims wait for it: a claim that began before the
     # limit saw none and took no lock, so a claim after it, counting only committed claims, would not
     # count that one. Every claim reads queue_limits, which holds off this lock until it commits.
@@ -3513,8 +3582,8 @@ class PostgresSQL:
     SQL_OLDEST_ELIGIBLE_BY_QUEUE = (
         "SELECT queue, min(GREATEST(next_run_at, created_at)) FROM jobs "
         "WHERE state IN ('pending', 'failed') AND waiting_on = 0 "
-        "AND next_run_at <= %s AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')) "
-        "GROUP BY queue")
+        "AND next_run_at <= %s AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')) "
+        "OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || jobs.queue)) GROUP BY queue")
     SQL_RUNS_PER_MINUTE = ("SELECT floor((ended_at - %s) / 60)::bigint AS minute, outcome, count(*) FROM runs "
                            "WHERE ended_at >= %s AND outcome IN ('completed', 'failed', 'dead') "
                            "GROUP BY minute, outcome")
@@ -5388,8 +5457,9 @@ class Runner:
 
     def __init__(self, store: Store, worker_id: str, abort, queues: tuple = (), current_registration=lambda: 0,
                  keep_claiming=lambda: False, give_up=lambda: False, holdings: Holdings | None = None,
-                 on_claim=lambda: None):
+                 claim_may_log: Callable[[str], None] = lambda job_id: None, on_claim=lambda: None):
         self.store = store
+        self.claim_may_log = claim_may_log  # see ScheduleFirer.claim_may_log
         self.on_claim = on_claim  # called when a claim of its own found a job, as it starts: there may be more
         self.worker_id = worker_id
         self.abort = abort  # abort(job, registration) -> reason to kill the running job, or None
@@ -5432,6 +5502,7 @@ class Runner:
 
     def _run(self, job: Job, registration: int, fresh: bool = False) -> Outcome:
         if not log.quiet:
+            self.claim_may_log(job.id)
             log.info("job %s claimed (attempt %d): %s", job.id, job.attempts + 1, _short(job.command),
                      extra=event("job_claimed", job_id=job.id, attempt=job.attempts + 1, command=job.command))
         env = {"QUEUECTL_JOB_ID": job.id, "QUEUECTL_ATTEMPT": str(job.attempts + 1),
@@ -5753,10 +5824,14 @@ class ScheduleFirer:
     fires as soon as a slot it knows of is due; firing is idempotent, whoever else fires too."""
 
     def __init__(self):
+        import threading
         self.checked_at = -math.inf  # monotonic time of the last lookup
         self.due_at = math.inf  # the earliest next slot that lookup found (Unix seconds)
         self.due_mono = math.inf  # the same on the monotonic clock (see next_tick)
         self.unfired: dict[str, str] = {}  # schedule id -> why this host cannot fire it, as last logged
+        # The jobs a firing under way has made and not logged yet (see claim_may_log).
+        self.unlogged: set[str] = set()
+        self.logged = threading.Condition()
 
     def tick(self, store: Store, mono: float, now: float | None = None) -> list[tuple]:
         """Fire what is due; returns the events of Store.fire_schedules (logged here)."""
@@ -5766,8 +5841,7 @@ class ScheduleFirer:
         self.checked_at, events = mono, []
         earliest = store.next_schedule_at()
         if earliest is not None and earliest <= now:
-            events = store.fire_schedules(now)
-            self._log(events)
+            events = self._fire(store, now)
             earliest = store.next_schedule_at()
         # One still due (another worker is firing it, or this host lacks its zone): look again in a second.
         self.due_at = earliest if earliest is not None and earliest > now else math.inf
@@ -5777,6 +5851,29 @@ class ScheduleFirer:
     def next_tick(self) -> float:
         """The monotonic time at which tick() has something to do: the next lookup or the next slot."""
         return min(self.checked_at + SCHEDULE_CHECK_S, self.due_mono)
+
+    def _fire(self, store: Store, now: float) -> list[tuple]:
+        """Fire what is due and log it; until then, a runner of this worker that claims a job just made
+        waits to log its claim (see claim_may_log)."""
+        try:
+            events = store.fire_schedules(now, self._made)
+            self._log(events)
+            return events
+        finally:
+            with self.logged:
+                self.unlogged.clear()
+                self.logged.notify_all()
+
+    def _made(self, job_id: str) -> None:
+        with self.logged:
+            self.unlogged.add(job_id)
+
+    def claim_may_log(self, job_id: str) -> None:
+        """Called by a runner before it logs a claim: if a firing of this worker made the job and has not
+        logged it yet, wait for that line (at most FIRE_LOG_WAIT_S), so the log reads in order."""
+        if job_id in self.unlogged:  # added before the commit that made the job claimable
+            with self.logged:
+                self.logged.wait_for(lambda: job_id not in self.unlogged, FIRE_LOG_WAIT_S)
 
     def _log(self, events: list[tuple]) -> None:
         """Log each event; a schedule this host cannot fire stays due and is tried again every second,
@@ -6405,7 +6502,7 @@ class Worker:
     def _new_runner(self) -> Runner:
         store = self._runner_store()
         runner = Runner(store, self.worker_id, self.abort_reason, self.queues, lambda: self.registration,
-                        lambda: not self.claiming_ends(), self.give_up, self.holdings,
+                        lambda: not self.claiming_ends(), self.give_up, self.holdings, self.schedules.claim_may_log,
                         on_claim=lambda: self._wake_runners(every=False))
         self.runners.append(runner)
         return runner
@@ -6462,8 +6559,11 @@ def run_dict(run: dict) -> dict:
             "started_at": iso(run["started_at"]), "due_at": iso(run["due_at"]),
             "ended_at": iso(ended), "duration_s": None if ended is None else round(ended - run["started_at"], 6)}
 def status_dict(store: Store, queue: str | None = None) -> dict:
-    """`status --json`: jobs per state, live worker processes, paused queues."""
-    return {"jobs": store.counts(queue), "active_workers": len(live_workers(store)), "paused": store.paused()}
+    """`status --json`: jobs per state, live worker processes, paused queues (['*']: every queue but those
+    of paused_except)."""
+    paused, resumed = paused_names(store.paused())
+    return {"jobs": store.counts(queue), "active_workers": len(live_workers(store)), "paused": paused,
+            "paused_except": resumed}
 
 
 def stats_dict(store: Store, since_s: float, now: float) -> dict:
@@ -6547,7 +6647,7 @@ METRICS_WINDOWS = (("1m", 60), ("1h", 3600))  # queuectl_runs_finished's window 
 
 def metrics_text(store: Store, now: float) -> str:
     """`queuectl metrics` and GET /metrics: the queue as Prometheus gauges, run durations as a summary."""
-    rows, paused = store.queue_counts(), set(store.paused())
+    rows, paused = store.queue_counts(), store.paused()
     queues, counts = sorted({queue for queue, _, _ in rows}), {(queue, state): n for queue, state, n in rows}
     oldest = store.oldest_eligible_by_queue(now)
     hour = store.stats(now - 3600, now)  # its outcomes are the 1h window's
@@ -6562,7 +6662,7 @@ def metrics_text(store: Store, now: float) -> str:
         ("queuectl_oldest_due_age_seconds", "Seconds the longest-waiting job that is due and may run has waited, "
          "by queue (0 when none waits; no sample for a paused queue).",
          [({"queue": q}, round(max(0.0, now - oldest[q]), 3) if q in oldest else 0)
-          for q in queues if not paused & {q, "*"}]),
+          for q in queues if not is_paused(q, paused)]),
         ("queuectl_runs_finished", "Runs that ended within the window (1m or 1h), by outcome.",
          [({"outcome": o, "window": w}, finished[w].get(o, 0)) for w, _ in METRICS_WINDOWS for o in RUN_OUTCOMES]),
         ("queuectl_run_duration_seconds", "Durations of the runs that ended completed, failed or dead: quantiles "
@@ -7326,7 +7426,7 @@ const meta = (name) => document.querySelector(`meta[name="${name}"]`).content;
 const NEEDS_TOKEN = meta("queuectl-needs-token") === "1", ACTIONS = meta("queuectl-actions") === "1";
 const STATES = ["pending", "processing", "completed", "failed", "dead"], OUTCOMES = ["completed", "failed", "dead"];
 const PAGE = 25, REFRESH_MS = 1500, TAIL_CHARS = 16384, QUEUE_NAME = /^[A-Za-z0-9._-]{0,64}$/;
-const view = { state: "", queue: "", offset: 0, job: null, closed: new Set(), paused: [] };
+const view = { state: "", queue: "", offset: 0, job: null, closed: new Set(), paused: [], pausedExcept: [] };
 const drawn = {};  // the JSON each panel last drew: an unchanged panel is left alone
 
 // The token: the printed URL brings it in the fragment (#token=T, optionally &job=ID), which no browser
@@ -7387,11 +7487,14 @@ const num = (n) => Number(n).toLocaleString("en-US");
 // As `queuectl list`: ATTEMPTS counts the run going on or the one that completed; DUE says what a job waits for.
 const attempts = (j) => (`${j.attempts + (["processing", "completed"].includes(j.state) ? 1 : 0)}/`
   + Math.max(j.max_retries, 1));
+// As is_paused: '*' pauses every queue but those of paused_except.
+const isPaused = (queue) => !view.pausedExcept.includes(queue) && (view.paused.includes("*")
+  || view.paused.includes(queue));
 function due(j) {
   if (!["pending", "failed"].includes(j.state)) return "–";
   if (j.waiting_on) return `after ${j.waiting_on} job${j.waiting_on === 1 ? "" : "s"}`;
   const left = (Date.parse(j.next_run_at) - Date.now()) / 1000;
-  if (left <= 0) return view.paused.includes("*") || view.paused.includes(j.queue) ? "paused" : "now";
+  if (left <= 0) return isPaused(j.queue) ? "paused" : "now";
   if (left >= 86400) return j.next_run_at;
   if (left <= 59) return `in ${Math.ceil(left)}s`;  // rounded up, as due_text: never "in 60s" or "in 60m"
   const minutes = Math.ceil(left / 60);
@@ -7416,9 +7519,9 @@ async function loadStatus() {
   const [status] = await api("/api/status");
   for (const state of STATES) $("#n-" + state).textContent = num(status.jobs[state]);
   $("#n-workers").textContent = num(status.active_workers);
-  const paused = view.paused = status.paused;
-  $("#paused").textContent = !paused.length ? ""
-    : "paused: " + (paused.includes("*") ? "all queues" : paused.join(", "));
+  const paused = view.paused = status.paused, except = view.pausedExcept = status.paused_except;
+  $("#paused").textContent = !paused.length ? "" : "paused: " + (!paused.includes("*") ? paused.join(", ")
+    : "all queues" + (except.length ? " except " + except.join(", ") : ""));
   for (const option of $("#state").options) {
     option.textContent = option.value ? `${option.value} (${num(status.jobs[option.value])})` : "all states";
   }
@@ -8143,11 +8246,18 @@ def print_table(header: list[str], rows: list[list[str]], right: tuple[int, ...]
     lines = []
     for row in (header, *rows):
         cells = [_padded(cell, width, i in right) for i, (cell, width) in enumerate(zip(row, widths))]
-        last = " ".join(row[-1].split())
+        last = row[-1]
         if room is not None:  # too little room left (long ids): cut to a few words, and the line wraps
-            last = _cell(last, max(room - sum(widths) - len(widths), MIN_COMMAND_COLUMNS)).rstrip()
+            last = _fitted(last, max(room - sum(widths) - len(widths), MIN_COMMAND_COLUMNS))
         lines.append(" ".join(cells + [last]).rstrip() + "\n")
     sys.stdout.write("".join(lines))
+
+
+def _fitted(text: str, width: int) -> str:
+    """`text` in at most `width` terminal columns, blanks squeezed, cut with … only if wider: never padded
+    (a $COLUMNS of any size is taken at its word)."""
+    text = " ".join(text.split())
+    return _cell(text, width).rstrip() if text_width(text) > width else text
 
 
 def _padded(cell: str, width: int, right: bool) -> str:
@@ -8223,6 +8333,13 @@ class Progress:
             self._write("\r\x1b[K")
             self.visible = False
 
+    def note(self, text: str) -> None:
+        """A line on stderr that stays, whether the live line is on or off (erased first, drawn again
+        by the next show())."""
+        self.close()
+        self.drawn_at = None
+        self._write(text + "\n")
+
     def __enter__(self) -> "Progress":
         return self
 
@@ -8280,8 +8397,12 @@ def cmd_enqueue(args, store: Store) -> None:
     if args.job != "-":
         return enqueue_and_print(store, [validate_job(job_json(args.job), defaults, cwd, now)], now, args.json)
     started, progress = time.monotonic(), Progress.for_command(args)
+    if sys.stdin.isatty():  # else it would seem to hang, waiting for what was meant to be piped in
+        print("queuectl: note: reading jobs, one JSON object a line, until Ctrl-D", file=sys.stderr, flush=True)
     with progress:
         specs, ids = enqueue_batch(store, progress, now, defaults, cwd)
+    if not specs:
+        print("queuectl: note: no jobs read", file=sys.stderr)
     print_enqueued(store, specs, ids, args.json, batch=True)
     if progress.drawn:  # a long batch on a terminal: its live line is gone, one line says how it went
         sys.stdout.flush()
@@ -8370,13 +8491,15 @@ def read_stdin(read: Callable[[int], None] = lambda lines: None) -> bytearray:
 def note_paused(store: Store, queues: list[str]) -> None:
     """A note on stderr when jobs went into a paused queue: they wait, and nothing else would say why."""
     paused = store.paused()
-    stuck = list(dict.fromkeys(q for q in queues if q in paused or "*" in paused))
+    stuck = list(dict.fromkeys(q for q in queues if is_paused(q, paused)))
     if not stuck:
         return
+    command = "queuectl resume " + " ".join(f"--queue {q}" for q in stuck)  # names are plain ASCII words
     if "*" in paused:
-        return print("queuectl: note: every queue is paused; jobs wait for `queuectl resume`", file=sys.stderr)
+        return print(f"queuectl: note: {paused_text(*paused_names(paused))} are paused; jobs wait for `{command}` "
+                     "(or `queuectl resume`, for all)", file=sys.stderr)
     which = f"queue {stuck[0]!r} is" if len(stuck) == 1 else f"queues {', '.join(map(repr, stuck))} are"
-    print(f"queuectl: note: {which} paused; jobs wait for `queuectl resume --queue NAME`", file=sys.stderr)
+    print(f"queuectl: note: {which} paused; jobs wait for `{command}`", file=sys.stderr)
 
 
 def add_job_object(args) -> dict:
@@ -8520,6 +8643,7 @@ def cmd_wait(args, store: Store) -> int:
 def wait_ids(store: Store, ids: list[str], deadline: float | None, progress: "Progress") -> int:
     """`wait ID…`: until every named job is completed or dead; 1 naming the dead ones, or at the deadline
     the unfinished ones."""
+    unserved = UnservedNote(store, progress)
     while True:
         store.refresh()
         jobs = [store.get(i) for i in ids]
@@ -8529,11 +8653,44 @@ def wait_ids(store: Store, ids: list[str], deadline: float | None, progress: "Pr
             if dead:
                 raise QueueError("dead: " + "; ".join(f"job {j.id!r}: {j.last_error}" for j in dead))
             return EXIT_OK
+        unserved.check(jobs)
         if deadline is not None and time.monotonic() > deadline:
             raise QueueError(f"timed out waiting for {', '.join(waiting)}")
         finished = len(jobs) - len(waiting)
         progress.show(waiting_line(finished, len(jobs), len(dead), progress.rate(finished)))
         time.sleep(WAIT_POLL_S)
+
+
+class UnservedNote:
+    """`wait ID`'s one note on stderr once no live worker has served a waited job's queue for
+    WAIT_NO_WORKER_S: without it a forgotten worker looks like a slow one, forever."""
+
+    def __init__(self, store: Store, progress: "Progress"):
+        self.store, self.progress, self.served_at, self.said = store, progress, time.monotonic(), False
+
+    def check(self, jobs: list[Job]) -> None:
+        """Look again (until the note is said): the queues of the jobs that wait for a worker."""
+        if self.said:
+            return
+        queues = unserved_queues(self.store, {j.queue for j in jobs if j.state in (PENDING, FAILED)})
+        if not queues:
+            self.served_at = time.monotonic()
+        elif time.monotonic() - self.served_at >= WAIT_NO_WORKER_S:
+            self.said = True
+            which = f"queue {queues[0]!r}" if len(queues) == 1 else f"queues {', '.join(map(repr, queues))}"
+            self.progress.note(f"queuectl: note: no live worker serves {which}: start one with queuectl worker start")
+
+
+def unserved_queues(store: Store, queues: set[str]) -> list[str]:
+    """Those of `queues` no live worker serves, sorted (a worker started without --queue serves every queue)."""
+    if not queues:
+        return []
+    served: set[str] = set()
+    for w in live_workers(store):
+        if not w.queues:
+            return []
+        served.update(json.loads(w.queues))
+    return sorted(queues - served)
 
 
 def wait_all(store: Store, queue: str | None, deadline: float | None, progress: "Progress") -> int:
@@ -8614,9 +8771,8 @@ def _status_text(store: Store, queue: str | None) -> str:
     status = status_dict(store, queue)
     lines = [f"{state:<12}{status['jobs'][state]:>8}" for state in STATES]
     lines.append(f"{'workers':<12}{status['active_workers']:>8}")
-    paused = status["paused"]
-    if paused:
-        lines.append("paused: " + ("all queues" if "*" in paused else printable(", ".join(paused))))
+    if status["paused"]:
+        lines.append("paused: " + printable(paused_text(status["paused"], status["paused_except"])))
     return "\n".join(lines) + "\n"
 
 
@@ -8644,7 +8800,7 @@ def due_text(job: Job, now: float, paused: list[str]) -> str:
         return f"after {job.waiting_on} job{'s' if job.waiting_on != 1 else ''}"
     left = job.next_run_at - now
     if left <= 0:
-        return "paused" if job.queue in paused or "*" in paused else "now"
+        return "paused" if is_paused(job.queue, paused) else "now"
     if left >= 86400:
         return iso(job.next_run_at)
     if left <= 59:  # rounded up, so never "in 60s" or "in 60m"
@@ -8694,7 +8850,32 @@ def cmd_logs(args, store: Store) -> None:
     if not args.follow:
         write_bytes(run[1] if run else None)
         return _note_truncated(run)
+    if run is None:
+        _note_not_started(store, store.get(args.id))
     follow_output(store, args.id, run)
+
+
+def _note_not_started(store: Store, job: Job) -> None:
+    """`logs -f` on a job with no run yet: one line on stderr saying what it waits for, or it would look hung."""
+    if job.state in (PENDING, FAILED):
+        print(f"queuectl: note: job {job.id!r} has not started: {job.state}, {held_by(store, job)}; "
+              "its output will follow when it runs", file=sys.stderr, flush=True)
+
+
+def held_by(store: Store, job: Job) -> str:
+    """Why a waiting job does not run yet: 'due in 4m' (see due_text), 'waiting for 2 jobs it depends on',
+    'held by its paused queue 'q'', 'held by queue 'q' at its limit of 2 running', or 'due now'."""
+    now, paused = store.now(), store.paused()
+    if job.waiting_on:
+        return f"waiting for {job.waiting_on} job{'s' * (job.waiting_on != 1)} it depends on"
+    if is_paused(job.queue, paused):
+        return f"held by its paused queue {job.queue!r}"
+    if job.next_run_at > now:
+        return f"due {due_text(job, now, paused)}"
+    limit = store.limits().get(job.queue)
+    if limit is not None and store.counts(job.queue)[PROCESSING] >= limit:
+        return f"held by queue {job.queue!r} at its limit of {limit} running"
+    return "due now"
 
 
 def _note_truncated(run: tuple | None) -> None:
@@ -8772,8 +8953,30 @@ def _secs(value: float | None) -> str:
 # -- operating -----------------------------------------------------------------------------------
 
 def cmd_pause(args, store: Store) -> None:
+    unknown = list(dict.fromkeys(args.queue))
+    if unknown:  # most often a misspelt name, which would pause nothing anyone uses: said after the pause
+        known = known_queues(store)
+        unknown = [q for q in unknown if q not in known]
     store.pause(args.queue or ["*"])
     print("paused " + (", ".join(args.queue) if args.queue else "all queues"))
+    if unknown:
+        print(f"queuectl: note: {unknown_queues_note(unknown, known, 'no jobs, workers or limit yet')}",
+              file=sys.stderr)
+
+
+def known_queues(store: Store) -> set[str]:
+    """Every queue a job, a worker's --queue, a limit or a pause names (reads every job: for hints only)."""
+    named = {q for w in store.workers() if w.queues for q in json.loads(w.queues)}
+    named |= set(paused_names(store.paused())[0]) - {"*"}
+    return named | {queue for queue, _, _ in store.queue_counts()} | set(store.limits())
+
+
+def unknown_queues_note(unknown: list[str], known: set[str], lacking: str) -> str:
+    """The note on queue names nothing else names, most often misspelt: "queue 'imgaes' has no jobs yet
+    (did you mean 'images'?)", or "(is the name right?)" when no known name is near."""
+    hints = " ".join(filter(None, (did_you_mean(q, known - {q}) for q in unknown))) or "(is the name right?)"
+    many = len(unknown) > 1
+    return f"queue{'s' * many} {', '.join(map(repr, unknown))} {'have' if many else 'has'} {lacking} {hints}"
 
 
 def cmd_resume(args, store: Store) -> None:
@@ -8823,8 +9026,7 @@ def cmd_worker_start(args, store: Store) -> int:
     queues = tuple(dict.fromkeys(args.queue))
     empty = [q for q in queues if not any(store.counts(q).values())]
     if empty:  # most often a misspelt name: nothing would ever tell
-        note = (f"queue{'s' if len(empty) > 1 else ''} {', '.join(map(repr, empty))} "
-                f"{'has' if len(empty) == 1 else 'have'} no jobs yet (is the name right?)")
+        note = unknown_queues_note(empty, known_queues(store), "no jobs yet")
         if args.log_format == "json":  # the worker's stderr is then JSON Lines only
             log.warning("%s", note, extra=event("queue_has_no_jobs", queues=empty))
         else:
@@ -8956,8 +9158,7 @@ def cmd_schedule_update(args, store: Store) -> None:
             raise UsageError(f"field 'id' {shown(obj['id'])} is not the schedule updated, {schedule_id!r} "
                              "(to rename one, remove it and add it)")
         obj = {**obj, "id": schedule_id}
-    now = store.now()
-    store.update_schedule(validate_schedule(obj, store.config_all(), current_dir(), now), now)
+    store.update_schedule(validate_schedule(obj, store.config_all(), current_dir(), store.now()))
     print_ids([schedule_id])
 
 

@@ -2539,6 +2539,31 @@ def test_an_update_fires_no_slot_already_passed_and_keeps_an_every_schedules_slo
     assert store.fire_schedules(T0 + 400) == []
 
 
+def test_a_runner_logs_its_claim_of_a_slot_job_after_the_firing_logged_it(store, caplog):
+    """PostgreSQL wakes the runners at the firing's commit: one claimed the slot's job and logged it before
+    the firer, back from the commit, logged the job as enqueued."""
+    add_schedule(store, now=T0, every="10s")
+    register(store)
+    firer, asked = queuectl.ScheduleFirer(), []
+    runner = queuectl.Runner(store, "w1", lambda job, registration: None,
+                             claim_may_log=lambda job_id: asked.append(job_id) or firer.claim_may_log(job_id))
+    runner.execute = lambda job, env, abort, on_output: outcome(0)
+    claimer, log_events = threading.Thread(target=runner.run_once, args=(T0 + 10.5,)), firer._log
+
+    def claimed_first(events):  # committed, not logged yet: the runner claims the job now
+        claimer.start()
+        wait_for(lambda: asked or any("claimed" in r.getMessage() for r in caplog.records), "the claim")
+        log_events(events)
+    firer._log = claimed_first
+    with caplog.at_level("INFO", logger="queuectl"):
+        firer.tick(store, mono=100.0, now=T0 + 10.5)
+        claimer.join(WAIT_S)
+    job_id = f"s@{queuectl.slot_text(T0 + 10)}"
+    assert [r.getMessage().partition(" (")[0] for r in caplog.records][:2] == [
+        f"schedule s: job {job_id} enqueued", f"job {job_id} claimed"]
+    assert not firer.unlogged
+
+
 # ---- the schedule commands -----------------------------------------------------------------------
 
 def test_schedule_add_list_and_next(db, tmp_path):
@@ -2680,6 +2705,24 @@ def test_schedule_update_replaces_the_schedule_and_keeps_its_history(db):
     first = queuectl.next_cron_slot(queuectl.parse_cron("0 3 * * *"), zoneinfo.ZoneInfo("Asia/Tokyo"), started)
     assert after["next_run_at"] == queuectl.iso(first)  # computed from now: 03:00 in Tokyo, 18:00 UTC
     assert get_job(db, made)["command"] == "echo old"  # a job already made is left as it is
+
+
+def test_schedule_update_leaves_passed_a_slot_a_worker_fired_while_it_waited(db, monkeypatch):
+    # `schedule update` reads the clock, then may wait for the database while a worker fires the slot that
+    # follows: that slot stays passed, not made the next one again.
+    ok(db, "schedule", "add", '{"id": "a", "every": "1s", "overlap": "allow", "command": "true"}')
+    validate = queuectl.validate_schedule
+
+    def a_worker_fires_meanwhile(obj, defaults, cwd, now):
+        with opened(db) as s:
+            slot = queuectl.next_slot(s.schedule("a"), now)
+            wait_for(lambda: s.now() > slot, "the slot after the update's clock to pass")
+            assert s.fire_schedules(s.now())[0][1] >= slot
+        return validate(obj, defaults, cwd, now)
+    monkeypatch.setattr(queuectl, "validate_schedule", a_worker_fires_meanwhile)
+    assert ok(db, "schedule", "update", "a", '{"every": "1s", "overlap": "allow", "command": "echo new"}') == "a\n"
+    [after] = json.loads(ok(db, "schedule", "list", "--json"))
+    assert after["next_run_at"] > after["last_run_at"], after
 
 
 def test_schedule_update_refusals_change_nothing(db):
@@ -2890,6 +2933,18 @@ def test_workers_fire_an_every_second_schedule_once_per_slot(db, workers):
     assert set(run_counts(db).values()) == {1}  # every slot's job ran once, on one worker or the other
     for proc in procs:
         assert "Traceback" not in proc.log() and "not fired here" not in proc.log()
+
+
+def test_a_workers_log_says_a_slot_job_was_enqueued_before_it_says_it_claimed_it(db, workers):
+    ok(db, "schedule", "add", '{"id": "tick", "every": "1s", "command": "true"}')
+    worker = workers.start("--count", "2")
+    wait_for(lambda: worker.log().count(" claimed") >= 3, "three slot jobs claimed")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0, worker.log()
+    lines = worker.log().splitlines()
+    claimed = [(n, line.split("job ")[1].split()[0]) for n, line in enumerate(lines) if " claimed" in line]
+    for n, job_id in claimed:
+        assert any(f"schedule tick: job {job_id} enqueued" in line for line in lines[:n]), (job_id, lines)
 
 
 def test_a_burst_worker_fires_due_slots_but_future_ones_do_not_keep_it_running(db, workers):
@@ -4247,12 +4302,68 @@ def test_pause_twice_and_resume_of_a_running_queue_are_harmless(db):
     assert json.loads(ok(db, "status", "--json"))["paused"] == ["alpha"]
 
 
-def test_resume_one_queue_while_everything_is_paused_is_refused(db):
-    ok(db, "pause")
-    code, out, err = cli(db, "resume", "--queue", "x")
-    assert (code, out) == (1, "")
-    assert_one_error(err, "every queue is paused")
-    assert json.loads(ok(db, "status", "--json"))["paused"] == ["*"]
+def test_resume_of_one_queue_while_every_queue_is_paused_claims_from_it_alone(store):
+    register(store)
+    store.enqueue([spec("i", queue="images"), spec("v", queue="video"), spec("d")], T0)
+    store.pause(["*"])
+    store.resume(["images"])
+    store.pause(["video"])  # already paused by '*': no row of its own
+    assert store.paused() == ["!images", "*"]
+    assert set(store.oldest_eligible_by_queue(T0)) == {"images"}
+    assert store.due_now(T0) and store.due_now(T0, ("images",)) and not store.due_now(T0, ("video",))
+    assert store.claim("w1", T0, ("video", "default")) is None
+    assert claim_ids(store, T0) == ["i"]
+    assert not store.due_now(T0) and store.burst_done(T0 + 1, ("video",))
+    store.resume(["video"])
+    store.pause(["images"])  # paused again: its '!images' goes
+    assert store.paused() == ["!video", "*"]
+    assert claim_ids(store, T0) == ["v"]
+    store.pause(["*"])  # every queue again, whatever was resumed alone
+    assert (store.paused(), claim_ids(store, T0)) == (["*"], [])
+    store.resume([])
+    assert (store.paused(), claim_ids(store, T0)) == ([], ["d"])
+
+
+def test_resume_of_one_queue_while_every_queue_is_paused_holds_without_returning(sqlite_store, monkeypatch):
+    monkeypatch.setattr(queuectl, "HAS_RETURNING", False)
+    register(sqlite_store)
+    sqlite_store.enqueue([spec("i", queue="images"), spec("v", queue="video")], T0)
+    sqlite_store.pause(["*"])
+    sqlite_store.resume(["images"])
+    assert claim_ids(sqlite_store, T0, ("video", "images")) == ["i"]
+    assert claim_ids(sqlite_store, T0) == []
+
+
+def test_resume_of_one_queue_after_pause_all_shows_and_runs_it_alone(db, workers, tmp_path):
+    enqueue(db, id="i", command="true", queue="images", cwd=str(tmp_path))
+    enqueue(db, id="v", command="true", queue="video", cwd=str(tmp_path))
+    assert ok(db, "pause") == "paused all queues\n"
+    assert ok(db, "resume", "--queue", "images") == "resumed images\n"
+    status = json.loads(ok(db, "status", "--json"))
+    assert (status["paused"], status["paused_except"]) == (["*"], ["images"])
+    assert "paused: all queues except images\n" in ok(db, "status")
+    assert {q["queue"]: q["paused"] for q in json.loads(ok(db, "queues", "--json"))} == {
+        "images": False, "video": True}
+    assert [line.split()[4] for line in ok(db, "list").splitlines()[1:]] == ["now", "paused"]
+    worker = workers.start("--burst")  # the paused queue's job is not due: the burst does not wait for it
+    assert worker.wait() == 0, worker.log()
+    assert (state_of(db, "i"), state_of(db, "v")) == ("completed", "pending")
+    assert ok(db, "resume") == "resumed all queues\n"
+    status = json.loads(ok(db, "status", "--json"))
+    assert (status["paused"], status["paused_except"]) == ([], [])
+
+
+def test_pause_of_a_queue_nothing_names_says_so_with_the_closest_name(db):
+    enqueue(db, id="i", command="true", queue="images")
+    ok(db, "limit", "nightly", "2")
+    code, out, err = cli(db, "pause", "--queue", "imgaes")
+    assert (code, out) == (0, "paused imgaes\n")
+    assert err == "queuectl: note: queue 'imgaes' has no jobs, workers or limit yet (did you mean 'images'?)\n"
+    assert json.loads(ok(db, "status", "--json"))["paused"] == ["imgaes"]  # paused all the same
+    assert cli(db, "pause", "--queue", "zzz")[2].endswith("has no jobs, workers or limit yet (is the name right?)\n")
+    for known in ("images", "nightly", "imgaes"):  # a job, a limit, a pause name it
+        assert cli(db, "pause", "--queue", known)[2] == ""
+    assert cli(db, "pause")[2] == ""
 
 
 def test_a_paused_queue_is_not_claimed_until_resumed(db, workers, tmp_path):
@@ -4289,14 +4400,18 @@ def test_enqueue_and_add_into_a_paused_queue_say_so_on_stderr(db):
     ok(db, "pause", "--queue", "night")
     code, out, err = cli(db, "enqueue", '{"id": "n", "command": "true", "queue": "night"}')
     assert (code, out) == (0, "n\n")
-    assert err == "queuectl: note: queue 'night' is paused; jobs wait for `queuectl resume --queue NAME`\n"
+    assert err == "queuectl: note: queue 'night' is paused; jobs wait for `queuectl resume --queue night`\n"
     assert cli(db, "add", "--", "true")[2] == ""  # another queue: nothing to say
     batch = '{"command": "true", "queue": "night"}\n{"command": "true", "queue": "day"}\n'
     assert cli(db, "enqueue", "-", stdin=batch)[2].count("note: queue 'night' is paused") == 1
     ok(db, "pause")
     code, out, err = cli(db, "add", "--json", "--", "true")
     assert code == 0 and json.loads(out)["state"] == "pending"
-    assert err == "queuectl: note: every queue is paused; jobs wait for `queuectl resume`\n"
+    assert err == ("queuectl: note: all queues are paused; jobs wait for `queuectl resume --queue default` "
+                   "(or `queuectl resume`, for all)\n")
+    ok(db, "resume", "--queue", "night")
+    assert "queuectl: note: all queues except night are paused" in cli(db, "add", "--", "true")[2]
+    assert cli(db, "add", "--queue", "night", "--", "true")[2] == ""
 
 
 # ---- dependencies --------------------------------------------------------------------------------
@@ -4709,8 +4824,39 @@ def test_logs_follow_streams_a_running_jobs_output_until_it_ends(db, workers, tm
     assert follow.wait(timeout=WAIT_S) == 0
     reader.thread.join(WAIT_S)
     assert reader.text() == "".join(lines) + "end\n"
-    assert follow.stderr.read() == b""
+    # Unless the worker claimed the job first, the follow said it had not started.
+    assert follow.stderr.read() in (b"", b"queuectl: note: job 'f1' has not started: pending, due now; "
+                                         b"its output will follow when it runs\n")
     assert state_of(db, "f1") == "completed"
+
+
+def test_logs_follow_of_a_job_not_started_says_what_holds_it_then_follows(db, workers, tmp_path):
+    ok(db, "pause", "--queue", "night")
+    enqueue(db, id="n", command="echo night", queue="night", cwd=str(tmp_path))
+    follow = workers.spawn("logs", "n", "--follow")
+    err = LineReader(follow.stderr)
+    wait_for(lambda: err.lines, "the note on stderr")
+    assert err.lines == ["queuectl: note: job 'n' has not started: pending, held by its paused queue 'night'; "
+                         "its output will follow when it runs\n"]
+    assert follow.poll() is None  # still following
+    ok(db, "resume", "--queue", "night")
+    workers.start("--burst")
+    assert follow.wait(timeout=WAIT_S) == 0
+    assert follow.stdout.read() == b"night\n"
+    assert err.lines == err.lines[:1]
+
+
+def test_what_holds_a_job_that_has_not_started(store):
+    register(store)
+    store.enqueue([spec("dep"), spec("after", depends_on=["dep"]), spec("later", run_at=T0 + 240),
+                   spec("p", queue="night"), spec("busy", queue="one"), spec("full", queue="one")], T0)
+    store.pause(["night"])
+    store.set_limit("one", 1)
+    store.now = lambda: T0
+    assert store.claim("w1", T0, ("one",)).id == "busy"
+    held = {i: queuectl.held_by(store, store.get(i)) for i in ("dep", "after", "later", "p", "full")}
+    assert held == {"dep": "due now", "after": "waiting for 1 job it depends on", "later": "due in 4m",
+                    "p": "held by its paused queue 'night'", "full": "held by queue 'one' at its limit of 1 running"}
 
 
 # ---- cancel --------------------------------------------------------------------------------------
@@ -10918,6 +11064,31 @@ def test_batch_enqueue_through_a_pipe(db):
     assert json.loads(ok(db, "status", "--json"))["jobs"]["pending"] == 5002
 
 
+def test_batch_from_a_terminal_says_it_reads_until_ctrl_d(db):
+    reading = "queuectl: note: reading jobs, one JSON object a line, until Ctrl-D\n"
+    for typed, printed, notes in ((b'{"id": "t1", "command": "true"}\n\x04', b"t1\n", [reading]),
+                                  (b"\x04", b"", [reading, "queuectl: note: no jobs read\n"])):
+        terminal, stdin = os.openpty()
+        proc = subprocess.Popen([sys.executable, QUEUECTL, "--db", db, "enqueue", "-"], stdin=stdin,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env())
+        os.close(stdin)
+        err = LineReader(proc.stderr)
+        wait_for(lambda: err.lines, "the note, before anything is typed")
+        os.write(terminal, typed)  # Ctrl-D at the start of a line: the end of input
+        assert proc.wait(timeout=WAIT_S) == 0
+        os.close(terminal)
+        err.thread.join(WAIT_S)
+        assert (proc.stdout.read(), err.lines) == (printed, notes)
+    assert list_ids(db) == ["t1"]
+
+
+@pytest.mark.parametrize("data", ["", "\n\n", "[]"])
+def test_batch_of_no_jobs_stores_nothing_and_says_so(db, data):
+    assert cli(db, "enqueue", "-", stdin=data) == (0, "", "queuectl: note: no jobs read\n")
+    assert cli(db, "enqueue", "-", "--json", stdin=data) == (0, "[]\n", "queuectl: note: no jobs read\n")
+    assert list_ids(db) == []
+
+
 def test_a_big_batch_stores_every_character_of_commands_env_and_cwd_as_given(db):
     hostile = [{"id": f"h{i}-日本\\", "command": f"printf '%s' {text!r}", "cwd": f"/tmp/{text}",
                 "env": {"V": text, f"K_{i}": f"{text}={text}"}} for i, text in enumerate(HOSTILE_TEXT)]
@@ -11147,7 +11318,7 @@ def test_list_unknown_state_lists_the_valid_ones(ran_db):
 def test_status_json_shape(ran_db):
     data = json.loads(ok(ran_db, "status", "--json"))
     assert data == {"jobs": {"pending": 1, "processing": 0, "completed": 1, "failed": 0, "dead": 1},
-                    "active_workers": 0, "paused": []}
+                    "active_workers": 0, "paused": [], "paused_except": []}
     text = ok(ran_db, "status")
     for state in STATES:
         assert state in text
@@ -11156,7 +11327,8 @@ def test_status_json_shape(ran_db):
 
 def test_status_of_an_empty_db(db):
     data = json.loads(ok(db, "status", "--json"))
-    assert data == {"jobs": {state: 0 for state in STATES}, "active_workers": 0, "paused": []}
+    assert data == {"jobs": {state: 0 for state in STATES}, "active_workers": 0, "paused": [],
+                    "paused_except": []}
 
 
 def test_show_and_logs(ran_db):
@@ -11303,6 +11475,27 @@ def test_list_cuts_the_command_to_a_terminals_width_and_nothing_elsewhere(db, mo
     assert row[header.index("COMMAND"):].startswith("echo a-long-argument ")
     header, row = ok(db, "list").splitlines()  # to a pipe or a file: the whole command, for scripts
     assert row.startswith(slot_id + " ") and row.endswith(" " + command.strip())
+
+
+def test_list_to_a_pipe_keeps_the_commands_own_blanks(db):
+    # Runs of spaces and a no-break space are the command's: squeezed, it would be another command.
+    command = "printf '%s|%s|' 'a   b' c\u00a0d"
+    enqueue(db, id="spaced", command=command)
+    assert ok(db, "list").splitlines()[1].endswith(" " + command)
+
+
+@sqlite_only
+@pytest.mark.parametrize("columns", ["0", "1", "abc", "-3", "9" * 20])
+def test_list_on_a_terminal_takes_any_columns_value(db, monkeypatch, columns):
+    # $COLUMNS of 0, 1 or no number: the terminal's own width (80 for a test's stdout); a huge one: nothing to cut.
+    command = "echo " + "word " * 30
+    enqueue(db, id="j", command=command)
+    monkeypatch.setenv("COLUMNS", columns)
+    header, row = on_a_terminal(db, "list").splitlines()
+    if columns == "9" * 20:
+        assert row.endswith(" " + command.strip()) and len(row) < 300, row
+    else:
+        assert len(row) == 80 and row.endswith("…"), row
 
 
 def test_list_aligns_ids_of_wide_and_combining_characters(db):
@@ -11479,6 +11672,25 @@ def test_wait_for_an_unknown_job_exits_1(states_db):
 def test_wait_bad_timeout_exits_2(states_db, timeout):
     code, out, err = cli(states_db, "wait", "done", "--timeout", timeout)
     assert_argparse_error(code, err)
+
+
+def test_wait_says_once_when_no_live_worker_serves_the_queue_and_keeps_waiting(db, workers, monkeypatch):
+    monkeypatch.setattr(queuectl, "WAIT_NO_WORKER_S", 0.2)  # the wait's --timeout is its deadline
+    enqueue(db, id="j", command="true")
+    enqueue(db, id="k", command="true", queue="images")
+    enqueue(db, id="later", command="true", delay="1h")
+    code, out, err = cli(db, "wait", "j", "--timeout", "1")
+    assert (code, out) == (1, "")  # it waited on, to the deadline
+    assert err.splitlines()[:1] == [
+        "queuectl: note: no live worker serves queue 'default': start one with queuectl worker start"]
+    assert_one_error("\n".join(err.splitlines()[1:]), "timed out waiting for j")
+    workers.start("--queue", "other").wait_log("worker started")
+    code, out, err = cli(db, "wait", "j", "k", "--timeout", "1")
+    assert err.startswith("queuectl: note: no live worker serves queues 'default', 'images': start one")
+    workers.start("--queue", "default").wait_log("worker started")
+    code, out, err = cli(db, "wait", "later", "--timeout", "1")
+    assert code == 1
+    assert_one_error(err, "timed out waiting for later")  # a worker serves it: nothing more to say
 
 
 def test_wait_blocks_until_the_worker_finishes_the_jobs(db, workers, tmp_path):
@@ -12062,7 +12274,7 @@ def test_enqueue_from_a_closed_stdin_reads_nothing_and_exits_zero_without_a_trac
              "sys.exit(subprocess.run(sys.argv[1:], close_fds=False).returncode)")
     result = subprocess.run([sys.executable, "-c", probe, sys.executable, QUEUECTL, "--db", sqlite_db, "enqueue",
                              "-"], capture_output=True, timeout=WAIT_S, env=child_env())
-    assert (result.returncode, result.stderr) == (0, b"")
+    assert (result.returncode, result.stderr) == (0, b"queuectl: note: no jobs read\n")
     assert json.loads(ok(sqlite_db, "list", "--json")) == []
 
 

@@ -610,6 +610,9 @@ class FakeStdin:
     def read(self) -> str:
         return self.buffer.read().decode("utf-8", "surrogateescape")
 
+    def isatty(self) -> bool:  # a pipe: `enqueue -` says nothing about typing jobs
+        return False
+
 
 class Sandbox:
     """A temporary database with one job in each state; restored whenever a case changed it."""

@@ -43,8 +43,8 @@ simulated time passes), and a few cannot be killed (the job then goes dead). Eac
   enqueue / cancel / retry  what users do (jobs with random retries, priorities, dependencies,
                             queues, and some with a run_at a few seconds ahead: staged until due);
                             a batch with a job on a dead dependency must be refused whole
-  pause / resume            a user pauses or resumes queues ('*' = all; resume of one queue while
-                            '*' is paused must be refused)
+  pause / resume            a user pauses or resumes queues ('*' = all); resuming one queue while
+                            '*' is paused resumes it alone, until the next pause of it or of '*'
 
 Each worker serves every queue or only some (`worker start --queue`), as its Runner and claims do.
 
@@ -72,8 +72,9 @@ After every step (interleaved ones included) the invariants are checked:
   - an adopted orphan is requeued only after its run's processes were killed (after the adoption)
     and are gone, or one of them could not be killed and the job goes dead with that error;
   - a claim returns the first eligible job in claim order, and a job whenever one is eligible
-    (eligible: waiting, no unfinished dependency, due, in a queue the worker serves and neither that
-    queue nor '*' paused); a claim made with a result (Store.finish_and_claim) likewise;
+    (eligible: waiting, no unfinished dependency, due, in a queue the worker serves and not paused:
+    neither it nor '*' paused, or resumed alone since '*'); a claim made with a result
+    (Store.finish_and_claim) likewise;
   - for each live worker's queues, `Store.due_now` is True exactly when a job is eligible for them
     or a staged job has fallen due in any queue (a claim promotes it: one spurious wake-up at most),
     and `Store.burst_done` is True exactly when nothing is processing in them and nothing waiting
@@ -343,7 +344,11 @@ class Simulation:
         self.jobs: set[str] = set()
         self.next_job = 0
         self.queues: tuple = ()  # the queues jobs go to this seed (chosen in run)
-        self.paused: set[str] = set()  # the model of the paused table
+        # The model of pausing: every queue paused ('*'), the queues paused by name, and those resumed
+        # alone while every queue is paused.
+        self.paused_all = False
+        self.paused: set[str] = set()
+        self.resumed: set[str] = set()
         self.polled: tuple | None = None  # what check_polls last checked (see there)
         self.due_times: tuple = (None, [])  # (rows, their sorted next_run_at) for check_polls
         self.procs = FakeProcs(self.clock)  # installed as queuectl's kill_run and proc_start_time by run()
@@ -424,7 +429,7 @@ class Simulation:
         self.active = False
         self.trace("drain: crashes and user actions stop; every queue is resumed")
         self.user.resume([])
-        self.paused.clear()
+        self.paused_all, self.paused, self.resumed = False, set(), set()
         for _ in range(DRAIN_STEPS):
             if not self.all_served():  # a queue nobody up serves would never drain
                 self.spawn(())
@@ -658,31 +663,43 @@ class Simulation:
     def user_pause(self) -> None:
         names = ["*"] if self.rng.random() < 0.15 else self.rng.sample(self.queues, self.rng.randint(1, 2))
         self.user.pause(names)
-        self.paused.update(names)
+        if names == ["*"]:
+            self.paused_all, self.paused, self.resumed = True, set(), set()
+        elif self.paused_all:
+            self.resumed -= set(names)
+        else:
+            self.paused |= set(names)
         self.stats["pauses"] += 1
         self.trace(f"user pauses {', '.join(names)}")
         self.check_paused()
 
     def user_resume(self) -> None:
-        """Resume everything, or one queue (refused while '*' is paused: that would not resume it)."""
-        if not self.paused:
+        """Resume everything, or one queue (while '*' is paused: that queue alone)."""
+        if not (self.paused or self.paused_all):
             return
-        names = [] if self.rng.random() < 0.5 else [self.rng.choice(sorted(self.paused))]
-        refuse = bool(names) and "*" in self.paused
-        try:
-            self.user.resume(names)
-        except q.Conflict as e:
-            self.check(refuse, f"resume {names} refused wrongly: {e}")
-            self.trace(f"user resume of {names[0]} refused: {e}")
-            return
-        self.check(not refuse, f"resume {names} accepted while '*' is paused")
-        self.paused = self.paused - set(names) if names else set()
+        names = [] if self.rng.random() < 0.5 else [self.rng.choice(self.queues)]
+        self.user.resume(names)
+        if not names:
+            self.paused_all, self.paused, self.resumed = False, set(), set()
+        elif self.paused_all:
+            self.resumed |= set(names)
+        else:
+            self.paused -= set(names)
         self.trace(f"user resumes {', '.join(names) or 'all queues'}")
         self.check_paused()
 
     def check_paused(self) -> None:
-        paused = set(self.user.paused())
-        self.check(paused == self.paused, f"Store.paused() {sorted(paused)}, the model says {sorted(self.paused)}")
+        rows = set(self.user.paused())
+        expected = {"*"} | {"!" + name for name in self.resumed} if self.paused_all else self.paused
+        self.check(rows == expected, f"Store.paused() {sorted(rows)}, the model says {self.paused_text()}")
+
+    def is_paused(self, queue: str) -> bool:
+        return queue not in self.resumed and (self.paused_all or queue in self.paused)
+
+    def paused_text(self) -> str:
+        if self.paused_all:
+            return "all" + (f" but {sorted(self.resumed)}" if self.resumed else "")
+        return str(sorted(self.paused))
 
     # -- worker main loop: heartbeat, sweep, cancel poll ---------------------------------------------
 
@@ -868,7 +885,7 @@ class Simulation:
 
     def claimable(self, queue: str, queues: tuple) -> bool:
         """May a worker serving `queues` (() = all) claim from `queue` now?"""
-        return (not queues or queue in queues) and queue not in self.paused and "*" not in self.paused
+        return (not queues or queue in queues) and not self.is_paused(queue)
 
     def eligible_rows(self, rows: dict, queues: tuple, now: float):
         """The jobs a worker serving `queues` may claim at `now`, in no order."""
@@ -895,7 +912,7 @@ class Simulation:
             self.check(first is None, f"{w} claimed nothing although {first} is eligible")
             return None
         self.check(job.state == q.PROCESSING and job.worker_id == w.wid, f"claim returned {job!r}")
-        self.check(job.id == first, f"{w} (queues {w.queues or 'all'}, paused {sorted(self.paused)}) claimed "
+        self.check(job.id == first, f"{w} (queues {w.queues or 'all'}, paused {self.paused_text()}) claimed "
                                     f"{job.id} from {job.queue}; the first eligible job in claim order is {first}")
         self.check(job.run_count == rows[job.id][3] + 1, f"claim returned {job!r}")
         for other in self.open.get(job.id, []):
@@ -1268,8 +1285,8 @@ class Simulation:
         if self.due_times[0] is not rows:
             self.due_times = (rows, sorted(r[9] for r in rows.values()))
         times = self.due_times[1]
-        key = (rows, frozenset(self.paused), queue_sets, bisect.bisect_right(times, self.wall),
-               bisect.bisect_right(times, soon))
+        key = (rows, self.paused_all, frozenset(self.paused), frozenset(self.resumed), queue_sets,
+               bisect.bisect_right(times, self.wall), bisect.bisect_right(times, soon))
         if key == self.polled:
             return
         self.polled = key
@@ -1291,7 +1308,7 @@ class Simulation:
                           f"processing or due within {q.BURST_HORIZON_S:g}s there")
 
     def where(self, queues: tuple) -> str:
-        return f"queues {queues or 'all'}, paused {sorted(self.paused)}"
+        return f"queues {queues or 'all'}, paused {self.paused_text()}"
 
     def check_claims(self, held: dict) -> None:
         owned = {}
