@@ -237,10 +237,14 @@ RETENTION_INTERVAL_S = 30.0  # how often workers delete completed jobs older tha
 OUTPUT_FLUSH_S = 1.0  # a running job's output reaches the database at most this often (logs --follow)
 LOST_WORKER_CAP = 3  # a job whose worker is lost this many times goes to the DLQ
 BURST_HORIZON_S = 60.0  # --burst waits for jobs due within this many seconds
-POLL_INTERVAL_S = 0.05  # how often an idle worker process checks for due jobs (one poller per process)
+# How often an idle worker process checks for due jobs (one poller per process) when no wake-up came:
+# a commit that makes a job due wakes the workers (see Wake-ups), and a job due later is waited for
+# until its time, so this check finds only what no wake-up could announce (another network namespace).
+POLL_INTERVAL_S = 1.0
 QUICK_JOB_S = 0.01  # a job's exit is watched through a pidfd once it has run this long (see _Capture)
 TICK_GAP_S = 0.005  # the shortest gap between two rounds of a worker's main loop (see Worker.tick)
-IDLE_WAIT_S = 5.0  # an idle thread waits for the poller's wake-up; this is only a safety net
+ROUND_SLACK_S = 0.05  # a worker's housekeeping task due this soon runs in the round under way: one wake-up
+IDLE_WAIT_S = 60.0  # an idle thread waits for a wake-up; this is only a safety net (the poller wakes it too)
 SWEEP_INTERVAL_S = 1.0  # how often each worker process looks for dead workers
 # A runner that claimed a job its worker's schedule firing just made waits at most this long for the
 # firing's log line before it logs the claim (a log that blocks must not hold the job)
@@ -1247,6 +1251,50 @@ def process_gone(pid: int, start: str | None) -> bool:
     return proc_start_time(pid) != start
 
 
+# ==== Wake-ups ===================================================================================
+# A worker on SQLite binds a datagram socket in Linux's abstract namespace, named after the database
+# file and its worker id, and a commit that makes a job due sends each worker of this host an empty
+# datagram (see SqliteStore._wake_workers). A hint only: any local user may send one, and it makes the
+# worker look, never claim; a worker that cannot be reached (another network namespace, such as a
+# container's) finds the job at its regular check (POLL_INTERVAL_S). PostgreSQL's workers LISTEN instead.
+
+WAKE_ADDRESS_MAX = 108  # sizeof(sun_path): an abstract name is its leading NUL and up to 107 bytes
+
+
+def wake_address(db: os.stat_result, worker_id: str) -> bytes:
+    """The abstract socket name of a worker of the database file `db`: the file's device and inode, so
+    every path to it agrees, and the worker id's pid and random part (every name read is of this host)."""
+    tail = ":".join(worker_id.rsplit(":", 2)[-2:])
+    return f"\0queuectl/{db.st_dev:x}:{db.st_ino:x}/{tail}".encode(errors="replace")[:WAKE_ADDRESS_MAX]
+
+
+class WakeSender:
+    """The socket a Store sends its wake-ups from, opened once: never waits, and ignores every error."""
+
+    def __init__(self):
+        try:
+            import _socket  # not socket, whose imports cost a one-job enqueue more than the send itself
+            self.sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_DGRAM | _socket.SOCK_CLOEXEC)
+            self.sock.setblocking(False)  # a worker's full queue has wake-ups enough: never wait for room
+        except (ImportError, OSError, AttributeError):  # no AF_UNIX, or no descriptor left
+            self.sock = None
+
+    def send(self, db_path: str, worker_ids: list[str]) -> None:
+        """An empty datagram to each worker of the database file at db_path (see wake_address)."""
+        try:
+            db = os.stat(db_path)
+        except OSError:
+            return
+        for worker_id in worker_ids if self.sock else ():
+            with contextlib.suppress(OSError):  # gone, full, or not in our network namespace: a hint only
+                self.sock.sendto(b"", wake_address(db, worker_id))
+
+    def close(self) -> None:
+        """Close the socket."""
+        if self.sock:
+            self.sock.close()
+
+
 # ==== Storage ====================================================================================
 
 MIGRATIONS = [
@@ -1488,6 +1536,7 @@ class SharedSQL:
                      "ON CONFLICT (queue) DO UPDATE SET max_running = excluded.max_running")
     SQL_REMOVE_LIMIT = "DELETE FROM queue_limits WHERE queue = %s"
     SQL_LIMITS = "SELECT queue, max_running FROM queue_limits ORDER BY queue"
+    SQL_LIMITED = "SELECT 1 FROM queue_limits WHERE queue = %s"  # a run that ends frees a slot
 
     SQL_REGISTER = ("INSERT INTO workers (id, host, pid, proc_start, boot_id, pid_ns, threads, started_at, "
                     "heartbeat_at, queues, version) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
@@ -1643,6 +1692,11 @@ class SqliteSQL:
     SQL_ANY_STAGED = ("SELECT 1 FROM jobs INDEXED BY jobs_staged "
                       "WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= :now "
                       "LIMIT 1")
+    # When the poller looks next: the earliest staged job not due yet (min() reads one end of a range).
+    SQL_NEXT_STAGED = ("SELECT min(next_run_at) FROM jobs INDEXED BY jobs_staged "
+                       "WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at > ?")
+    # The workers to wake after a commit (see SqliteStore._wake_workers): those on this host.
+    SQL_HOST_WORKERS = "SELECT id FROM workers WHERE host = ?"
     # --burst: is anything processing in our queues, or due within the horizon in one of them (one the
     # claim would take by then, SQL_NEXT_DUE_*, or a staged one in a queue that is not paused)?
     SQL_ANY_PROCESSING_FROM_QUEUES = ("SELECT 1 FROM jobs WHERE state = 'processing' "
@@ -1954,12 +2008,12 @@ class Store:
     `target`, what open_database() opens it again by; `write(fn)`, fn(cursor) in one transaction;
     `read(sql, params)`; `now()`; `_claim_in(cursor, …)`; `flush_output`; `due_now`; `burst_done`;
     `close`; `query_only`; `refresh`; `_wake_workers(cursor)`, called inside each transaction that
-    makes a job due now; and, where `notifies` is true,
-    `wait_notified(timeout_s)`.
+    makes a job due, now or at a later time (the workers then sleep until it); and, where `notifies`
+    is true, `wait_notified(timeout_s)`.
     """
     sql: type
     IntegrityError: type
-    notifies = False  # can a worker wait for _wake_workers() instead of only polling?
+    notifies = False  # does a worker LISTEN for _wake_workers()? (else it hears them on a socket: see Wake-ups)
     cut_off_kills = False  # must a worker that cannot heartbeat kill its runs (see Worker.cut_off)?
     shared_by_hosts = False  # may a lost run be rerun on another host (so jobs die with their worker)?
     one_writer = False  # are a process's writes taken in turns, so its runners may share one connection?
@@ -1972,21 +2026,22 @@ class Store:
         hears how many are inserted so far (not committed yet), for a progress line."""
         def insert(cur):
             plain: list[dict] = []
-            due = False
+            # A job due later wakes them too: each worker then sleeps until the earliest due time.
+            wake = False
             for count, spec in enumerate(specs, start=1):
                 if spec["depends_on"]:
                     self._insert_plain(cur, plain, now)
-                    due |= self._insert_with_deps(cur, spec, now)
+                    wake |= self._insert_with_deps(cur, spec, now)
                     stored(count)
                 else:
                     plain.append(spec)
-                    due |= (spec["run_at"] or now) <= now
+                    wake = True
                     if len(plain) == INSERT_SLICE:
                         self._insert_plain(cur, plain, now)
                         stored(count)
             self._insert_plain(cur, plain, now)
             stored(len(specs))
-            if due:
+            if wake:
                 self._wake_workers(cur)
             return [spec["id"] for spec in specs]
         return self._write_jobs(insert, specs)
@@ -2031,7 +2086,7 @@ class Store:
         return next(spec for spec in specs if cur.execute(self.sql.SQL_JOB_STATE, (spec["id"],)).fetchone())
 
     def _insert_with_deps(self, cur: Cursor, spec: dict, now: float) -> bool:
-        """Insert one job with dependencies; returns whether it is due now (all of them completed)."""
+        """Insert one job with dependencies; returns whether it waits on none (all of them completed)."""
         states = {}
         for dep in spec["depends_on"]:
             row = cur.execute(self.sql.SQL_JOB_STATE, (dep,)).fetchone()
@@ -2050,7 +2105,7 @@ class Store:
         except self.IntegrityError:
             raise Conflict(f"{_where_in_batch(spec)}job {spec['id']!r} already exists") from None
         cur.executemany(self.sql.SQL_INSERT_DEP, [(spec["id"], dep) for dep in spec["depends_on"]])
-        return not waiting and (spec["run_at"] or now) <= now
+        return not waiting
 
     def get(self, job_id: str) -> Job:
         """One job; NotFound if absent."""
@@ -2112,6 +2167,10 @@ class Store:
         rows = self.read(self.sql.SQL_RUN, (job_id, run_no, run_no))
         return rows[0] if rows else None
 
+    def next_due_at(self, now: float) -> float | None:
+        """When the earliest waiting job that is not due at `now` falls due (Unix seconds); None if none."""
+        return self.read(self.sql.SQL_NEXT_STAGED, (now,))[0][0]
+
     def claim(self, worker_id: str, now: float, queues: tuple = ()) -> Job | None:
         """Atomically take the best due job for this worker and open its run record."""
         return self.write(lambda cur: self._claim_in(cur, worker_id, now, queues))
@@ -2144,7 +2203,14 @@ class Store:
             return None
         self._close_run(cur, job, state, outcome, now)
         self._settle_dependents(cur, job.id, state, now)
+        self._wake_for_finished(cur, job.queue, retry=state == FAILED)
         return _finished(job, state, attempts, next_run_at, outcome, now)
+
+    def _wake_for_finished(self, cur: Cursor, queue: str, retry: bool) -> None:
+        """Wake the workers for a run that ended: its job runs again (now, or later: they sleep until
+        then), or it held a slot of a limited queue, whose waiting jobs may run now."""
+        if retry or cur.execute(self.sql.SQL_LIMITED, (queue,)).fetchone():
+            self._wake_workers(cur)
 
     def _close_run(self, cur: Cursor, job: Job, label: str, outcome: Outcome, now: float) -> None:
         cur.execute(self.sql.SQL_FINISH_RUN, (outcome.duration_s, now, label, outcome.exit_code, outcome.error,
@@ -2183,8 +2249,7 @@ class Store:
             cur.execute(self.sql.SQL_REQUEUE, (state, int(lost), error, now, now, job.id, worker_id, job.run_count))
             self._close_run(cur, job, "canceled" if flag[0] else "lost" if lost else "stopped", outcome, now)
             self._settle_dependents(cur, job.id, state, now)
-            if state == PENDING:
-                self._wake_workers(cur)
+            self._wake_for_finished(cur, job.queue, retry=state == PENDING)
             return state
         return self.write(requeue)
 
@@ -2699,6 +2764,8 @@ class SqliteStore(Store):
         self.turn = _process_lock(path)
         self.shared = shared
         self.durable, self.reads_only = durable, reads_only
+        self.wake_ids: list[str] = []  # the workers the transaction under way wakes (see _wake_workers)
+        self.waker: WakeSender | None = None
         self._open()
 
     def now(self) -> float:
@@ -2873,6 +2940,8 @@ class SqliteStore(Store):
     def close(self) -> None:
         """Close the connection."""
         self.conn.close()
+        if self.waker:
+            self.waker.close()
 
     def query_only(self) -> None:
         """Make this connection refuse every write (a Store for a command or request that only reads)."""
@@ -2932,13 +3001,17 @@ class SqliteStore(Store):
         """One attempt: fn(cursor) between BEGIN IMMEDIATE and COMMIT, rolled back if anything fails."""
         cur = self.conn.cursor()
         cur.execute("BEGIN IMMEDIATE")
+        self.wake_ids = []
         try:
             result = fn(cur)
             cur.execute("COMMIT")
-            return result
         except BaseException:
             self._roll_back(cur)
             raise
+        if self.wake_ids:  # after the commit: a worker woken before it would find nothing
+            self.waker = self.waker or WakeSender()
+            self.waker.send(self.path, self.wake_ids)
+        return result
 
     def _roll_back(self, cur: sqlite3.Cursor) -> None:
         """Undo the transaction under way, for certain. A ROLLBACK that fails (an I/O error, a signal)
@@ -2981,7 +3054,9 @@ class SqliteStore(Store):
         raise BadDatabase(f"cannot read {self.path}: it keeps changing under a read-only open; try again")
 
     def _wake_workers(self, cur: sqlite3.Cursor) -> None:
-        """Nothing: SQLite's workers poll (a poll is a few index seeks in a local file)."""
+        """Note the workers of this host, to wake once this transaction commits (see _transaction)."""
+        rows = cur.execute(self.sql.SQL_HOST_WORKERS, (os.uname().nodename,))
+        self.wake_ids = [worker_id for (worker_id,) in rows]
 
     def due_now(self, now: float, queues: tuple = ()) -> bool:
         """True if a claim now may find work: the poller's cheap check (a few index seeks)."""
@@ -3415,6 +3490,9 @@ class PostgresSQL:
                          AND queue = eligible.name AND next_run_at <= %(now)s LIMIT 1) AS head)
         OR EXISTS (SELECT 1 FROM jobs
                    WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= %(now)s)"""
+    # When the poller looks next: the earliest staged job not due yet (jobs_staged, as SQLite's).
+    SQL_NEXT_STAGED = ("SELECT min(next_run_at) FROM jobs "
+                       "WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at > %s")
     # --burst: is anything processing in our queues, or due within the horizon (ready or staged) in
     # one of them that is not paused?
     SQL_ANY_PROCESSING_FROM_QUEUES = "SELECT 1 FROM jobs WHERE state = 'processing' AND queue = ANY(%(queues)s) LIMIT 1"
@@ -3433,12 +3511,13 @@ class PostgresSQL:
     SQL_FLUSH_LOCK_TIMEOUT = "SET LOCAL lock_timeout = '50ms'"
     # A completed run in one statement, for a worker's hot path (see PostgresStore.finish_and_claim):
     # SQL_FINISH_JOB, then only if it changed the job (still ours) SQL_FINISH_RUN and
-    # SQL_RELEASE_DEPENDENTS, and a wake-up if it released a dependent. Returns (1, or 0 when the job
-    # was no longer ours and nothing was written; 1 if the workers were woken, else 0). It reads deps as
-    # of its start: the job's row must be locked before it (see PostgresStore._complete_and_claim).
+    # SQL_RELEASE_DEPENDENTS, and a wake-up if it released a dependent or freed a limited queue's slot.
+    # Returns (1, or 0 when the job was no longer ours and nothing was written; 1 if the workers were
+    # woken, else 0). It reads deps as of its start: the job's row must be locked before it (see
+    # PostgresStore._complete_and_claim).
     # It restates Store._finish_in's path for a completed run (SharedSQL.SQL_FINISH_JOB, then
-    # SQL_FINISH_RUN in _close_run, SQL_RELEASE_DEPENDENTS and _wake_workers in _settle_dependents):
-    # a change to one is made to the other. The test
+    # SQL_FINISH_RUN in _close_run, SQL_RELEASE_DEPENDENTS and _wake_workers in _settle_dependents,
+    # SQL_LIMITED in _wake_for_finished): a change to one is made to the other. The test
     # test_postgres_fast_paths_leave_the_rows_of_the_statements_they_restate compares their rows.
     SQL_COMPLETE = """
     WITH finished AS (
@@ -3454,9 +3533,12 @@ class PostgresSQL:
     released AS (
         UPDATE jobs SET waiting_on = waiting_on - 1, next_run_at = GREATEST(next_run_at, %(now)s), updated_at = %(now)s
         WHERE id IN (SELECT job_id FROM deps WHERE dep_id IN (SELECT id FROM finished)) AND waiting_on > 0
-        RETURNING id)
+        RETURNING id),
+    woken_by(reason) AS (  -- a released dependent, or a freed slot of a limited queue
+        SELECT 1 FROM released
+        UNION ALL SELECT 1 FROM queue_limits WHERE queue = %(queue)s AND EXISTS (SELECT 1 FROM finished))
     SELECT (SELECT count(*) FROM finished),
-           (SELECT count(*) FROM (SELECT pg_notify(%(channel)s, '') FROM released LIMIT 1) AS woken)"""
+           (SELECT count(*) FROM (SELECT pg_notify(%(channel)s, '') FROM woken_by LIMIT 1) AS woken)"""
     # FOR UPDATE: a cancel cannot land between this read and the write that follows it.
     SQL_CANCEL_FLAG = ("SELECT cancel_requested = run_count FROM jobs "
                        "WHERE id = %s AND state = 'processing' AND worker_id = %s AND run_count = %s FOR UPDATE")
@@ -4215,7 +4297,8 @@ class PostgresStore(Store):
         completed = pipeline.execute(self.sql.SQL_COMPLETE, {
             "attempts": rule[1], "next_run_at": rule[2], "error": outcome.error, "exit_code": outcome.exit_code,
             "now": now, "id": job.id, "worker": worker_id, "run": job.run_count, "duration": outcome.duration_s,
-            "output": outcome.output, "output_bytes": outcome.output_bytes, "channel": self.channel})
+            "output": outcome.output, "output_bytes": outcome.output_bytes, "channel": self.channel,
+            "queue": job.queue})
         pipeline.execute(self.sql.SQL_PROMOTE, (now,))
         row = pipeline.execute(*self._claim_statement(worker_id, now, queues)).fetchone()
         ours = completed.fetchone()[0] == 1
@@ -4263,19 +4346,18 @@ class PostgresStore(Store):
             nonlocal started
             if started:  # write() runs fn again after a conflict: the specs are consumed, so give up
                 raise _NotStreamed
-            started, done, due = True, [], False
+            started, done = True, []
             with cur.copy(self.sql.SQL_COPY_JOBS) as copy:
                 for spec in specs:
                     if spec["depends_on"]:
                         raise _NotStreamed  # its checks need queries, which cannot run during a COPY
                     copy.write_row(self._row(spec, 0, now))
                     done.append(spec)
-                    due |= (spec["run_at"] or now) <= now
                     if len(done) % INSERT_SLICE == 0:
                         stored(len(done))  # sent to the server; inserted there as it reads them
             check(done)
             stored(len(done))
-            if due:
+            if done:  # due now or later (see Store.enqueue)
                 self._wake_workers(cur)
             return done
         try:
@@ -5410,9 +5492,10 @@ class Runner:
 
     def __init__(self, store: Store, worker_id: str, abort, queues: tuple = (), current_registration=lambda: 0,
                  keep_claiming=lambda: False, give_up=lambda: False, holdings: Holdings | None = None,
-                 claim_may_log: Callable[[str], None] = lambda job_id: None):
+                 claim_may_log: Callable[[str], None] = lambda job_id: None, on_claim=lambda: None):
         self.store = store
         self.claim_may_log = claim_may_log  # see ScheduleFirer.claim_may_log
+        self.on_claim = on_claim  # called when a claim of its own found a job, as it starts: there may be more
         self.worker_id = worker_id
         self.abort = abort  # abort(job, registration) -> reason to kill the running job, or None
         self.give_up = give_up  # a hard stop: stop trying to record a result
@@ -5431,13 +5514,14 @@ class Runner:
         """Claim and run at most one job; True if one was run."""
         job, registration = self.prefetched or (None, self.current_registration())
         self.prefetched = None
-        job = job or self._held(self.store.claim(self.worker_id, self.store.now() if now is None else now,
-                                                 self.queues))
-        if job is None:
-            return False
+        fresh = not job  # a claim of its own, not one made with the last result
+        if fresh:
+            job = self._held(self.store.claim(self.worker_id, self.store.now() if now is None else now, self.queues))
+            if job is None:
+                return False
         self.current = job
         try:
-            self._record(job, self._run(job, registration), now)
+            self._record(job, self._run(job, registration, fresh), now)
         finally:
             self.holdings.release(job)
             self.current = self.prefetched and self.prefetched[0]  # a prefetched job is already ours
@@ -5451,7 +5535,7 @@ class Runner:
                     extra=event("claim_taken_back", job_id=job.id, run=job.run_count))
         return None
 
-    def _run(self, job: Job, registration: int) -> Outcome:
+    def _run(self, job: Job, registration: int, fresh: bool = False) -> Outcome:
         if not log.quiet:
             self.claim_may_log(job.id)
             log.routine("job %s claimed (attempt %d): %s", (job.id, job.attempts + 1, _short(job.command)),
@@ -5462,6 +5546,8 @@ class Runner:
             # Read first, and only then running: a read that hangs (a server that stopped answering) holds
             # no process, and the cut-off line counts only runs it kills (see Worker._note_cut_off).
             self._settings()
+            if fresh:  # only now: the runner it wakes would claim on our connection before our start
+                self.on_claim()
             self.running = True
             return self.execute(job, env, lambda: self.abort(job, registration),
                                lambda tail, total: self._flush(job, tail, total))
@@ -5776,6 +5862,7 @@ class ScheduleFirer:
         import threading
         self.checked_at = -math.inf  # monotonic time of the last lookup
         self.due_at = math.inf  # the earliest next slot that lookup found (Unix seconds)
+        self.due_mono = math.inf  # the same on the monotonic clock (see next_tick)
         self.unfired: dict[str, str] = {}  # schedule id -> why this host cannot fire it, as last logged
         # The jobs a firing under way has made and not logged yet (see claim_may_log).
         self.unlogged: set[str] = set()
@@ -5793,7 +5880,12 @@ class ScheduleFirer:
             earliest = store.next_schedule_at()
         # One still due (another worker is firing it, or this host lacks its zone): look again in a second.
         self.due_at = earliest if earliest is not None and earliest > now else math.inf
+        self.due_mono = mono + (self.due_at - now)
         return events
+
+    def next_tick(self) -> float:
+        """The monotonic time at which tick() has something to do: the next lookup or the next slot."""
+        return min(self.checked_at + SCHEDULE_CHECK_S, self.due_mono)
 
     def _fire(self, store: Store, now: float) -> list[tuple]:
         """Fire what is due and log it; until then, a runner of this worker that claims a job just made
@@ -5901,6 +5993,7 @@ class Worker:
         # claim and by a runner thread that ends: the drained queue or the last thread's exit is acted
         # on at once, not at the next poll (two polls' wait on every `worker start --burst`).
         self.tick = threading.Event()
+        self.hearing = None  # SQLite: the socket this worker's wake-ups arrive on (see _start_hearing)
         self.registration = 0  # bumped at each re-registration; jobs claimed under an older one are killed
         self.stalled_s = 0.0  # how late our heartbeats were committed, in all (see lease_expired)
         self.beat_ok_at = time.monotonic()  # when the last heartbeat that went through was sent
@@ -6016,6 +6109,7 @@ class Worker:
             code, clean = self._run(), True
             return code
         finally:
+            self._stop_hearing()
             if self.watchdog:
                 self.watchdog.stop(clean)  # not clean (an exception): it kills our runs, as if we had died
             self.ended.set()
@@ -6037,6 +6131,8 @@ class Worker:
         threading.Thread(target=self._guard, name="guard", daemon=True).start()
         self._read_stale_timeout()
         self.beat_ok_at = time.monotonic()
+        if not self.store.notifies:
+            self._start_hearing()  # before the row that enqueues find us by
         self.store.register(self.worker_id, self.me, self.count, self.store.now(), self.queues)
         serves = f"queue{'s' if len(self.queues) > 1 else ''} {', '.join(self.queues)}" if self.queues else "all queues"
         log.info("worker started: %s, %d thread(s), %s, db %s", self.worker_id, self.count, serves, self.path,
@@ -6101,10 +6197,11 @@ class Worker:
 
     def _loop(self, threads: list) -> None:
         # monotonic time of each task's next run; registering was our first heartbeat
-        due = {"beat": time.monotonic(), "sweep": 0.0, "cancels": 0.0, "retention": 0.0}
-        failing, pause, last = Backoff("housekeeping", 1.0), POLL_INTERVAL_S, -math.inf
+        due = {"beat": time.monotonic(), "sweep": 0.0, "cancels": 0.0, "retention": 0.0, "poll": 0.0}
+        failing, pause, last = Backoff("housekeeping", 1.0), 0.0, -math.inf
         while any(t.is_alive() for t in threads) and time.monotonic() < self.hard_at + HARD_STOP_S:
-            if self.tick.wait(pause):  # woken early: at most one early round per TICK_GAP_S, never a spin
+            woken = self.tick.wait(pause)
+            if woken:  # woken early: at most one early round per TICK_GAP_S, never a spin
                 self.tick.clear()
                 time.sleep(max(0.0, last + TICK_GAP_S - time.monotonic()))
             last = time.monotonic()
@@ -6112,29 +6209,42 @@ class Worker:
                 break
             self._note_cut_off()  # so does the guard, on time even while this loop waits on the database
             try:
-                self._housekeeping(due, time.monotonic())
+                self._housekeeping(due, time.monotonic(), woken)
                 failing.ok()
-                pause = POLL_INTERVAL_S
+                pause = self._pause(due)
             except Exception as e:  # noqa: BLE001 - no fault in heartbeat, sweep or poll may end the worker
                 pause = failing.failed(e)
 
-    def _housekeeping(self, due: dict, mono: float) -> None:
+    def _housekeeping(self, due: dict, mono: float, woken: bool) -> None:
+        """The tasks due (or due within ROUND_SLACK_S); the poll also when woken (see _poll)."""
         if self.watchdog:
             self.watchdog.check()
-        if mono >= due["beat"]:
+        soon = mono + ROUND_SLACK_S
+        if soon >= due["beat"]:
             due["beat"] = self._beat(due["beat"])
-        if mono >= due["sweep"]:
+        if soon >= due["sweep"]:
             due["sweep"] = mono + SWEEP_INTERVAL_S
             self.sweeper.sweep(self.store.now())
-        if mono >= due["cancels"] and any(r.current for r in self.runners):
+        if soon >= due["cancels"] and any(r.current for r in self.runners):
             due["cancels"] = mono + 0.5
             self.canceled = self.store.cancel_requests(self.worker_id)
-        if mono >= due["retention"]:
+        if soon >= due["retention"]:
             due["retention"] = mono + RETENTION_INTERVAL_S
             self._apply_retention()
         if not self.stopping.is_set():  # a stopping worker fires nothing more
-            self.schedules.tick(self.store, mono)
-        self._poll()
+            self.schedules.tick(self.store, soon)
+        if woken or soon >= due["poll"]:
+            due["poll"] = self._poll(mono)
+
+    def _pause(self, due: dict) -> float:
+        """How long the main loop may sleep: until its next task, the next poll (a job falling due, or the
+        regular check) or schedule slot, whichever comes first. A wake-up (self.tick) ends it sooner."""
+        tasks = [due["beat"], due["sweep"], due["retention"], due["poll"]]
+        if not self.stopping.is_set():
+            tasks.append(self.schedules.next_tick())
+        if any(r.current for r in self.runners):
+            tasks.append(due["cancels"])
+        return max(0.0, min(tasks) - time.monotonic())
 
     def _apply_retention(self) -> None:
         """Delete completed jobs older than `retention`, in slices so no write lock is held long."""
@@ -6150,11 +6260,16 @@ class Worker:
             self.stopping.set()
         self._wake_runners()
 
-    def _wake_runners(self) -> None:
-        """Wake the idle runner threads: a job may be due, or we are stopping."""
+    def _wake_runners(self, every: bool = True) -> None:
+        """Wake the idle runner threads: every one (we are stopping), or one, for a job that may be due.
+        That one wakes the next once its claim found a job (Runner.on_claim), and so on: a wake-up costs
+        one claim that finds nothing, not one for each idle thread."""
         with self.wake:
             self.wakes += 1
-            self.wake.notify_all()
+            if every:
+                self.wake.notify_all()
+            else:
+                self.wake.notify()
 
     def _beat(self, due_mono: float) -> float:
         """Heartbeat that was due at `due_mono`; returns when the next one is due. The time it came
@@ -6296,21 +6411,69 @@ class Worker:
             return
         self.store.register(self.worker_id, self.me, self.count, self.store.now(), self.queues)
 
-    def _poll(self) -> None:
-        """Wake idle threads when a job is due; in burst mode, stop when the queue is drained."""
+    def _poll(self, mono: float) -> float:
+        """Wake an idle thread when a job is due; in burst mode, stop when the queue is drained. Returns
+        when to poll again: at the regular check, or when the next job falls due if that is sooner (no
+        wake-up comes when a delay or a backoff ends)."""
         now = self.store.now()
         if self.store.due_now(now, self.queues):
-            self._wake_runners()
+            self._wake_runners(every=False)
         elif self.burst and not self.stopping.is_set() and not any(r.current for r in self.runners) \
                 and self.store.burst_done(now, self.queues):
             self._stop("burst: queue drained")
+        at = self.store.next_due_at(now)
+        return min(mono + POLL_INTERVAL_S, math.inf if at is None else mono + (at - now))
+
+    # -- wake-ups on a socket (SQLite) -----------------------------------------------------------
+
+    def _start_hearing(self) -> None:
+        """Bind this worker's wake-up socket (see wake_address) and start the thread that hears it. A
+        name taken (by whoever guessed it) or no socket: the regular check alone finds the jobs."""
+        import socket
+        import threading
+        try:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        except OSError as e:
+            return self._no_wake_ups(e)
+        try:
+            sock.bind(wake_address(os.stat(self.path), self.worker_id))
+        except OSError as e:
+            sock.close()
+            return self._no_wake_ups(e)
+        sock.setblocking(False)
+        self.hearing = sock
+        threading.Thread(target=self._hear, args=(sock,), name="wake-ups", daemon=True).start()
+
+    def _no_wake_ups(self, error: OSError) -> None:
+        log.warning("no wake-ups (%s): due jobs are found by the regular check, every %gs", error, POLL_INTERVAL_S,
+                    extra=event("no_wake_ups", error=str(error)))
+
+    def _hear(self, sock) -> None:
+        # Whatever arrives, from whoever sent it, only sets the main loop's tick: it looks for due
+        # jobs (at most once per TICK_GAP_S, however many arrive) and wakes a runner if it finds one.
+        import select
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        while not any(flags & (select.POLLHUP | select.POLLERR | select.POLLNVAL) for _, flags in poller.poll()):
+            with contextlib.suppress(OSError):  # BlockingIOError once the queue is empty
+                for _ in range(64):  # a flood is read in bounded gulps: one look for each
+                    sock.recv(1)
+            self.tick.set()
+        sock.close()
+
+    def _stop_hearing(self) -> None:
+        """Unbind from wake-ups: the hearing thread sees the shutdown, and closes the socket."""
+        if self.hearing:
+            import socket
+            with contextlib.suppress(OSError):
+                self.hearing.shutdown(socket.SHUT_RDWR)
 
     # -- wake-ups by NOTIFY (PostgreSQL) ---------------------------------------------------------
 
     def _start_listener(self) -> None:
-        """One more connection, which LISTENs: a transaction that makes a job due notifies it, and
-        idle runner threads are woken at once instead of at the next poll. LISTEN runs before the
-        runner threads start, so no job enqueued after their first claim waits for the poll."""
+        """One more connection, which LISTENs: a transaction that makes a job due notifies it, and an idle
+        runner thread is woken at once instead of at the next poll. LISTEN runs before the runner threads
+        start, so no job enqueued after their first claim waits for the regular check."""
         import threading
         failing, listener = Backoff("listening for wake-ups", 5.0), None
         try:
@@ -6334,8 +6497,9 @@ class Worker:
             except QueueError as e:
                 self.stopping.wait(failing.failed(e))
                 continue
-            if woken:
-                self._wake_runners()
+            if woken:  # a runner claims at once (a notification comes from whoever can write the queue)
+                self._wake_runners(every=False)
+                self.tick.set()  # and the main loop looks: the job may be due later, its sleep shorter
         if listener:
             listener.close()
 
@@ -6373,7 +6537,8 @@ class Worker:
     def _new_runner(self) -> Runner:
         store = self._runner_store()
         runner = Runner(store, self.worker_id, self.abort_reason, self.queues, lambda: self.registration,
-                        lambda: not self.claiming_ends(), self.give_up, self.holdings, self.schedules.claim_may_log)
+                        lambda: not self.claiming_ends(), self.give_up, self.holdings, self.schedules.claim_may_log,
+                        on_claim=lambda: self._wake_runners(every=False))
         self.runners.append(runner)
         return runner
 

@@ -2964,12 +2964,12 @@ def test_a_stopping_worker_fires_nothing(db):
     worker = queuectl.Worker(db, 1, False)
     try:
         wait_for(lambda: worker.store.next_schedule_at() < worker.store.now(), "the first slot")
-        idle = dict.fromkeys(("beat", "sweep", "cancels", "retention"), math.inf)  # only schedules and the poll
+        idle = dict.fromkeys(("beat", "sweep", "cancels", "retention", "poll"), math.inf)  # only schedules
         worker.stopping.set()
-        worker._housekeeping(idle, time.monotonic())
+        worker._housekeeping(idle, time.monotonic(), woken=False)
         assert list_ids(db) == []
         worker.stopping.clear()
-        worker._housekeeping(idle, time.monotonic())
+        worker._housekeeping(idle, time.monotonic(), woken=False)
         assert [i.partition("@")[0] for i in list_ids(db)] == ["a"]
     finally:
         worker.store.close()
@@ -3090,6 +3090,8 @@ def test_claim_and_poll_do_not_walk_paused_unserved_or_future_jobs(sqlite_store)
     mine = ("default", "backfill")
     assert _vm_steps(sqlite_store, lambda: sqlite_store.due_now(T0 + 1, mine)) < 50
     assert _vm_steps(sqlite_store, lambda: sqlite_store.burst_done(T0 + 1, mine)) < 50
+    assert _vm_steps(sqlite_store, lambda: sqlite_store.next_due_at(T0 + 1)) < 50  # when the poller looks next
+    assert sqlite_store.next_due_at(T0 + 1) == T0 + 86_400
     job = None
 
     def claim():
@@ -6308,6 +6310,7 @@ def test_postgres_a_commit_that_makes_a_job_due_notifies_the_queues_channel(pg_u
         listening.execute(f'LISTEN "{channel}"')
         register(s)
         s.enqueue([spec("later", run_at=T0 + 60)], T0)
+        assert wake_ups_since(listening, sender, channel) == 1  # due later: workers sleep until then
         with pytest.raises(queuectl.Conflict):
             s.enqueue([spec("x"), spec("later")], T0)  # rolled back: nothing is sent
         assert wake_ups_since(listening, sender, channel) == 0
@@ -6320,12 +6323,13 @@ def test_postgres_a_commit_that_makes_a_job_due_notifies_the_queues_channel(pg_u
         s.finish(a, "w1", outcome(), SETTINGS, T0)  # releases b and c
         assert wake_ups_since(listening, sender, channel) == 1
         b = s.claim("w1", T0)
-        s.finish(b, "w1", outcome(1, "exit code 1"), SETTINGS, T0)  # a retry after its backoff: polled
-        assert wake_ups_since(listening, sender, channel) == 0
+        s.finish(b, "w1", outcome(1, "exit code 1"), SETTINGS, T0)  # a retry after its backoff
+        assert wake_ups_since(listening, sender, channel) == 1
         c = s.claim("w1", T0)
         assert s.interrupt(c, "w1", LOST, True, T0) == "pending"  # recovery requeues it
         assert wake_ups_since(listening, sender, channel) == 1
         s.enqueue([spec("d", run_at=T0 + 60)], T0)
+        assert wake_ups_since(listening, sender, channel) == 1
         s.cancel(["d"], T0)
         assert (s.get("d").state, wake_ups_since(listening, sender, channel)) == ("dead", 0)
         s.retry_dead(["d"], T0)
@@ -6336,10 +6340,30 @@ def test_postgres_a_commit_that_makes_a_job_due_notifies_the_queues_channel(pg_u
         assert wake_ups_since(listening, sender, channel) == 1
 
 
-def test_sqlite_store_sends_no_wake_ups(tmp_path):
-    with contextlib.closing(queuectl.SqliteStore(str(tmp_path / "q.db"))) as s:
+def test_an_sqlite_commit_that_makes_a_job_due_wakes_the_workers_of_this_host_once_committed(tmp_path):
+    with contextlib.closing(queuectl.SqliteStore(str(tmp_path / "q.db"))) as s, \
+            socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as here:
         assert not s.notifies and not s.cut_off_kills
-        s.enqueue([spec("a")], T0)  # _wake_workers is a no-op there
+        worker_id = f"{os.uname().nodename}:1:test{os.getpid()}"
+        s.register(worker_id, queuectl.host_identity(), 1, T0)
+        register(s, "h:2:elsewhere")  # a worker of another host: never sent to
+        here.bind(queuectl.wake_address(os.stat(s.path), worker_id))
+        here.setblocking(False)
+
+        def heard():
+            count = 0
+            with contextlib.suppress(BlockingIOError):
+                while here.recv(1) == b"":
+                    count += 1
+            return count
+        s.enqueue([spec("later", run_at=T0 + 60)], T0)
+        assert heard() == 1
+        with pytest.raises(queuectl.Conflict):
+            s.enqueue([spec("x"), spec("later")], T0)  # rolled back: nothing is sent
+        s.pause(["*"])
+        assert heard() == 0
+        s.resume([])
+        assert heard() == 1
 
 
 def test_postgres_cli_round_trip(pg_url, monkeypatch):
@@ -7924,22 +7948,11 @@ def test_postgres_a_notification_wakes_an_idle_worker_before_its_poll(pg_url, mo
 
 
 def test_postgres_a_worker_listens_again_after_its_connections_were_dropped(pg_url, monkeypatch):
-    with InProcessWorker(pg_url, monkeypatch) as worker:
+    with InProcessWorker(pg_url, monkeypatch):
         assert terminate_other_sessions(pg_url) >= 3  # the worker's, its runner's, its listener's
         with contextlib.closing(queuectl.PostgresStore(pg_url)) as s:
             s.enqueue([spec("a")], s.now())
             wait_for(lambda: s.get("a").state == "completed", "the job to be claimed and run", timeout=20)
-        with pytest.raises(queuectl.BadDatabase, match="terminating connection"):  # its main loop sleeps:
-            worker.worker.store.heartbeat(worker.worker.worker_id, T0)  # its connection is found dropped now,
-        assert worker.worker.store.heartbeat(worker.worker.worker_id, T0) is False  # and opened again at next use
-
-
-def test_sqlite_workers_poll_and_do_not_listen(tmp_path, monkeypatch):
-    started = []
-    monkeypatch.setattr(queuectl.Worker, "_start_listener", lambda self: started.append(self))
-    with InProcessWorker(str(tmp_path / "q.db"), monkeypatch):
-        pass
-    assert started == []
 
 
 def test_a_heartbeat_that_came_late_counts_as_stalled(tmp_path, monkeypatch):
@@ -8025,6 +8038,83 @@ def test_an_adopted_job_whose_requeue_failed_is_requeued_at_a_later_sweep(store,
     # A new Sweeper (no memory of it, as after any lost state) finds its adopted job in the database.
     assert queuectl.Sweeper(store, me, "me").sweep(T0 + 2) == 1
     assert store.get("j").state == "pending"
+
+
+# ---- wake-ups: what makes a job due wakes an idle worker, which sleeps until the next due time ------
+# InProcessWorker's regular check and idle wait are an hour: a job these tests see run was found
+# through a wake-up, or at the due time the worker computed.
+
+def test_an_enqueue_wakes_an_idle_worker(db, monkeypatch):
+    with InProcessWorker(db, monkeypatch), contextlib.closing(queuectl.open_database(db)) as s:
+        s.enqueue([spec("a")], s.now())
+        wait_for(lambda: s.get("a").state == "completed", "the job to be claimed and run")
+
+
+def test_a_delayed_job_and_a_retry_start_at_their_time_with_no_wake_up_then(db, monkeypatch, tmp_path):
+    with InProcessWorker(db, monkeypatch), contextlib.closing(queuectl.open_database(db)) as s:
+        s.config_set("backoff_base", 1)
+        at = s.now() + 1.0
+        s.enqueue([spec("later", run_at=at)], s.now())
+        flaky = f"test -e {tmp_path}/failed || {{ touch {tmp_path}/failed; exit 1; }}"  # fails once, then not
+        s.enqueue([spec("flaky", flaky)], s.now())
+        wait_for(lambda: s.get("later").state == "completed", "the delayed job to run at its time")
+        assert s.runs("later")[0]["started_at"] >= at
+        wait_for(lambda: s.get("flaky").state == "completed", "the retry to run once its backoff is over")
+        assert [run["outcome"] for run in s.runs("flaky")] == ["failed", "completed"]
+
+
+def test_a_freed_slot_a_finished_dependency_a_resume_and_a_dlq_retry_wake_an_idle_worker(db, monkeypatch):
+    done = queuectl.Outcome(0, None, b"", 0.1)
+    with InProcessWorker(db, monkeypatch), contextlib.closing(queuectl.open_database(db)) as s:
+        register(s, "other")  # a worker elsewhere, whose jobs the test finishes
+        s.set_limit("solo", 1)
+        # Due in half an hour, so the idle worker leaves it alone: only a claim from the future takes it.
+        s.enqueue([spec("held", queue="solo", run_at=s.now() + 1800)], s.now())
+        held = s.claim("other", s.now() + 3600, ("solo",))
+        s.enqueue([spec("waits", queue="solo")], s.now())  # the queue is full: no worker may take it
+        # Its result, and a claim in a queue with nothing in it: PostgreSQL's one-statement completion.
+        s.finish_and_claim(held, "other", done, s.config_all(), s.now(), ("empty",))
+        wait_for(lambda: s.get("waits").state == "completed", "the job the limit held to run")
+        s.enqueue([spec("parent", run_at=s.now() + 1800), spec("child", depends_on=["parent"])], s.now())
+        parent = s.claim("other", s.now() + 3600)
+        s.finish(parent, "other", done, s.config_all(), s.now())
+        wait_for(lambda: s.get("child").state == "completed", "the dependent to run")
+        s.pause(["q"])
+        s.enqueue([spec("paused", queue="q"), spec("dead", "exit 3", max_retries=0)], s.now())
+        wait_for(lambda: s.get("dead").state == "dead", "the failing job to reach the DLQ")
+        s.resume(["q"])
+        wait_for(lambda: s.get("paused").state == "completed", "the resumed queue's job to run")
+        s.retry_dead(["dead"], s.now())
+        wait_for(lambda: len(s.runs("dead")) == 2, "the retried job to run again")
+
+
+def test_a_worker_on_sqlite_takes_any_datagram_as_a_hint_only(sqlite_db, monkeypatch):
+    with InProcessWorker(sqlite_db, monkeypatch) as worker, contextlib.closing(queuectl.open_database(sqlite_db)) as s:
+        s.enqueue([spec("tomorrow", run_at=s.now() + 86400)], s.now())
+        address = queuectl.wake_address(os.stat(sqlite_db), worker.worker.worker_id)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as hostile:
+            hostile.setblocking(False)
+            for payload in [b"", b"\xff" * 60000, b"claim tomorrow", os.urandom(512)] * 50:
+                with contextlib.suppress(BlockingIOError):  # its queue full: the rest are dropped
+                    hostile.sendto(payload, address)
+        s.enqueue([spec("now")], s.now())
+        wait_for(lambda: s.get("now").state == "completed", "a real wake-up to work still")
+        assert s.get("tomorrow").state == "pending" and worker.thread.is_alive()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as late, pytest.raises(ConnectionRefusedError):
+        late.sendto(b"", address)  # the socket went with the worker
+
+
+def test_a_worker_whose_wake_up_address_is_taken_still_finds_jobs_at_its_regular_check(sqlite_db, monkeypatch, caplog):
+    monkeypatch.setattr(queuectl, "wake_address", lambda db, worker_id: b"\0queuectl-test/" + str(os.getpid()).encode())
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as squatter:
+        squatter.bind(queuectl.wake_address(None, ""))
+        with InProcessWorker(sqlite_db, monkeypatch) as worker, \
+                contextlib.closing(queuectl.open_database(sqlite_db)) as s:
+            monkeypatch.setattr(queuectl, "POLL_INTERVAL_S", 0.2)
+            worker.worker.tick.set()  # the hour-long wait ends: the next one is the new interval
+            s.enqueue([spec("a")], s.now())
+            wait_for(lambda: s.get("a").state == "completed", "the regular check to find the job")
+    assert "no wake-ups" in caplog.text
 
 
 # ---- real workers: running, retrying, timing out, recovering jobs --------------------------------
@@ -12787,7 +12877,7 @@ def test_bench_a_figure_that_was_not_measured_is_never_a_pass(bench):
     # (a job can start before its enqueue exits) and idle costs are measured at zero or below.
     for key in ("tsp_ratio", "cpu_ratio", "batch_rate", "scale_status", "scale_pickup_p50_ratio"):
         assert bench.verdict(key, 0.0) == bench.NOT_MEASURED, key
-    assert bench.verdict("pickup_p50", -3.9) == "pass"
+    assert bench.verdict("pickup_ack_p50", -3.9) == "pass"
     assert bench.verdict("idle_pct", 0.0) == "pass"
     assert bench.verdict("drain_rate", 0.0) is None  # no target, no verdict
     # Empty samples and missing inputs give no figure, not a zero or a crash.
@@ -12814,7 +12904,7 @@ def test_bench_report_shows_unmeasured_figures_and_tiny_mode_gives_no_verdict(be
     for verdicts in (True, False):
         b = bench.Bench({"seed": 1}, str(tmp_path), verdicts=verdicts)
         b.add("memory_rss", "peak RSS", 0.0, "MB")
-        b.add("idle_pct", "idle", 0.5, "%")
+        b.add("idle_pct", "idle", 0.2, "%")
         b.add("tsp_ratio", "drain / task-spooler", 0.5, "x")
         b.add("batch_rate", "batch", None, "jobs/s", why="`enqueue -` missing")
         report = bench.render({**meta, "verdicts": verdicts}, b.results, [])

@@ -17,8 +17,9 @@ Sections:
            copy, `python3 -m queuectl`), from the second run on with bytecode writing on, against the same
            import; `python3 queuectl.py` beside
   batch    many jobs through `enqueue -` (JSON Lines on stdin)
-  pickup   enqueue returning -> the job's command starting, with an idle worker
-  idle     CPU used by `worker start --count 4` with nothing to do
+  pickup   the wake-up: an `enqueue`'s commit (its id printed) -> the job's command starting, with an
+           idle worker; from the enqueue returning beside it
+  idle     CPU used by `worker start --count 4` with nothing to do (PostgreSQL: its server backends too)
   scale    drain, pickup and the read commands again with a million finished jobs in the table
   backlog  idle cost, pickup and drain again beside work no worker may take: 300,000 pending jobs in
            a paused queue and 100,000 due tomorrow (a claim or poll must not walk past them)
@@ -79,13 +80,14 @@ SECTIONS = ("drain", "enqueue", "startup", "batch", "pickup", "idle", "scale", "
 PG_ENV = "QUEUECTL_TEST_PG"  # the PostgreSQL server to measure when --pg is not given
 NO_SERVER = "no server"  # the PostgreSQL column without a server: shown, never judged
 
-FULL = dict(jobs=2000, repeats=5, enqueue_runs=15, batch=100_000, pickup_jobs=20, idle_seconds=10.0,
+FULL = dict(jobs=2000, repeats=5, enqueue_runs=15, batch=100_000, pickup_jobs=20, idle_seconds=30.0,
             settle_seconds=1.0, scale_rows=1_000_000, scale_days=25, memory_jobs=500, query_runs=3, list_pending=100,
             backlog_paused=300_000, backlog_later=100_000, backlog_idle_seconds=10.0,
             parallel_jobs=400, parallel_repeats=3)
 # tiny: backlog_idle_seconds is short because a worker start and stop already take seconds each
-# time, and the tiny figures only keep this script working.
-TINY = dict(jobs=20, repeats=1, enqueue_runs=3, batch=1000, pickup_jobs=3, idle_seconds=2.0,
+# time, and the tiny figures only keep this script working; idle_seconds is long enough that one
+# clock tick stays under the idle target, so the figure is still measured.
+TINY = dict(jobs=20, repeats=1, enqueue_runs=3, batch=1000, pickup_jobs=3, idle_seconds=4.0,
             settle_seconds=0.5, scale_rows=10_000, scale_days=25, memory_jobs=20, query_runs=1, list_pending=10,
             backlog_paused=3000, backlog_later=1000, backlog_idle_seconds=1.0,
             parallel_jobs=16, parallel_repeats=1)
@@ -100,9 +102,10 @@ TARGETS = {
     "startup_install_ratio": ("<=", 1.25, "≤ 1.25"),
     "startup_module_ratio": ("<=", 1.25, "≤ 1.25"),
     "batch_rate": (">=", 50_000, "≥ 50,000 jobs/s"),
-    "pickup_p50": ("<=", 50, "≤ 50 ms"),
-    "pickup_p95": ("<=", 150, "≤ 150 ms"),
-    "idle_pct": ("<=", 1.0, "≤ 1 %"),
+    # The wake-up: from the enqueue's commit (its id printed) to the job's command starting, idle worker
+    "pickup_ack_p50": ("<=", 5, "≤ 5 ms"),
+    "pickup_ack_p95": ("<=", 20, "≤ 20 ms"),
+    "idle_pct": ("<=", 0.3, "≤ 0.3 %"),
     "scale_drain_ratio": (">=", 0.9, "≥ 0.9"),
     "scale_pickup_p50_ratio": (">=", 0.9, "≥ 0.9"),
     "scale_pickup_p95_ratio": (">=", 0.9, "≥ 0.9"),
@@ -119,8 +122,9 @@ TARGETS = {
     "pg_drain_ratio": (">=", 0.8, "≥ 0.8 × SQLite"),
     "pg_enqueue_ratio": ("<=", 1.2, "≤ 1.2"),
     "pg_batch_rate": (">=", 50_000, "≥ 50,000 jobs/s"),
-    "pg_pickup_p50": ("<=", 20, "≤ 20 ms"),
-    "pg_pickup_p95": ("<=", 60, "≤ 60 ms"),
+    "pg_pickup_p50": ("<=", 5, "≤ 5 ms"),
+    "pg_pickup_p95": ("<=", 20, "≤ 20 ms"),
+    "pg_idle_pct": ("<=", 0.3, "≤ 0.3 %"),
     "pg_parallel_ratio": (">=", 1.8, "≥ 1.8"),
 }
 
@@ -1167,14 +1171,14 @@ def pickup_figures(b: Bench, lat: dict | None, key: str, label: str, ratio_label
 def bench_pickup(b: Bench) -> None:
     say(f"pickup: {b.p['pickup_jobs']} jobs, one at a time, idle `worker start`")
     label = "4. pickup latency p{p} (from enqueue exit)"
-    ack_label = "4. pickup latency p{p} (from the id printed: commit acknowledged)"
+    ack_label = "4. wake-up: pickup latency p{p} (from the id printed: its commit)"
     lat = pickup(b, b.new_db("pickup"), "empty")
     if lat is not None:
         b.raw["pickup_ms"] = lat
     pickup_figures(b, lat, "pickup", label)
-    # From the id printed too: on PostgreSQL an `enqueue` exits 30-70 ms after its commit (psycopg's
-    # teardown), so the figure from its exit reads near zero or below there, and the PostgreSQL
-    # targets are judged on this one instead, the stricter.
+    # The targets are judged from the id printed, the commit acknowledged: the stricter, since an
+    # `enqueue` exits some milliseconds after its commit (on PostgreSQL 30-70 ms, psycopg's teardown),
+    # and the job often starts before that.
     for pct in (50, 95):
         b.add(f"pickup_ack_p{pct}", ack_label.format(p=pct), percentile(lat["acked"], pct) if lat else None, "ms",
               why=b.clock_why)
@@ -1779,7 +1783,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--backlog-idle-seconds", type=positive,
                    help="backlog: seconds the idle cost is measured (default 10)")
     p.add_argument("--pickup-jobs", type=at_least_one, help="pickup: jobs (default 20)")
-    p.add_argument("--idle-seconds", type=positive, help="idle: seconds measured (default 10)")
+    p.add_argument("--idle-seconds", type=positive, help="idle: seconds measured (default 30)")
     p.add_argument("--memory-jobs", type=at_least_one, help="memory: jobs drained (default 500)")
     p.add_argument("--enqueue-runs", type=at_least_one, help="one-job enqueue: runs of each command (default 15)")
     p.add_argument("--parallel-jobs", type=at_least_one, help="parallel: `sleep 0.05` jobs per run (default 400)")
