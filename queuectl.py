@@ -98,11 +98,12 @@ example:
 # Constants (states, exit codes, limits) · Errors (QueueError and its exit codes) · Model (Job, Schedule,
 # WorkerRow, time and text helpers) · Rules and validation (pure: backoff, failure_rule, lease_expired,
 # validate_job, parse_duration, the CONFIG table) · Schedules (cron and interval rules) · Process identity
-# (/proc: host_identity, looks_alive) · Storage (the schema, every SQL statement beside the class that runs
-# it: Store, SqliteStore, PostgresStore) · Process control (kill_run, Watchdog) · Execution (run_command and
-# the process group it kills) · Workers (Runner, Sweeper, ScheduleFirer) · The worker process (Worker: one
-# `worker start`, its signals, registration, housekeeping and runner threads) · Dashboard (HTTP, metrics_text)
-# · CLI (build_parser, cmd_*, main).
+# (/proc: host_identity, looks_alive) · Wake-ups (WakeSender: a same-host datagram after a commit) ·
+# Storage (the schema, every SQL statement beside the class that runs it: Store, SqliteStore,
+# PostgresStore) · Process control (kill_run, Watchdog) · Execution (run_command and the process group it
+# kills) · Workers (Runner, Sweeper, ScheduleFirer) · The worker process (Worker: one `worker start`, its
+# signals, registration, housekeeping and runner threads) · Dashboard (HTTP, metrics_text) · CLI
+# (build_parser, cmd_*, main).
 #
 # The path of a job:
 #   enqueue   cmd_enqueue / cmd_add -> validate_job -> Store.enqueue (one transaction; synced before the id prints)
