@@ -420,7 +420,7 @@ def size_text(n: int) -> str:
 # Store.paused() rows: queue names, or '*' (every queue) with '!name' for each queue resumed alone.
 
 def is_paused(queue: str, paused: list[str]) -> bool:
-    """Whether claims skip `queue`, by the rule of the claim statements (the paused checks of SqliteSQL.SQL_CLAIM_ANY_QUEUE)."""
+    """Whether claims skip `queue`, by the rule of the claim statements (the paused checks of SqliteSQL.SQL_NEXT_DUE)."""
     return "!" + queue not in paused and (queue in paused or "*" in paused)
 
 
@@ -1556,95 +1556,55 @@ class SqliteSQL:
                    "WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= ?)")
     # A worker whose registration was removed (presumed dead) cannot claim: its jobs would be orphans.
     SQL_REGISTERED = "SELECT 1 FROM workers WHERE id = ?"
-    # The claim, one statement: the head of each queue it may serve, then the best of those heads
-    # (parameters :worker, :now and, for served queues, :queues, a JSON array of names). The due
-    # check only matters when clocks disagree (a job enqueued by a host whose clock runs ahead).
+    # The claim's choice: the id of the job a claim would take, the best of the heads of the queues it
+    # may serve. The poller asks it (see SqliteStore.due_now), and without RETURNING (SQLite < 3.35)
+    # the claim runs it, then SQL_CLAIM_ID, in one transaction. Parameters :now and :queues, a JSON
+    # array of names (`worker start --queue`), or NULL for every queue: only then does the skip-scan
+    # run (json_each yields no row for NULL). The due check only matters when clocks disagree (a job
+    # enqueued by a host whose clock runs ahead).
     # A queue is full when it has as many processing jobs as its limit (`queuectl limit`): BEGIN
     # IMMEDIATE makes every claim see every other's, so the count is exact; a full queue, like a
     # paused one, costs one index seek and a count of at most its limit, whatever its backlog.
-    SQL_CLAIM_ANY_QUEUE = """
+    SQL_NEXT_DUE = """
     WITH RECURSIVE q(name) AS (  -- every queue with a ready job: one index seek per queue (a skip-scan)
         SELECT (SELECT queue FROM jobs INDEXED BY jobs_claim
                 WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 ORDER BY queue LIMIT 1)
+        WHERE :queues IS NULL
         UNION ALL
         SELECT (SELECT queue FROM jobs INDEXED BY jobs_claim
                 WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue > q.name
                 ORDER BY queue LIMIT 1)
         FROM q WHERE q.name IS NOT NULL),
+    served(name) AS (SELECT name FROM q UNION ALL SELECT value FROM json_each(:queues)),
     heads(seq) AS (  -- the best ready job of each such queue that is neither paused nor full
         SELECT (SELECT seq FROM jobs INDEXED BY jobs_claim
-                WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue = q.name
+                WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue = served.name
                 AND next_run_at <= :now ORDER BY priority DESC, next_run_at, seq LIMIT 1)
-        FROM q WHERE q.name IS NOT NULL AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
-                                             OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || q.name))  -- resumed alone
-          AND NOT EXISTS (SELECT 1 FROM queue_limits AS l WHERE l.queue = q.name  -- full: at its limit
+        FROM served
+        WHERE served.name IS NOT NULL
+          AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (served.name, '*'))
+               OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || served.name))  -- resumed alone
+          AND NOT EXISTS (SELECT 1 FROM queue_limits AS l WHERE l.queue = served.name  -- full: at its limit
                           AND l.max_running <= (SELECT count(*) FROM jobs INDEXED BY jobs_running
-                                                WHERE state = 'processing' AND queue = q.name)))
+                                                WHERE state = 'processing' AND queue = served.name)))
+    SELECT id FROM jobs WHERE seq IN (SELECT seq FROM heads) ORDER BY priority DESC, next_run_at, seq LIMIT 1"""
+    # The claim, one statement: the update of the job SQL_NEXT_DUE chooses, composed from that whole
+    # statement so the two cannot disagree (parameters :worker, and SQL_NEXT_DUE's :now and :queues).
+    SQL_CLAIM = f"""
     UPDATE jobs SET state = 'processing', worker_id = :worker, run_count = run_count + 1, updated_at = :now
-    WHERE id = (SELECT id FROM jobs WHERE seq IN (SELECT seq FROM heads) ORDER BY priority DESC, next_run_at, seq
-                LIMIT 1)
+    WHERE id = ({SQL_NEXT_DUE})
       AND EXISTS (SELECT 1 FROM workers WHERE id = :worker)
     RETURNING id, command, state, attempts, max_retries, timeout_s, cwd, env, created_at, updated_at, next_run_at,
               last_error, exit_code, worker_id, run_count, lost_count, priority, queue, waiting_on"""
-    SQL_CLAIM_FROM_QUEUES = """
-    WITH q(name) AS (SELECT value FROM json_each(:queues)),  -- the queues of `worker start --queue`
-    heads(seq) AS (  -- the best ready job of each such queue that is neither paused nor full
-        SELECT (SELECT seq FROM jobs INDEXED BY jobs_claim
-                WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue = q.name
-                AND next_run_at <= :now ORDER BY priority DESC, next_run_at, seq LIMIT 1)
-        FROM q WHERE q.name IS NOT NULL AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
-                                             OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || q.name))  -- resumed alone
-          AND NOT EXISTS (SELECT 1 FROM queue_limits AS l WHERE l.queue = q.name  -- full: at its limit
-                          AND l.max_running <= (SELECT count(*) FROM jobs INDEXED BY jobs_running
-                                                WHERE state = 'processing' AND queue = q.name)))
-    UPDATE jobs SET state = 'processing', worker_id = :worker, run_count = run_count + 1, updated_at = :now
-    WHERE id = (SELECT id FROM jobs WHERE seq IN (SELECT seq FROM heads) ORDER BY priority DESC, next_run_at, seq
-                LIMIT 1)
-      AND EXISTS (SELECT 1 FROM workers WHERE id = :worker)
-    RETURNING id, command, state, attempts, max_retries, timeout_s, cwd, env, created_at, updated_at, next_run_at,
-              last_error, exit_code, worker_id, run_count, lost_count, priority, queue, waiting_on"""
-    # The claim's choice, without taking it: the poller asks it (see SqliteStore.due_now), and without
-    # RETURNING (SQLite < 3.35) the claim runs it, then SQL_CLAIM_ID, in one transaction.
-    SQL_NEXT_DUE_ANY_QUEUE = """
-    WITH RECURSIVE q(name) AS (  -- every queue with a ready job: one index seek per queue (a skip-scan)
-        SELECT (SELECT queue FROM jobs INDEXED BY jobs_claim
-                WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 ORDER BY queue LIMIT 1)
-        UNION ALL
-        SELECT (SELECT queue FROM jobs INDEXED BY jobs_claim
-                WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue > q.name
-                ORDER BY queue LIMIT 1)
-        FROM q WHERE q.name IS NOT NULL),
-    heads(seq) AS (  -- the best ready job of each such queue that is neither paused nor full
-        SELECT (SELECT seq FROM jobs INDEXED BY jobs_claim
-                WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue = q.name
-                AND next_run_at <= :now ORDER BY priority DESC, next_run_at, seq LIMIT 1)
-        FROM q WHERE q.name IS NOT NULL AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
-                                             OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || q.name))  -- resumed alone
-          AND NOT EXISTS (SELECT 1 FROM queue_limits AS l WHERE l.queue = q.name  -- full: at its limit
-                          AND l.max_running <= (SELECT count(*) FROM jobs INDEXED BY jobs_running
-                                                WHERE state = 'processing' AND queue = q.name)))
-    SELECT id FROM jobs WHERE seq IN (SELECT seq FROM heads) ORDER BY priority DESC, next_run_at, seq LIMIT 1"""
-    SQL_NEXT_DUE_FROM_QUEUES = """
-    WITH q(name) AS (SELECT value FROM json_each(:queues)),  -- the queues of `worker start --queue`
-    heads(seq) AS (  -- the best ready job of each such queue that is neither paused nor full
-        SELECT (SELECT seq FROM jobs INDEXED BY jobs_claim
-                WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue = q.name
-                AND next_run_at <= :now ORDER BY priority DESC, next_run_at, seq LIMIT 1)
-        FROM q WHERE q.name IS NOT NULL AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
-                                             OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || q.name))  -- resumed alone
-          AND NOT EXISTS (SELECT 1 FROM queue_limits AS l WHERE l.queue = q.name  -- full: at its limit
-                          AND l.max_running <= (SELECT count(*) FROM jobs INDEXED BY jobs_running
-                                                WHERE state = 'processing' AND queue = q.name)))
-    SELECT id FROM jobs WHERE seq IN (SELECT seq FROM heads) ORDER BY priority DESC, next_run_at, seq LIMIT 1"""
     SQL_CLAIM_ID = ("UPDATE jobs SET state = 'processing', worker_id = ?, run_count = run_count + 1, updated_at = ? "
                     "WHERE id = ? AND state IN ('pending', 'failed')")
-    # The poller: a job the claim would take now (SQL_NEXT_DUE_*), or a staged job that has fallen due
+    # The poller: a job the claim would take now (SQL_NEXT_DUE), or a staged job that has fallen due
     # anywhere (a claim promotes it; each job can cause at most one such wake-up).
     SQL_ANY_STAGED = ("SELECT 1 FROM jobs INDEXED BY jobs_staged "
                       "WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= :now "
                       "LIMIT 1")
     # --burst: is anything processing in our queues, or due within the horizon in one of them (one the
-    # claim would take by then, SQL_NEXT_DUE_*, or a staged one in a queue that is not paused)?
+    # claim would take by then, SQL_NEXT_DUE, or a staged one in a queue that is not paused)?
     SQL_ANY_PROCESSING_FROM_QUEUES = ("SELECT 1 FROM jobs WHERE state = 'processing' "
                                       "AND queue IN (SELECT value FROM json_each(:queues)) LIMIT 1")
     SQL_STAGED_SOON_ANY_QUEUE = (
@@ -3001,18 +2961,13 @@ class SqliteStore(Store):
         return not busy and not self.read(staged, params) and not self._next_due(params["now"], queues)  # see due_now
 
     def _next_due(self, now: float, queues: tuple) -> bool:
-        """True if a claim at `now` would take a job (SQL_NEXT_DUE_*, the claim's own choice)."""
-        sql = self.sql.SQL_NEXT_DUE_FROM_QUEUES if queues else self.sql.SQL_NEXT_DUE_ANY_QUEUE
-        return bool(self.read(sql, {"now": now, "queues": json.dumps(queues)}))
+        """True if a claim at `now` would take a job (SQL_NEXT_DUE, the claim's own choice)."""
+        return bool(self.read(self.sql.SQL_NEXT_DUE, {"now": now, "queues": _served(queues)}))
 
     def _claim_in(self, cur: sqlite3.Cursor, worker_id: str, now: float, queues: tuple) -> Job | None:
         cur.execute(self.sql.SQL_PROMOTE, (now,))
         if HAS_RETURNING:
-            if queues:
-                row = cur.execute(self.sql.SQL_CLAIM_FROM_QUEUES,
-                                  {"worker": worker_id, "now": now, "queues": json.dumps(queues)}).fetchone()
-            else:
-                row = cur.execute(self.sql.SQL_CLAIM_ANY_QUEUE, {"worker": worker_id, "now": now}).fetchone()
+            row = cur.execute(self.sql.SQL_CLAIM, {"worker": worker_id, "now": now, "queues": _served(queues)}).fetchone()
         else:
             row = self._claim_without_returning(cur, worker_id, now, queues)
         if row is None:
@@ -3026,8 +2981,7 @@ class SqliteStore(Store):
         # writer can slip in between; the state guard makes the update a no-op if it somehow did.
         if cur.execute(self.sql.SQL_REGISTERED, (worker_id,)).fetchone() is None:
             return None
-        sql = self.sql.SQL_NEXT_DUE_FROM_QUEUES if queues else self.sql.SQL_NEXT_DUE_ANY_QUEUE
-        found = cur.execute(sql, {"now": now, "queues": json.dumps(queues)}).fetchone()
+        found = cur.execute(self.sql.SQL_NEXT_DUE, {"now": now, "queues": _served(queues)}).fetchone()
         if found is None or cur.execute(self.sql.SQL_CLAIM_ID, (worker_id, now, found[0])).rowcount != 1:
             return None
         return cur.execute(self.sql.SQL_GET_JOB, (found[0],)).fetchone()
@@ -3049,6 +3003,11 @@ class SqliteStore(Store):
             return False
         finally:
             self.turn.release()
+
+
+def _served(queues: tuple) -> str | None:
+    """The :queues of SQLite's claim statements: a JSON array of the served queues, or NULL for every queue."""
+    return json.dumps(queues) if queues else None
 
 
 # -- PostgreSQL -----------------------------------------------------------------------------------
