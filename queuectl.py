@@ -425,7 +425,7 @@ def size_text(n: int) -> str:
 # Store.paused() rows: queue names, or '*' (every queue) with '!name' for each queue resumed alone.
 
 def is_paused(queue: str, paused: list[str]) -> bool:
-    """Whether claims skip `queue`, by the rule of the claim statements (the paused checks of SqliteSQL.SQL_CLAIM_ANY_QUEUE)."""
+    """Whether claims skip `queue`, by the rule of the claim statements (the paused checks of SqliteSQL.SQL_NEXT_DUE)."""
     return "!" + queue not in paused and (queue in paused or "*" in paused)
 
 
@@ -1606,89 +1606,49 @@ class SqliteSQL:
                    "WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= ?)")
     # A worker whose registration was removed (presumed dead) cannot claim: its jobs would be orphans.
     SQL_REGISTERED = "SELECT 1 FROM workers WHERE id = ?"
-    # The claim, one statement: the head of each queue it may serve, then the best of those heads
-    # (parameters :worker, :now and, for served queues, :queues, a JSON array of names). The due
-    # check only matters when clocks disagree (a job enqueued by a host whose clock runs ahead).
+    # The claim's choice: the id of the job a claim would take, the best of the heads of the queues it
+    # may serve. The poller asks it (see SqliteStore.due_now), and without RETURNING (SQLite < 3.35)
+    # the claim runs it, then SQL_CLAIM_ID, in one transaction. Parameters :now and :queues, a JSON
+    # array of names (`worker start --queue`), or NULL for every queue: only then does the skip-scan
+    # run (json_each yields no row for NULL). The due check only matters when clocks disagree (a job
+    # enqueued by a host whose clock runs ahead).
     # A queue is full when it has as many processing jobs as its limit (`queuectl limit`): BEGIN
     # IMMEDIATE makes every claim see every other's, so the count is exact; a full queue, like a
     # paused one, costs one index seek and a count of at most its limit, whatever its backlog.
-    SQL_CLAIM_ANY_QUEUE = """
+    SQL_NEXT_DUE = """
     WITH RECURSIVE q(name) AS (  -- every queue with a ready job: one index seek per queue (a skip-scan)
         SELECT (SELECT queue FROM jobs INDEXED BY jobs_claim
                 WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 ORDER BY queue LIMIT 1)
+        WHERE :queues IS NULL
         UNION ALL
         SELECT (SELECT queue FROM jobs INDEXED BY jobs_claim
                 WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue > q.name
                 ORDER BY queue LIMIT 1)
         FROM q WHERE q.name IS NOT NULL),
+    served(name) AS (SELECT name FROM q UNION ALL SELECT value FROM json_each(:queues)),
     heads(seq) AS (  -- the best ready job of each such queue that is neither paused nor full
         SELECT (SELECT seq FROM jobs INDEXED BY jobs_claim
-                WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue = q.name
+                WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue = served.name
                 AND next_run_at <= :now ORDER BY priority DESC, next_run_at, seq LIMIT 1)
-        FROM q WHERE q.name IS NOT NULL AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
-                                             OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || q.name))  -- resumed alone
-          AND NOT EXISTS (SELECT 1 FROM queue_limits AS l WHERE l.queue = q.name  -- full: at its limit
+        FROM served
+        WHERE served.name IS NOT NULL
+          AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (served.name, '*'))
+               OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || served.name))  -- resumed alone
+          AND NOT EXISTS (SELECT 1 FROM queue_limits AS l WHERE l.queue = served.name  -- full: at its limit
                           AND l.max_running <= (SELECT count(*) FROM jobs INDEXED BY jobs_running
-                                                WHERE state = 'processing' AND queue = q.name)))
+                                                WHERE state = 'processing' AND queue = served.name)))
+    SELECT id FROM jobs WHERE seq IN (SELECT seq FROM heads) ORDER BY priority DESC, next_run_at, seq LIMIT 1"""
+    # The claim, one statement: the update of the job SQL_NEXT_DUE chooses, composed from that whole
+    # statement so the two cannot disagree (parameters :worker, and SQL_NEXT_DUE's :now and :queues).
+    SQL_CLAIM = f"""
     UPDATE jobs SET state = 'processing', worker_id = :worker, run_count = run_count + 1, updated_at = :now
-    WHERE id = (SELECT id FROM jobs WHERE seq IN (SELECT seq FROM heads) ORDER BY priority DESC, next_run_at, seq
-                LIMIT 1)
+    WHERE id = ({SQL_NEXT_DUE})
       AND EXISTS (SELECT 1 FROM workers WHERE id = :worker)
     RETURNING id, command, state, attempts, max_retries, timeout_s, cwd, env, created_at, updated_at, next_run_at,
               last_error, exit_code, worker_id, run_count, lost_count, priority, queue, waiting_on"""
-    SQL_CLAIM_FROM_QUEUES = """
-    WITH q(name) AS (SELECT value FROM json_each(:queues)),  -- the queues of `worker start --queue`
-    heads(seq) AS (  -- the best ready job of each such queue that is neither paused nor full
-        SELECT (SELECT seq FROM jobs INDEXED BY jobs_claim
-                WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue = q.name
-                AND next_run_at <= :now ORDER BY priority DESC, next_run_at, seq LIMIT 1)
-        FROM q WHERE q.name IS NOT NULL AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
-                                             OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || q.name))  -- resumed alone
-          AND NOT EXISTS (SELECT 1 FROM queue_limits AS l WHERE l.queue = q.name  -- full: at its limit
-                          AND l.max_running <= (SELECT count(*) FROM jobs INDEXED BY jobs_running
-                                                WHERE state = 'processing' AND queue = q.name)))
-    UPDATE jobs SET state = 'processing', worker_id = :worker, run_count = run_count + 1, updated_at = :now
-    WHERE id = (SELECT id FROM jobs WHERE seq IN (SELECT seq FROM heads) ORDER BY priority DESC, next_run_at, seq
-                LIMIT 1)
-      AND EXISTS (SELECT 1 FROM workers WHERE id = :worker)
-    RETURNING id, command, state, attempts, max_retries, timeout_s, cwd, env, created_at, updated_at, next_run_at,
-              last_error, exit_code, worker_id, run_count, lost_count, priority, queue, waiting_on"""
-    # The claim's choice, without taking it: the poller asks it (see SqliteStore.due_now), and without
-    # RETURNING (SQLite < 3.35) the claim runs it, then SQL_CLAIM_ID, in one transaction.
-    SQL_NEXT_DUE_ANY_QUEUE = """
-    WITH RECURSIVE q(name) AS (  -- every queue with a ready job: one index seek per queue (a skip-scan)
-        SELECT (SELECT queue FROM jobs INDEXED BY jobs_claim
-                WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 ORDER BY queue LIMIT 1)
-        UNION ALL
-        SELECT (SELECT queue FROM jobs INDEXED BY jobs_claim
-                WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue > q.name
-                ORDER BY queue LIMIT 1)
-        FROM q WHERE q.name IS NOT NULL),
-    heads(seq) AS (  -- the best ready job of each such queue that is neither paused nor full
-        SELECT (SELECT seq FROM jobs INDEXED BY jobs_claim
-                WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue = q.name
-                AND next_run_at <= :now ORDER BY priority DESC, next_run_at, seq LIMIT 1)
-        FROM q WHERE q.name IS NOT NULL AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
-                                             OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || q.name))  -- resumed alone
-          AND NOT EXISTS (SELECT 1 FROM queue_limits AS l WHERE l.queue = q.name  -- full: at its limit
-                          AND l.max_running <= (SELECT count(*) FROM jobs INDEXED BY jobs_running
-                                                WHERE state = 'processing' AND queue = q.name)))
-    SELECT id FROM jobs WHERE seq IN (SELECT seq FROM heads) ORDER BY priority DESC, next_run_at, seq LIMIT 1"""
-    SQL_NEXT_DUE_FROM_QUEUES = """
-    WITH q(name) AS (SELECT value FROM json_each(:queues)),  -- the queues of `worker start --queue`
-    heads(seq) AS (  -- the best ready job of each such queue that is neither paused nor full
-        SELECT (SELECT seq FROM jobs INDEXED BY jobs_claim
-                WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue = q.name
-                AND next_run_at <= :now ORDER BY priority DESC, next_run_at, seq LIMIT 1)
-        FROM q WHERE q.name IS NOT NULL AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
-                                             OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || q.name))  -- resumed alone
-          AND NOT EXISTS (SELECT 1 FROM queue_limits AS l WHERE l.queue = q.name  -- full: at its limit
-                          AND l.max_running <= (SELECT count(*) FROM jobs INDEXED BY jobs_running
-                                                WHERE state = 'processing' AND queue = q.name)))
-    SELECT id FROM jobs WHERE seq IN (SELECT seq FROM heads) ORDER BY priority DESC, next_run_at, seq LIMIT 1"""
     SQL_CLAIM_ID = ("UPDATE jobs SET state = 'processing', worker_id = ?, run_count = run_count + 1, updated_at = ? "
                     "WHERE id = ? AND state IN ('pending', 'failed')")
-    # The poller: a job the claim would take now (SQL_NEXT_DUE_*), or a staged job that has fallen due
+    # The poller: a job the claim would take now (SQL_NEXT_DUE), or a staged job that has fallen due
     # anywhere (a claim promotes it; each job can cause at most one such wake-up).
     SQL_ANY_STAGED = ("SELECT 1 FROM jobs INDEXED BY jobs_staged "
                       "WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= :now "
@@ -1699,7 +1659,7 @@ class SqliteSQL:
     # The workers to wake after a commit (see SqliteStore._wake_workers): those on this host.
     SQL_HOST_WORKERS = "SELECT id FROM workers WHERE host = ?"
     # --burst: is anything processing in our queues, or due within the horizon in one of them (one the
-    # claim would take by then, SQL_NEXT_DUE_*, or a staged one in a queue that is not paused)?
+    # claim would take by then, SQL_NEXT_DUE, or a staged one in a queue that is not paused)?
     SQL_ANY_PROCESSING_FROM_QUEUES = ("SELECT 1 FROM jobs WHERE state = 'processing' "
                                       "AND queue IN (SELECT value FROM json_each(:queues)) LIMIT 1")
     SQL_STAGED_SOON_ANY_QUEUE = (
@@ -1714,8 +1674,8 @@ class SqliteSQL:
         "AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')) "
         "OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || jobs.queue)) LIMIT 1")
     # due_at: when the job became eligible (eligible_at), which the run's wait is counted from.
-    # PostgreSQL's claim opens the run in its own statement (`opened` in PostgresSQL.SQL_CLAIM_ANY_QUEUE
-    # and SQL_CLAIM_FROM_QUEUES), which restates this one: a change to one is made to the other.
+    # PostgreSQL's claim opens the run in its own statement (`opened` in PostgresSQL.SQL_CLAIM), which
+    # restates this one: a change to one is made to the other.
     SQL_INSERT_RUN = "INSERT INTO runs (job_id, run_no, worker_id, started_at, due_at) VALUES (?, ?, ?, ?, ?)"
     # A cancel names the run it was aimed at (cancel_requested holds its run number, 0 = none): a
     # later run of the same job, after `dlq retry`, is never taken for the canceled one.
@@ -3077,18 +3037,13 @@ class SqliteStore(Store):
         return not busy and not self.read(staged, params) and not self._next_due(params["now"], queues)  # see due_now
 
     def _next_due(self, now: float, queues: tuple) -> bool:
-        """True if a claim at `now` would take a job (SQL_NEXT_DUE_*, the claim's own choice)."""
-        sql = self.sql.SQL_NEXT_DUE_FROM_QUEUES if queues else self.sql.SQL_NEXT_DUE_ANY_QUEUE
-        return bool(self.read(sql, {"now": now, "queues": json.dumps(queues)}))
+        """True if a claim at `now` would take a job (SQL_NEXT_DUE, the claim's own choice)."""
+        return bool(self.read(self.sql.SQL_NEXT_DUE, {"now": now, "queues": _served(queues)}))
 
     def _claim_in(self, cur: sqlite3.Cursor, worker_id: str, now: float, queues: tuple) -> Job | None:
         cur.execute(self.sql.SQL_PROMOTE, (now,))
         if HAS_RETURNING:
-            if queues:
-                row = cur.execute(self.sql.SQL_CLAIM_FROM_QUEUES,
-                                  {"worker": worker_id, "now": now, "queues": json.dumps(queues)}).fetchone()
-            else:
-                row = cur.execute(self.sql.SQL_CLAIM_ANY_QUEUE, {"worker": worker_id, "now": now}).fetchone()
+            row = cur.execute(self.sql.SQL_CLAIM, {"worker": worker_id, "now": now, "queues": _served(queues)}).fetchone()
         else:
             row = self._claim_without_returning(cur, worker_id, now, queues)
         if row is None:
@@ -3102,8 +3057,7 @@ class SqliteStore(Store):
         # writer can slip in between; the state guard makes the update a no-op if it somehow did.
         if cur.execute(self.sql.SQL_REGISTERED, (worker_id,)).fetchone() is None:
             return None
-        sql = self.sql.SQL_NEXT_DUE_FROM_QUEUES if queues else self.sql.SQL_NEXT_DUE_ANY_QUEUE
-        found = cur.execute(sql, {"now": now, "queues": json.dumps(queues)}).fetchone()
+        found = cur.execute(self.sql.SQL_NEXT_DUE, {"now": now, "queues": _served(queues)}).fetchone()
         if found is None or cur.execute(self.sql.SQL_CLAIM_ID, (worker_id, now, found[0])).rowcount != 1:
             return None
         return cur.execute(self.sql.SQL_GET_JOB, (found[0],)).fetchone()
@@ -3125,6 +3079,11 @@ class SqliteStore(Store):
             return False
         finally:
             self.turn.release()
+
+
+def _served(queues: tuple) -> str | None:
+    """The :queues of SQLite's claim statements: a JSON array of the served queues, or NULL for every queue."""
+    return json.dumps(queues) if queues else None
 
 
 # -- PostgreSQL -----------------------------------------------------------------------------------
@@ -3374,9 +3333,30 @@ class PostgresSQL:
     WHERE seq IN (SELECT seq FROM jobs
                   WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= %s
                   FOR UPDATE SKIP LOCKED)"""
+    # The queues a claim may take from now: every queue with a ready job when %(queues)s is NULL (the
+    # skip-scan runs only then; unnest yields no row for NULL), else the named ones (`worker start
+    # --queue`), less the paused and the full; limited: the queue has a limit. The claim and the poller
+    # are each composed from this whole statement (one level), so they always serve the same queues.
+    SQL_ELIGIBLE_QUEUES = """
+    WITH RECURSIVE q(name) AS (  -- every queue with a ready job: one index seek per queue (a skip-scan)
+        SELECT (SELECT queue FROM jobs WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1
+                ORDER BY queue LIMIT 1)
+        WHERE %(queues)s::text[] IS NULL
+        UNION ALL
+        SELECT (SELECT queue FROM jobs WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1
+                  AND queue > q.name ORDER BY queue LIMIT 1)
+        FROM q WHERE q.name IS NOT NULL),
+    served(name) AS (SELECT name FROM q UNION ALL SELECT pg_catalog.unnest(%(queues)s::text[]))
+    SELECT served.name, l.queue IS NOT NULL AS limited
+    FROM served LEFT JOIN queue_limits AS l ON l.queue = served.name
+    WHERE served.name IS NOT NULL
+      AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (served.name, '*'))
+           OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || served.name))  -- resumed alone
+      AND (l.queue IS NULL OR l.max_running > (SELECT count(*) FROM jobs
+                                               WHERE state = 'processing' AND queue = served.name))"""
     # The claim, as SQLite's: the head of each queue it may serve (jobs_claim leads with the queue), then
     # the best of those heads, so a paused or full queue costs one index seek whatever its backlog.
-    # Parameters %(worker)s, %(now)s, for served queues %(queues)s (a list of names), and the limited
+    # Parameters %(worker)s, %(now)s, %(queues)s (as SQL_ELIGIBLE_QUEUES), and the limited
     # queues whose row this transaction has locked (%(held)s) or found locked (%(busy)s). Each head is
     # taken FOR UPDATE SKIP LOCKED, so concurrent claims take different jobs and never wait for each
     # other; the worker row is read FOR KEY SHARE, so a sweeper that deletes it (drop_worker) either
@@ -3391,28 +3371,17 @@ class PostgresSQL:
     # restates SQLite's SQL_INSERT_RUN, which SqliteStore._claim_in runs with due_at = eligible_at(job)
     # (here GREATEST(next_run_at, created_at)): a change to one is made to the other. The statement
     # returns (best queue, free, the claimed job's columns or NULLs), or no row when no queue has a due job.
-    SQL_CLAIM_ANY_QUEUE = """
-    WITH RECURSIVE q(name) AS (  -- every queue with a ready job: one index seek per queue (a skip-scan)
-        SELECT (SELECT queue FROM jobs WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1
-                ORDER BY queue LIMIT 1)
-        UNION ALL
-        SELECT (SELECT queue FROM jobs WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1
-                  AND queue > q.name ORDER BY queue LIMIT 1)
-        FROM q WHERE q.name IS NOT NULL),
-    eligible(name, free) AS (  -- not paused, not full; free: no limit, or this claim holds the queue's lock
-        SELECT q.name, l.queue IS NULL OR q.name = ANY(%(held)s::text[])
-        FROM q LEFT JOIN queue_limits AS l ON l.queue = q.name
-        WHERE q.name IS NOT NULL AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
-                                      OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || q.name))  -- resumed alone
-          AND NOT q.name = ANY(%(busy)s::text[])
-          AND (l.queue IS NULL OR l.max_running > (SELECT count(*) FROM jobs
-                                                   WHERE state = 'processing' AND queue = q.name))),
-    heads AS (  -- the best ready, due job of each, skipping rows other claimers hold
-        SELECT eligible.name, eligible.free, head.* FROM eligible CROSS JOIN LATERAL (
+    SQL_CLAIM = f"""
+    WITH eligible(name, limited) AS ({SQL_ELIGIBLE_QUEUES}),
+    heads AS (  -- the best ready, due job of each queue whose lock no other claim holds (busy), skipping
+        -- rows other claimers hold; free: no limit, or this claim holds the queue's lock
+        SELECT eligible.name, NOT eligible.limited OR eligible.name = ANY(%(held)s::text[]) AS free, head.*
+        FROM eligible CROSS JOIN LATERAL (
             SELECT seq, priority, next_run_at FROM jobs
             WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue = eligible.name
               AND next_run_at <= %(now)s
-            ORDER BY priority DESC, next_run_at, seq LIMIT 1 FOR UPDATE SKIP LOCKED) AS head),
+            ORDER BY priority DESC, next_run_at, seq LIMIT 1 FOR UPDATE SKIP LOCKED) AS head
+        WHERE NOT eligible.name = ANY(%(busy)s::text[])),
     best AS (SELECT * FROM heads ORDER BY priority DESC, next_run_at, seq LIMIT 1),
     claimed AS (
         UPDATE jobs SET state = 'processing', worker_id = %(worker)s, run_count = run_count + 1, updated_at = %(now)s
@@ -3425,67 +3394,14 @@ class PostgresSQL:
         INSERT INTO runs (job_id, run_no, worker_id, started_at, due_at)
         SELECT id, run_count, worker_id, %(now)s, GREATEST(next_run_at, created_at) FROM claimed)
     SELECT best.name, best.free, claimed.* FROM best LEFT JOIN claimed ON true"""
-    SQL_CLAIM_FROM_QUEUES = """
-    WITH q(name) AS (SELECT pg_catalog.unnest(%(queues)s::text[])),  -- the queues of `worker start --queue`
-    eligible(name, free) AS (  -- not paused, not full; free: no limit, or this claim holds the queue's lock
-        SELECT q.name, l.queue IS NULL OR q.name = ANY(%(held)s::text[])
-        FROM q LEFT JOIN queue_limits AS l ON l.queue = q.name
-        WHERE q.name IS NOT NULL AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
-                                      OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || q.name))  -- resumed alone
-          AND NOT q.name = ANY(%(busy)s::text[])
-          AND (l.queue IS NULL OR l.max_running > (SELECT count(*) FROM jobs
-                                                   WHERE state = 'processing' AND queue = q.name))),
-    heads AS (  -- the best ready, due job of each, skipping rows other claimers hold
-        SELECT eligible.name, eligible.free, head.* FROM eligible CROSS JOIN LATERAL (
-            SELECT seq, priority, next_run_at FROM jobs
-            WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue = eligible.name
-              AND next_run_at <= %(now)s
-            ORDER BY priority DESC, next_run_at, seq LIMIT 1 FOR UPDATE SKIP LOCKED) AS head),
-    best AS (SELECT * FROM heads ORDER BY priority DESC, next_run_at, seq LIMIT 1),
-    claimed AS (
-        UPDATE jobs SET state = 'processing', worker_id = %(worker)s, run_count = run_count + 1, updated_at = %(now)s
-        FROM best WHERE jobs.seq = best.seq AND best.free
-          AND EXISTS (SELECT 1 FROM workers WHERE id = %(worker)s FOR KEY SHARE)
-        RETURNING jobs.id, jobs.command, jobs.state, jobs.attempts, jobs.max_retries, jobs.timeout_s, jobs.cwd,
-                  jobs.env, jobs.created_at, jobs.updated_at, jobs.next_run_at, jobs.last_error, jobs.exit_code,
-                  jobs.worker_id, jobs.run_count, jobs.lost_count, jobs.priority, jobs.queue, jobs.waiting_on),
-    opened AS (
-        INSERT INTO runs (job_id, run_no, worker_id, started_at, due_at)
-        SELECT id, run_count, worker_id, %(now)s, GREATEST(next_run_at, created_at) FROM claimed)
-    SELECT best.name, best.free, claimed.* FROM best LEFT JOIN claimed ON true"""
     # Serialises the claims of one limited queue until commit: the first lock a claim waits for; a
     # second one it only tries (SKIP LOCKED), so two claims never wait for each other's locks.
     SQL_LOCK_QUEUE = "SELECT 1 FROM queue_limits WHERE queue = %s FOR UPDATE"
     SQL_TRY_LOCK_QUEUE = "SELECT 1 FROM queue_limits WHERE queue = %s FOR UPDATE SKIP LOCKED"
     # The poller, as SQLite's: a ready, due job in a queue we serve that is neither paused nor full,
     # or a staged job that has fallen due anywhere (a claim promotes it).
-    SQL_POLL_ANY_QUEUE = """
-    WITH RECURSIVE q(name) AS (  -- every queue with a ready job: one index seek per queue (a skip-scan)
-        SELECT (SELECT queue FROM jobs WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1
-                ORDER BY queue LIMIT 1)
-        UNION ALL
-        SELECT (SELECT queue FROM jobs WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1
-                  AND queue > q.name ORDER BY queue LIMIT 1)
-        FROM q WHERE q.name IS NOT NULL),
-    eligible(name) AS (  -- not paused, not full
-        SELECT q.name FROM q LEFT JOIN queue_limits AS l ON l.queue = q.name
-        WHERE q.name IS NOT NULL AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
-                                      OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || q.name))  -- resumed alone
-          AND (l.queue IS NULL OR l.max_running > (SELECT count(*) FROM jobs
-                                                   WHERE state = 'processing' AND queue = q.name)))
-    SELECT EXISTS (SELECT 1 FROM eligible CROSS JOIN LATERAL (  -- LIMIT: a seek per queue, never a join of all
-                       SELECT 1 FROM jobs WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1
-                         AND queue = eligible.name AND next_run_at <= %(now)s LIMIT 1) AS head)
-        OR EXISTS (SELECT 1 FROM jobs
-                   WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= %(now)s)"""
-    SQL_POLL_FROM_QUEUES = """
-    WITH q(name) AS (SELECT pg_catalog.unnest(%(queues)s::text[])),  -- the queues of `worker start --queue`
-    eligible(name) AS (  -- not paused, not full
-        SELECT q.name FROM q LEFT JOIN queue_limits AS l ON l.queue = q.name
-        WHERE q.name IS NOT NULL AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (q.name, '*'))
-                                      OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || q.name))  -- resumed alone
-          AND (l.queue IS NULL OR l.max_running > (SELECT count(*) FROM jobs
-                                                   WHERE state = 'processing' AND queue = q.name)))
+    SQL_POLL = f"""
+    WITH eligible(name, limited) AS ({SQL_ELIGIBLE_QUEUES})
     SELECT EXISTS (SELECT 1 FROM eligible CROSS JOIN LATERAL (  -- LIMIT: a seek per queue, never a join of all
                        SELECT 1 FROM jobs WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1
                          AND queue = eligible.name AND next_run_at <= %(now)s LIMIT 1) AS head)
@@ -4252,9 +4168,7 @@ class PostgresStore(Store):
 
     def due_now(self, now: float, queues: tuple = ()) -> bool:
         """True if a claim now may find work: the poller's cheap check."""
-        if queues:
-            return self.read(self.sql.SQL_POLL_FROM_QUEUES, {"now": now, "queues": list(queues)})[0][0]
-        return self.read(self.sql.SQL_POLL_ANY_QUEUE, {"now": now})[0][0]
+        return self.read(self.sql.SQL_POLL, {"now": now, "queues": list(queues) or None})[0][0]
 
     def burst_done(self, now: float, queues: tuple = ()) -> bool:
         """True when nothing is processing (in these queues) and nothing is due within the burst horizon."""
@@ -4386,8 +4300,8 @@ class PostgresStore(Store):
 
     def _claim_statement(self, worker_id: str, now: float, queues: tuple) -> tuple[str, dict]:
         """The claim statement for these queues, and its parameters before any queue's lock is taken."""
-        params = {"worker": worker_id, "now": now, "queues": list(queues), "held": [], "busy": []}
-        return self.sql.SQL_CLAIM_FROM_QUEUES if queues else self.sql.SQL_CLAIM_ANY_QUEUE, params
+        params = {"worker": worker_id, "now": now, "queues": list(queues) or None, "held": [], "busy": []}
+        return self.sql.SQL_CLAIM, params
 
     def flush_output(self, job: Job, tail: bytes, total: int) -> bool:
         """Store a running job's output so far (for `logs --follow`), in one short try that never
