@@ -5833,10 +5833,12 @@ class ScheduleFirer:
         self.unlogged: set[str] = set()
         self.logged = threading.Condition()
 
-    def tick(self, store: Store, mono: float, now: float | None = None) -> list[tuple]:
-        """Fire what is due; returns the events of Store.fire_schedules (logged here)."""
+    def tick(self, store: Store, mono: float, now: float | None = None, slack: float = 0.0) -> list[tuple]:
+        """Fire what is due; returns the events of Store.fire_schedules (logged here). A lookup due
+        within `slack` seconds is made now (one wake-up for the worker's round)."""
         now = store.now() if now is None else now
-        if mono - self.checked_at < SCHEDULE_CHECK_S and now < self.due_at:
+        if mono + slack - self.checked_at < SCHEDULE_CHECK_S and now < self.due_at:
+            self.due_mono = mono + (self.due_at - now)  # again: the clock may have been set back since
             return []
         self.checked_at, events = mono, []
         earliest = store.next_schedule_at()
@@ -6197,7 +6199,7 @@ class Worker:
             due["retention"] = mono + RETENTION_INTERVAL_S
             self._apply_retention()
         if not self.stopping.is_set():  # a stopping worker fires nothing more
-            self.schedules.tick(self.store, soon)
+            self.schedules.tick(self.store, mono, slack=ROUND_SLACK_S)
         if woken or soon >= due["poll"]:
             due["poll"] = self._poll(mono)
 

@@ -2485,6 +2485,15 @@ def test_schedule_firer_looks_up_once_a_second_and_fires_a_known_slot_at_once(st
     assert firer.due_at == T0 + 20
 
 
+def test_schedule_firer_set_back_by_the_clock_sleeps_until_the_slot_not_in_a_busy_loop(store):
+    add_schedule(store, now=T0, every="10s")
+    firer = queuectl.ScheduleFirer()
+    firer.tick(store, mono=108.5, now=T0 + 9.5)  # a lookup: the slot T0 + 10 is half a second away
+    assert firer.next_tick() == 109.0
+    assert firer.tick(store, mono=109.0, now=T0 - 51.0) == []  # the clock was set back a minute meanwhile
+    assert firer.next_tick() > 109.0  # else the worker's next round is at once, again and again, until a lookup
+
+
 def test_schedule_json_round_trips_through_the_store(store):
     add_schedule(store, now=T0, cron="0 2 * * *", tz="Europe/Berlin", overlap="allow", env={"K": "v"})
     assert store.schedule("s").to_dict() == {
@@ -2971,6 +2980,19 @@ def test_a_stopping_worker_fires_nothing(db):
         worker.stopping.clear()
         worker._housekeeping(idle, time.monotonic(), woken=False)
         assert [i.partition("@")[0] for i in list_ids(db)] == ["a"]
+    finally:
+        worker.store.close()
+
+
+def test_a_worker_round_looks_up_schedules_early_but_sleeps_until_the_slot_itself(db):
+    ok(db, "schedule", "add", '{"id": "a", "every": "1h", "command": "true"}')
+    worker = queuectl.Worker(db, 1, False)
+    try:
+        idle = dict.fromkeys(("beat", "sweep", "cancels", "retention", "poll"), math.inf)  # only schedules
+        mono, before = time.monotonic(), worker.store.now()
+        worker._housekeeping(idle, mono, woken=False)
+        slot = worker.store.next_schedule_at()
+        assert slot > before and worker.schedules.due_mono <= mono + (slot - before)  # not ROUND_SLACK_S late
     finally:
         worker.store.close()
 
