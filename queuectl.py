@@ -6381,7 +6381,8 @@ class Worker:
     def _poll(self, mono: float) -> float:
         """Wake an idle thread when a job is due; in burst mode, stop when the queue is drained. Returns
         when to poll again: at the regular check, or when the next job falls due if that is sooner (no
-        wake-up comes when a delay or a backoff ends)."""
+        wake-up comes when a delay or a backoff ends), but no sooner than TICK_GAP_S: jobs falling due
+        close together in a queue no claim takes (paused, full, not ours) must not make a busy loop."""
         now = self.store.now()
         if self.store.due_now(now, self.queues):
             self._wake_runners(every=False)
@@ -6389,7 +6390,7 @@ class Worker:
                 and self.store.burst_done(now, self.queues):
             self._stop("burst: queue drained")
         at = self.store.next_due_at(now)
-        return min(mono + POLL_INTERVAL_S, math.inf if at is None else mono + (at - now))
+        return min(mono + POLL_INTERVAL_S, math.inf if at is None else mono + max(TICK_GAP_S, at - now))
 
     # -- wake-ups on a socket (SQLite) -----------------------------------------------------------
 

@@ -8039,6 +8039,19 @@ def test_a_worker_whose_wake_up_address_is_taken_still_finds_jobs_at_its_regular
     assert "no wake-ups" in caplog.text
 
 
+
+def test_a_worker_looks_again_no_sooner_than_a_tick_for_jobs_falling_due_in_a_paused_queue(db, monkeypatch):
+    worker = queuectl.Worker(db, 1, False)
+    try:
+        worker.store.pause(["q"])
+        worker.store.enqueue([spec("soon", queue="q", run_at=T0 + 0.001), spec("next", queue="q", run_at=T0 + 0.002)],
+                             T0)
+        monkeypatch.setattr(worker.store, "now", lambda: T0)
+        # Not at each due time: jobs due close together that no claim takes would keep it looking, a busy loop.
+        assert worker._poll(100.0) == 100.0 + queuectl.TICK_GAP_S
+    finally:
+        worker.store.close()
+
 # ---- real workers: running, retrying, timing out, recovering jobs --------------------------------
 
 def test_burst_worker_runs_a_job_and_captures_its_output(db, workers, tmp_path):
