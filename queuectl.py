@@ -141,12 +141,21 @@ class _Log:
     # `worker start --quiet`: the routine lines of each job (claimed, completed) are not written.
     # Those call sites test this first, so a quiet worker pays neither for the line nor for its arguments.
     quiet = False
+    lines: "RoutineLines | None" = None  # the text format's way around logging for those lines (see routine)
 
     def __getattr__(self, name: str):
         import logging
         method = getattr(logging.getLogger("queuectl"), name)
         setattr(self, name, method)  # later calls find it at once (the logger object never changes)
         return method
+
+    def routine(self, message: str, args: tuple, extra: "Callable[[], dict]") -> None:
+        """A job's routine line (claimed, completed) at INFO, `extra()` its event. A worker's text format
+        writes it through RoutineLines: the same bytes, without logging's record, on every job's path."""
+        if self.lines is None or not self.lines.alone():
+            self.info(message, *args, extra=extra())
+        else:
+            self.lines.write(message % args)
 
 
 log = _Log()
@@ -810,7 +819,8 @@ def parse_number(value: object, what: str, low: float, high: float, *, integer: 
     else:
         raise UsageError(f"{where}not {kind}: {shown(value)}")
     if not low <= number <= high or math.isinf(number):  # also refuses NaN
-        bounds = f", {low} or more" if high >= UNBOUNDED else f" from {low} to {high}"
+        # "0 or more" for a count with no bound that matters, unless the value is above the one there is.
+        bounds = f", {low} or more" if high >= UNBOUNDED and not number > high else f" from {low} to {high}"
         raise UsageError(f"{where}value {shown(value)} must be {kind}{bounds}")
     return int(number) if number == int(number) else number
 
@@ -1756,7 +1766,7 @@ class SqliteSQL:
     SQL_RESUME = ["DELETE FROM paused WHERE queue = ?",
                   "INSERT OR IGNORE INTO paused (queue) SELECT '!' || ? "
                   "WHERE EXISTS (SELECT 1 FROM paused WHERE queue = '*')"]
-    SQL_LOCK_PAUSED = None  # BEGIN IMMEDIATE already orders pauses and resumes (see PostgresSQL's)
+    SQL_LOCK_PAUSED = None  # BEGIN IMMEDIATE already orders pauses, resumes and claims (see PostgresSQL's)
     SQL_LOCK_LIMITS = None  # BEGIN IMMEDIATE already orders a limit after every claim (see PostgresSQL's)
     SQL_REQUEST_STOP = "UPDATE workers SET stop_requested = 1 WHERE id = ?"
     # The window's durations and waits, read in one pass and sorted in Python: SQLite would sort the
@@ -2837,11 +2847,19 @@ class SqliteStore(Store):
 
     def _connect(self, path: str) -> sqlite3.Connection:
         try:
-            _create_private(path)
-            return sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
+            name = path
+            if self.reads_only:  # mode=rw: a reader never creates the file, not even one deleted since it looked
+                from urllib.parse import quote
+                name = f"file://{quote(os.path.abspath(path))}?mode=rw"
+            else:
+                _create_private(path)
+            return sqlite3.connect(name, uri=self.reads_only, timeout=BUSY_TIMEOUT_S, isolation_level=None,
+                                   check_same_thread=False)
         except OSError as e:
             raise BadDatabase(f"cannot open {path}: {_errno_text(e.errno) if e.errno else e}") from None
         except sqlite3.Error as e:
+            if self.reads_only and not os.path.exists(os.path.realpath(path)):
+                raise NoQueue(f"no queue at {os.path.abspath(path)} yet") from None
             raise database_error(path, e, opening=True) from None
 
     def _connect_read_only(self, path: str) -> tuple[sqlite3.Connection, bool]:
@@ -3042,7 +3060,9 @@ class SqliteStore(Store):
 
     def due_now(self, now: float, queues: tuple = ()) -> bool:
         """True if a claim now may find work: the poller's cheap check (a few index seeks)."""
-        return self._next_due(now, queues) or bool(self.read(self.sql.SQL_ANY_STAGED, {"now": now}))
+        # Two reads, staged before ready: a staged job that a claim promotes (makes ready) between them is seen
+        # by the second; read the other way round, it would be seen by neither.
+        return bool(self.read(self.sql.SQL_ANY_STAGED, {"now": now})) or self._next_due(now, queues)
 
     def burst_done(self, now: float, queues: tuple = ()) -> bool:
         """True when nothing is processing (in these queues) and nothing is due within the burst horizon."""
@@ -3053,7 +3073,7 @@ class SqliteStore(Store):
         else:
             busy = self.read(self.sql.SQL_ANY_PROCESSING_ANY_QUEUE)
             staged = self.sql.SQL_STAGED_SOON_ANY_QUEUE
-        return not busy and not self._next_due(params["now"], queues) and not self.read(staged, params)
+        return not busy and not self.read(staged, params) and not self._next_due(params["now"], queues)  # see due_now
 
     def _next_due(self, now: float, queues: tuple) -> bool:
         """True if a claim at `now` would take a job (SQL_NEXT_DUE_*, the claim's own choice)."""
@@ -3561,8 +3581,9 @@ class PostgresSQL:
                   "INSERT INTO paused (queue) SELECT '!' || %s::text "
                   "WHERE EXISTS (SELECT 1 FROM paused WHERE queue = '*') ON CONFLICT DO NOTHING"]
     # Pauses and resumes one at a time, so a queue never ends with both its row and '!name' (each reads
-    # what the other writes); claims read the table under no lock and never wait for this one.
-    SQL_LOCK_PAUSED = "LOCK TABLE paused IN SHARE ROW EXCLUSIVE MODE"
+    # what the other writes); and a pause waits for every claim in flight, as SQL_LOCK_LIMITS does: a
+    # claim that began before it saw no pause and would claim a job after `pause` returned.
+    SQL_LOCK_PAUSED = "LOCK TABLE paused IN ACCESS EXCLUSIVE MODE"
     # A new limit waits for every claim in flight, and claims wait for it: a claim that began before the
     # limit saw none and took no lock, so a claim after it, counting only committed claims, would not
     # count that one. Every claim reads queue_limits, which holds off this lock until it commits.
@@ -3981,7 +4002,8 @@ class PostgresStore(Store):
         that reads a relation of the schema may run before it); then a schema with queuectl's version
         table is ours, and one up to date needs no more (the identity check costs two more round trips)."""
         try:
-            if not any(table == "queuectl_version" for table, *_ in self._owners(self.conn, not self.reads_only)):
+            owners = self._owners(self.conn, not self.reads_only)
+            if not any(table == "queuectl_version" for table, *_ in owners):
                 version = self._version(self.conn)  # no schema, or not ours: see _version
             elif (version := self.conn.execute(self.sql.SQL_VERSION).fetchone()[0]) > SCHEMA_VERSION:
                 raise self._too_new(version)
@@ -3991,7 +4013,20 @@ class PostgresStore(Store):
             raise self._failure(e) from None
         if self.reads_only and version == 0:  # a reader never creates the schema nor fills an empty one
             raise NoQueue(f"no queue at {self.path} yet")
+        if self.reads_only:
+            self._check_upgradable(owners, version)
         self.write(self._apply_migrations)
+
+    def _check_upgradable(self, owners: list[tuple], version: int) -> None:
+        """A reader whose role cannot upgrade the schema (it is another role's) is told who can, as a reader
+        of a read-only SQLite file is, rather than warned off that role's schema as if it were to write there."""
+        others = [(owner, user) for _, _, owner, ours, user, *_ in owners if not ours]
+        if others:
+            owner, user = others[0]
+            raise BadDatabase(f"cannot read {self.path}: it needs a schema upgrade (version {version} to "
+                              f"{SCHEMA_VERSION}) and {user} may not make it; its owner ({owner}), or a member of "
+                              "that role, upgrades it by running any queuectl command that writes (such as enqueue "
+                              "or config set)")
 
     def _owners(self, cur, writes: bool) -> list[tuple]:
         """SQL_OWNERS' rows; BadDatabase if one of our names is not a plain table of PostgreSQL's types (a
@@ -5503,8 +5538,8 @@ class Runner:
     def _run(self, job: Job, registration: int, fresh: bool = False) -> Outcome:
         if not log.quiet:
             self.claim_may_log(job.id)
-            log.info("job %s claimed (attempt %d): %s", job.id, job.attempts + 1, _short(job.command),
-                     extra=event("job_claimed", job_id=job.id, attempt=job.attempts + 1, command=job.command))
+            log.routine("job %s claimed (attempt %d): %s", (job.id, job.attempts + 1, _short(job.command)),
+                        lambda: event("job_claimed", job_id=job.id, attempt=job.attempts + 1, command=job.command))
         env = {"QUEUECTL_JOB_ID": job.id, "QUEUECTL_ATTEMPT": str(job.attempts + 1),
                "QUEUECTL_RUN": run_token(job, self.worker_id)}
         try:
@@ -5613,8 +5648,8 @@ def _log_result(job: Job, after: Job | None, outcome: Outcome) -> None:
                     extra=_run_event("result_discarded", job, outcome))
     elif after.state == COMPLETED:
         if not log.quiet:  # the hot path: a quiet worker builds nothing for it
-            log.info("job %s completed in %.2fs", job.id, outcome.duration_s,
-                     extra=_run_event("job_completed", job, outcome))
+            log.routine("job %s completed in %.2fs", (job.id, outcome.duration_s),
+                        lambda: _run_event("job_completed", job, outcome))
     elif after.state == FAILED:
         retry_in_s = max(0.0, after.next_run_at - time.time())
         log.info("job %s failed (%s); retry %d in %.0fs", job.id, outcome.error, after.attempts + 1, retry_in_s,
@@ -7888,8 +7923,9 @@ def build_parser() -> Parser:
     _add_dlq_and_config(sub)
     _add_schedule_commands(sub.add_parser("schedule", help="recurring jobs").add_subparsers(
         dest="action", required=True, metavar="ACTION"))
-    sub.add_parser("help", help="a command's help, as COMMAND --help").add_argument(
-        "topic", nargs="*", metavar="COMMAND")
+    sub.add_parser("help", help="a command's help, as COMMAND --help", description="a command's help, as COMMAND "
+                   "--help; without one, queuectl's").add_argument(
+        "topic", nargs="*", metavar="COMMAND", help="a command, and its action for worker, dlq, config and schedule")
     return p
 
 
@@ -7941,7 +7977,7 @@ SCHEDULE_FIELDS_HELP = """JSON fields (default):
 
 def _add_job_commands(sub) -> None:
     e = _command(sub, "enqueue", cmd_enqueue, "add a job, or with '-' a batch from stdin", json_flag=True,
-                 epilog=job_fields_help())
+                 check=check_enqueue, epilog=job_fields_help())
     e.add_argument("job", metavar="JSON", help="a job object, or - to read JSON Lines or a JSON array from stdin")
     _progress_flag(e)
     _add_add_command(sub)
@@ -7967,7 +8003,7 @@ def _add_job_commands(sub) -> None:
 
 def _add_add_command(sub) -> None:
     a = _command(sub, "add", cmd_add, "add a job from a command line, without JSON: add [OPTIONS] -- COMMAND [ARG...]",
-                 json_flag=True)
+                 json_flag=True, check=check_add)
     # REMAINDER: everything from the first word of the command on is the command, options included.
     a.add_argument("words", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG...]",
                    help="one word: a shell command as written ('make -j4 && make install'); several: run as "
@@ -8059,7 +8095,7 @@ def _add_dlq_and_config(sub) -> None:
     r = _command(d, "retry", cmd_dlq_retry, "move dead jobs back to pending", check=check_bulk)
     _bulk_arguments(r, "every dead job, with the dead jobs it depends on (in any queue)")
     c = sub.add_parser("config", help="settings").add_subparsers(dest="action", required=True)
-    cs = _command(c, "set", cmd_config_set, "set a value", check=lambda args: config_key(args.key))
+    cs = _command(c, "set", cmd_config_set, "set a value", check=config_setting)
     cs.add_argument("key", help=f"one of {', '.join(k.replace('_', '-') for k in CONFIG)}")
     # REMAINDER: a value such as "-1d" would otherwise be taken for an option and reported as a
     # missing value; cmd_config_set checks there is exactly one and names a bad one.
@@ -8079,7 +8115,7 @@ def _bulk_arguments(cmd, every: str) -> None:
 
 def _add_schedule_commands(s) -> None:
     a = _command(s, "add", cmd_schedule_add, "add a schedule: a JSON object with id, cron or every, and a job template",
-                 epilog=SCHEDULE_FIELDS_HELP)
+                 check=check_schedule, epilog=SCHEDULE_FIELDS_HELP)
     a.add_argument("schedule", metavar="JSON")
     _command(s, "list", cmd_schedule_list, "every schedule, its next slot and its last job", json_flag=True,
              reads=True)
@@ -8093,7 +8129,7 @@ def _add_schedule_commands(s) -> None:
     n.add_argument("--after", type=_time_arg, default=None, metavar="TIME",
                    help="ISO-8601 (no offset: local time) or Unix seconds (default now)")
     u = _command(s, "update", cmd_schedule_update, "replace a schedule's expression, zone, overlap and job template "
-                 "(its last job stays; slots already passed do not fire)", ids="1")
+                 "(its last job stays; slots already passed do not fire)", ids="1", check=check_schedule)
     u.add_argument("schedule", metavar="JSON", help="the object `schedule add` takes; an id in it must be ID")
     _command(s, "pause", cmd_schedule_pause, "stop making jobs from these schedules", ids="+")
     _command(s, "resume", cmd_schedule_resume, "make jobs again, from the next slot on (missed slots do not fire)",
@@ -8134,10 +8170,11 @@ def _duration_arg(text: str) -> float:
 
 def _unit_duration_arg(text: str) -> float:
     """A duration that must name its unit: where a bare number deletes (purge), 7 may have meant 7 days."""
-    if NUMBER.fullmatch(text.strip()) and float(text) != 0:  # 0 is 0 in any unit
+    seconds = _duration_arg(text)  # first: a negative one is no duration in any unit
+    if NUMBER.fullmatch(text.strip()) and seconds != 0:  # 0 is 0 in any unit
         raise argparse.ArgumentTypeError(f"{shown(text)} has no unit: seconds or days? Give one: "
                                          f"{text.strip()}s, {text.strip()}h, {text.strip()}d")
-    return _duration_arg(text)
+    return seconds
 
 
 def _window_arg(text: str) -> float:
@@ -8395,6 +8432,17 @@ def _about(seconds: float) -> str:
 
 # -- jobs ----------------------------------------------------------------------------------------
 
+def check_enqueue(args) -> None:
+    """The job on the command line, checked against the default config: a typo creates no queue."""
+    if args.job != "-":
+        validate_job(job_json(args.job), config_defaults(), current_dir(), time.time())
+
+
+def config_defaults() -> dict:
+    """Every config key's default: what a check before the database is opened validates against."""
+    return {key: default for key, (default, _) in CONFIG.items()}
+
+
 def cmd_enqueue(args, store: Store) -> None:
     now, defaults, cwd = store.now(), store.config_all(), current_dir()
     if args.job != "-":
@@ -8422,6 +8470,11 @@ def job_json(text: str) -> object:
         import shlex
         words = text if shlex.join(text.split()) == text else shlex.quote(text)  # as the shell would take it
         raise UsageError(f"{e} (to enqueue a command line: queuectl add -- {words})") from None
+
+
+def check_add(args) -> None:
+    """`add`'s job, checked against the default config before the database is opened: a typo creates no queue."""
+    validate_job(add_job_object(args), config_defaults(), current_dir(), time.time())
 
 
 def cmd_add(args, store: Store) -> None:
@@ -8672,10 +8725,11 @@ class UnservedNote:
         self.store, self.progress, self.served_at, self.said = store, progress, time.monotonic(), False
 
     def check(self, jobs: list[Job]) -> None:
-        """Look again (until the note is said): the queues of the jobs that wait for a worker."""
+        """Look again (until the note is said): the queues of the unfinished jobs (a processing one too:
+        if its worker died, only a live worker of its queue takes it back)."""
         if self.said:
             return
-        queues = unserved_queues(self.store, {j.queue for j in jobs if j.state in (PENDING, FAILED)})
+        queues = unserved_queues(self.store, {j.queue for j in jobs if j.state not in (COMPLETED, DEAD)})
         if not queues:
             self.served_at = time.monotonic()
         elif time.monotonic() - self.served_at >= WAIT_NO_WORKER_S:
@@ -8956,15 +9010,19 @@ def _secs(value: float | None) -> str:
 # -- operating -----------------------------------------------------------------------------------
 
 def cmd_pause(args, store: Store) -> None:
-    unknown = list(dict.fromkeys(args.queue))
-    if unknown:  # most often a misspelt name, which would pause nothing anyone uses: said after the pause
-        known = known_queues(store)
-        unknown = [q for q in unknown if q not in known]
+    note = unnamed_queues_note(store, args.queue)  # read before the pause names them
     store.pause(args.queue or ["*"])
     print("paused " + (", ".join(args.queue) if args.queue else "all queues"))
-    if unknown:
-        print(f"queuectl: note: {unknown_queues_note(unknown, known, 'no jobs, workers or limit yet')}",
-              file=sys.stderr)
+    if note:
+        print(f"queuectl: note: {note}", file=sys.stderr)
+
+
+def unnamed_queues_note(store: Store, queues: list[str]) -> str | None:
+    """`pause`/`resume --queue`: the note on names no job, worker, limit or pause names (None if there are
+    none), most often misspelt: a pause that stops nothing, or a resume that leaves the queue meant paused."""
+    known = known_queues(store) if queues else set()
+    unknown = [q for q in dict.fromkeys(queues) if q not in known]
+    return unknown_queues_note(unknown, known, "no jobs, workers or limit yet") if unknown else None
 
 
 def known_queues(store: Store) -> set[str]:
@@ -8983,8 +9041,11 @@ def unknown_queues_note(unknown: list[str], known: set[str], lacking: str) -> st
 
 
 def cmd_resume(args, store: Store) -> None:
+    note = unnamed_queues_note(store, args.queue)
     store.resume(args.queue)
     print("resumed " + (", ".join(args.queue) if args.queue else "all queues"))
+    if note:
+        print(f"queuectl: note: {note}", file=sys.stderr)
 
 
 def check_limit(args) -> None:
@@ -9123,14 +9184,18 @@ def cmd_dlq_retry(args, store: Store) -> None:
 
 
 def cmd_config_set(args, store: Store) -> None:
+    store.config_set(*config_setting(args))
+
+
+def config_setting(args) -> tuple[str, float | int]:
+    """`config set`'s (key, value), validated (also before the database is opened: a typo creates no queue)."""
     key = config_key(args.key)
     if len(args.value) != 1:
         raise UsageError(f"config set {args.key}: give exactly one value (got {len(args.value)})")
     try:
-        value = CONFIG[key][1](args.value[0])
+        return key, CONFIG[key][1](args.value[0])
     except UsageError as e:
         raise UsageError(f"config {args.key}: {e}") from None
-    store.config_set(key, value)
 
 
 def cmd_config_get(args, store: Store) -> None:
@@ -9155,14 +9220,25 @@ def cmd_schedule_add(args, store: Store) -> None:
 
 
 def cmd_schedule_update(args, store: Store) -> None:
-    schedule_id, obj = _valid_id(args.id, "ID"), parse_json(args.schedule)
-    if isinstance(obj, dict):
-        if obj.get("id", schedule_id) != schedule_id:
-            raise UsageError(f"field 'id' {shown(obj['id'])} is not the schedule updated, {schedule_id!r} "
-                             "(to rename one, remove it and add it)")
-        obj = {**obj, "id": schedule_id}
-    store.update_schedule(validate_schedule(obj, store.config_all(), current_dir(), store.now()))
-    print_ids([schedule_id])
+    store.update_schedule(validate_schedule(schedule_object(args), store.config_all(), current_dir(), store.now()))
+    print_ids([args.id])
+
+
+def schedule_object(args) -> object:
+    """The JSON object of `schedule add`, or of `schedule update` with its ID (one in the object must match)."""
+    obj = parse_json(args.schedule)
+    if getattr(args, "id", None) is None or not isinstance(obj, dict):
+        return obj
+    schedule_id = _valid_id(args.id, "ID")
+    if obj.get("id", schedule_id) != schedule_id:
+        raise UsageError(f"field 'id' {shown(obj['id'])} is not the schedule updated, {schedule_id!r} "
+                         "(to rename one, remove it and add it)")
+    return {**obj, "id": schedule_id}
+
+
+def check_schedule(args) -> None:
+    """`schedule add` and `update`: the object checked against the default config, so a typo creates no queue."""
+    validate_schedule(schedule_object(args), config_defaults(), current_dir(), time.time())
 
 
 def cmd_schedule_list(args, store: Store) -> None:
@@ -9372,6 +9448,10 @@ def configure_logging(args) -> None:
     as_json = getattr(args, "log_format", "text") == "json"
     handler.setFormatter(JsonLines() if as_json else TextLines(logging.Formatter()))
     logging.basicConfig(handlers=[handler], level=logging.INFO)
+    # Past logging only where it would write the line through this handler alone: not where logging was
+    # set up before (a program calling main(), pytest), whose handlers must see every record.
+    alone = not as_json and logging.getLogger().handlers == [handler]
+    log.lines = RoutineLines(handler) if alone else None
 
 
 class TextLines:
@@ -9383,11 +9463,44 @@ class TextLines:
         self.plain = plain  # a logging.Formatter: its traceback text
 
     def format(self, record) -> str:
-        line = f"{iso(record.created)} queuectl[{record.process}]: {printable(record.getMessage())}"
+        line = self.line(record.created, record.process, record.getMessage())
         if record.exc_info:
             trace = self.plain.formatException(record.exc_info)
             line += "\n" + "\n".join(printable(part) for part in trace.split("\n"))
         return line
+
+    @staticmethod
+    def line(created: float, pid: int, message: str) -> str:
+        return f"{iso(created)} queuectl[{pid}]: {printable(message)}"
+
+
+class RoutineLines:
+    """Writes a job's routine lines (see _Log.routine) as `handler`, whose formatter is TextLines, would:
+    TextLines.line, then the handler's own write and flush under its lock, so lines never interleave.
+    A write that fails goes to the handler's handleError, as a record's would."""
+
+    def __init__(self, handler):
+        import logging
+        self.handler, self.only = handler, [handler]
+        self.logger, self.level = logging.getLogger("queuectl"), logging.INFO
+
+    def alone(self) -> bool:
+        """Whether logging would write a line at INFO through the handler and no other. Asked at each line: a
+        program or a test may set logging up after the worker started (a handler, a level)."""
+        logger = self.logger
+        return (logger.root.handlers == self.only and not logger.handlers and not logger.filters
+                and logger.propagate and logger.isEnabledFor(self.level))
+
+    def write(self, message: str) -> None:
+        line = TextLines.line(time.time(), os.getpid(), message) + "\n"
+        try:
+            with self.handler.lock:
+                self.handler.stream.write(line)
+                self.handler.flush()
+        except Exception:  # noqa: BLE001 - as logging does: the line stays in the stream's buffer, not written again
+            import logging
+            self.handler.handleError(logging.makeLogRecord({"name": self.logger.name, "msg": message,
+                                                            "levelno": self.level, "levelname": "INFO"}))
 
 
 class JsonLines:

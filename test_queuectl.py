@@ -3245,6 +3245,30 @@ def test_burst_done(store):
     assert store.burst_done(T0, ("q2",))  # a paused queue's jobs do not hold a burst
 
 
+@pytest.mark.parametrize("queues", [(), ("mine",)])
+@pytest.mark.parametrize("reads_before", [1, 2, 3])
+@pytest.mark.parametrize("check", ["due_now", "burst_done"])
+def test_poll_and_burst_find_a_job_promoted_between_their_reads(sqlite_store, monkeypatch, check, reads_before, queues):
+    # SQLite's poll and burst check are several reads, each its own snapshot; another worker's claim
+    # may promote a staged job (staged -> ready) between two of them. Whichever read it follows, the
+    # job is found: a burst worker that missed it would leave it behind.
+    register(sqlite_store)
+    register(sqlite_store, "w2")
+    sqlite_store.enqueue([spec("x", queue="mine", run_at=T0 + 5)], T0)
+    read, reads = sqlite_store.read, []
+
+    def read_then_claim_elsewhere(sql, params=()):
+        rows = read(sql, params)
+        reads.append(sql)
+        if len(reads) == reads_before:
+            assert sqlite_store.claim("w2", T0 + 5, ("elsewhere",)) is None  # promotes x, takes nothing
+        return rows
+    monkeypatch.setattr(sqlite_store, "read", read_then_claim_elsewhere)
+    found = sqlite_store.due_now(T0 + 5, queues) if check == "due_now" else not sqlite_store.burst_done(T0 + 5, queues)
+    assert found
+    assert sqlite_store.get("x").state == "pending"  # nobody took it
+
+
 # ---- the database file: permissions, foreign and damaged files, read-only use --------------------
 
 def folder_state(folder):
@@ -3460,6 +3484,21 @@ def test_commands_that_only_read_create_nothing_and_answer_as_an_empty_queue(db,
     finally:
         if is_pg(db):
             db_sql(db, f'DROP SCHEMA IF EXISTS "{queuectl._pg_target(db)[1]}" CASCADE')
+
+
+def test_a_command_that_reads_creates_no_file_deleted_after_it_looked(sqlite_db, monkeypatch):
+    """`rm queuectl.db` between a reader's look and its open: the reader still creates nothing."""
+    ok(sqlite_db, "config", "set", "max-retries", "3")
+
+    def deleted_meanwhile(path):  # asked between the look and the open
+        for name in (path, f"{path}-wal", f"{path}-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(name)
+        return True
+    monkeypatch.setattr(queuectl, "_writable", deleted_meanwhile)
+    code, out, err = cli(sqlite_db, "status", "--json")
+    assert (code, err) == (0, f"queuectl: note: no queue at {sqlite_db} yet\n")
+    assert json.loads(out)["jobs"]["pending"] == 0 and not os.path.exists(sqlite_db)
 
 
 @sqlite_only
@@ -3920,6 +3959,24 @@ def test_an_upgrade_is_refused_while_workers_of_the_older_schema_are_alive_and_c
     assert get_job(db, "old")["state"] == "pending"
     with opened(db) as s:
         assert s.schema_version() == queuectl.SCHEMA_VERSION
+
+
+def test_postgres_a_role_that_may_only_read_an_older_schema_is_told_its_owner_upgrades_it(pg_roles, monkeypatch):
+    """As a read-only file needing an upgrade: the reader is told who can upgrade it, not warned off the owner's
+    schema as if it were about to write there, and nothing is changed."""
+    team, carol = pg_roles.make("team", "LOGIN"), pg_roles.make("carol", "LOGIN")
+    schema = f"{pg_roles.prefix}_q"
+    pg_roles.sql(f"CREATE SCHEMA {schema} AUTHORIZATION {team}")
+    with previous_schema(monkeypatch), opened(pg_roles.url(team, schema)) as s:
+        s.enqueue([spec("old")], s.now())
+    pg_roles.sql(f"GRANT USAGE ON SCHEMA {schema} TO {carol}", f"GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {carol}")
+    for args in (("status",), ("list", "--json")):
+        code, out, err = cli(pg_roles.url(carol, schema), *args)
+        assert (code, out) == (1, ""), args
+        assert_one_error(err, "schema upgrade (version 4 to", f"owner ({team})", "any queuectl command that writes")
+    with opened(pg_roles.url(team, schema)) as s:  # its owner upgrades it, and then carol reads it
+        assert s.read("SELECT version FROM queuectl_version")[0][0] == queuectl.SCHEMA_VERSION
+    assert [j["id"] for j in json.loads(ok(pg_roles.url(carol, schema), "list", "--json"))] == ["old"]
 
 
 def test_after_an_upgrade_an_older_worker_cannot_register(db, monkeypatch):
@@ -4416,6 +4473,42 @@ def test_pause_lets_the_running_job_finish_and_claims_nothing_new(db, workers, t
         time.sleep(0.1)
     ok_when_free(db, "resume")
     wait_for(lambda: state_of(db, "next") == "completed", "the job to run once resumed")
+
+
+def test_postgres_a_pause_waits_for_a_claim_in_flight_so_no_job_of_its_queue_starts_after_it(pg_url):
+    # A claim that began before `pause` committed saw no pause: had `pause` returned before that claim
+    # committed, a job of the paused queue would start after `pause` printed "paused".
+    first, second = queuectl.PostgresStore(pg_url), queuectl.PostgresStore(pg_url)
+    try:
+        register(first, "w1")
+        first.enqueue([spec("a", queue="images")], T0)
+        after = {}
+
+        def pause():
+            second.pause(["images"])
+            after["processing"] = second.counts("images")["processing"]
+        with first.conn.transaction():
+            assert first._claim_in(first.conn.cursor(), "w1", T0, ()).id == "a"
+            thread = threading.Thread(target=pause)
+            thread.start()
+            wait_for(lambda: after or _waiting_for_a_lock(first), "the pause to return or to wait")
+        thread.join(WAIT_S)
+        assert after == {"processing": 1}  # when `pause` returned, the claim had committed
+        assert second.claim("w1", T0) is None
+    finally:
+        for store in (first, second):
+            store.close()
+
+
+def test_resume_of_a_queue_nothing_names_says_so_with_the_closest_name(db):
+    enqueue(db, id="i", command="true", queue="images")
+    ok(db, "pause")
+    code, out, err = cli(db, "resume", "--queue", "imgaes")
+    assert (code, out) == (0, "resumed imgaes\n")  # a typo would leave 'images' paused, with no word
+    assert err == "queuectl: note: queue 'imgaes' has no jobs, workers or limit yet (did you mean 'images'?)\n"
+    assert cli(db, "resume", "--queue", "images")[2] == ""
+    assert json.loads(ok(db, "status", "--json"))["paused_except"] == ["images", "imgaes"]
+    assert cli(db, "resume")[2] == ""
 
 
 def test_enqueue_and_add_into_a_paused_queue_say_so_on_stderr(db):
@@ -5339,6 +5432,13 @@ def test_purge_refuses_an_age_without_a_unit(states_db, number):
     assert snapshot(states_db) == before
     assert ok(states_db, "purge", "--older-than", f"{number}d") == "purged 0 completed jobs\n"
     assert ok(states_db, "wait", "done", "--timeout", number) == ""  # elsewhere a bare number is seconds
+
+
+@sqlite_only
+def test_purge_suggests_no_unit_for_a_negative_age(states_db):
+    code, out, err = cli(states_db, "purge", "--older-than", "-7")
+    assert (code, out) == (2, "")
+    assert_one_error(err, "argument --older-than: not a duration: '-7'")
 
 
 def test_purge_without_older_than_or_state_exits_2_naming_them(states_db):
@@ -9115,6 +9215,109 @@ def test_a_quiet_worker_builds_nothing_for_the_lines_it_does_not_write(store, mo
                                         "duration_s": 0.01}
 
 
+def test_routine_lines_written_past_logging_are_the_bytes_logging_writes(monkeypatch):
+    """The text format writes a job's claimed and completed lines without a log record (RoutineLines):
+    byte for byte what its handler writes for a record of the same message, time and process, escapes
+    included, and through the handler's stream, so the two kinds never interleave."""
+    import logging
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(queuectl.TextLines(logging.Formatter()))
+    monkeypatch.setattr(queuectl.time, "time", lambda: T0 + 0.2168)
+    message = f"job {TERMINAL_HOSTILE} claimed (attempt 1): x"
+    queuectl.RoutineLines(handler).write(message)
+    handler.emit(logging.makeLogRecord({"msg": message, "created": T0 + 0.2168, "process": os.getpid()}))
+    direct, logged = stream.getvalue().splitlines(keepends=True)
+    assert direct == logged == f"2027-01-15T08:00:00.216Z queuectl[{os.getpid()}]: job {TERMINAL_SHOWN} claimed (attempt 1): x\n"
+
+
+def test_routine_lines_a_write_that_fails_is_handled_as_logging_handles_it(monkeypatch):
+    """A full disk that frees up again: the line that failed stays in the stream's buffer and is written
+    once, as logging leaves it (not a second time through logging), and the handler's handleError gets it."""
+    import errno
+    import logging
+
+    class FullOnce(io.RawIOBase):
+        def __init__(self):
+            self.full, self.out = True, bytearray()
+
+        def writable(self):
+            return True
+
+        def write(self, data):
+            if self.full:
+                self.full = False
+                raise OSError(errno.ENOSPC, "No space left on device")
+            self.out += data
+            return len(data)
+
+    def written(past_logging: bool):
+        raw, reported = FullOnce(), []
+        handler = logging.StreamHandler(io.TextIOWrapper(io.BufferedWriter(raw), line_buffering=True))
+        handler.setFormatter(queuectl.TextLines(logging.Formatter()))
+        monkeypatch.setattr(handler, "handleError", lambda record: reported.append(record.getMessage()))
+        monkeypatch.setattr(logging.getLogger(), "handlers", [handler])  # a worker's logging: this handler alone
+        monkeypatch.setattr(logging.getLogger(), "level", logging.INFO)
+        for message in ("job a completed in 0.01s", "job b completed in 0.01s"):
+            if past_logging:
+                queuectl.RoutineLines(handler).write(message)  # no exception reaches the runner
+            else:
+                handler.handle(logging.makeLogRecord({"msg": message, "created": T0, "process": os.getpid()}))
+        return raw.out.decode(), reported
+    monkeypatch.setattr(queuectl.time, "time", lambda: T0)
+    assert written(past_logging=True) == written(past_logging=False) == (
+        "".join(f"2027-01-15T08:00:00.000Z queuectl[{os.getpid()}]: job {j} completed in 0.01s\n" for j in "ab"),
+        ["job a completed in 0.01s"])
+
+
+def test_routine_lines_go_through_logging_when_it_is_set_up_after_the_worker_started(monkeypatch):
+    """A handler added after configure_logging (a test harness, a program running main() in a thread) sees a
+    job's routine lines with their events, and a level set on the queuectl logger leaves them out, as for
+    any other line: RoutineLines writes them only while logging would write them through its handler alone."""
+    import argparse
+    import logging
+    root, logger = logging.getLogger(), logging.getLogger("queuectl")
+    monkeypatch.setattr(queuectl.log, "lines", None)
+    monkeypatch.setattr(root, "level", root.level)
+    monkeypatch.setattr(root, "handlers", [])
+    queuectl.configure_logging(argparse.Namespace(quiet=False, log_format="text"))
+    stream, seen = io.StringIO(), []
+    monkeypatch.setattr(root.handlers[0], "stream", stream)
+
+    class Seen(logging.Handler):
+        def emit(self, record):
+            seen.append((record.getMessage(), record.event))
+    root.addHandler(Seen())
+    queuectl.log.routine("job %s completed in %.2fs", ("a", 0.01), lambda: queuectl.event("job_completed"))
+    assert seen == [("job a completed in 0.01s", "job_completed")]
+    assert stream.getvalue().count("job a completed") == 1  # and the worker's own handler wrote it once
+    del root.handlers[1:]
+    monkeypatch.setattr(logger, "level", logging.WARNING)
+    monkeypatch.setattr(logger, "_cache", {})  # what setLevel clears
+    queuectl.log.routine("job %s completed in %.2fs", ("b", 0.01), lambda: queuectl.event("job_completed"))
+    assert "job b" not in stream.getvalue()
+
+
+def test_routine_lines_skip_logging_only_where_its_handler_is_the_only_one(monkeypatch):
+    """configure_logging writes the routine lines itself only where logging would write them through the
+    one handler it installed: not with --log-format json, nor where logging was set up before (pytest's
+    capture, a program that calls main()), whose handlers must see every record."""
+    import argparse
+    import logging
+    root = logging.getLogger()
+    monkeypatch.setattr(queuectl.log, "lines", None)
+    monkeypatch.setattr(root, "level", root.level)
+    monkeypatch.setattr(root, "handlers", [logging.NullHandler()])  # set up before, as pytest's capture is
+    queuectl.configure_logging(argparse.Namespace(quiet=False, log_format="text"))
+    assert queuectl.log.lines is None
+    root.handlers = []
+    queuectl.configure_logging(argparse.Namespace(quiet=False, log_format="text"))
+    assert isinstance(queuectl.log.lines, queuectl.RoutineLines) and root.handlers == [queuectl.log.lines.handler]
+    root.handlers = []
+    queuectl.configure_logging(argparse.Namespace(quiet=False, log_format="json"))
+    assert queuectl.log.lines is None
+
+
 def test_json_log_lines_carry_tracebacks_and_other_libraries_lines_on_one_line():
     import logging
     try:
@@ -10663,6 +10866,8 @@ def test_help_command_prints_a_commands_help(tmp_path):
     code, out, err = run_main(["help", "stauts"])
     assert (code, out) == (2, "")
     assert_one_error(err, "(did you mean 'status'?)")
+    code, out, err = run_main(["help", "help"])  # says what it is and what it takes, as every command does
+    assert code == 0 and "\na command's help, as COMMAND --help" in out and "COMMAND     a command, and its action" in out
 
 
 def test_bare_queuectl_prints_an_overview_on_stdout_and_exits_1_as_git_does(tmp_path, monkeypatch):
@@ -10746,6 +10951,18 @@ def test_enqueue_of_broken_json_gets_no_hint_to_add(db, text):
     assert (code, out) == (2, "")
     assert_one_error(err, "invalid JSON")
     assert "queuectl add" not in err
+
+
+@pytest.mark.parametrize("args", [("enqueue", "echo hi"), ("enqueue", '{"command": 5}'), ("enqueue", "[]"),
+                                  ("config", "set", "max-retries", "abc"), ("config", "set", "retention"),
+                                  ("schedule", "add", '{"id": "s", "command": "true"}'),
+                                  ("schedule", "update", "s", '{"every": "1h"'),
+                                  ("add", "--run-at", "garbage", "--", "true"), ("add", "--env", "X", "--", "true")])
+def test_invalid_input_to_a_command_that_writes_creates_no_queue(db, args):
+    """A typo in the wrong folder leaves no empty queue there, which would hide the next `no queue at` note."""
+    code, out, err = cli(db, *args)
+    assert (code, out) == (2, "") and not err.startswith("queuectl: note:"), err
+    assert not (pg_schema_exists(db) if is_pg(db) else os.path.exists(db)), args
 
 
 def test_enqueue_prints_the_id(db):
@@ -11332,7 +11549,9 @@ def test_list_state_filter(ran_db):
 @pytest.mark.parametrize("args, message", [(("list", "--limit", "-1"), "argument --limit: value '-1' must be an "
                                             "integer, 0 or more"),
                                            (("logs", "x", "--run", "0"), "argument --run: value '0' must be an "
-                                            "integer, 1 or more")])
+                                            "integer, 1 or more"),
+                                           (("list", "--limit", "9" * 20), f"value '{'9' * 20}' must be an integer "
+                                            f"from 0 to {queuectl.UNBOUNDED}")])
 def test_list_and_logs_name_a_range_without_an_upper_bound_as_readable(db, args, message):
     code, out, err = cli(db, *args)
     assert (code, out) == (2, "")
@@ -11726,6 +11945,19 @@ def test_wait_says_once_when_no_live_worker_serves_the_queue_and_keeps_waiting(d
     code, out, err = cli(db, "wait", "later", "--timeout", "1")
     assert code == 1
     assert_one_error(err, "timed out waiting for later")  # a worker serves it: nothing more to say
+
+
+def test_wait_says_so_when_the_worker_running_the_job_died_and_no_live_worker_serves_its_queue(db, monkeypatch):
+    # Only a live worker of its queue takes a dead worker's job back: until one starts it stays processing.
+    monkeypatch.setattr(queuectl, "WAIT_NO_WORKER_S", 0.2)  # the wait's --timeout is its deadline
+    with opened(db) as s:
+        register(s, "gone", now=s.now() - 3600)  # on another host, silent for an hour: dead
+        s.enqueue([spec("j")], s.now())
+        assert s.claim("gone", s.now()).id == "j"
+    code, out, err = cli(db, "wait", "j", "--timeout", "1")
+    assert (code, out) == (1, "")
+    assert err.splitlines()[:1] == [
+        "queuectl: note: no live worker serves queue 'default': start one with queuectl worker start"]
 
 
 def test_wait_blocks_until_the_worker_finishes_the_jobs(db, workers, tmp_path):
@@ -12566,8 +12798,9 @@ def test_installed_copy_passes_exit_codes_and_errors_through(tmp_path):
     program, env = _installed(tmp_path), _launcher_env(tmp_path)
     bad = _run_installed(program, env, "--db", str(tmp_path / "q.db"), "enqueue", "{not json")
     assert bad.returncode == 2 and bad.stderr.startswith(ERROR_PREFIX) and "Traceback" not in bad.stderr
+    assert not (tmp_path / "q.db").exists()  # bad input creates no queue
     missing = _run_installed(program, env, "--db", str(tmp_path / "q.db"), "show", "nope")
-    assert missing.returncode == 1 and missing.stderr.startswith(ERROR_PREFIX)
+    assert missing.returncode == 1 and missing.stderr.splitlines()[-1].startswith(ERROR_PREFIX)
 
 
 def test_installed_copy_does_not_import_from_the_current_folder(tmp_path):
@@ -12677,7 +12910,7 @@ def test_bench_a_figure_that_was_not_measured_is_never_a_pass(bench):
     assert bench.verdict("memory_rss", 30.0, why="the worker exited before /proc could be read") == bench.NOT_MEASURED
     # Rates, durations and ratios of zero are failed readings too; only latencies from enqueue exit
     # (a job can start before its enqueue exits) and idle costs are measured at zero or below.
-    for key in ("drain_ratio", "batch_rate", "scale_status", "scale_pickup_p50_ratio"):
+    for key in ("tsp_ratio", "cpu_ratio", "batch_rate", "scale_status", "scale_pickup_p50_ratio"):
         assert bench.verdict(key, 0.0) == bench.NOT_MEASURED, key
     assert bench.verdict("pickup_ack_p50", -3.9) == "pass"
     assert bench.verdict("idle_pct", 0.0) == "pass"
@@ -12688,6 +12921,18 @@ def test_bench_a_figure_that_was_not_measured_is_never_a_pass(bench):
     assert bench.ratio(1.0, None) is None and bench.ratio(None, 2.0) is None and bench.ratio(1.0, 0.0) is None
 
 
+def test_bench_cpu_ratio_is_the_workers_cpu_less_its_idle_cpu_against_the_loops(bench, tmp_path):
+    b = bench.Bench({"seed": 1}, str(tmp_path))
+    b.raw["drain"] = {}
+    drains = [{"self_cpu_s": 0.9, "idle_cpu_s": 0.1}, {"self_cpu_s": 1.3, "idle_cpu_s": 0.3}]
+    bench.cpu_figure(b, drains, [0.2, 0.25], 1000)  # 0.8 / 0.2 and 1.0 / 0.25 ms a job
+    [figure] = b.results
+    assert (figure["key"], figure["value"], figure["verdict"]) == ("cpu_ratio", 4.0, "fail")
+    assert "worker 0.900 ms, loop 0.225 ms a job" in figure["detail"]
+    bench.cpu_figure(b, [{"self_cpu_s": None, "idle_cpu_s": 0.1}], [0.2], 1000)  # a worker gone before /proc was read
+    assert b.results[-1]["value"] is None and b.results[-1]["verdict"] == bench.NOT_MEASURED
+
+
 def test_bench_report_shows_unmeasured_figures_and_tiny_mode_gives_no_verdict(bench, tmp_path):
     meta = {"date": "2026-01-01 00:00 UTC", "queuectl": "test", "cores": 2, "cpu": "", "disk": "", "python": "3",
             "sqlite": "3", "other_load": "unknown", "mode": "full", "params": {}}
@@ -12695,7 +12940,7 @@ def test_bench_report_shows_unmeasured_figures_and_tiny_mode_gives_no_verdict(be
         b = bench.Bench({"seed": 1}, str(tmp_path), verdicts=verdicts)
         b.add("memory_rss", "peak RSS", 0.0, "MB")
         b.add("idle_pct", "idle", 0.2, "%")
-        b.add("drain_ratio", "drain ratio", 0.5, "x")
+        b.add("tsp_ratio", "drain / task-spooler", 0.5, "x")
         b.add("batch_rate", "batch", None, "jobs/s", why="`enqueue -` missing")
         report = bench.render({**meta, "verdicts": verdicts}, b.results, [])
         rss = next(line for line in report.splitlines() if line.startswith("| peak RSS"))
