@@ -6462,6 +6462,9 @@ class Worker:
                 for _ in range(64):  # a flood is read in bounded gulps: one look for each
                     sock.recv(1)
             self.tick.set()
+            # The main loop looks no sooner: what arrives meanwhile waits (a flood fills the queue, then
+            # its senders are refused), instead of costing this process a read for each datagram.
+            self.ended.wait(TICK_GAP_S)
         sock.close()
 
     def _stop_hearing(self) -> None:

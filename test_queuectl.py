@@ -8152,6 +8152,37 @@ def test_a_worker_looks_again_no_sooner_than_a_tick_for_jobs_falling_due_in_a_pa
     finally:
         worker.store.close()
 
+
+def test_a_flood_of_datagrams_is_read_one_gulp_per_tick_not_as_fast_as_it_comes(sqlite_db):
+    worker = queuectl.Worker(sqlite_db, 1, False)
+    heard, flooded = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    looks, pauses = [], []
+
+    class Tick:
+        def set(self):
+            looks.append(1)
+
+    class Ended:
+        def wait(self, timeout):
+            pauses.append(len(looks))
+            heard.shutdown(socket.SHUT_RDWR)
+    worker.tick, worker.ended = Tick(), Ended()
+    try:
+        flooded.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            for _ in range(200):
+                flooded.send(b"x")
+        hearing = threading.Thread(target=worker._hear, args=(heard,), daemon=True)
+        hearing.start()
+        wait_for(lambda: pauses or len(looks) > 1, "the flood to be heard")
+        with contextlib.suppress(OSError):
+            heard.shutdown(socket.SHUT_RDWR)
+        hearing.join(timeout=10)
+        assert pauses[:1] == [1]  # one gulp, one look, then a pause before it reads more
+    finally:
+        flooded.close()
+        worker.store.close()
+
 # ---- real workers: running, retrying, timing out, recovering jobs --------------------------------
 
 def test_burst_worker_runs_a_job_and_captures_its_output(db, workers, tmp_path):
