@@ -3009,7 +3009,8 @@ class SqliteStore(Store):
             self._roll_back(cur)
             raise
         if self.wake_ids:  # after the commit: a worker woken before it would find nothing
-            self.waker = self.waker or WakeSender()
+            if not (self.waker and self.waker.sock):  # none yet, or none was had (no descriptor left): try again
+                self.waker = WakeSender()
             self.waker.send(self.path, self.wake_ids)
         return result
 

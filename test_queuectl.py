@@ -6388,6 +6388,24 @@ def test_an_sqlite_commit_that_makes_a_job_due_wakes_the_workers_of_this_host_on
         assert heard() == 1
 
 
+def test_an_sqlite_store_that_had_no_socket_for_its_wake_ups_tries_again_at_the_next_commit(tmp_path, monkeypatch):
+    import _socket
+    with contextlib.closing(queuectl.SqliteStore(str(tmp_path / "q.db"))) as s, \
+            socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as here:
+        worker_id = f"{os.uname().nodename}:1:test{os.getpid()}"
+        s.register(worker_id, queuectl.host_identity(), 1, T0)
+        here.bind(queuectl.wake_address(os.stat(s.path), worker_id))
+        real = _socket.socket
+
+        def no_descriptor_left(*args):
+            raise OSError(24, "Too many open files")
+        monkeypatch.setattr(_socket, "socket", no_descriptor_left)
+        s.enqueue([spec("a")], T0)  # a moment with no descriptor left: this wake-up is lost, the job is not
+        monkeypatch.setattr(_socket, "socket", real)
+        s.enqueue([spec("b")], T0)
+        here.settimeout(10)
+        assert here.recv(1) == b""  # the next commit's wake-up is sent
+
 def test_postgres_cli_round_trip(pg_url, monkeypatch):
     monkeypatch.delenv("QUEUECTL_DB", raising=False)
     first = enqueue(pg_url, id="a", command="echo hi", priority=2, queue="q1")
