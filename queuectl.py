@@ -2970,7 +2970,8 @@ class SqliteStore(Store):
             self._roll_back(cur)
             raise
         if self.wake_ids:  # after the commit: a worker woken before it would find nothing
-            self.waker = self.waker or WakeSender()
+            if not (self.waker and self.waker.sock):  # none yet, or none was had (no descriptor left): try again
+                self.waker = WakeSender()
             self.waker.send(self.path, self.wake_ids)
         return result
 
@@ -5783,10 +5784,12 @@ class ScheduleFirer:
         self.unlogged: set[str] = set()
         self.logged = threading.Condition()
 
-    def tick(self, store: Store, mono: float, now: float | None = None) -> list[tuple]:
-        """Fire what is due; returns the events of Store.fire_schedules (logged here)."""
+    def tick(self, store: Store, mono: float, now: float | None = None, slack: float = 0.0) -> list[tuple]:
+        """Fire what is due; returns the events of Store.fire_schedules (logged here). A lookup due
+        within `slack` seconds is made now (one wake-up for the worker's round)."""
         now = store.now() if now is None else now
-        if mono - self.checked_at < SCHEDULE_CHECK_S and now < self.due_at:
+        if mono + slack - self.checked_at < SCHEDULE_CHECK_S and now < self.due_at:
+            self.due_mono = mono + (self.due_at - now)  # again: the clock may have been set back since
             return []
         self.checked_at, events = mono, []
         earliest = store.next_schedule_at()
@@ -6147,7 +6150,7 @@ class Worker:
             due["retention"] = mono + RETENTION_INTERVAL_S
             self._apply_retention()
         if not self.stopping.is_set():  # a stopping worker fires nothing more
-            self.schedules.tick(self.store, soon)
+            self.schedules.tick(self.store, mono, slack=ROUND_SLACK_S)
         if woken or soon >= due["poll"]:
             due["poll"] = self._poll(mono)
 
@@ -6329,7 +6332,8 @@ class Worker:
     def _poll(self, mono: float) -> float:
         """Wake an idle thread when a job is due; in burst mode, stop when the queue is drained. Returns
         when to poll again: at the regular check, or when the next job falls due if that is sooner (no
-        wake-up comes when a delay or a backoff ends)."""
+        wake-up comes when a delay or a backoff ends), but no sooner than TICK_GAP_S: jobs falling due
+        close together in a queue no claim takes (paused, full, not ours) must not make a busy loop."""
         now = self.store.now()
         if self.store.due_now(now, self.queues):
             self._wake_runners(every=False)
@@ -6337,7 +6341,7 @@ class Worker:
                 and self.store.burst_done(now, self.queues):
             self._stop("burst: queue drained")
         at = self.store.next_due_at(now)
-        return min(mono + POLL_INTERVAL_S, math.inf if at is None else mono + (at - now))
+        return min(mono + POLL_INTERVAL_S, math.inf if at is None else mono + max(TICK_GAP_S, at - now))
 
     # -- wake-ups on a socket (SQLite) -----------------------------------------------------------
 
@@ -6374,6 +6378,9 @@ class Worker:
                 for _ in range(64):  # a flood is read in bounded gulps: one look for each
                     sock.recv(1)
             self.tick.set()
+            # The main loop looks no sooner: what arrives meanwhile waits (a flood fills the queue, then
+            # its senders are refused), instead of costing this process a read for each datagram.
+            self.ended.wait(TICK_GAP_S)
         sock.close()
 
     def _stop_hearing(self) -> None:

@@ -2485,6 +2485,15 @@ def test_schedule_firer_looks_up_once_a_second_and_fires_a_known_slot_at_once(st
     assert firer.due_at == T0 + 20
 
 
+def test_schedule_firer_set_back_by_the_clock_sleeps_until_the_slot_not_in_a_busy_loop(store):
+    add_schedule(store, now=T0, every="10s")
+    firer = queuectl.ScheduleFirer()
+    firer.tick(store, mono=108.5, now=T0 + 9.5)  # a lookup: the slot T0 + 10 is half a second away
+    assert firer.next_tick() == 109.0
+    assert firer.tick(store, mono=109.0, now=T0 - 51.0) == []  # the clock was set back a minute meanwhile
+    assert firer.next_tick() > 109.0  # else the worker's next round is at once, again and again, until a lookup
+
+
 def test_schedule_json_round_trips_through_the_store(store):
     add_schedule(store, now=T0, cron="0 2 * * *", tz="Europe/Berlin", overlap="allow", env={"K": "v"})
     assert store.schedule("s").to_dict() == {
@@ -2971,6 +2980,19 @@ def test_a_stopping_worker_fires_nothing(db):
         worker.stopping.clear()
         worker._housekeeping(idle, time.monotonic(), woken=False)
         assert [i.partition("@")[0] for i in list_ids(db)] == ["a"]
+    finally:
+        worker.store.close()
+
+
+def test_a_worker_round_looks_up_schedules_early_but_sleeps_until_the_slot_itself(db):
+    ok(db, "schedule", "add", '{"id": "a", "every": "1h", "command": "true"}')
+    worker = queuectl.Worker(db, 1, False)
+    try:
+        idle = dict.fromkeys(("beat", "sweep", "cancels", "retention", "poll"), math.inf)  # only schedules
+        mono, before = time.monotonic(), worker.store.now()
+        worker._housekeeping(idle, mono, woken=False)
+        slot = worker.store.next_schedule_at()
+        assert slot > before and worker.schedules.due_mono <= mono + (slot - before)  # not ROUND_SLACK_S late
     finally:
         worker.store.close()
 
@@ -6379,6 +6401,24 @@ def test_an_sqlite_commit_that_makes_a_job_due_wakes_the_workers_of_this_host_on
         assert heard() == 1
 
 
+def test_an_sqlite_store_that_had_no_socket_for_its_wake_ups_tries_again_at_the_next_commit(tmp_path, monkeypatch):
+    import _socket
+    with contextlib.closing(queuectl.SqliteStore(str(tmp_path / "q.db"))) as s, \
+            socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as here:
+        worker_id = f"{os.uname().nodename}:1:test{os.getpid()}"
+        s.register(worker_id, queuectl.host_identity(), 1, T0)
+        here.bind(queuectl.wake_address(os.stat(s.path), worker_id))
+        real = _socket.socket
+
+        def no_descriptor_left(*args):
+            raise OSError(24, "Too many open files")
+        monkeypatch.setattr(_socket, "socket", no_descriptor_left)
+        s.enqueue([spec("a")], T0)  # a moment with no descriptor left: this wake-up is lost, the job is not
+        monkeypatch.setattr(_socket, "socket", real)
+        s.enqueue([spec("b")], T0)
+        here.settimeout(10)
+        assert here.recv(1) == b""  # the next commit's wake-up is sent
+
 def test_postgres_cli_round_trip(pg_url, monkeypatch):
     monkeypatch.delenv("QUEUECTL_DB", raising=False)
     first = enqueue(pg_url, id="a", command="echo hi", priority=2, queue="q1")
@@ -8129,6 +8169,50 @@ def test_a_worker_whose_wake_up_address_is_taken_still_finds_jobs_at_its_regular
             wait_for(lambda: s.get("a").state == "completed", "the regular check to find the job")
     assert "no wake-ups" in caplog.text
 
+
+
+def test_a_worker_looks_again_no_sooner_than_a_tick_for_jobs_falling_due_in_a_paused_queue(db, monkeypatch):
+    worker = queuectl.Worker(db, 1, False)
+    try:
+        worker.store.pause(["q"])
+        worker.store.enqueue([spec("soon", queue="q", run_at=T0 + 0.001), spec("next", queue="q", run_at=T0 + 0.002)],
+                             T0)
+        monkeypatch.setattr(worker.store, "now", lambda: T0)
+        # Not at each due time: jobs due close together that no claim takes would keep it looking, a busy loop.
+        assert worker._poll(100.0) == 100.0 + queuectl.TICK_GAP_S
+    finally:
+        worker.store.close()
+
+
+def test_a_flood_of_datagrams_is_read_one_gulp_per_tick_not_as_fast_as_it_comes(sqlite_db):
+    worker = queuectl.Worker(sqlite_db, 1, False)
+    heard, flooded = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    looks, pauses = [], []
+
+    class Tick:
+        def set(self):
+            looks.append(1)
+
+    class Ended:
+        def wait(self, timeout):
+            pauses.append(len(looks))
+            heard.shutdown(socket.SHUT_RDWR)
+    worker.tick, worker.ended = Tick(), Ended()
+    try:
+        flooded.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            for _ in range(200):
+                flooded.send(b"x")
+        hearing = threading.Thread(target=worker._hear, args=(heard,), daemon=True)
+        hearing.start()
+        wait_for(lambda: pauses or len(looks) > 1, "the flood to be heard")
+        with contextlib.suppress(OSError):
+            heard.shutdown(socket.SHUT_RDWR)
+        hearing.join(timeout=10)
+        assert pauses[:1] == [1]  # one gulp, one look, then a pause before it reads more
+    finally:
+        flooded.close()
+        worker.store.close()
 
 # ---- real workers: running, retrying, timing out, recovering jobs --------------------------------
 
