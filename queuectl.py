@@ -7885,7 +7885,7 @@ def job_fields_help() -> str:
 
 
 SCHEDULE_FIELDS_HELP = """JSON fields (default):
-  id           required: its jobs are ID@SLOT
+  id           required (update: ID, if given): its jobs are ID@SLOT
   cron         one of cron and every: five fields (minute hour day month weekday) or @hourly, @daily, ...
   every        one of cron and every: a duration, e.g. 30s, 15m, 2h, 1d
   tz           this machine's zone: an IANA name such as Europe/Berlin, in which cron is read
@@ -8048,7 +8048,8 @@ def _add_schedule_commands(s) -> None:
     n.add_argument("--after", type=_time_arg, default=None, metavar="TIME",
                    help="ISO-8601 (no offset: local time) or Unix seconds (default now)")
     u = _command(s, "update", cmd_schedule_update, "replace a schedule's expression, zone, overlap and job template "
-                 "(its last job stays; slots already passed do not fire)", ids="1", check=check_schedule)
+                 "(its last job stays; slots already passed do not fire)", ids="1", check=check_schedule,
+                 epilog=SCHEDULE_FIELDS_HELP)
     u.add_argument("schedule", metavar="JSON", help="the object `schedule add` takes; an id in it must be ID")
     _command(s, "pause", cmd_schedule_pause, "stop making jobs from these schedules", ids="+")
     _command(s, "resume", cmd_schedule_resume, "make jobs again, from the next slot on (missed slots do not fire)",

@@ -10963,7 +10963,7 @@ def test_db_and_json_go_before_or_after_the_command_and_the_later_one_wins(tmp_p
 LEAF_COMMANDS = [[name] for name in COMMAND_NAMES if name not in ("worker", "dlq", "config", "schedule", "help")] + [
     ["worker", "start"], ["worker", "stop"], ["worker", "list"], ["dlq", "list"], ["dlq", "retry"], ["config", "set"],
     ["config", "get"], ["config", "list"], ["schedule", "add"], ["schedule", "list"], ["schedule", "next"],
-    ["schedule", "pause"], ["schedule", "resume"], ["schedule", "remove"]]
+    ["schedule", "update"], ["schedule", "pause"], ["schedule", "resume"], ["schedule", "remove"]]
 
 
 @pytest.mark.parametrize("argv", LEAF_COMMANDS, ids=" ".join)
@@ -10978,13 +10978,14 @@ def test_every_option_of_every_command_has_a_help_text(argv):
             assert following.startswith(" " * 6) and not following.strip().startswith("-"), (argv, line)
 
 
-def test_enqueue_and_schedule_add_help_list_the_json_fields_with_their_defaults():
+def test_enqueue_and_schedule_add_and_update_help_list_the_json_fields_with_their_defaults():
     out = run_main(["enqueue", "--help"])[1].split("JSON fields (default):\n")[1]
     assert [line.split()[0] for line in out.splitlines()] == sorted(queuectl.JOB_FIELDS, key=out.index)
     assert re.search(r"^  max_retries +config max-retries \(3\)", out, re.M) and re.search(r"^  queue +default$", out, re.M)
-    out = run_main(["schedule", "add", "--help"])[1].split("JSON fields (default):\n")[1]
-    assert all(re.search(rf"^  {field} ", out, re.M) for field in queuectl.SCHEDULE_FIELDS)
-    assert ", ".join(queuectl.TEMPLATE_FIELDS) in out and re.search(r"^  overlap +skip", out, re.M)
+    for command in ("add", "update"):
+        out = run_main(["schedule", command, "--help"])[1].split("JSON fields (default):\n")[1]
+        assert all(re.search(rf"^  {field} ", out, re.M) for field in queuectl.SCHEDULE_FIELDS)
+        assert ", ".join(queuectl.TEMPLATE_FIELDS) in out and re.search(r"^  overlap +skip", out, re.M)
 
 
 def test_options_of_a_lazily_built_command_still_parse_and_fail_as_before(db):
