@@ -5916,6 +5916,7 @@ class Worker:
         self.stalled_s = 0.0  # how late our heartbeats were committed, in all (see lease_expired)
         self.beat_ok_at = time.monotonic()  # when the last heartbeat that went through was sent
         self.was_cut_off = False
+        self.cut_runs: set[tuple[str, int]] = set()  # (job id, run) of runs a cut-off killed (see _note_cut_off)
         self.leaving: str | None = None  # why this worker may serve the database no more (see _leave)
         self.unregistered = False  # leaving with no row of ours left (see _on_lost_registration)
         self.runners: list[Runner] = []
@@ -6012,6 +6013,7 @@ class Worker:
         if registration != self.registration:
             return "worker lost its registration"
         if self.cut_off():
+            self.cut_runs.add((job.id, job.run_count))  # counted by the cut-off's line, even once it has ended
             return CUT_OFF
         return "canceled" if (job.id, job.run_count) in self.canceled else None
 
@@ -6246,13 +6248,20 @@ class Worker:
             cut = self.cut_off()
             if cut and not self.was_cut_off:
                 # The jobs whose processes run now: the runners kill them within their next look at abort().
-                late, running = time.monotonic() - self.beat_ok_at, sum(1 for r in self.runners if r.running)
+                late, running = time.monotonic() - self.beat_ok_at, len(self._cut_runs())
                 log.error("no heartbeat for %.1fs (half of stale-timeout): killing %d running job(s), "
                           "to be recorded as lost when the database is back", late, running,
                           extra=event("heartbeat_lost", seconds=round(late, 3), running=running))
             elif self.was_cut_off and not cut:
                 log.warning("heartbeat works again; claiming again", extra=event("heartbeat_back"))
+                self.cut_runs.clear()
             self.was_cut_off = cut
+
+    def _cut_runs(self) -> set[tuple[str, int]]:
+        """The runs a cut-off kills: those running now, and those a runner saw cut off and killed before
+        this thread got to say so (a runner checks every GRACE_STEP_S; the guard may be scheduled later)."""
+        running = {(r.current.id, r.current.run_count) for r in list(self.runners) if r.running and r.current}
+        return running | set(self.cut_runs)
 
     # -- the guard: what must happen on time whatever the database does ---------------------------
 

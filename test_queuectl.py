@@ -8968,6 +8968,29 @@ def test_postgres_the_cut_off_line_does_not_count_a_start_that_waits_on_the_data
         worker.store.close()
 
 
+def test_postgres_the_cut_off_line_counts_a_run_its_runner_killed_first(pg_url, caplog):
+    """A runner looks at abort() every GRACE_STEP_S and may see the cut-off, kill its run and end it
+    before the guard thread (scheduled late on a loaded machine) says so: the line still counts that run."""
+    worker = queuectl.Worker(pg_url, 1, False)
+    try:
+        register(worker.store, worker.worker_id)
+        worker.store.enqueue([spec("j", command="true")], worker.store.now())
+        runner = worker._new_runner()
+        job = worker.store.claim(worker.worker_id, worker.store.now())
+        runner.current, runner.running = job, True
+        worker.stale_s, worker.beat_ok_at = 4.0, time.monotonic() - 3.0
+        assert worker.abort_reason(job, worker.registration) == queuectl.CUT_OFF
+        runner.running = False  # killed and ended: only then does the guard get to run
+        with caplog.at_level("ERROR", logger="queuectl"):
+            worker._note_cut_off()
+        lines = [r.getMessage() for r in caplog.records if "no heartbeat" in r.getMessage()]
+        assert len(lines) == 1 and "killing 1 running job(s)" in lines[0], lines
+    finally:
+        for runner in worker.runners:
+            runner.store.close()
+        worker.store.close()
+
+
 def test_postgres_a_job_timing_out_while_the_server_hangs_dies_before_another_host_reruns_it(
         pg_url, hosts, workers, hanging_pg, tmp_path):
     """The job's timeout falls due while host A's server hangs: the kill must not wait on it, and the
@@ -8987,7 +9010,7 @@ def test_postgres_a_job_timing_out_while_the_server_hangs_dies_before_another_ho
     wait_for(lambda: not _run_processes(token), "host A's run to be killed", timeout=4 * stale_s)
     dead_after_s = time.monotonic() - hung_at
     assert dead_after_s <= stale_s / 2 + 1, f"killed {dead_after_s:.1f} s after the hang"
-    a.proc.wait_log("killing 1 running job(s)", timeout=2)  # said while the server still hangs
+    a.proc.wait_log("killing 1 running job(s)", timeout=stale_s / 2)  # said while the server still hangs
     wait_for(lambda: state_of(pg_url, "j") == "completed", "the rerun on host B", timeout=6 * stale_s)
     assert (tmp_path / "runs").read_text() == "run\nrerun\n"  # no overlap
     assert b.proc.popen.poll() is None
