@@ -1537,7 +1537,11 @@ class SharedSQL:
                      "ON CONFLICT (queue) DO UPDATE SET max_running = excluded.max_running")
     SQL_REMOVE_LIMIT = "DELETE FROM queue_limits WHERE queue = %s"
     SQL_LIMITS = "SELECT queue, max_running FROM queue_limits ORDER BY queue"
-    SQL_LIMITED = "SELECT 1 FROM queue_limits WHERE queue = %s"  # a run that ends frees a slot
+    # What a run that ended must see to: jobs that depend on its job (released or killed with it), and
+    # a limit on its queue (it frees a slot: wake the workers). Most jobs have neither, and this one
+    # read of two index seeks spares them the update of dependents, which builds a temporary table.
+    SQL_RUN_TIES = ("SELECT EXISTS (SELECT 1 FROM deps WHERE dep_id = %s), "
+                    "EXISTS (SELECT 1 FROM queue_limits WHERE queue = %s)")
 
     SQL_REGISTER = ("INSERT INTO workers (id, host, pid, proc_start, boot_id, pid_ns, threads, started_at, "
                     "heartbeat_at, queues, version) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
@@ -2163,14 +2167,17 @@ class Store:
         if cur.rowcount != 1:
             return None
         self._close_run(cur, job, state, outcome, now)
-        self._settle_dependents(cur, job.id, state, now)
-        self._wake_for_finished(cur, job.queue, retry=state == FAILED)
+        self._after_run(cur, job, state, now, retry=state == FAILED)
         return _finished(job, state, attempts, next_run_at, outcome, now)
 
-    def _wake_for_finished(self, cur: Cursor, queue: str, retry: bool) -> None:
-        """Wake the workers for a run that ended: its job runs again (now, or later: they sleep until
-        then), or it held a slot of a limited queue, whose waiting jobs may run now."""
-        if retry or cur.execute(self.sql.SQL_LIMITED, (queue,)).fetchone():
+    def _after_run(self, cur: Cursor, job: Job, state: str, now: float, retry: bool) -> None:
+        """What a run that ended sets off: its dependents released or killed (see _settle_dependents), and
+        a wake-up of the workers if its job runs again (now, or later: they sleep until then) or it held
+        a slot of a limited queue, whose waiting jobs may run now."""
+        dependents, limited = cur.execute(self.sql.SQL_RUN_TIES, (job.id, job.queue)).fetchone()
+        if dependents:
+            self._settle_dependents(cur, job.id, state, now)
+        if retry or limited:
             self._wake_workers(cur)
 
     def _close_run(self, cur: Cursor, job: Job, label: str, outcome: Outcome, now: float) -> None:
@@ -2209,8 +2216,7 @@ class Store:
                                           outcome.error if outcome.interrupted == "canceled" else "canceled")
             cur.execute(self.sql.SQL_REQUEUE, (state, int(lost), error, now, now, job.id, worker_id, job.run_count))
             self._close_run(cur, job, "canceled" if flag[0] else "lost" if lost else "stopped", outcome, now)
-            self._settle_dependents(cur, job.id, state, now)
-            self._wake_for_finished(cur, job.queue, retry=state == PENDING)
+            self._after_run(cur, job, state, now, retry=state == PENDING)
             return state
         return self.write(requeue)
 
@@ -3042,7 +3048,10 @@ class SqliteStore(Store):
         return bool(self.read(self.sql.SQL_NEXT_DUE, {"now": now, "queues": _served(queues)}))
 
     def _claim_in(self, cur: sqlite3.Cursor, worker_id: str, now: float, queues: tuple) -> Job | None:
-        cur.execute(self.sql.SQL_PROMOTE, (now,))
+        # Asked first: the promotion's UPDATE builds a temporary table even when no staged job is due
+        # (most claims), and this read is one index seek (figures in DECISIONS.md).
+        if cur.execute(self.sql.SQL_ANY_STAGED, {"now": now}).fetchone():
+            cur.execute(self.sql.SQL_PROMOTE, (now,))
         if HAS_RETURNING:
             row = cur.execute(self.sql.SQL_CLAIM, {"worker": worker_id, "now": now, "queues": _served(queues)}).fetchone()
         else:
@@ -3435,7 +3444,7 @@ class PostgresSQL:
     # PostgresStore._complete_and_claim).
     # It restates Store._finish_in's path for a completed run (SharedSQL.SQL_FINISH_JOB, then
     # SQL_FINISH_RUN in _close_run, SQL_RELEASE_DEPENDENTS and _wake_workers in _settle_dependents,
-    # SQL_LIMITED in _wake_for_finished): a change to one is made to the other. The test
+    # SQL_RUN_TIES's limit): a change to one is made to the other. The test
     # test_postgres_fast_paths_leave_the_rows_of_the_statements_they_restate compares their rows.
     SQL_COMPLETE = """
     WITH finished AS (
