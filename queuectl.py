@@ -1619,6 +1619,9 @@ class SqliteSQL:
     # A queue is full when it has as many processing jobs as its limit (`queuectl limit`): BEGIN
     # IMMEDIATE makes every claim see every other's, so the count is exact; a full queue, like a
     # paused one, costs one index seek and a count of at most its limit, whatever its backlog.
+    # Written for SQLite's cost of a run (it runs in every claim and poll): the pause checks as
+    # equalities and the heads joined, not `IN (name, '*')` nor `seq IN (heads)`, for which it builds a
+    # temporary index at each run (figures in DECISIONS.md).
     SQL_NEXT_DUE = """
     WITH RECURSIVE q(name) AS (  -- every queue with a ready job: one index seek per queue (a skip-scan)
         SELECT (SELECT queue FROM jobs INDEXED BY jobs_claim
@@ -1636,12 +1639,14 @@ class SqliteSQL:
                 AND next_run_at <= :now ORDER BY priority DESC, next_run_at, seq LIMIT 1)
         FROM served
         WHERE served.name IS NOT NULL
-          AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (served.name, '*'))
+          AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue = served.name)
+               AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue = '*')
                OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || served.name))  -- resumed alone
           AND NOT EXISTS (SELECT 1 FROM queue_limits AS l WHERE l.queue = served.name  -- full: at its limit
                           AND l.max_running <= (SELECT count(*) FROM jobs INDEXED BY jobs_running
                                                 WHERE state = 'processing' AND queue = served.name)))
-    SELECT id FROM jobs WHERE seq IN (SELECT seq FROM heads) ORDER BY priority DESC, next_run_at, seq LIMIT 1"""
+    SELECT jobs.id FROM heads JOIN jobs ON jobs.seq = heads.seq
+    ORDER BY jobs.priority DESC, jobs.next_run_at, jobs.seq LIMIT 1"""
     # The claim, one statement: the update of the job SQL_NEXT_DUE chooses, composed from that whole
     # statement so the two cannot disagree (parameters :worker, and SQL_NEXT_DUE's :now and :queues).
     SQL_CLAIM = f"""
