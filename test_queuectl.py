@@ -3190,6 +3190,65 @@ def test_finish_by_a_worker_that_lost_the_job_writes_nothing(store):
     assert store.finish(again, "w2", outcome(), SETTINGS, T0 + 3).state == "completed"
 
 
+def test_a_run_that_ends_sees_to_its_dependents_and_limited_queue_alone(store, monkeypatch):
+    """A finished run releases or kills its dependents and wakes the workers for a freed slot of a
+    limited queue; a run without dependents in an unlimited queue wakes nobody (SQL_RUN_TIES's two answers)."""
+    woken = []
+    monkeypatch.setattr(store, "_wake_workers", lambda cur: woken.append(True))
+    register(store)
+    store.set_limit("solo", 1)
+    store.enqueue([spec("a", queue="solo"), spec("b", depends_on=["a"], priority=5), spec("c", max_retries=0),
+                   spec("d", depends_on=["c"]), spec("e", run_at=T0 + 3600), spec("f", depends_on=["e"])], T0)
+    woken.clear()
+    job = store.claim("w1", T0, ("solo",))
+    assert store.finish(job, "w1", outcome(), SETTINGS, T0 + 1).state == "completed"
+    assert store.get("b").waiting_on == 0 and woken  # released, and the slot freed
+    woken.clear()
+    job = store.claim("w1", T0 + 1, ("default",))
+    assert job.id == "b" and store.finish(job, "w1", outcome(), SETTINGS, T0 + 2).state == "completed"
+    assert not woken  # nothing depends on b, and its queue has no limit
+    job = store.claim("w1", T0 + 2)
+    assert job.id == "c" and store.finish(job, "w1", outcome(1, "boom"), SETTINGS, T0 + 3).state == "dead"
+    assert (store.get("d").state, store.get("d").last_error) == ("dead", "dependency c is dead")
+    job = store.claim("w1", T0 + 3600)
+    assert job.id == "e" and store.interrupt(job, "w1", LOST, False, T0 + 3601) == "pending"
+    assert (store.get("f").state, store.get("f").waiting_on) == ("pending", 1) and woken  # requeued: runs again
+
+
+def test_a_result_without_dependents_or_a_job_falling_due_runs_no_update_for_them(sqlite_store):
+    """The result-and-claim transaction runs the dependents' update only for a job something depends
+    on, and the promotion only when a staged job has fallen due: on SQLite each builds a temporary
+    table, a share of every short job's cost when most jobs need neither."""
+    register(sqlite_store)
+    sqlite_store.enqueue([spec("a"), spec("b"), spec("c", depends_on=["b"]), spec("later", run_at=T0 + 60)], T0)
+    sql = sqlite_store.sql
+    ran = []
+    sqlite_store.conn.set_trace_callback(ran.append)
+
+    def result_and_claim(job, now):
+        ran.clear()
+        return sqlite_store.finish_and_claim(job, "w1", outcome(), SETTINGS, now, ())[1]
+    try:
+        job = result_and_claim(sqlite_store.claim("w1", T0), T0 + 1)
+        assert job.id == "b"
+        assert not any(s.startswith(("UPDATE jobs SET waiting_on", "UPDATE jobs SET ready")) for s in ran), ran
+        assert len(ran) == 8, ran  # BEGIN, the job, its run, its ties, any staged due, the claim, the run, COMMIT
+        job = result_and_claim(job, T0 + 61)  # b releases c; `later` has fallen due
+        assert any(s.startswith("UPDATE jobs SET waiting_on") for s in ran)
+        assert any(s.startswith("UPDATE jobs SET ready") for s in ran) and job.id in ("c", "later")
+    finally:
+        sqlite_store.conn.set_trace_callback(None)
+    assert sql.SQL_RUN_TIES and sqlite_store.get("c").waiting_on == 0
+
+
+def test_the_claims_choice_builds_no_temporary_index_for_pauses_or_queue_heads(sqlite_store):
+    """SQL_NEXT_DUE runs in every claim and poll: SQLite builds a temporary index at each run for an IN
+    list with a column in it and for `IN (subquery)`, so the pause checks are equalities and the heads
+    a join. What is left: the skip-scan's queue of queues, its union, and the sort of the heads."""
+    plan = sqlite_store.conn.execute("EXPLAIN " + sqlite_store.sql.SQL_NEXT_DUE, {"now": T0, "queues": None}).fetchall()
+    assert sum(1 for row in plan if row[1] == "OpenEphemeral") <= 3
+
+
 def test_recovery_is_not_an_attempt_but_is_capped(store):
     register(store)
     store.enqueue([spec()], T0)
@@ -9314,6 +9373,15 @@ def test_routine_lines_written_past_logging_are_the_bytes_logging_writes(monkeyp
     handler.emit(logging.makeLogRecord({"msg": message, "created": T0 + 0.2168, "process": os.getpid()}))
     direct, logged = stream.getvalue().splitlines(keepends=True)
     assert direct == logged == f"2027-01-15T08:00:00.216Z queuectl[{os.getpid()}]: job {TERMINAL_SHOWN} claimed (attempt 1): x\n"
+
+
+def test_text_log_time_is_iso_to_the_millisecond_rounded_as_datetime_rounds_it():
+    """TextLines formats a line's date and time once a second (stamp_of): every instant reads as iso()
+    reads it, at a second's edges too, where datetime's rounding to microseconds carries into the next."""
+    edges = [0.0, 1.9995, 1.9999996, 1.0000004, 1_764_678_888.0, 1_764_678_888.9994999, 1_764_678_888.99999951]
+    instants = edges + [1_764_678_888 + n / 997 for n in range(3000)] + [T0 - n / 3 for n in range(3000)]
+    for t in instants:
+        assert queuectl.TextLines.stamp_of(t) == queuectl.iso(t), t
 
 
 def test_routine_lines_a_write_that_fails_is_handled_as_logging_handles_it(monkeypatch):
