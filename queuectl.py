@@ -5194,9 +5194,10 @@ def _search_program(name: str, cwd: str, path: bytes) -> bytes | None:
 
 
 def _shell_pwd(cwd: str, inherited: bytes) -> bytes:
-    """$PWD as dash exports it: the inherited value if it names the job's folder, else the real path."""
+    """$PWD as dash exports it: the inherited value if it names the job's folder, else the real path.
+    The same name needs no stat of either (two a job): a folder gone since is no job's to start."""
     try:
-        if inherited.startswith(b"/") and os.path.samefile(inherited, cwd):
+        if inherited.startswith(b"/") and (inherited == os.fsencode(cwd) or os.path.samefile(inherited, cwd)):
             return inherited
     except OSError:
         pass

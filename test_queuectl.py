@@ -7493,6 +7493,20 @@ def test_only_plain_words_skip_the_shell():
         assert queuectl.direct_argv(command, "/", env) is None, command
 
 
+def test_a_plain_jobs_pwd_is_dashs_and_the_same_name_costs_no_stat(tmp_path, monkeypatch):
+    """$PWD of a job started without sh: the inherited name where it names the job's folder (a link
+    to it too), else the real path; the job's folder under the inherited name is taken without a stat."""
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    link = str(tmp_path / "link").encode()
+    assert queuectl._shell_pwd(str(real), link) == link
+    assert queuectl._shell_pwd(str(real), str(tmp_path).encode()) == str(real).encode()
+    assert queuectl._shell_pwd(str(tmp_path / "link"), b"relative") == str(real).encode()
+    monkeypatch.setattr(os, "stat", lambda *a, **k: pytest.fail("a stat for the folder's own name"))
+    assert queuectl._shell_pwd(str(real), str(real).encode()) == str(real).encode()
+
+
 def test_run_command_finds_plain_programs_with_a_non_utf8_path(tmp_path, monkeypatch):
     """The worker's environment is bytes: a PATH folder that is not UTF-8 must not break a plain job."""
     path = b"/opt/caf\xe9:" + os.environb[b"PATH"]
