@@ -6,12 +6,14 @@ Run with `python3 -m pytest -q test_queuectl.py`. The end-to-end tests start rea
 every wait polls with a deadline, so they stay deterministic on a slow, noisy machine.
 """
 
+import collections
 import contextlib
 import io
 import json
 import marshal
 import math
 import os
+import random
 import re
 import shlex
 import shutil
@@ -3247,6 +3249,49 @@ def test_the_claims_choice_builds_no_temporary_index_for_pauses_or_queue_heads(s
     a join. What is left: the skip-scan's queue of queues, its union, and the sort of the heads."""
     plan = sqlite_store.conn.execute("EXPLAIN " + sqlite_store.sql.SQL_NEXT_DUE, {"now": T0, "queues": None}).fetchall()
     assert sum(1 for row in plan if row[1] == "OpenEphemeral") <= 3
+
+
+def _claims_choice_by_hand(conn, now, queues):
+    """The job SQL_NEXT_DUE must choose, computed in Python from the rows: ready and due, in a served
+    queue that is neither paused (by name or '*', unless resumed alone by '!name') nor at its limit."""
+    paused = {r[0] for r in conn.execute("SELECT queue FROM paused")}
+    limits = dict(conn.execute("SELECT queue, max_running FROM queue_limits"))
+    running = collections.Counter(r[0] for r in conn.execute("SELECT queue FROM jobs WHERE state = 'processing'"))
+    rows = conn.execute("SELECT id, queue, priority, next_run_at, seq FROM jobs WHERE state IN ('pending', 'failed') "
+                        "AND waiting_on = 0 AND ready = 1 AND next_run_at <= ?", (now,)).fetchall()
+    best = [(-priority, due, seq, job_id) for job_id, queue, priority, due, seq in rows
+            if (queues is None or queue in queues) and ("!" + queue in paused or not {queue, "*"} & paused)
+            and running[queue] < limits.get(queue, math.inf)]
+    return min(best)[3] if best else None
+
+
+def test_the_claims_choice_is_the_best_ready_job_of_a_served_queue_neither_paused_nor_full(sqlite_store):
+    """SQL_NEXT_DUE against a by-hand choice over random small queues (seeded): any mix of pauses
+    ('*', names, '!name', even rows the commands never leave together), limits full or free, priorities,
+    due times, staged and waiting jobs, and the served queues NULL or a list (duplicates, unknown names)."""
+    rng, names = random.Random(25), ["a", "b", "c", "d"]
+    sql, conn = sqlite_store.sql, sqlite_store.conn
+    register(sqlite_store)
+    for case in range(150):
+        with conn:
+            for table in ("jobs", "paused", "queue_limits"):
+                conn.execute(f"DELETE FROM {table}")
+        sqlite_store.enqueue([spec(f"j{case}-{n}", queue=rng.choice(names), priority=rng.choice([0, 0, 0, 1, 5]))
+                              for n in range(rng.randint(0, 12))], T0)
+        with conn:
+            for (job_id,) in conn.execute("SELECT id FROM jobs").fetchall():
+                conn.execute("UPDATE jobs SET state = ?, ready = ?, waiting_on = ?, next_run_at = ? WHERE id = ?",
+                             (rng.choice(["pending", "pending", "failed", "processing", "completed", "dead"]),
+                              rng.choice([1, 1, 1, 0]), rng.choice([0, 0, 0, 1]), T0 + rng.randint(-20, 2),
+                              job_id))
+            conn.executemany("INSERT INTO paused VALUES (?)", [(q,) for q in names + ["*"] + ["!" + n for n in names]
+                                                               if rng.random() < 0.2])
+            conn.executemany("INSERT INTO queue_limits VALUES (?, ?)",
+                             [(q, rng.randint(1, 3)) for q in names if rng.random() < 0.3])
+        for queues in (None, tuple(rng.sample(names + ["zz", "a"], rng.randint(1, 3)))):
+            params = {"now": T0, "queues": None if queues is None else json.dumps(queues)}
+            chosen = conn.execute(sql.SQL_NEXT_DUE, params).fetchone()
+            assert (chosen and chosen[0]) == _claims_choice_by_hand(conn, T0, queues), (case, queues)
 
 
 def test_recovery_is_not_an_attempt_but_is_capped(store):
