@@ -3071,6 +3071,27 @@ def test_claim_is_exclusive_and_in_due_order(store):
     assert first.state == "processing" and first.run_count == 1
 
 
+@pytest.mark.parametrize("returning", [True, False])
+def test_a_claimed_or_finished_job_has_every_field_as_stored(store, monkeypatch, returning):
+    """The Job a claim and a result hand back is built from its fields directly (from_row, _finished), not
+    through Job's constructor: each path must still set every field of Job.FIELDS (a field added to Job
+    but not to a claim's RETURNING would be missing), with the values stored."""
+    if not returning and isinstance(store, queuectl.PostgresStore):
+        pytest.skip("SQLite before 3.35 alone claims without RETURNING")
+    monkeypatch.setattr(queuectl, "HAS_RETURNING", returning)
+    register(store)
+    store.enqueue([spec("a", env={"K": "v"}, priority=2), spec("b", queue="q", max_retries=0),
+                   spec("c", depends_on=["b"])], T0)
+    job = store.claim("w1", T0)
+    finished, following = store.finish_and_claim(job, "w1", outcome(), SETTINGS, T0 + 1, ())
+    failed = store.finish(following, "w1", outcome(3, "boom"), SETTINGS, T0 + 2)
+    for got in (job, finished, following, failed):
+        assert tuple(vars(got)) == queuectl.Job.FIELDS, got
+    assert (finished, failed) == (store.get("a"), store.get("b")) and failed.state == "dead"
+    assert job == queuectl.Job(**{**vars(finished), "state": "processing", "worker_id": "w1", "updated_at": T0,
+                                  "last_error": None, "exit_code": None, "attempts": 0, "next_run_at": T0})
+
+
 def test_claim_without_returning_fallback(sqlite_store, monkeypatch):
     monkeypatch.setattr(queuectl, "HAS_RETURNING", False)
     register(sqlite_store)
