@@ -6925,6 +6925,47 @@ def test_postgres_a_completion_that_waited_for_an_enqueue_of_its_dependent_relea
         other.close()
 
 
+@pytest.mark.parametrize("code, state", [(0, "completed"), (1, "dead")])
+def test_postgres_a_result_that_waited_for_an_enqueue_of_its_dependent_sees_to_that_dependent(pg_url, code, state):
+    """Store's path for a result (finish(): a completion outside the worker's fast path, or a death): the
+    read that decides whether the run has dependents to release or kill (SQL_RUN_TIES) must come after the
+    job's lock, so a dependent whose enqueue held that lock and committed meanwhile is seen, not left
+    waiting forever, nor alive below a dead job."""
+    import threading
+    store, other = queuectl.PostgresStore(pg_url), queuectl.PostgresStore(pg_url)
+    try:
+        register(store)
+        store.enqueue([spec("a", max_retries=0)], T0)
+        job, settings = store.claim("w1", T0 + 1), store.config_all()
+        inserted, go, results = threading.Event(), threading.Event(), []
+
+        def enqueue_d(cur):
+            other._insert_with_deps(cur, spec("d", depends_on=["a"]), T0 + 2)
+            inserted.set()
+            go.wait(WAIT_S)
+        enqueuing = threading.Thread(target=lambda: other.write(enqueue_d))
+        enqueuing.start()
+        assert inserted.wait(WAIT_S)
+        finishing = threading.Thread(target=lambda: results.append(
+            store.finish(job, "w1", outcome(code, "boom" if code else None), settings, T0 + 3)))
+        finishing.start()
+        wait_for(lambda: _backend_waits_for_a_lock(pg_url, store.conn.info.backend_pid),
+                 "the result to wait for a's lock")
+        go.set()
+        enqueuing.join(WAIT_S)
+        finishing.join(WAIT_S)
+        assert results[0].state == state
+        d = store.get("d")
+        if state == "completed":
+            assert (d.state, d.waiting_on) == ("pending", 0) and store.claim("w1", T0 + 4).id == "d"
+        else:
+            assert (d.state, d.last_error) == ("dead", "dependency a is dead")
+    finally:
+        go.set()
+        store.close()
+        other.close()
+
+
 def test_postgres_a_completion_that_fails_before_its_first_statement_is_sent_returns_and_leaves_no_pipeline(
         pg_url, monkeypatch):
     """On a new connection the first statement is prepared (sent) before its parameters are: if these
