@@ -3238,6 +3238,28 @@ def test_a_run_that_ends_sees_to_its_dependents_and_limited_queue_alone(store, m
     assert (store.get("f").state, store.get("f").waiting_on) == ("pending", 1) and woken  # requeued: runs again
 
 
+@pytest.mark.parametrize("how", ["canceled", "stuck", "lost too often"])
+def test_an_interrupted_run_that_sends_its_job_to_the_dlq_takes_its_dependents_and_frees_its_slot(store, monkeypatch, how):
+    """interrupt() sees to a run's ties as a result does (Store._after_run): a cancel, a leftover process,
+    or the lost-worker cap send the job to the DLQ, and its dependents with it, and a slot of its
+    limited queue is freed (the workers woken)."""
+    woken = []
+    register(store)
+    store.set_limit("solo", 1)
+    store.enqueue([spec("a", queue="solo"), spec("b", depends_on=["a"]), spec("c", depends_on=["b"])], T0)
+    job = store.claim("w1", T0)
+    if how == "canceled":
+        store.cancel(["a"], T0 + 1)
+    job.lost_count = queuectl.LOST_WORKER_CAP - 1 if how == "lost too often" else 0
+    monkeypatch.setattr(store, "_wake_workers", lambda cur: woken.append(True))
+    stuck = "a process of the run could not be killed" if how == "stuck" else None
+    end = LOST if how == "lost too often" else queuectl.Outcome(None, "canceled", None, 0.1, interrupted="canceled")
+    assert store.interrupt(job, "w1", end, how == "lost too often", T0 + 2, stuck=stuck) == "dead"
+    assert [(j.id, j.state, j.last_error) for j in store.list_jobs()][1:] == [
+        ("b", "dead", "dependency a is dead"), ("c", "dead", "dependency b is dead")]
+    assert woken  # a's slot of `solo` is free
+
+
 def test_a_result_without_dependents_or_a_job_falling_due_runs_no_update_for_them(sqlite_store):
     """The result-and-claim transaction runs the dependents' update only for a job something depends
     on, and the promotion only when a staged job has fallen due: on SQLite each builds a temporary
