@@ -337,10 +337,11 @@ class Job(Record):
 
     @classmethod
     def from_row(cls, row: tuple) -> "Job":
-        """Build a Job from a row selected with Job.COLUMNS."""
-        values = list(row)
-        values[7] = {} if values[7] == "{}" else json.loads(values[7])  # most jobs: no parse per claim
-        return cls(*values)
+        """Build a Job from a row selected with Job.COLUMNS (its fields set directly: a claim makes one a job)."""
+        job = cls.__new__(cls)
+        job.__dict__ = fields = dict(zip(cls.FIELDS, row))
+        fields["env"] = {} if fields["env"] == "{}" else json.loads(fields["env"])  # most jobs: no parse per claim
+        return job
 
     def to_dict(self) -> dict:
         """The job as users see it in --json output."""
@@ -1537,7 +1538,11 @@ class SharedSQL:
                      "ON CONFLICT (queue) DO UPDATE SET max_running = excluded.max_running")
     SQL_REMOVE_LIMIT = "DELETE FROM queue_limits WHERE queue = %s"
     SQL_LIMITS = "SELECT queue, max_running FROM queue_limits ORDER BY queue"
-    SQL_LIMITED = "SELECT 1 FROM queue_limits WHERE queue = %s"  # a run that ends frees a slot
+    # What a run that ended must see to: jobs that depend on its job (released or killed with it), and
+    # a limit on its queue (it frees a slot: wake the workers). Most jobs have neither, and this one
+    # read of two index seeks spares them the update of dependents, which builds a temporary table.
+    SQL_RUN_TIES = ("SELECT EXISTS (SELECT 1 FROM deps WHERE dep_id = %s), "
+                    "EXISTS (SELECT 1 FROM queue_limits WHERE queue = %s)")
 
     SQL_REGISTER = ("INSERT INTO workers (id, host, pid, proc_start, boot_id, pid_ns, threads, started_at, "
                     "heartbeat_at, queues, version) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
@@ -1615,6 +1620,9 @@ class SqliteSQL:
     # A queue is full when it has as many processing jobs as its limit (`queuectl limit`): BEGIN
     # IMMEDIATE makes every claim see every other's, so the count is exact; a full queue, like a
     # paused one, costs one index seek and a count of at most its limit, whatever its backlog.
+    # Written for SQLite's cost of a run (it runs in every claim and poll): the pause checks as
+    # equalities and the heads joined, not `IN (name, '*')` nor `seq IN (heads)`, for which it builds a
+    # temporary index at each run (figures in DECISIONS.md).
     SQL_NEXT_DUE = """
     WITH RECURSIVE q(name) AS (  -- every queue with a ready job: one index seek per queue (a skip-scan)
         SELECT (SELECT queue FROM jobs INDEXED BY jobs_claim
@@ -1632,12 +1640,14 @@ class SqliteSQL:
                 AND next_run_at <= :now ORDER BY priority DESC, next_run_at, seq LIMIT 1)
         FROM served
         WHERE served.name IS NOT NULL
-          AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (served.name, '*'))
+          AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue = served.name)
+               AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue = '*')
                OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || served.name))  -- resumed alone
           AND NOT EXISTS (SELECT 1 FROM queue_limits AS l WHERE l.queue = served.name  -- full: at its limit
                           AND l.max_running <= (SELECT count(*) FROM jobs INDEXED BY jobs_running
                                                 WHERE state = 'processing' AND queue = served.name)))
-    SELECT id FROM jobs WHERE seq IN (SELECT seq FROM heads) ORDER BY priority DESC, next_run_at, seq LIMIT 1"""
+    SELECT jobs.id FROM heads JOIN jobs ON jobs.seq = heads.seq
+    ORDER BY jobs.priority DESC, jobs.next_run_at, jobs.seq LIMIT 1"""
     # The claim, one statement: the update of the job SQL_NEXT_DUE chooses, composed from that whole
     # statement so the two cannot disagree (parameters :worker, and SQL_NEXT_DUE's :now and :queues).
     SQL_CLAIM = f"""
@@ -1805,9 +1815,12 @@ _PROCESS_LOCKS: dict = {}
 
 
 def _finished(job: Job, state: str, attempts: int, next_run_at: float, outcome: Outcome, now: float) -> Job:
-    """The job as a recorded result leaves it."""
-    return Job(**{**job.__dict__, "state": state, "attempts": attempts, "next_run_at": next_run_at,
-                  "last_error": outcome.error, "exit_code": outcome.exit_code, "worker_id": None, "updated_at": now})
+    """The job as a recorded result leaves it (a copy of its fields, not a call of Job's __init__ with
+    them as keywords: twice the cost, on every job's path)."""
+    after = Job.__new__(Job)
+    after.__dict__ = {**job.__dict__, "state": state, "attempts": attempts, "next_run_at": next_run_at,
+                      "last_error": outcome.error, "exit_code": outcome.exit_code, "worker_id": None, "updated_at": now}
+    return after
 
 
 def _process_lock(path: str):
@@ -2163,14 +2176,17 @@ class Store:
         if cur.rowcount != 1:
             return None
         self._close_run(cur, job, state, outcome, now)
-        self._settle_dependents(cur, job.id, state, now)
-        self._wake_for_finished(cur, job.queue, retry=state == FAILED)
+        self._after_run(cur, job, state, now, retry=state == FAILED)
         return _finished(job, state, attempts, next_run_at, outcome, now)
 
-    def _wake_for_finished(self, cur: Cursor, queue: str, retry: bool) -> None:
-        """Wake the workers for a run that ended: its job runs again (now, or later: they sleep until
-        then), or it held a slot of a limited queue, whose waiting jobs may run now."""
-        if retry or cur.execute(self.sql.SQL_LIMITED, (queue,)).fetchone():
+    def _after_run(self, cur: Cursor, job: Job, state: str, now: float, retry: bool) -> None:
+        """What a run that ended sets off: its dependents released or killed (see _settle_dependents), and
+        a wake-up of the workers if its job runs again (now, or later: they sleep until then) or it held
+        a slot of a limited queue, whose waiting jobs may run now."""
+        dependents, limited = cur.execute(self.sql.SQL_RUN_TIES, (job.id, job.queue)).fetchone()
+        if dependents:
+            self._settle_dependents(cur, job.id, state, now)
+        if retry or limited:
             self._wake_workers(cur)
 
     def _close_run(self, cur: Cursor, job: Job, label: str, outcome: Outcome, now: float) -> None:
@@ -2209,8 +2225,7 @@ class Store:
                                           outcome.error if outcome.interrupted == "canceled" else "canceled")
             cur.execute(self.sql.SQL_REQUEUE, (state, int(lost), error, now, now, job.id, worker_id, job.run_count))
             self._close_run(cur, job, "canceled" if flag[0] else "lost" if lost else "stopped", outcome, now)
-            self._settle_dependents(cur, job.id, state, now)
-            self._wake_for_finished(cur, job.queue, retry=state == PENDING)
+            self._after_run(cur, job, state, now, retry=state == PENDING)
             return state
         return self.write(requeue)
 
@@ -3042,7 +3057,10 @@ class SqliteStore(Store):
         return bool(self.read(self.sql.SQL_NEXT_DUE, {"now": now, "queues": _served(queues)}))
 
     def _claim_in(self, cur: sqlite3.Cursor, worker_id: str, now: float, queues: tuple) -> Job | None:
-        cur.execute(self.sql.SQL_PROMOTE, (now,))
+        # Asked first: the promotion's UPDATE builds a temporary table even when no staged job is due
+        # (most claims), and this read is one index seek (figures in DECISIONS.md).
+        if cur.execute(self.sql.SQL_ANY_STAGED, {"now": now}).fetchone():
+            cur.execute(self.sql.SQL_PROMOTE, (now,))
         if HAS_RETURNING:
             row = cur.execute(self.sql.SQL_CLAIM, {"worker": worker_id, "now": now, "queues": _served(queues)}).fetchone()
         else:
@@ -3435,7 +3453,7 @@ class PostgresSQL:
     # PostgresStore._complete_and_claim).
     # It restates Store._finish_in's path for a completed run (SharedSQL.SQL_FINISH_JOB, then
     # SQL_FINISH_RUN in _close_run, SQL_RELEASE_DEPENDENTS and _wake_workers in _settle_dependents,
-    # SQL_LIMITED in _wake_for_finished): a change to one is made to the other. The test
+    # SQL_RUN_TIES's limit): a change to one is made to the other. The test
     # test_postgres_fast_paths_leave_the_rows_of_the_statements_they_restate compares their rows.
     SQL_COMPLETE = """
     WITH finished AS (
@@ -5180,9 +5198,10 @@ def _search_program(name: str, cwd: str, path: bytes) -> bytes | None:
 
 
 def _shell_pwd(cwd: str, inherited: bytes) -> bytes:
-    """$PWD as dash exports it: the inherited value if it names the job's folder, else the real path."""
+    """$PWD as dash exports it: the inherited value if it names the job's folder, else the real path.
+    The same name needs no stat of either (two a job): a folder gone since is no job's to start."""
     try:
-        if inherited.startswith(b"/") and os.path.samefile(inherited, cwd):
+        if inherited.startswith(b"/") and (inherited == os.fsencode(cwd) or os.path.samefile(inherited, cwd)):
             return inherited
     except OSError:
         pass
@@ -9398,9 +9417,24 @@ class TextLines:
             line += "\n" + "\n".join(printable(part) for part in trace.split("\n"))
         return line
 
+    second_stamp: tuple = (None, "")  # the last line's whole second and its text (see stamp_of)
+
     @staticmethod
     def line(created: float, pid: int, message: str) -> str:
-        return f"{iso(created)} queuectl[{pid}]: {printable(message)}"
+        return f"{TextLines.stamp_of(created)} queuectl[{pid}]: {printable(message)}"
+
+    @staticmethod
+    def stamp_of(created: float) -> str:
+        """iso(created), its date and time formatted once a second: a worker writes two lines a job, and
+        datetime's formatting was a share of a short job's CPU (DECISIONS.md). Rounded as datetime does."""
+        second = math.floor(created)
+        micro = round((created - second) * 1e6)
+        if micro >= 1_000_000:
+            second, micro = second + 1, micro - 1_000_000
+        cached = TextLines.second_stamp  # one attribute, so threads never see a second with another's text
+        if cached[0] != second:
+            cached = TextLines.second_stamp = (second, iso(second)[:-5])  # without ".000Z"
+        return f"{cached[1]}.{micro // 1000:03d}Z"
 
 
 class RoutineLines:
@@ -9423,9 +9457,10 @@ class RoutineLines:
     def write(self, message: str) -> None:
         line = TextLines.line(time.time(), os.getpid(), message) + "\n"
         try:
-            with self.handler.lock:
-                self.handler.stream.write(line)
-                self.handler.flush()
+            with self.handler.lock:  # the handler's flush, inlined: it would take the same lock again
+                stream = self.handler.stream
+                stream.write(line)
+                stream.flush()
         except Exception:  # noqa: BLE001 - as logging does: the line stays in the stream's buffer, not written again
             import logging
             self.handler.handleError(logging.makeLogRecord({"name": self.logger.name, "msg": message,

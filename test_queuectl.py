@@ -6,12 +6,14 @@ Run with `python3 -m pytest -q test_queuectl.py`. The end-to-end tests start rea
 every wait polls with a deadline, so they stay deterministic on a slow, noisy machine.
 """
 
+import collections
 import contextlib
 import io
 import json
 import marshal
 import math
 import os
+import random
 import re
 import shlex
 import shutil
@@ -3069,6 +3071,27 @@ def test_claim_is_exclusive_and_in_due_order(store):
     assert first.state == "processing" and first.run_count == 1
 
 
+@pytest.mark.parametrize("returning", [True, False])
+def test_a_claimed_or_finished_job_has_every_field_as_stored(store, monkeypatch, returning):
+    """The Job a claim and a result hand back is built from its fields directly (from_row, _finished), not
+    through Job's constructor: each path must still set every field of Job.FIELDS (a field added to Job
+    but not to a claim's RETURNING would be missing), with the values stored."""
+    if not returning and isinstance(store, queuectl.PostgresStore):
+        pytest.skip("SQLite before 3.35 alone claims without RETURNING")
+    monkeypatch.setattr(queuectl, "HAS_RETURNING", returning)
+    register(store)
+    store.enqueue([spec("a", env={"K": "v"}, priority=2), spec("b", queue="q", max_retries=0),
+                   spec("c", depends_on=["b"])], T0)
+    job = store.claim("w1", T0)
+    finished, following = store.finish_and_claim(job, "w1", outcome(), SETTINGS, T0 + 1, ())
+    failed = store.finish(following, "w1", outcome(3, "boom"), SETTINGS, T0 + 2)
+    for got in (job, finished, following, failed):
+        assert tuple(vars(got)) == queuectl.Job.FIELDS, got
+    assert (finished, failed) == (store.get("a"), store.get("b")) and failed.state == "dead"
+    assert job == queuectl.Job(**{**vars(finished), "state": "processing", "worker_id": "w1", "updated_at": T0,
+                                  "last_error": None, "exit_code": None, "attempts": 0, "next_run_at": T0})
+
+
 def test_claim_without_returning_fallback(sqlite_store, monkeypatch):
     monkeypatch.setattr(queuectl, "HAS_RETURNING", False)
     register(sqlite_store)
@@ -3188,6 +3211,130 @@ def test_finish_by_a_worker_that_lost_the_job_writes_nothing(store):
     current = store.get("j1")
     assert (current.state, current.worker_id, current.attempts) == ("processing", "w2", 0)
     assert store.finish(again, "w2", outcome(), SETTINGS, T0 + 3).state == "completed"
+
+
+def test_a_run_that_ends_sees_to_its_dependents_and_limited_queue_alone(store, monkeypatch):
+    """A finished run releases or kills its dependents and wakes the workers for a freed slot of a
+    limited queue; a run without dependents in an unlimited queue wakes nobody (SQL_RUN_TIES's two answers)."""
+    woken = []
+    monkeypatch.setattr(store, "_wake_workers", lambda cur: woken.append(True))
+    register(store)
+    store.set_limit("solo", 1)
+    store.enqueue([spec("a", queue="solo"), spec("b", depends_on=["a"], priority=5), spec("c", max_retries=0),
+                   spec("d", depends_on=["c"]), spec("e", run_at=T0 + 3600), spec("f", depends_on=["e"])], T0)
+    woken.clear()
+    job = store.claim("w1", T0, ("solo",))
+    assert store.finish(job, "w1", outcome(), SETTINGS, T0 + 1).state == "completed"
+    assert store.get("b").waiting_on == 0 and woken  # released, and the slot freed
+    woken.clear()
+    job = store.claim("w1", T0 + 1, ("default",))
+    assert job.id == "b" and store.finish(job, "w1", outcome(), SETTINGS, T0 + 2).state == "completed"
+    assert not woken  # nothing depends on b, and its queue has no limit
+    job = store.claim("w1", T0 + 2)
+    assert job.id == "c" and store.finish(job, "w1", outcome(1, "boom"), SETTINGS, T0 + 3).state == "dead"
+    assert (store.get("d").state, store.get("d").last_error) == ("dead", "dependency c is dead")
+    job = store.claim("w1", T0 + 3600)
+    assert job.id == "e" and store.interrupt(job, "w1", LOST, False, T0 + 3601) == "pending"
+    assert (store.get("f").state, store.get("f").waiting_on) == ("pending", 1) and woken  # requeued: runs again
+
+
+@pytest.mark.parametrize("how", ["canceled", "stuck", "lost too often"])
+def test_an_interrupted_run_that_sends_its_job_to_the_dlq_takes_its_dependents_and_frees_its_slot(store, monkeypatch, how):
+    """interrupt() sees to a run's ties as a result does (Store._after_run): a cancel, a leftover process,
+    or the lost-worker cap send the job to the DLQ, and its dependents with it, and a slot of its
+    limited queue is freed (the workers woken)."""
+    woken = []
+    register(store)
+    store.set_limit("solo", 1)
+    store.enqueue([spec("a", queue="solo"), spec("b", depends_on=["a"]), spec("c", depends_on=["b"])], T0)
+    job = store.claim("w1", T0)
+    if how == "canceled":
+        store.cancel(["a"], T0 + 1)
+    job.lost_count = queuectl.LOST_WORKER_CAP - 1 if how == "lost too often" else 0
+    monkeypatch.setattr(store, "_wake_workers", lambda cur: woken.append(True))
+    stuck = "a process of the run could not be killed" if how == "stuck" else None
+    end = LOST if how == "lost too often" else queuectl.Outcome(None, "canceled", None, 0.1, interrupted="canceled")
+    assert store.interrupt(job, "w1", end, how == "lost too often", T0 + 2, stuck=stuck) == "dead"
+    assert [(j.id, j.state, j.last_error) for j in store.list_jobs()][1:] == [
+        ("b", "dead", "dependency a is dead"), ("c", "dead", "dependency b is dead")]
+    assert woken  # a's slot of `solo` is free
+
+
+def test_a_result_without_dependents_or_a_job_falling_due_runs_no_update_for_them(sqlite_store):
+    """The result-and-claim transaction runs the dependents' update only for a job something depends
+    on, and the promotion only when a staged job has fallen due: on SQLite each builds a temporary
+    table, a share of every short job's cost when most jobs need neither."""
+    register(sqlite_store)
+    sqlite_store.enqueue([spec("a"), spec("b"), spec("c", depends_on=["b"]), spec("later", run_at=T0 + 60)], T0)
+    sql = sqlite_store.sql
+    ran = []
+    sqlite_store.conn.set_trace_callback(ran.append)
+
+    def result_and_claim(job, now):
+        ran.clear()
+        return sqlite_store.finish_and_claim(job, "w1", outcome(), SETTINGS, now, ())[1]
+    try:
+        job = result_and_claim(sqlite_store.claim("w1", T0), T0 + 1)
+        assert job.id == "b"
+        assert not any(s.startswith(("UPDATE jobs SET waiting_on", "UPDATE jobs SET ready")) for s in ran), ran
+        assert len(ran) == 8, ran  # BEGIN, the job, its run, its ties, any staged due, the claim, the run, COMMIT
+        job = result_and_claim(job, T0 + 61)  # b releases c; `later` has fallen due
+        assert any(s.startswith("UPDATE jobs SET waiting_on") for s in ran)
+        assert any(s.startswith("UPDATE jobs SET ready") for s in ran) and job.id in ("c", "later")
+    finally:
+        sqlite_store.conn.set_trace_callback(None)
+    assert sql.SQL_RUN_TIES and sqlite_store.get("c").waiting_on == 0
+
+
+def test_the_claims_choice_builds_no_temporary_index_for_pauses_or_queue_heads(sqlite_store):
+    """SQL_NEXT_DUE runs in every claim and poll: SQLite builds a temporary index at each run for an IN
+    list with a column in it and for `IN (subquery)`, so the pause checks are equalities and the heads
+    a join. What is left: the skip-scan's queue of queues, its union, and the sort of the heads."""
+    plan = sqlite_store.conn.execute("EXPLAIN " + sqlite_store.sql.SQL_NEXT_DUE, {"now": T0, "queues": None}).fetchall()
+    assert sum(1 for row in plan if row[1] == "OpenEphemeral") <= 3
+
+
+def _claims_choice_by_hand(conn, now, queues):
+    """The job SQL_NEXT_DUE must choose, computed in Python from the rows: ready and due, in a served
+    queue that is neither paused (by name or '*', unless resumed alone by '!name') nor at its limit."""
+    paused = {r[0] for r in conn.execute("SELECT queue FROM paused")}
+    limits = dict(conn.execute("SELECT queue, max_running FROM queue_limits"))
+    running = collections.Counter(r[0] for r in conn.execute("SELECT queue FROM jobs WHERE state = 'processing'"))
+    rows = conn.execute("SELECT id, queue, priority, next_run_at, seq FROM jobs WHERE state IN ('pending', 'failed') "
+                        "AND waiting_on = 0 AND ready = 1 AND next_run_at <= ?", (now,)).fetchall()
+    best = [(-priority, due, seq, job_id) for job_id, queue, priority, due, seq in rows
+            if (queues is None or queue in queues) and ("!" + queue in paused or not {queue, "*"} & paused)
+            and running[queue] < limits.get(queue, math.inf)]
+    return min(best)[3] if best else None
+
+
+def test_the_claims_choice_is_the_best_ready_job_of_a_served_queue_neither_paused_nor_full(sqlite_store):
+    """SQL_NEXT_DUE against a by-hand choice over random small queues (seeded): any mix of pauses
+    ('*', names, '!name', even rows the commands never leave together), limits full or free, priorities,
+    due times, staged and waiting jobs, and the served queues NULL or a list (duplicates, unknown names)."""
+    rng, names = random.Random(25), ["a", "b", "c", "d"]
+    sql, conn = sqlite_store.sql, sqlite_store.conn
+    register(sqlite_store)
+    for case in range(150):
+        with conn:
+            for table in ("jobs", "paused", "queue_limits"):
+                conn.execute(f"DELETE FROM {table}")
+        sqlite_store.enqueue([spec(f"j{case}-{n}", queue=rng.choice(names), priority=rng.choice([0, 0, 0, 1, 5]))
+                              for n in range(rng.randint(0, 12))], T0)
+        with conn:
+            for (job_id,) in conn.execute("SELECT id FROM jobs").fetchall():
+                conn.execute("UPDATE jobs SET state = ?, ready = ?, waiting_on = ?, next_run_at = ? WHERE id = ?",
+                             (rng.choice(["pending", "pending", "failed", "processing", "completed", "dead"]),
+                              rng.choice([1, 1, 1, 0]), rng.choice([0, 0, 0, 1]), T0 + rng.randint(-20, 2),
+                              job_id))
+            conn.executemany("INSERT INTO paused VALUES (?)", [(q,) for q in names + ["*"] + ["!" + n for n in names]
+                                                               if rng.random() < 0.2])
+            conn.executemany("INSERT INTO queue_limits VALUES (?, ?)",
+                             [(q, rng.randint(1, 3)) for q in names if rng.random() < 0.3])
+        for queues in (None, tuple(rng.sample(names + ["zz", "a"], rng.randint(1, 3)))):
+            params = {"now": T0, "queues": None if queues is None else json.dumps(queues)}
+            chosen = conn.execute(sql.SQL_NEXT_DUE, params).fetchone()
+            assert (chosen and chosen[0]) == _claims_choice_by_hand(conn, T0, queues), (case, queues)
 
 
 def test_recovery_is_not_an_attempt_but_is_capped(store):
@@ -6800,6 +6947,47 @@ def test_postgres_a_completion_that_waited_for_an_enqueue_of_its_dependent_relea
         other.close()
 
 
+@pytest.mark.parametrize("code, state", [(0, "completed"), (1, "dead")])
+def test_postgres_a_result_that_waited_for_an_enqueue_of_its_dependent_sees_to_that_dependent(pg_url, code, state):
+    """Store's path for a result (finish(): a completion outside the worker's fast path, or a death): the
+    read that decides whether the run has dependents to release or kill (SQL_RUN_TIES) must come after the
+    job's lock, so a dependent whose enqueue held that lock and committed meanwhile is seen, not left
+    waiting forever, nor alive below a dead job."""
+    import threading
+    store, other = queuectl.PostgresStore(pg_url), queuectl.PostgresStore(pg_url)
+    try:
+        register(store)
+        store.enqueue([spec("a", max_retries=0)], T0)
+        job, settings = store.claim("w1", T0 + 1), store.config_all()
+        inserted, go, results = threading.Event(), threading.Event(), []
+
+        def enqueue_d(cur):
+            other._insert_with_deps(cur, spec("d", depends_on=["a"]), T0 + 2)
+            inserted.set()
+            go.wait(WAIT_S)
+        enqueuing = threading.Thread(target=lambda: other.write(enqueue_d))
+        enqueuing.start()
+        assert inserted.wait(WAIT_S)
+        finishing = threading.Thread(target=lambda: results.append(
+            store.finish(job, "w1", outcome(code, "boom" if code else None), settings, T0 + 3)))
+        finishing.start()
+        wait_for(lambda: _backend_waits_for_a_lock(pg_url, store.conn.info.backend_pid),
+                 "the result to wait for a's lock")
+        go.set()
+        enqueuing.join(WAIT_S)
+        finishing.join(WAIT_S)
+        assert results[0].state == state
+        d = store.get("d")
+        if state == "completed":
+            assert (d.state, d.waiting_on) == ("pending", 0) and store.claim("w1", T0 + 4).id == "d"
+        else:
+            assert (d.state, d.last_error) == ("dead", "dependency a is dead")
+    finally:
+        go.set()
+        store.close()
+        other.close()
+
+
 def test_postgres_a_completion_that_fails_before_its_first_statement_is_sent_returns_and_leaves_no_pipeline(
         pg_url, monkeypatch):
     """On a new connection the first statement is prepared (sent) before its parameters are: if these
@@ -7432,6 +7620,20 @@ def test_only_plain_words_skip_the_shell():
     for command in ("echo hi", "FOO=1 env", "ls *", "a | b", "cd /tmp", "true --help", "x=1", "ls ~",
                     "echo $HOME", "ls 'a b'", "nosuchprogram-qc", "sleep 1; true", "exit 3", "ls\nls"):
         assert queuectl.direct_argv(command, "/", env) is None, command
+
+
+def test_a_plain_jobs_pwd_is_dashs_and_the_same_name_costs_no_stat(tmp_path, monkeypatch):
+    """$PWD of a job started without sh: the inherited name where it names the job's folder (a link
+    to it too), else the real path; the job's folder under the inherited name is taken without a stat."""
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    link = str(tmp_path / "link").encode()
+    assert queuectl._shell_pwd(str(real), link) == link
+    assert queuectl._shell_pwd(str(real), str(tmp_path).encode()) == str(real).encode()
+    assert queuectl._shell_pwd(str(tmp_path / "link"), b"relative") == str(real).encode()
+    monkeypatch.setattr(os, "stat", lambda *a, **k: pytest.fail("a stat for the folder's own name"))
+    assert queuectl._shell_pwd(str(real), str(real).encode()) == str(real).encode()
 
 
 def test_run_command_finds_plain_programs_with_a_non_utf8_path(tmp_path, monkeypatch):
@@ -9314,6 +9516,15 @@ def test_routine_lines_written_past_logging_are_the_bytes_logging_writes(monkeyp
     handler.emit(logging.makeLogRecord({"msg": message, "created": T0 + 0.2168, "process": os.getpid()}))
     direct, logged = stream.getvalue().splitlines(keepends=True)
     assert direct == logged == f"2027-01-15T08:00:00.216Z queuectl[{os.getpid()}]: job {TERMINAL_SHOWN} claimed (attempt 1): x\n"
+
+
+def test_text_log_time_is_iso_to_the_millisecond_rounded_as_datetime_rounds_it():
+    """TextLines formats a line's date and time once a second (stamp_of): every instant reads as iso()
+    reads it, at a second's edges too, where datetime's rounding to microseconds carries into the next."""
+    edges = [0.0, 1.9995, 1.9999996, 1.0000004, 1_764_678_888.0, 1_764_678_888.9994999, 1_764_678_888.99999951]
+    instants = edges + [1_764_678_888 + n / 997 for n in range(3000)] + [T0 - n / 3 for n in range(3000)]
+    for t in instants:
+        assert queuectl.TextLines.stamp_of(t) == queuectl.iso(t), t
 
 
 def test_routine_lines_a_write_that_fails_is_handled_as_logging_handles_it(monkeypatch):
