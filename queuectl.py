@@ -75,6 +75,7 @@ A worker killed with SIGKILL loses nothing: another worker recovers its jobs.
 commands:
   enqueue JSON | -        add a job, e.g. '{"id": "a", "command": "echo hi"}', or a batch from stdin
   add [OPTIONS] -- CMD    add a job from a command line, e.g. add --queue q --delay 15m -- make test
+  run [OPTIONS] -- CMD    add a job and wait for it: its output, retries and exit code, as if run here
   worker start|stop|list  run workers in the foreground / ask every worker to stop / list them
   status, list, show, logs, stats, metrics, wait
   cancel, delete, purge   operate on jobs
@@ -174,6 +175,10 @@ STATES = (PENDING, PROCESSING, COMPLETED, FAILED, DEAD)
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130
+# `run`'s own exit codes beside its job's (see cmd_run), as timeout(1) answers: its job's timeout killed
+# it; the job ended without an exit code of its own (canceled, lost too often, never started, a dependency died)
+EXIT_TIMED_OUT, EXIT_NOT_RUN = 124, 125
+TIMED_OUT = "timed out"  # how the error of a run its timeout killed begins
 
 SCHEMA_VERSION = 5
 VERSIONED_WORKERS = 5  # the first schema whose worker rows record their queuectl version
@@ -303,6 +308,10 @@ class UpgradeRefused(BadDatabase):
 
 class OutputLost(QueueError):
     """Standard output could not be written (a full disk, an I/O error); what the command did stays done."""
+
+
+class _NotItsTurn(Exception):
+    """Rolls back a claim that took another job than the one asked for (see Store.claim)."""
 
 
 # ==== Model ======================================================================================
@@ -2132,9 +2141,19 @@ class Store:
         """When the earliest waiting job that is not due at `now` falls due (Unix seconds); None if none."""
         return self.read(self.sql.SQL_NEXT_STAGED, (now,))[0][0]
 
-    def claim(self, worker_id: str, now: float, queues: tuple = ()) -> Job | None:
-        """Atomically take the best due job for this worker and open its run record."""
-        return self.write(lambda cur: self._claim_in(cur, worker_id, now, queues))
+    def claim(self, worker_id: str, now: float, queues: tuple = (), only: str | None = None) -> Job | None:
+        """Atomically take the best due job for this worker and open its run record. `only` (a job id,
+        `run --burst`): that job if it is the one the claim takes, else nothing, the claim rolled back; so
+        the job waits its turn in its queue, pauses and limits as for any claim."""
+        def claim_only(cur):
+            job = self._claim_in(cur, worker_id, now, queues)
+            if job is not None and only is not None and job.id != only:
+                raise _NotItsTurn
+            return job
+        try:
+            return self.write(claim_only)
+        except _NotItsTurn:
+            return None
 
     def finish(self, job: Job, worker_id: str, outcome: Outcome, settings: dict, now: float) -> Job | None:
         """Record a run's outcome; None if this worker no longer owns the job (nothing written)."""
@@ -5338,7 +5357,7 @@ def _outcome(code: int, reason: str | None, output: bytes, duration: float, time
     import signal
     how = f" ({ended})" if ended else ""
     if reason == "timeout":
-        return Outcome(None, f"timed out after {timeout_s:g}s{how}", output, duration)
+        return Outcome(None, f"{TIMED_OUT} after {timeout_s:g}s{how}", output, duration)
     if reason:
         return Outcome(None, reason + how, output, duration, interrupted=reason)
     if code < 0:
@@ -5408,8 +5427,10 @@ class Runner:
 
     def __init__(self, store: Store, worker_id: str, abort, queues: tuple = (), current_registration=lambda: 0,
                  keep_claiming=lambda: False, give_up=lambda: False, holdings: Holdings | None = None,
-                 claim_may_log: Callable[[str], None] = lambda job_id: None, on_claim=lambda: None):
+                 claim_may_log: Callable[[str], None] = lambda job_id: None, on_claim=lambda: None,
+                 only: str | None = None):
         self.store = store
+        self.only = only  # the one job it may claim (`run --burst`; see Store.claim), or None for any
         self.claim_may_log = claim_may_log  # see ScheduleFirer.claim_may_log
         self.on_claim = on_claim  # called when a claim of its own found a job, as it starts: there may be more
         self.worker_id = worker_id
@@ -5432,7 +5453,8 @@ class Runner:
         self.prefetched = None
         fresh = not job  # a claim of its own, not one made with the last result
         if fresh:
-            job = self._held(self.store.claim(self.worker_id, self.store.now() if now is None else now, self.queues))
+            job = self._held(self.store.claim(self.worker_id, self.store.now() if now is None else now, self.queues,
+                                              self.only))
             if job is None:
                 return False
         self.current = job
@@ -5893,9 +5915,10 @@ def other_writers(path: str, st: os.stat_result, euid: int) -> str | None:
 class Worker:
     """One worker process: registers, runs N Runner threads, heartbeats, sweeps, polls, stops."""
 
-    def __init__(self, target: str, count: int, burst: bool, queues: tuple = ()):
+    def __init__(self, target: str, count: int, burst: bool, queues: tuple = (), only: str | None = None):
         import threading
         self.target, self.count, self.burst, self.queues = target, count, burst, queues
+        self.only = only  # `run --burst`: the one job this worker runs (it fires no schedule either)
         self.stopping = threading.Event()  # claim nothing more
         self.hard = threading.Event()  # kill running jobs and put them back
         self.hard_at = math.inf  # monotonic time of the hard stop
@@ -5996,15 +6019,17 @@ class Worker:
         if signum not in (signal.SIGQUIT, signal.SIGHUP):
             self.signals += 1
         if (signum == signal.SIGQUIT or self.signals >= 2) and not self.hard.is_set():
-            why = "SIGQUIT" if signum == signal.SIGQUIT else "second signal"
-            # In force before the line is written: a write to stderr may block (a full pipe, a terminal
-            # paused with Ctrl+S), and the kills and the guard's deadline must not wait for it.
-            self.hard_at = time.monotonic()
-            self.hard.set()
-            self.guard_wake.set()  # its deadline moved
-            log.warning("%s: killing running jobs and putting them back", why,
-                        extra=event("hard_stop", reason=why))
+            self.hard_stop("SIGQUIT" if signum == signal.SIGQUIT else "second signal")
         self._stop("SIGHUP: its terminal closed?" if signum == signal.SIGHUP else "signal")
+
+    def hard_stop(self, why: str) -> None:
+        """Kill the running jobs and put them back (the caller stops the worker too)."""
+        # In force before the line is written: a write to stderr may block (a full pipe, a terminal
+        # paused with Ctrl+S), and the kills and the guard's deadline must not wait for it.
+        self.hard_at = time.monotonic()
+        self.hard.set()
+        self.guard_wake.set()  # its deadline moved
+        log.warning("%s: killing running jobs and putting them back", why, extra=event("hard_stop", reason=why))
 
     def abort_reason(self, job: Job, registration: int) -> str | None:
         """Why a running job must be killed now, if it must."""
@@ -6151,7 +6176,7 @@ class Worker:
         if soon >= due["retention"]:
             due["retention"] = mono + RETENTION_INTERVAL_S
             self._apply_retention()
-        if not self.stopping.is_set():  # a stopping worker fires nothing more
+        if not self.stopping.is_set() and not self.only:  # a stopping worker fires nothing more
             self.schedules.tick(self.store, mono, slack=ROUND_SLACK_S)
         if woken or soon >= due["poll"]:
             due["poll"] = self._poll(mono)
@@ -6160,7 +6185,7 @@ class Worker:
         """How long the main loop may sleep: until its next task, the next poll (a job falling due, or the
         regular check) or schedule slot, whichever comes first. A wake-up (self.tick) ends it sooner."""
         tasks = [due["beat"], due["sweep"], due["retention"], due["poll"]]
-        if not self.stopping.is_set():
+        if not self.stopping.is_set() and not self.only:
             tasks.append(self.schedules.next_tick())
         if any(r.current for r in self.runners):
             tasks.append(due["cancels"])
@@ -6468,8 +6493,8 @@ class Worker:
     def _new_runner(self) -> Runner:
         store = self._runner_store()
         runner = Runner(store, self.worker_id, self.abort_reason, self.queues, lambda: self.registration,
-                        lambda: not self.claiming_ends(), self.give_up, self.holdings, self.schedules.claim_may_log,
-                        on_claim=lambda: self._wake_runners(every=False))
+                        lambda: not self.claiming_ends() and not self.only, self.give_up, self.holdings,
+                        self.schedules.claim_may_log, on_claim=lambda: self._wake_runners(every=False), only=self.only)
         self.runners.append(runner)
         return runner
 
@@ -7893,6 +7918,15 @@ def job_fields_help() -> str:
   cwd          the current folder: an absolute path"""
 
 
+RUN_EXIT_CODES_HELP = """exit codes:
+  the job's own     when it completed or ended dead; 128+N: killed by signal N
+  124               its timeout killed it (as timeout(1))
+  125               it ended without an exit code of its own: canceled, lost too often, could not start, a
+                    dependency died (as timeout(1): the command could not be run)
+  130               interrupted (Ctrl-C): on a terminal it asks whether to cancel the job, else cancels it
+  1, 2              run itself failed, or its input is invalid (nothing enqueued)"""
+
+
 SCHEDULE_FIELDS_HELP = """JSON fields (default):
   id           required (update: ID, if given): its jobs are ID@SLOT
   cron         one of cron and every: five fields (minute hour day month weekday) or @hourly, @daily, ...
@@ -7930,8 +7964,18 @@ def _add_job_commands(sub) -> None:
 
 
 def _add_add_command(sub) -> None:
-    a = _command(sub, "add", cmd_add, "add a job from a command line, without JSON: add [OPTIONS] -- COMMAND [ARG...]",
-                 json_flag=True, check=check_add)
+    add_job_options(_command(sub, "add", cmd_add, "add a job from a command line, without JSON: add [OPTIONS] -- "
+                             "COMMAND [ARG...]", json_flag=True, check=check_add))
+    r = _command(sub, "run", cmd_run, "add a job and wait for it as if it ran here: its output as a worker runs "
+                 "it, retries announced on stderr, its exit code: run [OPTIONS] -- COMMAND [ARG...]", check=check_add,
+                 epilog=RUN_EXIT_CODES_HELP)
+    add_job_options(r)  # every option of add's, one added later too
+    r.add_argument("--burst", action="store_true", help="when no live worker serves its queue, run it here "
+                   "(this job only, in its turn)")
+
+
+def add_job_options(a) -> None:
+    """`add`'s options and command words, which `run` takes too."""
     # REMAINDER: everything from the first word of the command on is the command, options included.
     a.add_argument("words", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG...]",
                    help="one word: a shell command as written ('make -j4 && make install'); several: run as "
@@ -8491,7 +8535,7 @@ def add_job_object(args) -> dict:
     """`add`'s options and command line as the JSON object `enqueue` takes, so both are validated alike."""
     words = args.words[1:] if args.words[:1] == ["--"] else args.words
     if not words:
-        raise UsageError("add: give the command after --, e.g. queuectl add -- make test")
+        raise UsageError(f"{args.command}: give the command after --, e.g. queuectl {args.command} -- make test")
     import shlex
     obj = {"command": words[0] if len(words) == 1 else shlex.join(words)}
     for field in ("id", "queue", "priority", "max_retries", "timeout", "delay"):
@@ -8874,8 +8918,9 @@ def _note_truncated(run: tuple | None) -> None:
               "(config output-limit)", file=sys.stderr)
 
 
-def follow_output(store: Store, job_id: str, run: tuple | None) -> None:
-    """Print a run's output as it grows, until it ends (waiting for a first run if there is none)."""
+def follow_output(store: Store, job_id: str, run: tuple | None, tick: Callable[[], None] = lambda: None) -> None:
+    """Print a run's output as it grows, until it ends (waiting for a first run if there is none);
+    `tick()` between two looks (`run`'s checks of who serves the queue)."""
     printed = 0
     while True:
         if run is not None:
@@ -8885,6 +8930,7 @@ def follow_output(store: Store, job_id: str, run: tuple | None) -> None:
                 return
         elif store.get(job_id).state in (COMPLETED, DEAD):
             return
+        tick()
         time.sleep(0.25)
         store.refresh()
         run = store.run_output(job_id, None if run is None else run[0])
@@ -9015,6 +9061,11 @@ def cmd_queues(args, store: Store) -> None:
               + f" {'-' if r['limit'] is None else r['limit']:>6}  {'yes' if r['paused'] else 'no'}")
 
 
+def worker_target(store: Store) -> str:
+    """The --db of a worker this command starts: an absolute path, so its log names the file wherever it ran."""
+    return store.target if is_postgres(store.target) else os.path.abspath(store.target)
+
+
 def cmd_worker_start(args, store: Store) -> int:
     queues = tuple(dict.fromkeys(args.queue))
     empty = [q for q in queues if not any(store.counts(q).values())]
@@ -9025,9 +9076,7 @@ def cmd_worker_start(args, store: Store) -> int:
         else:
             print(f"queuectl: note: {note}", file=sys.stderr)
     store.close()
-    # An absolute path: the worker's log then names the file whatever folder it was started in.
-    target = store.target if is_postgres(store.target) else os.path.abspath(store.target)
-    worker = Worker(target, args.count, args.burst, queues)
+    worker = Worker(worker_target(store), args.count, args.burst, queues)
     worker.install_signals()
     return worker.run()
 
@@ -9137,6 +9186,141 @@ def cmd_config_list(args, store: Store) -> None:
         return emit_json(values)
     for key, value in values.items():
         print(f"{key} = {printable(str(value))}")
+
+
+# -- run: one job in the foreground --------------------------------------------------------------
+
+def cmd_run(args, store: Store) -> int:
+    now = store.now()
+    spec = validate_job(add_job_object(args), store.config_all(), current_dir(), now)
+    job_id = store.enqueue([spec], now)[0]
+    note_paused(store, [spec["queue"]])
+    run = ForegroundRun(store, job_id, args.burst)
+    try:
+        return run.follow()
+    except KeyboardInterrupt:
+        return run.interrupted()
+    finally:
+        run.stop_worker()
+
+
+class ForegroundRun:
+    """`run`'s wait for its job: every run's output on stdout as `logs -f` prints it, a line on stderr
+    for each retry, the job's exit code once it completed or ended dead (see run_exit_code)."""
+
+    def __init__(self, store: Store, job_id: str, burst: bool):
+        self.store, self.job_id, self.burst = store, job_id, burst
+        self.unserved = UnservedNote(store, Progress(False))  # `wait`'s note, said once
+        self.followed = 0  # the number of the last run followed to its end
+        self.worker: "Worker | None" = None  # --burst: the one this process runs for its job
+        self.thread = None
+
+    def follow(self) -> int:
+        """Until the job is completed or dead: each of its runs followed as it comes; its exit code."""
+        while True:
+            job = self.store.get(self.job_id)  # read before its runs: a job finished now shows its last run
+            run = self.store.run_output(self.job_id)
+            if run is not None and run[0] > self.followed:
+                self.followed = run[0]
+                follow_output(self.store, self.job_id, run, self.look)
+                self.store.refresh()
+                self._announce_retry(self.store.get(self.job_id))
+                continue
+            if job.state in (COMPLETED, DEAD):
+                return run_exit_code(job, self._last_run())
+            self.look(job)
+            time.sleep(WAIT_POLL_S)
+            self.store.refresh()
+
+    def look(self, job: Job | None = None) -> None:
+        """While waiting: with no live worker serving the job's queue, `wait`'s note, or with --burst a
+        worker here for this job alone."""
+        job = job or self.store.get(self.job_id)
+        if self.burst and self.worker is None and unserved_queues(self.store, {job.queue}):
+            return self._start_worker(job.queue)
+        self.unserved.check([job])
+
+    def _last_run(self) -> dict | None:
+        runs = self.store.runs(self.job_id)
+        return runs[-1] if runs else None
+
+    def _announce_retry(self, job: Job) -> None:
+        """A line on stderr when a run ended and the job runs again (a failure with retries left, a lost worker)."""
+        if job.state in (COMPLETED, DEAD):
+            return
+        last = self._last_run() or {}
+        why = f"{last.get('outcome')}: {last.get('error')}" if last.get("error") else last.get("outcome")
+        due = due_text(job, self.store.now(), self.store.paused())
+        sys.stdout.flush()
+        print(f"queuectl: run {self.followed} of job {self.job_id} {printable(str(why))}; it runs again "
+              f"(attempt {attempts_shown(job)[0] + 1} of {attempts_shown(job)[1]}, due {due})",
+              file=sys.stderr, flush=True)
+
+    def _start_worker(self, queue: str) -> None:
+        """--burst: a worker in this process, for this job only (see Store.claim), stopped when run ends.
+        Its log lines are not written: the job's output and run's own notes are what run prints."""
+        import logging
+        import threading
+        logger = logging.getLogger("queuectl")
+        if not logger.handlers:
+            logger.addHandler(logging.NullHandler())
+        print(f"queuectl: note: no live worker serves queue {queue!r}: running job {self.job_id} here (--burst)",
+              file=sys.stderr, flush=True)
+        self.worker = Worker(worker_target(self.store), 1, False, (queue,), only=self.job_id)
+        self.thread = threading.Thread(target=self.worker.run, name="burst worker", daemon=True)
+        self.thread.start()
+
+    def interrupted(self) -> int:
+        """Ctrl-C: on a terminal, ask whether to cancel the job (a second Ctrl-C leaves it queued); without
+        one, cancel it. Exits 130 either way."""
+        sys.stdout.flush()
+        if sys.stdin.isatty() and not ask_yes(f"queuectl: cancel job {self.job_id}? [y/N] "):
+            if self.worker is not None:  # it must not go on running in a process that is ending
+                self.worker.hard_stop("run interrupted")
+            print(f"queuectl: job {self.job_id} left queued: queuectl logs -f {self.job_id} follows it",
+                  file=sys.stderr)
+            return EXIT_INTERRUPTED
+        store = open_database(self.store.target)  # anew: the interrupt may have cut short a call on ours
+        try:
+            store.cancel([self.job_id], store.now())
+            print(f"queuectl: job {self.job_id} canceled", file=sys.stderr)
+        except Conflict as e:  # it ended meanwhile
+            print(f"queuectl: note: {e}", file=sys.stderr)
+        finally:
+            store.close()
+        return EXIT_INTERRUPTED
+
+    def stop_worker(self) -> None:
+        """--burst: stop the worker here once its job ended (a canceled one once it is killed) and wait for it."""
+        if self.worker is not None:
+            self.worker._stop("run ended")
+            self.thread.join()
+
+
+def ask_yes(question: str) -> bool:
+    """Ask on stderr, read the answer from the terminal on stdin: True for y or yes; False for anything
+    else, end of input or Ctrl-C."""
+    try:
+        sys.stderr.write("\n" + question)
+        sys.stderr.flush()
+        answer = sys.stdin.readline()
+    except KeyboardInterrupt:
+        answer = ""
+        sys.stderr.write("\n")
+    return answer.strip().lower() in ("y", "yes")
+
+
+def run_exit_code(job: Job, last_run: dict | None) -> int:
+    """`run`'s exit code for its finished job: 0 if it completed; a dead job's last run's own exit code
+    (128+N for a signal), EXIT_TIMED_OUT if its timeout killed it, else EXIT_NOT_RUN: canceled, lost
+    too often, could not start, a dependency died (see the README's table)."""
+    if job.state == COMPLETED:
+        return EXIT_OK
+    if last_run is None or last_run["outcome"] != DEAD or (job.last_error or "").startswith("canceled"):
+        return EXIT_NOT_RUN
+    if last_run["exit_code"] is not None:
+        return last_run["exit_code"]
+    return EXIT_TIMED_OUT if (last_run["error"] or "").startswith(TIMED_OUT) else EXIT_NOT_RUN
 
 
 # -- schedules -----------------------------------------------------------------------------------
