@@ -9224,7 +9224,7 @@ class ForegroundRun:
                 self.followed = run[0]
                 follow_output(self.store, self.job_id, run, self.look)
                 self.store.refresh()
-                self._announce_retry(self.store.get(self.job_id))
+                self._announce_retry()
                 continue
             if job.state in (COMPLETED, DEAD):
                 return run_exit_code(job, self._last_run())
@@ -9244,17 +9244,19 @@ class ForegroundRun:
         runs = self.store.runs(self.job_id)
         return runs[-1] if runs else None
 
-    def _announce_retry(self, job: Job) -> None:
-        """A line on stderr when a run ended and the job runs again (a failure with retries left, a lost worker)."""
-        if job.state in (COMPLETED, DEAD):
+    def _announce_retry(self) -> None:
+        """A line on stderr when the run just followed ended and the job runs again: it failed with runs
+        left, or its worker was lost or stopped. Told by the run's own record: by now the next run may
+        have started, even ended."""
+        job = self.store.get(self.job_id)
+        run = next(r for r in self.store.runs(self.job_id) if r["run"] == self.followed)
+        if run["outcome"] not in (FAILED, "lost", "stopped") or job.run_count == self.followed and job.state == DEAD:
             return
-        last = self._last_run() or {}
-        why = f"{last.get('outcome')}: {last.get('error')}" if last.get("error") else last.get("outcome")
-        due = due_text(job, self.store.now(), self.store.paused())
+        why = f"{run['outcome']}: {run['error']}" if run["error"] else run["outcome"]
+        due = f", due {due_text(job, self.store.now(), self.store.paused())}" if job.state in (PENDING, FAILED) else ""
         sys.stdout.flush()
-        print(f"queuectl: run {self.followed} of job {self.job_id} {printable(str(why))}; it runs again "
-              f"(attempt {attempts_shown(job)[0] + 1} of {attempts_shown(job)[1]}, due {due})",
-              file=sys.stderr, flush=True)
+        print(f"queuectl: run {self.followed} of job {self.job_id} {printable(why)}; it runs again "
+              f"(attempt {job.attempts + 1} of {max(job.max_retries, 1)}{due})", file=sys.stderr, flush=True)
 
     def _start_worker(self, queue: str) -> None:
         """--burst: a worker in this process, for this job only (see Store.claim), stopped when run ends.

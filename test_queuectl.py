@@ -12,6 +12,7 @@ import json
 import marshal
 import math
 import os
+import pty
 import re
 import shlex
 import shutil
@@ -1214,18 +1215,20 @@ def screen(raw):
 
 
 class TerminalRun:
-    """The real script with stderr on a pseudo-terminal (stdout to a file, stdin from one): `raw()` is
-    everything it wrote to the terminal so far."""
+    """The real script with stderr on a pseudo-terminal (stdout to a file, stdin from one, or with
+    stdin_path=None from the terminal too, where type() answers): `raw()` is everything it wrote to the
+    terminal so far."""
 
     def __init__(self, folder, db, *args, stdin_path=os.devnull, **env):
-        master, slave = os.openpty()
+        master, slave = pty.openpty()
         self.out_path, self.master, self.chunks = folder / f"stdout.{uuid.uuid4().hex}", master, []
         environ = child_env(TERM="xterm")
         environ.pop("QUEUECTL_NO_PROGRESS", None)
         environ.update(env)
         try:
-            with open(stdin_path, "rb") as stdin, open(self.out_path, "wb") as out:
-                self.popen = subprocess.Popen([sys.executable, QUEUECTL, "--db", db, *args], stdin=stdin,
+            with open(stdin_path or os.devnull, "rb") as stdin, open(self.out_path, "wb") as out:
+                self.popen = subprocess.Popen([sys.executable, QUEUECTL, "--db", db, *args],
+                                              stdin=stdin if stdin_path else slave,
                                               stdout=out, stderr=slave, env=environ,
                                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         finally:
@@ -1248,6 +1251,9 @@ class TerminalRun:
 
     def wait_raw(self, fragment):
         wait_for(lambda: fragment in self.raw(), f"{fragment!r} on the terminal; got {self.raw()!r}")
+
+    def type(self, text):
+        os.write(self.master, text.encode())
 
     def finish(self, timeout=WAIT_S):
         """Wait for the exit; return (exit code, stdout, raw terminal output)."""
@@ -12352,6 +12358,170 @@ def test_wait_off_a_terminal_writes_nothing_extra(db):
                         (["--all"], "timed out: 1 job still pending, failed or processing")):
         result = script(db, "wait", *args, "--timeout", "0.5")
         assert (result.returncode, result.stdout, result.stderr) == (1, "", f"{ERROR_PREFIX}{error}\n")
+
+# -- run ------------------------------------------------------------------------------------------
+
+def _option_names(db, command):
+    code, out, err = cli(db, command, "--help")
+    assert code == 0, err
+    return set(re.findall(r"(?<![\w-])--[a-z][a-z-]+", out))
+
+
+@sqlite_only
+def test_run_takes_every_option_of_add_but_json_and_adds_burst(db):
+    assert _option_names(db, "run") == _option_names(db, "add") - {"--json"} | {"--burst"}
+    assert "124" in ok(db, "help", "run") and "125" in ok(db, "help", "run")  # the exit codes
+
+
+@sqlite_only
+@pytest.mark.parametrize("args, fragment", [
+    ([], "run: give the command after --"),
+    (["--timeout", "soon", "--", "true"], "timeout"),
+    (["--env", "NOEQUALS", "--", "true"], "--env wants NAME=VALUE"),
+    (["--priority", "x", "--", "true"], "--priority"),
+    (["--json", "--", "true"], "unrecognized arguments: --json"),
+])
+def test_run_bad_input_exits_2_before_anything_is_enqueued(db, args, fragment):
+    code, out, err = cli(db, "run", *args)
+    assert (code, out) == (2, "")
+    assert fragment in err and ERROR_PREFIX in err and "Traceback" not in err
+    assert not os.path.exists(db)  # not even a database was made
+    code, out, err = cli(db, "--json", "run", "--", "true")
+    assert (code, out) == (2, "")
+    assert_one_error(err, "run has no --json")
+
+
+@pytest.mark.parametrize("state, outcome, exit_code, error, expected", [
+    ("completed", "completed", 0, None, 0),
+    ("dead", "dead", 3, "exit code 3", 3),
+    ("dead", "dead", 137, "killed by signal SIGKILL", 137),
+    ("dead", "dead", None, "timed out after 1s (terminated)", 124),
+    ("dead", "dead", None, "cannot start: no such file", 125),
+    ("dead", "canceled", None, "canceled (terminated)", 125),
+    ("dead", "dead", 1, "canceled", 125),  # failed while its cancel was under way: the cancel wins
+    ("dead", "lost", None, "worker lost", 125),
+    ("dead", None, None, "dependency 'a' is dead", 125),  # never ran
+])
+def test_run_exit_code_is_the_jobs_own_or_says_why_it_has_none(state, outcome, exit_code, error, expected):
+    job = make_job(state=state, exit_code=exit_code, last_error=error)
+    last = None if outcome is None else {"outcome": outcome, "exit_code": exit_code, "error": error}
+    assert queuectl.run_exit_code(job, last) == expected
+
+
+def test_run_streams_the_output_while_the_job_runs_and_exits_with_its_code(db, workers, tmp_path):
+    run = workers.spawn("run", "--id", "r", "--max-retries", "1", "--cwd", str(tmp_path), "--",
+                        f"echo first; {BLOCKING_JOB.split('; ', 2)[2]}; exit 3")
+    reader = LineReader(run.stdout)
+    workers.start()
+    wait_for(lambda: reader.lines == ["first\n"], "the first line, streamed")
+    assert run.poll() is None and state_of(db, "r") == "processing"  # the job waits for `release`
+    (tmp_path / "release").touch()
+    assert run.wait(timeout=WAIT_S) == 3
+    reader.thread.join(WAIT_S)
+    assert reader.text() == "first\nfinished\n"
+    assert run.stderr.read() == b""
+
+
+def test_run_announces_a_retry_on_stderr_and_exits_0_once_a_retry_succeeds(db, workers):
+    ok(db, "config", "set", "backoff-base", "1")
+    workers.start()
+    result = script(db, "run", "--id", "r", "--max-retries", "2", "--", 'echo "run $QUEUECTL_ATTEMPT"; '
+                    '[ "$QUEUECTL_ATTEMPT" = 2 ]')
+    assert (result.returncode, result.stdout) == (0, "run 1\nrun 2\n")
+    assert re.fullmatch(r"queuectl: run 1 of job r failed: exit code 1; it runs again \(attempt 2 of 2, due "
+                        r"(in 1s|now)\)\n", result.stderr), result.stderr
+
+
+def test_run_of_a_job_its_timeout_kills_exits_124(db, workers):
+    workers.start()
+    result = script(db, "run", "--max-retries", "1", "--timeout", "0.2", "--", "sleep", "30")
+    assert (result.returncode, result.stdout, result.stderr) == (124, "", "")
+
+
+def test_run_keeps_waiting_when_the_worker_is_killed_and_reports_the_rerun(db, workers, tmp_path):
+    command = "if [ -e started ]; then echo second; exit 4; fi; touch started; echo first; sleep 60"
+    first = workers.start()
+    run = workers.spawn("run", "--id", "r", "--max-retries", "1", "--cwd", str(tmp_path), "--", command)
+    out, err = LineReader(run.stdout), LineReader(run.stderr)
+    wait_for(lambda: out.lines == ["first\n"], "the first run's output")
+    first.signal(signal.SIGKILL)
+    first.wait()
+    assert run.poll() is None  # still waiting for its job
+    workers.start()  # recovers the lost run and runs it again
+    assert run.wait(timeout=WAIT_S) == 4
+    out.thread.join(WAIT_S)
+    err.thread.join(WAIT_S)
+    assert out.text() == "first\nsecond\n"
+    assert err.text().startswith("queuectl: run 1 of job r lost"), err.text()
+    assert get_job(db, "r")["state"] == "dead"
+
+
+def test_run_with_no_live_worker_says_so_once_and_keeps_waiting(db, workers):
+    run = workers.spawn("run", "--id", "r", "--", "echo", "done")
+    err = LineReader(run.stderr)
+    wait_for(lambda: err.lines, "the note")  # after a few seconds
+    assert err.lines == ["queuectl: note: no live worker serves queue 'default': start one with queuectl worker "
+                         "start\n"]
+    assert run.poll() is None
+    workers.start()
+    assert run.wait(timeout=WAIT_S) == 0
+    assert run.stdout.read() == b"done\n"
+    err.thread.join(WAIT_S)
+    assert len(err.lines) == 1
+
+
+def test_run_interrupted_without_a_terminal_cancels_its_job_and_exits_130(db, workers, tmp_path):
+    run = workers.spawn("run", "--id", "r", "--", "true")
+    wait_for(lambda: cli(db, "show", "r")[0] == 0, "the job enqueued")
+    run.send_signal(signal.SIGINT)
+    assert run.wait(timeout=WAIT_S) == 130
+    assert run.stderr.read() == b"queuectl: job r canceled\n"
+    job = get_job(db, "r")
+    assert (job["state"], job["last_error"]) == ("dead", "canceled")
+
+
+def test_run_interrupted_while_its_job_runs_cancels_and_kills_it(db, workers, tmp_path):
+    run = workers.spawn("run", "--id", "r", "--cwd", str(tmp_path), "--", BLOCKING_JOB)
+    workers.start()
+    _wait_started(tmp_path)
+    run.send_signal(signal.SIGINT)
+    assert run.wait(timeout=WAIT_S) == 130
+    wait_for(lambda: state_of(db, "r") == "dead", "the canceled job killed")
+    assert get_job(db, "r")["last_error"].startswith("canceled")
+
+
+@pytest.mark.parametrize("answer, state", [("y\n", "dead"), ("\n", "pending"), ("n\n", "pending"), (None, "pending")])
+def test_run_interrupted_on_a_terminal_asks_whether_to_cancel(db, terminal, answer, state):
+    run = terminal(db, "run", "--id", "r", "--", "true", stdin_path=None)
+    wait_for(lambda: cli(db, "show", "r")[0] == 0, "the job enqueued")
+    run.popen.send_signal(signal.SIGINT)
+    run.wait_raw("queuectl: cancel job r? [y/N] ")
+    if answer is None:  # a second Ctrl-C leaves it queued
+        run.popen.send_signal(signal.SIGINT)
+    else:
+        run.type(answer)
+    code, out, raw = run.finish()
+    assert (code, out) == (130, "")
+    assert get_job(db, "r")["state"] == state
+    assert screen(raw)[-1] == ("queuectl: job r canceled" if state == "dead" else
+                               "queuectl: job r left queued: queuectl logs -f r follows it")
+
+
+def test_run_burst_with_no_worker_runs_its_job_here_and_only_that_one(db):
+    enqueue(db, id="other", command="true", priority=-1)  # in the same queue, after ours
+    result = script(db, "run", "--burst", "--id", "r", "--max-retries", "1", "--", "sh", "-c", "echo here; exit 5")
+    assert (result.returncode, result.stdout) == (5, "here\n")
+    assert result.stderr.startswith("queuectl: note: no live worker serves queue 'default': running job r here "
+                                    "(--burst)\n")
+    assert state_of(db, "other") == "pending"
+    assert json.loads(ok(db, "worker", "list", "--json")) == []  # the worker here left with it
+
+
+def test_run_burst_with_a_live_worker_leaves_the_job_to_it(db, workers):
+    workers.start().wait_log("worker started")
+    result = script(db, "run", "--burst", "--", "echo", "there")
+    assert (result.returncode, result.stdout, result.stderr) == (0, "there\n", "")
+
 
 
 def test_enqueue_batch_over_10000_lines_counts_on_a_terminal_then_says_how_it_went(db, terminal, tmp_path):
