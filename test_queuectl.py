@@ -12517,6 +12517,31 @@ def test_run_burst_with_no_worker_runs_its_job_here_and_only_that_one(db):
     assert json.loads(ok(db, "worker", "list", "--json")) == []  # the worker here left with it
 
 
+def test_run_burst_interrupted_cancels_and_kills_the_job_it_runs_before_it_exits(db, workers, tmp_path):
+    run = workers.spawn("run", "--burst", "--id", "r", "--cwd", str(tmp_path), "--", BLOCKING_JOB)
+    _wait_started(tmp_path)
+    job_pid = int(wait_for(lambda: (tmp_path / "sh.pid").read_text().strip(), "the job's pid"))
+    run.send_signal(signal.SIGINT)
+    assert run.wait(timeout=WAIT_S) == 130
+    assert pid_gone(job_pid)  # killed before run exited, not left behind
+    job = get_job(db, "r")
+    assert (job["state"], job["last_error"].startswith("canceled")) == ("dead", True)
+    assert json.loads(ok(db, "worker", "list", "--json")) == []
+
+
+def test_run_burst_left_queued_on_a_terminal_puts_back_the_job_it_ran(db, terminal, tmp_path):
+    run = terminal(db, "run", "--burst", "--id", "r", "--cwd", str(tmp_path), "--", BLOCKING_JOB, stdin_path=None)
+    _wait_started(tmp_path)
+    job_pid = int(wait_for(lambda: (tmp_path / "sh.pid").read_text().strip(), "the job's pid"))
+    run.popen.send_signal(signal.SIGINT)
+    run.wait_raw("[y/N] ")
+    run.type("n\n")
+    code, out, raw = run.finish()
+    assert code == 130
+    assert pid_gone(job_pid)
+    assert get_job(db, "r")["state"] == "pending"  # for a worker to run, as if its worker had stopped
+
+
 def test_run_burst_with_a_live_worker_leaves_the_job_to_it(db, workers):
     workers.start().wait_log("worker started")
     result = script(db, "run", "--burst", "--", "echo", "there")
