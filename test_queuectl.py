@@ -10919,7 +10919,7 @@ def test_a_command_builds_only_its_own_parser(db, monkeypatch):
                      "queuectl config list"]
 
 
-COMMAND_NAMES = ["enqueue", "add", "cancel", "delete", "purge", "wait", "status", "list", "show", "logs", "stats",
+COMMAND_NAMES = ["enqueue", "add", "run", "cancel", "delete", "purge", "wait", "status", "list", "show", "logs", "stats",
                  "metrics", "pause", "resume", "limit", "queues", "dashboard", "worker", "dlq", "config", "schedule",
                  "help"]
 
