@@ -8716,8 +8716,8 @@ def test_a_claim_that_fails_after_its_commit_is_run_once_by_the_same_worker(db, 
     enqueue(db, id="j", command="echo ran >> ran.txt", cwd=str(tmp_path))
     real_claim, failed = queuectl.Store.claim, []
 
-    def claim(self, worker_id, now, queues=()):
-        job = real_claim(self, worker_id, now, queues)
+    def claim(self, worker_id, now, queues=(), only=None):
+        job = real_claim(self, worker_id, now, queues, only)
         if job and not failed:  # the first claim commits, then its answer is lost
             failed.append(job.id)
             raise queuectl.BadDatabase("connection lost after the commit (injected)")
