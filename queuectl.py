@@ -9193,10 +9193,10 @@ def cmd_config_list(args, store: Store) -> None:
 def cmd_run(args, store: Store) -> int:
     now = store.now()
     spec = validate_job(add_job_object(args), store.config_all(), current_dir(), now)
-    job_id = store.enqueue([spec], now)[0]
-    note_paused(store, [spec["queue"]])
-    run = ForegroundRun(store, job_id, args.burst)
-    try:
+    run = ForegroundRun(store, spec["id"], args.burst)
+    try:  # from the enqueue on: a Ctrl-C just after its commit finds the job
+        store.enqueue([spec], now)
+        note_paused(store, [spec["queue"]])
         return run.follow()
     except KeyboardInterrupt:
         return run.interrupted()
@@ -9212,7 +9212,7 @@ class ForegroundRun:
         self.store, self.job_id, self.burst = store, job_id, burst
         self.unserved = UnservedNote(store, Progress(False))  # `wait`'s note, said once
         self.followed = 0  # the number of the last run followed to its end
-        self.worker: "Worker | None" = None  # --burst: the one this process runs for its job
+        self.worker: Worker | None = None  # --burst: the one this process runs for its job
         self.thread = None
 
     def follow(self) -> int:
@@ -9260,12 +9260,8 @@ class ForegroundRun:
 
     def _start_worker(self, queue: str) -> None:
         """--burst: a worker in this process, for this job only (see Store.claim), stopped when run ends.
-        Its log lines are not written: the job's output and run's own notes are what run prints."""
-        import logging
+        Logging is not set up here: only its warnings reach stderr, not a line for each claim."""
         import threading
-        logger = logging.getLogger("queuectl")
-        if not logger.handlers:
-            logger.addHandler(logging.NullHandler())
         print(f"queuectl: note: no live worker serves queue {queue!r}: running job {self.job_id} here (--burst)",
               file=sys.stderr, flush=True)
         self.worker = Worker(worker_target(self.store), 1, False, (queue,), only=self.job_id)
@@ -9274,7 +9270,7 @@ class ForegroundRun:
 
     def interrupted(self) -> int:
         """Ctrl-C: on a terminal, ask whether to cancel the job (a second Ctrl-C leaves it queued); without
-        one, cancel it. Exits 130 either way."""
+        one, cancel it. 130 either way."""
         sys.stdout.flush()
         if sys.stdin.isatty() and not ask_yes(f"queuectl: cancel job {self.job_id}? [y/N] "):
             if self.worker is not None:  # it must not go on running in a process that is ending
@@ -9288,6 +9284,8 @@ class ForegroundRun:
             print(f"queuectl: job {self.job_id} canceled", file=sys.stderr)
         except Conflict as e:  # it ended meanwhile
             print(f"queuectl: note: {e}", file=sys.stderr)
+        except NotFound:  # interrupted before the enqueue's commit: nothing to cancel
+            pass
         finally:
             store.close()
         return EXIT_INTERRUPTED
