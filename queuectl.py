@@ -1514,6 +1514,7 @@ class SharedSQL:
                        "AND worker_id NOT IN (SELECT id FROM workers)")
     SQL_RUNS = ("SELECT run_no, worker_id, started_at, due_at, ended_at, outcome, exit_code, error, output, "
                 "output_bytes FROM runs WHERE job_id = %s ORDER BY run_no")
+    SQL_RUN_END = "SELECT outcome, exit_code, error FROM runs WHERE job_id = %s AND run_no = %s"
 
     SQL_RETRY = ("UPDATE jobs SET state = 'pending', attempts = 0, lost_count = 0, cancel_requested = 0, "
                  "next_run_at = %s, last_error = NULL, exit_code = NULL, updated_at = %s, ready = 0, "
@@ -2130,6 +2131,11 @@ class Store:
         keys = ("run", "worker_id", "started_at", "due_at", "ended_at", "outcome", "exit_code", "error", "output",
                 "output_bytes")
         return [dict(zip(keys, r)) for r in self.read(self.sql.SQL_RUNS, (job_id,))]
+
+    def run_end(self, job_id: str, run_no: int) -> dict | None:
+        """How run N of a job ended: outcome (None while it runs), exit_code, error; None if there is no run N."""
+        rows = self.read(self.sql.SQL_RUN_END, (job_id, run_no))
+        return dict(zip(("outcome", "exit_code", "error"), rows[0])) if rows else None
 
     def run_output(self, job_id: str, run_no: int | None = None) -> tuple | None:
         """(run_no, output tail, total bytes so far, ended_at) of run N or the latest; None if none."""
@@ -7923,7 +7929,7 @@ RUN_EXIT_CODES_HELP = """exit codes:
   124               its timeout killed it (as timeout(1))
   125               it ended without an exit code of its own: canceled, lost too often, could not start, a
                     dependency died (as timeout(1): the command could not be run)
-  130               interrupted (Ctrl-C): on a terminal it asks whether to cancel the job, else cancels it
+  130               interrupted (Ctrl+C): on a terminal it asks whether to cancel the job, else cancels it
   1, 2              run itself failed, or its input is invalid (nothing enqueued)"""
 
 
@@ -7966,9 +7972,8 @@ def _add_job_commands(sub) -> None:
 def _add_add_command(sub) -> None:
     add_job_options(_command(sub, "add", cmd_add, "add a job from a command line, without JSON: add [OPTIONS] -- "
                              "COMMAND [ARG...]", json_flag=True, check=check_add))
-    r = _command(sub, "run", cmd_run, "add a job and wait for it as if it ran here: its output as a worker runs "
-                 "it, retries announced on stderr, its exit code: run [OPTIONS] -- COMMAND [ARG...]", check=check_add,
-                 epilog=RUN_EXIT_CODES_HELP)
+    r = _command(sub, "run", cmd_run, "add a job and wait for it as if it ran here (its output, retries, exit "
+                 "code): run [OPTIONS] -- COMMAND [ARG...]", check=check_add, epilog=RUN_EXIT_CODES_HELP)
     add_job_options(r)  # every option of add's, one added later too
     r.add_argument("--burst", action="store_true", help="when no live worker serves its queue, run it here "
                    "(this job only, in its turn)")
@@ -9227,7 +9232,7 @@ class ForegroundRun:
                 self._announce_retry()
                 continue
             if job.state in (COMPLETED, DEAD):
-                return run_exit_code(job, self._last_run())
+                return run_exit_code(job, self.store.run_end(self.job_id, job.run_count))
             self.look(job)
             time.sleep(WAIT_POLL_S)
             self.store.refresh()
@@ -9240,17 +9245,12 @@ class ForegroundRun:
             return self._start_worker(job.queue)
         self.unserved.check([job])
 
-    def _last_run(self) -> dict | None:
-        runs = self.store.runs(self.job_id)
-        return runs[-1] if runs else None
-
     def _announce_retry(self) -> None:
         """A line on stderr when the run just followed ended and the job runs again: it failed with runs
         left, or its worker was lost or stopped. Told by the run's own record: by now the next run may
         have started, even ended."""
-        job = self.store.get(self.job_id)
-        run = next(r for r in self.store.runs(self.job_id) if r["run"] == self.followed)
-        if run["outcome"] not in (FAILED, "lost", "stopped") or job.run_count == self.followed and job.state == DEAD:
+        job, run = self.store.get(self.job_id), self.store.run_end(self.job_id, self.followed)
+        if run["outcome"] not in (FAILED, "lost", "stopped") or (job.run_count == self.followed and job.state == DEAD):
             return
         why = f"{run['outcome']}: {run['error']}" if run["error"] else run["outcome"]
         due = f", due {due_text(job, self.store.now(), self.store.paused())}" if job.state in (PENDING, FAILED) else ""

@@ -12408,6 +12408,16 @@ def test_run_exit_code_is_the_jobs_own_or_says_why_it_has_none(state, outcome, e
     assert queuectl.run_exit_code(job, last) == expected
 
 
+def test_run_end_says_how_a_run_ended(store):
+    register(store)
+    store.enqueue([spec("j", max_retries=2)], T0)
+    assert store.run_end("j", 1) is None  # no run yet
+    store.claim("w1", T0)
+    assert store.run_end("j", 1) == {"outcome": None, "exit_code": None, "error": None}  # running
+    store.finish(store.get("j"), "w1", outcome(3, "exit code 3"), SETTINGS, T0 + 1)
+    assert store.run_end("j", 1) == {"outcome": "failed", "exit_code": 3, "error": "exit code 3"}
+
+
 def test_run_streams_the_output_while_the_job_runs_and_exits_with_its_code(db, workers, tmp_path):
     run = workers.spawn("run", "--id", "r", "--max-retries", "1", "--cwd", str(tmp_path), "--",
                         f"echo first; {BLOCKING_JOB.split('; ', 2)[2]}; exit 3")
