@@ -314,6 +314,14 @@ class _NotItsTurn(Exception):
     """Rolls back a claim that took another job than the one asked for (see Store.claim)."""
 
 
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP ended `run` (see RunSignals): as KeyboardInterrupt, no `except Exception` catches it."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
 # ==== Model ======================================================================================
 
 def iso(t: float | None) -> str | None:
@@ -9198,23 +9206,56 @@ def cmd_config_list(args, store: Store) -> None:
 def cmd_run(args, store: Store) -> int:
     now = store.now()
     spec = validate_job(add_job_object(args), store.config_all(), current_dir(), now)
-    run = ForegroundRun(store, spec["id"], args.burst)
-    try:  # from the enqueue on: a Ctrl-C just after its commit finds the job
-        store.enqueue([spec], now)
-        note_paused(store, [spec["queue"]])
-        return run.follow()
-    except KeyboardInterrupt:
-        return run.interrupted()
-    finally:
-        run.stop_worker()
+    run = ForegroundRun(store, spec["id"], args.burst, now)
+    with RunSignals() as signals:
+        try:  # from the enqueue on: a Ctrl-C just after its commit finds the job
+            store.enqueue([spec], now)
+            run.enqueued = True
+            note_paused(store, [spec["queue"]])
+            return run.follow()
+        except KeyboardInterrupt:
+            return run.interrupted()
+        except Terminated as e:  # a kill, or its terminal closed: as a Ctrl-C without a terminal
+            return run.cancel(128 + e.signum)
+        except (BrokenPipeError, OutputLost) as e:
+            raise run.output_lost(e) from None
+        finally:
+            signals.armed = False  # the job has ended, or was canceled or left: nothing more to do
+            run.stop_worker()
+
+
+class RunSignals:
+    """`run`'s SIGTERM and SIGHUP (a kill; its terminal closed): the first raises Terminated in the main
+    thread, as Ctrl-C raises KeyboardInterrupt, so that the job is canceled; later ones (a closing terminal
+    sends two) do nothing, nor any once `armed` is off: the cancel and the worker's end go on. A SIGHUP
+    ignored when run started (nohup) stays ignored. The handlers before are back at the end."""
+
+    def __enter__(self) -> "RunSignals":
+        import signal
+        self.armed, self.saved = True, {}
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(sig) != signal.SIG_IGN:
+                self.saved[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.armed:
+            self.armed = False
+            raise Terminated(signum)
+
+    def __exit__(self, *exc) -> None:
+        import signal
+        for sig, handler in self.saved.items():
+            signal.signal(sig, handler)
 
 
 class ForegroundRun:
     """`run`'s wait for its job: every run's output on stdout as `logs -f` prints it, a line on stderr
     for each retry, the job's exit code once it completed or ended dead (see run_exit_code)."""
 
-    def __init__(self, store: Store, job_id: str, burst: bool):
+    def __init__(self, store: Store, job_id: str, burst: bool, created_at: float):
         self.store, self.job_id, self.burst = store, job_id, burst
+        self.created_at, self.enqueued = created_at, False  # which job of that id is ours (see cancel)
         self.unserved = UnservedNote(store, Progress(False))  # `wait`'s note, said once
         self.followed = 0  # the number of the last run followed to its end
         self.worker: Worker | None = None  # --burst: the one this process runs for its job
@@ -9270,31 +9311,61 @@ class ForegroundRun:
 
     def interrupted(self) -> int:
         """Ctrl-C: on a terminal, ask whether to cancel the job (a second Ctrl-C leaves it queued); without
-        one, cancel it. 130 either way."""
-        sys.stdout.flush()
-        if sys.stdin.isatty() and not ask_yes(f"queuectl: cancel job {self.job_id}? [y/N] "):
-            if self.worker is not None:  # it must not go on running in a process that is ending
-                self.worker.hard_stop("run interrupted")
-            print(f"queuectl: job {self.job_id} left queued: queuectl logs -f {self.job_id} follows it",
-                  file=sys.stderr)
-            return EXIT_INTERRUPTED
+        one, cancel it. 130 either way, but 128+N if signal N ends run during the question (see RunSignals)."""
+        with contextlib.suppress(OSError, OutputLost):  # the question after the output; see output_lost
+            sys.stdout.flush()
+        try:
+            if sys.stdin.isatty() and not ask_yes(f"queuectl: cancel job {self.job_id}? [y/N] "):
+                self.leave("run interrupted")
+                say(f"queuectl: job {self.job_id} left queued: queuectl logs -f {self.job_id} follows it")
+                return EXIT_INTERRUPTED
+        except Terminated as e:  # no answer can come now
+            return self.cancel(128 + e.signum)
+        return self.cancel(EXIT_INTERRUPTED)
+
+    def cancel(self, code: int) -> int:
+        """Cancel the job, and say so; `code`. Interrupted before the enqueue returned, only if the job of
+        that id is the one it enqueued (not one enqueued before with the same --id, which it refused)."""
         store = open_database(self.store.target)  # anew: the interrupt may have cut short a call on ours
         try:
-            store.cancel([self.job_id], store.now())
-            print(f"queuectl: job {self.job_id} canceled", file=sys.stderr)
+            if self.enqueued or store.get(self.job_id).created_at == self.created_at:
+                store.cancel([self.job_id], store.now())
+                say(f"queuectl: job {self.job_id} canceled")
         except Conflict as e:  # it ended meanwhile
-            print(f"queuectl: note: {e}", file=sys.stderr)
+            say(f"queuectl: note: {e}")
         except NotFound:  # interrupted before the enqueue's commit: nothing to cancel
             pass
         finally:
             store.close()
-        return EXIT_INTERRUPTED
+        return code
+
+    def leave(self, why: str) -> None:
+        """Leave the job to the queue: with --burst, the one running here is killed and put back (it must
+        not go on running in a process that is ending), as when its worker stops."""
+        if self.worker is not None:
+            self.worker.hard_stop(why)
+
+    def output_lost(self, error: OSError | OutputLost) -> QueueError:
+        """stdout cannot be written (its reader left, a full disk): the error run exits 1 with. Not a
+        success, and not a cancel either: the job goes on in the queue, which keeps its output."""
+        if isinstance(error, OSError):  # BrokenPipeError, which Stdout lets through
+            error = OutputLost(f"cannot write to standard output: {_errno_text(error.errno)}")
+        if self.store.get(self.job_id).state in (COMPLETED, DEAD):  # its end is in the queue (`show`)
+            return QueueError(str(error))
+        self.leave("run's output cannot be written")
+        return QueueError(f"{error}; job {self.job_id} goes on: queuectl logs -f {self.job_id} follows it")
 
     def stop_worker(self) -> None:
         """--burst: stop the worker here once its job ended (a canceled one once it is killed) and wait for it."""
         if self.worker is not None:
             self.worker._stop("run ended")
             self.thread.join()
+
+
+def say(line: str) -> None:
+    """A line on stderr, if it can be written: after a SIGHUP its terminal may be gone."""
+    with contextlib.suppress(OSError):
+        print(line, file=sys.stderr, flush=True)
 
 
 def ask_yes(question: str) -> bool:

@@ -12553,6 +12553,56 @@ def test_run_burst_left_queued_on_a_terminal_puts_back_the_job_it_ran(db, termin
     assert get_job(db, "r")["state"] == "pending"  # for a worker to run, as if its worker had stopped
 
 
+@pytest.mark.parametrize("sig, burst", [(signal.SIGTERM, False), (signal.SIGHUP, True)])
+def test_run_ended_by_sigterm_or_sighup_cancels_its_job_and_exits_128_plus_n(db, workers, tmp_path, sig, burst):
+    run = workers.spawn("run", *(["--burst"] if burst else []), "--id", "r", "--cwd", str(tmp_path), "--",
+                        BLOCKING_JOB)
+    if not burst:
+        workers.start()
+    _wait_started(tmp_path)
+    job_pid = int(wait_for(lambda: (tmp_path / "sh.pid").read_text().strip(), "the job's pid"))
+    run.send_signal(sig)
+    assert run.wait(timeout=WAIT_S) == 128 + sig
+    assert b"queuectl: job r canceled\n" in run.stderr.read()
+    wait_for(lambda: pid_gone(job_pid), "the canceled job killed")
+    job = get_job(db, "r")
+    assert (job["state"], job["last_error"].startswith("canceled")) == ("dead", True)
+
+
+@pytest.mark.parametrize("burst", [False, True])
+def test_run_whose_reader_left_exits_1_and_leaves_its_job_to_the_queue(db, workers, tmp_path, burst):
+    command = ("echo first; while [ ! -e release ]; do sleep 0.05; done; echo second; "
+               "while [ ! -e release2 ]; do sleep 0.05; done")
+    run = workers.spawn("run", *(["--burst"] if burst else []), "--id", "r", "--cwd", str(tmp_path), "--", command)
+    if not burst:
+        workers.start()
+    assert run.stdout.readline() == b"first\n"
+    run.stdout.close()  # `queuectl run ... | head -1`
+    (tmp_path / "release").touch()
+    assert run.wait(timeout=WAIT_S) == 1
+    err = run.stderr.read().decode()
+    assert "Traceback" not in err and err.endswith("queuectl: error: cannot write to standard output: broken pipe; "
+                                                   "job r goes on: queuectl logs -f r follows it\n"), err
+    # Not canceled: run here (--burst), it is put back for a worker, as when its worker stops.
+    assert state_of(db, "r") == ("pending" if burst else "processing")
+
+
+@sqlite_only
+def test_run_interrupted_as_its_enqueue_commits_cancels_its_job_not_one_of_that_id(db, monkeypatch):
+    enqueue(db, id="a", command="true")  # someone else's
+    real_enqueue = queuectl.Store.enqueue
+
+    def interrupted_enqueue(self, specs, now):
+        if specs[0]["id"] == "b":  # committed, then interrupted before it returned
+            real_enqueue(self, specs, now)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(queuectl.Store, "enqueue", interrupted_enqueue)
+    assert cli(db, "run", "--id", "a", "--", "sleep", "1") == (130, "", "")
+    assert state_of(db, "a") == "pending"
+    assert cli(db, "run", "--id", "b", "--", "sleep", "1") == (130, "", "queuectl: job b canceled\n")
+    assert state_of(db, "b") == "dead"
+
+
 def test_run_burst_with_a_live_worker_leaves_the_job_to_it(db, workers):
     workers.start().wait_log("worker started")
     result = script(db, "run", "--burst", "--", "echo", "there")
