@@ -9257,6 +9257,7 @@ class ForegroundRun:
         self.store, self.job_id, self.burst = store, job_id, burst
         self.created_at, self.enqueued = created_at, False  # which job of that id is ours (see cancel)
         self.unserved = UnservedNote(store, Progress(False))  # `wait`'s note, said once
+        self.due_since, self.turn_said = None, False  # see _note_turn
         self.followed = 0  # the number of the last run followed to its end
         self.worker: Worker | None = None  # --burst: the one this process runs for its job
         self.thread = None
@@ -9282,9 +9283,23 @@ class ForegroundRun:
         """While waiting: with no live worker serving the job's queue, `wait`'s note, or with --burst a
         worker here for this job alone."""
         job = job or self.store.get(self.job_id)
-        if self.burst and self.worker is None and unserved_queues(self.store, {job.queue}):
+        if self.worker is not None:
+            return self._note_turn(job)
+        if self.burst and unserved_queues(self.store, {job.queue}):
             return self._start_worker(job.queue)
         self.unserved.check([job])
+
+    def _note_turn(self, job: Job) -> None:
+        """--burst: one note once its job has been due for WAIT_NO_WORKER_S and the worker here has not
+        taken it: jobs ahead of it in its queue hold it, which that worker does not run."""
+        if self.turn_said or job.state not in (PENDING, FAILED) or held_by(self.store, job) != "due now":
+            self.due_since = None
+        elif self.due_since is None:
+            self.due_since = time.monotonic()
+        elif time.monotonic() - self.due_since >= WAIT_NO_WORKER_S:
+            self.turn_said = True
+            say(f"queuectl: note: job {self.job_id} is due but not run: jobs ahead of it in queue {job.queue!r} wait "
+                "for a worker (--burst runs this job only): start one with queuectl worker start")
 
     def _announce_retry(self) -> None:
         """A line on stderr when the run just followed ended and the job runs again: it failed with runs

@@ -12603,6 +12603,18 @@ def test_run_interrupted_as_its_enqueue_commits_cancels_its_job_not_one_of_that_
     assert state_of(db, "b") == "dead"
 
 
+def test_run_burst_behind_a_job_it_does_not_run_says_so_and_waits(db, workers):
+    enqueue(db, id="ahead", command="true", priority=1)
+    run = workers.spawn("run", "--burst", "--id", "r", "--", "true")
+    err = LineReader(run.stderr)
+    wait_for(lambda: len(err.lines) == 2, "the note on the job ahead")
+    assert err.lines[1] == ("queuectl: note: job r is due but not run: jobs ahead of it in queue 'default' wait for a "
+                            "worker (--burst runs this job only): start one with queuectl worker start\n")
+    assert run.poll() is None and state_of(db, "r") == "pending"
+    workers.start()  # runs both, in turn
+    assert run.wait(timeout=WAIT_S) == 0
+
+
 def test_run_burst_with_a_live_worker_leaves_the_job_to_it(db, workers):
     workers.start().wait_log("worker started")
     result = script(db, "run", "--burst", "--", "echo", "there")
