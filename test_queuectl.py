@@ -12564,9 +12564,8 @@ def test_run_ended_by_sigterm_or_sighup_cancels_its_job_and_exits_128_plus_n(db,
     run.send_signal(sig)
     assert run.wait(timeout=WAIT_S) == 128 + sig
     assert b"queuectl: job r canceled\n" in run.stderr.read()
-    wait_for(lambda: pid_gone(job_pid), "the canceled job killed")
-    job = get_job(db, "r")
-    assert (job["state"], job["last_error"].startswith("canceled")) == ("dead", True)
+    wait_for(lambda: pid_gone(job_pid) and state_of(db, "r") == "dead", "the canceled job killed")
+    assert get_job(db, "r")["last_error"].startswith("canceled")
 
 
 @pytest.mark.parametrize("burst", [False, True])
