@@ -9335,6 +9335,7 @@ class ForegroundRun:
                 say(f"queuectl: job {self.job_id} left queued: queuectl logs -f {self.job_id} follows it")
                 return EXIT_INTERRUPTED
         except Terminated as e:  # no answer can come now
+            say("")  # ends the question's line
             return self.cancel(128 + e.signum)
         return self.cancel(EXIT_INTERRUPTED)
 

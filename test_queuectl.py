@@ -12518,6 +12518,18 @@ def test_run_interrupted_on_a_terminal_asks_whether_to_cancel(db, terminal, answ
                                "queuectl: job r left queued: queuectl logs -f r follows it")
 
 
+def test_run_whose_terminal_closes_during_its_question_cancels_the_job_and_exits_129(db, terminal):
+    run = terminal(db, "run", "--id", "r", "--", "true", stdin_path=None)
+    wait_for(lambda: cli(db, "show", "r")[0] == 0, "the job enqueued")
+    run.popen.send_signal(signal.SIGINT)
+    run.wait_raw("queuectl: cancel job r? [y/N] ")
+    run.popen.send_signal(signal.SIGHUP)
+    code, out, raw = run.finish()
+    assert (code, out) == (129, "")
+    assert get_job(db, "r")["state"] == "dead"
+    assert screen(raw)[-1] == "queuectl: job r canceled"
+
+
 def test_run_burst_with_no_worker_runs_its_job_here_and_only_that_one(db):
     enqueue(db, id="other", command="true", priority=-1)  # in the same queue, after ours
     result = script(db, "run", "--burst", "--id", "r", "--max-retries", "1", "--", "sh", "-c", "echo here; exit 5")
