@@ -9259,6 +9259,7 @@ class ForegroundRun:
         self.unserved = UnservedNote(store, Progress(False))  # `wait`'s note, said once
         self.due_since, self.turn_said = None, False  # see _note_turn
         self.followed = 0  # the number of the last run followed to its end
+        self.failures = 0  # of the runs followed, those that failed: each counts an attempt (see failure_rule)
         self.worker: Worker | None = None  # --burst: the one this process runs for its job
         self.thread = None
 
@@ -9266,8 +9267,8 @@ class ForegroundRun:
         """Until the job is completed or dead: each of its runs followed as it comes; its exit code."""
         while True:
             job = self.store.get(self.job_id)  # read before its runs: a job finished now shows its last run
-            run = self.store.run_output(self.job_id)
-            if run is not None and run[0] > self.followed:
+            run = self.store.run_output(self.job_id, self.followed + 1)  # each in turn, however fast they came
+            if run is not None:
                 self.followed = run[0]
                 follow_output(self.store, self.job_id, run, self.look)
                 self.store.refresh()
@@ -9303,16 +9304,19 @@ class ForegroundRun:
 
     def _announce_retry(self) -> None:
         """A line on stderr when the run just followed ended and the job runs again: it failed with runs
-        left, or its worker was lost or stopped. Told by the run's own record: by now the next run may
-        have started, even ended."""
+        left, or its worker was lost or stopped. Told by the run's own record and the runs followed: by now
+        the next run may have started, even ended, and the job's attempts be those of a later run."""
         job, run = self.store.get(self.job_id), self.store.run_end(self.job_id, self.followed)
-        if run["outcome"] not in (FAILED, "lost", "stopped") or (job.run_count == self.followed and job.state == DEAD):
+        self.failures += run["outcome"] == FAILED
+        last = job.run_count == self.followed  # no run after it yet: the job's state and due time are for the next
+        if run["outcome"] not in (FAILED, "lost", "stopped") or (last and job.state == DEAD):
             return
         why = f"{run['outcome']}: {run['error']}" if run["error"] else run["outcome"]
-        due = f", due {due_text(job, self.store.now(), self.store.paused())}" if job.state in (PENDING, FAILED) else ""
+        waiting = last and job.state in (PENDING, FAILED)
+        due = f", due {due_text(job, self.store.now(), self.store.paused())}" if waiting else ""
         sys.stdout.flush()
         print(f"queuectl: run {self.followed} of job {self.job_id} {printable(why)}; it runs again "
-              f"(attempt {job.attempts + 1} of {max(job.max_retries, 1)}{due})", file=sys.stderr, flush=True)
+              f"(attempt {self.failures + 1} of {max(job.max_retries, 1)}{due})", file=sys.stderr, flush=True)
 
     def _start_worker(self, queue: str) -> None:
         """--burst: a worker in this process, for this job only (see Store.claim), stopped when run ends.

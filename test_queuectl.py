@@ -12443,6 +12443,16 @@ def test_run_announces_a_retry_on_stderr_and_exits_0_once_a_retry_succeeds(db, w
                         r"(in 1s|now))?\)\n", result.stderr), result.stderr
 
 
+def test_run_shows_every_run_of_a_job_that_retries_faster_than_it_looks(db, workers):
+    ok(db, "config", "set", "backoff-max", "0")  # each retry at once: three runs may end between two looks
+    workers.start().wait_log("worker started")
+    result = script(db, "run", "--id", "r", "--max-retries", "3", "--", 'echo "run $QUEUECTL_ATTEMPT"; exit 3')
+    assert (result.returncode, result.stdout) == (3, "run 1\nrun 2\nrun 3\n")
+    assert re.fullmatch(r"queuectl: run 1 of job r failed: exit code 3; it runs again \(attempt 2 of 3(, due now)?\)\n"
+                        r"queuectl: run 2 of job r failed: exit code 3; it runs again \(attempt 3 of 3(, due now)?\)\n",
+                        result.stderr), result.stderr
+
+
 def test_run_of_a_job_its_timeout_kills_exits_124(db, workers):
     workers.start()
     result = script(db, "run", "--max-retries", "1", "--timeout", "0.2", "--", "sleep", "30")
