@@ -9207,7 +9207,7 @@ def cmd_run(args, store: Store) -> int:
     now = store.now()
     spec = validate_job(add_job_object(args), store.config_all(), current_dir(), now)
     run = ForegroundRun(store, spec["id"], args.burst, now)
-    with RunSignals() as signals:
+    with run.signals:
         try:  # from the enqueue on: a Ctrl-C just after its commit finds the job
             store.enqueue([spec], now)
             run.enqueued = True
@@ -9220,7 +9220,7 @@ def cmd_run(args, store: Store) -> int:
         except (BrokenPipeError, OutputLost) as e:
             raise run.output_lost(e) from None
         finally:
-            signals.armed = False  # the job has ended, or was canceled or left: nothing more to do
+            run.signals.armed = False  # the job has ended, or was canceled or left: nothing more to do
             run.stop_worker()
 
 
@@ -9230,9 +9230,11 @@ class RunSignals:
     sends two) do nothing, nor any once `armed` is off: the cancel and the worker's end go on. A SIGHUP
     ignored when run started (nohup) stays ignored. The handlers before are back at the end."""
 
+    def __init__(self):
+        self.armed, self.saved = True, {}
+
     def __enter__(self) -> "RunSignals":
         import signal
-        self.armed, self.saved = True, {}
         for sig in (signal.SIGTERM, signal.SIGHUP):
             if signal.getsignal(sig) != signal.SIG_IGN:
                 self.saved[sig] = signal.signal(sig, self._handle)
@@ -9262,6 +9264,7 @@ class ForegroundRun:
         self.failures = 0  # of the runs followed, those that failed: each counts an attempt (see failure_rule)
         self.worker: Worker | None = None  # --burst: the one this process runs for its job
         self.thread = None
+        self.signals = RunSignals()
 
     def follow(self) -> int:
         """Until the job is completed or dead: each of its runs followed as it comes; its exit code."""
@@ -9331,9 +9334,9 @@ class ForegroundRun:
     def interrupted(self) -> int:
         """Ctrl-C: on a terminal, ask whether to cancel the job (a second Ctrl-C leaves it queued); without
         one, cancel it. 130 either way, but 128+N if signal N ends run during the question (see RunSignals)."""
-        with contextlib.suppress(OSError, OutputLost):  # the question after the output; see output_lost
-            sys.stdout.flush()
         try:
+            with contextlib.suppress(OSError, OutputLost):  # the question after the output; see output_lost
+                sys.stdout.flush()
             if sys.stdin.isatty() and not ask_yes(f"queuectl: cancel job {self.job_id}? [y/N] "):
                 self.leave("run interrupted")
                 say(f"queuectl: job {self.job_id} left queued: queuectl logs -f {self.job_id} follows it")
@@ -9346,6 +9349,7 @@ class ForegroundRun:
     def cancel(self, code: int) -> int:
         """Cancel the job, and say so; `code`. Interrupted before the enqueue returned, only if the job of
         that id is the one it enqueued (not one enqueued before with the same --id, which it refused)."""
+        self.signals.armed = False  # decided: a SIGTERM or SIGHUP now must not cut the cancel short
         store = open_database(self.store.target)  # anew: the interrupt may have cut short a call on ours
         try:
             if self.enqueued or store.get(self.job_id).created_at == self.created_at:
@@ -9362,12 +9366,14 @@ class ForegroundRun:
     def leave(self, why: str) -> None:
         """Leave the job to the queue: with --burst, the one running here is killed and put back (it must
         not go on running in a process that is ending), as when its worker stops."""
+        self.signals.armed = False  # decided (see cancel)
         if self.worker is not None:
             self.worker.hard_stop(why)
 
     def output_lost(self, error: OSError | OutputLost) -> QueueError:
         """stdout cannot be written (its reader left, a full disk): the error run exits 1 with. Not a
         success, and not a cancel either: the job goes on in the queue, which keeps its output."""
+        self.signals.armed = False  # decided (see cancel), before the job is read
         if isinstance(error, OSError):  # BrokenPipeError, which Stdout lets through
             error = OutputLost(f"cannot write to standard output: {_errno_text(error.errno)}")
         if self.store.get(self.job_id).state in (COMPLETED, DEAD):  # its end is in the queue (`show`)
