@@ -12391,6 +12391,16 @@ def test_run_bad_input_exits_2_before_anything_is_enqueued(db, args, fragment):
     assert_one_error(err, "run has no --json")
 
 
+def test_run_refuses_an_existing_id_or_a_dead_dependency_and_touches_no_job(db):
+    enqueue(db, id="a", command="true")
+    ok(db, "cancel", "a")
+    for args, fragment in ((["--id", "a"], "job 'a' already exists"), (["--depends-on", "a"], "which is dead")):
+        code, out, err = cli(db, "run", *args, "--", "true")
+        assert (code, out) == (1, "")
+        assert_one_error(err, fragment)
+    assert [job["id"] for job in json.loads(ok(db, "list", "--json"))] == ["a"]
+
+
 @pytest.mark.parametrize("state, outcome, exit_code, error, expected", [
     ("completed", "completed", 0, None, 0),
     ("dead", "dead", 3, "exit code 3", 3),
