@@ -12618,7 +12618,6 @@ def test_run_whose_reader_left_exits_1_and_leaves_its_job_to_the_queue(db, worke
     assert state_of(db, "r") == ("pending" if burst else "processing")
 
 
-@sqlite_only
 def test_run_interrupted_as_its_enqueue_commits_cancels_its_job_not_one_of_that_id(db, monkeypatch):
     enqueue(db, id="a", command="true")  # someone else's
     real_enqueue = queuectl.Store.enqueue
