@@ -12391,6 +12391,15 @@ def test_run_bad_input_exits_2_before_anything_is_enqueued(db, args, fragment):
     assert_one_error(err, "run has no --json")
 
 
+def test_run_on_a_database_this_user_cannot_write_fails_and_changes_nothing(read_only_db):
+    folder, db, empty = read_only_db
+    before = folder_state(folder)
+    result = run_as_reader(db, "run", "--burst", "--", "true")
+    assert (result.returncode, result.stdout) == (1, "")
+    assert_one_error(result.stderr, db)
+    assert folder_state(folder) == before
+
+
 def test_run_refuses_an_existing_id_or_a_dead_dependency_and_touches_no_job(db):
     enqueue(db, id="a", command="true")
     ok(db, "cancel", "a")
