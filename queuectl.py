@@ -9379,7 +9379,7 @@ class ForegroundRun:
         if self.store.get(self.job_id).state in (COMPLETED, DEAD):  # its end is in the queue (`show`)
             return QueueError(str(error))
         self.leave("run's output cannot be written")
-        return QueueError(f"{error}; job {self.job_id} goes on: queuectl logs -f {self.job_id} follows it")
+        return QueueError(f"{error}; job {self.job_id} left queued: queuectl logs -f {self.job_id} follows it")
 
     def stop_worker(self) -> None:
         """--burst: stop the worker here once its job ended (a canceled one once it is killed) and wait for it."""

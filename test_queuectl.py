@@ -12622,7 +12622,7 @@ def test_run_whose_reader_left_exits_1_and_leaves_its_job_to_the_queue(db, worke
     assert run.wait(timeout=WAIT_S) == 1
     err = run.stderr.read().decode()
     assert "Traceback" not in err and err.endswith("queuectl: error: cannot write to standard output: broken pipe; "
-                                                   "job r goes on: queuectl logs -f r follows it\n"), err
+                                                   "job r left queued: queuectl logs -f r follows it\n"), err
     # Not canceled: run here (--burst), it is put back for a worker, as when its worker stops.
     assert state_of(db, "r") == ("pending" if burst else "processing")
 
