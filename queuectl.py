@@ -9287,6 +9287,9 @@ class ForegroundRun:
         """While waiting: with no live worker serving the job's queue, `wait`'s note, or with --burst a
         worker here for this job alone."""
         job = job or self.store.get(self.job_id)
+        if self.worker is not None and not self.thread.is_alive():  # it said why; nothing here runs the job now
+            raise QueueError(f"the worker here (--burst) has stopped; job {self.job_id} left queued: queuectl logs -f "
+                             f"{self.job_id} follows it")
         if self.worker is not None:
             return self._note_turn(job)
         if self.burst and unserved_queues(self.store, {job.queue}):

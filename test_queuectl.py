@@ -6,6 +6,7 @@ Run with `python3 -m pytest -q test_queuectl.py`. The end-to-end tests start rea
 every wait polls with a deadline, so they stay deterministic on a slow, noisy machine.
 """
 
+import _thread
 import contextlib
 import io
 import json
@@ -12652,6 +12653,21 @@ def test_run_burst_behind_a_job_it_does_not_run_says_so_and_waits(db, workers):
     assert run.poll() is None and state_of(db, "r") == "pending"
     workers.start()  # runs both, in turn
     assert run.wait(timeout=WAIT_S) == 0
+
+
+@sqlite_only
+def test_run_burst_whose_worker_here_stopped_says_so_and_exits_1(db, monkeypatch):
+    monkeypatch.setattr(queuectl.Worker, "run", lambda self: 1)  # as one that left its database
+    deadline = threading.Timer(WAIT_S, _thread.interrupt_main)  # a Ctrl-C if it waits on (exit 130)
+    deadline.start()
+    try:
+        code, out, err = cli(db, "run", "--burst", "--id", "r", "--", "true")
+    finally:
+        deadline.cancel()
+    assert (code, out) == (1, ""), err
+    assert err.endswith("queuectl: error: the worker here (--burst) has stopped; job r left queued: queuectl logs -f r "
+                        "follows it\n"), err
+    assert state_of(db, "r") == "pending"
 
 
 def test_run_burst_with_a_live_worker_leaves_the_job_to_it(db, workers):
