@@ -75,6 +75,7 @@ A worker killed with SIGKILL loses nothing: another worker recovers its jobs.
 commands:
   enqueue JSON | -        add a job, e.g. '{"id": "a", "command": "echo hi"}', or a batch from stdin
   add [OPTIONS] -- CMD    add a job from a command line, e.g. add --queue q --delay 15m -- make test
+  run [OPTIONS] -- CMD    add a job and wait for it: its output, retries and exit code, as if run here
   worker start|stop|list  run workers in the foreground / ask every worker to stop / list them
   status, list, show, logs, stats, metrics, wait
   cancel, delete, purge   operate on jobs
@@ -174,6 +175,10 @@ STATES = (PENDING, PROCESSING, COMPLETED, FAILED, DEAD)
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130
+# `run`'s own exit codes beside its job's (see cmd_run), as timeout(1) answers: its job's timeout killed
+# it; the job ended without an exit code of its own (canceled, lost too often, never started, a dependency died)
+EXIT_TIMED_OUT, EXIT_NOT_RUN = 124, 125
+TIMED_OUT = "timed out"  # how the error of a run its timeout killed begins
 
 SCHEMA_VERSION = 5
 VERSIONED_WORKERS = 5  # the first schema whose worker rows record their queuectl version
@@ -303,6 +308,18 @@ class UpgradeRefused(BadDatabase):
 
 class OutputLost(QueueError):
     """Standard output could not be written (a full disk, an I/O error); what the command did stays done."""
+
+
+class _NotItsTurn(Exception):
+    """Rolls back a claim that took another job than the one asked for (see Store.claim)."""
+
+
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP ended `run` (see RunSignals): as KeyboardInterrupt, no `except Exception` catches it."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
 
 
 # ==== Model ======================================================================================
@@ -1506,6 +1523,7 @@ class SharedSQL:
                        "AND worker_id NOT IN (SELECT id FROM workers)")
     SQL_RUNS = ("SELECT run_no, worker_id, started_at, due_at, ended_at, outcome, exit_code, error, output, "
                 "output_bytes FROM runs WHERE job_id = %s ORDER BY run_no")
+    SQL_RUN_END = "SELECT outcome, exit_code, error FROM runs WHERE job_id = %s AND run_no = %s"
 
     SQL_RETRY = ("UPDATE jobs SET state = 'pending', attempts = 0, lost_count = 0, cancel_requested = 0, "
                  "next_run_at = %s, last_error = NULL, exit_code = NULL, updated_at = %s, ready = 0, "
@@ -2135,6 +2153,11 @@ class Store:
                 "output_bytes")
         return [dict(zip(keys, r)) for r in self.read(self.sql.SQL_RUNS, (job_id,))]
 
+    def run_end(self, job_id: str, run_no: int) -> dict | None:
+        """How run N of a job ended: outcome (None while it runs), exit_code, error; None if there is no run N."""
+        rows = self.read(self.sql.SQL_RUN_END, (job_id, run_no))
+        return dict(zip(("outcome", "exit_code", "error"), rows[0])) if rows else None
+
     def run_output(self, job_id: str, run_no: int | None = None) -> tuple | None:
         """(run_no, output tail, total bytes so far, ended_at) of run N or the latest; None if none."""
         self.get(job_id)
@@ -2145,9 +2168,19 @@ class Store:
         """When the earliest waiting job that is not due at `now` falls due (Unix seconds); None if none."""
         return self.read(self.sql.SQL_NEXT_STAGED, (now,))[0][0]
 
-    def claim(self, worker_id: str, now: float, queues: tuple = ()) -> Job | None:
-        """Atomically take the best due job for this worker and open its run record."""
-        return self.write(lambda cur: self._claim_in(cur, worker_id, now, queues))
+    def claim(self, worker_id: str, now: float, queues: tuple = (), only: str | None = None) -> Job | None:
+        """Atomically take the best due job for this worker and open its run record. `only` (a job id,
+        `run --burst`): that job if it is the one the claim takes, else nothing, the claim rolled back; so
+        the job waits its turn in its queue, pauses and limits as for any claim."""
+        def claim_only(cur):
+            job = self._claim_in(cur, worker_id, now, queues)
+            if job is not None and only is not None and job.id != only:
+                raise _NotItsTurn
+            return job
+        try:
+            return self.write(claim_only)
+        except _NotItsTurn:
+            return None
 
     def finish(self, job: Job, worker_id: str, outcome: Outcome, settings: dict, now: float) -> Job | None:
         """Record a run's outcome; None if this worker no longer owns the job (nothing written)."""
@@ -5357,7 +5390,7 @@ def _outcome(code: int, reason: str | None, output: bytes, duration: float, time
     import signal
     how = f" ({ended})" if ended else ""
     if reason == "timeout":
-        return Outcome(None, f"timed out after {timeout_s:g}s{how}", output, duration)
+        return Outcome(None, f"{TIMED_OUT} after {timeout_s:g}s{how}", output, duration)
     if reason:
         return Outcome(None, reason + how, output, duration, interrupted=reason)
     if code < 0:
@@ -5427,8 +5460,10 @@ class Runner:
 
     def __init__(self, store: Store, worker_id: str, abort, queues: tuple = (), current_registration=lambda: 0,
                  keep_claiming=lambda: False, give_up=lambda: False, holdings: Holdings | None = None,
-                 claim_may_log: Callable[[str], None] = lambda job_id: None, on_claim=lambda: None):
+                 claim_may_log: Callable[[str], None] = lambda job_id: None, on_claim=lambda: None,
+                 only: str | None = None):
         self.store = store
+        self.only = only  # the one job it may claim (`run --burst`; see Store.claim), or None for any
         self.claim_may_log = claim_may_log  # see ScheduleFirer.claim_may_log
         self.on_claim = on_claim  # called when a claim of its own found a job, as it starts: there may be more
         self.worker_id = worker_id
@@ -5451,7 +5486,8 @@ class Runner:
         self.prefetched = None
         fresh = not job  # a claim of its own, not one made with the last result
         if fresh:
-            job = self._held(self.store.claim(self.worker_id, self.store.now() if now is None else now, self.queues))
+            job = self._held(self.store.claim(self.worker_id, self.store.now() if now is None else now, self.queues,
+                                              self.only))
             if job is None:
                 return False
         self.current = job
@@ -5912,9 +5948,10 @@ def other_writers(path: str, st: os.stat_result, euid: int) -> str | None:
 class Worker:
     """One worker process: registers, runs N Runner threads, heartbeats, sweeps, polls, stops."""
 
-    def __init__(self, target: str, count: int, burst: bool, queues: tuple = ()):
+    def __init__(self, target: str, count: int, burst: bool, queues: tuple = (), only: str | None = None):
         import threading
         self.target, self.count, self.burst, self.queues = target, count, burst, queues
+        self.only = only  # `run --burst`: the one job this worker runs (it fires no schedule either)
         self.stopping = threading.Event()  # claim nothing more
         self.hard = threading.Event()  # kill running jobs and put them back
         self.hard_at = math.inf  # monotonic time of the hard stop
@@ -6015,15 +6052,17 @@ class Worker:
         if signum not in (signal.SIGQUIT, signal.SIGHUP):
             self.signals += 1
         if (signum == signal.SIGQUIT or self.signals >= 2) and not self.hard.is_set():
-            why = "SIGQUIT" if signum == signal.SIGQUIT else "second signal"
-            # In force before the line is written: a write to stderr may block (a full pipe, a terminal
-            # paused with Ctrl+S), and the kills and the guard's deadline must not wait for it.
-            self.hard_at = time.monotonic()
-            self.hard.set()
-            self.guard_wake.set()  # its deadline moved
-            log.warning("%s: killing running jobs and putting them back", why,
-                        extra=event("hard_stop", reason=why))
+            self.hard_stop("SIGQUIT" if signum == signal.SIGQUIT else "second signal")
         self._stop("SIGHUP: its terminal closed?" if signum == signal.SIGHUP else "signal")
+
+    def hard_stop(self, why: str) -> None:
+        """Kill the running jobs and put them back (the caller stops the worker too)."""
+        # In force before the line is written: a write to stderr may block (a full pipe, a terminal
+        # paused with Ctrl+S), and the kills and the guard's deadline must not wait for it.
+        self.hard_at = time.monotonic()
+        self.hard.set()
+        self.guard_wake.set()  # its deadline moved
+        log.warning("%s: killing running jobs and putting them back", why, extra=event("hard_stop", reason=why))
 
     def abort_reason(self, job: Job, registration: int) -> str | None:
         """Why a running job must be killed now, if it must."""
@@ -6170,7 +6209,7 @@ class Worker:
         if soon >= due["retention"]:
             due["retention"] = mono + RETENTION_INTERVAL_S
             self._apply_retention()
-        if not self.stopping.is_set():  # a stopping worker fires nothing more
+        if not self.stopping.is_set() and not self.only:  # a stopping worker fires nothing more
             self.schedules.tick(self.store, mono, slack=ROUND_SLACK_S)
         if woken or soon >= due["poll"]:
             due["poll"] = self._poll(mono)
@@ -6179,7 +6218,7 @@ class Worker:
         """How long the main loop may sleep: until its next task, the next poll (a job falling due, or the
         regular check) or schedule slot, whichever comes first. A wake-up (self.tick) ends it sooner."""
         tasks = [due["beat"], due["sweep"], due["retention"], due["poll"]]
-        if not self.stopping.is_set():
+        if not self.stopping.is_set() and not self.only:
             tasks.append(self.schedules.next_tick())
         if any(r.current for r in self.runners):
             tasks.append(due["cancels"])
@@ -6487,8 +6526,8 @@ class Worker:
     def _new_runner(self) -> Runner:
         store = self._runner_store()
         runner = Runner(store, self.worker_id, self.abort_reason, self.queues, lambda: self.registration,
-                        lambda: not self.claiming_ends(), self.give_up, self.holdings, self.schedules.claim_may_log,
-                        on_claim=lambda: self._wake_runners(every=False))
+                        lambda: not self.claiming_ends() and not self.only, self.give_up, self.holdings,
+                        self.schedules.claim_may_log, on_claim=lambda: self._wake_runners(every=False), only=self.only)
         self.runners.append(runner)
         return runner
 
@@ -7912,6 +7951,15 @@ def job_fields_help() -> str:
   cwd          the current folder: an absolute path"""
 
 
+RUN_EXIT_CODES_HELP = """exit codes:
+  the job's own     when it completed or ended dead; 128+N: killed by signal N
+  124               its timeout killed it (as timeout(1))
+  125               it ended without an exit code of its own: canceled, lost too often, could not start, a
+                    dependency died (as timeout(1): the command could not be run)
+  130               interrupted (Ctrl+C): on a terminal it asks whether to cancel the job, else cancels it
+  1, 2              run itself failed, or its input is invalid (nothing enqueued)"""
+
+
 SCHEDULE_FIELDS_HELP = """JSON fields (default):
   id           required (update: ID, if given): its jobs are ID@SLOT
   cron         one of cron and every: five fields (minute hour day month weekday) or @hourly, @daily, ...
@@ -7949,8 +7997,17 @@ def _add_job_commands(sub) -> None:
 
 
 def _add_add_command(sub) -> None:
-    a = _command(sub, "add", cmd_add, "add a job from a command line, without JSON: add [OPTIONS] -- COMMAND [ARG...]",
-                 json_flag=True, check=check_add)
+    add_job_options(_command(sub, "add", cmd_add, "add a job from a command line, without JSON: add [OPTIONS] -- "
+                             "COMMAND [ARG...]", json_flag=True, check=check_add))
+    r = _command(sub, "run", cmd_run, "add a job and wait for it as if it ran here (its output, retries, exit "
+                 "code): run [OPTIONS] -- COMMAND [ARG...]", check=check_add, epilog=RUN_EXIT_CODES_HELP)
+    add_job_options(r)  # every option of add's, one added later too
+    r.add_argument("--burst", action="store_true", help="when no live worker serves its queue, run it here "
+                   "(this job only, in its turn)")
+
+
+def add_job_options(a) -> None:
+    """`add`'s options and command words, which `run` takes too."""
     # REMAINDER: everything from the first word of the command on is the command, options included.
     a.add_argument("words", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG...]",
                    help="one word: a shell command as written ('make -j4 && make install'); several: run as "
@@ -8510,7 +8567,7 @@ def add_job_object(args) -> dict:
     """`add`'s options and command line as the JSON object `enqueue` takes, so both are validated alike."""
     words = args.words[1:] if args.words[:1] == ["--"] else args.words
     if not words:
-        raise UsageError("add: give the command after --, e.g. queuectl add -- make test")
+        raise UsageError(f"{args.command}: give the command after --, e.g. queuectl {args.command} -- make test")
     import shlex
     obj = {"command": words[0] if len(words) == 1 else shlex.join(words)}
     for field in ("id", "queue", "priority", "max_retries", "timeout", "delay"):
@@ -8893,8 +8950,9 @@ def _note_truncated(run: tuple | None) -> None:
               "(config output-limit)", file=sys.stderr)
 
 
-def follow_output(store: Store, job_id: str, run: tuple | None) -> None:
-    """Print a run's output as it grows, until it ends (waiting for a first run if there is none)."""
+def follow_output(store: Store, job_id: str, run: tuple | None, tick: Callable[[], None] = lambda: None) -> None:
+    """Print a run's output as it grows, until it ends (waiting for a first run if there is none);
+    `tick()` between two looks (`run`'s checks of who serves the queue)."""
     printed = 0
     while True:
         if run is not None:
@@ -8904,6 +8962,7 @@ def follow_output(store: Store, job_id: str, run: tuple | None) -> None:
                 return
         elif store.get(job_id).state in (COMPLETED, DEAD):
             return
+        tick()
         time.sleep(0.25)
         store.refresh()
         run = store.run_output(job_id, None if run is None else run[0])
@@ -9034,6 +9093,11 @@ def cmd_queues(args, store: Store) -> None:
               + f" {'-' if r['limit'] is None else r['limit']:>6}  {'yes' if r['paused'] else 'no'}")
 
 
+def worker_target(store: Store) -> str:
+    """The --db of a worker this command starts: an absolute path, so its log names the file wherever it ran."""
+    return store.target if is_postgres(store.target) else os.path.abspath(store.target)
+
+
 def cmd_worker_start(args, store: Store) -> int:
     queues = tuple(dict.fromkeys(args.queue))
     empty = [q for q in queues if not any(store.counts(q).values())]
@@ -9044,9 +9108,7 @@ def cmd_worker_start(args, store: Store) -> int:
         else:
             print(f"queuectl: note: {note}", file=sys.stderr)
     store.close()
-    # An absolute path: the worker's log then names the file whatever folder it was started in.
-    target = store.target if is_postgres(store.target) else os.path.abspath(store.target)
-    worker = Worker(target, args.count, args.burst, queues)
+    worker = Worker(worker_target(store), args.count, args.burst, queues)
     worker.install_signals()
     return worker.run()
 
@@ -9156,6 +9218,228 @@ def cmd_config_list(args, store: Store) -> None:
         return emit_json(values)
     for key, value in values.items():
         print(f"{key} = {printable(str(value))}")
+
+
+# -- run: one job in the foreground --------------------------------------------------------------
+
+def cmd_run(args, store: Store) -> int:
+    now = store.now()
+    spec = validate_job(add_job_object(args), store.config_all(), current_dir(), now)
+    run = ForegroundRun(store, spec["id"], args.burst, now)
+    with run.signals:
+        try:  # from the enqueue on: a Ctrl-C just after its commit finds the job
+            store.enqueue([spec], now)
+            run.enqueued = True
+            note_paused(store, [spec["queue"]])
+            return run.follow()
+        except KeyboardInterrupt:
+            return run.interrupted()
+        except Terminated as e:  # a kill, or its terminal closed: as a Ctrl-C without a terminal
+            return run.cancel(128 + e.signum)
+        except (BrokenPipeError, OutputLost) as e:
+            raise run.output_lost(e) from None
+        finally:
+            run.signals.armed = False  # the job has ended, or was canceled or left: nothing more to do
+            run.stop_worker()
+
+
+class RunSignals:
+    """`run`'s SIGTERM and SIGHUP (a kill; its terminal closed): the first raises Terminated in the main
+    thread, as Ctrl-C raises KeyboardInterrupt, so that the job is canceled; later ones (a closing terminal
+    sends two) do nothing, nor any once `armed` is off: the cancel and the worker's end go on. A SIGHUP
+    ignored when run started (nohup) stays ignored. The handlers before are back at the end."""
+
+    def __init__(self):
+        self.armed, self.saved = True, {}
+
+    def __enter__(self) -> "RunSignals":
+        import signal
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(sig) != signal.SIG_IGN:
+                self.saved[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.armed:
+            self.armed = False
+            raise Terminated(signum)
+
+    def __exit__(self, *exc) -> None:
+        import signal
+        for sig, handler in self.saved.items():
+            signal.signal(sig, handler)
+
+
+class ForegroundRun:
+    """`run`'s wait for its job: every run's output on stdout as `logs -f` prints it, a line on stderr
+    for each retry, the job's exit code once it completed or ended dead (see run_exit_code)."""
+
+    def __init__(self, store: Store, job_id: str, burst: bool, created_at: float):
+        self.store, self.job_id, self.burst = store, job_id, burst
+        self.created_at, self.enqueued = created_at, False  # which job of that id is ours (see cancel)
+        self.unserved = UnservedNote(store, Progress(False))  # `wait`'s note, said once
+        self.due_since, self.turn_said = None, False  # see _note_turn
+        self.followed = 0  # the number of the last run followed to its end
+        self.failures = 0  # of the runs followed, those that failed: each counts an attempt (see failure_rule)
+        self.worker: Worker | None = None  # --burst: the one this process runs for its job
+        self.thread = None
+        self.signals = RunSignals()
+
+    def follow(self) -> int:
+        """Until the job is completed or dead: each of its runs followed as it comes; its exit code."""
+        while True:
+            job = self.store.get(self.job_id)  # read before its runs: a job finished now shows its last run
+            run = self.store.run_output(self.job_id, self.followed + 1)  # each in turn, however fast they came
+            if run is not None:
+                self.followed = run[0]
+                follow_output(self.store, self.job_id, run, self.look)
+                self.store.refresh()
+                self._announce_retry()
+                continue
+            if job.state in (COMPLETED, DEAD):
+                return run_exit_code(job, self.store.run_end(self.job_id, job.run_count))
+            self.look(job)
+            time.sleep(WAIT_POLL_S)
+            self.store.refresh()
+
+    def look(self, job: Job | None = None) -> None:
+        """While waiting: with no live worker serving the job's queue, `wait`'s note, or with --burst a
+        worker here for this job alone."""
+        job = job or self.store.get(self.job_id)
+        if self.worker is not None and not self.thread.is_alive():  # it said why; nothing here runs the job now
+            raise QueueError(f"the worker here (--burst) has stopped; job {self.job_id} left queued: queuectl logs -f "
+                             f"{self.job_id} follows it")
+        if self.worker is not None:
+            return self._note_turn(job)
+        if self.burst and unserved_queues(self.store, {job.queue}):
+            return self._start_worker(job.queue)
+        self.unserved.check([job])
+
+    def _note_turn(self, job: Job) -> None:
+        """--burst: one note once its job has been due for WAIT_NO_WORKER_S and the worker here has not
+        taken it: jobs ahead of it in its queue hold it, which that worker does not run."""
+        if self.turn_said or job.state not in (PENDING, FAILED) or held_by(self.store, job) != "due now":
+            self.due_since = None
+        elif self.due_since is None:
+            self.due_since = time.monotonic()
+        elif time.monotonic() - self.due_since >= WAIT_NO_WORKER_S:
+            self.turn_said = True
+            say(f"queuectl: note: job {self.job_id} is due but not run: jobs ahead of it in queue {job.queue!r} wait "
+                "for a worker (--burst runs this job only): start one with queuectl worker start")
+
+    def _announce_retry(self) -> None:
+        """A line on stderr when the run just followed ended and the job runs again: it failed with runs
+        left, or its worker was lost or stopped. Told by the run's own record and the runs followed: by now
+        the next run may have started, even ended, and the job's attempts be those of a later run."""
+        job, run = self.store.get(self.job_id), self.store.run_end(self.job_id, self.followed)
+        self.failures += run["outcome"] == FAILED
+        last = job.run_count == self.followed  # no run after it yet: the job's state and due time are for the next
+        if run["outcome"] not in (FAILED, "lost", "stopped") or (last and job.state == DEAD):
+            return
+        why = f"{run['outcome']}: {run['error']}" if run["error"] else run["outcome"]
+        waiting = last and job.state in (PENDING, FAILED)
+        due = f", due {due_text(job, self.store.now(), self.store.paused())}" if waiting else ""
+        sys.stdout.flush()
+        print(f"queuectl: run {self.followed} of job {self.job_id} {printable(why)}; it runs again "
+              f"(attempt {self.failures + 1} of {max(job.max_retries, 1)}{due})", file=sys.stderr, flush=True)
+
+    def _start_worker(self, queue: str) -> None:
+        """--burst: a worker in this process, for this job only (see Store.claim), stopped when run ends.
+        Logging is not set up here: only its warnings reach stderr, not a line for each claim."""
+        import threading
+        print(f"queuectl: note: no live worker serves queue {queue!r}: running job {self.job_id} here (--burst)",
+              file=sys.stderr, flush=True)
+        self.worker = Worker(worker_target(self.store), 1, False, (queue,), only=self.job_id)
+        self.thread = threading.Thread(target=self.worker.run, name="burst worker", daemon=True)
+        self.thread.start()
+
+    def interrupted(self) -> int:
+        """Ctrl-C: on a terminal, ask whether to cancel the job (a second Ctrl-C leaves it queued); without
+        one, cancel it. 130 either way, but 128+N if signal N ends run during the question (see RunSignals)."""
+        try:
+            with contextlib.suppress(OSError, OutputLost):  # the question after the output; see output_lost
+                sys.stdout.flush()
+            if sys.stdin.isatty() and not ask_yes(f"queuectl: cancel job {self.job_id}? [y/N] "):
+                self.leave("run interrupted")
+                say(f"queuectl: job {self.job_id} left queued: queuectl logs -f {self.job_id} follows it")
+                return EXIT_INTERRUPTED
+        except Terminated as e:  # no answer can come now
+            say("")  # ends the question's line
+            return self.cancel(128 + e.signum)
+        return self.cancel(EXIT_INTERRUPTED)
+
+    def cancel(self, code: int) -> int:
+        """Cancel the job, and say so; `code`. Interrupted before the enqueue returned, only if the job of
+        that id is the one it enqueued (not one enqueued before with the same --id, which it refused)."""
+        self.signals.armed = False  # decided: a SIGTERM or SIGHUP now must not cut the cancel short
+        store = open_database(self.store.target)  # anew: the interrupt may have cut short a call on ours
+        try:
+            if self.enqueued or store.get(self.job_id).created_at == self.created_at:
+                store.cancel([self.job_id], store.now())
+                say(f"queuectl: job {self.job_id} canceled")
+        except Conflict as e:  # it ended meanwhile
+            say(f"queuectl: note: {e}")
+        except NotFound:  # interrupted before the enqueue's commit: nothing to cancel
+            pass
+        finally:
+            store.close()
+        return code
+
+    def leave(self, why: str) -> None:
+        """Leave the job to the queue: with --burst, the one running here is killed and put back (it must
+        not go on running in a process that is ending), as when its worker stops."""
+        self.signals.armed = False  # decided (see cancel)
+        if self.worker is not None:
+            self.worker.hard_stop(why)
+
+    def output_lost(self, error: OSError | OutputLost) -> QueueError:
+        """stdout cannot be written (its reader left, a full disk): the error run exits 1 with. Not a
+        success, and not a cancel either: the job goes on in the queue, which keeps its output."""
+        self.signals.armed = False  # decided (see cancel), before the job is read
+        if isinstance(error, OSError):  # BrokenPipeError, which Stdout lets through
+            error = OutputLost(f"cannot write to standard output: {_errno_text(error.errno)}")
+        if self.store.get(self.job_id).state in (COMPLETED, DEAD):  # its end is in the queue (`show`)
+            return QueueError(str(error))
+        self.leave("run's output cannot be written")
+        return QueueError(f"{error}; job {self.job_id} left queued: queuectl logs -f {self.job_id} follows it")
+
+    def stop_worker(self) -> None:
+        """--burst: stop the worker here once its job ended (a canceled one once it is killed) and wait for it."""
+        if self.worker is not None:
+            self.worker._stop("run ended")
+            self.thread.join()
+
+
+def say(line: str) -> None:
+    """A line on stderr, if it can be written: after a SIGHUP its terminal may be gone."""
+    with contextlib.suppress(OSError):
+        print(line, file=sys.stderr, flush=True)
+
+
+def ask_yes(question: str) -> bool:
+    """Ask on stderr, read the answer from the terminal on stdin: True for y or yes; False for anything
+    else, end of input or Ctrl-C."""
+    try:
+        sys.stderr.write("\n" + question)
+        sys.stderr.flush()
+        answer = sys.stdin.readline()
+    except KeyboardInterrupt:
+        answer = ""
+        sys.stderr.write("\n")
+    return answer.strip().lower() in ("y", "yes")
+
+
+def run_exit_code(job: Job, last_run: dict | None) -> int:
+    """`run`'s exit code for its finished job: 0 if it completed; a dead job's last run's own exit code
+    (128+N for a signal), EXIT_TIMED_OUT if its timeout killed it, else EXIT_NOT_RUN: canceled, lost
+    too often, could not start, a dependency died (see the README's table)."""
+    if job.state == COMPLETED:
+        return EXIT_OK
+    if last_run is None or last_run["outcome"] != DEAD or (job.last_error or "").startswith("canceled"):
+        return EXIT_NOT_RUN
+    if last_run["exit_code"] is not None:
+        return last_run["exit_code"]
+    return EXIT_TIMED_OUT if (last_run["error"] or "").startswith(TIMED_OUT) else EXIT_NOT_RUN
 
 
 # -- schedules -----------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ Run with `python3 -m pytest -q test_queuectl.py`. The end-to-end tests start rea
 every wait polls with a deadline, so they stay deterministic on a slow, noisy machine.
 """
 
+import _thread
 import collections
 import contextlib
 import io
@@ -13,6 +14,7 @@ import json
 import marshal
 import math
 import os
+import pty
 import random
 import re
 import shlex
@@ -1216,18 +1218,20 @@ def screen(raw):
 
 
 class TerminalRun:
-    """The real script with stderr on a pseudo-terminal (stdout to a file, stdin from one): `raw()` is
-    everything it wrote to the terminal so far."""
+    """The real script with stderr on a pseudo-terminal (stdout to a file, stdin from one, or with
+    stdin_path=None from the terminal too, where type() answers): `raw()` is everything it wrote to the
+    terminal so far."""
 
     def __init__(self, folder, db, *args, stdin_path=os.devnull, **env):
-        master, slave = os.openpty()
+        master, slave = pty.openpty()
         self.out_path, self.master, self.chunks = folder / f"stdout.{uuid.uuid4().hex}", master, []
         environ = child_env(TERM="xterm")
         environ.pop("QUEUECTL_NO_PROGRESS", None)
         environ.update(env)
         try:
-            with open(stdin_path, "rb") as stdin, open(self.out_path, "wb") as out:
-                self.popen = subprocess.Popen([sys.executable, QUEUECTL, "--db", db, *args], stdin=stdin,
+            with open(stdin_path or os.devnull, "rb") as stdin, open(self.out_path, "wb") as out:
+                self.popen = subprocess.Popen([sys.executable, QUEUECTL, "--db", db, *args],
+                                              stdin=stdin if stdin_path else slave,
                                               stdout=out, stderr=slave, env=environ,
                                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         finally:
@@ -1250,6 +1254,9 @@ class TerminalRun:
 
     def wait_raw(self, fragment):
         wait_for(lambda: fragment in self.raw(), f"{fragment!r} on the terminal; got {self.raw()!r}")
+
+    def type(self, text):
+        os.write(self.master, text.encode())
 
     def finish(self, timeout=WAIT_S):
         """Wait for the exit; return (exit code, stdout, raw terminal output)."""
@@ -8912,8 +8919,8 @@ def test_a_claim_that_fails_after_its_commit_is_run_once_by_the_same_worker(db, 
     enqueue(db, id="j", command="echo ran >> ran.txt", cwd=str(tmp_path))
     real_claim, failed = queuectl.Store.claim, []
 
-    def claim(self, worker_id, now, queues=()):
-        job = real_claim(self, worker_id, now, queues)
+    def claim(self, worker_id, now, queues=(), only=None):
+        job = real_claim(self, worker_id, now, queues, only)
         if job and not failed:  # the first claim commits, then its answer is lost
             failed.append(job.id)
             raise queuectl.BadDatabase("connection lost after the commit (injected)")
@@ -11124,7 +11131,7 @@ def test_a_command_builds_only_its_own_parser(db, monkeypatch):
                      "queuectl config list"]
 
 
-COMMAND_NAMES = ["enqueue", "add", "cancel", "delete", "purge", "wait", "status", "list", "show", "logs", "stats",
+COMMAND_NAMES = ["enqueue", "add", "run", "cancel", "delete", "purge", "wait", "status", "list", "show", "logs", "stats",
                  "metrics", "pause", "resume", "limit", "queues", "dashboard", "worker", "dlq", "config", "schedule",
                  "help"]
 
@@ -12563,6 +12570,322 @@ def test_wait_off_a_terminal_writes_nothing_extra(db):
                         (["--all"], "timed out: 1 job still pending, failed or processing")):
         result = script(db, "wait", *args, "--timeout", "0.5")
         assert (result.returncode, result.stdout, result.stderr) == (1, "", f"{ERROR_PREFIX}{error}\n")
+
+# -- run ------------------------------------------------------------------------------------------
+
+def _option_names(db, command):
+    code, out, err = cli(db, command, "--help")
+    assert code == 0, err
+    return set(re.findall(r"(?<![\w-])--[a-z][a-z-]+", out))
+
+
+@sqlite_only
+def test_run_takes_every_option_of_add_but_json_and_adds_burst(db):
+    assert _option_names(db, "run") == _option_names(db, "add") - {"--json"} | {"--burst"}
+    assert "124" in ok(db, "help", "run") and "125" in ok(db, "help", "run")  # the exit codes
+
+
+@sqlite_only
+@pytest.mark.parametrize("args, fragment", [
+    ([], "run: give the command after --"),
+    (["--timeout", "soon", "--", "true"], "timeout"),
+    (["--env", "NOEQUALS", "--", "true"], "--env wants NAME=VALUE"),
+    (["--priority", "x", "--", "true"], "--priority"),
+    (["--json", "--", "true"], "unrecognized arguments: --json"),
+])
+def test_run_bad_input_exits_2_before_anything_is_enqueued(db, args, fragment):
+    code, out, err = cli(db, "run", *args)
+    assert (code, out) == (2, "")
+    assert fragment in err and ERROR_PREFIX in err and "Traceback" not in err
+    assert not os.path.exists(db)  # not even a database was made
+    code, out, err = cli(db, "--json", "run", "--", "true")
+    assert (code, out) == (2, "")
+    assert_one_error(err, "run has no --json")
+
+
+def test_run_on_a_database_this_user_cannot_write_fails_and_changes_nothing(read_only_db):
+    folder, db, empty = read_only_db
+    before = folder_state(folder)
+    result = run_as_reader(db, "run", "--burst", "--", "true")
+    assert (result.returncode, result.stdout) == (1, "")
+    assert_one_error(result.stderr, db)
+    assert folder_state(folder) == before
+
+
+def test_run_refuses_an_existing_id_or_a_dead_dependency_and_touches_no_job(db):
+    enqueue(db, id="a", command="true")
+    ok(db, "cancel", "a")
+    for args, fragment in ((["--id", "a"], "job 'a' already exists"), (["--depends-on", "a"], "which is dead")):
+        code, out, err = cli(db, "run", *args, "--", "true")
+        assert (code, out) == (1, "")
+        assert_one_error(err, fragment)
+    assert [job["id"] for job in json.loads(ok(db, "list", "--json"))] == ["a"]
+
+
+@pytest.mark.parametrize("state, outcome, exit_code, error, expected", [
+    ("completed", "completed", 0, None, 0),
+    ("dead", "dead", 3, "exit code 3", 3),
+    ("dead", "dead", 137, "killed by signal SIGKILL", 137),
+    ("dead", "dead", None, "timed out after 1s (terminated)", 124),
+    ("dead", "dead", None, "cannot start: no such file", 125),
+    ("dead", "canceled", None, "canceled (terminated)", 125),
+    ("dead", "dead", 1, "canceled", 125),  # failed while its cancel was under way: the cancel wins
+    ("dead", "lost", None, "worker lost", 125),
+    ("dead", None, None, "dependency 'a' is dead", 125),  # never ran
+])
+def test_run_exit_code_is_the_jobs_own_or_says_why_it_has_none(state, outcome, exit_code, error, expected):
+    job = make_job(state=state, exit_code=exit_code, last_error=error)
+    last = None if outcome is None else {"outcome": outcome, "exit_code": exit_code, "error": error}
+    assert queuectl.run_exit_code(job, last) == expected
+
+
+def test_run_end_says_how_a_run_ended(store):
+    register(store)
+    store.enqueue([spec("j", max_retries=2)], T0)
+    assert store.run_end("j", 1) is None  # no run yet
+    store.claim("w1", T0)
+    assert store.run_end("j", 1) == {"outcome": None, "exit_code": None, "error": None}  # running
+    store.finish(store.get("j"), "w1", outcome(3, "exit code 3"), SETTINGS, T0 + 1)
+    assert store.run_end("j", 1) == {"outcome": "failed", "exit_code": 3, "error": "exit code 3"}
+
+
+def test_run_streams_the_output_while_the_job_runs_and_exits_with_its_code(db, workers, tmp_path):
+    run = workers.spawn("run", "--id", "r", "--max-retries", "1", "--cwd", str(tmp_path), "--",
+                        f"echo first; {BLOCKING_JOB.split('; ', 2)[2]}; exit 3")
+    reader = LineReader(run.stdout)
+    workers.start()
+    wait_for(lambda: reader.lines == ["first\n"], "the first line, streamed")
+    assert run.poll() is None and state_of(db, "r") == "processing"  # the job waits for `release`
+    (tmp_path / "release").touch()
+    assert run.wait(timeout=WAIT_S) == 3
+    reader.thread.join(WAIT_S)
+    assert reader.text() == "first\nfinished\n"
+    assert run.stderr.read() == b""
+
+
+def test_run_announces_a_retry_on_stderr_and_exits_0_once_a_retry_succeeds(db, workers):
+    ok(db, "config", "set", "backoff-base", "1")
+    workers.start()
+    result = script(db, "run", "--id", "r", "--max-retries", "2", "--", 'echo "run $QUEUECTL_ATTEMPT"; '
+                    '[ "$QUEUECTL_ATTEMPT" = 2 ]')
+    assert (result.returncode, result.stdout) == (0, "run 1\nrun 2\n")
+    # When the line is written the second run may have started: then it has no due time.
+    assert re.fullmatch(r"queuectl: run 1 of job r failed: exit code 1; it runs again \(attempt 2 of 2(, due "
+                        r"(in 1s|now))?\)\n", result.stderr), result.stderr
+
+
+def test_run_shows_every_run_of_a_job_that_retries_faster_than_it_looks(db, workers):
+    ok(db, "config", "set", "backoff-max", "0")  # each retry at once: three runs may end between two looks
+    workers.start().wait_log("worker started")
+    result = script(db, "run", "--id", "r", "--max-retries", "3", "--", 'echo "run $QUEUECTL_ATTEMPT"; exit 3')
+    assert (result.returncode, result.stdout) == (3, "run 1\nrun 2\nrun 3\n")
+    assert re.fullmatch(r"queuectl: run 1 of job r failed: exit code 3; it runs again \(attempt 2 of 3(, due now)?\)\n"
+                        r"queuectl: run 2 of job r failed: exit code 3; it runs again \(attempt 3 of 3(, due now)?\)\n",
+                        result.stderr), result.stderr
+
+
+def test_run_of_a_job_its_timeout_kills_exits_124(db, workers):
+    workers.start()
+    result = script(db, "run", "--max-retries", "1", "--timeout", "0.2", "--", "sleep", "30")
+    assert (result.returncode, result.stdout, result.stderr) == (124, "", "")
+
+
+def test_run_keeps_waiting_when_the_worker_is_killed_and_reports_the_rerun(db, workers, tmp_path):
+    command = "if [ -e started ]; then echo second; exit 4; fi; touch started; echo first; sleep 60"
+    first = workers.start()
+    run = workers.spawn("run", "--id", "r", "--max-retries", "1", "--cwd", str(tmp_path), "--", command)
+    out, err = LineReader(run.stdout), LineReader(run.stderr)
+    wait_for(lambda: out.lines == ["first\n"], "the first run's output")
+    first.signal(signal.SIGKILL)
+    first.wait()
+    assert run.poll() is None  # still waiting for its job
+    workers.start()  # recovers the lost run and runs it again
+    assert run.wait(timeout=WAIT_S) == 4
+    out.thread.join(WAIT_S)
+    err.thread.join(WAIT_S)
+    assert out.text() == "first\nsecond\n"
+    assert err.text().startswith("queuectl: run 1 of job r lost"), err.text()
+    assert get_job(db, "r")["state"] == "dead"
+
+
+def test_run_with_no_live_worker_says_so_once_and_keeps_waiting(db, workers):
+    run = workers.spawn("run", "--id", "r", "--", "echo", "done")
+    err = LineReader(run.stderr)
+    wait_for(lambda: err.lines, "the note")  # after a few seconds
+    assert err.lines == ["queuectl: note: no live worker serves queue 'default': start one with queuectl worker "
+                         "start\n"]
+    assert run.poll() is None
+    workers.start()
+    assert run.wait(timeout=WAIT_S) == 0
+    assert run.stdout.read() == b"done\n"
+    err.thread.join(WAIT_S)
+    assert len(err.lines) == 1
+
+
+def test_run_interrupted_without_a_terminal_cancels_its_job_and_exits_130(db, workers, tmp_path):
+    run = workers.spawn("run", "--id", "r", "--", "true")
+    wait_for(lambda: cli(db, "show", "r")[0] == 0, "the job enqueued")
+    run.send_signal(signal.SIGINT)
+    assert run.wait(timeout=WAIT_S) == 130
+    assert run.stderr.read() == b"queuectl: job r canceled\n"
+    job = get_job(db, "r")
+    assert (job["state"], job["last_error"]) == ("dead", "canceled")
+
+
+def test_run_interrupted_while_its_job_runs_cancels_and_kills_it(db, workers, tmp_path):
+    run = workers.spawn("run", "--id", "r", "--cwd", str(tmp_path), "--", BLOCKING_JOB)
+    workers.start()
+    _wait_started(tmp_path)
+    run.send_signal(signal.SIGINT)
+    assert run.wait(timeout=WAIT_S) == 130
+    wait_for(lambda: state_of(db, "r") == "dead", "the canceled job killed")
+    assert get_job(db, "r")["last_error"].startswith("canceled")
+
+
+@pytest.mark.parametrize("answer, state", [("y\n", "dead"), ("\n", "pending"), ("n\n", "pending"), (None, "pending")])
+def test_run_interrupted_on_a_terminal_asks_whether_to_cancel(db, terminal, answer, state):
+    run = terminal(db, "run", "--id", "r", "--", "true", stdin_path=None)
+    wait_for(lambda: cli(db, "show", "r")[0] == 0, "the job enqueued")
+    run.popen.send_signal(signal.SIGINT)
+    run.wait_raw("queuectl: cancel job r? [y/N] ")
+    if answer is None:  # a second Ctrl-C leaves it queued
+        run.popen.send_signal(signal.SIGINT)
+    else:
+        run.type(answer)
+    code, out, raw = run.finish()
+    assert (code, out) == (130, "")
+    assert get_job(db, "r")["state"] == state
+    assert screen(raw)[-1] == ("queuectl: job r canceled" if state == "dead" else
+                               "queuectl: job r left queued: queuectl logs -f r follows it")
+
+
+def test_run_whose_terminal_closes_during_its_question_cancels_the_job_and_exits_129(db, terminal):
+    run = terminal(db, "run", "--id", "r", "--", "true", stdin_path=None)
+    wait_for(lambda: cli(db, "show", "r")[0] == 0, "the job enqueued")
+    run.popen.send_signal(signal.SIGINT)
+    run.wait_raw("queuectl: cancel job r? [y/N] ")
+    run.popen.send_signal(signal.SIGHUP)
+    code, out, raw = run.finish()
+    assert (code, out) == (129, "")
+    assert get_job(db, "r")["state"] == "dead"
+    assert screen(raw)[-1] == "queuectl: job r canceled"
+
+
+def test_run_burst_with_no_worker_runs_its_job_here_and_only_that_one(db):
+    enqueue(db, id="other", command="true", priority=-1)  # in the same queue, after ours
+    result = script(db, "run", "--burst", "--id", "r", "--max-retries", "1", "--", "sh", "-c", "echo here; exit 5")
+    assert (result.returncode, result.stdout) == (5, "here\n")
+    assert result.stderr.startswith("queuectl: note: no live worker serves queue 'default': running job r here "
+                                    "(--burst)\n")
+    assert state_of(db, "other") == "pending"
+    assert json.loads(ok(db, "worker", "list", "--json")) == []  # the worker here left with it
+
+
+def test_run_burst_interrupted_cancels_and_kills_the_job_it_runs_before_it_exits(db, workers, tmp_path):
+    run = workers.spawn("run", "--burst", "--id", "r", "--cwd", str(tmp_path), "--", BLOCKING_JOB)
+    _wait_started(tmp_path)
+    job_pid = int(wait_for(lambda: (tmp_path / "sh.pid").read_text().strip(), "the job's pid"))
+    run.send_signal(signal.SIGINT)
+    assert run.wait(timeout=WAIT_S) == 130
+    assert pid_gone(job_pid)  # killed before run exited, not left behind
+    job = get_job(db, "r")
+    assert (job["state"], job["last_error"].startswith("canceled")) == ("dead", True)
+    assert json.loads(ok(db, "worker", "list", "--json")) == []
+
+
+def test_run_burst_left_queued_on_a_terminal_puts_back_the_job_it_ran(db, terminal, tmp_path):
+    run = terminal(db, "run", "--burst", "--id", "r", "--cwd", str(tmp_path), "--", BLOCKING_JOB, stdin_path=None)
+    _wait_started(tmp_path)
+    job_pid = int(wait_for(lambda: (tmp_path / "sh.pid").read_text().strip(), "the job's pid"))
+    run.popen.send_signal(signal.SIGINT)
+    run.wait_raw("[y/N] ")
+    run.type("n\n")
+    code, out, raw = run.finish()
+    assert code == 130
+    assert pid_gone(job_pid)
+    assert get_job(db, "r")["state"] == "pending"  # for a worker to run, as if its worker had stopped
+
+
+@pytest.mark.parametrize("sig, burst", [(signal.SIGTERM, False), (signal.SIGHUP, True)])
+def test_run_ended_by_sigterm_or_sighup_cancels_its_job_and_exits_128_plus_n(db, workers, tmp_path, sig, burst):
+    run = workers.spawn("run", *(["--burst"] if burst else []), "--id", "r", "--cwd", str(tmp_path), "--",
+                        BLOCKING_JOB)
+    if not burst:
+        workers.start()
+    _wait_started(tmp_path)
+    job_pid = int(wait_for(lambda: (tmp_path / "sh.pid").read_text().strip(), "the job's pid"))
+    run.send_signal(sig)
+    assert run.wait(timeout=WAIT_S) == 128 + sig
+    assert b"queuectl: job r canceled\n" in run.stderr.read()
+    wait_for(lambda: pid_gone(job_pid) and state_of(db, "r") == "dead", "the canceled job killed")
+    assert get_job(db, "r")["last_error"].startswith("canceled")
+
+
+@pytest.mark.parametrize("burst", [False, True])
+def test_run_whose_reader_left_exits_1_and_leaves_its_job_to_the_queue(db, workers, tmp_path, burst):
+    command = ("echo first; while [ ! -e release ]; do sleep 0.05; done; echo second; "
+               "while [ ! -e release2 ]; do sleep 0.05; done")
+    run = workers.spawn("run", *(["--burst"] if burst else []), "--id", "r", "--cwd", str(tmp_path), "--", command)
+    if not burst:
+        workers.start()
+    assert run.stdout.readline() == b"first\n"
+    run.stdout.close()  # `queuectl run ... | head -1`
+    (tmp_path / "release").touch()
+    assert run.wait(timeout=WAIT_S) == 1
+    err = run.stderr.read().decode()
+    assert "Traceback" not in err and err.endswith("queuectl: error: cannot write to standard output: broken pipe; "
+                                                   "job r left queued: queuectl logs -f r follows it\n"), err
+    # Not canceled: run here (--burst), it is put back for a worker, as when its worker stops.
+    assert state_of(db, "r") == ("pending" if burst else "processing")
+
+
+def test_run_interrupted_as_its_enqueue_commits_cancels_its_job_not_one_of_that_id(db, monkeypatch):
+    enqueue(db, id="a", command="true")  # someone else's
+    real_enqueue = queuectl.Store.enqueue
+
+    def interrupted_enqueue(self, specs, now):
+        if specs[0]["id"] == "b":  # committed, then interrupted before it returned
+            real_enqueue(self, specs, now)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(queuectl.Store, "enqueue", interrupted_enqueue)
+    assert cli(db, "run", "--id", "a", "--", "sleep", "1") == (130, "", "")
+    assert state_of(db, "a") == "pending"
+    assert cli(db, "run", "--id", "b", "--", "sleep", "1") == (130, "", "queuectl: job b canceled\n")
+    assert state_of(db, "b") == "dead"
+
+
+def test_run_burst_behind_a_job_it_does_not_run_says_so_and_waits(db, workers):
+    enqueue(db, id="ahead", command="true", priority=1)
+    run = workers.spawn("run", "--burst", "--id", "r", "--", "true")
+    err = LineReader(run.stderr)
+    wait_for(lambda: len(err.lines) == 2, "the note on the job ahead")
+    assert err.lines[1] == ("queuectl: note: job r is due but not run: jobs ahead of it in queue 'default' wait for a "
+                            "worker (--burst runs this job only): start one with queuectl worker start\n")
+    assert run.poll() is None and state_of(db, "r") == "pending"
+    workers.start()  # runs both, in turn
+    assert run.wait(timeout=WAIT_S) == 0
+
+
+@sqlite_only
+def test_run_burst_whose_worker_here_stopped_says_so_and_exits_1(db, monkeypatch):
+    monkeypatch.setattr(queuectl.Worker, "run", lambda self: 1)  # as one that left its database
+    deadline = threading.Timer(WAIT_S, _thread.interrupt_main)  # a Ctrl-C if it waits on (exit 130)
+    deadline.start()
+    try:
+        code, out, err = cli(db, "run", "--burst", "--id", "r", "--", "true")
+    finally:
+        deadline.cancel()
+    assert (code, out) == (1, ""), err
+    assert err.endswith("queuectl: error: the worker here (--burst) has stopped; job r left queued: queuectl logs -f r "
+                        "follows it\n"), err
+    assert state_of(db, "r") == "pending"
+
+
+def test_run_burst_with_a_live_worker_leaves_the_job_to_it(db, workers):
+    workers.start().wait_log("worker started")
+    result = script(db, "run", "--burst", "--", "echo", "there")
+    assert (result.returncode, result.stdout, result.stderr) == (0, "there\n", "")
+
 
 
 def test_enqueue_batch_over_10000_lines_counts_on_a_terminal_then_says_how_it_went(db, terminal, tmp_path):
