@@ -85,6 +85,7 @@ commands:
   dashboard               a live web view of the queue and a JSON API (http://127.0.0.1:8321)
   config set|get|list     max-retries, backoff-base, backoff-max, stale-timeout, job-timeout, retention,
                           output-limit, kill-grace
+  completion bash|zsh|fish  print a shell completion script (README: Shell completion)
   help [COMMAND]          a command's options and arguments (as COMMAND --help)
 
 example:
@@ -185,6 +186,7 @@ MAX_COMMAND_BYTES = 131_071  # Linux MAX_ARG_STRLEN (one argv string) less its t
 # the usual 8 MiB), which the worker's own environment and the command also use.
 MAX_ENV_BYTES = 1024 * 1024
 MAX_ID_CHARS = 200
+COMPLETE_LIMIT = 300  # values a shell completion offers at most: more is no help on a screen
 MAX_RETRIES_LIMIT = 1_000_000
 MAX_SECONDS = 10 * 365 * 86400  # caps timeouts and delays: keeps every number finite and storable
 OUTPUT_TAIL_BYTES = 64 * 1024  # the default of config output-limit
@@ -1564,6 +1566,20 @@ class SharedSQL:
                       "ON CONFLICT (key) DO UPDATE SET value = excluded.value")
     SQL_CONFIG_ALL = "SELECT key, value FROM config"
 
+    # Shell completion (see Store.complete_ids): each reads a bounded stretch of an index, never the table.
+    # Ids from a prefix on: the first %s of the id index's range from it (those that start with it come
+    # first; the caller keeps only them).
+    SQL_COMPLETE_IDS = "SELECT id FROM jobs WHERE id >= %s ORDER BY id LIMIT %s"
+    # Dead ids: the dead among the first %s ids from the prefix on (the id index), with the prefix's among
+    # the newest %s dead jobs (jobs_state): either alone walks unbounded when the prefix or the dead-letter
+    # queue is rare; together each walk has its bound, and a longer prefix narrows the first.
+    SQL_COMPLETE_DEAD_IDS = (
+        "SELECT id FROM (SELECT id, state FROM jobs WHERE id >= %s ORDER BY id LIMIT %s) AS from_prefix "
+        "WHERE state = 'dead' UNION "
+        "SELECT id FROM (SELECT id FROM jobs WHERE state = 'dead' ORDER BY seq DESC LIMIT %s) AS newest_dead "
+        "WHERE id >= %s")
+    SQL_COMPLETE_SCHEDULES = "SELECT id FROM schedules WHERE id >= %s ORDER BY id LIMIT %s"
+
     SQL_INSERT_SCHEDULE = (f"INSERT INTO schedules ({Schedule.COLUMNS}) "
                            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
     # Each schedule with the state of the job its last slot made (NULL once that job is deleted).
@@ -1761,6 +1777,20 @@ class SqliteSQL:
                            "WHERE ended_at >= ? AND outcome IN ('completed', 'failed', 'dead') "
                            "GROUP BY minute, outcome")
     SQL_QUERY_ONLY = "PRAGMA query_only = ON"
+
+    # Shell completion's queue names: of waiting jobs (one probe of jobs_claim a queue: a loose index scan),
+    # of processing jobs (jobs_running), of the newest ? jobs (the primary key), and those paused or limited.
+    SQL_COMPLETE_QUEUES = """
+        WITH RECURSIVE waiting(queue) AS (
+            SELECT min(queue) FROM jobs INDEXED BY jobs_claim
+                WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1
+            UNION ALL SELECT (SELECT min(queue) FROM jobs INDEXED BY jobs_claim WHERE queue > waiting.queue
+                AND state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1)
+            FROM waiting WHERE waiting.queue IS NOT NULL)
+        SELECT queue FROM waiting WHERE queue IS NOT NULL
+        UNION SELECT queue FROM (SELECT queue FROM jobs ORDER BY seq DESC LIMIT ?) AS newest
+        UNION SELECT queue FROM jobs INDEXED BY jobs_running WHERE state = 'processing'
+        UNION SELECT queue FROM queue_limits UNION SELECT queue FROM paused"""
 
     # Schedules. The earliest slot to fire, by schedules_due (min() reads one end of the index).
     SQL_NEXT_SCHEDULE = "SELECT min(next_run_at) FROM schedules INDEXED BY schedules_due WHERE paused = 0"
@@ -2090,6 +2120,25 @@ class Store:
         where, params = _where(self.sql.PARAM, state=state, queue=queue)
         rows = self.read(self.sql.SQL_PAGE_JOBS.format(where=where), params + (limit, offset))
         return [Job.from_row(r) for r in rows]
+
+    # -- shell completion: bounded reads of an index (SharedSQL's SQL_COMPLETE_*) -----------------
+
+    def complete_ids(self, prefix: str, dead: bool = False) -> list[str]:
+        """Up to COMPLETE_LIMIT job ids that start with `prefix` (only dead jobs' with `dead`), sorted."""
+        walk = COMPLETE_LIMIT * 5
+        rows = (self.read(self.sql.SQL_COMPLETE_DEAD_IDS, (prefix, walk, walk, prefix)) if dead
+                else self.read(self.sql.SQL_COMPLETE_IDS, (prefix, COMPLETE_LIMIT)))
+        return sorted(r[0] for r in rows if r[0].startswith(prefix))[:COMPLETE_LIMIT]
+
+    def complete_queues(self) -> list[str]:
+        """Queue names a user is likely to type: waiting, running, recent, paused or limited ones."""
+        rows = self.read(self.sql.SQL_COMPLETE_QUEUES, (COMPLETE_LIMIT * 50,))
+        return sorted({r[0].removeprefix("!") for r in rows} - {"*"})
+
+    def complete_schedules(self, prefix: str) -> list[str]:
+        """Up to COMPLETE_LIMIT schedule ids that start with `prefix`."""
+        rows = self.read(self.sql.SQL_COMPLETE_SCHEDULES, (prefix, COMPLETE_LIMIT))
+        return [r[0] for r in rows if r[0].startswith(prefix)]
 
     def counts(self, queue: str | None = None) -> dict[str, int]:
         """Number of jobs in each state (all five keys)."""
@@ -3527,6 +3576,18 @@ class PostgresSQL:
                            "WHERE ended_at >= %s AND outcome IN ('completed', 'failed', 'dead') "
                            "GROUP BY minute, outcome")
     SQL_QUERY_ONLY = "SET default_transaction_read_only = on"
+
+    # As SQLite's, without its INDEXED BY (PostgreSQL's planner takes jobs_claim for these probes).
+    SQL_COMPLETE_QUEUES = """
+        WITH RECURSIVE waiting(queue) AS (
+            SELECT min(queue) FROM jobs WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1
+            UNION ALL SELECT (SELECT min(queue) FROM jobs WHERE queue > waiting.queue
+                AND state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1)
+            FROM waiting WHERE waiting.queue IS NOT NULL)
+        SELECT queue FROM waiting WHERE queue IS NOT NULL
+        UNION SELECT queue FROM (SELECT queue FROM jobs ORDER BY seq DESC LIMIT %s) AS newest
+        UNION SELECT queue FROM jobs WHERE state = 'processing'
+        UNION SELECT queue FROM queue_limits UNION SELECT queue FROM paused"""
     # A transaction in pipeline mode (see PostgresStore._pipelined) is begun and ended by statements.
     SQL_BEGIN, SQL_COMMIT, SQL_ROLLBACK = "BEGIN", "COMMIT", "ROLLBACK"
     # Wake-ups: a transaction that makes a job due now notifies the queue's channel, and each worker
@@ -7849,6 +7910,7 @@ def build_parser() -> Parser:
     _add_worker_commands(sub.add_parser("worker", help="start, stop or list workers").add_subparsers(
         dest="action", required=True, metavar="ACTION"))
     _add_dlq_and_config(sub)
+    _add_completion_command(sub)
     _add_schedule_commands(sub.add_parser("schedule", help="recurring jobs").add_subparsers(
         dest="action", required=True, metavar="ACTION"))
     sub.add_parser("help", help="a command's help, as COMMAND --help", description="a command's help, as COMMAND "
@@ -8032,6 +8094,13 @@ def _add_dlq_and_config(sub) -> None:
     _command(c, "get", cmd_config_get, "print a value", reads=True,
              check=lambda args: config_key(args.key)).add_argument("key")
     _command(c, "list", cmd_config_list, "every value", json_flag=True, reads=True)
+
+
+def _add_completion_command(sub) -> None:
+    c = _command(sub, "completion", cmd_completion, "print the shell completion script of bash, zsh or fish "
+                 "(install lines in the README)")
+    c.add_argument("shell", choices=tuple(COMPLETION_SCRIPTS), metavar="SHELL", help="bash, zsh or fish")
+    c.set_defaults(opens_store=False)
 
 
 def _bulk_arguments(cmd, every: str) -> None:
@@ -9239,6 +9308,245 @@ def cmd_schedule_remove(args, store: Store) -> None:
     print_ids(ids)
 
 
+# -- shell completion ----------------------------------------------------------------------------
+# `completion SHELL` prints a script; at each Tab it runs `queuectl __complete`, a hidden command (in no
+# help, never completed) that walks build_parser()'s own parsers along the words typed and prints the values
+# that fit the word under the cursor, one a line. Commands and options come from the parsers, so a new one
+# completes with no change here; values from the queue come from bounded index reads (Store.complete_ids).
+
+COMPLETE_COMMAND = "__complete"
+COMPLETE_FILES = 3  # __complete's exit code for "file names here" (--db, --cwd, a command after `--`)
+COMPLETE_BUSY_S = 0.5  # a completion gives up on a locked database sooner than a command: a prompt waits
+
+COMPLETION_SCRIPTS = {
+    "bash": r"""# queuectl completion for bash (no bash-completion package needed): eval "$(queuectl completion bash)"
+_queuectl() {
+    local prog=$1 out
+    [[ $prog == "~/"* ]] && prog=$HOME/${prog:2}
+    # The line up to the cursor, and readline's word ($2, which starts after the last COMP_WORDBREAKS
+    # character, such as the ':' or '@' in an id): each value comes back without what precedes $2.
+    out=$(command "$prog" __complete bash "${COMP_LINE:0:COMP_POINT}" "$2" 2>/dev/null)
+    case $? in
+        0) COMPREPLY=(); [[ -z $out ]] || mapfile -t COMPREPLY <<<"$out" ;;
+        3) COMPREPLY=(); compopt -o default 2>/dev/null ;;
+        *) COMPREPLY=() ;;
+    esac
+}
+complete -F _queuectl queuectl
+""",
+    "zsh": r"""#compdef queuectl
+# queuectl completion for zsh: source <(queuectl completion zsh), after compinit
+_queuectl() {
+    local out
+    local -a values
+    out=$(command ${(Q)words[1]} __complete zsh "${(@Q)words[2,CURRENT-1]}" "${(Q)PREFIX}" 2>/dev/null)
+    case $? in
+        0) values=("${(@f)out}"); compadd -- ${values:#} ;;
+        3) _files ;;
+    esac
+}
+(( $+functions[compdef] )) && compdef _queuectl queuectl
+""",
+    "fish": r"""# queuectl completion for fish: queuectl completion fish > ~/.config/fish/completions/queuectl.fish
+function __queuectl_complete
+    set -l words (commandline -opc)
+    set -l current (commandline -ct)
+    set -l out (command $words[1] __complete fish $words[2..-1] "$current" 2>/dev/null)
+    switch $status
+        case 0
+            printf '%s\n' $out
+        case 3
+            __fish_complete_path "$current"
+    end
+end
+complete -c queuectl -f -a '(__queuectl_complete)'
+""",
+}
+
+
+def cmd_completion(args, store: None) -> None:
+    sys.stdout.write(COMPLETION_SCRIPTS[args.shell])
+
+
+def complete_main(argv: list[str]) -> int:
+    """`queuectl __complete SHELL WORD... CURRENT` (bash: SHELL LINE WORD, see _bash_words): the values for
+    the word under the cursor, one a line; COMPLETE_FILES for file names. Silent on any failure, with
+    nothing on stderr: whatever it printed would land in the user's prompt."""
+    try:
+        shell, *rest = argv
+        words, cut = _bash_words(*rest) if shell == "bash" else (rest, 0)
+        values = Completion().values(words)
+        if values is None:
+            return COMPLETE_FILES
+        shown = [v[cut:] if shell != "bash" else _bash_quoted(v[cut:]) for v in values if _printable_value(v)]
+        sys.stdout.write("".join(f"{v}\n" for v in shown))
+        sys.stdout.flush()
+        return EXIT_OK
+    except BaseException:  # noqa: BLE001 - a completion never shows a traceback, even on Ctrl+C
+        return EXIT_FAIL
+
+
+def _bash_words(line: str, word: str) -> tuple[list[str], int]:
+    """bash's line up to the cursor as the words after the program, the last one the word under the cursor
+    (maybe empty, maybe in an open quote); and how much of that word precedes readline's `word`, which
+    starts after the last COMP_WORDBREAKS character: bash replaces only `word`, so values must drop that."""
+    import shlex
+    mark = "\x1f"  # ends the line, so a line ending in a blank ends with an empty word
+    for closing in ("", '"', "'"):
+        with contextlib.suppress(ValueError):
+            words = shlex.split(line + mark + closing)
+            break
+    else:
+        return [], 0
+    current = words[-1].removesuffix(mark)
+    return words[1:-1] + [current], len(current) - len(word) if current.endswith(word) else 0
+
+
+def _bash_quoted(value: str) -> str:
+    """A value as bash must insert it: a backslash before each character special to the shell."""
+    return re.sub(r"([^\w@%+=:,./-])", r"\\\1", value)
+
+
+def _printable_value(value: str) -> bool:
+    """False for a value written behind queuectl's back that would break a shell's line (see UNSAFE_TEXT)."""
+    return bool(value) and not UNSAFE_TEXT.search(value)
+
+
+class Completion:
+    """The words typed after `queuectl`, read as build_parser() would: the parser of the command named so
+    far, the positional words given to it, the option whose value comes next, and --db."""
+
+    def __init__(self):
+        self.top = self.parser = build_parser()
+        self.path: list[str] = []  # the command and action names typed, e.g. ["dlq", "retry"]
+        self.given: list[str] = []  # positional words given to self.parser
+        self.expects: argparse.Action | None = None  # the option whose value the next word is
+        self.after_dashes = False  # after `--` every word is positional
+        self.db: str | None = None
+
+    def values(self, words: list[str]) -> list[str] | None:
+        """What may follow the words before the last one and start with the last one; None: file names."""
+        *typed, current = words or [""]
+        for word in typed:
+            self._read(word)
+        if self.expects:
+            return self._values_of(self.expects, current)
+        if current.startswith("-") and not self.after_dashes:
+            return self._option_values(current)
+        sub = _subcommands(self.parser)
+        if sub is not None:
+            return [name for name in sub.choices if name.startswith(current)]
+        action = self._positional()
+        if action is None:
+            return self._options(current)
+        return self._values_of(action, current)
+
+    def _read(self, word: str) -> None:
+        if self.expects:
+            self._given(self.expects, word)
+            self.expects = None
+        elif word == "--" and not self.after_dashes:
+            self.after_dashes = True
+        elif word.startswith("-") and word != "-" and not self.after_dashes:
+            name, equals, value = word.partition("=")
+            action = self.parser._option_string_actions.get(name if word.startswith("--") else word)
+            if action is not None and action.nargs != 0:
+                self._given(action, value) if equals else setattr(self, "expects", action)
+        else:
+            sub = _subcommands(self.parser)
+            if sub is not None and word in sub.choices:
+                self.parser, self.given = _real_parser(sub.choices[word]), []
+                self.path.append(word)
+            else:
+                self.given.append(word)
+
+    def _given(self, action: argparse.Action, value: str) -> None:
+        if action.dest == "db":
+            self.db = value
+
+    def _option_values(self, current: str) -> list[str] | None:
+        """`--opt=VALUE...` completes the value; anything else, the option names."""
+        name, equals, value = current.partition("=")
+        action = self.parser._option_string_actions.get(name)
+        if not equals or action is None or action.nargs == 0:
+            return self._options(current)
+        values = self._values_of(action, value)
+        return None if values is None else [f"{name}={v}" for v in values]
+
+    def _options(self, current: str) -> list[str]:
+        return [option for action in self.parser._actions if action.help != argparse.SUPPRESS
+                for option in action.option_strings if option.startswith(current)]
+
+    def _positional(self) -> argparse.Action | None:
+        """The positional argument that the next word gives."""
+        left = len(self.given)
+        for action in self.parser._actions:
+            if action.option_strings:
+                continue
+            if action.nargs in (None, "?") and left:
+                left -= 1
+            else:
+                return action
+        return None
+
+    def _values_of(self, action: argparse.Action, current: str) -> list[str] | None:
+        """The values `action` takes that start with `current`; None: file names."""
+        if action.choices is not None:
+            return [str(c) for c in action.choices if str(c).startswith(current)]
+        if action.dest in ("db", "cwd", "words"):
+            return None
+        if action.metavar == "ID":
+            return self._ids(current)
+        fixed = {"state": STATES, "key": [k.replace("_", "-") for k in CONFIG], "topic": self._topics()}
+        if action.dest == "queue":
+            return [q for q in self._from_store(lambda store: store.complete_queues()) if q.startswith(current)]
+        return [value for value in fixed.get(action.dest, ()) if value.startswith(current)]
+
+    def _ids(self, prefix: str) -> list[str]:
+        """Job ids (only dead ones for `dlq retry`), or schedule ids under `schedule`."""
+        if self.path[:1] == ["schedule"]:
+            return self._from_store(lambda store: store.complete_schedules(prefix))
+        dead = self.path == ["dlq", "retry"]
+        return self._from_store(lambda store: store.complete_ids(prefix, dead=dead))
+
+    def _topics(self) -> list[str]:
+        """`help COMMAND [ACTION]`: a command, then that command's actions."""
+        commands = _subcommands(self.top).choices
+        if not self.given:
+            return list(commands)
+        sub = _subcommands(_real_parser(commands[self.given[0]])) if self.given[0] in commands else None
+        return list(sub.choices) if sub is not None and len(self.given) == 1 else []
+
+    def _from_store(self, read: Callable[[Store], list[str]]) -> list[str]:
+        """read(store) on the database of --db, $QUEUECTL_DB or ./queuectl.db, opened read-only: a missing
+        one is not created (and has no values)."""
+        target = os.path.expanduser(self.db if self.db is not None else os.environ.get("QUEUECTL_DB", "queuectl.db"))
+        if not target or target == ":memory:" or target.startswith("file:"):
+            return []
+        try:
+            store = open_database(target, reads_only=True, busy_deadline_s=COMPLETE_BUSY_S)
+        except NoQueue:
+            return []
+        try:
+            return read(store)
+        finally:
+            store.close()
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> argparse.Action | None:
+    """The parser's subcommands action (its choices: name -> parser), if it has one."""
+    return next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+
+
+def _real_parser(parser) -> argparse.ArgumentParser:
+    """A subcommand's parser with its arguments: a _LazyParser built (see _LazyParser)."""
+    if isinstance(parser, _LazyParser):
+        real = Parser(**parser._kwargs)
+        parser.replay(real)
+        return real
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse, run one command, map errors to `queuectl: error: …` and an exit code."""
     _closed_streams_to_devnull()
@@ -9248,6 +9556,8 @@ def main(argv: list[str] | None = None) -> int:
     if not isinstance(sys.stdout, Stdout):
         sys.stdout = Stdout(sys.stdout)
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == [COMPLETE_COMMAND]:  # a shell asks for completions: nothing else of a command's start-up
+        return complete_main(argv[1:])
     if not argv:  # as git does: what there is and how to start, on stdout; 1, since no command ran
         sys.stdout.write(overview())
         return _flushed(EXIT_FAIL)
