@@ -12980,6 +12980,222 @@ def test_an_installed_worker_shows_its_own_command_line_in_ps(sqlite_db, workers
     assert worker.wait() == 0, worker.log()
 
 
+# ---- shell completion: `completion SHELL` and the hidden `__complete` --------------------------------
+
+def complete(*words, env=None):
+    """`queuectl __complete zsh WORDS...` in-process (the last word is the one under the cursor): its values
+    and exit code, with nothing on stderr."""
+    code, out, err = run_main(["__complete", "zsh", *words])
+    assert err == "", err
+    return code, out.splitlines()
+
+
+@pytest.fixture
+def completing_db(db):
+    """A queue with the values completion offers: ids with ':' and '@', a dead job, queues waiting, paused
+    and limited, a schedule."""
+    for job_id, queue in (("tick@2026-12-02T02:00:00Z", "default"), ("tick@2026-12-02T03:00:00Z", "default"),
+                          ("build-1", "builds"), ("build-2", "builds"), ("old-1", "old")):
+        ok(db, "add", "--id", job_id, "--queue", queue, "--", "true")
+    ok(db, "cancel", "old-1")  # a waiting job canceled goes to the DLQ
+    ok(db, "pause", "--queue", "held")
+    ok(db, "limit", "capped", "2")
+    ok(db, "schedule", "add", '{"id": "nightly", "cron": "0 2 * * *", "tz": "UTC", "command": "true"}')
+    return db
+
+
+COMPLETED_VALUES = [  # (the words after `queuectl --db DB`, the last one under the cursor), the values
+    (["show", "bu"], ["build-1", "build-2"]),
+    (["logs", "tick@2026-12-02T02:"], ["tick@2026-12-02T02:00:00Z"]),
+    (["wait", "tick@"], ["tick@2026-12-02T02:00:00Z", "tick@2026-12-02T03:00:00Z"]),
+    (["dlq", "retry", ""], ["old-1"]),
+    (["add", "--depends-on", "build-"], ["build-1", "build-2"]),
+    (["list", "--queue", ""], ["builds", "capped", "default", "held", "old"]),
+    (["limit", "b"], ["builds"]),
+    (["schedule", "pause", "n"], ["nightly"]),
+    (["schedule", "next", ""], ["nightly"]),
+    (["config", "get", "ret"], ["retention"]),
+    (["list", "--state", "d"], ["dead"]),
+    (["purge", "--state", ""], ["completed", "dead"]),
+    (["dl"], ["dlq"]),
+    (["worker", "st"], ["start", "stop"]),
+    (["list", "--st"], ["--state"]),
+    (["list", "--queue=b"], ["--queue=builds"]),
+    (["help", "schedule", "p"], ["pause"]),
+]
+
+
+@pytest.mark.parametrize(("words", "values"), COMPLETED_VALUES)
+def test_completion_values(completing_db, words, values):
+    assert complete("--db", completing_db, *words) == (0, values)
+
+
+def test_completion_values_on_both_backends(completing_db):
+    """The values read from the queue, with --db given after the command too."""
+    assert complete("show", "--db", completing_db, "tick@2026-12-02T0") == (
+        0, ["tick@2026-12-02T02:00:00Z", "tick@2026-12-02T03:00:00Z"])
+    assert complete("dlq", "retry", "--db", completing_db, "o") == (0, ["old-1"])
+    assert complete("--db", completing_db, "pause", "--queue", "") == (0, ["builds", "capped", "default", "held", "old"])
+
+
+def test_completion_files_where_a_path_or_a_command_goes(tmp_path):
+    """--db, --cwd and a command after `--` complete file names (the script's exit code 3)."""
+    for words in (["--db", "q"], ["list", "--db=q"], ["add", "--cwd", ""], ["add", "--", "ma"], ["add", "--", "ls", "-"]):
+        assert complete(*words) == (queuectl.COMPLETE_FILES, []), words
+
+
+def test_completion_commands_and_options_come_from_the_parser(monkeypatch):
+    """A command or option added to build_parser() completes with no other change; the hidden command never."""
+    real = queuectl.build_parser
+
+    def more():
+        p = real()
+        extra = queuectl._subcommands(p).choices["add"]  # the parser `add` builds when named
+        extra.add_argument("--on-dead", metavar="CMD")
+        return p
+    monkeypatch.setattr(queuectl, "build_parser", more)
+    assert complete("add", "--on") == (0, ["--on-dead"])
+    code, commands = complete("")
+    assert code == 0 and "completion" in commands and queuectl.COMPLETE_COMMAND not in commands
+    assert set(commands) == set(queuectl._subcommands(real()).choices)
+    assert queuectl.COMPLETE_COMMAND not in run_main(["--help"])[1]
+
+
+@pytest.mark.parametrize("db", ["sqlite", "postgres"], indirect=True)
+def test_completion_of_a_missing_queue_creates_nothing(db):
+    """A queue that does not exist: no values, no note, and no file or schema made."""
+    assert complete("--db", db, "show", "") == (0, [])
+    assert complete("--db", db, "list", "--queue", "") == (0, [])
+    if is_pg(db):
+        import psycopg
+        schema = db.rsplit("schema=", 1)[1]
+        with psycopg.connect(db.split("?")[0], autocommit=True) as conn:
+            assert conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchall() == []
+    else:
+        assert not os.path.exists(db) and os.listdir(os.path.dirname(db)) == []
+
+
+def test_completion_is_silent_on_any_failure(tmp_path, monkeypatch):
+    """A database that is not a queue, a folder, an unknown shell: no output and nothing on stderr."""
+    (tmp_path / "other.db").write_bytes(b"not a database at all" * 100)
+    for words in (["zsh", "--db", str(tmp_path / "other.db"), "show", ""], ["zsh", "--db", str(tmp_path), "show", ""],
+                  ["bash"], []):
+        code, out, err = run_main(["__complete", *words])
+        assert (code, out, err) == (queuectl.EXIT_FAIL, "", ""), words
+    monkeypatch.setattr(queuectl, "build_parser", lambda: 1 / 0)
+    assert run_main(["__complete", "fish", ""]) == (queuectl.EXIT_FAIL, "", "")
+
+
+@sqlite_only
+def test_completion_honours_queuectl_db_and_the_line(completing_db, tmp_path, monkeypatch):
+    """$QUEUECTL_DB names the queue unless the line gives --db."""
+    monkeypatch.setenv("QUEUECTL_DB", completing_db)
+    assert complete("show", "bu") == (0, ["build-1", "build-2"])
+    assert complete("--db", str(tmp_path / "none.db"), "show", "bu") == (0, [])
+
+
+# Each shell's script, loaded in that shell and asked for completions of a real line. The program they run is
+# `queuectl` on PATH: the file as users install it.
+COMPLETION_SHELLS = ("bash", "zsh", "fish")
+
+
+def _shell_or_skip(shell):
+    if shutil.which(shell) is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{shell} is missing; CI must run the completion tests (apt-get install {shell})")
+        pytest.skip(f"completion test skipped: {shell} not found (apt-get install {shell})")
+
+
+def bash_completion(script, line, env):
+    """What bash's function answers for `line` (the cursor at its end): COMPREPLY as given, each value
+    completed to the whole word (bash gives the part after the last COMP_WORDBREAKS character)."""
+    word = re.split(r"[\s\"'@><=;|&(:]", line)[-1]  # readline's word, as bash passes it in $2
+    program = ('source "$1"; COMP_LINE=$2; COMP_POINT=${#2}; read -ra COMP_WORDS <<<"$2"; '
+               'COMP_CWORD=${#COMP_WORDS[@]}; _queuectl queuectl "$3" ""; printf "%s\\n" "${COMPREPLY[@]}"')
+    done = subprocess.run(["bash", "--norc", "--noprofile", "-c", program, "bash", script, line, word],
+                          capture_output=True, text=True, timeout=WAIT_S, env=env)
+    assert (done.returncode, done.stderr) == (0, ""), done
+    whole = shlex.split(line + "x")[-1][:-1]
+    return [whole[:len(whole) - len(word)] + shlex.split(v)[0] for v in done.stdout.splitlines() if v]
+
+
+def zsh_completion(script, line, env):
+    """What zsh's function adds for `line` (compadd stubbed to print what it is given)."""
+    program = ('source "$1"; shift; compadd() { [[ $1 == -- ]] && shift; (( $# )) && print -rl -- "$@"; }; '
+               '_files() { print -r -- "(files)"; }; words=("$@"); CURRENT=$#; PREFIX=${words[-1]}; _queuectl')
+    words = shlex.split(line + "x")
+    words[-1] = words[-1][:-1]
+    done = subprocess.run(["zsh", "-f", "-c", program, "zsh", script, *words], capture_output=True, text=True,
+                          timeout=WAIT_S, env=env)
+    assert done.stderr == "", done
+    return done.stdout.splitlines()
+
+
+def fish_completion(script, line, env):
+    """What fish offers for `line` (`complete -C`), without descriptions."""
+    done = subprocess.run(["fish", "--no-config", "-c", 'source $argv[1]; complete -C $argv[2]', script, line],
+                          capture_output=True, text=True, timeout=WAIT_S, env=env)
+    assert (done.returncode, done.stderr) == (0, ""), done
+    return [v.split("\t")[0] for v in done.stdout.splitlines()]
+
+
+@pytest.fixture
+def installed_queuectl(tmp_path):
+    """(a `queuectl` installed on PATH, its environment)."""
+    program = _installed(tmp_path)
+    return program, _launcher_env(tmp_path, PATH=f"{program.parent}{os.pathsep}{os.environ.get('PATH', '')}")
+
+
+@sqlite_only
+@pytest.mark.parametrize("shell", COMPLETION_SHELLS)
+def test_completion_in_each_shell(completing_db, installed_queuectl, tmp_path, shell):
+    _shell_or_skip(shell)
+    program, env = installed_queuectl
+    script = tmp_path / f"queuectl.{shell}"
+    script.write_text(subprocess.run([str(program), "completion", shell], capture_output=True, text=True,
+                                     env=env, check=True, timeout=WAIT_S).stdout)
+    asked = {"bash": bash_completion, "zsh": zsh_completion, "fish": fish_completion}[shell]
+    env["QUEUECTL_DB"] = str(tmp_path / "elsewhere.db")  # the line's --db wins
+    db = f"--db {completing_db}"
+    for words, values in COMPLETED_VALUES:
+        if words[-1].startswith("--queue=") and shell != "bash":  # fish and zsh complete --opt= their own way
+            continue
+        line = f"queuectl {db} {shlex.join(words[:-1])} {words[-1]}".replace("  ", " ")
+        assert sorted(asked(str(script), line, env)) == values, (shell, line)
+    assert asked(str(script), "queuectl show tick@2026-12-02T03", env) == []  # $QUEUECTL_DB: no queue there
+    env["QUEUECTL_DB"] = completing_db
+    assert asked(str(script), "queuectl show tick@2026-12-02T03", env) == ["tick@2026-12-02T03:00:00Z"]
+    missing = tmp_path / "missing" / "queue.db"
+    missing.parent.mkdir()
+    assert asked(str(script), f"queuectl --db {missing} dlq retry ", env) == []
+    assert os.listdir(missing.parent) == []
+    if shell == "zsh":
+        assert asked(str(script), "queuectl add -- ma", env) == ["(files)"]
+
+
+@sqlite_only
+def test_completion_in_bash_replaces_only_readline_word(completing_db, installed_queuectl, tmp_path):
+    """bash splits an id at ':' and '@' (COMP_WORDBREAKS) and replaces only the part after the last one:
+    its values are that part, and characters special to the shell come escaped."""
+    _shell_or_skip("bash")
+    program, env = installed_queuectl
+    script = tmp_path / "queuectl.bash"
+    script.write_text(subprocess.run([str(program), "completion", "bash"], capture_output=True, text=True, env=env,
+                                     check=True, timeout=WAIT_S).stdout)
+    env["QUEUECTL_DB"] = completing_db
+    ok(completing_db, "add", "--id", "a b$", "--", "true")
+    line = "queuectl show tick@2026-12-02T02:"
+    program = ('source "$1"; COMP_LINE=$2; COMP_POINT=${#2}; _queuectl queuectl "$3" ""; '
+               'printf "%s\\n" "${COMPREPLY[@]}"')
+    for line, word, values in (("queuectl show tick@2026-12-02T02:", "", ["00:00Z"]),
+                               ("queuectl show tick@2026-12-02T0", "2026-12-02T0", ["2026-12-02T02:00:00Z",
+                                                                                    "2026-12-02T03:00:00Z"]),
+                               ("queuectl show a", "a", ["a\\ b\\$"])):
+        done = subprocess.run(["bash", "--norc", "--noprofile", "-c", program, "bash", str(script), line, word],
+                              capture_output=True, text=True, timeout=WAIT_S, env=env)
+        assert (done.returncode, done.stdout.splitlines(), done.stderr) == (0, values, ""), line
+
+
 # ==== Benchmark (bench/) ==========================================================================
 
 @pytest.fixture(scope="module")
