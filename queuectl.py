@@ -9342,7 +9342,7 @@ _queuectl() {
     out=$(command ${(Q)words[1]} __complete zsh "${(@Q)words[2,CURRENT-1]}" "${(Q)PREFIX}" 2>/dev/null)
     case $? in
         0) values=("${(@f)out}"); compadd -- ${values:#} ;;
-        3) _files ;;
+        3) compset -P '--*='; _files ;;
     esac
 }
 (( $+functions[compdef] )) && compdef _queuectl queuectl
@@ -9355,8 +9355,11 @@ function __queuectl_complete
     switch $status
         case 0
             printf '%s\n' $out
-        case 3
-            __fish_complete_path "$current"
+        case 3  # after --db= too
+            set -l option (string match -r -- '^--[^=]*=' "$current")
+            for path in (__fish_complete_path (string replace -r -- '^--[^=]*=' '' "$current"))
+                echo "$option$path"
+            end
     end
 end
 complete -c queuectl -f -a '(__queuectl_complete)'

@@ -20,7 +20,8 @@ Sections:
   pickup   the wake-up: an `enqueue`'s commit (its id printed) -> the job's command starting, with an
            idle worker; from the enqueue returning beside it
   idle     CPU used by `worker start --count 4` with nothing to do (PostgreSQL: its server backends too)
-  scale    drain, pickup and the read commands again with a million finished jobs in the table
+  scale    drain, pickup and the read commands again with a million finished jobs in the table; shell
+           completion's values from it (`__complete`, the installed copy, as a Tab runs it)
   backlog  idle cost, pickup and drain again beside work no worker may take: 300,000 pending jobs in
            a paused queue and 100,000 due tomorrow (a claim or poll must not walk past them)
   memory   peak RSS of `worker start --count 8 --burst` while draining
@@ -113,6 +114,10 @@ TARGETS = {
     "scale_list": ("<=", 0.3, "< 0.3 s"),
     "scale_stats": ("<=", 0.3, "< 0.3 s"),
     "scale_stats_30d": ("<=", 3.0, "< 3 s"),
+    # Shell completion: a Tab runs `queuectl __complete` (a whole process) before the prompt can go on
+    "scale_complete_ids": ("<=", 100, "≤ 100 ms"),
+    "scale_complete_dead": ("<=", 100, "≤ 100 ms"),
+    "scale_complete_queues": ("<=", 100, "≤ 100 ms"),
     "backlog_idle_pct": ("<=", 1.0, "≤ 1 %"),
     "backlog_drain_ratio": (">=", 0.9, "≥ 0.9"),
     "backlog_pickup_p50_ratio": (">=", 0.9, "≥ 0.9"),
@@ -1478,6 +1483,38 @@ QUERIES = [("scale_status", "status", ["status"]),
            ("scale_stats_30d", "stats --since 30d", ["stats", "--since", "30d"])]
 
 
+# Shell completion's values: (key, label, the words after `queuectl --db DB`, the last one under the cursor)
+COMPLETIONS = [("scale_complete_ids", "job ids by prefix (`show 3f`)", ["show", "3f"]),
+               ("scale_complete_dead", "dead job ids (`dlq retry `)", ["dlq", "retry", ""]),
+               ("scale_complete_queues", "queue names (`list --queue `)", ["list", "--queue", ""])]
+
+
+def time_completion(b: Bench, db: str, words: list[str], runs: int) -> tuple[float | None, str]:
+    """Median wall time in ms of `__complete` as bash's script runs it at a Tab, from the installed copy
+    (cached bytecode: the module is loaded at each Tab); (None, why) if it failed or offered nothing."""
+    copy, env = b.installed()
+    line = shlex.join(["queuectl", "--db", db, *words[:-1]]) + " " + words[-1]
+    walls = []
+    for _ in range(runs):
+        wall, r = b.timed([copy, "__complete", "bash", line, words[-1]], env=env)
+        if r.returncode != 0 or not r.stdout.strip():
+            return None, f"exit {r.returncode}, {len(r.stdout.split())} values"
+        walls.append(wall * 1000)
+    return statistics.median(walls), ""
+
+
+def bench_completion(b: Bench, db: str, small: str, rows: int) -> None:
+    runs = max(5, b.p["query_runs"])
+    floor = statistics.median(b.timed([PY, "-c", "import sqlite3, argparse, json"], env=launcher_env(b))[0] * 1000
+                              for _ in range(runs))
+    for key, label, words in COMPLETIONS:
+        wall, why = time_completion(b, db, words, runs)
+        empty, _ = time_completion(b, small, words, runs)
+        detail = why or (f"{runs} runs; a small db: {empty:.1f} ms; the import alone: {floor:.1f} ms"
+                         if empty is not None else "")
+        b.add(key, f"6. completion: {label} with {rows:,} old jobs", wall, "ms", detail, why=why)
+
+
 def drain_ratio_figure(b: Bench, key: str, label: str, rate: float) -> None:
     """Record rate / the empty queue's drain rate (from the drain section)."""
     why = "" if "drain_rate" in b.raw else "needs the drain section's figure (it did not run)"
@@ -1509,6 +1546,10 @@ def bench_scale(b: Bench) -> None:
         empty, _ = time_command(b, small, args, b.p["query_runs"])
         detail = why or (f"same command on a small db: {empty:.3f} s" if empty is not None else "")
         b.add(key, f"6. `{label}` with {rows:,} old jobs", wall, "s", detail)
+    for database in (db, small):  # something in the dead-letter queue, and a second queue
+        b.enqueue_many(database, [{"id": f"dead-{i}", "command": "true", "queue": "other"} for i in range(3)])
+        b.qc(database, "cancel", *[f"dead-{i}" for i in range(3)])
+    bench_completion(b, db, small, rows)
 
 
 # ---- backlog -----------------------------------------------------------------------------------
