@@ -9381,8 +9381,8 @@ def complete_main(argv: list[str]) -> int:
         values = Completion().values(words)
         if values is None:
             return COMPLETE_FILES
-        shown = [v[cut:] if shell != "bash" else _bash_quoted(v[cut:]) for v in values if _printable_value(v)]
-        sys.stdout.write("".join(f"{v}\n" for v in shown))
+        shown = [v[cut:] for v in values if _printable_value(v)]
+        sys.stdout.write("".join(f"{_bash_quoted(v) if shell == 'bash' else v}\n" for v in shown))
         sys.stdout.flush()
         return EXIT_OK
     except BaseException:  # noqa: BLE001 - a completion never shows a traceback, even on Ctrl+C
@@ -9390,17 +9390,20 @@ def complete_main(argv: list[str]) -> int:
 
 
 def _bash_words(line: str, word: str) -> tuple[list[str], int]:
-    """bash's line up to the cursor as the words after the program, the last one the word under the cursor
-    (maybe empty, maybe in an open quote); and how much of that word precedes readline's `word`, which
-    starts after the last COMP_WORDBREAKS character: bash replaces only `word`, so values must drop that."""
+    """bash's line up to the cursor as the words after the program (and any NAME=VALUE before it), the last
+    one the word under the cursor (maybe empty, maybe in an open quote); and how much of that word precedes
+    readline's `word`, which starts after the last COMP_WORDBREAKS character: bash replaces only `word`, so
+    values must drop what precedes it. ValueError: a line shlex cannot read."""
     import shlex
     mark = "\x1f"  # ends the line, so a line ending in a blank ends with an empty word
-    for closing in ("", '"', "'"):
+    for closing in ('"', "'", ""):  # an open quote closed; the last try's error is the caller's
         with contextlib.suppress(ValueError):
             words = shlex.split(line + mark + closing)
             break
     else:
-        return [], 0
+        words = shlex.split(line + mark)
+    while len(words) > 1 and re.match(r"[A-Za-z_]\w*=", words[0]):
+        del words[0]
     current = words[-1].removesuffix(mark)
     return words[1:-1] + [current], len(current) - len(word) if current.endswith(word) else 0
 
@@ -9453,8 +9456,10 @@ class Completion:
         elif word.startswith("-") and word != "-" and not self.after_dashes:
             name, equals, value = word.partition("=")
             action = self.parser._option_string_actions.get(name if word.startswith("--") else word)
-            if action is not None and action.nargs != 0:
-                self._given(action, value) if equals else setattr(self, "expects", action)
+            if action is not None and action.nargs != 0 and equals:
+                self._given(action, value)
+            elif action is not None and action.nargs != 0:
+                self.expects = action
         else:
             sub = _subcommands(self.parser)
             if sub is not None and word in sub.choices:
@@ -9500,10 +9505,13 @@ class Completion:
             return None
         if action.metavar == "ID":
             return self._ids(current)
-        fixed = {"state": STATES, "key": [k.replace("_", "-") for k in CONFIG], "topic": self._topics()}
         if action.dest == "queue":
-            return [q for q in self._from_store(lambda store: store.complete_queues()) if q.startswith(current)]
-        return [value for value in fixed.get(action.dest, ()) if value.startswith(current)]
+            values = self._from_store(lambda store: store.complete_queues())
+        elif action.dest == "topic":
+            values = self._topics()
+        else:
+            values = {"state": STATES, "key": [k.replace("_", "-") for k in CONFIG]}.get(action.dest, [])
+        return [value for value in values if value.startswith(current)]
 
     def _ids(self, prefix: str) -> list[str]:
         """Job ids (only dead ones for `dlq retry`), or schedule ids under `schedule`."""
