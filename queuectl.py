@@ -187,6 +187,7 @@ MAX_COMMAND_BYTES = 131_071  # Linux MAX_ARG_STRLEN (one argv string) less its t
 MAX_ENV_BYTES = 1024 * 1024
 MAX_ID_CHARS = 200
 COMPLETE_LIMIT = 300  # values a shell completion offers at most: more is no help on a screen
+COMPLETE_WALK = 1000  # index entries one of its walks reads at most (see SharedSQL.SQL_COMPLETE_DEAD_IDS)
 MAX_RETRIES_LIMIT = 1_000_000
 MAX_SECONDS = 10 * 365 * 86400  # caps timeouts and delays: keeps every number finite and storable
 OUTPUT_TAIL_BYTES = 64 * 1024  # the default of config output-limit
@@ -2125,14 +2126,13 @@ class Store:
 
     def complete_ids(self, prefix: str, dead: bool = False) -> list[str]:
         """Up to COMPLETE_LIMIT job ids that start with `prefix` (only dead jobs' with `dead`), sorted."""
-        walk = COMPLETE_LIMIT * 5
-        rows = (self.read(self.sql.SQL_COMPLETE_DEAD_IDS, (prefix, walk, walk, prefix)) if dead
+        rows = (self.read(self.sql.SQL_COMPLETE_DEAD_IDS, (prefix, COMPLETE_WALK, COMPLETE_WALK, prefix)) if dead
                 else self.read(self.sql.SQL_COMPLETE_IDS, (prefix, COMPLETE_LIMIT)))
         return sorted(r[0] for r in rows if r[0].startswith(prefix))[:COMPLETE_LIMIT]
 
     def complete_queues(self) -> list[str]:
         """Queue names a user is likely to type: waiting, running, recent, paused or limited ones."""
-        rows = self.read(self.sql.SQL_COMPLETE_QUEUES, (COMPLETE_LIMIT * 50,))
+        rows = self.read(self.sql.SQL_COMPLETE_QUEUES, (COMPLETE_WALK,))
         return sorted({r[0].removeprefix("!") for r in rows} - {"*"})
 
     def complete_schedules(self, prefix: str) -> list[str]:
