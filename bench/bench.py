@@ -1489,30 +1489,38 @@ COMPLETIONS = [("scale_complete_ids", "job ids by prefix (`show 3f`)", ["show", 
                ("scale_complete_queues", "queue names (`list --queue `)", ["list", "--queue", ""])]
 
 
-def time_completion(b: Bench, db: str, words: list[str], runs: int) -> tuple[float | None, str]:
-    """Median wall time in ms of `__complete` as bash's script runs it at a Tab, from the installed copy
-    (cached bytecode: the module is loaded at each Tab); (None, why) if it failed or offered nothing."""
-    copy, env = b.installed()
-    line = shlex.join(["queuectl", "--db", db, *words[:-1]]) + " " + words[-1]
-    walls = []
-    for _ in range(runs):
-        wall, r = b.timed([copy, "__complete", "bash", line, words[-1]], env=env)
-        if r.returncode != 0 or not r.stdout.strip():
-            return None, f"exit {r.returncode}, {len(r.stdout.split())} values"
-        walls.append(wall * 1000)
-    return statistics.median(walls), ""
+def time_completions(b: Bench, argvs: dict[str, list[str]], runs: int) -> dict[str, list[float]]:
+    """Wall times in ms of each command, `runs` rounds interleaved (a busy moment hits all alike), after a
+    first untimed round; a failed command raises BenchError."""
+    env, times = launcher_env(b), {name: [] for name in argvs}
+    for round_no in range(runs + 1):
+        for name, argv in argvs.items():
+            wall, r = b.timed(argv, env=env)
+            if r.returncode != 0:
+                raise BenchError(f"completion {name}: exited {r.returncode}: {r.stderr.strip()[-400:]}")
+            if round_no:
+                times[name].append(wall * 1000)
+    return times
 
 
 def bench_completion(b: Bench, db: str, small: str, rows: int) -> None:
-    runs = max(5, b.p["query_runs"])
-    floor = statistics.median(b.timed([PY, "-c", "import sqlite3, argparse, json"], env=launcher_env(b))[0] * 1000
-                              for _ in range(runs))
-    for key, label, words in COMPLETIONS:
-        wall, why = time_completion(b, db, words, runs)
-        empty, _ = time_completion(b, small, words, runs)
-        detail = why or (f"{runs} runs; a small db: {empty:.1f} ms; the import alone: {floor:.1f} ms"
-                         if empty is not None else "")
-        b.add(key, f"6. completion: {label} with {rows:,} old jobs", wall, "ms", detail, why=why)
+    """`__complete` as bash's script runs it at a Tab, from the installed copy (cached bytecode: the module
+    is loaded at each Tab), on the million-job queue and a small one, beside the plain import."""
+    copy, _ = b.installed()
+    argvs = {"import": [PY, "-c", "import sqlite3, argparse, json"]}
+    for key, _, words in COMPLETIONS:
+        for name, database in ((key, db), (f"{key}_small", small)):
+            line = shlex.join(["queuectl", "--db", database, *words[:-1]]) + " " + words[-1]
+            argvs[name] = [copy, "__complete", "bash", line, words[-1]]
+    values = subprocess.run(argvs[COMPLETIONS[0][0]], capture_output=True, text=True, env=launcher_env(b)).stdout
+    times = time_completions(b, argvs, max(10, b.p["query_runs"]))
+    b.raw["completion_ms"] = times
+    med = {name: statistics.median(t) for name, t in times.items()}
+    for key, label, _ in COMPLETIONS:
+        why = "" if key != COMPLETIONS[0][0] or values.strip() else "it offered no ids"
+        b.add(key, f"6. completion: {label} with {rows:,} old jobs", med[key], "ms",
+              f"{len(times[key])} runs; a small db: {med[f'{key}_small']:.1f} ms; the import alone: "
+              f"{med['import']:.1f} ms", why=why)
 
 
 def drain_ratio_figure(b: Bench, key: str, label: str, rate: float) -> None:
