@@ -8097,10 +8097,11 @@ def _add_dlq_and_config(sub) -> None:
 
 
 def _add_completion_command(sub) -> None:
-    c = _command(sub, "completion", cmd_completion, "print the shell completion script of bash, zsh or fish "
-                 "(install lines in the README)")
+    """`completion SHELL`: not through _command, as it has no database to name (see COMPLETION_SCRIPTS)."""
+    text = "print the shell completion script of bash, zsh or fish (install lines in the README)"
+    c = sub.add_parser("completion", help=text, description=text, formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("shell", choices=tuple(COMPLETION_SCRIPTS), metavar="SHELL", help="bash, zsh or fish")
-    c.set_defaults(opens_store=False)
+    c.set_defaults(func=cmd_completion, reads_only=True, check=None, json_flag=False, opens_store=False)
 
 
 def _bulk_arguments(cmd, every: str) -> None:

@@ -10915,7 +10915,7 @@ def test_a_command_builds_only_its_own_parser(db, monkeypatch):
 
 COMMAND_NAMES = ["enqueue", "add", "cancel", "delete", "purge", "wait", "status", "list", "show", "logs", "stats",
                  "metrics", "pause", "resume", "limit", "queues", "dashboard", "worker", "dlq", "config", "schedule",
-                 "help"]
+                 "help", "completion"]
 
 
 def test_the_help_lists_every_command_once_and_each_has_its_own(tmp_path):
@@ -13036,6 +13036,17 @@ def test_completion_values_on_both_backends(completing_db):
         0, ["tick@2026-12-02T02:00:00Z", "tick@2026-12-02T03:00:00Z"])
     assert complete("dlq", "retry", "--db", completing_db, "o") == (0, ["old-1"])
     assert complete("--db", completing_db, "pause", "--queue", "") == (0, ["builds", "capped", "default", "held", "old"])
+
+
+def test_completion_command_prints_each_shells_script_and_opens_no_database(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for shell, line in (("bash", "complete -F _queuectl queuectl"), ("zsh", "compdef _queuectl queuectl"),
+                        ("fish", "complete -c queuectl -f -a '(__queuectl_complete)'")):
+        code, out, err = run_main(["completion", shell])
+        assert (code, err) == (0, "") and line in out and f"__complete {shell}" in out, shell
+    code, out, err = run_main(["completion", "tcsh"])
+    assert (code, out) == (2, "") and "invalid choice: 'tcsh'" in err
+    assert os.listdir(tmp_path) == []
 
 
 def test_completion_values_are_bounded_index_walks(sqlite_store):
