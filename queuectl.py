@@ -2122,7 +2122,7 @@ class Store:
         rows = self.read(self.sql.SQL_PAGE_JOBS.format(where=where), params + (limit, offset))
         return [Job.from_row(r) for r in rows]
 
-    # -- shell completion: bounded reads of an index (SharedSQL's SQL_COMPLETE_*) -----------------
+    # -- shell completion: bounded reads of an index (the SQL_COMPLETE_* statements) -----------------
 
     def complete_ids(self, prefix: str, dead: bool = False) -> list[str]:
         """Up to COMPLETE_LIMIT job ids that start with `prefix` (only dead jobs' with `dead`), sorted."""

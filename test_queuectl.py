@@ -13035,7 +13035,8 @@ def test_completion_values_on_both_backends(completing_db):
     assert complete("show", "--db", completing_db, "tick@2026-12-02T0") == (
         0, ["tick@2026-12-02T02:00:00Z", "tick@2026-12-02T03:00:00Z"])
     assert complete("dlq", "retry", "--db", completing_db, "o") == (0, ["old-1"])
-    assert complete("--db", completing_db, "pause", "--queue", "") == (0, ["builds", "capped", "default", "held", "old"])
+    assert complete("--db", completing_db, "pause", "--queue", "") == (
+        0, ["builds", "capped", "default", "held", "old"])
 
 
 def test_completion_command_prints_each_shells_script_and_opens_no_database(tmp_path, monkeypatch):
@@ -13069,7 +13070,8 @@ def test_completion_values_are_bounded_index_walks(sqlite_store):
 
 def test_completion_files_where_a_path_or_a_command_goes(tmp_path):
     """--db, --cwd and a command after `--` complete file names (the script's exit code 3)."""
-    for words in (["--db", "q"], ["list", "--db=q"], ["add", "--cwd", ""], ["add", "--", "ma"], ["add", "--", "ls", "-"]):
+    for words in (["--db", "q"], ["list", "--db=q"], ["add", "--cwd", ""], ["add", "--", "ma"],
+                  ["add", "--", "ls", "-"]):
         assert complete(*words) == (queuectl.COMPLETE_FILES, []), words
 
 
@@ -13151,7 +13153,8 @@ def bash_completion(script, line, env):
 def zsh_completion(script, line, env):
     """What zsh's function adds for `line` (compadd stubbed to print what it is given)."""
     program = ('source "$1"; shift; compadd() { [[ $1 == -- ]] && shift; (( $# )) && print -rl -- "$@"; }; '
-               'compset() { :; }; _files() { print -r -- "(files)"; }; words=("$@"); CURRENT=$#; PREFIX=${words[-1]}; _queuectl')
+               'compset() { :; }; _files() { print -r -- "(files)"; }; '
+               'words=("$@"); CURRENT=$#; PREFIX=${words[-1]}; _queuectl')
     words = shlex.split(line + "x")
     words[-1] = words[-1][:-1]
     done = subprocess.run(["zsh", "-f", "-c", program, "zsh", script, *words], capture_output=True, text=True,
