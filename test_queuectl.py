@@ -13205,6 +13205,52 @@ def test_completion_in_each_shell(completing_db, installed_queuectl, tmp_path, s
     assert asked(str(script), f"queuectl --db={str(script)[:-2]}", env) == files[1]
 
 
+def _tab_shows(shell, setup, typed, expected, env):
+    """Type `typed` and a Tab in an interactive `shell` on a terminal, and wait until `expected` shows."""
+    import pty
+    import select
+    argv = {"bash": ["bash", "--norc", "--noprofile", "-i"], "zsh": ["zsh", "-f", "-i"]}[shell]
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execvpe(argv[0], argv, env)
+    screen = bytearray()
+
+    def shows(text):
+        while select.select([fd], [], [], 0.05)[0]:
+            try:
+                screen.extend(os.read(fd, 65536))
+            except OSError:
+                break
+        return text.encode() in screen
+    try:
+        os.write(fd, f"PS1='ready> '; {setup}\n".encode())
+        wait_for(lambda: shows("ready> "), f"{shell}'s prompt")
+        screen.clear()
+        os.write(fd, f"{typed}\t".encode())
+        wait_for(lambda: shows(expected), f"{shell} completing {typed!r} to {expected!r}")
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(fd)
+
+
+@sqlite_only
+@pytest.mark.parametrize("shell", ["bash", "zsh"])
+def test_completion_at_a_real_tab(completing_db, installed_queuectl, tmp_path, shell):
+    """Readline (bash) and zle (zsh) on a terminal: an id with ":" and "@" completes in place after a Tab (the
+    screen shows the line as typed, then what the Tab inserted: a value put after bash's ":" again would not)."""
+    _shell_or_skip(shell)
+    program, env = installed_queuectl
+    env.update(QUEUECTL_DB=completing_db, HOME=str(tmp_path))
+    script = tmp_path / f"queuectl.{shell}"
+    script.write_text(subprocess.run([str(program), "completion", shell], capture_output=True, text=True, env=env,
+                                     check=True, timeout=WAIT_S).stdout)
+    setup = {"bash": f"source {script}",
+             "zsh": f"autoload -U compinit; compinit -u -d {tmp_path}/zcompdump; source {script}"}[shell]
+    _tab_shows(shell, setup, "queuectl show tick@2026-12-02T02:0", "show tick@2026-12-02T02:00:00Z", env)
+    _tab_shows(shell, setup, "queuectl dlq re", "dlq retry", env)
+
+
 @sqlite_only
 def test_completion_in_bash_replaces_only_readline_word(completing_db, installed_queuectl, tmp_path):
     """bash splits an id at ':' and '@' (COMP_WORDBREAKS) and replaces only the part after the last one:
