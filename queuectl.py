@@ -2759,9 +2759,13 @@ class SqliteStore(Store):
     one_writer = True
 
     def __init__(self, path: str, *, durable: bool = True, busy_deadline_s: float = CLI_BUSY_DEADLINE_S,
-                 reads_only: bool = False, give_up=lambda: False, shared: bool = False):
+                 reads_only: bool = False, give_up=lambda: False, shared: bool = False, peek: bool = False):
         """`reads_only`: the caller never writes; an existing database this user cannot write is then
         opened read-only (see _connect_read_only), and every connection refuses writes.
+
+        `peek`: reads_only, and the file is opened read-only even when this user could write it, so
+        nothing is ever written, not even an upgrade or a checkpoint: an older schema is refused (a shell
+        completion, see Completion). busy_deadline_s also bounds SQLite's own busy wait.
 
         `shared`: threads share this Store (a worker's runners), so its reads take the process's turn
         too, as its writes always do: one connection is never used by two threads at once. Why share:
@@ -2773,7 +2777,7 @@ class SqliteStore(Store):
         self.give_up = give_up  # True ends busy retries early (a worker's hard stop)
         self.turn = _process_lock(path)
         self.shared = shared
-        self.durable, self.reads_only = durable, reads_only
+        self.durable, self.reads_only, self.peek = durable, reads_only or peek, peek
         self.wake_ids: list[str] = []  # the workers the transaction under way wakes (see _wake_workers)
         self.waker: WakeSender | None = None
         self._open()
@@ -2787,7 +2791,7 @@ class SqliteStore(Store):
     def _open(self) -> None:
         """Open the file. A read-only open can race a writer that appears or leaves (its -wal comes
         and goes between our look and our read): then it is tried again, for a few seconds."""
-        deadline = time.monotonic() + CLI_BUSY_DEADLINE_S
+        deadline = time.monotonic() + min(CLI_BUSY_DEADLINE_S, self.busy_deadline_s)
         while True:
             try:
                 self._open_once()
@@ -2807,7 +2811,7 @@ class SqliteStore(Store):
         _check_regular(self.path, real)
         if self.reads_only and not os.path.exists(real):  # a reader never creates the file
             raise NoQueue(f"no queue at {os.path.abspath(self.path)} yet")
-        self.read_only = self.reads_only and os.path.exists(real) and not _writable(real)
+        self.read_only = self.reads_only and os.path.exists(real) and (self.peek or not _writable(real))
         if self.read_only:
             self.signature = _signature(real)
             self.conn, self.frozen = self._connect_read_only(real)
@@ -2863,7 +2867,7 @@ class SqliteStore(Store):
                 name = f"file://{quote(os.path.abspath(path))}?mode=rw"
             else:
                 _create_private(path)
-            return sqlite3.connect(name, uri=self.reads_only, timeout=BUSY_TIMEOUT_S, isolation_level=None,
+            return sqlite3.connect(name, uri=self.reads_only, timeout=self._busy_timeout_s(), isolation_level=None,
                                    check_same_thread=False)
         except OSError as e:
             raise BadDatabase(f"cannot open {path}: {_errno_text(e.errno) if e.errno else e}") from None
@@ -2884,7 +2888,7 @@ class SqliteStore(Store):
         """
         from urllib.parse import quote
         wal, shm = _companions(path)
-        deadline = time.monotonic() + CLI_BUSY_DEADLINE_S
+        deadline = time.monotonic() + min(CLI_BUSY_DEADLINE_S, self.busy_deadline_s)
         while os.path.exists(wal) and not os.path.exists(shm):
             if time.monotonic() > deadline:
                 raise BadDatabase(f"cannot read {path}: {wal} holds changes that need {shm}, which this user "
@@ -2894,10 +2898,14 @@ class SqliteStore(Store):
         frozen = not os.path.exists(wal)
         uri = f"file://{quote(os.path.abspath(path))}?mode=ro" + ("&immutable=1" if frozen else "")
         try:
-            return sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None,
+            return sqlite3.connect(uri, uri=True, timeout=self._busy_timeout_s(), isolation_level=None,
                                    check_same_thread=False), frozen
         except sqlite3.Error as e:
             raise database_error(path, e, opening=True, write=False) from None
+
+    def _busy_timeout_s(self) -> float:
+        """SQLite's busy wait per attempt: never longer than the whole deadline (a completion's is short)."""
+        return min(BUSY_TIMEOUT_S, self.busy_deadline_s)
 
     def _check_readable(self) -> None:
         """A read-only database must be ours and need no migration: it cannot be written to run one."""
@@ -2990,7 +2998,7 @@ class SqliteStore(Store):
         try:
             yield
         finally:
-            self.conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+            self.conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_s() * 1000)}")
 
     def write(self, fn):
         """Run fn(cursor) inside BEGIN IMMEDIATE (the write lock up front, so no upgrade deadlock).
@@ -3793,6 +3801,7 @@ class PgAnswer:
 PG_SCHEMA_NAME = re.compile(r"[A-Za-z0-9_]{1,63}")
 PG_ATTEMPTS = 5  # tries of a transaction that a serialization failure or deadlock rolled back
 PG_CONNECT_TIMEOUT_S = 10
+PG_PEEK_CONNECT_TIMEOUT_S = 2  # a peek (a shell completion) soon gives up on a server that does not answer
 PG_KEEPALIVE_PROBES = 3  # unanswered TCP keepalive probes before a worker's connection is given up
 PG_COPY_MIN_ROWS = 100  # fewer jobs are inserted with executemany: COPY costs a round trip more
 
@@ -3891,10 +3900,11 @@ class PostgresStore(Store):
     cut_off_kills = True
 
     def __init__(self, url: str, *, durable: bool = True, busy_deadline_s: float = CLI_BUSY_DEADLINE_S,
-                 reads_only: bool = False, give_up=lambda: False, lease_s: float | None = None):
+                 reads_only: bool = False, give_up=lambda: False, lease_s: float | None = None, peek: bool = False):
         """`url`: postgresql://USER[:PASSWORD]@HOST:PORT/DBNAME?schema=NAME; the password may instead
         come from PGPASSWORD or ~/.pgpass, as libpq finds it, and never appears in a message.
-        `lease_s`: a worker's stale-timeout, which bounds how long its connection may hang (see set_lease)."""
+        `lease_s`: a worker's stale-timeout, which bounds how long its connection may hang (see set_lease).
+        `peek`: as SqliteStore's (an older schema is refused, not upgraded), and a short connect_timeout."""
         self.psycopg = _psycopg()
         self.IntegrityError = self.psycopg.IntegrityError
         self.target = url  # what open_database() was given, to open more: may hold the password, never shown
@@ -3905,13 +3915,14 @@ class PostgresStore(Store):
         self.listening = None  # the connection that LISTENs, once wait_notified() has been called
         self.pipeline = None  # the pipeline of the write() under way, if it is pipelined
         self.prepared = (None, set())  # (pgconn, names of the PgPipeline statements prepared on it)
-        self.durable, self.reads_only, self.read_only, self.frozen = durable, reads_only, False, False
+        self.durable, self.reads_only, self.read_only, self.frozen = durable, reads_only or peek, False, False
+        self.peek = peek
         self.busy_deadline_s, self.give_up = busy_deadline_s, give_up
         self.lease_s = self.conn_lease_s = lease_s  # the lease wanted, and the one the connection was opened for
         self.conn = self._connect()
         try:
             self._migrate()
-            if reads_only:
+            if self.reads_only:
                 self.query_only()
         except BaseException:
             self.conn.close()
@@ -3936,7 +3947,7 @@ class PostgresStore(Store):
                 # A statement waits for a lock at most as long as SQLite's busy wait; write() retries
                 # until its deadline, so a table another session holds locked ends in Busy, and a hard
                 # stop's give_up() is heard, instead of a statement that waits forever.
-                conn.execute(f"SET lock_timeout = '{int(BUSY_TIMEOUT_S * 1000)}ms'")
+                conn.execute(f"SET lock_timeout = '{int(min(BUSY_TIMEOUT_S, self.busy_deadline_s) * 1000)}ms'")
                 # queuectl never uses row-level security: with it off, a policy someone put on one of our
                 # tables makes the statement fail instead of running the policy's functions as us.
                 conn.execute("SET row_security = off")
@@ -3951,7 +3962,8 @@ class PostgresStore(Store):
     def _connect_params(self, lease_s: float | None) -> dict:
         """Our libpq parameters, less those the user chose: one set in the URL (or connect_timeout in
         PGCONNECT_TIMEOUT) wins. A worker's connection gets pg_lease_params (see set_lease)."""
-        ours = {"connect_timeout": PG_CONNECT_TIMEOUT_S, **(pg_lease_params(lease_s) if lease_s else {})}
+        ours = {"connect_timeout": PG_PEEK_CONNECT_TIMEOUT_S if self.peek else PG_CONNECT_TIMEOUT_S,
+                **(pg_lease_params(lease_s) if lease_s else {})}
         url = self.psycopg.conninfo.conninfo_to_dict(self._libpq)
         given = set(url) | _pg_service_keys(url.get("service") or os.environ.get("PGSERVICE"))
         if os.environ.get("PGCONNECT_TIMEOUT"):
@@ -3992,6 +4004,9 @@ class PostgresStore(Store):
             raise self._failure(e) from None
         if self.reads_only and version == 0:  # a reader never creates the schema nor fills an empty one
             raise NoQueue(f"no queue at {self.path} yet")
+        if self.peek:
+            raise BadDatabase(f"cannot read {self.path}: it needs a schema upgrade (version {version} to "
+                              f"{SCHEMA_VERSION}), which a peek never makes")
         if self.reads_only:
             self._check_upgradable(owners, version)
         self.write(self._apply_migrations)
@@ -9317,7 +9332,7 @@ def cmd_schedule_remove(args, store: Store) -> None:
 
 COMPLETE_COMMAND = "__complete"
 COMPLETE_FILES = 3  # __complete's exit code for "file names here" (--db, --cwd, a command after `--`)
-COMPLETE_BUSY_S = 0.5  # a completion gives up on a locked database sooner than a command: a prompt waits
+COMPLETE_BUSY_S = 0.05  # a completion gives up on a locked database at once (with no values): a prompt waits
 
 COMPLETION_SCRIPTS = {
     "bash": r"""# queuectl completion for bash (no bash-completion package needed): eval "$(queuectl completion bash)"
@@ -9530,13 +9545,13 @@ class Completion:
         return list(sub.choices) if sub is not None and len(self.given) == 1 else []
 
     def _from_store(self, read: Callable[[Store], list[str]]) -> list[str]:
-        """read(store) on the database of --db, $QUEUECTL_DB or ./queuectl.db, opened read-only: a missing
-        one is not created (and has no values)."""
+        """read(store) on the database of --db, $QUEUECTL_DB or ./queuectl.db, peeked at (see SqliteStore):
+        nothing written, not even an upgrade, and no wait on a busy one; a missing one has no values."""
         target = os.path.expanduser(self.db if self.db is not None else os.environ.get("QUEUECTL_DB", "queuectl.db"))
         if not target or target == ":memory:" or target.startswith("file:"):
             return []
         try:
-            store = open_database(target, reads_only=True, busy_deadline_s=COMPLETE_BUSY_S)
+            store = open_database(target, peek=True, busy_deadline_s=COMPLETE_BUSY_S)
         except NoQueue:
             return []
         try:

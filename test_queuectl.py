@@ -13117,6 +13117,55 @@ def test_completion_is_silent_on_any_failure(tmp_path, monkeypatch):
     assert run_main(["__complete", "fish", ""]) == (queuectl.EXIT_FAIL, "", "")
 
 
+def test_completion_never_writes_not_even_to_upgrade_an_older_schema(db, tmp_path, monkeypatch):
+    """A Tab peeks: an older schema is not upgraded (no values), an empty file is not made a queue, and a
+    file is byte for byte what it was, with no -wal or -shm left beside it."""
+    with monkeypatch.context() as old:
+        old.setattr(queuectl, "SCHEMA_VERSION", 4)
+        old.setattr(queuectl, "MIGRATIONS", queuectl.MIGRATIONS[:4])
+        old.setattr(queuectl, "PG_MIGRATIONS", queuectl.PG_MIGRATIONS[:4])
+        ok(db, "add", "--id", "old-1", "--", "true")
+    files = {} if is_pg(db) else {name: (tmp_path / name).read_bytes() for name in os.listdir(tmp_path)}
+    assert complete("--db", db, "show", "o") == (queuectl.EXIT_FAIL, [])
+    assert complete("--db", db, "list", "--queue", "") == (queuectl.EXIT_FAIL, [])
+    if is_pg(db):
+        import psycopg
+        schema = db.rsplit("schema=", 1)[1]
+        with psycopg.connect(db.split("?")[0], autocommit=True) as conn:
+            assert conn.execute(f"SELECT version FROM {schema}.queuectl_version").fetchall() == [(4,)]
+    else:
+        assert {name: (tmp_path / name).read_bytes() for name in os.listdir(tmp_path)} == files
+        (tmp_path / "empty.db").touch()
+        assert complete("--db", str(tmp_path / "empty.db"), "show", "") == (queuectl.EXIT_FAIL, [])
+        assert (tmp_path / "empty.db").read_bytes() == b"" and sorted(os.listdir(tmp_path)) == ["empty.db", "queue.db"]
+
+
+def test_completion_gives_up_at_once_on_a_busy_database(db):
+    """A Tab waits for a lock no longer than COMPLETE_BUSY_S (SQLite's busy wait, PostgreSQL's lock_timeout),
+    connects within PG_PEEK_CONNECT_TIMEOUT_S, and shows nothing while another process holds the queue."""
+    ok(db, "add", "--id", "a-1", "--", "true")
+    store = queuectl.open_database(db, peek=True, busy_deadline_s=queuectl.COMPLETE_BUSY_S)
+    try:
+        if is_pg(db):
+            assert store.read("SHOW lock_timeout") == [("50ms",)]
+            assert store._connect_params(None)["connect_timeout"] == queuectl.PG_PEEK_CONNECT_TIMEOUT_S == 2
+        else:
+            assert store.read("PRAGMA busy_timeout") == [(50,)]
+    finally:
+        store.close()
+    with opened(db) as holder:
+        if is_pg(db):
+            holder.conn.execute("BEGIN")
+            holder.conn.execute("LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE")
+        else:
+            holder.conn.execute("PRAGMA locking_mode = EXCLUSIVE")
+            holder.conn.execute("BEGIN EXCLUSIVE")
+            holder.conn.execute("DELETE FROM config")
+        assert complete("--db", db, "show", "a") == (queuectl.EXIT_FAIL, [])
+        holder.conn.execute("ROLLBACK")
+    assert complete("--db", db, "show", "a") == (0, ["a-1"])
+
+
 @sqlite_only
 def test_completion_honours_queuectl_db_and_the_line(completing_db, tmp_path, monkeypatch):
     """$QUEUECTL_DB names the queue unless the line gives --db."""
