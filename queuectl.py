@@ -9365,9 +9365,10 @@ _queuectl() {
 """,
     "fish": r"""# queuectl completion for fish: queuectl completion fish > ~/.config/fish/completions/queuectl.fish
 function __queuectl_complete
-    set -l words (commandline -opc)
+    set -l words (commandline -opc)  # unescaped; the current token comes as typed: unescaped here
     set -l current (commandline -ct)
-    set -l out (command $words[1] __complete fish $words[2..-1] "$current" 2>/dev/null)
+    set -l word (string unescape -- "$current")
+    set -l out (command $words[1] __complete fish $words[2..-1] "$word" 2>/dev/null)
     switch $status
         case 0
             printf '%s\n' $out
@@ -9393,26 +9394,27 @@ def complete_main(argv: list[str]) -> int:
     nothing on stderr: whatever it printed would land in the user's prompt."""
     try:
         shell, *rest = argv
-        words, cut = _bash_words(*rest) if shell == "bash" else (rest, 0)
+        words, cut, quote = _bash_words(*rest) if shell == "bash" else (rest, 0, "")
         values = Completion().values(words)
         if values is None:
             return COMPLETE_FILES
         shown = [v[cut:] for v in values if _printable_value(v)]
-        sys.stdout.write("".join(f"{_bash_quoted(v) if shell == 'bash' else v}\n" for v in shown))
+        sys.stdout.write("".join(f"{_bash_quoted(v, quote) if shell == 'bash' else v}\n" for v in shown))
         sys.stdout.flush()
         return EXIT_OK
     except BaseException:  # noqa: BLE001 - a completion never shows a traceback, even on Ctrl+C
         return EXIT_FAIL
 
 
-def _bash_words(line: str, word: str) -> tuple[list[str], int]:
+def _bash_words(line: str, word: str) -> tuple[list[str], int, str]:
     """bash's line up to the cursor as the words after the program (and any NAME=VALUE before it), the last
-    one the word under the cursor (maybe empty, maybe in an open quote); and how much of that word precedes
+    one the word under the cursor (maybe empty, maybe in an open quote); how much of that word precedes
     readline's `word`, which starts after the last COMP_WORDBREAKS character: bash replaces only `word`, so
-    values must drop what precedes it. ValueError: a line shlex cannot read."""
+    values must drop what precedes it; and the quote left open (' or ", else ""), in which a value goes.
+    ValueError: a line shlex cannot read."""
     import shlex
     mark = "\x1f"  # ends the line, so a line ending in a blank ends with an empty word
-    for closing in ('"', "'", ""):  # an open quote closed; the last try's error is the caller's
+    for closing in ("", '"', "'"):  # an open quote closed; the last try's error is the caller's
         with contextlib.suppress(ValueError):
             words = shlex.split(line + mark + closing)
             break
@@ -9421,11 +9423,18 @@ def _bash_words(line: str, word: str) -> tuple[list[str], int]:
     while len(words) > 1 and re.match(r"[A-Za-z_]\w*=", words[0]):
         del words[0]
     current = words[-1].removesuffix(mark)
-    return words[1:-1] + [current], len(current) - len(word) if current.endswith(word) else 0
+    return words[1:-1] + [current], len(current) - len(word) if current.endswith(word) else 0, closing
 
 
-def _bash_quoted(value: str) -> str:
-    """A value as bash must insert it: a backslash before each character special to the shell."""
+def _bash_quoted(value: str, quote: str = "") -> str:
+    """A value as bash must insert it. In an open single quote: as it is, each ' closed, escaped and reopened;
+    in an open double quote: a backslash before each backslash, double quote, $ and backquote, and each ! (history
+    expansion) outside the quotes; else a backslash before each character special to the shell. Readline closes
+    the quote after a sole match."""
+    if quote == "'":
+        return value.replace("'", "'\\''")
+    if quote == '"':
+        return re.sub(r'([\\"$`])', r"\\\1", value).replace("!", '"\\!"')
     return re.sub(r"([^\w@%+=:,./-])", r"\\\1", value)
 
 

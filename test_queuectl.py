@@ -13254,8 +13254,9 @@ def test_completion_in_each_shell(completing_db, installed_queuectl, tmp_path, s
     assert asked(str(script), f"queuectl --db={str(script)[:-2]}", env) == files[1]
 
 
-def _tab_shows(shell, setup, typed, expected, env):
-    """Type `typed` and a Tab in an interactive `shell` on a terminal, and wait until `expected` shows."""
+def _tab_shows(shell, setup, typed, expected, env, keys="\t"):
+    """Type `typed` and a Tab (or `keys`) in an interactive `shell` on a terminal, and wait until `expected`
+    shows."""
     import pty
     import select
     argv = {"bash": ["bash", "--norc", "--noprofile", "-i"], "zsh": ["zsh", "-f", "-i"]}[shell]
@@ -13275,7 +13276,7 @@ def _tab_shows(shell, setup, typed, expected, env):
         os.write(fd, f"PS1='ready> '; {setup}\n".encode())
         wait_for(lambda: shows("ready> "), f"{shell}'s prompt")
         screen.clear()
-        os.write(fd, f"{typed}\t".encode())
+        os.write(fd, f"{typed}{keys}".encode())
         wait_for(lambda: shows(expected), f"{shell} completing {typed!r} to {expected!r}")
     finally:
         os.kill(pid, signal.SIGKILL)
@@ -13298,6 +13299,43 @@ def test_completion_at_a_real_tab(completing_db, installed_queuectl, tmp_path, s
              "zsh": f"autoload -U compinit; compinit -u -d {tmp_path}/zcompdump; source {script}"}[shell]
     _tab_shows(shell, setup, "queuectl show tick@2026-12-02T02:0", "show tick@2026-12-02T02:00:00Z", env)
     _tab_shows(shell, setup, "queuectl dlq re", "dlq retry", env)
+
+
+HOSTILE_ID = """it's "a $(touch pwned) `touch pwned`" \\ !x"""  # quotes, expansions, a backslash, history's !
+
+
+@sqlite_only
+@pytest.mark.parametrize("shell", ["bash", "zsh"])
+def test_completion_at_a_real_tab_inserts_an_id_the_shell_reads_back_whole(completing_db, installed_queuectl,
+                                                                           tmp_path, shell):
+    """A Tab then Enter runs `show` with the id itself, whether the word was begun bare, in '...' or in "...";
+    nothing in it is expanded or run."""
+    _shell_or_skip(shell)
+    program, env = installed_queuectl
+    env.update(QUEUECTL_DB=completing_db, HOME=str(tmp_path))
+    ok(completing_db, "add", "--id", HOSTILE_ID, "--", "true")
+    script = tmp_path / f"queuectl.{shell}"
+    script.write_text(subprocess.run([str(program), "completion", shell], capture_output=True, text=True, env=env,
+                                     check=True, timeout=WAIT_S).stdout)
+    setup = {"bash": f"cd {tmp_path}; source {script}",
+             "zsh": f"cd {tmp_path}; autoload -U compinit; compinit -u -d {tmp_path}/zcompdump; source {script}"}[shell]
+    for begun in ("it", "'it", '"it'):
+        _tab_shows(shell, setup, f"queuectl show {begun}", f"id:           {HOSTILE_ID}", env, keys="\t\r")
+    assert not list(tmp_path.glob("pwned*"))
+
+
+@sqlite_only
+def test_completion_in_fish_reads_the_word_as_typed_unescaped(completing_db, installed_queuectl, tmp_path):
+    """fish gives the word under the cursor as typed (escapes, quotes): it is unescaped before it is matched."""
+    _shell_or_skip("fish")
+    program, env = installed_queuectl
+    env["QUEUECTL_DB"] = completing_db
+    ok(completing_db, "add", "--id", HOSTILE_ID, "--", "true")
+    script = tmp_path / "queuectl.fish"
+    script.write_text(subprocess.run([str(program), "completion", "fish"], capture_output=True, text=True, env=env,
+                                     check=True, timeout=WAIT_S).stdout)
+    for begun in ("it\\'s\\ ", "'it\\'s \"a", '"it\'s \\"a \\$'):
+        assert fish_completion(str(script), f"queuectl show {begun}", env) == [HOSTILE_ID], begun
 
 
 @sqlite_only
