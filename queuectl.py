@@ -1573,12 +1573,14 @@ class SharedSQL:
     SQL_COMPLETE_IDS = "SELECT id FROM jobs WHERE id >= %s ORDER BY id LIMIT %s"
     # Dead ids: the dead among the first %s ids from the prefix on (the id index), with the prefix's among
     # the newest %s dead jobs (jobs_state): either alone walks unbounded when the prefix or the dead-letter
-    # queue is rare; together each walk has its bound, and a longer prefix narrows the first.
+    # queue is rare; together each walk has its bound, and a longer prefix narrows the first. The state as a
+    # range, ordered by: PostgreSQL's planner, told `state = 'dead' ORDER BY seq DESC`, may walk the primary
+    # key back past every newer job to the old dead ones; only jobs_state gives this order.
     SQL_COMPLETE_DEAD_IDS = (
         "SELECT id FROM (SELECT id, state FROM jobs WHERE id >= %s ORDER BY id LIMIT %s) AS from_prefix "
         "WHERE state = 'dead' UNION "
-        "SELECT id FROM (SELECT id FROM jobs WHERE state = 'dead' ORDER BY seq DESC LIMIT %s) AS newest_dead "
-        "WHERE id >= %s")
+        "SELECT id FROM (SELECT id FROM jobs WHERE state >= 'dead' AND state <= 'dead' "
+        "ORDER BY state DESC, seq DESC LIMIT %s) AS newest_dead WHERE id >= %s")
     SQL_COMPLETE_SCHEDULES = "SELECT id FROM schedules WHERE id >= %s ORDER BY id LIMIT %s"
 
     SQL_INSERT_SCHEDULE = (f"INSERT INTO schedules ({Schedule.COLUMNS}) "

@@ -13068,6 +13068,22 @@ def test_completion_values_are_bounded_index_walks(sqlite_store):
     assert sqlite_store.complete_queues() == ["bulk", "gone"]
 
 
+@pytest.mark.parametrize("db", ["postgres"], indirect=True)
+def test_completion_dead_ids_never_walk_past_newer_jobs_on_postgres(db):
+    """Old dead jobs under newer ones: PostgreSQL's plan for the newest dead reads at most COMPLETE_WALK rows of
+    an index (none walked and filtered away), whatever the table holds."""
+    with opened(db) as s:
+        s.enqueue([spec(f"x{i:05d}", queue="old") for i in range(2000)], T0)
+        s.cancel_all("old", T0)
+        s.enqueue([spec(f"b{i:05d}", queue="new") for i in range(6000)], T0)
+        s.conn.execute("ANALYZE jobs")
+        plan = "\n".join(row[0] for row in s.read("EXPLAIN (ANALYZE, COSTS OFF) " + s.sql.SQL_COMPLETE_DEAD_IDS,
+                                                   ("", queuectl.COMPLETE_WALK, queuectl.COMPLETE_WALK, "")))
+        removed = [int(n) for n in re.findall(r"Rows Removed by Filter: (\d+)", plan)]
+        assert removed and max(removed) <= queuectl.COMPLETE_WALK, plan
+        assert s.complete_ids("x0199", dead=True) == [f"x0199{i}" for i in range(10)]
+
+
 def test_completion_files_where_a_path_or_a_command_goes(tmp_path):
     """--db, --cwd and a command after `--` complete file names (the script's exit code 3)."""
     for words in (["--db", "q"], ["list", "--db=q"], ["add", "--cwd", ""], ["add", "--", "ma"],
