@@ -9463,7 +9463,7 @@ class Completion:
         for word in typed:
             self._read(word)
         if self.expects:
-            return self._values_of(self.expects, current)
+            return self._own_words(self._values_of(self.expects, current))
         if current.startswith("-") and not self.after_dashes:
             return self._option_values(current)
         sub = _subcommands(self.parser)
@@ -9472,7 +9472,14 @@ class Completion:
         action = self._positional()
         if action is None:
             return self._options(current)
-        return self._values_of(action, current)
+        return self._own_words(self._values_of(action, current))
+
+    def _own_words(self, values: list[str] | None) -> list[str] | None:
+        """The values that can be a word of their own here: before `--`, argparse takes one that starts with
+        '-' (an id may) for an option; it is offered after `--`, or as --opt=VALUE."""
+        if values is None or self.after_dashes:
+            return values
+        return [value for value in values if not value.startswith("-")]
 
     def _read(self, word: str) -> None:
         if self.expects:

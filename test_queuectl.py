@@ -13030,6 +13030,16 @@ def test_completion_values(completing_db, words, values):
     assert complete("--db", completing_db, *words) == (0, values)
 
 
+def test_completion_offers_an_id_that_starts_with_a_dash_only_where_argparse_reads_it_as_one(completing_db):
+    """Before `--`, argparse would take `-x` for an option: it is offered after `--` or as --opt=VALUE."""
+    ok(completing_db, "enqueue", '{"id": "-x", "command": "true"}')
+    everyone = ["build-1", "build-2", "old-1", "tick@2026-12-02T02:00:00Z", "tick@2026-12-02T03:00:00Z"]
+    assert complete("--db", completing_db, "show", "") == (0, everyone)
+    assert complete("--db", completing_db, "add", "--depends-on", "") == (0, everyone)
+    assert complete("--db", completing_db, "show", "--", "") == (0, ["-x", *everyone])
+    assert complete("--db", completing_db, "add", "--depends-on=-") == (0, ["--depends-on=-x"])
+
+
 def test_completion_values_on_both_backends(completing_db):
     """The values read from the queue, with --db given after the command too."""
     assert complete("show", "--db", completing_db, "tick@2026-12-02T0") == (
