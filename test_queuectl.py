@@ -13246,6 +13246,14 @@ def fish_completion(script, line, env):
     return [v.split("\t")[0] for v in done.stdout.splitlines()]
 
 
+def _completion_script(program, env, tmp_path, shell):
+    """The file of `shell`'s script as the installed `program` prints it."""
+    script = tmp_path / f"queuectl.{shell}"
+    script.write_text(subprocess.run([str(program), "completion", shell], capture_output=True, text=True, env=env,
+                                     check=True, timeout=WAIT_S).stdout)
+    return script
+
+
 @pytest.fixture
 def installed_queuectl(tmp_path):
     """(a `queuectl` installed on PATH, its environment)."""
@@ -13258,9 +13266,7 @@ def installed_queuectl(tmp_path):
 def test_completion_in_each_shell(completing_db, installed_queuectl, tmp_path, shell):
     _shell_or_skip(shell)
     program, env = installed_queuectl
-    script = tmp_path / f"queuectl.{shell}"
-    script.write_text(subprocess.run([str(program), "completion", shell], capture_output=True, text=True,
-                                     env=env, check=True, timeout=WAIT_S).stdout)
+    script = _completion_script(program, env, tmp_path, shell)
     asked = {"bash": bash_completion, "zsh": zsh_completion, "fish": fish_completion}[shell]
     env["QUEUECTL_DB"] = str(tmp_path / "elsewhere.db")  # the line's --db wins
     db = f"--db {completing_db}"
@@ -13318,9 +13324,7 @@ def test_completion_at_a_real_tab(completing_db, installed_queuectl, tmp_path, s
     _shell_or_skip(shell)
     program, env = installed_queuectl
     env.update(QUEUECTL_DB=completing_db, HOME=str(tmp_path))
-    script = tmp_path / f"queuectl.{shell}"
-    script.write_text(subprocess.run([str(program), "completion", shell], capture_output=True, text=True, env=env,
-                                     check=True, timeout=WAIT_S).stdout)
+    script = _completion_script(program, env, tmp_path, shell)
     setup = {"bash": f"source {script}",
              "zsh": f"autoload -U compinit; compinit -u -d {tmp_path}/zcompdump; source {script}"}[shell]
     _tab_shows(shell, setup, "queuectl show tick@2026-12-02T02:0", "show tick@2026-12-02T02:00:00Z", env)
@@ -13340,9 +13344,7 @@ def test_completion_at_a_real_tab_inserts_an_id_the_shell_reads_back_whole(compl
     program, env = installed_queuectl
     env.update(QUEUECTL_DB=completing_db, HOME=str(tmp_path))
     ok(completing_db, "add", "--id", HOSTILE_ID, "--", "true")
-    script = tmp_path / f"queuectl.{shell}"
-    script.write_text(subprocess.run([str(program), "completion", shell], capture_output=True, text=True, env=env,
-                                     check=True, timeout=WAIT_S).stdout)
+    script = _completion_script(program, env, tmp_path, shell)
     setup = {"bash": f"cd {tmp_path}; source {script}",
              "zsh": f"cd {tmp_path}; autoload -U compinit; compinit -u -d {tmp_path}/zcompdump; source {script}"}[shell]
     for begun in ("it", "'it", '"it'):
@@ -13357,9 +13359,7 @@ def test_completion_in_fish_reads_the_word_as_typed_unescaped(completing_db, ins
     program, env = installed_queuectl
     env["QUEUECTL_DB"] = completing_db
     ok(completing_db, "add", "--id", HOSTILE_ID, "--", "true")
-    script = tmp_path / "queuectl.fish"
-    script.write_text(subprocess.run([str(program), "completion", "fish"], capture_output=True, text=True, env=env,
-                                     check=True, timeout=WAIT_S).stdout)
+    script = _completion_script(program, env, tmp_path, "fish")
     for begun in ("it\\'s\\ ", "'it\\'s \"a", '"it\'s \\"a \\$'):
         assert fish_completion(str(script), f"queuectl show {begun}", env) == [HOSTILE_ID], begun
 
@@ -13370,9 +13370,7 @@ def test_completion_in_bash_replaces_only_readline_word(completing_db, installed
     its values are that part, and characters special to the shell come escaped."""
     _shell_or_skip("bash")
     program, env = installed_queuectl
-    script = tmp_path / "queuectl.bash"
-    script.write_text(subprocess.run([str(program), "completion", "bash"], capture_output=True, text=True, env=env,
-                                     check=True, timeout=WAIT_S).stdout)
+    script = _completion_script(program, env, tmp_path, "bash")
     env["QUEUECTL_DB"] = completing_db
     ok(completing_db, "add", "--id", "a b$", "--", "true")
     line = "queuectl show tick@2026-12-02T02:"
