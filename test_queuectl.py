@@ -9783,7 +9783,7 @@ def test_a_write_after_a_hard_stop_gave_up_tries_once_without_sqlites_busy_wait(
     had given up: with another process holding the database, a worker with 8 runners exited 13 s after
     SIGQUIT, not the 5 s promised. Past that point a write gets one try that does not wait."""
     monkeypatch.setattr(queuectl, "BUSY_TIMEOUT_S", 3600.0)  # a try that waits outlasts the test
-    store = queuectl.SqliteStore(sqlite_db, give_up=lambda: True)
+    store = queuectl.SqliteStore(sqlite_db, give_up=lambda: True, busy_deadline_s=3600.0)  # (it bounds the wait too)
     holder = hold_write_lock(sqlite_db)
     errors = []
 
