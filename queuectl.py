@@ -3924,7 +3924,7 @@ class PostgresStore(Store):
         self.conn = self._connect()
         try:
             self._migrate()
-            if self.reads_only:
+            if self.reads_only and not self.peek:
                 self.query_only()
         except BaseException:
             self.conn.close()
@@ -3953,6 +3953,8 @@ class PostgresStore(Store):
                 # queuectl never uses row-level security: with it off, a policy someone put on one of our
                 # tables makes the statement fail instead of running the policy's functions as us.
                 conn.execute("SET row_security = off")
+                if self.peek:  # it never writes, not even to upgrade: read-only in this round trip, not one more
+                    conn.execute(self.sql.SQL_QUERY_ONLY)
                 before = time.time()
                 server = conn.execute(self.sql.SQL_CLOCK).fetchone()[0]
             self.clock_offset_s = server - (before + time.time()) / 2

@@ -13166,14 +13166,16 @@ def test_completion_never_writes_not_even_to_upgrade_an_older_schema(db, tmp_pat
         assert (tmp_path / "empty.db").read_bytes() == b"" and sorted(os.listdir(tmp_path)) == ["empty.db", "queue.db"]
 
 
-def test_completion_gives_up_at_once_on_a_busy_database(db):
+def test_completion_gives_up_at_once_on_a_busy_database(db, monkeypatch):
     """A Tab waits for a lock no longer than COMPLETE_BUSY_S (SQLite's busy wait, PostgreSQL's lock_timeout),
     connects within PG_PEEK_CONNECT_TIMEOUT_S, and shows nothing while another process holds the queue."""
     ok(db, "add", "--id", "a-1", "--", "true")
+    monkeypatch.setattr(queuectl.PostgresStore, "query_only", None)
     store = queuectl.open_database(db, peek=True, busy_deadline_s=queuectl.COMPLETE_BUSY_S)
     try:
-        if is_pg(db):
+        if is_pg(db):  # read-only from the connection's first round trip: no round trip of its own
             assert store.read("SHOW lock_timeout") == [("50ms",)]
+            assert store.read("SHOW transaction_read_only") == [("on",)]
             assert store._connect_params(None)["connect_timeout"] == queuectl.PG_PEEK_CONNECT_TIMEOUT_S == 2
         else:
             assert store.read("PRAGMA busy_timeout") == [(50,)]
