@@ -2792,7 +2792,7 @@ class SqliteStore(Store):
 
     def _open(self) -> None:
         """Open the file. A read-only open can race a writer that appears or leaves (its -wal comes
-        and goes between our look and our read): then it is tried again, for a few seconds."""
+        and goes between our look and our read): then it is tried again, for a few seconds (or busy_deadline_s)."""
         deadline = time.monotonic() + min(CLI_BUSY_DEADLINE_S, self.busy_deadline_s)
         while True:
             try:
