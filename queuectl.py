@@ -86,6 +86,7 @@ commands:
   dashboard               a live web view of the queue and a JSON API (http://127.0.0.1:8321)
   config set|get|list     max-retries, backoff-base, backoff-max, stale-timeout, job-timeout, retention,
                           output-limit, kill-grace
+  completion bash|zsh|fish  print a shell completion script (README: Shell completion)
   help [COMMAND]          a command's options and arguments (as COMMAND --help)
 
 example:
@@ -190,6 +191,8 @@ MAX_COMMAND_BYTES = 131_071  # Linux MAX_ARG_STRLEN (one argv string) less its t
 # the usual 8 MiB), which the worker's own environment and the command also use.
 MAX_ENV_BYTES = 1024 * 1024
 MAX_ID_CHARS = 200
+COMPLETE_LIMIT = 300  # values a shell completion offers at most: more is no help on a screen
+COMPLETE_WALK = 1000  # index entries one of its walks reads at most (see SharedSQL.SQL_COMPLETE_DEAD_IDS)
 MAX_RETRIES_LIMIT = 1_000_000
 MAX_SECONDS = 10 * 365 * 86400  # caps timeouts and delays: keeps every number finite and storable
 OUTPUT_TAIL_BYTES = 64 * 1024  # the default of config output-limit
@@ -1587,6 +1590,22 @@ class SharedSQL:
                       "ON CONFLICT (key) DO UPDATE SET value = excluded.value")
     SQL_CONFIG_ALL = "SELECT key, value FROM config"
 
+    # Shell completion (see Store.complete_ids): each reads a bounded stretch of an index, never the table.
+    # Ids from a prefix on: the first %s of the id index's range from it (those that start with it come
+    # first; the caller keeps only them).
+    SQL_COMPLETE_IDS = "SELECT id FROM jobs WHERE id >= %s ORDER BY id LIMIT %s"
+    # Dead ids: the dead among the first %s ids from the prefix on (the id index), with the prefix's among
+    # the newest %s dead jobs (jobs_state): either alone walks unbounded when the prefix or the dead-letter
+    # queue is rare; together each walk has its bound, and a longer prefix narrows the first. The state as a
+    # range, ordered by: PostgreSQL's planner, told `state = 'dead' ORDER BY seq DESC`, may walk the primary
+    # key back past every newer job to the old dead ones; only jobs_state gives this order.
+    SQL_COMPLETE_DEAD_IDS = (
+        "SELECT id FROM (SELECT id, state FROM jobs WHERE id >= %s ORDER BY id LIMIT %s) AS from_prefix "
+        "WHERE state = 'dead' UNION "
+        "SELECT id FROM (SELECT id FROM jobs WHERE state >= 'dead' AND state <= 'dead' "
+        "ORDER BY state DESC, seq DESC LIMIT %s) AS newest_dead WHERE id >= %s")
+    SQL_COMPLETE_SCHEDULES = "SELECT id FROM schedules WHERE id >= %s ORDER BY id LIMIT %s"
+
     SQL_INSERT_SCHEDULE = (f"INSERT INTO schedules ({Schedule.COLUMNS}) "
                            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
     # Each schedule with the state of the job its last slot made (NULL once that job is deleted).
@@ -1789,6 +1808,20 @@ class SqliteSQL:
                            "WHERE ended_at >= ? AND outcome IN ('completed', 'failed', 'dead') "
                            "GROUP BY minute, outcome")
     SQL_QUERY_ONLY = "PRAGMA query_only = ON"
+
+    # Shell completion's queue names: of waiting jobs (one probe of jobs_claim a queue: a loose index scan),
+    # of processing jobs (jobs_running), of the newest ? jobs (the primary key), and those paused or limited.
+    SQL_COMPLETE_QUEUES = """
+        WITH RECURSIVE waiting(queue) AS (
+            SELECT min(queue) FROM jobs INDEXED BY jobs_claim
+                WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1
+            UNION ALL SELECT (SELECT min(queue) FROM jobs INDEXED BY jobs_claim WHERE queue > waiting.queue
+                AND state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1)
+            FROM waiting WHERE waiting.queue IS NOT NULL)
+        SELECT queue FROM waiting WHERE queue IS NOT NULL
+        UNION SELECT queue FROM (SELECT queue FROM jobs ORDER BY seq DESC LIMIT ?) AS newest
+        UNION SELECT queue FROM jobs INDEXED BY jobs_running WHERE state = 'processing'
+        UNION SELECT queue FROM queue_limits UNION SELECT queue FROM paused"""
 
     # Schedules. The earliest slot to fire, by schedules_due (min() reads one end of the index).
     SQL_NEXT_SCHEDULE = "SELECT min(next_run_at) FROM schedules INDEXED BY schedules_due WHERE paused = 0"
@@ -2121,6 +2154,24 @@ class Store:
         where, params = _where(self.sql.PARAM, state=state, queue=queue)
         rows = self.read(self.sql.SQL_PAGE_JOBS.format(where=where), params + (limit, offset))
         return [Job.from_row(r) for r in rows]
+
+    # -- shell completion: bounded reads of an index (the SQL_COMPLETE_* statements) -----------------
+
+    def complete_ids(self, prefix: str, dead: bool = False) -> list[str]:
+        """Up to COMPLETE_LIMIT job ids that start with `prefix` (only dead jobs' with `dead`), sorted."""
+        rows = (self.read(self.sql.SQL_COMPLETE_DEAD_IDS, (prefix, COMPLETE_WALK, COMPLETE_WALK, prefix)) if dead
+                else self.read(self.sql.SQL_COMPLETE_IDS, (prefix, COMPLETE_LIMIT)))
+        return sorted(r[0] for r in rows if r[0].startswith(prefix))[:COMPLETE_LIMIT]
+
+    def complete_queues(self) -> list[str]:
+        """Queue names a user is likely to type: waiting, running, recent, paused or limited ones."""
+        rows = self.read(self.sql.SQL_COMPLETE_QUEUES, (COMPLETE_WALK,))
+        return sorted({r[0].removeprefix("!") for r in rows} - {"*"})
+
+    def complete_schedules(self, prefix: str) -> list[str]:
+        """Up to COMPLETE_LIMIT schedule ids that start with `prefix`."""
+        rows = self.read(self.sql.SQL_COMPLETE_SCHEDULES, (prefix, COMPLETE_LIMIT))
+        return [r[0] for r in rows if r[0].startswith(prefix)]
 
     def counts(self, queue: str | None = None) -> dict[str, int]:
         """Number of jobs in each state (all five keys)."""
@@ -2758,9 +2809,13 @@ class SqliteStore(Store):
     one_writer = True
 
     def __init__(self, path: str, *, durable: bool = True, busy_deadline_s: float = CLI_BUSY_DEADLINE_S,
-                 reads_only: bool = False, give_up=lambda: False, shared: bool = False):
+                 reads_only: bool = False, give_up=lambda: False, shared: bool = False, peek: bool = False):
         """`reads_only`: the caller never writes; an existing database this user cannot write is then
         opened read-only (see _connect_read_only), and every connection refuses writes.
+
+        `peek`: reads_only, and the file is opened read-only even when this user could write it, so
+        nothing is ever written, not even an upgrade or a checkpoint: an older schema is refused (a shell
+        completion, see Completion). busy_deadline_s also bounds SQLite's own busy wait.
 
         `shared`: threads share this Store (a worker's runners), so its reads take the process's turn
         too, as its writes always do: one connection is never used by two threads at once. Why share:
@@ -2772,7 +2827,7 @@ class SqliteStore(Store):
         self.give_up = give_up  # True ends busy retries early (a worker's hard stop)
         self.turn = _process_lock(path)
         self.shared = shared
-        self.durable, self.reads_only = durable, reads_only
+        self.durable, self.reads_only, self.peek = durable, reads_only or peek, peek
         self.wake_ids: list[str] = []  # the workers the transaction under way wakes (see _wake_workers)
         self.waker: WakeSender | None = None
         self._open()
@@ -2785,8 +2840,8 @@ class SqliteStore(Store):
 
     def _open(self) -> None:
         """Open the file. A read-only open can race a writer that appears or leaves (its -wal comes
-        and goes between our look and our read): then it is tried again, for a few seconds."""
-        deadline = time.monotonic() + CLI_BUSY_DEADLINE_S
+        and goes between our look and our read): then it is tried again, for a few seconds (or busy_deadline_s)."""
+        deadline = time.monotonic() + min(CLI_BUSY_DEADLINE_S, self.busy_deadline_s)
         while True:
             try:
                 self._open_once()
@@ -2806,7 +2861,7 @@ class SqliteStore(Store):
         _check_regular(self.path, real)
         if self.reads_only and not os.path.exists(real):  # a reader never creates the file
             raise NoQueue(f"no queue at {os.path.abspath(self.path)} yet")
-        self.read_only = self.reads_only and os.path.exists(real) and not _writable(real)
+        self.read_only = self.reads_only and os.path.exists(real) and (self.peek or not _writable(real))
         if self.read_only:
             self.signature = _signature(real)
             self.conn, self.frozen = self._connect_read_only(real)
@@ -2862,7 +2917,7 @@ class SqliteStore(Store):
                 name = f"file://{quote(os.path.abspath(path))}?mode=rw"
             else:
                 _create_private(path)
-            return sqlite3.connect(name, uri=self.reads_only, timeout=BUSY_TIMEOUT_S, isolation_level=None,
+            return sqlite3.connect(name, uri=self.reads_only, timeout=self._busy_timeout_s(), isolation_level=None,
                                    check_same_thread=False)
         except OSError as e:
             raise BadDatabase(f"cannot open {path}: {_errno_text(e.errno) if e.errno else e}") from None
@@ -2883,7 +2938,7 @@ class SqliteStore(Store):
         """
         from urllib.parse import quote
         wal, shm = _companions(path)
-        deadline = time.monotonic() + CLI_BUSY_DEADLINE_S
+        deadline = time.monotonic() + min(CLI_BUSY_DEADLINE_S, self.busy_deadline_s)
         while os.path.exists(wal) and not os.path.exists(shm):
             if time.monotonic() > deadline:
                 raise BadDatabase(f"cannot read {path}: {wal} holds changes that need {shm}, which this user "
@@ -2893,10 +2948,14 @@ class SqliteStore(Store):
         frozen = not os.path.exists(wal)
         uri = f"file://{quote(os.path.abspath(path))}?mode=ro" + ("&immutable=1" if frozen else "")
         try:
-            return sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None,
+            return sqlite3.connect(uri, uri=True, timeout=self._busy_timeout_s(), isolation_level=None,
                                    check_same_thread=False), frozen
         except sqlite3.Error as e:
             raise database_error(path, e, opening=True, write=False) from None
+
+    def _busy_timeout_s(self) -> float:
+        """SQLite's busy wait per attempt: never longer than the whole deadline (a completion's is short)."""
+        return min(BUSY_TIMEOUT_S, self.busy_deadline_s)
 
     def _check_readable(self) -> None:
         """A read-only database must be ours and need no migration: it cannot be written to run one."""
@@ -2989,7 +3048,7 @@ class SqliteStore(Store):
         try:
             yield
         finally:
-            self.conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+            self.conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_s() * 1000)}")
 
     def write(self, fn):
         """Run fn(cursor) inside BEGIN IMMEDIATE (the write lock up front, so no upgrade deadlock).
@@ -3578,6 +3637,18 @@ class PostgresSQL:
                            "WHERE ended_at >= %s AND outcome IN ('completed', 'failed', 'dead') "
                            "GROUP BY minute, outcome")
     SQL_QUERY_ONLY = "SET default_transaction_read_only = on"
+
+    # As SQLite's, without its INDEXED BY (PostgreSQL's planner takes jobs_claim for these probes).
+    SQL_COMPLETE_QUEUES = """
+        WITH RECURSIVE waiting(queue) AS (
+            SELECT min(queue) FROM jobs WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1
+            UNION ALL SELECT (SELECT min(queue) FROM jobs WHERE queue > waiting.queue
+                AND state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1)
+            FROM waiting WHERE waiting.queue IS NOT NULL)
+        SELECT queue FROM waiting WHERE queue IS NOT NULL
+        UNION SELECT queue FROM (SELECT queue FROM jobs ORDER BY seq DESC LIMIT %s) AS newest
+        UNION SELECT queue FROM jobs WHERE state = 'processing'
+        UNION SELECT queue FROM queue_limits UNION SELECT queue FROM paused"""
     # A transaction in pipeline mode (see PostgresStore._pipelined) is begun and ended by statements.
     SQL_BEGIN, SQL_COMMIT, SQL_ROLLBACK = "BEGIN", "COMMIT", "ROLLBACK"
     # Wake-ups: a transaction that makes a job due now notifies the queue's channel, and each worker
@@ -3783,6 +3854,7 @@ class PgAnswer:
 PG_SCHEMA_NAME = re.compile(r"[A-Za-z0-9_]{1,63}")
 PG_ATTEMPTS = 5  # tries of a transaction that a serialization failure or deadlock rolled back
 PG_CONNECT_TIMEOUT_S = 10
+PG_PEEK_CONNECT_TIMEOUT_S = 2  # a peek (a shell completion) soon gives up on a server that does not answer
 PG_KEEPALIVE_PROBES = 3  # unanswered TCP keepalive probes before a worker's connection is given up
 PG_COPY_MIN_ROWS = 100  # fewer jobs are inserted with executemany: COPY costs a round trip more
 
@@ -3881,10 +3953,11 @@ class PostgresStore(Store):
     cut_off_kills = True
 
     def __init__(self, url: str, *, durable: bool = True, busy_deadline_s: float = CLI_BUSY_DEADLINE_S,
-                 reads_only: bool = False, give_up=lambda: False, lease_s: float | None = None):
+                 reads_only: bool = False, give_up=lambda: False, lease_s: float | None = None, peek: bool = False):
         """`url`: postgresql://USER[:PASSWORD]@HOST:PORT/DBNAME?schema=NAME; the password may instead
         come from PGPASSWORD or ~/.pgpass, as libpq finds it, and never appears in a message.
-        `lease_s`: a worker's stale-timeout, which bounds how long its connection may hang (see set_lease)."""
+        `lease_s`: a worker's stale-timeout, which bounds how long its connection may hang (see set_lease).
+        `peek`: as SqliteStore's (an older schema is refused, not upgraded), and a short connect_timeout."""
         self.psycopg = _psycopg()
         self.IntegrityError = self.psycopg.IntegrityError
         self.target = url  # what open_database() was given, to open more: may hold the password, never shown
@@ -3895,13 +3968,14 @@ class PostgresStore(Store):
         self.listening = None  # the connection that LISTENs, once wait_notified() has been called
         self.pipeline = None  # the pipeline of the write() under way, if it is pipelined
         self.prepared = (None, set())  # (pgconn, names of the PgPipeline statements prepared on it)
-        self.durable, self.reads_only, self.read_only, self.frozen = durable, reads_only, False, False
+        self.durable, self.reads_only, self.read_only, self.frozen = durable, reads_only or peek, False, False
+        self.peek = peek
         self.busy_deadline_s, self.give_up = busy_deadline_s, give_up
         self.lease_s = self.conn_lease_s = lease_s  # the lease wanted, and the one the connection was opened for
         self.conn = self._connect()
         try:
             self._migrate()
-            if reads_only:
+            if self.reads_only and not self.peek:
                 self.query_only()
         except BaseException:
             self.conn.close()
@@ -3926,10 +4000,12 @@ class PostgresStore(Store):
                 # A statement waits for a lock at most as long as SQLite's busy wait; write() retries
                 # until its deadline, so a table another session holds locked ends in Busy, and a hard
                 # stop's give_up() is heard, instead of a statement that waits forever.
-                conn.execute(f"SET lock_timeout = '{int(BUSY_TIMEOUT_S * 1000)}ms'")
+                conn.execute(f"SET lock_timeout = '{int(min(BUSY_TIMEOUT_S, self.busy_deadline_s) * 1000)}ms'")
                 # queuectl never uses row-level security: with it off, a policy someone put on one of our
                 # tables makes the statement fail instead of running the policy's functions as us.
                 conn.execute("SET row_security = off")
+                if self.peek:  # it never writes, not even to upgrade: read-only in this round trip, not one more
+                    conn.execute(self.sql.SQL_QUERY_ONLY)
                 before = time.time()
                 server = conn.execute(self.sql.SQL_CLOCK).fetchone()[0]
             self.clock_offset_s = server - (before + time.time()) / 2
@@ -3941,7 +4017,8 @@ class PostgresStore(Store):
     def _connect_params(self, lease_s: float | None) -> dict:
         """Our libpq parameters, less those the user chose: one set in the URL (or connect_timeout in
         PGCONNECT_TIMEOUT) wins. A worker's connection gets pg_lease_params (see set_lease)."""
-        ours = {"connect_timeout": PG_CONNECT_TIMEOUT_S, **(pg_lease_params(lease_s) if lease_s else {})}
+        ours = {"connect_timeout": PG_PEEK_CONNECT_TIMEOUT_S if self.peek else PG_CONNECT_TIMEOUT_S,
+                **(pg_lease_params(lease_s) if lease_s else {})}
         url = self.psycopg.conninfo.conninfo_to_dict(self._libpq)
         given = set(url) | _pg_service_keys(url.get("service") or os.environ.get("PGSERVICE"))
         if os.environ.get("PGCONNECT_TIMEOUT"):
@@ -3982,6 +4059,9 @@ class PostgresStore(Store):
             raise self._failure(e) from None
         if self.reads_only and version == 0:  # a reader never creates the schema nor fills an empty one
             raise NoQueue(f"no queue at {self.path} yet")
+        if self.peek:
+            raise BadDatabase(f"cannot read {self.path}: it needs a schema upgrade (version {version} to "
+                              f"{SCHEMA_VERSION}), which a peek never makes")
         if self.reads_only:
             self._check_upgradable(owners, version)
         self.write(self._apply_migrations)
@@ -7907,6 +7987,7 @@ def build_parser() -> Parser:
     _add_worker_commands(sub.add_parser("worker", help="start, stop or list workers").add_subparsers(
         dest="action", required=True, metavar="ACTION"))
     _add_dlq_and_config(sub)
+    _add_completion_command(sub)
     _add_schedule_commands(sub.add_parser("schedule", help="recurring jobs").add_subparsers(
         dest="action", required=True, metavar="ACTION"))
     sub.add_parser("help", help="a command's help, as COMMAND --help", description="a command's help, as COMMAND "
@@ -8108,6 +8189,14 @@ def _add_dlq_and_config(sub) -> None:
     _command(c, "get", cmd_config_get, "print a value", reads=True,
              check=lambda args: config_key(args.key)).add_argument("key")
     _command(c, "list", cmd_config_list, "every value", json_flag=True, reads=True)
+
+
+def _add_completion_command(sub) -> None:
+    """`completion SHELL`: not through _command, as it has no database to name (see COMPLETION_SCRIPTS)."""
+    text = "print the shell completion script of bash, zsh or fish (install lines in the README)"
+    c = sub.add_parser("completion", help=text, description=text, formatter_class=argparse.RawDescriptionHelpFormatter)
+    c.add_argument("shell", choices=tuple(COMPLETION_SCRIPTS), metavar="SHELL", help="bash, zsh or fish")
+    c.set_defaults(func=cmd_completion, reads_only=True, check=None, json_flag=False, opens_store=False)
 
 
 def _bulk_arguments(cmd, every: str) -> None:
@@ -9542,6 +9631,272 @@ def cmd_schedule_remove(args, store: Store) -> None:
     print_ids(ids)
 
 
+# -- shell completion ----------------------------------------------------------------------------
+# `completion SHELL` prints a script; at each Tab it runs `queuectl __complete`, a hidden command (in no
+# help, never completed) that walks build_parser()'s own parsers along the words typed and prints the values
+# that fit the word under the cursor, one a line. Commands and options come from the parsers, so a new one
+# completes with no change here; values from the queue come from bounded index reads (Store.complete_ids).
+
+COMPLETE_COMMAND = "__complete"
+COMPLETE_FILES = 3  # __complete's exit code for "file names here" (--db, --cwd, a command after `--`)
+COMPLETE_BUSY_S = 0.05  # a completion gives up on a locked database at once (with no values): a prompt waits
+
+COMPLETION_SCRIPTS = {
+    "bash": r"""# queuectl completion for bash (no bash-completion package needed): eval "$(queuectl completion bash)"
+_queuectl() {
+    local prog=$1 out
+    [[ $prog == "~/"* ]] && prog=$HOME/${prog:2}
+    # The line up to the cursor, and readline's word ($2, which starts after the last COMP_WORDBREAKS
+    # character, such as the ':' or '@' in an id): each value comes back without what precedes $2.
+    out=$(command "$prog" __complete bash "${COMP_LINE:0:COMP_POINT}" "$2" 2>/dev/null)
+    case $? in
+        0) COMPREPLY=(); [[ -z $out ]] || mapfile -t COMPREPLY <<<"$out" ;;
+        3) COMPREPLY=(); compopt -o default 2>/dev/null ;;
+        *) COMPREPLY=() ;;
+    esac
+}
+complete -F _queuectl queuectl
+""",
+    "zsh": r"""#compdef queuectl
+# queuectl completion for zsh: source <(queuectl completion zsh), after compinit
+_queuectl() {
+    local out
+    local -a values
+    out=$(command ${(Q)words[1]} __complete zsh "${(@Q)words[2,CURRENT-1]}" "${(Q)PREFIX}" 2>/dev/null)
+    case $? in
+        0) values=("${(@f)out}"); compadd -- ${values:#} ;;
+        3) compset -P '--*='; _files ;;
+    esac
+}
+(( $+functions[compdef] )) && compdef _queuectl queuectl
+""",
+    "fish": r"""# queuectl completion for fish: queuectl completion fish > ~/.config/fish/completions/queuectl.fish
+function __queuectl_complete
+    set -l words (commandline -opc)  # unescaped; the current token comes as typed: unescaped here
+    set -l current (commandline -ct)
+    set -l word (string unescape -- "$current")
+    set -l out (command $words[1] __complete fish $words[2..-1] "$word" 2>/dev/null)
+    switch $status
+        case 0
+            printf '%s\n' $out
+        case 3  # after --db= too
+            set -l option (string match -r -- '^--[^=]*=' "$current")
+            for path in (__fish_complete_path (string replace -r -- '^--[^=]*=' '' "$current"))
+                echo "$option$path"
+            end
+    end
+end
+complete -c queuectl -f -a '(__queuectl_complete)'
+""",
+}
+
+
+def cmd_completion(args, store: None) -> None:
+    sys.stdout.write(COMPLETION_SCRIPTS[args.shell])
+
+
+def complete_main(argv: list[str]) -> int:
+    """`queuectl __complete SHELL WORD... CURRENT` (bash: SHELL LINE WORD, see _bash_words): the values for
+    the word under the cursor, one a line; COMPLETE_FILES for file names. Silent on any failure, with
+    nothing on stderr: whatever it printed would land in the user's prompt."""
+    try:
+        shell, *rest = argv
+        words, cut, quote = _bash_words(*rest) if shell == "bash" else (rest, 0, "")
+        values = Completion().values(words)
+        if values is None:
+            return COMPLETE_FILES
+        shown = [v[cut:] for v in values if _printable_value(v)]
+        sys.stdout.write("".join(f"{_bash_quoted(v, quote) if shell == 'bash' else v}\n" for v in shown))
+        sys.stdout.flush()
+        return EXIT_OK
+    except BaseException:  # noqa: BLE001 - a completion never shows a traceback, even on Ctrl+C
+        return EXIT_FAIL
+
+
+def _bash_words(line: str, word: str) -> tuple[list[str], int, str]:
+    """bash's line up to the cursor as the words after the program (and any NAME=VALUE before it), the last
+    one the word under the cursor (maybe empty, maybe in an open quote); how much of that word precedes
+    readline's `word`, which starts after the last COMP_WORDBREAKS character: bash replaces only `word`, so
+    values must drop what precedes it; and the quote left open (' or ", else ""), in which a value goes.
+    ValueError: a line shlex cannot read."""
+    import shlex
+    mark = "\x1f"  # ends the line, so a line ending in a blank ends with an empty word
+    for closing in ("", '"', "'"):  # an open quote closed; the last try's error is the caller's
+        with contextlib.suppress(ValueError):
+            words = shlex.split(line + mark + closing)
+            break
+    else:
+        words = shlex.split(line + mark)
+    while len(words) > 1 and re.match(r"[A-Za-z_]\w*=", words[0]):
+        del words[0]
+    current = words[-1].removesuffix(mark)
+    return words[1:-1] + [current], len(current) - len(word) if current.endswith(word) else 0, closing
+
+
+def _bash_quoted(value: str, quote: str = "") -> str:
+    """A value as bash must insert it. In an open single quote: as it is, each ' closed, escaped and reopened;
+    in an open double quote: a backslash before each backslash, double quote, $ and backquote, and each ! (history
+    expansion) outside the quotes; else a backslash before each character special to the shell. Readline closes
+    the quote after a sole match."""
+    if quote == "'":
+        return value.replace("'", "'\\''")
+    if quote == '"':
+        return re.sub(r'([\\"$`])', r"\\\1", value).replace("!", '"\\!"')
+    return re.sub(r"([^\w@%+=:,./-])", r"\\\1", value)
+
+
+def _printable_value(value: str) -> bool:
+    """False for a value written behind queuectl's back that would break a shell's line (see UNSAFE_TEXT)."""
+    return bool(value) and not UNSAFE_TEXT.search(value)
+
+
+class Completion:
+    """The words typed after `queuectl`, read as build_parser() would: the parser of the command named so
+    far, the positional words given to it, the option whose value comes next, and --db."""
+
+    def __init__(self):
+        self.top = self.parser = build_parser()
+        self.path: list[str] = []  # the command and action names typed, e.g. ["dlq", "retry"]
+        self.given: list[str] = []  # positional words given to self.parser
+        self.expects: argparse.Action | None = None  # the option whose value the next word is
+        self.after_dashes = False  # after `--` every word is positional
+        self.db: str | None = None
+
+    def values(self, words: list[str]) -> list[str] | None:
+        """What may follow the words before the last one and start with the last one; None: file names."""
+        *typed, current = words or [""]
+        for word in typed:
+            self._read(word)
+        if self.expects:
+            return self._own_words(self._values_of(self.expects, current))
+        if current.startswith("-") and not self.after_dashes:
+            return self._option_values(current)
+        sub = _subcommands(self.parser)
+        if sub is not None:
+            return [name for name in sub.choices if name.startswith(current)]
+        action = self._positional()
+        if action is None:
+            return self._options(current)
+        return self._own_words(self._values_of(action, current))
+
+    def _own_words(self, values: list[str] | None) -> list[str] | None:
+        """The values that can be a word of their own here: before `--`, argparse takes one that starts with
+        '-' (an id may) for an option; it is offered after `--`, or as --opt=VALUE."""
+        if values is None or self.after_dashes:
+            return values
+        return [value for value in values if not value.startswith("-")]
+
+    def _read(self, word: str) -> None:
+        if self.expects:
+            self._given(self.expects, word)
+            self.expects = None
+        elif word == "--" and not self.after_dashes:
+            self.after_dashes = True
+        elif word.startswith("-") and word != "-" and not self.after_dashes:
+            name, equals, value = word.partition("=")
+            action = self.parser._option_string_actions.get(name if word.startswith("--") else word)
+            if action is not None and action.nargs != 0 and equals:
+                self._given(action, value)
+            elif action is not None and action.nargs != 0:
+                self.expects = action
+        else:
+            sub = _subcommands(self.parser)
+            if sub is not None and word in sub.choices:
+                self.parser, self.given = _real_parser(sub.choices[word]), []
+                self.path.append(word)
+            else:
+                self.given.append(word)
+
+    def _given(self, action: argparse.Action, value: str) -> None:
+        if action.dest == "db":
+            self.db = value
+
+    def _option_values(self, current: str) -> list[str] | None:
+        """`--opt=VALUE...` completes the value; anything else, the option names."""
+        name, equals, value = current.partition("=")
+        action = self.parser._option_string_actions.get(name)
+        if not equals or action is None or action.nargs == 0:
+            return self._options(current)
+        values = self._values_of(action, value)
+        return None if values is None else [f"{name}={v}" for v in values]
+
+    def _options(self, current: str) -> list[str]:
+        return [option for action in self.parser._actions if action.help != argparse.SUPPRESS
+                for option in action.option_strings if option.startswith(current)]
+
+    def _positional(self) -> argparse.Action | None:
+        """The positional argument that the next word gives."""
+        left = len(self.given)
+        for action in self.parser._actions:
+            if action.option_strings:
+                continue
+            if action.nargs in (None, "?") and left:
+                left -= 1
+            else:
+                return action
+        return None
+
+    def _values_of(self, action: argparse.Action, current: str) -> list[str] | None:
+        """The values `action` takes that start with `current`; None: file names."""
+        if action.choices is not None:
+            return [str(c) for c in action.choices if str(c).startswith(current)]
+        if action.dest in ("db", "cwd", "words"):
+            return None
+        if action.metavar == "ID":
+            return self._ids(current)
+        if action.dest == "queue":
+            values = self._from_store(lambda store: store.complete_queues())
+        elif action.dest == "topic":
+            values = self._topics()
+        else:
+            values = {"state": STATES, "key": [k.replace("_", "-") for k in CONFIG]}.get(action.dest, [])
+        return [value for value in values if value.startswith(current)]
+
+    def _ids(self, prefix: str) -> list[str]:
+        """Job ids (only dead ones for `dlq retry`), or schedule ids under `schedule`."""
+        if self.path[:1] == ["schedule"]:
+            return self._from_store(lambda store: store.complete_schedules(prefix))
+        dead = self.path == ["dlq", "retry"]
+        return self._from_store(lambda store: store.complete_ids(prefix, dead=dead))
+
+    def _topics(self) -> list[str]:
+        """`help COMMAND [ACTION]`: a command, then that command's actions."""
+        commands = _subcommands(self.top).choices
+        if not self.given:
+            return list(commands)
+        sub = _subcommands(_real_parser(commands[self.given[0]])) if self.given[0] in commands else None
+        return list(sub.choices) if sub is not None and len(self.given) == 1 else []
+
+    def _from_store(self, read: Callable[[Store], list[str]]) -> list[str]:
+        """read(store) on the database of --db, $QUEUECTL_DB or ./queuectl.db, peeked at (see SqliteStore):
+        nothing written, not even an upgrade, and no wait on a busy one; a missing one has no values."""
+        target = os.path.expanduser(self.db if self.db is not None else os.environ.get("QUEUECTL_DB", "queuectl.db"))
+        if not target or target == ":memory:" or target.startswith("file:"):
+            return []
+        try:
+            store = open_database(target, peek=True, busy_deadline_s=COMPLETE_BUSY_S)
+        except NoQueue:
+            return []
+        try:
+            return read(store)
+        finally:
+            store.close()
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> argparse.Action | None:
+    """The parser's subcommands action (its choices: name -> parser), if it has one."""
+    return next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+
+
+def _real_parser(parser) -> argparse.ArgumentParser:
+    """A subcommand's parser with its arguments: a _LazyParser built (see _LazyParser)."""
+    if isinstance(parser, _LazyParser):
+        real = Parser(**parser._kwargs)
+        parser.replay(real)
+        return real
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse, run one command, map errors to `queuectl: error: …` and an exit code."""
     _closed_streams_to_devnull()
@@ -9551,6 +9906,8 @@ def main(argv: list[str] | None = None) -> int:
     if not isinstance(sys.stdout, Stdout):
         sys.stdout = Stdout(sys.stdout)
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == [COMPLETE_COMMAND]:  # a shell asks for completions: nothing else of a command's start-up
+        return complete_main(argv[1:])
     if not argv:  # as git does: what there is and how to start, on stdout; 1, since no command ran
         sys.stdout.write(overview())
         return _flushed(EXIT_FAIL)

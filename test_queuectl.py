@@ -10001,7 +10001,7 @@ def test_a_write_after_a_hard_stop_gave_up_tries_once_without_sqlites_busy_wait(
     had given up: with another process holding the database, a worker with 8 runners exited 13 s after
     SIGQUIT, not the 5 s promised. Past that point a write gets one try that does not wait."""
     monkeypatch.setattr(queuectl, "BUSY_TIMEOUT_S", 3600.0)  # a try that waits outlasts the test
-    store = queuectl.SqliteStore(sqlite_db, give_up=lambda: True)
+    store = queuectl.SqliteStore(sqlite_db, give_up=lambda: True, busy_deadline_s=3600.0)  # (it bounds the wait too)
     holder = hold_write_lock(sqlite_db)
     errors = []
 
@@ -11133,7 +11133,7 @@ def test_a_command_builds_only_its_own_parser(db, monkeypatch):
 
 COMMAND_NAMES = ["enqueue", "add", "run", "cancel", "delete", "purge", "wait", "status", "list", "show", "logs", "stats",
                  "metrics", "pause", "resume", "limit", "queues", "dashboard", "worker", "dlq", "config", "schedule",
-                 "help"]
+                 "help", "completion"]
 
 
 def test_the_help_lists_every_command_once_and_each_has_its_own(tmp_path):
@@ -13512,6 +13512,413 @@ def test_an_installed_worker_shows_its_own_command_line_in_ps(sqlite_db, workers
     assert len(before) < 120 and b"\n" not in before and args[1:3] == [b"-P", b"-c"], before
     worker.signal(signal.SIGTERM)
     assert worker.wait() == 0, worker.log()
+
+
+# ---- shell completion: `completion SHELL` and the hidden `__complete` --------------------------------
+
+def complete(*words, env=None):
+    """`queuectl __complete zsh WORDS...` in-process (the last word is the one under the cursor): its values
+    and exit code, with nothing on stderr."""
+    code, out, err = run_main(["__complete", "zsh", *words])
+    assert err == "", err
+    return code, out.splitlines()
+
+
+@pytest.fixture
+def completing_db(db):
+    """A queue with the values completion offers: ids with ':' and '@', a dead job, queues waiting, paused
+    and limited, a schedule."""
+    for job_id, queue in (("tick@2026-12-02T02:00:00Z", "default"), ("tick@2026-12-02T03:00:00Z", "default"),
+                          ("build-1", "builds"), ("build-2", "builds"), ("old-1", "old")):
+        ok(db, "add", "--id", job_id, "--queue", queue, "--", "true")
+    ok(db, "cancel", "old-1")  # a waiting job canceled goes to the DLQ
+    ok(db, "pause", "--queue", "held")
+    ok(db, "limit", "capped", "2")
+    ok(db, "schedule", "add", '{"id": "nightly", "cron": "0 2 * * *", "tz": "UTC", "command": "true"}')
+    return db
+
+
+COMPLETED_VALUES = [  # (the words after `queuectl --db DB`, the last one under the cursor), the values
+    (["show", "bu"], ["build-1", "build-2"]),
+    (["logs", "tick@2026-12-02T02:"], ["tick@2026-12-02T02:00:00Z"]),
+    (["wait", "tick@"], ["tick@2026-12-02T02:00:00Z", "tick@2026-12-02T03:00:00Z"]),
+    (["dlq", "retry", ""], ["old-1"]),
+    (["add", "--depends-on", "build-"], ["build-1", "build-2"]),
+    (["list", "--queue", ""], ["builds", "capped", "default", "held", "old"]),
+    (["limit", "b"], ["builds"]),
+    (["schedule", "pause", "n"], ["nightly"]),
+    (["schedule", "next", ""], ["nightly"]),
+    (["config", "get", "ret"], ["retention"]),
+    (["list", "--state", "d"], ["dead"]),
+    (["purge", "--state", ""], ["completed", "dead"]),
+    (["dl"], ["dlq"]),
+    (["worker", "st"], ["start", "stop"]),
+    (["list", "--st"], ["--state"]),
+    (["list", "--queue=b"], ["--queue=builds"]),
+    (["help", "schedule", "p"], ["pause"]),
+]
+
+
+@pytest.mark.parametrize(("words", "values"), COMPLETED_VALUES)
+def test_completion_values(completing_db, words, values):
+    assert complete("--db", completing_db, *words) == (0, values)
+
+
+def test_completion_offers_an_id_that_starts_with_a_dash_only_where_argparse_reads_it_as_one(completing_db):
+    """Before `--`, argparse would take `-x` for an option: it is offered after `--` or as --opt=VALUE."""
+    ok(completing_db, "enqueue", '{"id": "-x", "command": "true"}')
+    everyone = ["build-1", "build-2", "old-1", "tick@2026-12-02T02:00:00Z", "tick@2026-12-02T03:00:00Z"]
+    assert complete("--db", completing_db, "show", "") == (0, everyone)
+    assert complete("--db", completing_db, "add", "--depends-on", "") == (0, everyone)
+    assert complete("--db", completing_db, "show", "--", "") == (0, ["-x", *everyone])
+    assert complete("--db", completing_db, "add", "--depends-on=-") == (0, ["--depends-on=-x"])
+
+
+def test_completion_values_on_both_backends(completing_db):
+    """The values read from the queue, with --db given after the command too."""
+    assert complete("show", "--db", completing_db, "tick@2026-12-02T0") == (
+        0, ["tick@2026-12-02T02:00:00Z", "tick@2026-12-02T03:00:00Z"])
+    assert complete("dlq", "retry", "--db", completing_db, "o") == (0, ["old-1"])
+    assert complete("--db", completing_db, "pause", "--queue", "") == (
+        0, ["builds", "capped", "default", "held", "old"])
+
+
+def test_completion_command_prints_each_shells_script_and_opens_no_database(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for shell, line in (("bash", "complete -F _queuectl queuectl"), ("zsh", "compdef _queuectl queuectl"),
+                        ("fish", "complete -c queuectl -f -a '(__queuectl_complete)'")):
+        code, out, err = run_main(["completion", shell])
+        assert (code, err) == (0, "") and line in out and f"__complete {shell}" in out, shell
+    code, out, err = run_main(["completion", "tcsh"])
+    assert (code, out) == (2, "") and "invalid choice: 'tcsh'" in err
+    assert os.listdir(tmp_path) == []
+
+
+def test_completion_values_are_bounded_index_walks(sqlite_store):
+    """Counted in SQLite VM instructions (hundreds), exact on a loaded machine: a scan of these 40,000 jobs
+    costs over 1,000; each read here walks a bounded stretch of an index whatever the table holds."""
+    sqlite_store.enqueue([spec(f"b{i:05d}", queue="bulk") for i in range(20_000)], T0)
+    sqlite_store.enqueue([spec(f"g{i:05d}", queue="gone") for i in range(20_000)], T0)
+    sqlite_store.cancel_all("gone", T0)
+    scan = _vm_steps(sqlite_store, lambda: sqlite_store.read("SELECT count(*) FROM jobs WHERE command = 'x'"))
+    assert scan > 1000
+    for prefix in ("", "b01", "zz"):
+        assert _vm_steps(sqlite_store, lambda: sqlite_store.complete_ids(prefix)) < 50, prefix
+        assert _vm_steps(sqlite_store, lambda: sqlite_store.complete_ids(prefix, dead=True)) < scan / 3, prefix
+    assert _vm_steps(sqlite_store, sqlite_store.complete_queues) < 200
+    assert sqlite_store.complete_ids("b0100") == [f"b0100{i}" for i in range(10)]
+    assert sqlite_store.complete_ids("g1999", dead=True) == [f"g1999{i}" for i in range(10)]
+    assert sqlite_store.complete_ids("b0100", dead=True) == []
+    assert sqlite_store.complete_queues() == ["bulk", "gone"]
+
+
+@pytest.mark.parametrize("db", ["postgres"], indirect=True)
+def test_completion_dead_ids_never_walk_past_newer_jobs_on_postgres(db):
+    """Old dead jobs under newer ones: PostgreSQL's plan for the newest dead reads at most COMPLETE_WALK rows of
+    an index (none walked and filtered away), whatever the table holds."""
+    with opened(db) as s:
+        s.enqueue([spec(f"x{i:05d}", queue="old") for i in range(2000)], T0)
+        s.cancel_all("old", T0)
+        s.enqueue([spec(f"b{i:05d}", queue="new") for i in range(6000)], T0)
+        s.conn.execute("ANALYZE jobs")
+        plan = "\n".join(row[0] for row in s.read("EXPLAIN (ANALYZE, COSTS OFF) " + s.sql.SQL_COMPLETE_DEAD_IDS,
+                                                   ("", queuectl.COMPLETE_WALK, queuectl.COMPLETE_WALK, "")))
+        removed = [int(n) for n in re.findall(r"Rows Removed by Filter: (\d+)", plan)]
+        assert removed and max(removed) <= queuectl.COMPLETE_WALK, plan
+        assert s.complete_ids("x0199", dead=True) == [f"x0199{i}" for i in range(10)]
+
+
+def test_completion_files_where_a_path_or_a_command_goes(tmp_path):
+    """--db, --cwd and a command after `--` complete file names (the script's exit code 3)."""
+    for words in (["--db", "q"], ["list", "--db=q"], ["add", "--cwd", ""], ["add", "--", "ma"],
+                  ["add", "--", "ls", "-"]):
+        assert complete(*words) == (queuectl.COMPLETE_FILES, []), words
+
+
+def test_completion_commands_and_options_come_from_the_parser(monkeypatch):
+    """A command or option added to build_parser() completes with no other change; the hidden command never."""
+    real = queuectl.build_parser
+
+    def more():
+        p = real()
+        extra = queuectl._subcommands(p).choices["add"]  # the parser `add` builds when named
+        extra.add_argument("--on-dead", metavar="CMD")
+        return p
+    monkeypatch.setattr(queuectl, "build_parser", more)
+    assert complete("add", "--on") == (0, ["--on-dead"])
+    code, commands = complete("")
+    assert code == 0 and "completion" in commands and queuectl.COMPLETE_COMMAND not in commands
+    assert set(commands) == set(queuectl._subcommands(real()).choices)
+    assert queuectl.COMPLETE_COMMAND not in run_main(["--help"])[1]
+
+
+@pytest.mark.parametrize("db", ["sqlite", "postgres"], indirect=True)
+def test_completion_of_a_missing_queue_creates_nothing(db):
+    """A queue that does not exist: no values, no note, and no file or schema made."""
+    assert complete("--db", db, "show", "") == (0, [])
+    assert complete("--db", db, "list", "--queue", "") == (0, [])
+    if is_pg(db):
+        import psycopg
+        schema = db.rsplit("schema=", 1)[1]
+        with psycopg.connect(db.split("?")[0], autocommit=True) as conn:
+            assert conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchall() == []
+    else:
+        assert not os.path.exists(db) and os.listdir(os.path.dirname(db)) == []
+
+
+def test_completion_is_silent_on_any_failure(tmp_path, monkeypatch):
+    """A database that is not a queue, a folder, an unknown shell: no output and nothing on stderr."""
+    (tmp_path / "other.db").write_bytes(b"not a database at all" * 100)
+    for words in (["zsh", "--db", str(tmp_path / "other.db"), "show", ""], ["zsh", "--db", str(tmp_path), "show", ""],
+                  ["bash"], []):
+        code, out, err = run_main(["__complete", *words])
+        assert (code, out, err) == (queuectl.EXIT_FAIL, "", ""), words
+    monkeypatch.setattr(queuectl, "build_parser", lambda: 1 / 0)
+    assert run_main(["__complete", "fish", ""]) == (queuectl.EXIT_FAIL, "", "")
+
+
+def test_completion_never_writes_not_even_to_upgrade_an_older_schema(db, tmp_path, monkeypatch):
+    """A Tab peeks: an older schema is not upgraded (no values), an empty file is not made a queue, and a
+    file is byte for byte what it was, with no -wal or -shm left beside it."""
+    with monkeypatch.context() as old:
+        old.setattr(queuectl, "SCHEMA_VERSION", 4)
+        old.setattr(queuectl, "MIGRATIONS", queuectl.MIGRATIONS[:4])
+        old.setattr(queuectl, "PG_MIGRATIONS", queuectl.PG_MIGRATIONS[:4])
+        ok(db, "add", "--id", "old-1", "--", "true")
+    files = {} if is_pg(db) else {name: (tmp_path / name).read_bytes() for name in os.listdir(tmp_path)}
+    assert complete("--db", db, "show", "o") == (queuectl.EXIT_FAIL, [])
+    assert complete("--db", db, "list", "--queue", "") == (queuectl.EXIT_FAIL, [])
+    if is_pg(db):
+        import psycopg
+        schema = db.rsplit("schema=", 1)[1]
+        with psycopg.connect(db.split("?")[0], autocommit=True) as conn:
+            assert conn.execute(f"SELECT version FROM {schema}.queuectl_version").fetchall() == [(4,)]
+    else:
+        assert {name: (tmp_path / name).read_bytes() for name in os.listdir(tmp_path)} == files
+        (tmp_path / "empty.db").touch()
+        assert complete("--db", str(tmp_path / "empty.db"), "show", "") == (queuectl.EXIT_FAIL, [])
+        assert (tmp_path / "empty.db").read_bytes() == b"" and sorted(os.listdir(tmp_path)) == ["empty.db", "queue.db"]
+
+
+def test_completion_gives_up_at_once_on_a_busy_database(db, monkeypatch):
+    """A Tab waits for a lock no longer than COMPLETE_BUSY_S (SQLite's busy wait, PostgreSQL's lock_timeout),
+    connects within PG_PEEK_CONNECT_TIMEOUT_S, and shows nothing while another process holds the queue."""
+    ok(db, "add", "--id", "a-1", "--", "true")
+    monkeypatch.setattr(queuectl.PostgresStore, "query_only", None)
+    store = queuectl.open_database(db, peek=True, busy_deadline_s=queuectl.COMPLETE_BUSY_S)
+    try:
+        if is_pg(db):  # read-only from the connection's first round trip: no round trip of its own
+            assert store.read("SHOW lock_timeout") == [("50ms",)]
+            assert store.read("SHOW transaction_read_only") == [("on",)]
+            assert store._connect_params(None)["connect_timeout"] == queuectl.PG_PEEK_CONNECT_TIMEOUT_S == 2
+        else:
+            assert store.read("PRAGMA busy_timeout") == [(50,)]
+    finally:
+        store.close()
+    with opened(db) as holder:
+        if is_pg(db):
+            holder.conn.execute("BEGIN")
+            holder.conn.execute("LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE")
+        else:
+            holder.conn.execute("PRAGMA locking_mode = EXCLUSIVE")
+            holder.conn.execute("BEGIN EXCLUSIVE")
+            holder.conn.execute("DELETE FROM config")
+        assert complete("--db", db, "show", "a") == (queuectl.EXIT_FAIL, [])
+        holder.conn.execute("ROLLBACK")
+    assert complete("--db", db, "show", "a") == (0, ["a-1"])
+
+
+@sqlite_only
+def test_completion_honours_queuectl_db_and_the_line(completing_db, tmp_path, monkeypatch):
+    """$QUEUECTL_DB names the queue unless the line gives --db."""
+    monkeypatch.setenv("QUEUECTL_DB", completing_db)
+    assert complete("show", "bu") == (0, ["build-1", "build-2"])
+    assert complete("--db", str(tmp_path / "none.db"), "show", "bu") == (0, [])
+
+
+# Each shell's script, loaded in that shell and asked for completions of a real line. The program they run is
+# `queuectl` on PATH: the file as users install it.
+COMPLETION_SHELLS = ("bash", "zsh", "fish")
+
+
+def _shell_or_skip(shell):
+    if shutil.which(shell) is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{shell} is missing; CI must run the completion tests (apt-get install {shell})")
+        pytest.skip(f"completion test skipped: {shell} not found (apt-get install {shell})")
+
+
+def bash_completion(script, line, env):
+    """What bash's function answers for `line` (the cursor at its end): COMPREPLY as given, each value
+    completed to the whole word (bash gives the part after the last COMP_WORDBREAKS character)."""
+    word = re.split(r"[\s\"'@><=;|&(:]", line)[-1]  # readline's word, as bash passes it in $2
+    program = ('source "$1"; COMP_LINE=$2; COMP_POINT=${#2}; read -ra COMP_WORDS <<<"$2"; '
+               'COMP_CWORD=${#COMP_WORDS[@]}; _queuectl queuectl "$3" ""; printf "%s\\n" "${COMPREPLY[@]}"')
+    done = subprocess.run(["bash", "--norc", "--noprofile", "-c", program, "bash", script, line, word],
+                          capture_output=True, text=True, timeout=WAIT_S, env=env)
+    assert (done.returncode, done.stderr) == (0, ""), done
+    whole = shlex.split(line + "x")[-1][:-1]
+    return [whole[:len(whole) - len(word)] + shlex.split(v)[0] for v in done.stdout.splitlines() if v]
+
+
+def zsh_completion(script, line, env):
+    """What zsh's function adds for `line` (compadd stubbed to print what it is given)."""
+    program = ('source "$1"; shift; compadd() { [[ $1 == -- ]] && shift; (( $# )) && print -rl -- "$@"; }; '
+               'compset() { :; }; _files() { print -r -- "(files)"; }; '
+               'words=("$@"); CURRENT=$#; PREFIX=${words[-1]}; _queuectl')
+    words = shlex.split(line + "x")
+    words[-1] = words[-1][:-1]
+    done = subprocess.run(["zsh", "-f", "-c", program, "zsh", script, *words], capture_output=True, text=True,
+                          timeout=WAIT_S, env=env)
+    assert done.stderr == "", done
+    return done.stdout.splitlines()
+
+
+def fish_completion(script, line, env):
+    """What fish offers for `line` (`complete -C`), without descriptions."""
+    done = subprocess.run(["fish", "--no-config", "-c", 'source $argv[1]; complete -C $argv[2]', script, line],
+                          capture_output=True, text=True, timeout=WAIT_S, env=env)
+    assert (done.returncode, done.stderr) == (0, ""), done
+    return [v.split("\t")[0] for v in done.stdout.splitlines()]
+
+
+def _completion_script(program, env, tmp_path, shell):
+    """The file of `shell`'s script as the installed `program` prints it."""
+    script = tmp_path / f"queuectl.{shell}"
+    script.write_text(subprocess.run([str(program), "completion", shell], capture_output=True, text=True, env=env,
+                                     check=True, timeout=WAIT_S).stdout)
+    return script
+
+
+@pytest.fixture
+def installed_queuectl(tmp_path):
+    """(a `queuectl` installed on PATH, its environment)."""
+    program = _installed(tmp_path)
+    return program, _launcher_env(tmp_path, PATH=f"{program.parent}{os.pathsep}{os.environ.get('PATH', '')}")
+
+
+@sqlite_only
+@pytest.mark.parametrize("shell", COMPLETION_SHELLS)
+def test_completion_in_each_shell(completing_db, installed_queuectl, tmp_path, shell):
+    _shell_or_skip(shell)
+    program, env = installed_queuectl
+    script = _completion_script(program, env, tmp_path, shell)
+    asked = {"bash": bash_completion, "zsh": zsh_completion, "fish": fish_completion}[shell]
+    env["QUEUECTL_DB"] = str(tmp_path / "elsewhere.db")  # the line's --db wins
+    db = f"--db {completing_db}"
+    for words, values in COMPLETED_VALUES:
+        line = f"queuectl {db} {shlex.join(words[:-1])} {words[-1]}".replace("  ", " ")
+        assert sorted(asked(str(script), line, env)) == values, (shell, line)
+    assert asked(str(script), "queuectl show tick@2026-12-02T03", env) == []  # $QUEUECTL_DB: no queue there
+    env["QUEUECTL_DB"] = completing_db
+    assert asked(str(script), "queuectl show tick@2026-12-02T03", env) == ["tick@2026-12-02T03:00:00Z"]
+    missing = tmp_path / "missing" / "queue.db"
+    missing.parent.mkdir()
+    assert asked(str(script), f"queuectl --db {missing} dlq retry ", env) == []
+    assert os.listdir(missing.parent) == []
+    # File names: bash's -o default (readline's own, not in this call), zsh's _files, fish's paths
+    files = {"bash": ([], []), "zsh": (["(files)"], ["(files)"]), "fish": ([str(script)], [f"--db={script}"])}[shell]
+    assert asked(str(script), f"queuectl add --queue q -- {str(script)[:-2]}", env) == files[0]
+    assert asked(str(script), f"queuectl --db={str(script)[:-2]}", env) == files[1]
+
+
+def _tab_shows(shell, setup, typed, expected, env, keys="\t"):
+    """Type `typed` and a Tab (or `keys`) in an interactive `shell` on a terminal, and wait until `expected`
+    shows."""
+    import pty
+    import select
+    argv = {"bash": ["bash", "--norc", "--noprofile", "-i"], "zsh": ["zsh", "-f", "-i"]}[shell]
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execvpe(argv[0], argv, env)
+    screen = bytearray()
+
+    def shows(text):
+        while select.select([fd], [], [], 0.05)[0]:
+            try:
+                screen.extend(os.read(fd, 65536))
+            except OSError:
+                break
+        return text.encode() in screen
+    try:
+        os.write(fd, f"PS1='ready> '; {setup}\n".encode())
+        wait_for(lambda: shows("ready> "), f"{shell}'s prompt")
+        screen.clear()
+        os.write(fd, f"{typed}{keys}".encode())
+        wait_for(lambda: shows(expected), f"{shell} completing {typed!r} to {expected!r}")
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(fd)
+
+
+@sqlite_only
+@pytest.mark.parametrize("shell", ["bash", "zsh"])
+def test_completion_at_a_real_tab(completing_db, installed_queuectl, tmp_path, shell):
+    """Readline (bash) and zle (zsh) on a terminal: an id with ":" and "@" completes in place after a Tab (the
+    screen shows the line as typed, then what the Tab inserted: a value put after bash's ":" again would not)."""
+    _shell_or_skip(shell)
+    program, env = installed_queuectl
+    env.update(QUEUECTL_DB=completing_db, HOME=str(tmp_path))
+    script = _completion_script(program, env, tmp_path, shell)
+    setup = {"bash": f"source {script}",
+             "zsh": f"autoload -U compinit; compinit -u -d {tmp_path}/zcompdump; source {script}"}[shell]
+    _tab_shows(shell, setup, "queuectl show tick@2026-12-02T02:0", "show tick@2026-12-02T02:00:00Z", env)
+    _tab_shows(shell, setup, "queuectl dlq re", "dlq retry", env)
+
+
+HOSTILE_ID = """it's "a $(touch pwned) `touch pwned`" \\ !x"""  # quotes, expansions, a backslash, history's !
+
+
+@sqlite_only
+@pytest.mark.parametrize("shell", ["bash", "zsh"])
+def test_completion_at_a_real_tab_inserts_an_id_the_shell_reads_back_whole(completing_db, installed_queuectl,
+                                                                           tmp_path, shell):
+    """A Tab then Enter runs `show` with the id itself, whether the word was begun bare, in '...' or in "...";
+    nothing in it is expanded or run."""
+    _shell_or_skip(shell)
+    program, env = installed_queuectl
+    env.update(QUEUECTL_DB=completing_db, HOME=str(tmp_path))
+    ok(completing_db, "add", "--id", HOSTILE_ID, "--", "true")
+    script = _completion_script(program, env, tmp_path, shell)
+    setup = {"bash": f"cd {tmp_path}; source {script}",
+             "zsh": f"cd {tmp_path}; autoload -U compinit; compinit -u -d {tmp_path}/zcompdump; source {script}"}[shell]
+    for begun in ("it", "'it", '"it'):
+        _tab_shows(shell, setup, f"queuectl show {begun}", f"id:           {HOSTILE_ID}", env, keys="\t\r")
+    assert not list(tmp_path.glob("pwned*"))
+
+
+@sqlite_only
+def test_completion_in_fish_reads_the_word_as_typed_unescaped(completing_db, installed_queuectl, tmp_path):
+    """fish gives the word under the cursor as typed (escapes, quotes): it is unescaped before it is matched."""
+    _shell_or_skip("fish")
+    program, env = installed_queuectl
+    env["QUEUECTL_DB"] = completing_db
+    ok(completing_db, "add", "--id", HOSTILE_ID, "--", "true")
+    script = _completion_script(program, env, tmp_path, "fish")
+    for begun in ("it\\'s\\ ", "'it\\'s \"a", '"it\'s \\"a \\$'):
+        assert fish_completion(str(script), f"queuectl show {begun}", env) == [HOSTILE_ID], begun
+
+
+@sqlite_only
+def test_completion_in_bash_replaces_only_readline_word(completing_db, installed_queuectl, tmp_path):
+    """bash splits an id at ':' and '@' (COMP_WORDBREAKS) and replaces only the part after the last one:
+    its values are that part, and characters special to the shell come escaped."""
+    _shell_or_skip("bash")
+    program, env = installed_queuectl
+    script = _completion_script(program, env, tmp_path, "bash")
+    env["QUEUECTL_DB"] = completing_db
+    ok(completing_db, "add", "--id", "a b$", "--", "true")
+    line = "queuectl show tick@2026-12-02T02:"
+    program = ('source "$1"; COMP_LINE=$2; COMP_POINT=${#2}; _queuectl queuectl "$3" ""; '
+               'printf "%s\\n" "${COMPREPLY[@]}"')
+    for line, word, values in (("queuectl show tick@2026-12-02T02:", "", ["00:00Z"]),
+                               ("queuectl show tick@2026-12-02T0", "2026-12-02T0", ["2026-12-02T02:00:00Z",
+                                                                                    "2026-12-02T03:00:00Z"]),
+                               ("queuectl show a", "a", ["a\\ b\\$"])):
+        done = subprocess.run(["bash", "--norc", "--noprofile", "-c", program, "bash", str(script), line, word],
+                              capture_output=True, text=True, timeout=WAIT_S, env=env)
+        assert (done.returncode, done.stdout.splitlines(), done.stderr) == (0, values, ""), line
 
 
 # ==== Benchmark (bench/) ==========================================================================

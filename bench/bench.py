@@ -20,7 +20,8 @@ Sections:
   pickup   the wake-up: an `enqueue`'s commit (its id printed) -> the job's command starting, with an
            idle worker; from the enqueue returning beside it
   idle     CPU used by `worker start --count 4` with nothing to do (PostgreSQL: its server backends too)
-  scale    drain, pickup and the read commands again with a million finished jobs in the table
+  scale    drain, pickup and the read commands again with a million finished jobs in the table; shell
+           completion's values from it (`__complete`, the installed copy, as a Tab runs it)
   backlog  idle cost, pickup and drain again beside work no worker may take: 300,000 pending jobs in
            a paused queue and 100,000 due tomorrow (a claim or poll must not walk past them)
   memory   peak RSS of `worker start --count 8 --burst` while draining
@@ -113,6 +114,10 @@ TARGETS = {
     "scale_list": ("<=", 0.3, "< 0.3 s"),
     "scale_stats": ("<=", 0.3, "< 0.3 s"),
     "scale_stats_30d": ("<=", 3.0, "< 3 s"),
+    # Shell completion: a Tab runs `queuectl __complete` (a whole process) before the prompt can go on
+    "scale_complete_ids": ("<=", 100, "≤ 100 ms"),
+    "scale_complete_dead": ("<=", 100, "≤ 100 ms"),
+    "scale_complete_queues": ("<=", 100, "≤ 100 ms"),
     "backlog_idle_pct": ("<=", 1.0, "≤ 1 %"),
     "backlog_drain_ratio": (">=", 0.9, "≥ 0.9"),
     "backlog_pickup_p50_ratio": (">=", 0.9, "≥ 0.9"),
@@ -1478,6 +1483,46 @@ QUERIES = [("scale_status", "status", ["status"]),
            ("scale_stats_30d", "stats --since 30d", ["stats", "--since", "30d"])]
 
 
+# Shell completion's values: (key, label, the words after `queuectl --db DB`, the last one under the cursor)
+COMPLETIONS = [("scale_complete_ids", "job ids by prefix (`show 3f`)", ["show", "3f"]),
+               ("scale_complete_dead", "dead job ids (`dlq retry `)", ["dlq", "retry", ""]),
+               ("scale_complete_queues", "queue names (`list --queue `)", ["list", "--queue", ""])]
+
+
+def time_completions(b: Bench, argvs: dict[str, list[str]], runs: int) -> dict[str, list[float]]:
+    """Wall times in ms of each command, `runs` rounds interleaved (a busy moment hits all alike), after a
+    first untimed round; a failed command raises BenchError."""
+    env, times = launcher_env(b), {name: [] for name in argvs}
+    for round_no in range(runs + 1):
+        for name, argv in argvs.items():
+            wall, r = b.timed(argv, env=env)
+            if r.returncode != 0:
+                raise BenchError(f"completion {name}: exited {r.returncode}: {r.stderr.strip()[-400:]}")
+            if round_no:
+                times[name].append(wall * 1000)
+    return times
+
+
+def bench_completion(b: Bench, db: str, small: str, rows: int) -> None:
+    """`__complete` as bash's script runs it at a Tab, from the installed copy (cached bytecode: the module
+    is loaded at each Tab), on the million-job queue and a small one, beside the plain import."""
+    copy, _ = b.installed()
+    argvs = {"import": [PY, "-c", "import sqlite3, argparse, json"]}
+    for key, _, words in COMPLETIONS:
+        for name, database in ((key, db), (f"{key}_small", small)):
+            line = shlex.join(["queuectl", "--db", database, *words[:-1]]) + " " + words[-1]
+            argvs[name] = [copy, "__complete", "bash", line, words[-1]]
+    values = subprocess.run(argvs[COMPLETIONS[0][0]], capture_output=True, text=True, env=launcher_env(b)).stdout
+    times = time_completions(b, argvs, max(10, b.p["query_runs"]))
+    b.raw["completion_ms"] = times
+    med = {name: statistics.median(t) for name, t in times.items()}
+    for key, label, _ in COMPLETIONS:
+        why = "" if key != COMPLETIONS[0][0] or values.strip() else "it offered no ids"
+        b.add(key, f"6. completion: {label} with {rows:,} old jobs", med[key], "ms",
+              f"{len(times[key])} runs; a small db: {med[f'{key}_small']:.1f} ms; the import alone: "
+              f"{med['import']:.1f} ms", why=why)
+
+
 def drain_ratio_figure(b: Bench, key: str, label: str, rate: float) -> None:
     """Record rate / the empty queue's drain rate (from the drain section)."""
     why = "" if "drain_rate" in b.raw else "needs the drain section's figure (it did not run)"
@@ -1509,6 +1554,10 @@ def bench_scale(b: Bench) -> None:
         empty, _ = time_command(b, small, args, b.p["query_runs"])
         detail = why or (f"same command on a small db: {empty:.3f} s" if empty is not None else "")
         b.add(key, f"6. `{label}` with {rows:,} old jobs", wall, "s", detail)
+    for database in (db, small):  # something in the dead-letter queue, and a second queue
+        b.enqueue_many(database, [{"id": f"dead-{i}", "command": "true", "queue": "other"} for i in range(3)])
+        b.qc(database, "cancel", *[f"dead-{i}" for i in range(3)])
+    bench_completion(b, db, small, rows)
 
 
 # ---- backlog -----------------------------------------------------------------------------------
