@@ -192,6 +192,7 @@ MAX_COMMAND_BYTES = 131_071  # Linux MAX_ARG_STRLEN (one argv string) less its t
 MAX_ENV_BYTES = 1024 * 1024
 MAX_ID_CHARS = 200
 COMPLETE_LIMIT = 300  # values a shell completion offers at most: more is no help on a screen
+COMPLETE_DEADLINE_S = 2.0  # a Tab that takes longer (a server that stopped answering) ends, offering nothing
 COMPLETE_WALK = 1000  # index entries one of its walks reads at most (see SharedSQL.SQL_COMPLETE_DEAD_IDS)
 MAX_RETRIES_LIMIT = 1_000_000
 MAX_SECONDS = 10 * 365 * 86400  # caps timeouts and delays: keeps every number finite and storable
@@ -9700,6 +9701,7 @@ def complete_main(argv: list[str]) -> int:
     the word under the cursor, one a line; COMPLETE_FILES for file names. Silent on any failure, with
     nothing on stderr: whatever it printed would land in the user's prompt."""
     try:
+        _give_up_after(COMPLETE_DEADLINE_S)
         shell, *rest = argv
         words, cut, quote = _bash_words(*rest) if shell == "bash" else (rest, 0, "")
         values = Completion().values(words)
@@ -9711,6 +9713,18 @@ def complete_main(argv: list[str]) -> int:
         return EXIT_OK
     except BaseException:  # noqa: BLE001 - a completion never shows a traceback, even on Ctrl+C
         return EXIT_FAIL
+    finally:
+        _give_up_after(0)
+
+
+def _give_up_after(seconds: float) -> None:
+    """End this process silently (EXIT_FAIL) once `seconds` have passed; 0 cancels. A PostgreSQL server that
+    stops answering after the connection is made (its processes stopped, packets dropped while the peer's
+    kernel still acknowledges) would otherwise hold the user's prompt: libpq's timeouts bound only the
+    connecting and unacknowledged data."""
+    import signal
+    signal.signal(signal.SIGALRM, (lambda *_: os._exit(EXIT_FAIL)) if seconds else signal.SIG_DFL)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
 
 
 def _bash_words(line: str, word: str) -> tuple[list[str], int, str]:

@@ -13728,6 +13728,27 @@ def test_completion_gives_up_at_once_on_a_busy_database(db, monkeypatch):
     assert complete("--db", db, "show", "a") == (0, ["a-1"])
 
 
+def test_completion_that_hangs_ends_silently_at_its_deadline(completing_db, monkeypatch):
+    """A read that never answers (a server stopped after the connection was made) ends the Tab's process at
+    COMPLETE_DEADLINE_S, offering nothing, instead of holding the prompt."""
+    ended = []
+
+    def hangs(*_args, **_kwargs):
+        threading.Event().wait(WAIT_S)  # interrupted by the deadline's signal, as a blocked read would be
+        return []
+
+    def exit_now(code):
+        ended.append(code)
+        raise SystemExit(code)  # in this test process: end the completion, not pytest
+    monkeypatch.setattr(queuectl, "COMPLETE_DEADLINE_S", 0.2)
+    monkeypatch.setattr(type(queuectl.open_database(completing_db, peek=True)), "complete_ids", hangs)
+    monkeypatch.setattr(queuectl.os, "_exit", exit_now)
+    started = time.monotonic()
+    assert complete("--db", completing_db, "show", "bu") == (queuectl.EXIT_FAIL, [])
+    assert ended == [queuectl.EXIT_FAIL] and time.monotonic() - started < WAIT_S
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)  # no alarm left behind
+
+
 @sqlite_only
 def test_completion_honours_queuectl_db_and_the_line(completing_db, tmp_path, monkeypatch):
     """$QUEUECTL_DB names the queue unless the line gives --db."""
