@@ -2088,7 +2088,7 @@ class Store:
         ready = not waiting_on and due <= now  # else staged: see self.sql.SQL_PROMOTE
         return (spec["id"], spec["command"], PENDING, spec["max_retries"], spec["timeout"], spec["cwd"],
                 json.dumps(spec["env"]) if spec["env"] else "{}", now, now, due, spec["priority"], spec["queue"],
-                waiting_on, None, int(ready), spec["on_dead"])
+                waiting_on, None, int(ready), spec.get("on_dead"))
 
     def _insert_plain(self, cur: Cursor, specs: list[dict], now: float) -> None:
         """executemany the buffered jobs without dependencies (the fast path of a batch)."""
@@ -4097,7 +4097,7 @@ class PostgresStore(Store):
                 raise BadDatabase(f"{self.path}: {creators} may create objects in {what}, and so make queuectl's "
                                   f"statements run their code as {user}: REVOKE CREATE ON SCHEMA {self.schema} "
                                   f"FROM {creators}, or use a schema of your own (?schema=)")
-            if planted:  # queuectl makes none: one a role not ours left there may be what a statement calls
+            if planted:  # queuectl makes only its own (jobs_dead): one a role not ours left may be what a statement calls
                 raise BadDatabase(f"{self.path}: {what} holds {planted}, which queuectl's statements could call as "
                                   f"{user}: drop it, or use a schema of your own (?schema=)")
         return rows
@@ -8022,7 +8022,8 @@ def job_fields_help() -> str:
   delay        0: a duration from now (not with run_at)
   depends_on   []: ids of jobs that must complete first
   env          {{}}: {{"NAME": "VALUE", ...}}
-  cwd          the current folder: an absolute path"""
+  cwd          the current folder: an absolute path
+  on_dead      config on-dead: a shell command run as a job of its own if this job dies ("" = none)"""
 
 
 SCHEDULE_FIELDS_HELP = """JSON fields (default):
@@ -8031,7 +8032,7 @@ SCHEDULE_FIELDS_HELP = """JSON fields (default):
   every        one of cron and every: a duration, e.g. 30s, 15m, 2h, 1d
   tz           this machine's zone: an IANA name such as Europe/Berlin, in which cron is read
   overlap      skip: no job for a slot while the last one is unfinished; or allow
-  command, max_retries, timeout, cwd, env, priority, queue
+  command, max_retries, timeout, cwd, env, priority, queue, on_dead
                the template of its jobs, as for enqueue (queuectl help enqueue)"""
 
 

@@ -41,9 +41,9 @@ QUEUECTL = os.path.join(HERE, "queuectl.py")
 
 STATES = ("pending", "processing", "completed", "failed", "dead")
 CONFIG_KEYS = ("max-retries", "backoff-base", "backoff-max", "stale-timeout", "job-timeout", "retention",
-               "output-limit", "kill-grace")
+               "output-limit", "kill-grace", "on-dead")
 CONFIG_DEFAULTS = {"max-retries": 3, "backoff-base": 2, "backoff-max": 3600, "stale-timeout": 10, "job-timeout": 0,
-                   "retention": 604800, "output-limit": 65536, "kill-grace": 10}
+                   "retention": 604800, "output-limit": 65536, "kill-grace": 10, "on-dead": ""}
 JOB_KEYS = {"id", "command", "state", "attempts", "max_retries", "timeout", "cwd", "env",
             "created_at", "updated_at", "next_run_at", "last_error", "exit_code", "worker_id",
             "run_count"}
@@ -1098,6 +1098,16 @@ def dead_chain_db(db):
 
 OLDER_REGISTER = ("INSERT INTO workers (id, host, pid, proc_start, boot_id, pid_ns, threads, started_at, heartbeat_at) "
                   "VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?)")  # what the queuectl before schema 5 registered
+# A job as the queuectl before schema 6 (on_dead) enqueued it: this one's statements name columns it lacks.
+OLDER_INSERT_JOB = ("INSERT INTO jobs (id, command, state, max_retries, timeout_s, cwd, env, created_at, updated_at, "
+                    "next_run_at, priority, queue, waiting_on, ready) VALUES (?, 'true', 'pending', 3, 0, '/', '{}', "
+                    "?, ?, ?, ?, ?, 0, 1)")
+
+
+def enqueue_older(store, job_id, queue="default", priority=0, now=T0):
+    """Enqueue a due job in a database at an older schema, as the queuectl of that schema did."""
+    row = (job_id, now, now, now, priority, queue)
+    store.write(lambda cur: cur.execute(OLDER_INSERT_JOB.replace("?", store.sql.PARAM), row))
 
 
 def dump(db):
@@ -1611,8 +1621,11 @@ def test_config_set_every_key(db):
               "job-timeout": "30", "retention": "2", "output-limit": "2048", "kill-grace": "2.5"}
     for key, value in values.items():
         ok(db, "config", "set", key, value)
+    ok(db, "config", "set", "on-dead", "echo $QUEUECTL_DEAD_JOB_ID | mail ops")
     stored = json.loads(ok(db, "config", "list", "--json"))
-    assert stored == {key: float(value) for key, value in values.items()}
+    assert stored == {**{key: float(value) for key, value in values.items()},
+                      "on-dead": "echo $QUEUECTL_DEAD_JOB_ID | mail ops"}
+    assert ok(db, "config", "get", "on-dead") == "echo $QUEUECTL_DEAD_JOB_ID | mail ops\n"
     ok(db, "config", "set", "retention", "12h")
     assert ok(db, "config", "get", "retention") == "43200\n"
     assert isinstance(stored["max-retries"], int)
@@ -2808,7 +2821,8 @@ def test_an_existing_database_gains_schedules_on_upgrade(db, monkeypatch):
         old.setattr(queuectl, "SCHEMA_VERSION", 1)
         old.setattr(queuectl, "MIGRATIONS", queuectl.MIGRATIONS[:1])
         old.setattr(queuectl, "PG_MIGRATIONS", queuectl.PG_MIGRATIONS[:1])
-        enqueue(db, id="old", command="true")
+        with opened(db) as s:
+            enqueue_older(s, "old", now=s.now())
     ok(db, "schedule", "add", '{"id": "a", "every": "1h", "command": "true"}')
     assert get_job(db, "old")["state"] == "pending"
     with opened(db) as s:
@@ -3915,7 +3929,7 @@ def test_a_version_1_database_upgrades_to_record_worker_queues(db, monkeypatch):
         m.setattr(queuectl, "PG_MIGRATIONS", queuectl.PG_MIGRATIONS[:1])
         m.setattr(queuectl, "SCHEMA_VERSION", 1)
         with opened(db) as s:
-            s.enqueue([spec("old")], s.now())
+            enqueue_older(s, "old", now=s.now())
     with opened(db) as s:
         version = "SELECT version FROM queuectl_version" if is_pg(db) else "PRAGMA user_version"
         assert s.read(version)[0][0] == queuectl.SCHEMA_VERSION >= 4
@@ -3935,7 +3949,7 @@ def test_an_upgrade_is_refused_while_workers_of_the_older_schema_are_alive_and_c
             here = {**me, "pid": sleeper.pid, "proc_start": queuectl.proc_start_time(sleeper.pid)}
             elsewhere = {"host": "old-host", "pid": 4242, "proc_start": "1", "boot_id": "b", "pid_ns": "n"}
             with previous_schema(monkeypatch), opened(db) as s:
-                s.enqueue([spec("old", queue="deploy")], s.now())
+                enqueue_older(s, "old", queue="deploy", now=s.now())
                 register_older(s, "here", here, s.now())
                 register_older(s, "elsewhere", elsewhere, s.now())
                 register_older(s, "gone", {**me, "pid": ended.pid, "proc_start": "0"}, s.now())
@@ -3968,7 +3982,7 @@ def test_postgres_a_role_that_may_only_read_an_older_schema_is_told_its_owner_up
     schema = f"{pg_roles.prefix}_q"
     pg_roles.sql(f"CREATE SCHEMA {schema} AUTHORIZATION {team}")
     with previous_schema(monkeypatch), opened(pg_roles.url(team, schema)) as s:
-        s.enqueue([spec("old")], s.now())
+        enqueue_older(s, "old", now=s.now())
     pg_roles.sql(f"GRANT USAGE ON SCHEMA {schema} TO {carol}", f"GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {carol}")
     for args in (("status",), ("list", "--json")):
         code, out, err = cli(pg_roles.url(carol, schema), *args)
@@ -3996,7 +4010,7 @@ def test_postgres_an_upgrade_waits_for_a_registration_under_way_and_then_refuses
     first: a registration not yet committed when the command starts is waited for and seen."""
     import psycopg
     with previous_schema(monkeypatch), opened(pg_url) as s:
-        s.enqueue([spec("old")], s.now())
+        enqueue_older(s, "old", now=s.now())
     url, schema = pg_url.rsplit("schema=", 1)
     with psycopg.connect(url[:-1]) as registering:  # a transaction: the INSERT waits for its commit
         registering.execute(f'SET search_path = "{schema}"')
@@ -4184,7 +4198,8 @@ def test_a_version_1_database_upgrades_and_keeps_its_jobs(db, monkeypatch):
         m.setattr(queuectl, "MIGRATIONS", queuectl.MIGRATIONS[:1])
         m.setattr(queuectl, "PG_MIGRATIONS", queuectl.PG_MIGRATIONS[:1])
         with opened(db) as old:
-            old.enqueue([spec("low", queue="deploy"), spec("high", queue="deploy", priority=5)], T0)
+            enqueue_older(old, "low", queue="deploy")
+            enqueue_older(old, "high", queue="deploy", priority=5)
     with opened(db) as s:
         register(s)
         s.set_limit("deploy", 1)
@@ -6187,7 +6202,9 @@ def test_postgres_a_team_schema_whose_tables_a_member_made_before_owners_were_ch
     alices = pg_roles.url(alice, schema)
     enqueue(alices, id="old", command="true")
     pg_roles.sql(*(f"ALTER TABLE {schema}.{t} OWNER TO {alice}" for t in queuectl.PG_TABLES),  # as then
-                 f"ALTER TABLE {schema}.workers DROP COLUMN version",  # and one migration behind
+                 f"DROP TRIGGER jobs_dead ON {schema}.jobs", f"DROP FUNCTION {schema}.jobs_dead()",  # and one
+                 f"DROP INDEX {schema}.jobs_notices",  # migration behind
+                 f"ALTER TABLE {schema}.jobs DROP COLUMN on_dead, DROP COLUMN revived, DROP COLUMN notifies",
                  f"UPDATE {schema}.queuectl_version SET version = {queuectl.SCHEMA_VERSION - 1}")
     assert set(schema_tables(pg_roles, schema).values()) == {alice}
     enqueue(alices, id="new", command="true")
