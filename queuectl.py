@@ -1664,6 +1664,10 @@ class SqliteSQL:
                    "WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= ?)")
     # A worker whose registration was removed (presumed dead) cannot claim: its jobs would be orphans.
     SQL_REGISTERED = "SELECT 1 FROM workers WHERE id = ?"
+    # Is a notification job ready (see Store._wake_for_notices)?
+    SQL_ANY_NOTICE = ("SELECT 1 FROM jobs INDEXED BY jobs_notices "
+                      "WHERE notifies IS NOT NULL AND state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 "
+                      "LIMIT 1")
     # The claim's choice: the id of the job a claim would take, the best of the heads of the queues it
     # may serve. The poller asks it (see SqliteStore.due_now), and without RETURNING (SQLite < 3.35)
     # the claim runs it, then SQL_CLAIM_ID, in one transaction. Parameters :now and :queues, a JSON
@@ -2255,7 +2259,13 @@ class Store:
                 self._wake_workers(cur)  # maybe one was waiting for this one alone
         elif state == DEAD:
             self._kill_dependents(cur, job_id, now)
-            self._wake_workers(cur)  # for the notification jobs its death may have made (see migration 6)
+            self._wake_for_notices(cur)
+
+    def _wake_for_notices(self, cur: Cursor) -> None:
+        """After a death: wake the workers if a notification job waits to run (this death's, made by the
+        trigger of migration 6; one seek in jobs_notices, which is empty when none waits)."""
+        if cur.execute(self.sql.SQL_ANY_NOTICE).fetchone():
+            self._wake_workers(cur)
 
     def _kill_dependents(self, cur: Cursor, job_id: str, now: float) -> None:
         """Send every unfinished job below a dead one to the DLQ. Repeated until it finds none: on
@@ -2368,7 +2378,7 @@ class Store:
         for job_id in waiting:
             self._kill_dependents(cur, job_id, now)
         if waiting:
-            self._wake_workers(cur)  # for the notification jobs their deaths may have made (see migration 6)
+            self._wake_for_notices(cur)
         done = {*waiting, *running}
         return [i for i in job_ids if i in done]
 
@@ -3525,6 +3535,8 @@ class PostgresSQL:
                        LIMIT 1) AS notice WHERE NOT eligible.open)
         OR EXISTS (SELECT 1 FROM jobs
                    WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= %(now)s)"""
+    SQL_ANY_NOTICE = ("SELECT 1 FROM jobs WHERE notifies IS NOT NULL AND state IN ('pending', 'failed') "
+                      "AND waiting_on = 0 AND ready = 1 LIMIT 1")  # as SQLite's (jobs_notices)
     # When the poller looks next: the earliest staged job not due yet (jobs_staged, as SQLite's).
     SQL_NEXT_STAGED = ("SELECT min(next_run_at) FROM jobs "
                        "WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at > %s")

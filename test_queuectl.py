@@ -5221,6 +5221,165 @@ def test_canceling_a_job_with_its_dependent_says_canceled_for_both_as_cancel_all
                                                                          ("b", "dead", "canceled")]
 
 
+# ---- on_dead: a notification job for each death --------------------------------------------------
+
+def notices(store, job_id=None):
+    """The notification jobs (of the dead job `job_id`, or all), by id."""
+    return {j.id: j for j in store.list_jobs() if "QUEUECTL_DEAD_RUN" in j.env
+            and job_id in (None, j.env["QUEUECTL_DEAD_JOB_ID"])}
+
+
+def only_notice(store, job_id):
+    """The one notification job of `job_id`'s deaths so far (asserted to be the only one)."""
+    made = notices(store, job_id)
+    assert len(made) == 1, made
+    return next(iter(made.values()))
+
+
+def test_each_kind_of_death_makes_one_notification_job_with_the_dead_jobs_facts(store):
+    register(store)
+    store.config_set("on_dead", "notify")
+    store.enqueue([spec("failed", max_retries=1), spec("timed-out", max_retries=1), spec("waiting"),
+                   spec("running"), spec("lost"), spec("parent", max_retries=1),
+                   spec("child", depends_on=["parent"]), spec("fine")], T0)
+    store.cancel(["waiting"], T0)
+    finish_next(store, 3, T0)  # failed: retries exhausted
+    job = store.claim("w1", T0)  # timed-out: killed by its timeout, for good
+    store.finish(job, "w1", outcome(None, "timeout after 1s", "slow"), SETTINGS, T0 + 1)
+    running = store.claim("w1", T0)
+    store.cancel(["running"], T0)
+    store.interrupt(running, "w1", queuectl.Outcome(None, "canceled", b"", 0.1, interrupted="canceled"), False, T0)
+    for _ in range(queuectl.LOST_WORKER_CAP):  # lost too often
+        store.interrupt(store.claim("w1", T0), "w1", LOST, True, T0)
+    finish_next(store, 1, T0)  # parent dies, and takes child with it
+    finish_next(store, 0, T0)  # fine: completed, no notification
+    dead = {j.id: j for j in store.list_jobs("dead")}
+    assert sorted(dead) == ["child", "failed", "lost", "parent", "running", "timed-out", "waiting"]
+    assert len(notices(store)) == len(dead)
+    for job_id, job in dead.items():
+        notice = only_notice(store, job_id)
+        seq = store.read(f"SELECT seq FROM jobs WHERE id = {store.sql.PARAM}", (job_id,))[0][0]
+        assert notice.id == f"{job_id}@dead-{seq}-0" and notice.command == "notify"
+        assert (notice.state, notice.queue, notice.cwd, notice.max_retries) == ("pending", "default", "/", 3)
+        assert notice.env == {"QUEUECTL_DEAD_JOB_ID": job_id, "QUEUECTL_DEAD_QUEUE": "default",
+                              "QUEUECTL_DEAD_ATTEMPTS": str(job.attempts),
+                              "QUEUECTL_DEAD_EXIT_CODE": "" if job.exit_code is None else str(job.exit_code),
+                              "QUEUECTL_DEAD_ERROR": job.last_error, "QUEUECTL_DEAD_RUN": str(job.run_count)}
+    assert only_notice(store, "failed").env["QUEUECTL_DEAD_EXIT_CODE"] == "3"
+    assert only_notice(store, "child").env["QUEUECTL_DEAD_ERROR"] == "dependency parent is dead"
+
+
+def test_a_notification_id_is_cut_to_the_id_limit_and_a_death_is_never_notified_twice(store):
+    register(store)
+    store.config_set("on_dead", "notify")
+    long_id = "x" * queuectl.MAX_ID_CHARS
+    store.enqueue([spec(long_id)], T0)
+    store.cancel([long_id], T0)
+    notice = only_notice(store, long_id)
+    assert len(notice.id) == queuectl.MAX_ID_CHARS and notice.id.endswith("@dead-1-0")
+    # The same death seen again (a statement that set it dead twice) inserts nothing more: one per death.
+    store.write(lambda cur: cur.execute(f"UPDATE jobs SET state = 'failed' WHERE id = {store.sql.PARAM}", (long_id,)))
+    store.write(lambda cur: cur.execute(f"UPDATE jobs SET state = 'dead' WHERE id = {store.sql.PARAM}", (long_id,)))
+    assert len(notices(store)) == 1
+
+
+def test_on_dead_of_the_job_wins_over_config_and_empty_means_none(store):
+    register(store)
+    store.enqueue([spec("plain"), spec("own", on_dead="own-command"), spec("quiet", on_dead="")], T0)
+    store.cancel(["plain"], T0)
+    assert notices(store) == {}  # config on-dead is empty by default: no notification
+    store.config_set("on_dead", "config-command")
+    store.cancel(["own", "quiet"], T0)
+    assert only_notice(store, "own").command == "own-command" and notices(store, "quiet") == {}
+    assert store.get("own").on_dead == "own-command" and store.get("plain").on_dead is None
+    store.enqueue([spec("later")], T0)
+    store.cancel(["later"], T0)
+    assert only_notice(store, "later").command == "config-command"
+
+
+def test_a_notification_jobs_own_death_notifies_nobody(store):
+    register(store)
+    store.config_set("on_dead", "exit 1")
+    store.config_set("max_retries", 1)
+    store.enqueue([spec("j")], T0)
+    store.cancel(["j"], T0)
+    notice = only_notice(store, "j")
+    assert finish_next(store, 1, T0).state == "dead" and store.get(notice.id).state == "dead"
+    assert [j.id for j in store.list_jobs()] == ["j", notice.id]
+
+
+def test_a_paused_or_full_queue_does_not_hold_back_its_notification_jobs(store):
+    register(store)
+    store.config_set("on_dead", "notify")
+    store.enqueue([spec("a", queue="q"), spec("b", queue="q"), spec("c", queue="q")], T0)
+    store.pause(["q"])
+    assert store.claim("w1", T0) is None and not store.due_now(T0)
+    store.cancel(["a"], T0)
+    assert store.due_now(T0) and store.due_now(T0, ("q",))
+    assert store.claim("w1", T0, ("q",)).id == only_notice(store, "a").id
+    assert store.claim("w1", T0) is None  # ordinary jobs still wait
+    store.resume(["q"])
+    store.set_limit("q", 2)  # the notification job runs: one slot left
+    assert store.claim("w1", T0).id == "b" and store.claim("w1", T0) is None  # full
+    store.cancel(["c"], T0)
+    assert store.claim("w1", T0).id == only_notice(store, "c").id
+
+
+def test_dlq_retry_does_not_notify_the_old_death_again_and_a_new_death_notifies(store):
+    register(store)
+    store.config_set("on_dead", "notify")
+    store.enqueue([spec("j", max_retries=1)], T0)
+    finish_next(store, 1, T0)
+    first = only_notice(store, "j")
+    assert finish_next(store, 0, T0).id == first.id  # the notification job ran
+    store.retry_dead(["j"], T0 + 1)
+    assert list(notices(store, "j")) == [first.id]
+    assert finish_next(store, 2, T0 + 2).state == "dead"
+    made = notices(store, "j")
+    assert len(made) == 2 and first.id.endswith("-0")
+    second = next(j for i, j in made.items() if i != first.id)
+    assert second.id == first.id[:-1] + "1" and second.env["QUEUECTL_DEAD_EXIT_CODE"] == "2"
+
+
+def test_a_schedules_template_carries_on_dead_to_its_jobs(store):
+    schedule = add_schedule(store, every="1h", on_dead="page-oncall")
+    assert schedule.job["on_dead"] == "page-oncall"
+    job = queuectl.slot_job(schedule, T0 + 3600, CONFIG_DEFAULTS_INTERNAL)
+    store.enqueue([job], T0)
+    assert store.get(job["id"]).on_dead == "page-oncall"
+
+
+def test_a_database_upgraded_from_schema_5_notifies(db, monkeypatch):
+    with monkeypatch.context() as m:  # the queuectl before on_dead
+        m.setattr(queuectl, "SCHEMA_VERSION", 5)
+        m.setattr(queuectl, "MIGRATIONS", queuectl.MIGRATIONS[:5])
+        m.setattr(queuectl, "PG_MIGRATIONS", queuectl.PG_MIGRATIONS[:5])
+        with opened(db) as s:
+            enqueue_older(s, "old", now=s.now())
+    ok(db, "config", "set", "on-dead", "notify")
+    ok(db, "cancel", "old")
+    assert [j["id"] for j in json.loads(ok(db, "list", "--json"))] == ["old", "old@dead-1-0"]
+    assert get_job(db, "old")["on_dead"] is None
+
+
+@sqlite_only
+@pytest.mark.parametrize("args, fragment", [
+    (("enqueue", '{"command": "true", "on_dead": 5}'), "must be a string"),
+    (("enqueue", '{"command": "true", "on_dead": ["mail"]}'), "must be a string"),
+    (("enqueue", '{"command": "true", "on_dead": "a\\u0000b"}'), "NUL"),
+    (("enqueue", json.dumps({"command": "true", "on_dead": "x" * 131_072})), "longer than 131071 bytes"),
+    (("add", "--on-dead", "x" * 131_072, "--", "true"), "longer than 131071 bytes"),
+    (("config", "set", "on-dead", "x" * 131_072), "longer than 131071 bytes"),
+    (("schedule", "add", '{"id": "s", "every": "1h", "command": "true", "on_dead": 1}'), "must be a string"),
+])
+def test_bad_on_dead_is_refused_and_nothing_is_stored(seeded_db, args, fragment):
+    before = snapshot(seeded_db), ok(seeded_db, "schedule", "list", "--json")
+    code, out, err = cli(seeded_db, *args)
+    assert (code, out) == (2, ""), err
+    assert_one_error(err, "on_dead" if args[0] != "config" else "on-dead", fragment)
+    assert (snapshot(seeded_db), ok(seeded_db, "schedule", "list", "--json")) == before
+
+
 # ---- delete --------------------------------------------------------------------------------------
 
 def test_delete_removes_jobs_with_their_runs_and_dependencies(store):
@@ -8369,6 +8528,46 @@ def test_burst_worker_exits_when_nothing_is_due_within_60_s(db, workers, tmp_pat
     job = get_job(db, "later")
     assert (job["state"], job["attempts"]) == ("failed", 1)
     assert parse_iso(job["next_run_at"]).timestamp() > time.time() + 60
+
+
+def test_a_notification_job_gets_the_dead_jobs_facts_in_its_environment_and_its_last_output_on_stdin(
+        db, workers, tmp_path):
+    ok(db, "config", "set", "on-dead", "env | grep ^QUEUECTL_ | sort > env.txt; cat > stdin.txt")
+    enqueue(db, id="doomed", command="echo first line; printf 'last line'; exit 3", max_retries=1, cwd=str(tmp_path))
+    # Other jobs still read nothing, even one whose env looks like a notification's.
+    enqueue(db, id="plain", command="cat > plain.txt", cwd=str(tmp_path))
+    enqueue(db, id="fake", command="cat > fake.txt", cwd=str(tmp_path),
+            env={"QUEUECTL_DEAD_JOB_ID": "doomed", "QUEUECTL_DEAD_RUN": "1"})
+    worker = workers.start("--burst")
+    assert worker.wait() == 0, worker.log()
+    notice = next(j for j in json.loads(ok(db, "list", "--json")) if j["id"].startswith("doomed@dead-"))
+    assert notice["state"] == "completed", worker.log()
+    env = dict(line.split("=", 1) for line in (tmp_path / "env.txt").read_text().splitlines())
+    assert {k: v for k, v in env.items() if k.startswith("QUEUECTL_DEAD_")} == {
+        "QUEUECTL_DEAD_JOB_ID": "doomed", "QUEUECTL_DEAD_QUEUE": "default", "QUEUECTL_DEAD_ATTEMPTS": "1",
+        "QUEUECTL_DEAD_EXIT_CODE": "3", "QUEUECTL_DEAD_ERROR": "exit code 3", "QUEUECTL_DEAD_RUN": "1"}
+    assert env["QUEUECTL_JOB_ID"] == notice["id"] and env["QUEUECTL_ATTEMPT"] == "1"  # and its own, as every job
+    assert (tmp_path / "stdin.txt").read_text() == "first line\nlast line"
+    assert (tmp_path / "plain.txt").read_text() == "" and (tmp_path / "fake.txt").read_text() == ""
+
+
+def test_each_death_is_notified_once_while_cancels_race_two_workers(db, workers, tmp_path):
+    """Two worker processes record failures while this process cancels the same jobs: each job dies
+    once, by whichever wins, and so has exactly one notification job."""
+    ok(db, "config", "set", "on-dead", "true")
+    ids = [f"j{i}" for i in range(30)]
+    assert cli(db, "enqueue", "-", stdin=jsonl(*({"id": i, "command": "exit 1", "max_retries": 1, "queue": "work",
+                                                  "cwd": str(tmp_path)} for i in ids)))[0] == 0
+    for _ in range(2):
+        workers.start("--queue", "work")
+    for job_id in ids:  # racing the results: some are canceled, some already dead (refused: exit 1)
+        assert cli(db, "cancel", job_id)[0] in (0, 1)
+    wait_for(lambda: all(c == 0 for s, c in json.loads(ok(db, "status", "--json"))["jobs"].items()
+                         if s in ("pending", "processing", "failed")), "every job and notification to end")
+    jobs = json.loads(ok(db, "list", "--json"))
+    assert {j["id"]: j["state"] for j in jobs if j["id"] in ids} == dict.fromkeys(ids, "dead")
+    made = sorted(j["env"]["QUEUECTL_DEAD_JOB_ID"] for j in jobs if j["id"] not in ids)
+    assert made == sorted(ids)
 
 
 # ---- the drain: a shared SQLite connection, the environment, malloc arenas, the WAL --------------
