@@ -1401,8 +1401,8 @@ sys.path.insert(0, sys.argv[1])
 import queuectl
 queuectl.Watchdog.start(f"watchdog-test:{os.getpid()}:{os.urandom(3).hex()}")
 real_spawn = queuectl._spawn
-def spawn(job, extra, die_with_worker):
-    proc = real_spawn(job, extra, die_with_worker)
+def spawn(job, extra, die_with_worker, stdin=None):
+    proc = real_spawn(job, extra, die_with_worker, stdin)
     if not die_with_worker:  # the job runs, and its worker dies before it could tell the watchdog of it
         print(proc.pid, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
