@@ -1452,10 +1452,11 @@ MIGRATIONS = [
          json_object('QUEUECTL_DEAD_JOB_ID', NEW.id, 'QUEUECTL_DEAD_QUEUE', NEW.queue,
                      'QUEUECTL_DEAD_ATTEMPTS', CAST(NEW.attempts AS TEXT),
                      'QUEUECTL_DEAD_EXIT_CODE', coalesce(CAST(NEW.exit_code AS TEXT), ''),
-                     'QUEUECTL_DEAD_ERROR', coalesce(NEW.last_error, ''), 'QUEUECTL_DEAD_RUN', CAST(NEW.run_count AS TEXT)),
+                     'QUEUECTL_DEAD_ERROR', coalesce(NEW.last_error, ''),
+                     'QUEUECTL_DEAD_RUN', CAST(NEW.run_count AS TEXT)),
          NEW.updated_at, NEW.updated_at, NEW.updated_at, NEW.priority, NEW.queue, 0, 1, NEW.id
-     FROM (SELECT coalesce(NEW.on_dead, (SELECT json_extract(value, '$') FROM config WHERE key = 'on_dead'), '') AS command,
-                  '@dead-' || NEW.seq || '-' || NEW.revived AS suffix) AS n
+     FROM (SELECT coalesce(NEW.on_dead, (SELECT json_extract(value, '$') FROM config WHERE key = 'on_dead'), '')
+                      AS command, '@dead-' || NEW.seq || '-' || NEW.revived AS suffix) AS n
      WHERE n.command <> '';
      END"""],
 ]
@@ -1565,8 +1566,8 @@ class SharedSQL:
 
     # revived + 1: the job's next death is a new one, with a notification id of its own (see migration 6).
     SQL_RETRY = ("UPDATE jobs SET state = 'pending', attempts = 0, lost_count = 0, cancel_requested = 0, "
-                 "revived = revived + 1, next_run_at = %s, last_error = NULL, exit_code = NULL, updated_at = %s, ready = 0, "
-                 "waiting_on = (SELECT count(*) FROM deps JOIN jobs d ON d.id = deps.dep_id "
+                 "revived = revived + 1, next_run_at = %s, last_error = NULL, exit_code = NULL, updated_at = %s, "
+                 "ready = 0, waiting_on = (SELECT count(*) FROM deps JOIN jobs d ON d.id = deps.dep_id "
                  "WHERE deps.job_id = jobs.id AND d.state <> 'completed') WHERE id = %s AND state = 'dead'")
     # `dlq retry --all`: the dead jobs (of a queue, or of all when it is NULL) and, in any queue, the dead
     # jobs they depend on, up the graph: a chain is revived together. On PostgreSQL the jobs it finds are
@@ -1691,7 +1692,7 @@ class SqliteSQL:
                 ORDER BY queue LIMIT 1)
         FROM q WHERE q.name IS NOT NULL),
     served(name) AS (SELECT name FROM q UNION ALL SELECT value FROM json_each(:queues)),
-    heads(seq) AS (  -- the best ready job of each such queue that is neither paused nor full, else its best notification
+    heads(seq) AS (  -- the best ready job of each such queue neither paused nor full, else its best notification
         SELECT CASE WHEN (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (served.name, '*'))
                           OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || served.name))  -- resumed alone
                      AND NOT EXISTS (SELECT 1 FROM queue_limits AS l WHERE l.queue = served.name  -- full: at its limit
@@ -4109,7 +4110,7 @@ class PostgresStore(Store):
                 raise BadDatabase(f"{self.path}: {creators} may create objects in {what}, and so make queuectl's "
                                   f"statements run their code as {user}: REVOKE CREATE ON SCHEMA {self.schema} "
                                   f"FROM {creators}, or use a schema of your own (?schema=)")
-            if planted:  # queuectl makes only its own (jobs_dead): one a role not ours left may be what a statement calls
+            if planted:  # queuectl's own is jobs_dead: one a role not ours left may be what a statement calls
                 raise BadDatabase(f"{self.path}: {what} holds {planted}, which queuectl's statements could call as "
                                   f"{user}: drop it, or use a schema of your own (?schema=)")
         return rows
