@@ -1434,8 +1434,11 @@ MIGRATIONS = [
     # is the dead job's (cut to leave room), '@dead-', its seq and its revival count, one per death (seq
     # is never reused while the notification that names it exists), and a second insert of it does
     # nothing. A notification's own death makes none. Its max_retries and timeout are config's (with
-    # today's defaults where unset), its cwd the dead job's; QUEUECTL_DEAD_RUN names the run whose output
-    # its runner gives it on stdin (see Store.dead_output). jobs_notices: the claim's exemption of
+    # today's defaults where unset), its cwd the dead job's. It tells of the run that died (OLD.state
+    # 'processing'): its exit code (none for an interrupted run) and, in QUEUECTL_DEAD_RUN, the run whose
+    # output its runner gives it on stdin (see Store.dead_output); a death without a run of its own (a
+    # waiting job canceled, a dependency's death) tells none, not an earlier attempt's: that attempt
+    # failed and was retried, it did not die. jobs_notices: the claim's exemption of
     # notifications from pauses and limits (see SQL_NEXT_DUE), one seek in a nearly empty index.
     ["ALTER TABLE jobs ADD COLUMN on_dead TEXT",
      "ALTER TABLE jobs ADD COLUMN revived INTEGER NOT NULL DEFAULT 0",
@@ -1451,9 +1454,11 @@ MIGRATIONS = [
          coalesce((SELECT json_extract(value, '$') FROM config WHERE key = 'job_timeout'), 0), NEW.cwd,
          json_object('QUEUECTL_DEAD_JOB_ID', NEW.id, 'QUEUECTL_DEAD_QUEUE', NEW.queue,
                      'QUEUECTL_DEAD_ATTEMPTS', CAST(NEW.attempts AS TEXT),
-                     'QUEUECTL_DEAD_EXIT_CODE', coalesce(CAST(NEW.exit_code AS TEXT), ''),
+                     'QUEUECTL_DEAD_EXIT_CODE', CASE WHEN OLD.state = 'processing'
+                                                     THEN coalesce(CAST(NEW.exit_code AS TEXT), '') ELSE '' END,
                      'QUEUECTL_DEAD_ERROR', coalesce(NEW.last_error, ''),
-                     'QUEUECTL_DEAD_RUN', CAST(NEW.run_count AS TEXT)),
+                     'QUEUECTL_DEAD_RUN', CASE WHEN OLD.state = 'processing' THEN CAST(NEW.run_count AS TEXT)
+                                               ELSE '0' END),
          NEW.updated_at, NEW.updated_at, NEW.updated_at, NEW.priority, NEW.queue, 0, 1, NEW.id
      FROM (SELECT coalesce(NEW.on_dead, (SELECT json_extract(value, '$') FROM config WHERE key = 'on_dead'), '')
                       AS command, '@dead-' || NEW.seq || '-' || NEW.revived AS suffix) AS n
@@ -1526,7 +1531,9 @@ class SharedSQL:
     SQL_FINISH_JOB = ("UPDATE jobs SET state = %s, attempts = %s, next_run_at = %s, last_error = %s, exit_code = %s, "
                       "worker_id = NULL, updated_at = %s, ready = 0 "
                       "WHERE id = %s AND state = 'processing' AND worker_id = %s AND run_count = %s")
+    # An interrupted run has no exit code: a job it kills keeps none of an earlier attempt's (see migration 6).
     SQL_REQUEUE = ("UPDATE jobs SET state = %s, lost_count = lost_count + %s, last_error = coalesce(%s, last_error), "
+                   "exit_code = CASE WHEN %s = 'dead' THEN NULL ELSE exit_code END, "
                    "next_run_at = %s, worker_id = NULL, updated_at = %s, ready = 0 "
                    "WHERE id = %s AND state = 'processing' AND worker_id = %s AND run_count = %s")
     # A dead job takes every unfinished job below it in the dependency graph with it.
@@ -2290,7 +2297,8 @@ class Store:
                 return None
             state, error = interrupt_rule(job.lost_count + lost, lost, bool(flag[0]), stuck,
                                           outcome.error if outcome.interrupted == "canceled" else "canceled")
-            cur.execute(self.sql.SQL_REQUEUE, (state, int(lost), error, now, now, job.id, worker_id, job.run_count))
+            cur.execute(self.sql.SQL_REQUEUE, (state, int(lost), error, state, now, now, job.id, worker_id,
+                                               job.run_count))
             self._close_run(cur, job, "canceled" if flag[0] else "lost" if lost else "stopped", outcome, now)
             self._settle_dependents(cur, job.id, state, now)
             self._wake_for_finished(cur, job.queue, retry=state == PENDING)
@@ -3305,9 +3313,11 @@ PG_MIGRATIONS = [
          NEW.cwd,
          json_build_object('QUEUECTL_DEAD_JOB_ID', NEW.id, 'QUEUECTL_DEAD_QUEUE', NEW.queue,
                            'QUEUECTL_DEAD_ATTEMPTS', NEW.attempts::text,
-                           'QUEUECTL_DEAD_EXIT_CODE', coalesce(NEW.exit_code::text, ''),
+                           'QUEUECTL_DEAD_EXIT_CODE', CASE WHEN OLD.state = 'processing'
+                                                           THEN coalesce(NEW.exit_code::text, '') ELSE '' END,
                            'QUEUECTL_DEAD_ERROR', coalesce(NEW.last_error, ''),
-                           'QUEUECTL_DEAD_RUN', NEW.run_count::text)::text,
+                           'QUEUECTL_DEAD_RUN', CASE WHEN OLD.state = 'processing' THEN NEW.run_count::text
+                                                     ELSE '0' END)::text,
          NEW.updated_at, NEW.updated_at, NEW.updated_at, NEW.priority, NEW.queue, 0, 1, NEW.id
      FROM (SELECT coalesce(NEW.on_dead, (SELECT value::json #>> '{}' FROM config WHERE key = 'on_dead'), '') AS command,
                   '@dead-' || NEW.seq || '-' || NEW.revived AS suffix) AS n

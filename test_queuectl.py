@@ -5269,6 +5269,29 @@ def test_each_kind_of_death_makes_one_notification_job_with_the_dead_jobs_facts(
     assert only_notice(store, "child").env["QUEUECTL_DEAD_ERROR"] == "dependency parent is dead"
 
 
+def test_a_notification_tells_the_exit_code_and_output_of_the_run_that_died_not_an_earlier_ones(store):
+    """A death with no run of its own (canceled while waiting for a retry, behind a dead dependency) tells
+    no exit code and no run (stdin empty); a canceled or lost run tells its own run and output, and no
+    exit code (it has none), whatever an earlier attempt exited with."""
+    register(store)
+    store.config_set("on_dead", "notify")
+    store.enqueue([spec(job_id, max_retries=3, queue=job_id) for job_id in ("waiting", "running", "lost")], T0)
+    for _ in range(3):
+        finish_next(store, 3, T0, output="earlier attempt")  # each failed once: exit 3, a retry due later
+    store.cancel(["waiting"], T0)
+    canceled = store.claim("w1", T0 + 10, ("running",))
+    store.cancel(["running"], T0 + 10)
+    store.interrupt(canceled, "w1", queuectl.Outcome(None, "canceled", b"canceled run", 0.1, interrupted="canceled"),
+                    False, T0 + 10)
+    for _ in range(queuectl.LOST_WORKER_CAP):
+        store.interrupt(store.claim("w1", T0 + 10, ("lost",)), "w1", LOST, True, T0 + 10)
+    facts = {job_id: (n.env["QUEUECTL_DEAD_EXIT_CODE"], n.env["QUEUECTL_DEAD_RUN"], store.dead_output(n))
+             for job_id in ("waiting", "running", "lost") for n in [only_notice(store, job_id)]}
+    assert facts == {"waiting": ("", "0", b""), "running": ("", "2", b"canceled run"),
+                     "lost": ("", str(1 + queuectl.LOST_WORKER_CAP), b"")}
+    assert store.get("running").exit_code is None  # the job's row says the same as its notification
+
+
 def test_a_notification_id_is_cut_to_the_id_limit_and_a_death_is_never_notified_twice(store):
     register(store)
     store.config_set("on_dead", "notify")
