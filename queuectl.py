@@ -1736,19 +1736,20 @@ class SqliteSQL:
     # The workers to wake after a commit (see SqliteStore._wake_workers): those on this host.
     SQL_HOST_WORKERS = "SELECT id FROM workers WHERE host = ?"
     # --burst: is anything processing in our queues, or due within the horizon in one of them (one the
-    # claim would take by then, SQL_NEXT_DUE, or a staged one in a queue that is not paused)?
+    # claim would take by then, SQL_NEXT_DUE, or a staged one in a queue that is not paused, or a
+    # notification job's, which no pause holds back)?
     SQL_ANY_PROCESSING_FROM_QUEUES = ("SELECT 1 FROM jobs WHERE state = 'processing' "
                                       "AND queue IN (SELECT value FROM json_each(:queues)) LIMIT 1")
     SQL_STAGED_SOON_ANY_QUEUE = (
         "SELECT 1 FROM jobs INDEXED BY jobs_staged "
         "WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= :now "
-        "AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')) "
+        "AND (notifies IS NOT NULL OR NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')) "
         "OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || jobs.queue)) LIMIT 1")
     SQL_STAGED_SOON_FROM_QUEUES = (
         "SELECT 1 FROM jobs INDEXED BY jobs_staged "
         "WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= :now "
         "AND queue IN (SELECT value FROM json_each(:queues)) "
-        "AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')) "
+        "AND (notifies IS NOT NULL OR NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')) "
         "OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || jobs.queue)) LIMIT 1")
     # due_at: when the job became eligible (eligible_at), which the run's wait is counted from.
     # PostgreSQL's claim opens the run in its own statement (`opened` in PostgresSQL.SQL_CLAIM), which
@@ -3552,18 +3553,20 @@ class PostgresSQL:
     SQL_NEXT_STAGED = ("SELECT min(next_run_at) FROM jobs "
                        "WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at > %s")
     # --burst: is anything processing in our queues, or due within the horizon (ready or staged) in
-    # one of them that is not paused?
+    # one of them that is not paused, or a notification job (which no pause holds back)?
     SQL_ANY_PROCESSING_FROM_QUEUES = "SELECT 1 FROM jobs WHERE state = 'processing' AND queue = ANY(%(queues)s) LIMIT 1"
     SQL_DUE_SOON_ANY_QUEUE = """
     SELECT EXISTS (SELECT 1 FROM jobs
                    WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND next_run_at <= %(soon)s
-                     AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*'))
+                     AND (notifies IS NOT NULL
+                          OR NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*'))
                           OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || jobs.queue)))"""
     SQL_DUE_SOON_FROM_QUEUES = """
     SELECT EXISTS (SELECT 1 FROM jobs
                    WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND next_run_at <= %(soon)s
                      AND queue = ANY(%(queues)s)
-                     AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*'))
+                     AND (notifies IS NOT NULL
+                          OR NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*'))
                           OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || jobs.queue)))"""
     # A flush is worth no wait: a row lock held longer than this makes it give up (see flush_output).
     SQL_FLUSH_LOCK_TIMEOUT = "SET LOCAL lock_timeout = '50ms'"

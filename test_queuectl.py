@@ -8575,6 +8575,19 @@ def test_a_notification_job_gets_the_dead_jobs_facts_in_its_environment_and_its_
     assert (tmp_path / "plain.txt").read_text() == "" and (tmp_path / "fake.txt").read_text() == ""
 
 
+def test_a_burst_worker_waits_for_the_retry_of_a_notification_job_in_a_paused_queue(db, workers, tmp_path):
+    ok(db, "config", "set", "on-dead", "exit 1")
+    ok(db, "config", "set", "max-retries", "2")
+    ok(db, "config", "set", "backoff-base", "1")  # the notification's retry falls due a second after it failed
+    enqueue(db, id="doomed", command="true", queue="night", cwd=str(tmp_path))
+    ok(db, "pause", "--queue", "night")
+    ok(db, "cancel", "doomed")
+    worker = workers.start("--burst")
+    assert worker.wait() == 0, worker.log()
+    notice = next(j for j in json.loads(ok(db, "list", "--json")) if j["id"].startswith("doomed@dead-"))
+    assert (notice["state"], notice["attempts"]) == ("dead", 2), worker.log()
+
+
 def test_each_death_is_notified_once_while_cancels_race_two_workers(db, workers, tmp_path):
     """Two worker processes record failures while this process cancels the same jobs: each job dies
     once, by whichever wins, and so has exactly one notification job."""
