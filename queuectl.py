@@ -185,6 +185,8 @@ MAX_COMMAND_BYTES = 131_071  # Linux MAX_ARG_STRLEN (one argv string) less its t
 # the usual 8 MiB), which the worker's own environment and the command also use.
 MAX_ENV_BYTES = 1024 * 1024
 MAX_ID_CHARS = 200
+# The ids the trigger of migration 6 gives notification jobs: a job enqueued with one would take a death's.
+NOTICE_ID = re.compile(r"@dead-[0-9]+-[0-9]+\Z")
 MAX_RETRIES_LIMIT = 1_000_000
 MAX_SECONDS = 10 * 365 * 86400  # caps timeouts and delays: keeps every number finite and storable
 OUTPUT_TAIL_BYTES = 64 * 1024  # the default of config output-limit
@@ -542,7 +544,7 @@ def validate_job(obj: object, defaults: dict, cwd: str, now: float) -> dict:
         raise UsageError("fields 'run_at' and 'delay' cannot be used together")
     return {
         "command": _valid_command(obj["command"]),
-        "id": _valid_id(obj["id"]) if "id" in obj else os.urandom(8).hex(),
+        "id": _valid_job_id(obj["id"]) if "id" in obj else os.urandom(8).hex(),
         "max_retries": _valid_int(obj.get("max_retries", defaults["max_retries"]), "max_retries", 0, MAX_RETRIES_LIMIT),
         "timeout": _valid_seconds(obj.get("timeout", defaults["job_timeout"]), "timeout"),
         "cwd": _valid_cwd(obj["cwd"]) if "cwd" in obj else _default_cwd(cwd),
@@ -588,7 +590,8 @@ def _quick_ok(obj: dict, queues: set) -> bool:
         return False
     if "id" in obj:
         job_id = obj["id"]  # printable ASCII: no control character, line separator or NUL
-        if not (type(job_id) is str and 0 < len(job_id) <= MAX_ID_CHARS and job_id.isascii() and job_id.isprintable()):
+        if not (type(job_id) is str and 0 < len(job_id) <= MAX_ID_CHARS and job_id.isascii() and job_id.isprintable()
+                and "@dead-" not in job_id):  # maybe a notification job's (NOTICE_ID)
             return False
     if "priority" in obj:
         priority = obj["priority"]  # type(...) is int: not a bool
@@ -743,6 +746,14 @@ def _valid_id(value: object, field: str = "id") -> str:
     if UNSAFE_TEXT.search(job_id):  # so that it prints as it is, for scripts that read ids back
         raise UsageError(f"field {field!r}: an id must not contain control characters, line separators or "
                          "direction marks")
+    return job_id
+
+
+def _valid_job_id(value: object) -> str:
+    """A new job's id: not one the trigger of migration 6 may give a notification job."""
+    job_id = _valid_id(value)
+    if NOTICE_ID.search(job_id):
+        raise UsageError("field 'id': ids ending in @dead-N-N are reserved for the jobs that tell of a death")
     return job_id
 
 

@@ -5386,6 +5386,21 @@ def test_a_database_upgraded_from_schema_5_notifies(db, monkeypatch):
 
 
 @sqlite_only
+@pytest.mark.parametrize("how", ["enqueue", "batch", "add"])
+def test_an_id_of_a_notification_jobs_shape_is_refused_so_none_can_take_a_deaths_id(seeded_db, how):
+    """A job enqueued as x@dead-2-0 would take the id of x's notification job, which would then not be made."""
+    taken = "keep@dead-1-0"
+    before = snapshot(seeded_db)
+    args = {"enqueue": ("enqueue", json.dumps({"id": taken, "command": "true"})),
+            "batch": ("enqueue", "-"), "add": ("add", "--id", taken, "--", "true")}[how]
+    code, out, err = cli(seeded_db, *args, stdin=jsonl({"id": taken, "command": "true"}) if how == "batch" else None)
+    assert (code, out) == (2, ""), err
+    assert "reserved" in err and snapshot(seeded_db) == before
+    for fine in ("keep@dead-1", "keep@dead-letter-0", "keep@dead-1-0x"):  # other ids with '@dead-' are anyone's
+        ok(seeded_db, "add", "--id", fine, "--", "true")
+
+
+@sqlite_only
 @pytest.mark.parametrize("args, fragment", [
     (("enqueue", '{"command": "true", "on_dead": 5}'), "must be a string"),
     (("enqueue", '{"command": "true", "on_dead": ["mail"]}'), "must be a string"),
