@@ -553,7 +553,7 @@ def validate_job(obj: object, defaults: dict, cwd: str, now: float) -> dict:
         "queue": valid_queue(obj.get("queue", DEFAULT_QUEUE), "field 'queue'"),
         "run_at": _valid_run_at(obj, now),
         "depends_on": _valid_deps(obj["depends_on"]) if "depends_on" in obj else [],
-        "on_dead": valid_on_dead(obj["on_dead"], "field 'on_dead'") if "on_dead" in obj else None,
+        "on_dead": valid_on_dead(obj["on_dead"]) if "on_dead" in obj else None,
     }
 
 
@@ -710,33 +710,20 @@ def _valid_text(value: object, field: str) -> str:
     return value
 
 
-def _valid_command(value: object) -> str:
-    command = _valid_text(value, "command")
-    if not command.strip():
-        raise UsageError("field 'command' must not be blank")
+def _valid_command(value: object, field: str = "command", blank: bool = False) -> str:
+    command = _valid_text(value, field)
+    if not (blank or command.strip()):
+        raise UsageError(f"field {field!r} must not be blank")
     if len(command.encode("utf-8")) > MAX_COMMAND_BYTES:
-        raise UsageError(f"field 'command' is longer than {MAX_COMMAND_BYTES} bytes")
+        raise UsageError(f"field {field!r} is longer than {MAX_COMMAND_BYTES} bytes")
     return command
 
 
-def valid_on_dead(value: object, what: str) -> str:
+def valid_on_dead(value: object, field: str = "on_dead") -> str:
     """An on_dead command (a job's field, or config on-dead): a shell command, or "" (blank) for none; a
     job's "" turns config on-dead off for it."""
-    if not isinstance(value, str):
-        raise UsageError(f"{what} must be a string: a shell command, or \"\" for none")
-    if "\0" in value or not _encodable(value):
-        raise UsageError(f"{what} must be valid Unicode without NUL")
-    if len(value.encode("utf-8")) > MAX_COMMAND_BYTES:
-        raise UsageError(f"{what} is longer than {MAX_COMMAND_BYTES} bytes")
-    return value if value.strip() else ""
-
-
-def _encodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate
-        return False
-    return True
+    command = _valid_command(value, field, blank=True)
+    return command if command.strip() else ""
 
 
 def _valid_id(value: object, field: str = "id") -> str:
@@ -893,7 +880,7 @@ CONFIG = {
     # SIGTERM, then this long for a timed-out or canceled job to exit before SIGKILL; 0 = SIGKILL at once.
     "kill_grace": (10, seconds_key(0, 3600)),
     # A shell command run when a job without an on_dead of its own dies (see the migration to schema 6); "" = none.
-    "on_dead": ("", lambda text: valid_on_dead(text, "value")),
+    "on_dead": ("", lambda text: valid_on_dead(text, "on-dead")),
 }
 
 
