@@ -1563,9 +1563,10 @@ class SharedSQL:
                            "AND cancel_requested = run_count")
     SQL_ORPHAN_JOBS = ("SELECT id, run_count, lost_count, worker_id FROM jobs WHERE state = 'processing' "
                        "AND worker_id NOT IN (SELECT id FROM workers)")
-    # A notification's stdin: its dead job's run, found through `notifies`, which only a notification has.
-    SQL_DEAD_OUTPUT = ("SELECT runs.output FROM jobs JOIN runs ON runs.job_id = jobs.notifies "
-                       "WHERE jobs.id = %s AND runs.run_no = CAST(%s AS INTEGER)")
+    # A notification's stdin: its dead job's run, found through `notifies`, which only a notification has
+    # (a row for each notification, its output NULL when the run is gone or there was none).
+    SQL_DEAD_OUTPUT = ("SELECT runs.output FROM jobs LEFT JOIN runs ON runs.job_id = jobs.notifies "
+                       "AND runs.run_no = CAST(%s AS INTEGER) WHERE jobs.id = %s AND jobs.notifies IS NOT NULL")
     SQL_RUNS = ("SELECT run_no, worker_id, started_at, due_at, ended_at, outcome, exit_code, error, output, "
                 "output_bytes FROM runs WHERE job_id = %s ORDER BY run_no")
 
@@ -2198,11 +2199,11 @@ class Store:
                 "output_bytes")
         return [dict(zip(keys, r)) for r in self.read(self.sql.SQL_RUNS, (job_id,))]
 
-    def dead_output(self, job: Job) -> bytes:
+    def dead_output(self, job: Job) -> bytes | None:
         """What a notification job (see migration 6) gets on its stdin: the kept output of the dead job's run
-        that QUEUECTL_DEAD_RUN names (b"" if it never ran, or for a job that only looks like a notification)."""
-        rows = self.read(self.sql.SQL_DEAD_OUTPUT, (job.id, job.env.get("QUEUECTL_DEAD_RUN")))
-        return bytes(rows[0][0] or b"") if rows else b""
+        that QUEUECTL_DEAD_RUN names (b"" if none); None for a job that only looks like a notification."""
+        rows = self.read(self.sql.SQL_DEAD_OUTPUT, (job.env.get("QUEUECTL_DEAD_RUN"), job.id))
+        return bytes(rows[0][0] or b"") if rows else None
 
     def run_output(self, job_id: str, run_no: int | None = None) -> tuple | None:
         """(run_no, output tail, total bytes so far, ended_at) of run N or the latest; None if none."""
@@ -5634,6 +5635,8 @@ class Runner:
         # Jobs die with their worker where other hosts may rerun them; output-limit as last read. A
         # notification job (see migration 6) reads its dead job's output; only it pays for the read.
         stdin = self.store.dead_output(job) if "QUEUECTL_DEAD_RUN" in job.env else None
+        if stdin is not None and not os.path.isdir(job.cwd):  # its dead job's folder is gone (maybe why it died):
+            job = Job(**{**job.__dict__, "cwd": "/"})  # the notification must still tell
         return run_command(job, env, abort, on_output, die_with_worker=self.store.shared_by_hosts,
                            keep_bytes=self._settings()["output_limit"], kill_grace=self._kill_grace, stdin=stdin)
 

@@ -8590,6 +8590,23 @@ def test_a_notification_job_gets_the_dead_jobs_facts_in_its_environment_and_its_
     assert (tmp_path / "plain.txt").read_text() == "" and (tmp_path / "fake.txt").read_text() == ""
 
 
+def test_a_notification_job_whose_dead_jobs_folder_is_gone_runs_in_the_root_folder(db, workers, tmp_path):
+    """A job often dies because its folder was removed: its notification must still tell (a job that only
+    looks like one still cannot start there)."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    ok(db, "config", "set", "on-dead", f"pwd > {tmp_path}/told.txt")
+    enqueue(db, id="doomed", command="true", max_retries=1, cwd=str(gone))
+    enqueue(db, id="fake", command="true", max_retries=1, cwd=str(gone), on_dead="",
+            env={"QUEUECTL_DEAD_JOB_ID": "doomed", "QUEUECTL_DEAD_RUN": "1"})
+    gone.rmdir()
+    worker = workers.start("--burst")
+    assert worker.wait() == 0, worker.log()
+    states = {j["id"]: j["state"] for j in json.loads(ok(db, "list", "--json"))}
+    assert states == {"doomed": "dead", "fake": "dead", "doomed@dead-1-0": "completed"}, worker.log()
+    assert (tmp_path / "told.txt").read_text() == "/\n"
+
+
 def test_a_burst_worker_waits_for_the_retry_of_a_notification_job_in_a_paused_queue(db, workers, tmp_path):
     ok(db, "config", "set", "on-dead", "exit 1")
     ok(db, "config", "set", "max-retries", "2")
