@@ -1564,9 +1564,10 @@ class SharedSQL:
     SQL_ORPHAN_JOBS = ("SELECT id, run_count, lost_count, worker_id FROM jobs WHERE state = 'processing' "
                        "AND worker_id NOT IN (SELECT id FROM workers)")
     # A notification's stdin: its dead job's run, found through `notifies`, which only a notification has
-    # (a row for each notification, its output NULL when the run is gone or there was none).
+    # (a row for each notification, its output NULL when the run is gone or there was none). The run is
+    # compared as text: QUEUECTL_DEAD_RUN is in the env, which any job may set to anything (no cast error).
     SQL_DEAD_OUTPUT = ("SELECT runs.output FROM jobs LEFT JOIN runs ON runs.job_id = jobs.notifies "
-                       "AND runs.run_no = CAST(%s AS INTEGER) WHERE jobs.id = %s AND jobs.notifies IS NOT NULL")
+                       "AND CAST(runs.run_no AS TEXT) = %s WHERE jobs.id = %s AND jobs.notifies IS NOT NULL")
     SQL_RUNS = ("SELECT run_no, worker_id, started_at, due_at, ended_at, outcome, exit_code, error, output, "
                 "output_bytes FROM runs WHERE job_id = %s ORDER BY run_no")
 

@@ -5292,6 +5292,14 @@ def test_a_notification_tells_the_exit_code_and_output_of_the_run_that_died_not_
     assert store.get("running").exit_code is None  # the job's row says the same as its notification
 
 
+def test_a_jobs_own_queuectl_dead_run_variable_of_any_value_reads_no_output_and_raises_nothing(store):
+    """Only a notification job gets a dead run's output; a job's env is the user's, and on PostgreSQL a
+    value that is no number must not become a cast error of the read (the job would die of it)."""
+    store.enqueue([spec(f"fake{i}", env={"QUEUECTL_DEAD_RUN": value, "QUEUECTL_DEAD_JOB_ID": "fake0"})
+                   for i, value in enumerate(["1", "x", "99999999999999999999", " 1", ""])], T0)
+    assert [store.dead_output(store.get(f"fake{i}")) for i in range(5)] == [None] * 5
+
+
 def test_a_notification_id_is_cut_to_the_id_limit_and_a_death_is_never_notified_twice(store):
     register(store)
     store.config_set("on_dead", "notify")
