@@ -85,7 +85,7 @@ commands:
   schedule add|update|list|next|pause|resume|remove   recurring jobs: cron expressions or fixed intervals
   dashboard               a live web view of the queue and a JSON API (http://127.0.0.1:8321)
   config set|get|list     max-retries, backoff-base, backoff-max, stale-timeout, job-timeout, retention,
-                          output-limit, kill-grace
+                          output-limit, kill-grace, on-dead
   completion bash|zsh|fish  print a shell completion script (README: Shell completion)
   help [COMMAND]          a command's options and arguments (as COMMAND --help)
 
@@ -136,7 +136,7 @@ from datetime import date, datetime, timezone
 
 # A new schema version (SCHEMA_VERSION) always comes with a new __version__: a worker's version, which
 # `worker list` shows, then tells which schema it knows.
-__version__ = "1.1.0"
+__version__ = "1.2.0"
 
 class _Log:
     """logging.getLogger("queuectl"), imported on first use: only workers log, and the import
@@ -181,7 +181,7 @@ EXIT_INTERRUPTED = 130
 EXIT_TIMED_OUT, EXIT_NOT_RUN = 124, 125
 TIMED_OUT = "timed out"  # how the error of a run its timeout killed begins
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 VERSIONED_WORKERS = 5  # the first schema whose worker rows record their queuectl version
 UNRECORDED_VERSION = "1.0.0"  # what every queuectl before that schema called itself
 APPLICATION_ID = 0x51435431  # "QCT1": marks a SQLite file as a queuectl database
@@ -194,6 +194,8 @@ MAX_ID_CHARS = 200
 COMPLETE_LIMIT = 300  # values a shell completion offers at most: more is no help on a screen
 COMPLETE_DEADLINE_S = 2.0  # a Tab that takes longer (a server that stopped answering) ends, offering nothing
 COMPLETE_WALK = 1000  # index entries one of its walks reads at most (see SharedSQL.SQL_COMPLETE_DEAD_IDS)
+# The ids the trigger of migration 6 gives notification jobs: a job enqueued with one would take a death's.
+NOTICE_ID = re.compile(r"@dead-[0-9]+-[0-9]+\Z")
 MAX_RETRIES_LIMIT = 1_000_000
 MAX_SECONDS = 10 * 365 * 86400  # caps timeouts and delays: keeps every number finite and storable
 OUTPUT_TAIL_BYTES = 64 * 1024  # the default of config output-limit
@@ -353,7 +355,7 @@ class Job(Record):
     """One job row; `waiting_on` counts dependencies not completed yet (not due while > 0)."""
     FIELDS = ("id", "command", "state", "attempts", "max_retries", "timeout", "cwd", "env", "created_at",
               "updated_at", "next_run_at", "last_error", "exit_code", "worker_id", "run_count", "lost_count",
-              "priority", "queue", "waiting_on")
+              "priority", "queue", "waiting_on", "on_dead")
     COLUMNS = ", ".join(FIELDS).replace("timeout", "timeout_s")
 
     @classmethod
@@ -549,7 +551,7 @@ def lease_expired(last_change_mono: float, now_mono: float, stale_timeout_s: flo
 
 
 JOB_FIELDS = ("command", "id", "max_retries", "timeout", "cwd", "env", "priority", "queue", "run_at", "delay",
-              "depends_on")
+              "depends_on", "on_dead")
 JOB_FIELD_SET = frozenset(JOB_FIELDS)
 
 
@@ -564,7 +566,7 @@ def validate_job(obj: object, defaults: dict, cwd: str, now: float) -> dict:
         raise UsageError("fields 'run_at' and 'delay' cannot be used together")
     return {
         "command": _valid_command(obj["command"]),
-        "id": _valid_id(obj["id"]) if "id" in obj else os.urandom(8).hex(),
+        "id": _valid_job_id(obj["id"]) if "id" in obj else os.urandom(8).hex(),
         "max_retries": _valid_int(obj.get("max_retries", defaults["max_retries"]), "max_retries", 0, MAX_RETRIES_LIMIT),
         "timeout": _valid_seconds(obj.get("timeout", defaults["job_timeout"]), "timeout"),
         "cwd": _valid_cwd(obj["cwd"]) if "cwd" in obj else _default_cwd(cwd),
@@ -573,6 +575,7 @@ def validate_job(obj: object, defaults: dict, cwd: str, now: float) -> dict:
         "queue": valid_queue(obj.get("queue", DEFAULT_QUEUE), "field 'queue'"),
         "run_at": _valid_run_at(obj, now),
         "depends_on": _valid_deps(obj["depends_on"]) if "depends_on" in obj else [],
+        "on_dead": valid_on_dead(obj["on_dead"]) if "on_dead" in obj else None,
     }
 
 
@@ -597,7 +600,7 @@ def job_validator(defaults: dict, cwd: str, now: float) -> Callable[[object], di
         return {"command": obj["command"], "id": obj["id"] if "id" in obj else next(ids),
                 "max_retries": base["max_retries"], "timeout": base["timeout"], "cwd": base["cwd"], "env": {},
                 "priority": obj.get("priority", 0), "queue": obj.get("queue", DEFAULT_QUEUE), "run_at": None,
-                "depends_on": []}
+                "depends_on": [], "on_dead": None}
     return validate
 
 
@@ -609,7 +612,8 @@ def _quick_ok(obj: dict, queues: set) -> bool:
         return False
     if "id" in obj:
         job_id = obj["id"]  # printable ASCII: no control character, line separator or NUL
-        if not (type(job_id) is str and 0 < len(job_id) <= MAX_ID_CHARS and job_id.isascii() and job_id.isprintable()):
+        if not (type(job_id) is str and 0 < len(job_id) <= MAX_ID_CHARS and job_id.isascii() and job_id.isprintable()
+                and "@dead-" not in job_id):  # maybe a notification job's (NOTICE_ID)
             return False
     if "priority" in obj:
         priority = obj["priority"]  # type(...) is int: not a bool
@@ -728,13 +732,20 @@ def _valid_text(value: object, field: str) -> str:
     return value
 
 
-def _valid_command(value: object) -> str:
-    command = _valid_text(value, "command")
-    if not command.strip():
-        raise UsageError("field 'command' must not be blank")
+def _valid_command(value: object, field: str = "command", blank: bool = False) -> str:
+    command = _valid_text(value, field)
+    if not (blank or command.strip()):
+        raise UsageError(f"field {field!r} must not be blank")
     if len(command.encode("utf-8")) > MAX_COMMAND_BYTES:
-        raise UsageError(f"field 'command' is longer than {MAX_COMMAND_BYTES} bytes")
+        raise UsageError(f"field {field!r} is longer than {MAX_COMMAND_BYTES} bytes")
     return command
+
+
+def valid_on_dead(value: object, field: str = "on_dead") -> str:
+    """An on_dead command (a job's field, or config on-dead): a shell command, or "" (blank) for none; a
+    job's "" turns config on-dead off for it."""
+    command = _valid_command(value, field, blank=True)
+    return command if command.strip() else ""
 
 
 def _valid_id(value: object, field: str = "id") -> str:
@@ -744,6 +755,14 @@ def _valid_id(value: object, field: str = "id") -> str:
     if UNSAFE_TEXT.search(job_id):  # so that it prints as it is, for scripts that read ids back
         raise UsageError(f"field {field!r}: an id must not contain control characters, line separators or "
                          "direction marks")
+    return job_id
+
+
+def _valid_job_id(value: object) -> str:
+    """A new job's id: not one the trigger of migration 6 may give a notification job."""
+    job_id = _valid_id(value)
+    if NOTICE_ID.search(job_id):
+        raise UsageError("field 'id': ids ending in @dead-N-N are reserved for the jobs that tell of a death")
     return job_id
 
 
@@ -882,6 +901,8 @@ CONFIG = {
     "output_limit": (OUTPUT_TAIL_BYTES, _output_limit),
     # SIGTERM, then this long for a timed-out or canceled job to exit before SIGKILL; 0 = SIGKILL at once.
     "kill_grace": (10, seconds_key(0, 3600)),
+    # A shell command run when a job without an on_dead of its own dies (see the migration to schema 6); "" = none.
+    "on_dead": ("", lambda text: valid_on_dead(text, "on-dead")),
 }
 
 
@@ -894,7 +915,7 @@ CONFIG = {
 # tests call them with known calendars. Running workers fire schedules (ScheduleFirer, at the end).
 
 SCHEDULE_FIELDS = ("id", "cron", "every", "tz", "overlap")
-TEMPLATE_FIELDS = ("command", "max_retries", "timeout", "cwd", "env", "priority", "queue")
+TEMPLATE_FIELDS = ("command", "max_retries", "timeout", "cwd", "env", "priority", "queue", "on_dead")
 MAX_SCHEDULE_ID_CHARS = 170  # with "@2026-12-01T02:00:00Z" a slot's job id stays within MAX_ID_CHARS
 OVERLAPS = ("skip", "allow")
 SCHEDULE_CHECK_S = 1.0  # a worker looks for due schedules at least this often (one indexed lookup)
@@ -1426,6 +1447,43 @@ MIGRATIONS = [
     ["ALTER TABLE workers ADD COLUMN version TEXT",
      "CREATE TRIGGER workers_versioned BEFORE INSERT ON workers WHEN NEW.version IS NULL BEGIN "
      "SELECT RAISE(ABORT, 'this queue was upgraded by a newer queuectl: start workers of that version'); END"],
+    # 6: on_dead. A job's on_dead (NULL: config on-dead's); `revived` counts its `dlq retry`s; `notifies` is,
+    # on a notification job, the id of the job whose death made it. jobs_dead is the one place that sees
+    # every death (whichever statement makes it: a failure, a cancel, a lost run, a dependency's death) and
+    # makes the notification job in the death's own transaction, so it is never lost nor made twice: its id
+    # is the dead job's (cut to leave room), '@dead-', its seq and its revival count, one per death (seq
+    # is never reused while the notification that names it exists), and a second insert of it does
+    # nothing. A notification's own death makes none. Its max_retries and timeout are config's (with
+    # today's defaults where unset), its cwd the dead job's. It tells of the run that died (OLD.state
+    # 'processing'): its exit code (none for an interrupted run) and, in QUEUECTL_DEAD_RUN, the run whose
+    # output its runner gives it on stdin (see Store.dead_output); a death without a run of its own (a
+    # waiting job canceled, a dependency's death) tells none, not an earlier attempt's: that attempt
+    # failed and was retried, it did not die. jobs_notices: the claim's exemption of
+    # notifications from pauses and limits (see SQL_NEXT_DUE), one seek in a nearly empty index.
+    ["ALTER TABLE jobs ADD COLUMN on_dead TEXT",
+     "ALTER TABLE jobs ADD COLUMN revived INTEGER NOT NULL DEFAULT 0",
+     "ALTER TABLE jobs ADD COLUMN notifies TEXT",
+     "CREATE INDEX jobs_notices ON jobs (queue, priority DESC, next_run_at, seq) "
+     "WHERE notifies IS NOT NULL AND state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1",
+     """CREATE TRIGGER jobs_dead AFTER UPDATE OF state ON jobs
+     WHEN NEW.state = 'dead' AND OLD.state <> 'dead' AND NEW.notifies IS NULL BEGIN
+     INSERT OR IGNORE INTO jobs (id, command, state, max_retries, timeout_s, cwd, env, created_at, updated_at,
+         next_run_at, priority, queue, waiting_on, ready, notifies)
+     SELECT substr(NEW.id, 1, 200 - length(n.suffix)) || n.suffix, n.command, 'pending',
+         coalesce((SELECT json_extract(value, '$') FROM config WHERE key = 'max_retries'), 3),
+         coalesce((SELECT json_extract(value, '$') FROM config WHERE key = 'job_timeout'), 0), NEW.cwd,
+         json_object('QUEUECTL_DEAD_JOB_ID', NEW.id, 'QUEUECTL_DEAD_QUEUE', NEW.queue,
+                     'QUEUECTL_DEAD_ATTEMPTS', CAST(NEW.attempts AS TEXT),
+                     'QUEUECTL_DEAD_EXIT_CODE', CASE WHEN OLD.state = 'processing'
+                                                     THEN coalesce(CAST(NEW.exit_code AS TEXT), '') ELSE '' END,
+                     'QUEUECTL_DEAD_ERROR', coalesce(NEW.last_error, ''),
+                     'QUEUECTL_DEAD_RUN', CASE WHEN OLD.state = 'processing' THEN CAST(NEW.run_count AS TEXT)
+                                               ELSE '0' END),
+         NEW.updated_at, NEW.updated_at, NEW.updated_at, NEW.priority, NEW.queue, 0, 1, NEW.id
+     FROM (SELECT coalesce(NEW.on_dead, (SELECT json_extract(value, '$') FROM config WHERE key = 'on_dead'), '')
+                      AS command, '@dead-' || NEW.seq || '-' || NEW.revived AS suffix) AS n
+     WHERE n.command <> '';
+     END"""],
 ]
 
 # The parameter marks of SharedSQL's and PostgresSQL's statements: %s in the order the rules pass
@@ -1461,8 +1519,8 @@ class SharedSQL:
 
     SQL_INSERT_JOB = (
         "INSERT INTO jobs (id, command, state, max_retries, timeout_s, cwd, env, created_at, updated_at, next_run_at, "
-        "priority, queue, waiting_on, last_error, ready) "
-        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
+        "priority, queue, waiting_on, last_error, ready, on_dead) "
+        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
     SQL_GET_JOB = f"SELECT {Job.COLUMNS} FROM jobs WHERE id = %s"
     SQL_COUNTS = "SELECT state, count(*) FROM jobs {where} GROUP BY state"
     # The dashboard's job table: newest first, one page at a time.
@@ -1493,7 +1551,9 @@ class SharedSQL:
     SQL_FINISH_JOB = ("UPDATE jobs SET state = %s, attempts = %s, next_run_at = %s, last_error = %s, exit_code = %s, "
                       "worker_id = NULL, updated_at = %s, ready = 0 "
                       "WHERE id = %s AND state = 'processing' AND worker_id = %s AND run_count = %s")
+    # An interrupted run has no exit code: a job it kills keeps none of an earlier attempt's (see migration 6).
     SQL_REQUEUE = ("UPDATE jobs SET state = %s, lost_count = lost_count + %s, last_error = coalesce(%s, last_error), "
+                   "exit_code = CASE WHEN %s = 'dead' THEN NULL ELSE exit_code END, "
                    "next_run_at = %s, worker_id = NULL, updated_at = %s, ready = 0 "
                    "WHERE id = %s AND state = 'processing' AND worker_id = %s AND run_count = %s")
     # A dead job takes every unfinished job below it in the dependency graph with it.
@@ -1525,13 +1585,19 @@ class SharedSQL:
                            "AND cancel_requested = run_count")
     SQL_ORPHAN_JOBS = ("SELECT id, run_count, lost_count, worker_id FROM jobs WHERE state = 'processing' "
                        "AND worker_id NOT IN (SELECT id FROM workers)")
+    # A notification's stdin: its dead job's run, found through `notifies`, which only a notification has
+    # (a row for each notification, its output NULL when the run is gone or there was none). The run is
+    # compared as text: QUEUECTL_DEAD_RUN is in the env, which any job may set to anything (no cast error).
+    SQL_DEAD_OUTPUT = ("SELECT runs.output FROM jobs LEFT JOIN runs ON runs.job_id = jobs.notifies "
+                       "AND CAST(runs.run_no AS TEXT) = %s WHERE jobs.id = %s AND jobs.notifies IS NOT NULL")
     SQL_RUNS = ("SELECT run_no, worker_id, started_at, due_at, ended_at, outcome, exit_code, error, output, "
                 "output_bytes FROM runs WHERE job_id = %s ORDER BY run_no")
     SQL_RUN_END = "SELECT outcome, exit_code, error FROM runs WHERE job_id = %s AND run_no = %s"
 
+    # revived + 1: the job's next death is a new one, with a notification id of its own (see migration 6).
     SQL_RETRY = ("UPDATE jobs SET state = 'pending', attempts = 0, lost_count = 0, cancel_requested = 0, "
-                 "next_run_at = %s, last_error = NULL, exit_code = NULL, updated_at = %s, ready = 0, "
-                 "waiting_on = (SELECT count(*) FROM deps JOIN jobs d ON d.id = deps.dep_id "
+                 "revived = revived + 1, next_run_at = %s, last_error = NULL, exit_code = NULL, updated_at = %s, "
+                 "ready = 0, waiting_on = (SELECT count(*) FROM deps JOIN jobs d ON d.id = deps.dep_id "
                  "WHERE deps.job_id = jobs.id AND d.state <> 'completed') WHERE id = %s AND state = 'dead'")
     # `dlq retry --all`: the dead jobs (of a queue, or of all when it is NULL) and, in any queue, the dead
     # jobs they depend on, up the graph: a chain is revived together. On PostgreSQL the jobs it finds are
@@ -1649,6 +1715,10 @@ class SqliteSQL:
                    "WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= ?)")
     # A worker whose registration was removed (presumed dead) cannot claim: its jobs would be orphans.
     SQL_REGISTERED = "SELECT 1 FROM workers WHERE id = ?"
+    # Is a notification job ready (see Store._wake_for_notices)?
+    SQL_ANY_NOTICE = ("SELECT 1 FROM jobs INDEXED BY jobs_notices "
+                      "WHERE notifies IS NOT NULL AND state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 "
+                      "LIMIT 1")
     # The claim's choice: the id of the job a claim would take, the best of the heads of the queues it
     # may serve. The poller asks it (see SqliteStore.due_now), and without RETURNING (SQLite < 3.35)
     # the claim runs it, then SQL_CLAIM_ID, in one transaction. Parameters :now and :queues, a JSON
@@ -1658,6 +1728,9 @@ class SqliteSQL:
     # A queue is full when it has as many processing jobs as its limit (`queuectl limit`): BEGIN
     # IMMEDIATE makes every claim see every other's, so the count is exact; a full queue, like a
     # paused one, costs one index seek and a count of at most its limit, whatever its backlog.
+    # A notification job (see migration 6) is held back by neither: a paused or full queue's head is
+    # its best notification, from jobs_notices (an index nearly always empty); an open queue's head is
+    # its best job of any kind, so the exemption costs the claims of open queues nothing.
     # Written for SQLite's cost of a run (it runs in every claim and poll): the pause checks as
     # equalities and the heads joined, not `IN (name, '*')` nor `seq IN (heads)`, for which it builds a
     # temporary index at each run (figures in DECISIONS.md).
@@ -1672,18 +1745,22 @@ class SqliteSQL:
                 ORDER BY queue LIMIT 1)
         FROM q WHERE q.name IS NOT NULL),
     served(name) AS (SELECT name FROM q UNION ALL SELECT value FROM json_each(:queues)),
-    heads(seq) AS (  -- the best ready job of each such queue that is neither paused nor full
-        SELECT (SELECT seq FROM jobs INDEXED BY jobs_claim
-                WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue = served.name
-                AND next_run_at <= :now ORDER BY priority DESC, next_run_at, seq LIMIT 1)
+    heads(seq) AS (  -- the best ready job of each such queue neither paused nor full, else its best notification
+        SELECT CASE WHEN (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue = served.name)
+                          AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue = '*')
+                          OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || served.name))  -- resumed alone
+                     AND NOT EXISTS (SELECT 1 FROM queue_limits AS l WHERE l.queue = served.name  -- full: at its limit
+                                     AND l.max_running <= (SELECT count(*) FROM jobs INDEXED BY jobs_running
+                                                           WHERE state = 'processing' AND queue = served.name))
+               THEN (SELECT seq FROM jobs INDEXED BY jobs_claim
+                     WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue = served.name
+                     AND next_run_at <= :now ORDER BY priority DESC, next_run_at, seq LIMIT 1)
+               ELSE (SELECT seq FROM jobs INDEXED BY jobs_notices
+                     WHERE notifies IS NOT NULL AND state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1
+                     AND queue = served.name AND next_run_at <= :now ORDER BY priority DESC, next_run_at, seq LIMIT 1)
+               END
         FROM served
-        WHERE served.name IS NOT NULL
-          AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue = served.name)
-               AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue = '*')
-               OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || served.name))  -- resumed alone
-          AND NOT EXISTS (SELECT 1 FROM queue_limits AS l WHERE l.queue = served.name  -- full: at its limit
-                          AND l.max_running <= (SELECT count(*) FROM jobs INDEXED BY jobs_running
-                                                WHERE state = 'processing' AND queue = served.name)))
+        WHERE served.name IS NOT NULL)
     SELECT jobs.id FROM heads JOIN jobs ON jobs.seq = heads.seq
     ORDER BY jobs.priority DESC, jobs.next_run_at, jobs.seq LIMIT 1"""
     # The claim, one statement: the update of the job SQL_NEXT_DUE chooses, composed from that whole
@@ -1693,7 +1770,7 @@ class SqliteSQL:
     WHERE id = ({SQL_NEXT_DUE})
       AND EXISTS (SELECT 1 FROM workers WHERE id = :worker)
     RETURNING id, command, state, attempts, max_retries, timeout_s, cwd, env, created_at, updated_at, next_run_at,
-              last_error, exit_code, worker_id, run_count, lost_count, priority, queue, waiting_on"""
+              last_error, exit_code, worker_id, run_count, lost_count, priority, queue, waiting_on, on_dead"""
     SQL_CLAIM_ID = ("UPDATE jobs SET state = 'processing', worker_id = ?, run_count = run_count + 1, updated_at = ? "
                     "WHERE id = ? AND state IN ('pending', 'failed')")
     # The poller: a job the claim would take now (SQL_NEXT_DUE), or a staged job that has fallen due
@@ -1707,19 +1784,20 @@ class SqliteSQL:
     # The workers to wake after a commit (see SqliteStore._wake_workers): those on this host.
     SQL_HOST_WORKERS = "SELECT id FROM workers WHERE host = ?"
     # --burst: is anything processing in our queues, or due within the horizon in one of them (one the
-    # claim would take by then, SQL_NEXT_DUE, or a staged one in a queue that is not paused)?
+    # claim would take by then, SQL_NEXT_DUE, or a staged one in a queue that is not paused, or a
+    # notification job's, which no pause holds back)?
     SQL_ANY_PROCESSING_FROM_QUEUES = ("SELECT 1 FROM jobs WHERE state = 'processing' "
                                       "AND queue IN (SELECT value FROM json_each(:queues)) LIMIT 1")
     SQL_STAGED_SOON_ANY_QUEUE = (
         "SELECT 1 FROM jobs INDEXED BY jobs_staged "
         "WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= :now "
-        "AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')) "
+        "AND (notifies IS NOT NULL OR NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')) "
         "OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || jobs.queue)) LIMIT 1")
     SQL_STAGED_SOON_FROM_QUEUES = (
         "SELECT 1 FROM jobs INDEXED BY jobs_staged "
         "WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= :now "
         "AND queue IN (SELECT value FROM json_each(:queues)) "
-        "AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')) "
+        "AND (notifies IS NOT NULL OR NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*')) "
         "OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || jobs.queue)) LIMIT 1")
     # due_at: when the job became eligible (eligible_at), which the run's wait is counted from.
     # PostgreSQL's claim opens the run in its own statement (`opened` in PostgresSQL.SQL_CLAIM), which
@@ -2088,7 +2166,7 @@ class Store:
         ready = not waiting_on and due <= now  # else staged: see self.sql.SQL_PROMOTE
         return (spec["id"], spec["command"], PENDING, spec["max_retries"], spec["timeout"], spec["cwd"],
                 json.dumps(spec["env"]) if spec["env"] else "{}", now, now, due, spec["priority"], spec["queue"],
-                waiting_on, None, int(ready))
+                waiting_on, None, int(ready), spec.get("on_dead"))
 
     def _insert_plain(self, cur: Cursor, specs: list[dict], now: float) -> None:
         """executemany the buffered jobs without dependencies (the fast path of a batch)."""
@@ -2210,6 +2288,12 @@ class Store:
         rows = self.read(self.sql.SQL_RUN_END, (job_id, run_no))
         return dict(zip(("outcome", "exit_code", "error"), rows[0])) if rows else None
 
+    def dead_output(self, job: Job) -> bytes | None:
+        """What a notification job (see migration 6) gets on its stdin: the kept output of the dead job's run
+        that QUEUECTL_DEAD_RUN names (b"" if none); None for a job that only looks like a notification."""
+        rows = self.read(self.sql.SQL_DEAD_OUTPUT, (job.env.get("QUEUECTL_DEAD_RUN"), job.id))
+        return bytes(rows[0][0] or b"") if rows else None
+
     def run_output(self, job_id: str, run_no: int | None = None) -> tuple | None:
         """(run_no, output tail, total bytes so far, ended_at) of run N or the latest; None if none."""
         self.get(job_id)
@@ -2266,13 +2350,15 @@ class Store:
 
     def _after_run(self, cur: Cursor, job: Job, state: str, now: float, retry: bool) -> None:
         """What a run that ended sets off: its dependents released or killed (see _settle_dependents), and
-        a wake-up of the workers if its job runs again (now, or later: they sleep until then) or it held
-        a slot of a limited queue, whose waiting jobs may run now."""
+        a wake-up of the workers if its job runs again (now, or later: they sleep until then), it held
+        a slot of a limited queue, whose waiting jobs may run now, or its death made a notification job."""
         dependents, limited = cur.execute(self.sql.SQL_RUN_TIES, (job.id, job.queue)).fetchone()
         if dependents:
             self._settle_dependents(cur, job.id, state, now)
         if retry or limited:
             self._wake_workers(cur)
+        elif state == DEAD:  # with or without dependents, a death may have made notification jobs
+            self._wake_for_notices(cur)
 
     def _close_run(self, cur: Cursor, job: Job, label: str, outcome: Outcome, now: float) -> None:
         cur.execute(self.sql.SQL_FINISH_RUN, (outcome.duration_s, now, label, outcome.exit_code, outcome.error,
@@ -2285,6 +2371,12 @@ class Store:
                 self._wake_workers(cur)  # maybe one was waiting for this one alone
         elif state == DEAD:
             self._kill_dependents(cur, job_id, now)
+
+    def _wake_for_notices(self, cur: Cursor) -> None:
+        """After a death: wake the workers if a notification job waits to run (this death's, made by the
+        trigger of migration 6; one seek in jobs_notices, which is empty when none waits)."""
+        if cur.execute(self.sql.SQL_ANY_NOTICE).fetchone():
+            self._wake_workers(cur)
 
     def _kill_dependents(self, cur: Cursor, job_id: str, now: float) -> None:
         """Send every unfinished job below a dead one to the DLQ. Repeated until it finds none: on
@@ -2308,7 +2400,8 @@ class Store:
                 return None
             state, error = interrupt_rule(job.lost_count + lost, lost, bool(flag[0]), stuck,
                                           outcome.error if outcome.interrupted == "canceled" else "canceled")
-            cur.execute(self.sql.SQL_REQUEUE, (state, int(lost), error, now, now, job.id, worker_id, job.run_count))
+            cur.execute(self.sql.SQL_REQUEUE, (state, int(lost), error, state, now, now, job.id, worker_id,
+                                               job.run_count))
             self._close_run(cur, job, "canceled" if flag[0] else "lost" if lost else "stopped", outcome, now)
             self._after_run(cur, job, state, now, retry=state == PENDING)
             return state
@@ -2395,6 +2488,8 @@ class Store:
         # Only after every cancel: a dependent that is canceled too says 'canceled', not 'dependency x is dead'.
         for job_id in waiting:
             self._kill_dependents(cur, job_id, now)
+        if waiting:
+            self._wake_for_notices(cur)
         done = {*waiting, *running}
         return [i for i in job_ids if i in done]
 
@@ -3315,6 +3410,36 @@ PG_MIGRATIONS = [
     ALTER TABLE workers ADD COLUMN version TEXT;
     ALTER TABLE workers ADD CONSTRAINT workers_versioned CHECK (version IS NOT NULL) NOT VALID
     """,
+    # 6: as SQLite's migration 6; the trigger's body is a function (the only one queuectl makes), which
+    # resolves names in this schema whatever the caller's search_path (FROM CURRENT: the migration's).
+    ["ALTER TABLE jobs ADD COLUMN on_dead TEXT",
+     "ALTER TABLE jobs ADD COLUMN revived BIGINT NOT NULL DEFAULT 0",
+     "ALTER TABLE jobs ADD COLUMN notifies TEXT",
+     "CREATE INDEX jobs_notices ON jobs (queue, priority DESC, next_run_at, seq) "
+     "WHERE notifies IS NOT NULL AND state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1",
+     """CREATE FUNCTION jobs_dead() RETURNS trigger LANGUAGE plpgsql SET search_path FROM CURRENT AS $$ BEGIN
+     INSERT INTO jobs (id, command, state, max_retries, timeout_s, cwd, env, created_at, updated_at,
+         next_run_at, priority, queue, waiting_on, ready, notifies)
+     SELECT substr(NEW.id, 1, 200 - length(n.suffix)) || n.suffix, n.command, 'pending',
+         coalesce((SELECT (value::json #>> '{}')::bigint FROM config WHERE key = 'max_retries'), 3),
+         coalesce((SELECT (value::json #>> '{}')::double precision FROM config WHERE key = 'job_timeout'), 0),
+         NEW.cwd,
+         json_build_object('QUEUECTL_DEAD_JOB_ID', NEW.id, 'QUEUECTL_DEAD_QUEUE', NEW.queue,
+                           'QUEUECTL_DEAD_ATTEMPTS', NEW.attempts::text,
+                           'QUEUECTL_DEAD_EXIT_CODE', CASE WHEN OLD.state = 'processing'
+                                                           THEN coalesce(NEW.exit_code::text, '') ELSE '' END,
+                           'QUEUECTL_DEAD_ERROR', coalesce(NEW.last_error, ''),
+                           'QUEUECTL_DEAD_RUN', CASE WHEN OLD.state = 'processing' THEN NEW.run_count::text
+                                                     ELSE '0' END)::text,
+         NEW.updated_at, NEW.updated_at, NEW.updated_at, NEW.priority, NEW.queue, 0, 1, NEW.id
+     FROM (SELECT coalesce(NEW.on_dead, (SELECT value::json #>> '{}' FROM config WHERE key = 'on_dead'), '') AS command,
+                  '@dead-' || NEW.seq || '-' || NEW.revived AS suffix) AS n
+     WHERE n.command <> ''
+     ON CONFLICT (id) DO NOTHING;
+     RETURN NULL;
+     END $$""",
+     "CREATE TRIGGER jobs_dead AFTER UPDATE OF state ON jobs FOR EACH ROW "
+     "WHEN (NEW.state = 'dead' AND OLD.state <> 'dead' AND NEW.notifies IS NULL) EXECUTE FUNCTION jobs_dead()"],
 ]
 # Every table the migrations create, whose owners an open checks (see SQL_OWNERS).
 PG_TABLES = ("queuectl_version", "jobs", "deps", "runs", "workers", "config", "paused", "queue_limits", "schedules")
@@ -3430,7 +3555,7 @@ class PostgresSQL:
     # (its columns, in its order): a change to one is made to the other. The test
     # test_postgres_fast_paths_leave_the_rows_of_the_statements_they_restate compares their rows.
     SQL_COPY_JOBS = ("COPY jobs (id, command, state, max_retries, timeout_s, cwd, env, created_at, updated_at, "
-                     "next_run_at, priority, queue, waiting_on, last_error, ready) FROM STDIN")
+                     "next_run_at, priority, queue, waiting_on, last_error, ready, on_dead) FROM STDIN")
     SQL_TAKEN_IDS = "SELECT id FROM jobs WHERE id = ANY(%s)"
     SQL_JOB_STATE = "SELECT state FROM jobs WHERE id = %s FOR UPDATE"  # see the comment above PG_MIGRATIONS
     # LIMIT NULL is no limit: the rules pass -1 for "all", as SQLite takes it.
@@ -3447,7 +3572,8 @@ class PostgresSQL:
                   FOR UPDATE SKIP LOCKED)"""
     # The queues a claim may take from now: every queue with a ready job when %(queues)s is NULL (the
     # skip-scan runs only then; unnest yields no row for NULL), else the named ones (`worker start
-    # --queue`), less the paused and the full; limited: the queue has a limit. The claim and the poller
+    # --queue`); limited: the queue has a limit; open: neither paused nor full (a closed queue's
+    # notification jobs may still run: see SqliteSQL.SQL_NEXT_DUE). The claim and the poller
     # are each composed from this whole statement (one level), so they always serve the same queues.
     SQL_ELIGIBLE_QUEUES = """
     WITH RECURSIVE q(name) AS (  -- every queue with a ready job: one index seek per queue (a skip-scan)
@@ -3459,13 +3585,13 @@ class PostgresSQL:
                   AND queue > q.name ORDER BY queue LIMIT 1)
         FROM q WHERE q.name IS NOT NULL),
     served(name) AS (SELECT name FROM q UNION ALL SELECT pg_catalog.unnest(%(queues)s::text[]))
-    SELECT served.name, l.queue IS NOT NULL AS limited
+    SELECT served.name, l.queue IS NOT NULL AS limited,
+           CASE WHEN EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (served.name, '*'))
+                     AND NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || served.name) THEN false  -- paused
+                ELSE l.queue IS NULL OR l.max_running > (SELECT count(*) FROM jobs
+                                                         WHERE state = 'processing' AND queue = served.name) END AS open
     FROM served LEFT JOIN queue_limits AS l ON l.queue = served.name
-    WHERE served.name IS NOT NULL
-      AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (served.name, '*'))
-           OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || served.name))  -- resumed alone
-      AND (l.queue IS NULL OR l.max_running > (SELECT count(*) FROM jobs
-                                               WHERE state = 'processing' AND queue = served.name))"""
+    WHERE served.name IS NOT NULL"""
     # The claim, as SQLite's: the head of each queue it may serve (jobs_claim leads with the queue), then
     # the best of those heads, so a paused or full queue costs one index seek whatever its backlog.
     # Parameters %(worker)s, %(now)s, %(queues)s (as SQL_ELIGIBLE_QUEUES), and the limited
@@ -3484,8 +3610,8 @@ class PostgresSQL:
     # (here GREATEST(next_run_at, created_at)): a change to one is made to the other. The statement
     # returns (best queue, free, the claimed job's columns or NULLs), or no row when no queue has a due job.
     SQL_CLAIM = f"""
-    WITH eligible(name, limited) AS ({SQL_ELIGIBLE_QUEUES}),
-    heads AS (  -- the best ready, due job of each queue whose lock no other claim holds (busy), skipping
+    WITH eligible(name, limited, open) AS ({SQL_ELIGIBLE_QUEUES}),
+    heads AS (  -- the best ready, due job of each open queue whose lock no other claim holds (busy), skipping
         -- rows other claimers hold; free: no limit, or this claim holds the queue's lock
         SELECT eligible.name, NOT eligible.limited OR eligible.name = ANY(%(held)s::text[]) AS free, head.*
         FROM eligible CROSS JOIN LATERAL (
@@ -3493,15 +3619,25 @@ class PostgresSQL:
             WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1 AND queue = eligible.name
               AND next_run_at <= %(now)s
             ORDER BY priority DESC, next_run_at, seq LIMIT 1 FOR UPDATE SKIP LOCKED) AS head
-        WHERE NOT eligible.name = ANY(%(busy)s::text[])),
-    best AS (SELECT * FROM heads ORDER BY priority DESC, next_run_at, seq LIMIT 1),
+        WHERE eligible.open AND NOT eligible.name = ANY(%(busy)s::text[])),
+    notices AS (  -- the best notification job of each closed queue (jobs_notices): free of pauses and limits
+        SELECT eligible.name, true AS free, notice.*
+        FROM eligible CROSS JOIN LATERAL (
+            SELECT seq, priority, next_run_at FROM jobs
+            WHERE notifies IS NOT NULL AND state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1
+              AND queue = eligible.name AND next_run_at <= %(now)s
+            ORDER BY priority DESC, next_run_at, seq LIMIT 1 FOR UPDATE SKIP LOCKED) AS notice
+        WHERE NOT eligible.open),
+    best AS (SELECT * FROM (SELECT * FROM heads UNION ALL SELECT * FROM notices) AS h
+             ORDER BY priority DESC, next_run_at, seq LIMIT 1),
     claimed AS (
         UPDATE jobs SET state = 'processing', worker_id = %(worker)s, run_count = run_count + 1, updated_at = %(now)s
         FROM best WHERE jobs.seq = best.seq AND best.free
           AND EXISTS (SELECT 1 FROM workers WHERE id = %(worker)s FOR KEY SHARE)
         RETURNING jobs.id, jobs.command, jobs.state, jobs.attempts, jobs.max_retries, jobs.timeout_s, jobs.cwd,
                   jobs.env, jobs.created_at, jobs.updated_at, jobs.next_run_at, jobs.last_error, jobs.exit_code,
-                  jobs.worker_id, jobs.run_count, jobs.lost_count, jobs.priority, jobs.queue, jobs.waiting_on),
+                  jobs.worker_id, jobs.run_count, jobs.lost_count, jobs.priority, jobs.queue, jobs.waiting_on,
+                  jobs.on_dead),
     opened AS (  -- due_at as eligible_at: the later of the due time and the enqueue
         INSERT INTO runs (job_id, run_no, worker_id, started_at, due_at)
         SELECT id, run_count, worker_id, %(now)s, GREATEST(next_run_at, created_at) FROM claimed)
@@ -3513,28 +3649,36 @@ class PostgresSQL:
     # The poller, as SQLite's: a ready, due job in a queue we serve that is neither paused nor full,
     # or a staged job that has fallen due anywhere (a claim promotes it).
     SQL_POLL = f"""
-    WITH eligible(name, limited) AS ({SQL_ELIGIBLE_QUEUES})
+    WITH eligible(name, limited, open) AS ({SQL_ELIGIBLE_QUEUES})
     SELECT EXISTS (SELECT 1 FROM eligible CROSS JOIN LATERAL (  -- LIMIT: a seek per queue, never a join of all
                        SELECT 1 FROM jobs WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 1
-                         AND queue = eligible.name AND next_run_at <= %(now)s LIMIT 1) AS head)
+                         AND queue = eligible.name AND next_run_at <= %(now)s LIMIT 1) AS head WHERE eligible.open)
+        OR EXISTS (SELECT 1 FROM eligible CROSS JOIN LATERAL (  -- a closed queue's notification job
+                       SELECT 1 FROM jobs WHERE notifies IS NOT NULL AND state IN ('pending', 'failed')
+                         AND waiting_on = 0 AND ready = 1 AND queue = eligible.name AND next_run_at <= %(now)s
+                       LIMIT 1) AS notice WHERE NOT eligible.open)
         OR EXISTS (SELECT 1 FROM jobs
                    WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at <= %(now)s)"""
+    SQL_ANY_NOTICE = ("SELECT 1 FROM jobs WHERE notifies IS NOT NULL AND state IN ('pending', 'failed') "
+                      "AND waiting_on = 0 AND ready = 1 LIMIT 1")  # as SQLite's (jobs_notices)
     # When the poller looks next: the earliest staged job not due yet (jobs_staged, as SQLite's).
     SQL_NEXT_STAGED = ("SELECT min(next_run_at) FROM jobs "
                        "WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND ready = 0 AND next_run_at > %s")
     # --burst: is anything processing in our queues, or due within the horizon (ready or staged) in
-    # one of them that is not paused?
+    # one of them that is not paused, or a notification job (which no pause holds back)?
     SQL_ANY_PROCESSING_FROM_QUEUES = "SELECT 1 FROM jobs WHERE state = 'processing' AND queue = ANY(%(queues)s) LIMIT 1"
     SQL_DUE_SOON_ANY_QUEUE = """
     SELECT EXISTS (SELECT 1 FROM jobs
                    WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND next_run_at <= %(soon)s
-                     AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*'))
+                     AND (notifies IS NOT NULL
+                          OR NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*'))
                           OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || jobs.queue)))"""
     SQL_DUE_SOON_FROM_QUEUES = """
     SELECT EXISTS (SELECT 1 FROM jobs
                    WHERE state IN ('pending', 'failed') AND waiting_on = 0 AND next_run_at <= %(soon)s
                      AND queue = ANY(%(queues)s)
-                     AND (NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*'))
+                     AND (notifies IS NOT NULL
+                          OR NOT EXISTS (SELECT 1 FROM paused WHERE paused.queue IN (jobs.queue, '*'))
                           OR EXISTS (SELECT 1 FROM paused WHERE paused.queue = '!' || jobs.queue)))"""
     # A flush is worth no wait: a row lock held longer than this makes it give up (see flush_output).
     SQL_FLUSH_LOCK_TIMEOUT = "SET LOCAL lock_timeout = '50ms'"
@@ -4112,7 +4256,7 @@ class PostgresStore(Store):
                 raise BadDatabase(f"{self.path}: {creators} may create objects in {what}, and so make queuectl's "
                                   f"statements run their code as {user}: REVOKE CREATE ON SCHEMA {self.schema} "
                                   f"FROM {creators}, or use a schema of your own (?schema=)")
-            if planted:  # queuectl makes none: one a role not ours left there may be what a statement calls
+            if planted:  # queuectl's own is jobs_dead: one a role not ours left may be what a statement calls
                 raise BadDatabase(f"{self.path}: {what} holds {planted}, which queuectl's statements could call as "
                                   f"{user}: drop it, or use a schema of your own (?schema=)")
         return rows
@@ -4149,7 +4293,7 @@ class PostgresStore(Store):
             cur.execute(self.sql.SQL_CREATE_VERSION)
             cur.execute(self.sql.SQL_INIT_VERSION)
         for number, script in enumerate(PG_MIGRATIONS[version:], start=version + 1):
-            for statement in filter(str.strip, script.split(";")):
+            for statement in script if isinstance(script, list) else filter(str.strip, script.split(";")):
                 cur.execute(statement)
             cur.execute(self.sql.SQL_SET_VERSION, (number,))
 
@@ -4906,14 +5050,14 @@ def _pidfd(pid: int) -> int | None:
 # ==== Execution ==================================================================================
 
 def run_command(job: Job, env_extra: dict, abort, on_output=None, *, die_with_worker: bool = False,
-                keep_bytes: int = OUTPUT_TAIL_BYTES, kill_grace=lambda: 0) -> Outcome:
+                keep_bytes: int = OUTPUT_TAIL_BYTES, kill_grace=lambda: 0, stdin: bytes | None = None) -> Outcome:
     """Run a job's command in its own session; keep the last `keep_bytes` of its output (output-limit).
 
     `abort()` is polled while the command runs; when it returns a reason the process group is
     killed and the outcome is marked interrupted. `on_output(tail, total)` is called at most every
     OUTPUT_FLUSH_S while a long job prints, so its output can be followed live. `die_with_worker`:
     see _die_with_worker. `kill_grace()`: the seconds a timed-out or canceled run gets between
-    SIGTERM and SIGKILL (see _Capture.stop).
+    SIGTERM and SIGKILL (see _Capture.stop). `stdin`: what the command reads (None: /dev/null).
     """
     started = time.monotonic()
     # Asked before the start too: the claim or the settings read before it may have answered only after
@@ -4924,7 +5068,7 @@ def run_command(job: Job, env_extra: dict, abort, on_output=None, *, die_with_wo
         return _outcome(None, reason, b"", 0.0, job.timeout)
     extra = {k.encode(): v.encode() for d in (job.env, env_extra) for k, v in d.items()}
     try:
-        proc = _spawn(job, extra, die_with_worker)
+        proc = _spawn(job, extra, die_with_worker, stdin)
     except OSError as e:
         error = f"cannot start: {e.strerror}: {job.cwd}" if isinstance(e, FileNotFoundError) else f"cannot start: {e}"
         return Outcome(None, error, b"", time.monotonic() - started)
@@ -4963,23 +5107,36 @@ def end_run(proc, token: str) -> str | None:
     return left.stuck
 
 
-def _spawn(job: Job, extra: dict, die_with_worker: bool):
+def _spawn(job: Job, extra: dict, die_with_worker: bool, stdin: bytes | None = None):
     """Start the command: exec'd directly when it is plain words, else through `/bin/sh -c`.
     Its environment is the worker's with `extra` (the job's env and QUEUECTL_* variables) on top."""
     import subprocess
     watchdog = Watchdog.current if die_with_worker else None
     if watchdog and watchdog.alive:  # it kills the run if the worker dies: start the job as on SQLite
-        return _spawn_watched(job, extra, watchdog)
+        return _spawn_watched(job, extra, watchdog, stdin)
+    if stdin is not None:  # a notification job (rare): its input in a file, so no thread must feed a pipe
+        import tempfile
+        with tempfile.TemporaryFile() as file:
+            file.write(stdin)
+            file.seek(0)
+            return _spawn_with(job, extra, die_with_worker, file)
+    return _spawn_with(job, extra, die_with_worker, subprocess.DEVNULL)
+
+
+def _spawn_with(job: Job, extra: dict, die_with_worker: bool, stdin):
+    """_spawn's start, stdin from `stdin` (a file, or subprocess.DEVNULL: the only one posix_spawn is given)."""
+    import subprocess
     # start_new_session: the job gets its own process group, so the terminal's Ctrl+C meant for
     # the worker never reaches it, and killpg() reaches all of its children.
-    options = dict(cwd=job.cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    options = dict(cwd=job.cwd, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                    start_new_session=True)
     # Jobs that must die with their worker and have no watchdog to see to it (see Watchdog) are
     # started with a preexec_fn (see _die_with_worker), a slower fork: only after the watchdog died.
     # Other jobs are spawned with posix_spawn where it can (see _posix_spawn).
     if die_with_worker:
         options["preexec_fn"] = _die_with_worker()
-    start = _posix_spawn if not die_with_worker and _in_current_folder(job.cwd) else None
+    plain = not die_with_worker and stdin is subprocess.DEVNULL
+    start = _posix_spawn if plain and _in_current_folder(job.cwd) else None
     base = _worker_env()
     path = extra.get(b"PATH", base.get(b"PATH"))
     direct = direct_argv(job.command, job.cwd, {} if path is None else {b"PATH": path})
@@ -4996,14 +5153,14 @@ def _spawn(job: Job, extra: dict, die_with_worker: bool):
     return subprocess.Popen(["/bin/sh", "-c", job.command], env={**base, **extra}, **options)
 
 
-def _spawn_watched(job: Job, extra: dict, watchdog: "Watchdog"):
+def _spawn_watched(job: Job, extra: dict, watchdog: "Watchdog", stdin: bytes | None):
     """Start the job as on SQLite, its watchdog told of the run's token first: a worker killed after the
     job's first process exists and before tell() (milliseconds on a busy host: this thread must get
     the GIL back) still has its run killed, by token (see Watchdog)."""
     token = extra.get(b"QUEUECTL_RUN", b"")
     watchdog.starting(token)
     try:
-        proc = _spawn(job, extra, False)
+        proc = _spawn(job, extra, False, stdin)
     except BaseException:
         watchdog.not_started(token)
         raise
@@ -5613,9 +5770,13 @@ class Runner:
                 self.flushing.join()
 
     def _run_command(self, job: Job, env: dict, abort, on_output) -> Outcome:
-        # Jobs die with their worker where other hosts may rerun them; output-limit as last read.
+        # Jobs die with their worker where other hosts may rerun them; output-limit as last read. A
+        # notification job (see migration 6) reads its dead job's output; only it pays for the read.
+        stdin = self.store.dead_output(job) if "QUEUECTL_DEAD_RUN" in job.env else None
+        if stdin is not None and not os.path.isdir(job.cwd):  # its dead job's folder is gone (maybe why it died):
+            job = Job(**{**job.__dict__, "cwd": "/"})  # the notification must still tell
         return run_command(job, env, abort, on_output, die_with_worker=self.store.shared_by_hosts,
-                           keep_bytes=self._settings()["output_limit"], kill_grace=self._kill_grace)
+                           keep_bytes=self._settings()["output_limit"], kill_grace=self._kill_grace, stdin=stdin)
 
     def _flush(self, job: Job, tail: bytes, total: int) -> None:
         """Best effort: a busy database must not stall the job's output pipe. The loop that calls this
@@ -8030,7 +8191,8 @@ def job_fields_help() -> str:
   delay        0: a duration from now (not with run_at)
   depends_on   []: ids of jobs that must complete first
   env          {{}}: {{"NAME": "VALUE", ...}}
-  cwd          the current folder: an absolute path"""
+  cwd          the current folder: an absolute path
+  on_dead      config on-dead: a shell command run as a job of its own if this job dies ("" = none)"""
 
 
 RUN_EXIT_CODES_HELP = """exit codes:
@@ -8048,7 +8210,7 @@ SCHEDULE_FIELDS_HELP = """JSON fields (default):
   every        one of cron and every: a duration, e.g. 30s, 15m, 2h, 1d
   tz           this machine's zone: an IANA name such as Europe/Berlin, in which cron is read
   overlap      skip: no job for a slot while the last one is unfinished; or allow
-  command, max_retries, timeout, cwd, env, priority, queue
+  command, max_retries, timeout, cwd, env, priority, queue, on_dead
                the template of its jobs, as for enqueue (queuectl help enqueue)"""
 
 
@@ -8108,6 +8270,8 @@ def add_job_options(a) -> None:
                    help="run after this job completed; repeat it for more")
     a.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="set a variable; repeatable")
     a.add_argument("--cwd", metavar="DIR", help="folder to run in (default: the current one)")
+    a.add_argument("--on-dead", metavar="CMD", help="a shell command run as a job of its own if this job dies "
+                   "(default: config on-dead; '' for none)")
 
 
 def _progress_flag(cmd) -> None:
@@ -8660,7 +8824,7 @@ def add_job_object(args) -> dict:
         raise UsageError(f"{args.command}: give the command after --, e.g. queuectl {args.command} -- make test")
     import shlex
     obj = {"command": words[0] if len(words) == 1 else shlex.join(words)}
-    for field in ("id", "queue", "priority", "max_retries", "timeout", "delay"):
+    for field in ("id", "queue", "priority", "max_retries", "timeout", "delay", "on_dead"):
         if getattr(args, field) is not None:
             obj[field] = getattr(args, field)
     if args.run_at is not None:  # a Unix time, or an ISO-8601 string

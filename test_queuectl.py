@@ -45,9 +45,9 @@ QUEUECTL = os.path.join(HERE, "queuectl.py")
 
 STATES = ("pending", "processing", "completed", "failed", "dead")
 CONFIG_KEYS = ("max-retries", "backoff-base", "backoff-max", "stale-timeout", "job-timeout", "retention",
-               "output-limit", "kill-grace")
+               "output-limit", "kill-grace", "on-dead")
 CONFIG_DEFAULTS = {"max-retries": 3, "backoff-base": 2, "backoff-max": 3600, "stale-timeout": 10, "job-timeout": 0,
-                   "retention": 604800, "output-limit": 65536, "kill-grace": 10}
+                   "retention": 604800, "output-limit": 65536, "kill-grace": 10, "on-dead": ""}
 JOB_KEYS = {"id", "command", "state", "attempts", "max_retries", "timeout", "cwd", "env",
             "created_at", "updated_at", "next_run_at", "last_error", "exit_code", "worker_id",
             "run_count"}
@@ -1102,6 +1102,16 @@ def dead_chain_db(db):
 
 OLDER_REGISTER = ("INSERT INTO workers (id, host, pid, proc_start, boot_id, pid_ns, threads, started_at, heartbeat_at) "
                   "VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?)")  # what the queuectl before schema 5 registered
+# A job as the queuectl before schema 6 (on_dead) enqueued it: this one's statements name columns it lacks.
+OLDER_INSERT_JOB = ("INSERT INTO jobs (id, command, state, max_retries, timeout_s, cwd, env, created_at, updated_at, "
+                    "next_run_at, priority, queue, waiting_on, ready) VALUES (?, 'true', 'pending', 3, 0, '/', '{}', "
+                    "?, ?, ?, ?, ?, 0, 1)")
+
+
+def enqueue_older(store, job_id, queue="default", priority=0, now=T0):
+    """Enqueue a due job in a database at an older schema, as the queuectl of that schema did."""
+    row = (job_id, now, now, now, priority, queue)
+    store.write(lambda cur: cur.execute(OLDER_INSERT_JOB.replace("?", store.sql.PARAM), row))
 
 
 def dump(db):
@@ -1400,8 +1410,8 @@ sys.path.insert(0, sys.argv[1])
 import queuectl
 queuectl.Watchdog.start(f"watchdog-test:{os.getpid()}:{os.urandom(3).hex()}")
 real_spawn = queuectl._spawn
-def spawn(job, extra, die_with_worker):
-    proc = real_spawn(job, extra, die_with_worker)
+def spawn(job, extra, die_with_worker, stdin=None):
+    proc = real_spawn(job, extra, die_with_worker, stdin)
     if not die_with_worker:  # the job runs, and its worker dies before it could tell the watchdog of it
         print(proc.pid, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
@@ -1620,8 +1630,11 @@ def test_config_set_every_key(db):
               "job-timeout": "30", "retention": "2", "output-limit": "2048", "kill-grace": "2.5"}
     for key, value in values.items():
         ok(db, "config", "set", key, value)
+    ok(db, "config", "set", "on-dead", "echo $QUEUECTL_DEAD_JOB_ID | mail ops")
     stored = json.loads(ok(db, "config", "list", "--json"))
-    assert stored == {key: float(value) for key, value in values.items()}
+    assert stored == {**{key: float(value) for key, value in values.items()},
+                      "on-dead": "echo $QUEUECTL_DEAD_JOB_ID | mail ops"}
+    assert ok(db, "config", "get", "on-dead") == "echo $QUEUECTL_DEAD_JOB_ID | mail ops\n"
     ok(db, "config", "set", "retention", "12h")
     assert ok(db, "config", "get", "retention") == "43200\n"
     assert isinstance(stored["max-retries"], int)
@@ -2817,7 +2830,8 @@ def test_an_existing_database_gains_schedules_on_upgrade(db, monkeypatch):
         old.setattr(queuectl, "SCHEMA_VERSION", 1)
         old.setattr(queuectl, "MIGRATIONS", queuectl.MIGRATIONS[:1])
         old.setattr(queuectl, "PG_MIGRATIONS", queuectl.PG_MIGRATIONS[:1])
-        enqueue(db, id="old", command="true")
+        with opened(db) as s:
+            enqueue_older(s, "old", now=s.now())
     ok(db, "schedule", "add", '{"id": "a", "every": "1h", "command": "true"}')
     assert get_job(db, "old")["state"] == "pending"
     with opened(db) as s:
@@ -3243,6 +3257,21 @@ def test_a_run_that_ends_sees_to_its_dependents_and_limited_queue_alone(store, m
     job = store.claim("w1", T0 + 3600)
     assert job.id == "e" and store.interrupt(job, "w1", LOST, False, T0 + 3601) == "pending"
     assert (store.get("f").state, store.get("f").waiting_on) == ("pending", 1) and woken  # requeued: runs again
+
+
+def test_a_death_without_dependents_wakes_the_workers_for_its_notification_job(store, monkeypatch):
+    """A run that ends its job dead makes a notification job when on_dead is set (see migration 6): the
+    workers are woken for it though nothing depends on the job and its queue has no limit; without
+    on_dead a death wakes nobody."""
+    woken = []
+    monkeypatch.setattr(store, "_wake_workers", lambda cur: woken.append(True))
+    register(store)
+    store.enqueue([spec("quiet", max_retries=0), spec("told", max_retries=0, on_dead="true")], T0)
+    for job_id, expected in (("quiet", []), ("told", [True])):
+        woken.clear()
+        job = store.claim("w1", T0)
+        assert job.id == job_id and store.finish(job, "w1", outcome(1, "boom"), SETTINGS, T0 + 1).state == "dead"
+        assert woken == expected, job_id
 
 
 @pytest.mark.parametrize("how", ["canceled", "stuck", "lost too often"])
@@ -4069,7 +4098,7 @@ def test_a_version_1_database_upgrades_to_record_worker_queues(db, monkeypatch):
         m.setattr(queuectl, "PG_MIGRATIONS", queuectl.PG_MIGRATIONS[:1])
         m.setattr(queuectl, "SCHEMA_VERSION", 1)
         with opened(db) as s:
-            s.enqueue([spec("old")], s.now())
+            enqueue_older(s, "old", now=s.now())
     with opened(db) as s:
         version = "SELECT version FROM queuectl_version" if is_pg(db) else "PRAGMA user_version"
         assert s.read(version)[0][0] == queuectl.SCHEMA_VERSION >= 4
@@ -4089,7 +4118,7 @@ def test_an_upgrade_is_refused_while_workers_of_the_older_schema_are_alive_and_c
             here = {**me, "pid": sleeper.pid, "proc_start": queuectl.proc_start_time(sleeper.pid)}
             elsewhere = {"host": "old-host", "pid": 4242, "proc_start": "1", "boot_id": "b", "pid_ns": "n"}
             with previous_schema(monkeypatch), opened(db) as s:
-                s.enqueue([spec("old", queue="deploy")], s.now())
+                enqueue_older(s, "old", queue="deploy", now=s.now())
                 register_older(s, "here", here, s.now())
                 register_older(s, "elsewhere", elsewhere, s.now())
                 register_older(s, "gone", {**me, "pid": ended.pid, "proc_start": "0"}, s.now())
@@ -4122,7 +4151,7 @@ def test_postgres_a_role_that_may_only_read_an_older_schema_is_told_its_owner_up
     schema = f"{pg_roles.prefix}_q"
     pg_roles.sql(f"CREATE SCHEMA {schema} AUTHORIZATION {team}")
     with previous_schema(monkeypatch), opened(pg_roles.url(team, schema)) as s:
-        s.enqueue([spec("old")], s.now())
+        enqueue_older(s, "old", now=s.now())
     pg_roles.sql(f"GRANT USAGE ON SCHEMA {schema} TO {carol}", f"GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {carol}")
     for args in (("status",), ("list", "--json")):
         code, out, err = cli(pg_roles.url(carol, schema), *args)
@@ -4150,7 +4179,7 @@ def test_postgres_an_upgrade_waits_for_a_registration_under_way_and_then_refuses
     first: a registration not yet committed when the command starts is waited for and seen."""
     import psycopg
     with previous_schema(monkeypatch), opened(pg_url) as s:
-        s.enqueue([spec("old")], s.now())
+        enqueue_older(s, "old", now=s.now())
     url, schema = pg_url.rsplit("schema=", 1)
     with psycopg.connect(url[:-1]) as registering:  # a transaction: the INSERT waits for its commit
         registering.execute(f'SET search_path = "{schema}"')
@@ -4338,7 +4367,8 @@ def test_a_version_1_database_upgrades_and_keeps_its_jobs(db, monkeypatch):
         m.setattr(queuectl, "MIGRATIONS", queuectl.MIGRATIONS[:1])
         m.setattr(queuectl, "PG_MIGRATIONS", queuectl.PG_MIGRATIONS[:1])
         with opened(db) as old:
-            old.enqueue([spec("low", queue="deploy"), spec("high", queue="deploy", priority=5)], T0)
+            enqueue_older(old, "low", queue="deploy")
+            enqueue_older(old, "high", queue="deploy", priority=5)
     with opened(db) as s:
         register(s)
         s.set_limit("deploy", 1)
@@ -5360,6 +5390,211 @@ def test_canceling_a_job_with_its_dependent_says_canceled_for_both_as_cancel_all
                                                                          ("b", "dead", "canceled")]
 
 
+# ---- on_dead: a notification job for each death --------------------------------------------------
+
+def notices(store, job_id=None):
+    """The notification jobs (of the dead job `job_id`, or all), by id."""
+    return {j.id: j for j in store.list_jobs() if "QUEUECTL_DEAD_RUN" in j.env
+            and job_id in (None, j.env["QUEUECTL_DEAD_JOB_ID"])}
+
+
+def only_notice(store, job_id):
+    """The one notification job of `job_id`'s deaths so far (asserted to be the only one)."""
+    made = notices(store, job_id)
+    assert len(made) == 1, made
+    return next(iter(made.values()))
+
+
+def test_each_kind_of_death_makes_one_notification_job_with_the_dead_jobs_facts(store):
+    register(store)
+    store.config_set("on_dead", "notify")
+    store.enqueue([spec("failed", max_retries=1), spec("timed-out", max_retries=1), spec("waiting"),
+                   spec("running"), spec("lost"), spec("parent", max_retries=1),
+                   spec("child", depends_on=["parent"]), spec("fine")], T0)
+    store.cancel(["waiting"], T0)
+    finish_next(store, 3, T0)  # failed: retries exhausted
+    job = store.claim("w1", T0)  # timed-out: killed by its timeout, for good
+    store.finish(job, "w1", outcome(None, "timeout after 1s", "slow"), SETTINGS, T0 + 1)
+    running = store.claim("w1", T0)
+    store.cancel(["running"], T0)
+    store.interrupt(running, "w1", queuectl.Outcome(None, "canceled", b"", 0.1, interrupted="canceled"), False, T0)
+    for _ in range(queuectl.LOST_WORKER_CAP):  # lost too often
+        store.interrupt(store.claim("w1", T0), "w1", LOST, True, T0)
+    finish_next(store, 1, T0)  # parent dies, and takes child with it
+    finish_next(store, 0, T0)  # fine: completed, no notification
+    dead = {j.id: j for j in store.list_jobs("dead")}
+    assert sorted(dead) == ["child", "failed", "lost", "parent", "running", "timed-out", "waiting"]
+    assert len(notices(store)) == len(dead)
+    for job_id, job in dead.items():
+        notice = only_notice(store, job_id)
+        seq = store.read(f"SELECT seq FROM jobs WHERE id = {store.sql.PARAM}", (job_id,))[0][0]
+        assert notice.id == f"{job_id}@dead-{seq}-0" and notice.command == "notify"
+        assert (notice.state, notice.queue, notice.cwd, notice.max_retries) == ("pending", "default", "/", 3)
+        assert notice.env == {"QUEUECTL_DEAD_JOB_ID": job_id, "QUEUECTL_DEAD_QUEUE": "default",
+                              "QUEUECTL_DEAD_ATTEMPTS": str(job.attempts),
+                              "QUEUECTL_DEAD_EXIT_CODE": "" if job.exit_code is None else str(job.exit_code),
+                              "QUEUECTL_DEAD_ERROR": job.last_error, "QUEUECTL_DEAD_RUN": str(job.run_count)}
+    assert only_notice(store, "failed").env["QUEUECTL_DEAD_EXIT_CODE"] == "3"
+    assert only_notice(store, "child").env["QUEUECTL_DEAD_ERROR"] == "dependency parent is dead"
+
+
+def test_a_notification_tells_the_exit_code_and_output_of_the_run_that_died_not_an_earlier_ones(store):
+    """A death with no run of its own (canceled while waiting for a retry, behind a dead dependency) tells
+    no exit code and no run (stdin empty); a canceled or lost run tells its own run and output, and no
+    exit code (it has none), whatever an earlier attempt exited with."""
+    register(store)
+    store.config_set("on_dead", "notify")
+    store.enqueue([spec(job_id, max_retries=3, queue=job_id) for job_id in ("waiting", "running", "lost")], T0)
+    for _ in range(3):
+        finish_next(store, 3, T0, output="earlier attempt")  # each failed once: exit 3, a retry due later
+    store.cancel(["waiting"], T0)
+    canceled = store.claim("w1", T0 + 10, ("running",))
+    store.cancel(["running"], T0 + 10)
+    store.interrupt(canceled, "w1", queuectl.Outcome(None, "canceled", b"canceled run", 0.1, interrupted="canceled"),
+                    False, T0 + 10)
+    for _ in range(queuectl.LOST_WORKER_CAP):
+        store.interrupt(store.claim("w1", T0 + 10, ("lost",)), "w1", LOST, True, T0 + 10)
+    facts = {job_id: (n.env["QUEUECTL_DEAD_EXIT_CODE"], n.env["QUEUECTL_DEAD_RUN"], store.dead_output(n))
+             for job_id in ("waiting", "running", "lost") for n in [only_notice(store, job_id)]}
+    assert facts == {"waiting": ("", "0", b""), "running": ("", "2", b"canceled run"),
+                     "lost": ("", str(1 + queuectl.LOST_WORKER_CAP), b"")}
+    assert store.get("running").exit_code is None  # the job's row says the same as its notification
+
+
+def test_a_jobs_own_queuectl_dead_run_variable_of_any_value_reads_no_output_and_raises_nothing(store):
+    """Only a notification job gets a dead run's output; a job's env is the user's, and on PostgreSQL a
+    value that is no number must not become a cast error of the read (the job would die of it)."""
+    store.enqueue([spec(f"fake{i}", env={"QUEUECTL_DEAD_RUN": value, "QUEUECTL_DEAD_JOB_ID": "fake0"})
+                   for i, value in enumerate(["1", "x", "99999999999999999999", " 1", ""])], T0)
+    assert [store.dead_output(store.get(f"fake{i}")) for i in range(5)] == [None] * 5
+
+
+def test_a_notification_id_is_cut_to_the_id_limit_and_a_death_is_never_notified_twice(store):
+    register(store)
+    store.config_set("on_dead", "notify")
+    long_id = "x" * queuectl.MAX_ID_CHARS
+    store.enqueue([spec(long_id)], T0)
+    store.cancel([long_id], T0)
+    notice = only_notice(store, long_id)
+    assert len(notice.id) == queuectl.MAX_ID_CHARS and notice.id.endswith("@dead-1-0")
+    # The same death seen again (a statement that set it dead twice) inserts nothing more: one per death.
+    store.write(lambda cur: cur.execute(f"UPDATE jobs SET state = 'failed' WHERE id = {store.sql.PARAM}", (long_id,)))
+    store.write(lambda cur: cur.execute(f"UPDATE jobs SET state = 'dead' WHERE id = {store.sql.PARAM}", (long_id,)))
+    assert len(notices(store)) == 1
+
+
+def test_on_dead_of_the_job_wins_over_config_and_empty_means_none(store):
+    register(store)
+    store.enqueue([spec("plain"), spec("own", on_dead="own-command"), spec("quiet", on_dead="")], T0)
+    store.cancel(["plain"], T0)
+    assert notices(store) == {}  # config on-dead is empty by default: no notification
+    store.config_set("on_dead", "config-command")
+    store.cancel(["own", "quiet"], T0)
+    assert only_notice(store, "own").command == "own-command" and notices(store, "quiet") == {}
+    assert store.get("own").on_dead == "own-command" and store.get("plain").on_dead is None
+    store.enqueue([spec("later")], T0)
+    store.cancel(["later"], T0)
+    assert only_notice(store, "later").command == "config-command"
+
+
+def test_a_notification_jobs_own_death_notifies_nobody(store):
+    register(store)
+    store.config_set("on_dead", "exit 1")
+    store.config_set("max_retries", 1)
+    store.enqueue([spec("j")], T0)
+    store.cancel(["j"], T0)
+    notice = only_notice(store, "j")
+    assert finish_next(store, 1, T0).state == "dead" and store.get(notice.id).state == "dead"
+    assert [j.id for j in store.list_jobs()] == ["j", notice.id]
+
+
+def test_a_paused_or_full_queue_does_not_hold_back_its_notification_jobs(store):
+    register(store)
+    store.config_set("on_dead", "notify")
+    store.enqueue([spec("a", queue="q"), spec("b", queue="q"), spec("c", queue="q")], T0)
+    store.pause(["q"])
+    assert store.claim("w1", T0) is None and not store.due_now(T0)
+    store.cancel(["a"], T0)
+    assert store.due_now(T0) and store.due_now(T0, ("q",))
+    assert store.claim("w1", T0, ("q",)).id == only_notice(store, "a").id
+    assert store.claim("w1", T0) is None  # ordinary jobs still wait
+    store.resume(["q"])
+    store.set_limit("q", 2)  # the notification job runs: one slot left
+    assert store.claim("w1", T0).id == "b" and store.claim("w1", T0) is None  # full
+    store.cancel(["c"], T0)
+    assert store.claim("w1", T0).id == only_notice(store, "c").id
+
+
+def test_dlq_retry_does_not_notify_the_old_death_again_and_a_new_death_notifies(store):
+    register(store)
+    store.config_set("on_dead", "notify")
+    store.enqueue([spec("j", max_retries=1)], T0)
+    finish_next(store, 1, T0)
+    first = only_notice(store, "j")
+    assert finish_next(store, 0, T0).id == first.id  # the notification job ran
+    store.retry_dead(["j"], T0 + 1)
+    assert list(notices(store, "j")) == [first.id]
+    assert finish_next(store, 2, T0 + 2).state == "dead"
+    made = notices(store, "j")
+    assert len(made) == 2 and first.id.endswith("-0")
+    second = next(j for i, j in made.items() if i != first.id)
+    assert second.id == first.id[:-1] + "1" and second.env["QUEUECTL_DEAD_EXIT_CODE"] == "2"
+
+
+def test_a_schedules_template_carries_on_dead_to_its_jobs(store):
+    schedule = add_schedule(store, every="1h", on_dead="page-oncall")
+    assert schedule.job["on_dead"] == "page-oncall"
+    job = queuectl.slot_job(schedule, T0 + 3600, CONFIG_DEFAULTS_INTERNAL)
+    store.enqueue([job], T0)
+    assert store.get(job["id"]).on_dead == "page-oncall"
+
+
+def test_a_database_upgraded_from_schema_5_notifies(db, monkeypatch):
+    with monkeypatch.context() as m:  # the queuectl before on_dead
+        m.setattr(queuectl, "SCHEMA_VERSION", 5)
+        m.setattr(queuectl, "MIGRATIONS", queuectl.MIGRATIONS[:5])
+        m.setattr(queuectl, "PG_MIGRATIONS", queuectl.PG_MIGRATIONS[:5])
+        with opened(db) as s:
+            enqueue_older(s, "old", now=s.now())
+    ok(db, "config", "set", "on-dead", "notify")
+    ok(db, "cancel", "old")
+    assert [j["id"] for j in json.loads(ok(db, "list", "--json"))] == ["old", "old@dead-1-0"]
+    assert get_job(db, "old")["on_dead"] is None
+
+
+@sqlite_only
+@pytest.mark.parametrize("how", ["enqueue", "batch", "add"])
+def test_an_id_of_a_notification_jobs_shape_is_refused_so_none_can_take_a_deaths_id(seeded_db, how):
+    """A job enqueued as x@dead-2-0 would take the id of x's notification job, which would then not be made."""
+    taken = "keep@dead-1-0"
+    before = snapshot(seeded_db)
+    args = {"enqueue": ("enqueue", json.dumps({"id": taken, "command": "true"})),
+            "batch": ("enqueue", "-"), "add": ("add", "--id", taken, "--", "true")}[how]
+    code, out, err = cli(seeded_db, *args, stdin=jsonl({"id": taken, "command": "true"}) if how == "batch" else None)
+    assert (code, out) == (2, ""), err
+    assert "reserved" in err and snapshot(seeded_db) == before
+    for fine in ("keep@dead-1", "keep@dead-letter-0", "keep@dead-1-0x"):  # other ids with '@dead-' are anyone's
+        ok(seeded_db, "add", "--id", fine, "--", "true")
+
+
+@sqlite_only
+@pytest.mark.parametrize("args, fragment", [
+    (("enqueue", '{"command": "true", "on_dead": 5}'), "must be a string"),
+    (("enqueue", '{"command": "true", "on_dead": ["mail"]}'), "must be a string"),
+    (("enqueue", '{"command": "true", "on_dead": "a\\u0000b"}'), "NUL"),
+    (("enqueue", json.dumps({"command": "true", "on_dead": "x" * 131_072})), "longer than 131071 bytes"),
+    (("add", "--on-dead", "x" * 131_072, "--", "true"), "longer than 131071 bytes"),
+    (("config", "set", "on-dead", "x" * 131_072), "longer than 131071 bytes"),
+    (("schedule", "add", '{"id": "s", "every": "1h", "command": "true", "on_dead": 1}'), "must be a string"),
+])
+def test_bad_on_dead_is_refused_and_nothing_is_stored(seeded_db, args, fragment):
+    before = snapshot(seeded_db), ok(seeded_db, "schedule", "list", "--json")
+    code, out, err = cli(seeded_db, *args)
+    assert (code, out) == (2, ""), err
+    assert_one_error(err, "on_dead" if args[0] != "config" else "on-dead", fragment)
+    assert (snapshot(seeded_db), ok(seeded_db, "schedule", "list", "--json")) == before
+
+
 # ---- delete --------------------------------------------------------------------------------------
 
 def test_delete_removes_jobs_with_their_runs_and_dependencies(store):
@@ -6319,6 +6554,7 @@ def test_postgres_a_column_of_a_type_the_owner_made_is_refused_before_its_operat
     carol = pg_roles.make("carol", "LOGIN")
     bob, schema = bobs_queue(pg_roles)
     pg_roles.sql(f"CREATE DOMAIN {schema}.state AS text", f"DROP INDEX {schema}.jobs_state",
+                 f"DROP TRIGGER jobs_dead ON {schema}.jobs",  # it depends on the column's type
                  f"ALTER TABLE {schema}.jobs ALTER COLUMN state TYPE {schema}.state",
                  f"CREATE FUNCTION {schema}.eq({schema}.state, {schema}.state) RETURNS bool LANGUAGE plpgsql "
                  "AS $$ BEGIN RAISE EXCEPTION 'planted operator ran as %', current_user; END $$",
@@ -6341,7 +6577,9 @@ def test_postgres_a_team_schema_whose_tables_a_member_made_before_owners_were_ch
     alices = pg_roles.url(alice, schema)
     enqueue(alices, id="old", command="true")
     pg_roles.sql(*(f"ALTER TABLE {schema}.{t} OWNER TO {alice}" for t in queuectl.PG_TABLES),  # as then
-                 f"ALTER TABLE {schema}.workers DROP COLUMN version",  # and one migration behind
+                 f"DROP TRIGGER jobs_dead ON {schema}.jobs", f"DROP FUNCTION {schema}.jobs_dead()",  # and one
+                 f"DROP INDEX {schema}.jobs_notices",  # migration behind
+                 f"ALTER TABLE {schema}.jobs DROP COLUMN on_dead, DROP COLUMN revived, DROP COLUMN notifies",
                  f"UPDATE {schema}.queuectl_version SET version = {queuectl.SCHEMA_VERSION - 1}")
     assert set(schema_tables(pg_roles, schema).values()) == {alice}
     enqueue(alices, id="new", command="true")
@@ -8561,6 +8799,76 @@ def test_burst_worker_exits_when_nothing_is_due_within_60_s(db, workers, tmp_pat
     job = get_job(db, "later")
     assert (job["state"], job["attempts"]) == ("failed", 1)
     assert parse_iso(job["next_run_at"]).timestamp() > time.time() + 60
+
+
+def test_a_notification_job_gets_the_dead_jobs_facts_in_its_environment_and_its_last_output_on_stdin(
+        db, workers, tmp_path):
+    ok(db, "config", "set", "on-dead", "env | grep ^QUEUECTL_ | sort > env.txt; cat > stdin.txt")
+    enqueue(db, id="doomed", command="echo first line; printf 'last line'; exit 3", max_retries=1, cwd=str(tmp_path))
+    # Other jobs still read nothing, even one whose env looks like a notification's.
+    enqueue(db, id="plain", command="cat > plain.txt", cwd=str(tmp_path))
+    enqueue(db, id="fake", command="cat > fake.txt", cwd=str(tmp_path),
+            env={"QUEUECTL_DEAD_JOB_ID": "doomed", "QUEUECTL_DEAD_RUN": "1"})
+    worker = workers.start("--burst")
+    assert worker.wait() == 0, worker.log()
+    notice = next(j for j in json.loads(ok(db, "list", "--json")) if j["id"].startswith("doomed@dead-"))
+    assert notice["state"] == "completed", worker.log()
+    env = dict(line.split("=", 1) for line in (tmp_path / "env.txt").read_text().splitlines())
+    assert {k: v for k, v in env.items() if k.startswith("QUEUECTL_DEAD_")} == {
+        "QUEUECTL_DEAD_JOB_ID": "doomed", "QUEUECTL_DEAD_QUEUE": "default", "QUEUECTL_DEAD_ATTEMPTS": "1",
+        "QUEUECTL_DEAD_EXIT_CODE": "3", "QUEUECTL_DEAD_ERROR": "exit code 3", "QUEUECTL_DEAD_RUN": "1"}
+    assert env["QUEUECTL_JOB_ID"] == notice["id"] and env["QUEUECTL_ATTEMPT"] == "1"  # and its own, as every job
+    assert (tmp_path / "stdin.txt").read_text() == "first line\nlast line"
+    assert (tmp_path / "plain.txt").read_text() == "" and (tmp_path / "fake.txt").read_text() == ""
+
+
+def test_a_notification_job_whose_dead_jobs_folder_is_gone_runs_in_the_root_folder(db, workers, tmp_path):
+    """A job often dies because its folder was removed: its notification must still tell (a job that only
+    looks like one still cannot start there)."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    ok(db, "config", "set", "on-dead", f"pwd > {tmp_path}/told.txt")
+    enqueue(db, id="doomed", command="true", max_retries=1, cwd=str(gone))
+    enqueue(db, id="fake", command="true", max_retries=1, cwd=str(gone), on_dead="",
+            env={"QUEUECTL_DEAD_JOB_ID": "doomed", "QUEUECTL_DEAD_RUN": "1"})
+    gone.rmdir()
+    worker = workers.start("--burst")
+    assert worker.wait() == 0, worker.log()
+    states = {j["id"]: j["state"] for j in json.loads(ok(db, "list", "--json"))}
+    assert states == {"doomed": "dead", "fake": "dead", "doomed@dead-1-0": "completed"}, worker.log()
+    assert (tmp_path / "told.txt").read_text() == "/\n"
+
+
+def test_a_burst_worker_waits_for_the_retry_of_a_notification_job_in_a_paused_queue(db, workers, tmp_path):
+    ok(db, "config", "set", "on-dead", "exit 1")
+    ok(db, "config", "set", "max-retries", "2")
+    ok(db, "config", "set", "backoff-base", "1")  # the notification's retry falls due a second after it failed
+    enqueue(db, id="doomed", command="true", queue="night", cwd=str(tmp_path))
+    ok(db, "pause", "--queue", "night")
+    ok(db, "cancel", "doomed")
+    worker = workers.start("--burst")
+    assert worker.wait() == 0, worker.log()
+    notice = next(j for j in json.loads(ok(db, "list", "--json")) if j["id"].startswith("doomed@dead-"))
+    assert (notice["state"], notice["attempts"]) == ("dead", 2), worker.log()
+
+
+def test_each_death_is_notified_once_while_cancels_race_two_workers(db, workers, tmp_path):
+    """Two worker processes record failures while this process cancels the same jobs: each job dies
+    once, by whichever wins, and so has exactly one notification job."""
+    ok(db, "config", "set", "on-dead", "true")
+    ids = [f"j{i}" for i in range(30)]
+    assert cli(db, "enqueue", "-", stdin=jsonl(*({"id": i, "command": "exit 1", "max_retries": 1, "queue": "work",
+                                                  "cwd": str(tmp_path)} for i in ids)))[0] == 0
+    for _ in range(2):
+        workers.start("--queue", "work")
+    for job_id in ids:  # racing the results: some are canceled, some already dead (refused: exit 1)
+        assert cli(db, "cancel", job_id)[0] in (0, 1)
+    wait_for(lambda: all(c == 0 for s, c in json.loads(ok(db, "status", "--json"))["jobs"].items()
+                         if s in ("pending", "processing", "failed")), "every job and notification to end")
+    jobs = json.loads(ok(db, "list", "--json"))
+    assert {j["id"]: j["state"] for j in jobs if j["id"] in ids} == dict.fromkeys(ids, "dead")
+    made = sorted(j["env"]["QUEUECTL_DEAD_JOB_ID"] for j in jobs if j["id"] not in ids)
+    assert made == sorted(ids)
 
 
 # ---- the drain: a shared SQLite connection, the environment, malloc arenas, the WAL --------------
