@@ -3313,6 +3313,9 @@ def test_a_result_without_dependents_or_a_job_falling_due_runs_no_update_for_the
         job = result_and_claim(sqlite_store.claim("w1", T0), T0 + 1)
         assert job.id == "b"
         assert not any(s.startswith(("UPDATE jobs SET waiting_on", "UPDATE jobs SET ready")) for s in ran), ran
+        # An UPDATE of jobs is traced twice, once more as its trigger's program starts (jobs_dead, whose
+        # WHEN lets it do nothing unless the job died): the statements are the distinct ones in a row.
+        ran[:] = [s for n, s in enumerate(ran) if n == 0 or s != ran[n - 1]]
         assert len(ran) == 8, ran  # BEGIN, the job, its run, its ties, any staged due, the claim, the run, COMMIT
         job = result_and_claim(job, T0 + 61)  # b releases c; `later` has fallen due
         assert any(s.startswith("UPDATE jobs SET waiting_on") for s in ran)
