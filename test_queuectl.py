@@ -7157,17 +7157,18 @@ def test_postgres_a_failed_claim_after_a_committed_completion_leaves_the_claim_t
         store.close()
 
 
-def test_postgres_a_completion_that_waited_for_an_enqueue_of_its_dependent_releases_that_dependent(pg_url):
-    """An enqueue of `d`, which depends on `a`, locks `a` (it reads a's state FOR UPDATE) and commits while
-    a's completion waits for that lock: the completion must see d's dependency (a statement that began
-    before that commit reads deps as of its start), else d waits for `a` forever."""
+@contextlib.contextmanager
+def _result_behind_an_enqueue_of_its_dependent(pg_url, a, result):
+    """Claim job `a`; while an enqueue of `d`, which depends on a, holds a's lock (it reads a's state FOR
+    UPDATE), make a's result (`result(store, job, settings)`) wait for that lock, then let the enqueue
+    commit. Yields (the store, the result's answer)."""
     import threading
     store, other = queuectl.PostgresStore(pg_url), queuectl.PostgresStore(pg_url)
+    inserted, go, results = threading.Event(), threading.Event(), []
     try:
         register(store)
-        store.enqueue([spec("a")], T0)
+        store.enqueue([a], T0)
         job, settings = store.claim("w1", T0 + 1), store.config_all()
-        inserted, go, results = threading.Event(), threading.Event(), []
 
         def enqueue_d(cur):
             other._insert_with_deps(cur, spec("d", depends_on=["a"]), T0 + 2)
@@ -7176,23 +7177,29 @@ def test_postgres_a_completion_that_waited_for_an_enqueue_of_its_dependent_relea
         enqueuing = threading.Thread(target=lambda: other.write(enqueue_d))
         enqueuing.start()
         assert inserted.wait(WAIT_S)
-        completing = threading.Thread(target=lambda: results.append(
-            store.finish_and_claim(job, "w1", DONE, settings, T0 + 3, ())))
-        completing.start()
+        resulting = threading.Thread(target=lambda: results.append(result(store, job, settings)))
+        resulting.start()
         wait_for(lambda: _backend_waits_for_a_lock(pg_url, store.conn.info.backend_pid),
-                 "the completion to wait for a's lock")
+                 "the result to wait for a's lock")
         go.set()
         enqueuing.join(WAIT_S)
-        completing.join(WAIT_S)
-        after, following = results[0]
-        assert after.state == "completed"
-        d = store.get("d")
-        assert d.waiting_on == 0  # released: a completed after d's enqueue committed
-        assert following is not None and following.id == "d" or store.claim("w1", T0 + 4).id == "d"
+        resulting.join(WAIT_S)
+        yield store, results[0]
     finally:
         go.set()
         store.close()
         other.close()
+
+
+def test_postgres_a_completion_that_waited_for_an_enqueue_of_its_dependent_releases_that_dependent(pg_url):
+    """The worker's fast path (finish_and_claim) must see d's dependency once the enqueue committed (a
+    statement that began before that commit reads deps as of its start), else d waits for `a` forever."""
+    with _result_behind_an_enqueue_of_its_dependent(
+            pg_url, spec("a"), lambda store, job, settings: store.finish_and_claim(
+                job, "w1", DONE, settings, T0 + 3, ())) as (store, (after, following)):
+        assert after.state == "completed"
+        assert store.get("d").waiting_on == 0  # released: a completed after d's enqueue committed
+        assert following is not None and following.id == "d" or store.claim("w1", T0 + 4).id == "d"
 
 
 @pytest.mark.parametrize("code, state", [(0, "completed"), (1, "dead")])
@@ -7201,39 +7208,15 @@ def test_postgres_a_result_that_waited_for_an_enqueue_of_its_dependent_sees_to_t
     read that decides whether the run has dependents to release or kill (SQL_RUN_TIES) must come after the
     job's lock, so a dependent whose enqueue held that lock and committed meanwhile is seen, not left
     waiting forever, nor alive below a dead job."""
-    import threading
-    store, other = queuectl.PostgresStore(pg_url), queuectl.PostgresStore(pg_url)
-    try:
-        register(store)
-        store.enqueue([spec("a", max_retries=0)], T0)
-        job, settings = store.claim("w1", T0 + 1), store.config_all()
-        inserted, go, results = threading.Event(), threading.Event(), []
-
-        def enqueue_d(cur):
-            other._insert_with_deps(cur, spec("d", depends_on=["a"]), T0 + 2)
-            inserted.set()
-            go.wait(WAIT_S)
-        enqueuing = threading.Thread(target=lambda: other.write(enqueue_d))
-        enqueuing.start()
-        assert inserted.wait(WAIT_S)
-        finishing = threading.Thread(target=lambda: results.append(
-            store.finish(job, "w1", outcome(code, "boom" if code else None), settings, T0 + 3)))
-        finishing.start()
-        wait_for(lambda: _backend_waits_for_a_lock(pg_url, store.conn.info.backend_pid),
-                 "the result to wait for a's lock")
-        go.set()
-        enqueuing.join(WAIT_S)
-        finishing.join(WAIT_S)
-        assert results[0].state == state
+    with _result_behind_an_enqueue_of_its_dependent(
+            pg_url, spec("a", max_retries=0), lambda store, job, settings: store.finish(
+                job, "w1", outcome(code, "boom" if code else None), settings, T0 + 3)) as (store, finished):
+        assert finished.state == state
         d = store.get("d")
         if state == "completed":
             assert (d.state, d.waiting_on) == ("pending", 0) and store.claim("w1", T0 + 4).id == "d"
         else:
             assert (d.state, d.last_error) == ("dead", "dependency a is dead")
-    finally:
-        go.set()
-        store.close()
-        other.close()
 
 
 def test_postgres_a_completion_that_fails_before_its_first_statement_is_sent_returns_and_leaves_no_pipeline(
@@ -13953,10 +13936,10 @@ def test_completion_commands_and_options_come_from_the_parser(monkeypatch):
     def more():
         p = real()
         extra = queuectl._subcommands(p).choices["add"]  # the parser `add` builds when named
-        extra.add_argument("--on-dead", metavar="CMD")
+        extra.add_argument("--notify-me", metavar="CMD")
         return p
     monkeypatch.setattr(queuectl, "build_parser", more)
-    assert complete("add", "--on") == (0, ["--on-dead"])
+    assert complete("add", "--no") == (0, ["--notify-me"])
     code, commands = complete("")
     assert code == 0 and "completion" in commands and queuectl.COMPLETE_COMMAND not in commands
     assert set(commands) == set(queuectl._subcommands(real()).choices)
@@ -13995,7 +13978,8 @@ def test_completion_never_writes_not_even_to_upgrade_an_older_schema(db, tmp_pat
         old.setattr(queuectl, "SCHEMA_VERSION", 4)
         old.setattr(queuectl, "MIGRATIONS", queuectl.MIGRATIONS[:4])
         old.setattr(queuectl, "PG_MIGRATIONS", queuectl.PG_MIGRATIONS[:4])
-        ok(db, "add", "--id", "old-1", "--", "true")
+        with contextlib.closing(queuectl.open_database(db)) as older:
+            enqueue_older(older, "old-1")
     files = {} if is_pg(db) else {name: (tmp_path / name).read_bytes() for name in os.listdir(tmp_path)}
     assert complete("--db", db, "show", "o") == (queuectl.EXIT_FAIL, [])
     assert complete("--db", db, "list", "--queue", "") == (queuectl.EXIT_FAIL, [])
