@@ -105,7 +105,7 @@ example:
 # PostgresStore) · Process control (kill_run, Watchdog) · Execution (run_command and the process group it
 # kills) · Workers (Runner, Sweeper, ScheduleFirer) · The worker process (Worker: one `worker start`, its
 # signals, registration, housekeeping and runner threads) · Dashboard (HTTP, metrics_text) · CLI
-# (build_parser, cmd_*, main).
+# (build_parser, cmd_*, `run`'s ForegroundRun, shell Completion, main).
 #
 # The path of a job:
 #   enqueue   cmd_enqueue / cmd_add -> validate_job -> Store.enqueue (one transaction; synced before the id prints)
@@ -117,6 +117,8 @@ example:
 #   recover   Worker._housekeeping -> Sweeper.sweep: a worker presumed dead (same host: its PID; else
 #             lease_expired) is dropped, kill_run ends its runs' processes, then Store.interrupt requeues
 #   guard     Worker._guard: what must happen on time whatever the database does (cut-off line, hard stop)
+#   die       any statement that makes a job dead fires the trigger jobs_dead (migration 6): its on_dead
+#             notification job, in the same transaction, which Runner._run_command starts with the dead run's output
 
 # Heavy modules (subprocess, threading, signal, select) are imported only by the worker code
 # that needs them: every command pays for what it imports, and `enqueue` should start fast.
