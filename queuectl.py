@@ -2939,7 +2939,7 @@ class SqliteStore(Store):
     def _open(self) -> None:
         """Open the file. A read-only open can race a writer that appears or leaves (its -wal comes
         and goes between our look and our read): then it is tried again, for a few seconds (or busy_deadline_s)."""
-        deadline = time.monotonic() + min(CLI_BUSY_DEADLINE_S, self.busy_deadline_s)
+        deadline = self._open_deadline()
         while True:
             try:
                 self._open_once()
@@ -3036,7 +3036,7 @@ class SqliteStore(Store):
         """
         from urllib.parse import quote
         wal, shm = _companions(path)
-        deadline = time.monotonic() + min(CLI_BUSY_DEADLINE_S, self.busy_deadline_s)
+        deadline = self._open_deadline()
         while os.path.exists(wal) and not os.path.exists(shm):
             if time.monotonic() > deadline:
                 raise BadDatabase(f"cannot read {path}: {wal} holds changes that need {shm}, which this user "
@@ -3054,6 +3054,10 @@ class SqliteStore(Store):
     def _busy_timeout_s(self) -> float:
         """SQLite's busy wait per attempt: never longer than the whole deadline (a completion's is short)."""
         return min(BUSY_TIMEOUT_S, self.busy_deadline_s)
+
+    def _open_deadline(self) -> float:
+        """When an open that races a writer stops trying again: a few seconds, or busy_deadline_s if shorter."""
+        return time.monotonic() + min(CLI_BUSY_DEADLINE_S, self.busy_deadline_s)
 
     def _check_readable(self) -> None:
         """A read-only database must be ours and need no migration: it cannot be written to run one."""
