@@ -255,6 +255,9 @@ BURST_HORIZON_S = 60.0  # --burst waits for jobs due within this many seconds
 # a commit that makes a job due wakes the workers (see Wake-ups), and a job due later is waited for
 # until its time, so this check finds only what no wake-up could announce (another network namespace).
 POLL_INTERVAL_S = 1.0
+# The same on PostgreSQL while the worker's listener is connected: a NOTIFY reaches every listener whoever
+# sent it, and one sent while the listener was not connected is made up for by a look once it is again.
+NOTIFIED_POLL_INTERVAL_S = 5.0
 QUICK_JOB_S = 0.01  # a job's exit is watched through a pidfd once it has run this long (see _Capture)
 TICK_GAP_S = 0.005  # the shortest gap between two rounds of a worker's main loop (see Worker.tick)
 ROUND_SLACK_S = 0.05  # a worker's housekeeping task due this soon runs in the round under way: one wake-up
@@ -921,6 +924,7 @@ TEMPLATE_FIELDS = ("command", "max_retries", "timeout", "cwd", "env", "priority"
 MAX_SCHEDULE_ID_CHARS = 170  # with "@2026-12-01T02:00:00Z" a slot's job id stays within MAX_ID_CHARS
 OVERLAPS = ("skip", "allow")
 SCHEDULE_CHECK_S = 1.0  # a worker looks for due schedules at least this often (one indexed lookup)
+SCHEDULES_CHANGED = "schedules"  # a NOTIFY's payload: a schedule was added, changed or resumed (PostgreSQL)
 CRON_YEARS = 401  # the Gregorian calendar repeats every 400 years: no slot in 401 means none ever
 CRON_ALIASES = {"@hourly": "0 * * * *", "@daily": "0 0 * * *", "@midnight": "0 0 * * *",
                 "@weekly": "0 0 * * 0", "@monthly": "0 0 1 * *", "@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *"}
@@ -1577,16 +1581,17 @@ class SharedSQL:
                      "LEFT JOIN runs ON runs.job_id = jobs.id AND runs.run_no = jobs.run_count "
                      "WHERE jobs.state = 'processing' AND jobs.worker_id = %s")
     SQL_RUN_WORKER = "SELECT worker_id FROM runs WHERE job_id = %s AND run_no = %s"
-    # The runs a worker started and still holds: each must be known to one of its runners, or it is a
-    # claim whose answer was lost (see Holdings).
-    SQL_OWN_RUNS = ("SELECT jobs.id, jobs.run_count FROM jobs "
-                    "JOIN runs ON runs.job_id = jobs.id AND runs.run_no = jobs.run_count "
-                    "WHERE jobs.state = 'processing' AND jobs.worker_id = %s AND runs.worker_id = jobs.worker_id")
     SQL_PROCESSING_BY_WORKER = "SELECT worker_id, id FROM jobs WHERE state = 'processing'"
     SQL_CANCEL_REQUESTS = ("SELECT id, run_count FROM jobs WHERE state = 'processing' AND worker_id = %s "
                            "AND cancel_requested = run_count")
-    SQL_ORPHAN_JOBS = ("SELECT id, run_count, lost_count, worker_id FROM jobs WHERE state = 'processing' "
-                       "AND worker_id NOT IN (SELECT id FROM workers)")
+    # What a sweep looks at (see Store.swept_jobs), one read: the processing jobs whose worker is not registered
+    # (orphans), and those of the sweeping worker, with the worker that started the run: another (an orphan it
+    # adopted, not requeued yet), or itself (each must be known to one of its runners, or it is a claim whose
+    # answer was lost: see Holdings).
+    SQL_SWEPT_JOBS = ("SELECT jobs.id, jobs.run_count, jobs.worker_id, runs.worker_id FROM jobs "
+                      "LEFT JOIN runs ON runs.job_id = jobs.id AND runs.run_no = jobs.run_count "
+                      "WHERE jobs.state = 'processing' "
+                      "AND (jobs.worker_id = %s OR jobs.worker_id NOT IN (SELECT id FROM workers))")
     # A notification's stdin: its dead job's run, found through `notifies`, which only a notification has
     # (a row for each notification, its output NULL when the run is gone or there was none). The run is
     # compared as text: QUEUECTL_DEAD_RUN is in the env, which any job may set to anything (no cast error).
@@ -1821,11 +1826,6 @@ class SqliteSQL:
     SQL_ADOPT = ("UPDATE jobs SET worker_id = ?1 WHERE id = ?2 AND run_count = ?3 AND state = 'processing' "
                  "AND worker_id = ?4 AND EXISTS (SELECT 1 FROM workers WHERE id = ?1) "
                  "AND NOT EXISTS (SELECT 1 FROM workers WHERE id = ?4)")
-    # The jobs a worker adopted and has not requeued yet: its processing jobs whose run another worker
-    # started (a sweeper whose requeue failed finds them here at its next sweep).
-    SQL_ADOPTED = ("SELECT jobs.id, jobs.run_count, runs.worker_id FROM jobs "
-                   "JOIN runs ON runs.job_id = jobs.id AND runs.run_no = jobs.run_count "
-                   "WHERE jobs.state = 'processing' AND jobs.worker_id = ?1 AND runs.worker_id <> ?1")
     SQL_RUN = ("SELECT run_no, output, output_bytes, ended_at FROM runs WHERE job_id = ? AND (run_no = ? OR ? IS NULL) "
                "ORDER BY run_no DESC LIMIT 1")
     SQL_DEAD_DEPS = ("SELECT deps.dep_id FROM deps JOIN jobs d ON d.id = deps.dep_id "
@@ -2374,6 +2374,11 @@ class Store:
         elif state == DEAD:
             self._kill_dependents(cur, job_id, now)
 
+    def _wake_for_schedules(self, cur: Cursor) -> None:
+        """Called inside each transaction that adds, changes or resumes a schedule. PostgreSQL notifies its
+        listening workers, which then look at once and otherwise seldom (see Worker._listen); an SQLite
+        worker looks every SCHEDULE_CHECK_S."""
+
     def _wake_for_notices(self, cur: Cursor) -> None:
         """After a death: wake the workers if a notification job waits to run (this death's, made by the
         trigger of migration 6; one seek in jobs_notices, which is empty when none waits)."""
@@ -2720,9 +2725,22 @@ class Store:
         """Ask these workers to stop; returns those that were asked (see SQL_REQUEST_STOP)."""
         return self.write(lambda cur: [w for w in worker_ids if cur.execute(self.sql.SQL_REQUEST_STOP, (w,)).rowcount])
 
-    def orphan_jobs(self) -> list[tuple]:
-        """(id, run_count, lost_count, worker_id) of processing jobs whose worker is not registered."""
-        return self.read(self.sql.SQL_ORPHAN_JOBS)
+    def swept_jobs(self, worker_id: str) -> tuple[list[tuple], list[tuple], list[tuple]]:
+        """What the sweep of worker `worker_id` looks at, in one read (one snapshot and, on PostgreSQL, one
+        round trip: an idle worker sweeps every second): the orphans, (id, run_count, worker_id) of processing
+        jobs whose worker is not registered; the adopted, (id, run_count, worker id of the run) of its
+        processing jobs whose run another worker started, which it has not requeued yet (a sweeper whose
+        requeue failed finds them here at its next sweep); its own runs, (id, run_count) of those whose run
+        it started."""
+        orphans, adopted, own = [], [], []
+        for job_id, run_no, owner, run_worker in self.read(self.sql.SQL_SWEPT_JOBS, (worker_id,)):
+            if owner != worker_id:
+                orphans.append((job_id, run_no, owner))
+            elif run_worker == worker_id:
+                own.append((job_id, run_no))
+            elif run_worker is not None:
+                adopted.append((job_id, run_no, run_worker))
+        return orphans, adopted, own
 
     def drop_worker(self, worker_id: str, beat: int, started_at: float, adopter: str) -> list[tuple] | None:
         """Deregister a worker judged dead at heartbeat `beat`, hand the jobs it held to `adopter`
@@ -2735,14 +2753,6 @@ class Store:
             return [run for run in cur.execute(self.sql.SQL_HELD_RUNS, (worker_id,)).fetchall()
                     if cur.execute(self.sql.SQL_ADOPT, (adopter, run[0], run[1], worker_id)).rowcount]
         return self.write(drop)
-
-    def adopted(self, worker_id: str) -> list[tuple]:
-        """(id, run_count, worker id of the run) of the jobs this worker adopted and has not requeued."""
-        return self.read(self.sql.SQL_ADOPTED, (worker_id,))
-
-    def own_runs(self, worker_id: str) -> list[tuple]:
-        """(id, run_count) of the processing jobs whose run this worker started and still holds."""
-        return self.read(self.sql.SQL_OWN_RUNS, (worker_id,))
 
     def adopt(self, job_id: str, run_no: int, owner: str, adopter: str) -> str | None:
         """Take over the recovery of an orphan (a processing job whose worker is not registered);
@@ -2768,6 +2778,7 @@ class Store:
                    last_run_at, last_job_id)
             try:
                 cur.execute(self.sql.SQL_INSERT_SCHEDULE, row)
+                self._wake_for_schedules(cur)
             except self.IntegrityError:
                 raise Conflict(f"schedule {schedule.id!r} already exists") from None
         self.write(insert)
@@ -2847,6 +2858,7 @@ class Store:
             for schedule in self._schedules_in(cur, schedule_ids):
                 if schedule.paused:
                     cur.execute(self.sql.SQL_RESUME_SCHEDULE, (next_slot(schedule, now), schedule.id))
+                    self._wake_for_schedules(cur)
         self.write(resume)
 
     def remove_schedules(self, schedule_ids: list[str]) -> None:
@@ -2868,6 +2880,7 @@ class Store:
             following = next_slot(Schedule(**{**schedule.__dict__, "created_at": stored.created_at}), after)
             cur.execute(self.sql.SQL_UPDATE_SCHEDULE, (schedule.cron, schedule.every_s, schedule.tz, schedule.overlap,
                                                        json.dumps(schedule.job), following, schedule.id))
+            self._wake_for_schedules(cur)
         self.write(update)
 
     def _schedules_in(self, cur: Cursor, schedule_ids: list[str]) -> list[Schedule]:
@@ -3731,9 +3744,6 @@ class PostgresSQL:
     SQL_ADOPT = ("UPDATE jobs SET worker_id = adopter.id FROM workers AS adopter "
                  "WHERE adopter.id = %s AND jobs.id = %s AND jobs.run_count = %s AND jobs.state = 'processing' "
                  "AND jobs.worker_id = %s AND NOT EXISTS (SELECT 1 FROM workers WHERE workers.id = jobs.worker_id)")
-    SQL_ADOPTED = ("SELECT jobs.id, jobs.run_count, runs.worker_id FROM jobs "
-                   "JOIN runs ON runs.job_id = jobs.id AND runs.run_no = jobs.run_count "
-                   "WHERE jobs.state = 'processing' AND jobs.worker_id = %s AND runs.worker_id <> jobs.worker_id")
     SQL_RUN = ("SELECT run_no, output, output_bytes, ended_at FROM runs "
                "WHERE job_id = %s AND (run_no = %s OR %s::bigint IS NULL) ORDER BY run_no DESC LIMIT 1")
     # Every dependency is locked, not only the dead ones: the waiting_on that SQL_RETRY counts next
@@ -3806,7 +3816,10 @@ class PostgresSQL:
     # process listens on it (see PostgresStore.wait_notified). pg_notify inside the transaction is
     # delivered at its commit, and not at all if it rolls back.
     SQL_NOTIFY = "SELECT pg_notify(%s, '')"
+    SQL_NOTIFY_SCHEDULES = f"SELECT pg_notify(%s, '{SCHEDULES_CHANGED}')"  # see Store._wake_for_schedules
     SQL_LISTEN = 'LISTEN "{channel}"'
+    # A heartbeat in one statement (see PostgresStore.heartbeat): SharedSQL's SQL_HEARTBEAT and SQL_STOP_REQUESTED.
+    SQL_BEAT = "UPDATE workers SET heartbeat_at = %s, beat = beat + 1 WHERE id = %s RETURNING stop_requested"
     # Schedules, as SQLite's. A due schedule is locked while it fires, and one that another worker
     # is firing is skipped (that worker fires it); a schedule read to change is read FOR UPDATE.
     SQL_NEXT_SCHEDULE = "SELECT min(next_run_at) FROM schedules WHERE paused = 0"
@@ -4321,18 +4334,20 @@ class PostgresStore(Store):
 
     # -- transactions ---------------------------------------------------------------------------
 
-    def write(self, fn, *, pipelined: bool = False, direct: bool = False):
+    def write(self, fn, *, pipelined: bool = False, direct: bool = False, single: bool = False):
         """Run fn(cursor) in one transaction; one that a serialization failure or a deadlock rolled
         back runs again (a few times, then Busy), and one that waited too long for a lock runs again
         until busy_deadline_s (then Busy). Other driver errors become one-line BadDatabase.
         `pipelined`: in psycopg's pipeline mode, where a statement is sent without waiting for the
         answer to the one before; a fetch waits for its answer, and fn calls self.pipeline.sync()
-        where it needs a row count. `direct`: fn(PgPipeline), straight through libpq (see _direct)."""
-        result = self._write_retrying(fn, pipelined, direct)
+        where it needs a row count. `direct`: fn(PgPipeline), straight through libpq (see _direct).
+        `single`: fn runs one statement, which is its own transaction (the connection autocommits):
+        one round trip, where BEGIN and COMMIT around it would make three."""
+        result = self._write_retrying(fn, pipelined, direct, single)
         self.committed = True
         return result
 
-    def _write_retrying(self, fn, pipelined: bool, direct: bool):
+    def _write_retrying(self, fn, pipelined: bool, direct: bool, single: bool):
         import random
         errors = self.psycopg.errors
         deadline, conflicts = time.monotonic() + self.busy_deadline_s, 0
@@ -4340,6 +4355,8 @@ class PostgresStore(Store):
             try:
                 if direct:
                     return self._direct(fn)
+                if single:
+                    return fn(self._usable().cursor())
                 if pipelined:
                     return self._pipelined(fn)
                 with self._transaction() as conn:
@@ -4435,19 +4452,39 @@ class PostgresStore(Store):
         """Notify the listening workers when this transaction commits: a job is due now."""
         cur.execute(self.sql.SQL_NOTIFY, (self.channel,))
 
-    def wait_notified(self, timeout_s: float) -> bool:
-        """Wait up to timeout_s for a wake-up on this queue's channel; True if one came. This Store's
-        connection then serves only that. After (re)connecting, LISTEN and return True at once: a
-        wake-up sent while we were not listening is lost, so the caller should look for work."""
+    def _wake_for_schedules(self, cur) -> None:
+        """Notify the listening workers when this transaction commits: a schedule's next slot changed."""
+        cur.execute(self.sql.SQL_NOTIFY_SCHEDULES, (self.channel,))
+
+    def wait_notified(self, timeout_s: float) -> set[str]:
+        """Wait up to timeout_s for wake-ups on this queue's channel; returns the payloads that came
+        ("" for a job, SCHEDULES_CHANGED), none if none came. This Store's connection then serves only
+        that. After (re)connecting, LISTEN and return both at once: a wake-up sent while we were not
+        listening is lost, so the caller should look for work and schedules."""
         try:
             conn = self._usable()
             if conn is not self.listening:
                 conn.execute(self.sql.SQL_LISTEN.format(channel=self.channel))
                 self.listening = conn
-                return True
-            return any(True for _ in conn.notifies(timeout=timeout_s, stop_after=1))
+                return {"", SCHEDULES_CHANGED}
+            heard = {n.payload for n in conn.notifies(timeout=0)}  # those read with an earlier answer
+            if heard:
+                return heard
+            # Asleep on the socket until the server sends something: psycopg's own wait with a timeout
+            # wakes ten times a second to look for a Ctrl+C, a third of an idle worker's CPU.
+            import select
+            poller = select.poll()  # not select.select, which refuses a descriptor above 1023
+            poller.register(conn.fileno(), select.POLLIN)
+            poller.poll(timeout_s * 1000)
+            return {n.payload for n in conn.notifies(timeout=0)}
         except self.psycopg.Error as e:
             raise self._failure(e) from None
+
+    def heartbeat(self, worker_id: str, now: float) -> bool | None:
+        """Store.heartbeat in one statement, its own transaction: one round trip, not four (BEGIN, the update,
+        the read, COMMIT) for the statement an idle worker sends most, every 2 s."""
+        rows = self.write(lambda cur: cur.execute(self.sql.SQL_BEAT, (now, worker_id)).fetchall(), single=True)
+        return bool(rows[0][0]) if rows else None
 
     def due_now(self, now: float, queues: tuple = ()) -> bool:
         """True if a claim now may find work: the poller's cheap check."""
@@ -5944,23 +5981,23 @@ class Sweeper:
                 self._drop(row)
         current = {(row.id, row.started_at) for row in rows}
         self.seen = {key: value for key, value in self.seen.items() if key in current}  # forget the departed
-        for job_id, run_no, _, owner in self.store.orphan_jobs():
+        orphans, adopted, own = self.store.swept_jobs(self.worker_id)
+        for job_id, run_no, owner in orphans:
             run_worker = self.store.adopt(job_id, run_no, owner, self.worker_id)
             if run_worker:  # else another sweeper took it first: it is theirs to finish
                 self._begin(job_id, run_no, run_worker)
-        for job_id, run_no, run_worker in self.store.adopted(self.worker_id):  # one a failed write left behind
+        for job_id, run_no, run_worker in adopted:  # one a failed write left behind
             if (job_id, run_no) not in self.recovering:
                 self._begin(job_id, run_no, run_worker)
         if self.holdings:
-            self._take_back_strays(now_mono)
+            self._take_back_strays(own, now_mono)
         return self.finish(now)
 
-    def _take_back_strays(self, now_mono: float) -> None:
+    def _take_back_strays(self, own: list[tuple], now_mono: float) -> None:
         # Our own runs that no runner holds: claims whose answer was lost with the connection (see
         # Holdings). One seen so for STRAY_GRACE_S is recovered like a lost worker's run (its token
         # is looked for too, though it never started), so a claim being handed over is left alone.
-        unheld = [key for key in self.store.own_runs(self.worker_id)
-                  if key not in self.recovering and not self.holdings.holds(key)]
+        unheld = [key for key in own if key not in self.recovering and not self.holdings.holds(key)]
         self.strays = {key: self.strays.get(key, now_mono) for key in unheld}
         for (job_id, run_no), since in self.strays.items():
             if now_mono - since >= STRAY_GRACE_S and self.holdings.take_back((job_id, run_no), now_mono):
@@ -6074,11 +6111,14 @@ class Backoff:
 class ScheduleFirer:
     """A worker's part in schedules: called from its housekeeping loop, it fires the due ones.
 
-    It asks for the earliest next slot (one indexed lookup) at least every SCHEDULE_CHECK_S, and
-    fires as soon as a slot it knows of is due; firing is idempotent, whoever else fires too."""
+    It asks for the earliest next slot (one indexed lookup) at least every `check_s`, and fires as
+    soon as a slot it knows of is due; firing is idempotent, whoever else fires too."""
 
     def __init__(self):
         import threading
+        # SCHEDULE_CHECK_S, or NOTIFIED_POLL_INTERVAL_S while a PostgreSQL worker hears the notifications that
+        # a schedule's change sends (see Worker._listen, which then calls look_soon())
+        self.check_s = SCHEDULE_CHECK_S
         self.checked_at = -math.inf  # monotonic time of the last lookup
         self.due_at = math.inf  # the earliest next slot that lookup found (Unix seconds)
         self.due_mono = math.inf  # the same on the monotonic clock (see next_tick)
@@ -6091,7 +6131,7 @@ class ScheduleFirer:
         """Fire what is due; returns the events of Store.fire_schedules (logged here). A lookup due
         within `slack` seconds is made now (one wake-up for the worker's round)."""
         now = store.now() if now is None else now
-        if mono + slack - self.checked_at < SCHEDULE_CHECK_S and now < self.due_at:
+        if mono + slack - self.checked_at < self.check_s and now < self.due_at:
             self.due_mono = mono + (self.due_at - now)  # again: the clock may have been set back since
             return []
         self.checked_at, events = mono, []
@@ -6106,7 +6146,11 @@ class ScheduleFirer:
 
     def next_tick(self) -> float:
         """The monotonic time at which tick() has something to do: the next lookup or the next slot."""
-        return min(self.checked_at + SCHEDULE_CHECK_S, self.due_mono)
+        return min(self.checked_at + self.check_s, self.due_mono)
+
+    def look_soon(self) -> None:
+        """A schedule changed: look at the next tick (the caller wakes the housekeeping loop)."""
+        self.checked_at = -math.inf
 
     def _fire(self, store: Store, now: float) -> list[tuple]:
         """Fire what is due and log it; until then, a runner of this worker that claims a job just made
@@ -6216,6 +6260,7 @@ class Worker:
         # on at once, not at the next poll (two polls' wait on every `worker start --burst`).
         self.tick = threading.Event()
         self.hearing = None  # SQLite: the socket this worker's wake-ups arrive on (see _start_hearing)
+        self.listening = False  # PostgreSQL: the listener is connected and LISTENs (see _listen)
         self.registration = 0  # bumped at each re-registration; jobs claimed under an older one are killed
         self.stalled_s = 0.0  # how late our heartbeats were committed, in all (see lease_expired)
         self.beat_ok_at = time.monotonic()  # when the last heartbeat that went through was sent
@@ -6656,7 +6701,8 @@ class Worker:
                 and self.store.burst_done(now, self.queues):
             self._stop("burst: queue drained")
         at = self.store.next_due_at(now)
-        return min(mono + POLL_INTERVAL_S, math.inf if at is None else mono + max(TICK_GAP_S, at - now))
+        regular = NOTIFIED_POLL_INTERVAL_S if self.listening else POLL_INTERVAL_S
+        return min(mono + regular, math.inf if at is None else mono + max(TICK_GAP_S, at - now))
 
     # -- wake-ups on a socket (SQLite) -----------------------------------------------------------
 
@@ -6732,9 +6778,15 @@ class Worker:
                 woken = listener.wait_notified(1.0)
                 failing.ok()
             except QueueError as e:
+                # Nothing heard for now: the poll and the schedule lookup run every second again.
+                self.listening, self.schedules.check_s = False, SCHEDULE_CHECK_S
                 self.stopping.wait(failing.failed(e))
                 continue
-            if woken:  # a runner claims at once (a notification comes from whoever can write the queue)
+            self.listening, self.schedules.check_s = True, NOTIFIED_POLL_INTERVAL_S
+            if SCHEDULES_CHANGED in woken:
+                self.schedules.look_soon()
+                self.tick.set()
+            if "" in woken:  # a runner claims at once (a notification comes from whoever can write the queue)
                 self._wake_runners(every=False)
                 self.tick.set()  # and the main loop looks: the job may be due later, its sleep shorter
         if listener:

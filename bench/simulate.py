@@ -67,7 +67,7 @@ After every step (interleaved ones included) the invariants are checked:
     run was adopted back by a sweeper of its own worker id: the guard knows worker ids, not
     registrations; the write then ends that adoption); a sweeper's requeue (Store.interrupt as its
     own worker id) is accepted exactly when it holds its adoption of that run, and closes it: no
-    sweeper requeues a job it did not adopt; Store.adopted lists exactly the runs a sweeper holds
+    sweeper requeues a job it did not adopt; Store.swept_jobs lists as adopted exactly the runs a sweeper holds
     by adoption and did not start itself;
   - an adopted orphan is requeued only after its run's processes were killed (after the adoption)
     and are gone, or one of them could not be killed and the job goes dead with that error;
@@ -766,11 +766,11 @@ class Simulation:
             self.on_dropped(args[0], w, args[3], result)
         elif name == "adopt":
             self.on_adopt(w, *args, result)
-        elif name == "adopted":  # the runs it adopted and has not requeued (one whose requeue failed)
+        elif name == "swept_jobs":  # [1]: the runs it adopted and has not requeued (one whose requeue failed)
             expected = sorted((c.job.id, c.job.run_count, c.starter) for c in self.holders()
                               if c.worker is w and c.adopted and c.starter != w.wid)
-            self.check(sorted(map(tuple, result)) == expected,
-                       f"{w}: Store.adopted() says {sorted(result)}, the model {expected}")
+            self.check(sorted(map(tuple, result[1])) == expected,
+                       f"{w}: Store.swept_jobs() says adopted {sorted(result[1])}, the model {expected}")
         elif name == "interrupt":
             self.on_requeue(w, args, result)
 
@@ -1496,7 +1496,7 @@ def scenario_two_sweepers_one_recovery(store: q.Store, procs: FakeProcs) -> str 
     store.claim("V", 4.0, ("k",))  # K, not J (pending again)
     procs.spawn("V/1/K", teardown_s=2.0)
     store.deregister("V")
-    x = q.Sweeper(_Between(store, "orphan_jobs", lambda: sweep(y, 5.0)), x_ident, "X")
+    x = q.Sweeper(_Between(store, "swept_jobs", lambda: sweep(y, 5.0)), x_ident, "X")
     sweep(x, 5.0)  # X lists K as an orphan; Y sweeps then and adopts it; X's adopt must find it taken
     job = store.get("K")
     if (job.state, job.worker_id) != (q.PROCESSING, "Y") or list(y.recovering) != [("K", 1)] or x.recovering:
