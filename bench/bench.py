@@ -701,11 +701,12 @@ def run_threads(target, threads: int) -> float:
     return time.perf_counter() - t
 
 
-def prototype_loop(n: int, path: str, threads: int = 2) -> float:
+def prototype_loop(n: int, path: str, threads: int = 2, cpu: list | None = None) -> float:
     """The floor of a queue that pays one SQLite transaction per job, at its simplest: a bare
     table with one index, 2 threads, each spawning `true` with os.posix_spawn (output pipe, new
     session) and, between jobs, one transaction that records the last result and claims the next.
-    No run history, no retries, no leases: what is left of a job queue's work; jobs/s."""
+    No run history, no retries, no leases: what is left of a job queue's work; jobs/s. Its CPU
+    seconds (getrusage, as the plain loop's) are appended to `cpu`."""
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     conn.executescript("PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;"
                        "CREATE TABLE jobs (id INTEGER PRIMARY KEY, command TEXT, state TEXT, exit_code INTEGER,"
@@ -742,7 +743,11 @@ def prototype_loop(n: int, path: str, threads: int = 2) -> float:
         except Exception as e:  # noqa: BLE001 - reported below: a thread's exception would only be printed
             errors.append(e)
 
+    before = resource.getrusage(resource.RUSAGE_SELF)
     rate = n / run_threads(runner, threads)
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    if cpu is not None:
+        cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
     os.close(devnull)
     left = conn.execute("SELECT count(*) FROM jobs WHERE state != 'completed' OR exit_code != 0").fetchone()[0]
     conn.close()
@@ -768,7 +773,7 @@ def bench_drain(b: Bench) -> None:
     pg = not b.pg_why
     say(f"drain: {n} jobs x {reps}, queuectl{' on SQLite and PostgreSQL' if pg else ''} and the plain loop "
         "interleaved")
-    loops, loop_cpu, protos, drains, pg_drains, pg_error = [], [], [], [], [], None
+    loops, loop_cpu, protos, proto_cpu, drains, pg_drains, pg_error = [], [], [], [], [], [], None
 
     def pg_drain(i: int) -> None:
         nonlocal pg_error
@@ -787,7 +792,7 @@ def bench_drain(b: Bench) -> None:
             pg_drain(i)
             drains.append(drain_once(b, db, n, f"empty{i}"))
         loops.append(plain_loop(n, cpu=loop_cpu))
-        protos.append(prototype_loop(n, os.path.join(b.tmp, f"prototype{i}.db")))
+        protos.append(prototype_loop(n, os.path.join(b.tmp, f"prototype{i}.db"), cpu=proto_cpu))
         if not i % 2:
             drains.append(drain_once(b, db, n, f"empty{i}"))
             pg_drain(i)
@@ -810,6 +815,10 @@ def bench_drain(b: Bench) -> None:
           statistics.median(p / l for p, l in zip(protos, loops)), "x",
           f"median of {reps} paired runs; no target: os.posix_spawn and one SQLite transaction a job on a "
           "bare table (no history, retries or leases), the ceiling of that design (prototype_loop)")
+    b.add("prototype_cpu_ratio", "1. drain: prototype's CPU a job / the plain loop parent's",
+          statistics.median(p / l for p, l in zip(proto_cpu, loop_cpu)), "x",
+          f"median of {reps} paired runs; no target: the floor of the CPU ratio for a queue that writes one "
+          f"transaction a job (prototype {statistics.median(proto_cpu) / n * 1000:.3f} ms a job)")
     drain_shell(b)
     drain_tsp(b)
 
