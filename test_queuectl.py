@@ -2541,6 +2541,23 @@ def test_a_schedule_this_host_cannot_fire_is_logged_once_not_every_second(store,
     assert sum(m.startswith("schedule s: job s@") for m in messages) == 3  # the others still fire and say so
 
 
+def test_a_schedule_stuck_due_here_hides_the_next_slot_of_another_for_a_second_at_most(store):
+    """A schedule this host cannot fire stays due: the earliest slot a lookup finds is its own, long passed, and
+    the next slot of every other is unknown until the next lookup. That one is a second away, as on SQLite, also
+    for a PostgreSQL worker whose listener hears (lookups NOTIFIED_POLL_INTERVAL_S apart): no other schedule's
+    slot fires that much later."""
+    add_schedule(store, now=T0, id="z", cron="* * * * *", tz="Europe/Berlin")
+    add_schedule(store, now=T0, every="2s", overlap="allow")
+    store.write(lambda cur: cur.execute("UPDATE schedules SET tz = 'Nowhere/Gone' WHERE id = 'z'"))
+    firer = queuectl.ScheduleFirer()
+    firer.check_s = queuectl.NOTIFIED_POLL_INTERVAL_S
+    events = firer.tick(store, mono=100.0, now=T0 + 60.5)  # z's slot T0 + 60 stays due; s's next is T0 + 62
+    assert [e[0] for e in events if e[2]] == ["s"] and store.schedule("z").next_run_at == T0 + 60
+    assert firer.next_tick() <= 100.0 + queuectl.SCHEDULE_CHECK_S
+    events = firer.tick(store, mono=102.0, now=T0 + 62.5)
+    assert [e[2] for e in events if e[2]] == [f"s@{queuectl.slot_text(T0 + 62)}"]
+
+
 def test_an_update_keeps_the_last_job_so_overlap_skip_still_waits_for_it(store):
     add_schedule(store, now=T0, every="1m", command="echo old")
     register(store)
