@@ -6782,8 +6782,12 @@ class Worker:
                 woken = listener.wait_notified(1.0)
                 failing.ok()
             except QueueError as e:
-                # Nothing heard for now: the poll and the schedule lookup run every second again.
-                self.listening, self.schedules.check_s = False, SCHEDULE_CHECK_S
+                # Nothing heard for now: the poll and the schedule lookup run every second again, from now on, not
+                # from the seldom check planned while it heard (what was notified since the drop is lost).
+                if self.listening:
+                    self.listening, self.schedules.check_s = False, SCHEDULE_CHECK_S
+                    self.schedules.look_soon()
+                    self.tick.set()
                 self.stopping.wait(failing.failed(e))
                 continue
             self.listening, self.schedules.check_s = True, NOTIFIED_POLL_INTERVAL_S

@@ -8614,7 +8614,7 @@ class ScriptedListener:
 def test_a_listener_makes_the_worker_look_at_schedules_on_a_change_and_wake_a_runner_for_a_job(tmp_path):
     """A schedule's change makes the main loop look up schedules at once (look_soon and the tick), a job a runner
     claim (and the main loop poll); while the listener hears, the regular checks are every
-    NOTIFIED_POLL_INTERVAL_S, and after a failure every second again, until it hears again."""
+    NOTIFIED_POLL_INTERVAL_S, and after a failure every second again, starting at once, until it hears again."""
     worker, changed = queuectl.Worker(str(tmp_path / "q.db"), 1, False), queuectl.SCHEDULES_CHANGED
     listener = ScriptedListener(worker, [set(), {changed}, {""}, {"", changed},
                                          queuectl.BadDatabase("connection lost (injected)"), set()])
@@ -8631,7 +8631,7 @@ def test_a_listener_makes_the_worker_look_at_schedules_on_a_change_and_wake_a_ru
         (True, heard, -math.inf, True, 0),  # a schedule changed: look now
         (True, heard, 100.0, True, 1),  # a job: one runner
         (True, heard, -math.inf, True, 2),  # both
-        (False, alone, 100.0, False, 2),  # the connection failed
+        (False, alone, -math.inf, True, 2),  # the connection failed: what it would have heard is lost, look now
         (True, heard, 100.0, False, 2)]  # it listens again
     assert listener.closed
 
@@ -8672,6 +8672,23 @@ def test_postgres_an_idle_worker_fires_a_schedule_added_resumed_or_changed_at_on
         s.update_schedule(queuectl.validate_schedule({"id": "hourly", "every": "1s", "tz": "UTC", "command": "true"},
                                                      CONFIG_DEFAULTS_INTERNAL, "/", s.now()))
         wait_for(lambda: fired("hourly"), "the changed schedule to fire")
+
+
+def test_postgres_a_worker_whose_listener_fails_looks_for_jobs_at_once_and_then_every_second(pg_url, monkeypatch):
+    """While its listener hears, a worker's regular check is seldom (an hour here, NOTIFIED_POLL_INTERVAL_S in
+    production). When the listener fails and cannot listen again, what is notified is lost: the worker looks at
+    once and then every POLL_INTERVAL_S, not only at the seldom check it had planned."""
+    with InProcessWorker(pg_url, monkeypatch) as running, contextlib.closing(queuectl.PostgresStore(pg_url)) as s:
+        worker = running.worker
+        wait_for(lambda: worker.listening, "the listener to hear")
+        monkeypatch.setattr(queuectl, "POLL_INTERVAL_S", 0.2)
+
+        def lost(self, timeout_s):
+            raise queuectl.BadDatabase("connection lost (injected)")
+        monkeypatch.setattr(queuectl.PostgresStore, "wait_notified", lost)
+        wait_for(lambda: not worker.listening, "the listener to fail")
+        s.enqueue([spec("a")], s.now())  # its NOTIFY is heard by nobody
+        wait_for(lambda: s.get("a").state == "completed", "the regular check to find the job", timeout=20)
 
 
 def test_a_heartbeat_that_came_late_counts_as_stalled(tmp_path, monkeypatch):
