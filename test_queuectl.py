@@ -6870,8 +6870,9 @@ def test_postgres_wait_notified_tells_a_schedule_change_from_a_job_that_may_be_d
 
 def test_postgres_wait_notified_sleeps_until_a_notification_and_returns_at_its_timeout_if_the_server_hangs(
         pg_url, hanging_pg):
-    """The listener sleeps on its socket: a notification wakes it before its timeout (an hour here), and a server
-    that answers nothing (a hung proxy) leaves it at its timeout, not in a read that never ends."""
+    """The listener sleeps on its socket: a notification wakes it before its timeout (an hour here), so does a
+    dropped connection, and a server that answers nothing (a hung proxy) leaves it at its timeout, not in a read
+    that never ends."""
     with contextlib.closing(queuectl.PostgresStore(hanging_pg.url(pg_url))) as listener, \
             contextlib.closing(queuectl.PostgresStore(pg_url)) as other:
         listener.wait_notified(0)
@@ -6889,8 +6890,17 @@ def test_postgres_wait_notified_sleeps_until_a_notification_and_returns_at_its_t
         assert not waiting.is_alive() and answers[1:] == [set()]
         hanging_pg.resume()
         assert heard_by(listener, other) == {""}  # b's, delivered once the proxy forwards again
+        ended = []  # a connection dropped under it ends the wait too (the server's goodbye, the hang-up)
 
-
+        def wait_an_hour():
+            with contextlib.suppress(queuectl.BadDatabase):
+                ended.append(listener.wait_notified(3600.0))
+            ended.append("returned")
+        waiting = threading.Thread(target=wait_an_hour, daemon=True)
+        waiting.start()
+        assert terminate_other_sessions(pg_url) >= 1
+        waiting.join(WAIT_S)
+        assert not waiting.is_alive() and ended[-1] == "returned"
 def test_an_sqlite_commit_that_makes_a_job_due_wakes_the_workers_of_this_host_once_committed(tmp_path):
     with contextlib.closing(queuectl.SqliteStore(str(tmp_path / "q.db"))) as s, \
             socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as here:
