@@ -6139,8 +6139,12 @@ class ScheduleFirer:
         if earliest is not None and earliest <= now:
             events = self._fire(store, now)
             earliest = store.next_schedule_at()
-        # One still due (another worker is firing it, or this host lacks its zone): look again in a second.
-        self.due_at = earliest if earliest is not None and earliest > now else math.inf
+        # One still due (another worker is firing it, or this host lacks its zone) hides the next slots of the
+        # others: look again in a second, also where lookups are otherwise check_s apart.
+        if earliest is None:
+            self.due_at = math.inf
+        else:
+            self.due_at = earliest if earliest > now else now + SCHEDULE_CHECK_S
         self.due_mono = mono + (self.due_at - now)
         return events
 
@@ -6778,8 +6782,12 @@ class Worker:
                 woken = listener.wait_notified(1.0)
                 failing.ok()
             except QueueError as e:
-                # Nothing heard for now: the poll and the schedule lookup run every second again.
-                self.listening, self.schedules.check_s = False, SCHEDULE_CHECK_S
+                # Nothing heard for now: the poll and the schedule lookup run every second again, from now on, not
+                # from the seldom check planned while it heard (what was notified since the drop is lost).
+                if self.listening:
+                    self.listening, self.schedules.check_s = False, SCHEDULE_CHECK_S
+                    self.schedules.look_soon()
+                    self.tick.set()
                 self.stopping.wait(failing.failed(e))
                 continue
             self.listening, self.schedules.check_s = True, NOTIFIED_POLL_INTERVAL_S

@@ -625,6 +625,7 @@ class InProcessWorker:
 
     def __init__(self, target, monkeypatch):
         monkeypatch.setattr(queuectl, "POLL_INTERVAL_S", 3600.0)
+        monkeypatch.setattr(queuectl, "NOTIFIED_POLL_INTERVAL_S", 3600.0)  # PostgreSQL's, while its listener hears
         monkeypatch.setattr(queuectl, "IDLE_WAIT_S", 3600.0)
         self.idle = threading.Event()
         real_run_once = queuectl.Runner.run_once
@@ -2540,6 +2541,23 @@ def test_a_schedule_this_host_cannot_fire_is_logged_once_not_every_second(store,
     assert sum(m.startswith("schedule s: job s@") for m in messages) == 3  # the others still fire and say so
 
 
+def test_a_schedule_stuck_due_here_hides_the_next_slot_of_another_for_a_second_at_most(store):
+    """A schedule this host cannot fire stays due: the earliest slot a lookup finds is its own, long passed, and
+    the next slot of every other is unknown until the next lookup. That one is a second away, as on SQLite, also
+    for a PostgreSQL worker whose listener hears (lookups NOTIFIED_POLL_INTERVAL_S apart): no other schedule's
+    slot fires that much later."""
+    add_schedule(store, now=T0, id="z", cron="* * * * *", tz="Europe/Berlin")
+    add_schedule(store, now=T0, every="2s", overlap="allow")
+    store.write(lambda cur: cur.execute("UPDATE schedules SET tz = 'Nowhere/Gone' WHERE id = 'z'"))
+    firer = queuectl.ScheduleFirer()
+    firer.check_s = queuectl.NOTIFIED_POLL_INTERVAL_S
+    events = firer.tick(store, mono=100.0, now=T0 + 60.5)  # z's slot T0 + 60 stays due; s's next is T0 + 62
+    assert [e[0] for e in events if e[2]] == ["s"] and store.schedule("z").next_run_at == T0 + 60
+    assert firer.next_tick() <= 100.0 + queuectl.SCHEDULE_CHECK_S
+    events = firer.tick(store, mono=102.0, now=T0 + 62.5)
+    assert [e[2] for e in events if e[2]] == [f"s@{queuectl.slot_text(T0 + 62)}"]
+
+
 def test_an_update_keeps_the_last_job_so_overlap_skip_still_waits_for_it(store):
     add_schedule(store, now=T0, every="1m", command="echo old")
     register(store)
@@ -3424,6 +3442,31 @@ def test_heartbeat_reports_stop_and_lost_registration(store):
     assert store.heartbeat("w1", T0 + 2) is True
     store.deregister("w1")
     assert store.heartbeat("w1", T0 + 3) is None
+
+
+def test_postgres_a_heartbeat_that_waited_too_long_for_a_lock_runs_again_and_beats_once(pg_url):
+    """PostgreSQL's heartbeat is one statement, its own transaction: one that met lock_timeout was rolled back
+    on its own, and runs again (as a transaction would) until the lock is gone; the beat counts once."""
+    import psycopg
+    with contextlib.closing(queuectl.PostgresStore(pg_url, busy_deadline_s=WAIT_S)) as s, \
+            psycopg.connect(queuectl._pg_target(pg_url)[0], autocommit=True) as locker:
+        register(s)
+        beat = s.workers()[0].beat
+        locker.execute(f'SET search_path TO "{s.schema}"')
+        locker.execute("BEGIN")
+        locker.execute("SELECT 1 FROM workers WHERE id = 'w1' FOR UPDATE")
+        write, tries = s.write, []
+
+        def counted(fn, **kwargs):
+            def attempt(cur):
+                tries.append(1)
+                if len(tries) == 2:  # the first met the lock's timeout: let this one through
+                    locker.execute("COMMIT")
+                return fn(cur)
+            return write(attempt, **kwargs)
+        s.write = counted
+        assert s.heartbeat("w1", T0 + 1) is False
+        assert len(tries) == 2 and s.workers()[0].beat == beat + 1
 
 
 def test_burst_done(store):
@@ -6776,6 +6819,88 @@ def test_postgres_a_commit_that_makes_a_job_due_notifies_the_queues_channel(pg_u
         assert wake_ups_since(listening, sender, channel) == 1
 
 
+def heard_by(listener, sender):
+    """The payloads `listener` (a PostgresStore that LISTENs) returns from wait_notified for what was committed
+    before: a marker is notified last, and notifications arrive in commit order, so the others have come
+    once it has."""
+    sender.write(lambda cur: cur.execute("SELECT pg_notify(%s, 'marker')", (sender.channel,)))
+    heard, deadline = set(), time.monotonic() + WAIT_S
+    while "marker" not in heard:
+        assert time.monotonic() < deadline, "the marker notification never arrived"
+        heard |= listener.wait_notified(1.0)
+    return heard - {"marker"}
+
+
+def test_postgres_wait_notified_tells_a_schedule_change_from_a_job_that_may_be_due(pg_url):
+    """What a worker's listener hears: "" when a job may be due; SCHEDULES_CHANGED when a schedule was added,
+    changed or resumed (its next slot may be sooner than the worker knows, so it looks at once); nothing for
+    a pause, a removal or a resume of a running schedule, which make no slot sooner. (Re)connecting returns
+    both: what was sent while it did not listen is lost."""
+    changed = queuectl.SCHEDULES_CHANGED
+    with contextlib.closing(queuectl.PostgresStore(pg_url)) as listener, \
+            contextlib.closing(queuectl.PostgresStore(pg_url)) as other:
+        assert listener.wait_notified(0) == {"", changed}
+        assert heard_by(listener, other) == set()
+        add_schedule(other, now=T0, every="1h")
+        assert heard_by(listener, other) == {changed}
+        with pytest.raises(queuectl.Conflict):
+            add_schedule(other, now=T0, every="1h")  # rolled back: nothing is sent
+        assert heard_by(listener, other) == set()
+        other.update_schedule(queuectl.validate_schedule({"id": "s", "every": "1m", "tz": "UTC", "command": "true"},
+                                                         CONFIG_DEFAULTS_INTERNAL, "/", T0), T0)
+        assert heard_by(listener, other) == {changed}
+        other.pause_schedules(["s"])
+        assert heard_by(listener, other) == set()
+        other.resume_schedules(["s"], T0)
+        assert heard_by(listener, other) == {changed}
+        other.resume_schedules(["s"], T0)  # not paused: left as it is
+        assert heard_by(listener, other) == set()
+        other.remove_schedules(["s"])
+        assert heard_by(listener, other) == set()
+        other.enqueue([spec("a")], T0)
+        assert heard_by(listener, other) == {""}
+        assert terminate_other_sessions(pg_url) >= 2
+        deadline, heard = time.monotonic() + WAIT_S, set()
+        while not heard:  # the drop is seen (BadDatabase), then it connects and listens again
+            assert time.monotonic() < deadline, "the listener never listened again"
+            with contextlib.suppress(queuectl.BadDatabase):
+                heard = listener.wait_notified(1.0)
+        assert heard == {"", changed}
+
+
+def test_postgres_wait_notified_sleeps_until_a_notification_and_returns_at_its_timeout_if_the_server_hangs(
+        pg_url, hanging_pg):
+    """The listener sleeps on its socket: a notification wakes it before its timeout (an hour here), so does a
+    dropped connection, and a server that answers nothing (a hung proxy) leaves it at its timeout, not in a read
+    that never ends."""
+    with contextlib.closing(queuectl.PostgresStore(hanging_pg.url(pg_url))) as listener, \
+            contextlib.closing(queuectl.PostgresStore(pg_url)) as other:
+        listener.wait_notified(0)
+        answers = []
+        waiting = threading.Thread(target=lambda: answers.append(listener.wait_notified(3600.0)), daemon=True)
+        waiting.start()
+        other.enqueue([spec("a")], T0)
+        waiting.join(WAIT_S)
+        assert not waiting.is_alive() and answers == [{""}]
+        hanging_pg.hang()
+        other.enqueue([spec("b")], T0)  # held back by the proxy
+        waiting = threading.Thread(target=lambda: answers.append(listener.wait_notified(0.2)), daemon=True)
+        waiting.start()
+        waiting.join(WAIT_S)
+        assert not waiting.is_alive() and answers[1:] == [set()]
+        hanging_pg.resume()
+        assert heard_by(listener, other) == {""}  # b's, delivered once the proxy forwards again
+        ended = []  # a connection dropped under it ends the wait too (the server's goodbye, the hang-up)
+
+        def wait_an_hour():
+            with contextlib.suppress(queuectl.BadDatabase):
+                ended.append(listener.wait_notified(3600.0))
+            ended.append("returned")
+        waiting = threading.Thread(target=wait_an_hour, daemon=True)
+        waiting.start()
+        assert terminate_other_sessions(pg_url) >= 1
+        waiting.join(WAIT_S)
+        assert not waiting.is_alive() and ended[-1] == "returned"
 def test_an_sqlite_commit_that_makes_a_job_due_wakes_the_workers_of_this_host_once_committed(tmp_path):
     with contextlib.closing(queuectl.SqliteStore(str(tmp_path / "q.db"))) as s, \
             socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as here:
@@ -8324,6 +8449,30 @@ def test_recovery_of_a_lost_run_is_decided_once_and_waits_for_its_processes(stor
     assert store.runs("j")[0]["outcome"] == "lost"
 
 
+def test_swept_jobs_tells_orphans_adopted_runs_and_own_runs_apart(store):
+    """A sweep's one read: the orphans (processing, their worker not registered), the runs the sweeping worker
+    adopted and has not requeued (another worker started them), and its own runs; a processing job of another
+    registered worker is none of these, whoever sweeps."""
+    for worker_id in ("me", "other", "gone", "lost"):
+        register(store, worker_id)
+    store.enqueue([spec(job_id, queue=job_id) for job_id in ("orphan", "adopted", "own", "others")], T0)
+    for worker_id, job_id in (("gone", "orphan"), ("lost", "adopted"), ("me", "own"), ("other", "others")):
+        assert store.claim(worker_id, T0, (job_id,)).id == job_id
+    store.deregister("gone")
+    store.deregister("lost")
+    assert store.adopt("adopted", 1, "lost", "me") == "lost"
+
+    def swept(worker_id):
+        return tuple(sorted(rows) for rows in store.swept_jobs(worker_id))
+    assert swept("me") == ([("orphan", 1, "gone")], [("adopted", 1, "lost")], [("own", 1)])
+    assert swept("other") == ([("orphan", 1, "gone")], [], [("others", 1)])
+    store.deregister("other")  # its job is an orphan now
+    assert swept("me") == ([("orphan", 1, "gone"), ("others", 1, "other")], [("adopted", 1, "lost")], [("own", 1)])
+    register(store, "other")  # registered again before anyone adopted it: its own run again, no orphan
+    assert swept("me") == ([("orphan", 1, "gone")], [("adopted", 1, "lost")], [("own", 1)])
+    assert swept("other") == ([("orphan", 1, "gone")], [], [("others", 1)])
+
+
 def test_an_adopting_sweeper_that_dies_leaves_the_run_to_the_next(store, monkeypatch):
     """The adopter dies before requeueing: its adopted job is an orphan, and the next sweeper kills
     the run by the token of the worker that started it."""
@@ -8445,6 +8594,111 @@ def test_postgres_a_worker_listens_again_after_its_connections_were_dropped(pg_u
         with contextlib.closing(queuectl.PostgresStore(pg_url)) as s:
             s.enqueue([spec("a")], s.now())
             wait_for(lambda: s.get("a").state == "completed", "the job to be claimed and run", timeout=20)
+
+
+class ScriptedListener:
+    """A listener for Worker._listen: wait_notified returns (or raises) each of `answers` in turn, and records
+    first what the worker made of the one before (then clears the tick and marks a lookup as just made);
+    once they are all given, it stops the worker."""
+
+    def __init__(self, worker, answers):
+        self.worker, self.answers, self.seen, self.closed = worker, list(answers), [], False
+
+    def wait_notified(self, timeout_s):
+        w = self.worker
+        self.seen.append((w.listening, w.schedules.check_s, w.schedules.checked_at, w.tick.is_set(), w.wakes))
+        w.tick.clear()
+        w.schedules.checked_at = 100.0
+        if not self.answers:
+            w.stopping.set()
+            return set()
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    def close(self):
+        self.closed = True
+
+
+def test_a_listener_makes_the_worker_look_at_schedules_on_a_change_and_wake_a_runner_for_a_job(tmp_path):
+    """A schedule's change makes the main loop look up schedules at once (look_soon and the tick), a job a runner
+    claim (and the main loop poll); while the listener hears, the regular checks are every
+    NOTIFIED_POLL_INTERVAL_S, and after a failure every second again, starting at once, until it hears again."""
+    worker, changed = queuectl.Worker(str(tmp_path / "q.db"), 1, False), queuectl.SCHEDULES_CHANGED
+    listener = ScriptedListener(worker, [set(), {changed}, {""}, {"", changed},
+                                         queuectl.BadDatabase("connection lost (injected)"), set()])
+    try:
+        worker._listen(listener, queuectl.Backoff("listening for wake-ups", 5.0))
+    finally:
+        worker.store.close()
+    heard, alone, wakes = queuectl.NOTIFIED_POLL_INTERVAL_S, queuectl.SCHEDULE_CHECK_S, listener.seen[0][4]
+    assert heard > alone
+    assert [(listening, check_s, checked_at, tick, woken - wakes)
+            for listening, check_s, checked_at, tick, woken in listener.seen] == [
+        (False, alone, -math.inf, False, 0),  # before anything was heard
+        (True, heard, 100.0, False, 0),  # nothing: no lookup, no runner woken
+        (True, heard, -math.inf, True, 0),  # a schedule changed: look now
+        (True, heard, 100.0, True, 1),  # a job: one runner
+        (True, heard, -math.inf, True, 2),  # both
+        (False, alone, -math.inf, True, 2),  # the connection failed: what it would have heard is lost, look now
+        (True, heard, 100.0, False, 2)]  # it listens again
+    assert listener.closed
+
+
+def test_the_regular_check_is_every_5s_while_the_listener_hears_and_every_second_otherwise(tmp_path):
+    worker = queuectl.Worker(str(tmp_path / "q.db"), 1, False)
+    try:
+        assert worker._poll(100.0) == 100.0 + queuectl.POLL_INTERVAL_S  # an empty queue: no due time sooner
+        worker.listening = True
+        assert worker._poll(100.0) == 100.0 + queuectl.NOTIFIED_POLL_INTERVAL_S == 105.0
+    finally:
+        worker.store.close()
+
+
+def test_postgres_an_idle_worker_fires_a_schedule_added_resumed_or_changed_at_once(pg_url, monkeypatch):
+    """The worker's schedule lookup an hour away (InProcessWorker's checks are too): it fires a slot only
+    because the NOTIFY of an add, a resume or an update made it look (or at a slot it learnt of so)."""
+    monkeypatch.setattr(queuectl, "SCHEDULE_CHECK_S", 3600.0)
+    with InProcessWorker(pg_url, monkeypatch) as running, contextlib.closing(queuectl.PostgresStore(pg_url)) as s:
+        worker = running.worker
+        wait_for(lambda: worker.listening and worker.schedules.checked_at > -math.inf, "the first schedule lookup")
+
+        def fired(schedule_id):
+            return len([job_id for job_id in slot_job_ids(s) if job_id.startswith(f"{schedule_id}@")])
+
+        def knows_only_hourly_slots():
+            return worker.schedules.due_at > s.now() + 60
+        add_schedule(s, now=s.now(), id="hourly", every="1h")
+        add_schedule(s, now=s.now(), id="s", every="1s")
+        wait_for(lambda: fired("s"), "the added schedule to fire")
+        s.pause_schedules(["s"])
+        wait_for(knows_only_hourly_slots, "the worker to look past the paused schedule")
+        before = fired("s")
+        s.resume_schedules(["s"], s.now())
+        wait_for(lambda: fired("s") > before, "the resumed schedule to fire")
+        s.remove_schedules(["s"])
+        wait_for(knows_only_hourly_slots, "the worker to look past the removed schedule")
+        s.update_schedule(queuectl.validate_schedule({"id": "hourly", "every": "1s", "tz": "UTC", "command": "true"},
+                                                     CONFIG_DEFAULTS_INTERNAL, "/", s.now()))
+        wait_for(lambda: fired("hourly"), "the changed schedule to fire")
+
+
+def test_postgres_a_worker_whose_listener_fails_looks_for_jobs_at_once_and_then_every_second(pg_url, monkeypatch):
+    """While its listener hears, a worker's regular check is seldom (an hour here, NOTIFIED_POLL_INTERVAL_S in
+    production). When the listener fails and cannot listen again, what is notified is lost: the worker looks at
+    once and then every POLL_INTERVAL_S, not only at the seldom check it had planned."""
+    with InProcessWorker(pg_url, monkeypatch) as running, contextlib.closing(queuectl.PostgresStore(pg_url)) as s:
+        worker = running.worker
+        wait_for(lambda: worker.listening, "the listener to hear")
+        monkeypatch.setattr(queuectl, "POLL_INTERVAL_S", 0.2)
+
+        def lost(self, timeout_s):
+            raise queuectl.BadDatabase("connection lost (injected)")
+        monkeypatch.setattr(queuectl.PostgresStore, "wait_notified", lost)
+        wait_for(lambda: not worker.listening, "the listener to fail")
+        s.enqueue([spec("a")], s.now())  # its NOTIFY is heard by nobody
+        wait_for(lambda: s.get("a").state == "completed", "the regular check to find the job", timeout=20)
 
 
 def test_a_heartbeat_that_came_late_counts_as_stalled(tmp_path, monkeypatch):
