@@ -6901,6 +6901,8 @@ def test_postgres_wait_notified_sleeps_until_a_notification_and_returns_at_its_t
         assert terminate_other_sessions(pg_url) >= 1
         waiting.join(WAIT_S)
         assert not waiting.is_alive() and ended[-1] == "returned"
+
+
 def test_an_sqlite_commit_that_makes_a_job_due_wakes_the_workers_of_this_host_once_committed(tmp_path):
     with contextlib.closing(queuectl.SqliteStore(str(tmp_path / "q.db"))) as s, \
             socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as here:
