@@ -6698,15 +6698,22 @@ class Worker:
         when to poll again: at the regular check, or when the next job falls due if that is sooner (no
         wake-up comes when a delay or a backoff ends), but no sooner than TICK_GAP_S: jobs falling due
         close together in a queue no claim takes (paused, full, not ours) must not make a busy loop."""
-        now = self.store.now()
-        if self.store.due_now(now, self.queues):
+        now, running = self.store.now(), any(r.current for r in self.runners)
+        due = self.store.due_now(now, self.queues)
+        if due:
             self._wake_runners(every=False)
-        elif self.burst and not self.stopping.is_set() and not any(r.current for r in self.runners) \
-                and self.store.burst_done(now, self.queues):
+        elif self.burst and not self.stopping.is_set() and not running and self.store.burst_done(now, self.queues):
             self._stop("burst: queue drained")
-        at = self.store.next_due_at(now)
-        regular = NOTIFIED_POLL_INTERVAL_S if self.listening else POLL_INTERVAL_S
+        at, regular = self.store.next_due_at(now), self._regular_check_s(due, running)
         return min(mono + regular, math.inf if at is None else mono + max(TICK_GAP_S, at - now))
+
+    def _regular_check_s(self, due: bool, running: bool) -> float:
+        """POLL_INTERVAL_S, or NOTIFIED_POLL_INTERVAL_S for a worker at rest whose listener hears: nothing due,
+        nothing running, not --burst. No NOTIFY comes when a job ends, so a busy worker (a runner may have lost
+        its claim to another process and wait) and a burst worker (it waits for others' jobs to end, to exit)
+        look every second, as without a listener."""
+        at_rest = self.listening and not (due or running or self.burst)
+        return NOTIFIED_POLL_INTERVAL_S if at_rest else POLL_INTERVAL_S
 
     # -- wake-ups on a socket (SQLite) -----------------------------------------------------------
 

@@ -8658,6 +8658,34 @@ def test_the_regular_check_is_every_5s_while_the_listener_hears_and_every_second
         worker.store.close()
 
 
+class Running:
+    current = True  # a Runner with a job running, as Worker._poll sees it
+
+
+def test_a_worker_that_is_not_at_rest_looks_every_second_even_while_its_listener_hears(tmp_path):
+    """No NOTIFY comes when a job ends: a burst worker waiting for another process's job to end (to exit), and a
+    worker with a job running or due (a runner that lost its claim to another process waits for the poll), look
+    every second; only a worker at rest, listening, looks every NOTIFIED_POLL_INTERVAL_S. (A burst worker that
+    waited 5 s at the end of each drain made two burst processes slower than one on PostgreSQL.)"""
+    path = str(tmp_path / "q.db")
+    burst, worker = queuectl.Worker(path, 1, True), queuectl.Worker(path, 1, False)
+    try:
+        burst.listening = worker.listening = True
+        register(worker.store, "other", worker.store.now())
+        worker.store.enqueue([spec("a")], worker.store.now())
+        worker.store.claim("other", worker.store.now())  # running in another process: the burst worker waits
+        assert burst._poll(100.0) == 101.0 and not burst.stopping.is_set()
+        worker.store.enqueue([spec("b")], worker.store.now())
+        assert worker._poll(100.0) == 101.0  # due
+        worker.store.claim("other", worker.store.now())
+        assert worker._poll(100.0) == 105.0  # at rest: nothing due, nothing of its own running
+        worker.runners.append(Running())
+        assert worker._poll(100.0) == 101.0  # a job of its own running
+    finally:
+        burst.store.close()
+        worker.store.close()
+
+
 def test_postgres_an_idle_worker_fires_a_schedule_added_resumed_or_changed_at_once(pg_url, monkeypatch):
     """The worker's schedule lookup an hour away (InProcessWorker's checks are too): it fires a slot only
     because the NOTIFY of an add, a resume or an update made it look (or at a slot it learnt of so)."""
