@@ -1645,9 +1645,9 @@ def bench_memory(b: Bench) -> None:
     run = b.run_to_exit(db, "worker", "start", "--count", "8", "--burst", log="memory.log", timeout_s=120 + n / 20,
                         installed=True)
     b.enqueue_many(db, [{"command": "true"}] * n)
-    compiled = b.run_to_exit(db, "worker", "start", "--count", "8", "--burst", log="memory.log",
+    compiled = b.run_to_exit(db, "worker", "start", "--count", "8", "--burst", log="memory-compiled.log",
                              timeout_s=120 + n / 20)
-    b.raw["memory"] = {**(run["last"] or {}), "peak_mb": run["peak_mb"], "samples": run["samples"],
+    b.raw["memory"] = {**run["last"], "peak_mb": run["peak_mb"], "samples": run["samples"],
                        "compiled_peak_mb": compiled["peak_mb"]}
     why = "" if run["peak_mb"] else (
         "the worker exited before /proc could be read" if not run["samples"] else
@@ -1655,7 +1655,7 @@ def bench_memory(b: Bench) -> None:
     also = f"{compiled['peak_mb']:.1f} MB" if compiled["peak_mb"] else "not read"
     b.add("memory_rss", "7. worker peak RSS, --count 8 (VmHWM)", run["peak_mb"], "MB",
           f"as installed, draining {n} jobs; {run['samples']} reads of /proc; up to "
-          f"{(run['last'] or {}).get('max_threads', '?')} OS threads; `python3 queuectl.py` (compiles): {also}",
+          f"{run['last'].get('max_threads', '?')} OS threads; `python3 queuectl.py` (compiles): {also}",
           why=why)
 
 
