@@ -255,8 +255,9 @@ BURST_HORIZON_S = 60.0  # --burst waits for jobs due within this many seconds
 # a commit that makes a job due wakes the workers (see Wake-ups), and a job due later is waited for
 # until its time, so this check finds only what no wake-up could announce (another network namespace).
 POLL_INTERVAL_S = 1.0
-# The same on PostgreSQL while the worker's listener is connected: a NOTIFY reaches every listener whoever
-# sent it, and one sent while the listener was not connected is made up for by a look once it is again.
+# The same on PostgreSQL for a worker at rest while its listener is connected (see Worker._regular_check_s): a
+# NOTIFY reaches every listener whoever sent it, and one sent while the listener was not connected is made up for
+# by a look once it is again.
 NOTIFIED_POLL_INTERVAL_S = 5.0
 QUICK_JOB_S = 0.01  # a job's exit is watched through a pidfd once it has run this long (see _Capture)
 TICK_GAP_S = 0.005  # the shortest gap between two rounds of a worker's main loop (see Worker.tick)
