@@ -4468,16 +4468,18 @@ class PostgresStore(Store):
                 conn.execute(self.sql.SQL_LISTEN.format(channel=self.channel))
                 self.listening = conn
                 return {"", SCHEDULES_CHANGED}
-            heard = {n.payload for n in conn.notifies(timeout=0)}  # those read with an earlier answer
-            if heard:
-                return heard
-            # Asleep on the socket until the server sends something: psycopg's own wait with a timeout
-            # wakes ten times a second to look for a Ctrl+C, a third of an idle worker's CPU.
-            import select
-            poller = select.poll()  # not select.select, which refuses a descriptor above 1023
-            poller.register(conn.fileno(), select.POLLIN)
-            poller.poll(timeout_s * 1000)
-            return {n.payload for n in conn.notifies(timeout=0)}
+            def drained() -> set[str]:  # what came with an earlier answer or waits on the socket, no waiting
+                return {n.payload for n in conn.notifies(timeout=0)}
+            heard = drained()
+            if not heard:
+                # Asleep on the socket until the server sends something: psycopg's own wait with a timeout
+                # wakes ten times a second to look for a Ctrl+C, a third of an idle worker's CPU.
+                import select
+                poller = select.poll()  # not select.select, which refuses a descriptor above 1023
+                poller.register(conn.fileno(), select.POLLIN)
+                poller.poll(timeout_s * 1000)
+                heard = drained()
+            return heard
         except self.psycopg.Error as e:
             raise self._failure(e) from None
 
@@ -6115,11 +6117,11 @@ class ScheduleFirer:
     It asks for the earliest next slot (one indexed lookup) at least every `check_s`, and fires as
     soon as a slot it knows of is due; firing is idempotent, whoever else fires too."""
 
-    def __init__(self):
+    def __init__(self, heard=lambda: False):
         import threading
-        # SCHEDULE_CHECK_S, or NOTIFIED_POLL_INTERVAL_S while a PostgreSQL worker hears the notifications that
-        # a schedule's change sends (see Worker._listen, which then calls look_soon())
-        self.check_s = SCHEDULE_CHECK_S
+        # Whether the worker hears the notifications a schedule's change sends (a PostgreSQL worker whose
+        # listener is connected, see Worker._listen, which then calls look_soon()): it may look seldom.
+        self.heard = heard
         self.checked_at = -math.inf  # monotonic time of the last lookup
         self.due_at = math.inf  # the earliest next slot that lookup found (Unix seconds)
         self.due_mono = math.inf  # the same on the monotonic clock (see next_tick)
@@ -6127,6 +6129,11 @@ class ScheduleFirer:
         # The jobs a firing under way has made and not logged yet (see claim_may_log).
         self.unlogged: set[str] = set()
         self.logged = threading.Condition()
+
+    @property
+    def check_s(self) -> float:
+        """The longest time between two lookups: SCHEDULE_CHECK_S, or NOTIFIED_POLL_INTERVAL_S while heard."""
+        return NOTIFIED_POLL_INTERVAL_S if self.heard() else SCHEDULE_CHECK_S
 
     def tick(self, store: Store, mono: float, now: float | None = None, slack: float = 0.0) -> list[tuple]:
         """Fire what is due; returns the events of Store.fire_schedules (logged here). A lookup due
@@ -6257,8 +6264,7 @@ class Worker:
         self.path = self.store.path  # the database's name for the log (no password)
         self.me = host_identity()
         self.worker_id = f"{self.me['host']}:{self.me['pid']}:{os.urandom(3).hex()}"
-        self.wake = threading.Condition()
-        self.wakes = 0  # wake-ups sent to idle runner threads so far (see _wake_runners)
+        self.wake, self.wakes = threading.Condition(), 0  # wakes: sent to idle runner threads so far (_wake_runners)
         self.signals = 0  # SIGINT and SIGTERM deliveries so far
         # The main loop's interruptible sleep, set by a burst worker's runner that found nothing to
         # claim and by a runner thread that ends: the drained queue or the last thread's exit is acted
@@ -6276,7 +6282,7 @@ class Worker:
         self.runners: list[Runner] = []
         self.holdings = Holdings()  # the runs our runners hold, and claims taken back (see Holdings)
         self.canceled: set[tuple[str, int]] = set()  # (job id, run) of running jobs a user asked to cancel
-        self.schedules = ScheduleFirer()
+        self.schedules = ScheduleFirer(heard=lambda: self.listening)
         self.runners_store: Store | None = None  # the connection runners share, where they may (see _runner_store)
         self.watchdog: Watchdog | None = None  # see run
         # The guard thread's (see _guard): its wake-up, the end of the run, and the lock whoever ends the
@@ -6793,12 +6799,12 @@ class Worker:
                 # Nothing heard for now: the poll and the schedule lookup run every second again, from now on, not
                 # from the seldom check planned while it heard (what was notified since the drop is lost).
                 if self.listening:
-                    self.listening, self.schedules.check_s = False, SCHEDULE_CHECK_S
+                    self.listening = False
                     self.schedules.look_soon()
                     self.tick.set()
                 self.stopping.wait(failing.failed(e))
                 continue
-            self.listening, self.schedules.check_s = True, NOTIFIED_POLL_INTERVAL_S
+            self.listening = True
             if SCHEDULES_CHANGED in woken:
                 self.schedules.look_soon()
                 self.tick.set()

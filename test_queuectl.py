@@ -2549,8 +2549,7 @@ def test_a_schedule_stuck_due_here_hides_the_next_slot_of_another_for_a_second_a
     add_schedule(store, now=T0, id="z", cron="* * * * *", tz="Europe/Berlin")
     add_schedule(store, now=T0, every="2s", overlap="allow")
     store.write(lambda cur: cur.execute("UPDATE schedules SET tz = 'Nowhere/Gone' WHERE id = 'z'"))
-    firer = queuectl.ScheduleFirer()
-    firer.check_s = queuectl.NOTIFIED_POLL_INTERVAL_S
+    firer = queuectl.ScheduleFirer(heard=lambda: True)  # lookups NOTIFIED_POLL_INTERVAL_S apart
     events = firer.tick(store, mono=100.0, now=T0 + 60.5)  # z's slot T0 + 60 stays due; s's next is T0 + 62
     assert [e[0] for e in events if e[2]] == ["s"] and store.schedule("z").next_run_at == T0 + 60
     assert firer.next_tick() <= 100.0 + queuectl.SCHEDULE_CHECK_S
