@@ -648,12 +648,17 @@ def plain_loop(n: int, threads: int = 2, command: str = "true", cpu: list | None
             p.stdout.close()
             p.wait()
 
+    return n / with_cpu(cpu, lambda: run_threads(runner, threads))
+
+
+def with_cpu(cpu: list | None, work):
+    """work()'s result; the CPU seconds this process spent meanwhile (getrusage: every thread) appended to `cpu`."""
     before = resource.getrusage(resource.RUSAGE_SELF)
-    rate = n / run_threads(runner, threads)
+    result = work()
     after = resource.getrusage(resource.RUSAGE_SELF)
     if cpu is not None:
         cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
-    return rate
+    return result
 
 
 def idle_worker_cpu(b: Bench, wall_s: float, tag: str) -> float:
@@ -744,11 +749,7 @@ def prototype_loop(n: int, path: str, threads: int = 2, cpu: list | None = None)
         except Exception as e:  # noqa: BLE001 - reported below: a thread's exception would only be printed
             errors.append(e)
 
-    before = resource.getrusage(resource.RUSAGE_SELF)
-    rate = n / run_threads(runner, threads)
-    after = resource.getrusage(resource.RUSAGE_SELF)
-    if cpu is not None:
-        cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+    rate = n / with_cpu(cpu, lambda: run_threads(runner, threads))
     os.close(devnull)
     left = conn.execute("SELECT count(*) FROM jobs WHERE state != 'completed' OR exit_code != 0").fetchone()[0]
     conn.close()
